@@ -18,8 +18,9 @@ runs, every row of a run against the same broker:
 
 The client is one Python process on the same two shared cores as the broker: the ``client µs/msg`` columns are its
 CPU time (all threads, grpcio's included) per message, and a last line gives the broker process's too, to tell a
-client-bound row from a broker-bound one. Not a
-test: nothing here asserts.
+client-bound row from a broker-bound one. The ``target:`` lines put the broker's CPU per message of a gRPC row
+against its remoting peer's in the same run, beside issue 57's bound (``TARGETS``). Not a test: nothing here
+asserts.
 """
 
 import argparse
@@ -230,6 +231,13 @@ ROWS = (
 )
 
 
+#: Issue 57's targets, broker CPU per message against the peer of the same run: (name, row, peer row, at most).
+TARGETS = (
+    ("broker CPU, gRPC SendMessage / remoting SEND_MESSAGE_V2", "gsend", "rsend", 1.5),
+    ("broker CPU, gRPC ReceiveMessage + AckMessage / remoting PULL", "gpop", "rpull", 2.0),
+)
+
+
 def run(args):
     root = tempfile.mkdtemp(prefix="metaq-bench-grpc-", dir=args.dir)
     rates = {k: [] for k in ("gsend", "rsend", "gpop", "gpull", "rpull", "tget")}
@@ -278,6 +286,10 @@ def run(args):
             name.format(**fill), "{:,.0f}".format(med[ours]), "msgs/s", med_cpu[ours], peer_name.format(**fill),
             "{:,.0f}".format(med[peer]), med_cpu[peer], med[ours] / med[peer]))
     print("ratio: metaq row / peer (> 1: the gRPC row is faster)")
+    for name, ours, peer, target in TARGETS:
+        ratio = med_bcpu[ours] / max(1e-9, med_bcpu[peer])
+        print("target: %-62s %5.2fx (target %.1fx: %s)" % (name, ratio, target,
+                                                            "met" if ratio <= target else "not yet"))
     print("CPU µs/msg (client / broker): " + "; ".join("%s %.0f / %.0f" % (k, med_cpu[k], med_bcpu[k]) for k in rates))
     print("runs (msgs/s): " + "; ".join("%s %s" % (k, ", ".join("{:,.0f}".format(x) for x in v))
                                         for k, v in rates.items()))

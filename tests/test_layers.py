@@ -101,6 +101,7 @@ FEATURE_ROLES = {
     "halves": "front-end", "telemetry": "front-end", "consumers": "front-end", "producers": "front-end",
     "ids": "state",  # which broker is a client id's home, and the home's registry of ids (MQTT cluster)
     "handover": "front-end",  # a session handed from one broker to another (MQTT cluster)
+    "headercache": "codec",  # HTTP/2 header blocks coded and checked once while a connection repeats them (gRPC's)
 }
 
 #: A role -> the layer whose rules its modules get.

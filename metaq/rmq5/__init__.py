@@ -20,6 +20,9 @@ codec (the protocol layer: bytes in, values out; no socket, log or clock)
                      HTTP/2 frames seen from their headers before h2 buffers them (``FrameGate``: a frame past
                      SETTINGS_MAX_FRAME_SIZE refused from its header, an incomplete frame's bytes, the frames begun
                      for the flood budgets, a client's GOAWAY kept from h2)
+    headercache.py   HTTP/2 header blocks coded and checked once while a connection repeats them: h2's HPACK
+                     encoder and decoder reusing a block while the dynamic table stands still, and h2's checks of a
+                     request's headers run once for a list the client repeats (``CheckedHeaders``)
     records.py       a RocketMQ 5 message checked as the proxy checks it (``Refusal`` names the in-band Code) and
                      laid out as the properties a remoting send stores (tag, keys, message id, message group, time);
                      recall handles

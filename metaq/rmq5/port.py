@@ -55,12 +55,13 @@ from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.errors import ErrorCodes
 from h2.events import (ConnectionTerminated, DataReceived, RemoteSettingsChanged, RequestReceived, StreamEnded,
-                       StreamReset, WindowUpdated)
+                       StreamReset, TrailersReceived, WindowUpdated)
 from h2.exceptions import ProtocolError, StreamClosedError
 from h2.settings import SettingCodes, Settings
 from hyperframe.frame import GoAwayFrame
 
 from metaq import limits
+from metaq.rmq5.headercache import CachedDecoder, CachedEncoder, CheckedHeaders
 from metaq.rmq5.wire import (CONTINUATION, END_HEADERS_FLAG, HEADERS, OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW,
                              FrameGate, FrameTooLarge, GrpcError, MessageReader, Status, frame, is_grpc_content_type,
                              parse_timeout, rpc_name, trailers, trailers_only)
@@ -176,11 +177,17 @@ class GrpcConnection(Connection):
         super().__init__(sock, address, conn_id, rules)
         self.service = service
         self.limits = port_limits
-        # Inbound headers are checked as h2 does by default; outbound ones are the port's own (``wire``: lower-case
-        # names, printable ASCII values), so h2 neither re-validates nor re-normalizes them for every response.
-        config = H2Configuration(client_side=False, header_encoding="utf-8", validate_outbound_headers=False,
-                                 normalize_outbound_headers=False)
+        # Inbound headers get h2's own checks, run by the port (``headercache.CheckedHeaders``: once for a list that
+        # repeats); outbound ones are the port's own (``wire``: lower-case names, printable ASCII values), so h2
+        # neither re-validates nor re-normalizes them for every response.
+        config = H2Configuration(client_side=False, header_encoding=None, validate_inbound_headers=False,
+                                 validate_outbound_headers=False, normalize_outbound_headers=False)
         self.h2 = H2Connection(config=config)
+        # HPACK: the fixed response headers' blocks, and a client's repeated request block, coded once while the
+        # compression context stands still (``headercache``); before any frame, so each sees the whole context.
+        self.h2.encoder = CachedEncoder((RESPONSE_HEADERS_RAW, OK_TRAILERS_RAW))
+        self.h2.decoder = CachedDecoder()
+        self.checked = CheckedHeaders()
         self.h2.local_settings = Settings(client=False, initial_values={
             SettingCodes.MAX_CONCURRENT_STREAMS: port_limits.max_streams,
             SettingCodes.MAX_HEADER_LIST_SIZE: port_limits.max_header_bytes,
@@ -275,8 +282,11 @@ class GrpcConnection(Connection):
                 self._flush()  # h2's GOAWAY
                 self._linger()
                 return False
-            for event in events:
-                self._event(event)
+            try:
+                for event in events:
+                    self._event(event)
+            except ProtocolError as exc:  # headers that fail h2's checks (``CheckedHeaders``), as h2 would refuse them
+                return self._refuse(ErrorCodes.PROTOCOL_ERROR, "headers that fail HTTP/2's checks: %s" % exc)
         if self.gate.goaway is not None and not self.goaway:
             self.goaway = True  # the client is leaving: its streams go on to their end (RFC 9113 section 6.8)
         return True
@@ -366,6 +376,8 @@ class GrpcConnection(Connection):
             self._data(event)
         elif isinstance(event, StreamEnded):
             self._ended(event.stream_id)
+        elif isinstance(event, TrailersReceived):
+            self.checked.trailers(event.headers)
         elif isinstance(event, StreamReset):
             call = self.calls.pop(event.stream_id, None)
             if call is not None:
@@ -380,18 +392,13 @@ class GrpcConnection(Connection):
             self.goaway = True
 
     def _request(self, stream_id, headers):
+        metadata = self.checked.request(headers)  # ProtocolError: the connection ends (``_read``)
         if self.draining is not None and stream_id > self.draining:  # opened after the port's GOAWAY
             try:
                 self.h2.reset_stream(stream_id, ErrorCodes.REFUSED_STREAM)
             except (StreamClosedError, ProtocolError):
                 pass
             return
-        metadata = {}
-        for name, value in headers:
-            if name in metadata and not name.startswith(":"):
-                metadata[name] += "," + value
-            else:
-                metadata[name] = value
         if metadata.get(":method") != "POST":
             self._plain_answer(stream_id, "405")
             return
@@ -487,14 +494,12 @@ class GrpcConnection(Connection):
                 return
             finally:
                 timer.close()
-            pending = 0  # bytes handed to h2 and not flushed yet: the trailers' flush sends them with its own
-            for payload in response if isinstance(response, list) else [response]:
-                pending += len(payload)
-                if not self._send_message(call, payload, flush=pending >= FLUSH_BYTES):
+            # the messages in runs of FLUSH_BYTES, each run handed to h2 as one DATA frame where the windows and the
+            # frame size allow; a whole run is flushed, the last one's bytes go with the trailers' flush
+            for run, whole in _runs(response if isinstance(response, list) else [response]):
+                if not self._send_framed(call, run, flush=whole):
                     _unsent(call)
                     return
-                if pending >= FLUSH_BYTES:
-                    pending = 0
             if not self._finish(call, Status.OK):
                 _unsent(call)
         except OSError as exc:
@@ -514,15 +519,19 @@ class GrpcConnection(Connection):
         return not (call.reset or call.done or self.closed)
 
     def _send_message(self, call, payload, flush=True):
-        """Send one response message on ``call`` within the flow-control windows; False when the call or the
-        connection ended first. ``flush`` False: its frames wait in h2 for the next flush (a unary call's trailers
-        send them; a shut window flushes before it waits)."""
+        """Send one response message on ``call`` (``_send_framed``)."""
+        return self._send_framed(call, frame(payload), flush)
+
+    def _send_framed(self, call, framed, flush=True):
+        """Send response messages, ``framed`` (``wire.frame``'s, one after another), on ``call`` within the
+        flow-control windows; False when the call or the connection ended first. ``flush`` False: their frames wait
+        in h2 for the next flush (a unary call's trailers send them; a shut window flushes before it waits)."""
         if not self._open(call):
             return False
         if not call.headers_sent:
             self.h2.send_headers(call.stream_id, list(RESPONSE_HEADERS_RAW))
             call.headers_sent = True
-        data = memoryview(frame(payload))
+        data = memoryview(framed)
         deadline = time.monotonic() + self.request_timeout
         while data:
             if not self._open(call):
@@ -641,6 +650,21 @@ class GrpcPort:
 
     def connection_count(self):
         return self.core.count("grpc")
+
+
+def _runs(payloads):
+    """``(framed, whole)``: ``payloads`` framed (``wire.frame``) and joined in runs of ``FLUSH_BYTES`` or more,
+    ``whole`` False for the last run when it is shorter (its bytes may wait for the trailers)."""
+    run, size = [], 0
+    for payload in payloads:
+        framed = frame(payload)
+        run.append(framed)
+        size += len(framed)
+        if size >= FLUSH_BYTES:
+            yield b"".join(run), True
+            run, size = [], 0
+    if run:
+        yield b"".join(run), False
 
 
 def _unsent(call):

@@ -262,6 +262,55 @@ def test_a_header_block_is_bounded_as_it_comes_and_one_byte_past_ends_the_connec
         ok.close()
 
 
+# -- header checks (h2's, run by the port once for a repeated list) -----------------------------------------------
+
+
+PROTOCOL_ERROR = 1
+GOOD = [(":method", "POST"), (":scheme", "http"), (":path", SERVICE + "Heartbeat"), (":authority", "x"),
+        ("content-type", "application/grpc"), ("te", "trailers"), ("x-mq-client-id", "raw")]
+
+
+def literal_block(headers):
+    return hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(n, v) for n, v in headers])
+
+
+@pytest.mark.parametrize("bad", [
+    [(n.upper() if n == "x-mq-client-id" else n, v) for n, v in GOOD],  # an upper-case name
+    GOOD + [("connection", "keep-alive")],  # a connection-specific field
+    [h for h in GOOD if h[0] != ":path"],  # a pseudo-header missing
+    [("te", "gzip") if n == "te" else (n, v) for n, v in GOOD],  # te other than trailers
+    GOOD[:1] + GOOD,  # a repeated pseudo-header
+    [(n, v + "\r\nx: y") if n == "x-mq-client-id" else (n, v) for n, v in GOOD],  # a CR LF in a value
+], ids=["uppercase", "connection", "no-path", "te", "repeated-pseudo", "crlf"])
+def test_a_header_list_failing_h2s_checks_ends_the_connection_after_the_same_good_list_was_served(broker, bad):
+    """A client repeating one good header list is served each time (checked once); a list that fails h2's checks
+    then ends the connection with GOAWAY PROTOCOL_ERROR, as h2 itself refuses it."""
+    raw = Frames(grpc_port(broker))
+    good = literal_block(GOOD)
+    try:
+        raw.send(PREFACE + frame(SETTINGS))
+        raw.send(b"".join(frame(HEADERS, END_HEADERS | END_STREAM, sid, good) for sid in (1, 3, 5)))
+        got = raw.read(lambda got: len(answered(got)) == 3 or ended(got))
+        assert answered(got) == {1, 3, 5} and not ended(got), got[-3:]
+        raw.send(frame(HEADERS, END_HEADERS | END_STREAM, 7, literal_block(bad)))
+        got = raw.read(lambda got: "closed" in got)
+        assert goaway_code(got) == PROTOCOL_ERROR and "closed" in got and 7 not in answered(got), got
+    finally:
+        raw.close()
+
+
+def test_trailers_from_a_client_failing_h2s_checks_end_the_connection(broker):
+    """A client's trailers are checked as h2 checks them: a pseudo-header among them ends the connection."""
+    raw = Frames(grpc_port(broker))
+    try:
+        raw.send(PREFACE + frame(SETTINGS) + frame(HEADERS, END_HEADERS, 1, literal_block(GOOD)))
+        raw.send(frame(HEADERS, END_HEADERS | END_STREAM, 1, literal_block([(":path", "/x")])))
+        got = raw.read(lambda got: "closed" in got)
+        assert goaway_code(got) == PROTOCOL_ERROR and "closed" in got, got
+    finally:
+        raw.close()
+
+
 # -- frame sizes and incomplete frames -----------------------------------------------------------------------
 
 
