@@ -317,7 +317,7 @@ class MqttPort:
 
     def save_first(self, session):
         """Write ``session`` (as ``save``) before the client is told what depends on the record (a QoS 2 PUBLISH, the
-        PUBREL of its PUBREC): what that waits for, as ``PutPath.durable`` and ``Connection._queue_ack`` take it,
+        PUBREL of its PUBREC): what that waits for, as ``PutPath.durable`` and ``Acknowledgements.queue`` take it,
         ``(topic, PutResult, now, cuts)``, so that with ``sync`` replication (or flush) the client learns it only
         once the slave (or the disk) holds the record and a failover finds it; None: no wait (``async`` modes, or
         the record was not written)."""
