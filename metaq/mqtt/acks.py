@@ -25,7 +25,9 @@ class Acknowledgements:
     """One connection's acknowledgements (see the module doc), written to ``conn`` (its ``send``, ``send_bytes``,
     ``try_send``, ``close``, its version, peer and session), waiting on ``put_path`` (``durable``) and
     ``burst_durable`` (``MqttPort.burst_durable``). ``unacked`` is the client's QoS 1/2 PUBLISHes not yet
-    acknowledged (QoS 2: until its PUBREL); ``pending`` the acknowledgements queued and not yet written."""
+    acknowledged (QoS 2: until its PUBREL), counted by ``publishes.Publishes`` as it takes, refuses and releases
+    them, set by a resumed session (``connect``) and counted down here as their acknowledgements go; ``pending``
+    the acknowledgements queued and not yet written."""
 
     __slots__ = ("conn", "put_path", "burst_durable", "unacked", "pending", "_queue", "_sent", "_writer")
 
