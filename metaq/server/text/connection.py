@@ -130,7 +130,7 @@ class Connection(core.Connection):
                     self._send_buffers(data)
                 else:
                     # One send() mostly takes it all; gevent's sendall costs a Timeout object and a
-                    # getsockopt per call (~10% of a sync-mode put's loop time), so it only takes the rest.
+                    # getsockopt per call, so it only takes the rest.
                     sent = self.sock.send(data)
                     if sent < len(data):
                         self.sock.sendall(memoryview(data)[sent:])
