@@ -153,7 +153,7 @@ MAX_CHECK_IMMUNITY_S = 86_400
 MAX_PARKED_GETS_PER_CONNECTION = 1024
 
 #: Long polls parked at once on the whole broker, text gets and remoting pulls together (each holds a
-#: greenlet, ~10 KB). Past it a get is answered 503 and a pull SYSTEM_BUSY at once.
+#: greenlet). Past it a get is answered 503 and a pull SYSTEM_BUSY at once.
 MAX_PARKED_GETS = 20_000
 
 # -- request-reply (docs/messaging.md "Request-reply") ----------------------------------------
@@ -238,14 +238,14 @@ MAX_REPLICATION_EPOCHS = 4096
 #: pulls and sends waiting for their flush included); reading pauses at the cap.
 MAX_REMOTING_INFLIGHT = 256
 #: Request bytes (bodies) one remoting connection's requests in progress may hold; reading pauses past it (one
-#: request is always let in). A producer that pipelined sends of 4 MiB and never read the answers held 1.2 GB.
+#: request is always let in): a producer that pipelines sends and never reads the answers holds no more.
 MAX_REMOTING_INFLIGHT_BYTES = 32 << 20
 #: The same over every remoting connection together (thousands of connections holding 32 MiB each).
 MAX_REMOTING_INFLIGHT_BYTES_TOTAL = 512 << 20
 
 #: Bytes of requests begun but not yet whole (a frame or a put's body still arriving) the broker holds in all, over
 #: every connection; past it a connection that would hold more stops reading until there is room, or its request
-#: deadline passes (100 connections each sending 15 MiB of a 16 MiB frame and stopping held 1.5 GB before).
+#: deadline passes: connections that each send most of a large frame and stop hold no more together.
 MAX_PARTIAL_REQUEST_BYTES = 1 << 30
 
 #: Transactions open at once on the broker (active and prepared, local and XA); a BEGIN past it fails
@@ -308,7 +308,7 @@ MAX_HEARTBEAT_GROUPS = 1024
 MAX_PENDING_NOTIFIES = 16
 #: Bytes of the broker's own requests (pushed replies, check-backs with their message) waiting to be sent on one
 #: remoting connection, and on the whole broker; past either a new one is not queued (one is always let through
-#: on a connection with none). 20 connections that never read held 2.6 GB of pushed 4 MiB replies before.
+#: on a connection with none): connections that never read hold no more of the broker's memory.
 MAX_PENDING_NOTIFY_BYTES = 8 << 20
 MAX_PENDING_NOTIFY_BYTES_TOTAL = 256 << 20
 
@@ -503,8 +503,8 @@ QUOTA_DEFAULT_SHARE = 0.5
 
 # -- recovery (store/recovery.py, store/recovery_scan.py) ------------------------------------------------------
 #: Records recovery's scan checks in one call (``recovery_scan.scan_log``, in C when built) before it hands their
-#: index units to the rebuilder: the call's arrays (~120 bytes a record, ~8 MiB) and the batch of units it returns
-#: (16 bytes a record) stay bounded however large a segment is.
+#: index units to the rebuilder: the call's arrays and the batch of units it returns (16 bytes a record) stay
+#: bounded however large a segment is.
 RECOVERY_SCAN_RECORDS = 65536
 #: Bytes of log a read may scan on the event loop to rebuild an index unit that does not name its record
 #: (``unitcheck.repair_resident``): the stretch between the records before and after it, every page of it (and of
@@ -521,7 +521,7 @@ BURST_SCAN_FRAMES = 64
 
 # -- compressed bodies (protocol/compression.py, server/inflate.py) ----------------------------------------------
 #: A compressed body arriving at the broker is decompressed this many bytes at a time, other clients served
-#: between two steps (zlib: about 0.5 ms a step here), never past ``limits.max_body_bytes`` in all: a zip bomb
+#: between two steps (a step is shorter than a thread hop), never past ``limits.max_body_bytes`` in all: a zip bomb
 #: costs the broker at most that much output before it is refused. zstd decompresses a frame in one step.
 INFLATE_STEP_BYTES = 256 * 1024
 
@@ -580,7 +580,7 @@ MAX_KEY_SCAN_ENTRIES = 8192
 #: Commit-log bytes the key index takes in one step (``MessageStore.follow_log``, driven by the flusher's indexer
 #: greenlet after each flush round's waiters are answered, other greenlets running between two steps, until it
 #: reaches the flushed end). Records without a key are passed over at memory speed whatever the step; a step of
-#: 1 KiB RocketMQ messages (each holds a UNIQ_KEY, about 5 us of Python each) holds the event loop about 1.5 ms.
+#: keyed records (every RocketMQ message holds a UNIQ_KEY, indexed in Python) holds the loop well under a turn.
 KEY_INDEX_STEP_BYTES = 256 << 10
 #: Seconds after a failed step of the log follower (a full disk while the key index made a file, say) before it is
 #: tried again, besides after each flush round: a broker (an idle slave) that writes nothing after space returns
@@ -588,7 +588,7 @@ KEY_INDEX_STEP_BYTES = 256 << 10
 LOG_FOLLOW_RETRY_S = 1.0
 #: Most log bytes one call of the key index's C walk (``keyed_records``) covers: it returns the offsets of the
 #: records with attributes in one list, so an open that indexes a whole 1 GiB segment of small keyed records
-#: holds at most this many bytes' worth of them (~2 MB of Python ints for 73-byte records), not the segment's.
+#: holds at most this many bytes' worth of them (a Python int per record), not the segment's.
 KEY_INDEX_WALK_BYTES = 4 << 20
 #: Longest lookup cursor (``<file>:<entry>``, two decimal numbers) a request may carry.
 MAX_KEY_CURSOR_BYTES = 48
@@ -723,7 +723,7 @@ MQTT_MAX_SESSION_RECORD_BYTES = 1024 * 1024
 #: A client id is the cluster's (metaq/mqttcluster/; docs/mqtt.md "A client id across the cluster").
 #: Client ids one home broker's registry holds at most (id -> the broker holding its session), the default of
 #: ``mqtt.cluster_max_ids``: a CONNECT whose id would be one more is refused (MQTT 5: 0x97 Quota exceeded; 3.1.1:
-#: 0x03 Server unavailable). About 190 bytes each with a 20-character id: 1,000,000 is about 190 MB on the home.
+#: 0x03 Server unavailable). It bounds the home's memory for the registry (an entry per id).
 MQTT_CLUSTER_MAX_IDS = 1_000_000
 #: Seconds a broker-to-broker call (a takeover's registration, a holder giving its session up, a batch of ids)
 #: waits for its answer, the connection and the handshake included; then the peer counts as unreachable.
@@ -845,7 +845,7 @@ MAX_DLQ_LIST = 1_000
 #: read whole, in ``DLQ_SCAN_STEP`` steps, keeping only the positions of those dead letters.
 MAX_DLQ_SCAN = 10_000
 #: Records a dead-letter scan reads and decodes before it lets the broker's other greenlets run (a scan of
-#: ``MAX_DLQ_SCAN`` held the loop ~200 ms in one go; tests/hostile/test_i19_admin_attacks.py).
+#: ``MAX_DLQ_SCAN`` in one go would hold the loop far past a turn; tests/hostile/test_i19_admin_attacks.py).
 DLQ_SCAN_STEP = 256
 #: Bytes of a dead letter's body a listing shows (the rest is counted in ``body_bytes``).
 DLQ_BODY_PREVIEW_BYTES = 64
@@ -910,7 +910,7 @@ TIMER_INDEX_BATCH = 1_000
 TIMER_INDEX_BATCH_BYTES = 8 << 20
 
 #: Bytes of timers.db pages SQLite keeps in memory (``PRAGMA cache_size``). Each entry adds a row to the due-time
-#: index at a random place; with SQLite's default 2 MiB a million pending meant a pread of an index page per insert.
+#: index at a random place: with SQLite's default cache, a million pending meant a read of an index page per insert.
 TIMER_INDEX_CACHE_BYTES = 32 << 20
 #: Pages of timers.db's write-ahead log before SQLite copies them into the file (``PRAGMA wal_autocheckpoint``;
 #: its default is 1,000). One batch of 1,000 entries dirties hundreds of index pages: with the default, every
@@ -968,7 +968,7 @@ HOT_MAP_BYTES = 64 << 20
 #: Record bytes read from the log after which the cold maps give their page tables back again, without waiting for
 #: the disk check's second (store/coldmaps.py ``cold_reads_due``). Reading a partition touches every page of the
 #: shared log its records lie on (16 partitions: about 16× the bytes read), so a consumer reading a cold backlog
-#: at full speed mapped ~3 GB of file pages within one second; checked every ``COLD_READ_CHECK_S``.
+#: at full speed maps gigabytes of file pages within a second; checked every ``COLD_READ_CHECK_S``.
 COLD_READ_DROP_BYTES = 16 << 20
 COLD_READ_CHECK_S = 0.1
 

@@ -86,6 +86,8 @@ FEATURE_ROLES = {
     "session": "state",  # a protocol's per-client session state (MQTT's: subscriptions, cursors, packet ids)
     "port": "front-end", "connection": "front-end",  # a feature's own listener and its connections (MQTT's)
     "delivery": "front-end",  # what a connection's subscriptions read from the log and send (MQTT's)
+    # an MQTT connection's operation groups (connection.py dispatches to them)
+    "connect": "front-end", "publishes": "front-end", "subscriptions": "front-end", "acks": "front-end",
     "sql": "logic",  # a filter language: its parser and compiled predicate (pure)
     "messages_pb2": "codec",  # protoc's Python code of the feature's .proto (generated at setup, never committed)
     "rpcs": "front-end",  # a gRPC service's RPC handlers

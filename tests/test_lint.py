@@ -1,5 +1,6 @@
 """ruff over the whole repository, with ruff.toml's rules (line length 120, the default rules, W, bugbear, complexity
-15): make test runs it.
+15): make test runs it. And the named limits' doc comments state contracts: the measurements behind a bound are in
+bench/README.md ("Design measurements behind the code"), not in metaq/limits.py.
 
 A unit test: it starts ruff as a process and opens no socket. ruff is in setup.py's ``test`` extra; without it the
 test is skipped, saying so.
@@ -7,6 +8,7 @@ test is skipped, saying so.
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -33,3 +35,25 @@ def test_the_rules_keep_bugbear_and_a_complexity_bound():
         config = tomllib.load(f)
     assert {"B", "C901"} <= set(config["lint"]["select"])
     assert config["lint"]["mccabe"]["max-complexity"] == 15
+
+
+#: What reads as a measured figure in a comment: a duration in µs, a duration or size said to be about so much, what
+#: something held before its bound, a figure "measured".
+MEASURED = re.compile(r"\d ?(µs|us)\b|(about|~) ?[\d.,]+ ?(ms|KB|MB|GB)\b|\bheld (the loop )?(about |~)?[\d.,]+ ?"
+                      r"(ms|s|KB|MB|GB)\b|\bmeasured\b", re.IGNORECASE)
+
+
+def test_the_limits_doc_comments_hold_no_measured_figures():
+    """Each ``#:`` comment in metaq/limits.py says what the limit bounds and why; the figures that decided it are
+    in bench/README.md."""
+    with open(os.path.join(ROOT, "metaq", "limits.py"), encoding="utf-8") as f:
+        found = ["limits.py:%d: %s" % (n, line.strip()) for n, line in enumerate(f, 1)
+                 if line.lstrip().startswith("#:") and MEASURED.search(line)]
+    assert found == [], "measured figures in limits.py's doc comments (move them to bench/README.md):\n" + \
+        "\n".join(found)
+
+
+def test_the_measured_figure_check_finds_one():
+    assert MEASURED.search("#: each holds a UNIQ_KEY, about 5 us of Python each")
+    assert MEASURED.search("#: a scan held the loop ~200 ms in one go")
+    assert not MEASURED.search("#: Seconds a call waits (RocketMQ's proxy: 60 s), 16 bytes a record")

@@ -24,6 +24,14 @@ state (the store layer's rules: no socket, gevent or clock)
 front-end (the server layer)
     port.py        ``MqttPort``: the listener on the connection core, the client ids connected (takeover), the wills,
                    the persistent sessions' and retained messages' table (saved, expired), the shared groups
-    connection.py  one connection: CONNECT, PUBLISH, SUBSCRIBE, the acknowledgements, bad input answered and closed
+    connection.py  one connection: its packets read and handed to their operation group, its socket written in
+                   whole packets by every writer, PINGREQ, DISCONNECT, takeover and its end; bad input answered and
+                   closed
+    connect.py     CONNECT: client id, login, will, Keep Alive, the session (new, resumed, taken over), CONNACK
+    publishes.py   PUBLISH (topic aliases, QoS 1/2 state, a read's PUBLISHes stored as one burst) and PUBREL
+    acks.py        the acknowledgements sent for what the client published, in order, once each put may be
+                   acknowledged; the count of its unacknowledged PUBLISHes (mqtt.receive_maximum)
+    subscriptions.py  SUBSCRIBE, UNSUBSCRIBE, the shared groups left, the client's acknowledgements of deliveries;
+                   the connection's delivery
     delivery.py    what a connection's subscriptions read from the log and send
 """

@@ -317,7 +317,7 @@ class MqttPort:
 
     def save_first(self, session):
         """Write ``session`` (as ``save``) before the client is told what depends on the record (a QoS 2 PUBLISH, the
-        PUBREL of its PUBREC): what that waits for, as ``PutPath.durable`` and ``Connection._queue_ack`` take it,
+        PUBREL of its PUBREC): what that waits for, as ``PutPath.durable`` and ``Acknowledgements.queue`` take it,
         ``(topic, PutResult, now, cuts)``, so that with ``sync`` replication (or flush) the client learns it only
         once the slave (or the disk) holds the record and a failover finds it; None: no wait (``async`` modes, or
         the record was not written)."""
@@ -428,14 +428,33 @@ class MqttPort:
         for conn in moved:
             conn.move_away(reference)
 
-    def _keep_once(self):  # noqa: C901 - one retention pass over every kind of record; to split by kind
+    def _keep_once(self):
         """One round of ``_keep``: other greenlets run between its writes (``share_loop``), and each write is checked
-        against the table again, so a session that changed meanwhile is not written back as it was."""
+        against the table again, so a session that changed meanwhile is not written back as it was. Each kind of
+        record is kept by its own step, in this order: live sessions changed, offline sessions expired, shared
+        groups changed or ended, then the records left too far behind the log's end written again."""
         turn = time.monotonic()
+        turn = self._save_changed_sessions(turn)
+        turn = self._expire_sessions(turn)
+        turn = self._save_groups(turn)
+        behind = self.store.written_position - min(limits.MQTT_SESSION_REWRITE_BYTES,
+                                                   self.store.config.segment_size)
+        turn = self._rewrite_groups(behind, turn)
+        turn = self._rewrite_retained(behind, turn)
+        turn = self._rewrite_wills(behind, turn)
+        self._rewrite_sessions(behind, turn)
+
+    def _save_changed_sessions(self, turn):
+        """The live sessions changed since their last record saved (``_keep_once``'s steps take and return the
+        turn ``share_loop`` goes on with)."""
         for session in list(self._live.values()):
             if session.dirty and self._live.get(session.client_id) is session:
                 self.save(session)
                 turn = share_loop(turn)
+        return turn
+
+    def _expire_sessions(self, turn):
+        """The offline sessions past their expiry (or ``mqtt.offline_session_max_age_s``) ended."""
         now = now_ms()
         table = self.table
         for saved in table.offline():
@@ -445,17 +464,26 @@ class MqttPort:
                 self.sessions_expired += 1
                 self.end_session(saved.client_id)
                 turn = share_loop(turn)
+        return turn
+
+    def _save_groups(self, turn):
+        """The shared groups some session holds saved when changed; those none holds any more ended."""
         kept = self._kept_groups()
         for group in list(self._groups.values()):
             if group.dirty and (group.name, group.topic_filter) in kept:
                 self._save_group(group)
                 turn = share_loop(turn)
-        for key in [k for k in table.groups if k not in kept and k not in self._groups]:
+        for key in [k for k in self.table.groups if k not in kept and k not in self._groups]:
             log.info("mqtt: shared group %s of %s: no session holds it any more; its read position ends", *key)
             self._write("$share/%s/%s" % key, encode_group_end(*key))
             turn = share_loop(turn)
-        behind = self.store.written_position - min(limits.MQTT_SESSION_REWRITE_BYTES,
-                                                   self.store.config.segment_size)
+        return turn
+
+    def _rewrite_groups(self, behind, turn):
+        """The shared groups' records written before ``behind`` (a log position) written again at the end (a live
+        group's as it stands), so that retention can delete the segments below them
+        (``limits.MQTT_SESSION_REWRITE_BYTES``)."""
+        table = self.table
         for saved_group in list(table.groups.values()):
             if saved_group.position < behind and table.groups.get(saved_group.key) is saved_group:
                 live_group = self._groups.get(saved_group.key)
@@ -464,14 +492,29 @@ class MqttPort:
                 else:
                     self._write("$share/%s/%s" % saved_group.key, encode_group(saved_group))
                 turn = share_loop(turn)
+        return turn
+
+    def _rewrite_retained(self, behind, turn):
+        """The retained messages' records written before ``behind`` written again."""
+        table = self.table
         for retained in list(table.retained.values()):
             if retained.position < behind and table.retained.get(retained.name) is retained:
                 self._write(retained.name, encode_retained(retained))
                 turn = share_loop(turn)
+        return turn
+
+    def _rewrite_wills(self, behind, turn):
+        """The wills' records written before ``behind`` written again."""
+        table = self.table
         for w in list(table.wills.values()):
             if w.position < behind and table.wills.get(w.client_id) is w:
                 self._write(w.client_id, encode_will(w))
                 turn = share_loop(turn)
+        return turn
+
+    def _rewrite_sessions(self, behind, turn):
+        """The sessions' records written before ``behind`` written again (a live session's as it stands)."""
+        table = self.table
         for saved in list(table.sessions.values()):
             if saved.position < behind and table.sessions.get(saved.client_id) is saved:
                 live = self._live.get(saved.client_id)
@@ -480,6 +523,7 @@ class MqttPort:
                 else:
                     self._write(saved.client_id, encode(saved))
                 turn = share_loop(turn)
+        return turn
 
     def _relearn(self, upto):
         """The log was cut at ``upto``: the sessions are what the log holds before it."""

@@ -9,7 +9,8 @@ import gevent
 import gevent.socket
 
 from metaq import limits
-from metaq.mqtt.connection import Connection, _PubAckRun
+from metaq.mqtt.acks import PubAckRun
+from metaq.mqtt.connection import Connection
 from metaq.mqtt.delivery import send_each
 from metaq.server.connections import ConnectionLimits
 
@@ -19,7 +20,7 @@ def _connection():
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     theirs.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     port = SimpleNamespace(settings=SimpleNamespace(max_packet_bytes=limits.MQTT_MAX_PACKET_BYTES), put_path=None,
-                           core=SimpleNamespace(rules=ConnectionLimits(60, 60)))
+                           burst_durable=None, core=SimpleNamespace(rules=ConnectionLimits(60, 60)))
     conn = Connection(gevent.socket.socket(fileno=ours.detach()), ("127.0.0.1", 1), 1, port)
     return conn, gevent.socket.socket(fileno=theirs.detach())
 
@@ -105,24 +106,25 @@ def test_a_connection_is_written_by_descriptor_only_while_no_writer_is_inside_a_
 
 def test_a_bursts_pubacks_written_from_the_readers_turn_stay_whole_and_in_order():
     """A burst acknowledged at once has its PUBACKs written from the reader's turn when nothing is queued before
-    them (``_queue_ack`` without a writer greenlet); a run the socket takes only part of is finished by the writer
-    before anything else, later acknowledgements and answers queue behind it, and a run queued while a packet is
-    half written waits for it: the client reads every PUBACK whole, in order, and each is counted once."""
+    them (``Acknowledgements.queue`` without a writer greenlet); a run the socket takes only part of is finished by
+    the writer before anything else, later acknowledgements and answers queue behind it, and a run queued while a
+    packet is half written waits for it: the client reads every PUBACK whole, in order, and each is counted once."""
     conn, peer = _connection()
-    big = _PubAckRun(list(range(1, 5001)))  # 20,000 bytes: more than the socket takes at once
-    small = _PubAckRun([7, 8, 9])
-    conn._unacked_in = 5003
-    conn._queue_ack(big)
-    assert conn.unsent and conn._writer is not None  # part written now, the rest the writer's
-    conn._queue_ack(small)  # behind the writer, not written before the rest of the first run
-    conn._send_in_order(b"\xd0\x00")  # an answer queued behind the acknowledgements
+    big = PubAckRun(list(range(1, 5001)))  # 20,000 bytes: more than the socket takes at once
+    small = PubAckRun([7, 8, 9])
+    acks = conn.acks
+    acks.unacked = 5003
+    acks.queue(big)
+    assert conn.unsent and acks.writing  # part written now, the rest the writer's
+    acks.queue(small)  # behind the writer, not written before the rest of the first run
+    acks.send_in_order(b"\xd0\x00")  # an answer queued behind the acknowledgements
     expected = big.encoded() + small.encoded() + b"\xd0\x00"
     reader = gevent.spawn(_read_all, peer, len(expected))
     assert reader.get(timeout=10) == expected
     gevent.sleep(0.05)
-    assert conn._unacked_in == 0 and conn._acks_pending == 0 and conn._writer is None
+    assert acks.unacked == 0 and acks.pending == 0 and not acks.writing
     assert not conn.unsent
-    conn._queue_ack(_PubAckRun([11]))  # nothing queued, room in the socket: written at once, no writer
-    assert conn._writer is None and peer.recv(16) == _PubAckRun([11]).encoded()
+    acks.queue(PubAckRun([11]))  # nothing queued, room in the socket: written at once, no writer
+    assert not acks.writing and peer.recv(16) == PubAckRun([11]).encoded()
     conn.close()
     peer.close()

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from metaq.limits import MQTT_MAX_PACKET_BYTES
-from metaq.mqtt import connection, port, wire
+from metaq.mqtt import port, publishes, wire
 from metaq.mqtt.records import partition_for, placement, plain_plan, record_data
 from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.mqtt.wire import MQTT_5, MQTT_311, MqttError, MqttParser, Publish, encode, encode_varint
@@ -197,10 +197,10 @@ def test_a_publish_at_the_packet_limit_is_taken_and_one_past_is_left_to_the_gene
 @pytest.mark.parametrize("extra", [0, 1], ids=["at", "past"])
 def test_a_connection_keeps_at_most_mqtt_plain_plans_names_at_and_one_past(extra):
     plans = {}
-    names = ["t/%d" % k for k in range(connection.MQTT_PLAIN_PLANS + extra)]
+    names = ["t/%d" % k for k in range(publishes.MQTT_PLAIN_PLANS + extra)]
     for name in names:
-        connection.remember_plan(plans, DEFAULT_MAP, name, CLIENT)
-    assert len(plans) == (connection.MQTT_PLAIN_PLANS if not extra else 1)
+        publishes.remember_plan(plans, DEFAULT_MAP, name, CLIENT)
+    assert len(plans) == (publishes.MQTT_PLAIN_PLANS if not extra else 1)
     assert plans[names[-1].encode()] == plain_plan(DEFAULT_MAP, names[-1], CLIENT)
 
 

@@ -130,7 +130,7 @@ class Connection(core.Connection):
                     self._send_buffers(data)
                 else:
                     # One send() mostly takes it all; gevent's sendall costs a Timeout object and a
-                    # getsockopt per call (~10% of a sync-mode put's loop time), so it only takes the rest.
+                    # getsockopt per call, so it only takes the rest.
                     sent = self.sock.send(data)
                     if sent < len(data):
                         self.sock.sendall(memoryview(data)[sent:])
@@ -364,8 +364,10 @@ class Connection(core.Connection):
             self.parser.receive_data(data)
         return data
 
-    def _process(self, data):  # noqa: C901 - one request's dispatch, fast paths first; to split by step
-        """Handle every complete frame buffered; returns False when the connection must close."""
+    def _process(self, data):
+        """Handle every complete frame buffered (the fast puts' bursts first, then each frame through the dispatcher; a
+        put that waits for its flush: ``_awaits_flush``; large replies: ``_large_reply``); returns False when the
+        connection must close."""
         out = []
         durable = []  # (index in ``out``, opaques) of put acks that wait for the flush
         wait_pos = 0
@@ -403,10 +405,8 @@ class Connection(core.Connection):
                     keep_open = False
                     break
                 continue
-            if event is NEED_DATA:
-                break
-            if event is CLOSED or type(event) is ev.Quit:
-                keep_open = False
+            if event is NEED_DATA or event is CLOSED or type(event) is ev.Quit:
+                keep_open = event is NEED_DATA  # the buffer's whole frames are handled; else the client ended
                 break
             if type(event) in _GETS and self.replies.would_wait(min(event.max_size, self.max_transfer)):
                 # This burst's replies hold the connection's reply budget: send them before reading more
@@ -426,19 +426,32 @@ class Connection(core.Connection):
                 keep_open = False
                 break
             if pos:
-                if not wait_pos:  # nothing yielded since the put was written
-                    cuts = self.flusher.log_cuts
-                durable.append((len(out) - 1, (event.opaque,)))
-                wait_pos = max(wait_pos, pos)
+                wait_pos, cuts = self._awaits_flush(event, pos, out, durable, wait_pos, cuts)
             if type(reply) is bytes and len(reply) > SMALL_REPLY:
-                # A large reply that is not a get's (stats, recover...): the burst's replies go out before
-                # more requests are read, so unread replies stay within the budget whatever asked for them.
-                out_bytes += len(reply)
-                if out_bytes >= self.replies.limit:
-                    self._emit(out, durable, wait_pos, cuts)
-                    out, durable, wait_pos, out_bytes = [], [], 0, 0
+                out, durable, wait_pos, out_bytes = self._large_reply(out, durable, wait_pos, cuts,
+                                                                      out_bytes + len(reply))
         self._emit(out, durable, wait_pos, cuts)
         return keep_open
+
+    def _awaits_flush(self, event, pos, out, durable, wait_pos, cuts):
+        """A step of ``_process``: the put ``event`` just answered (its reply last in ``out``) was written up to
+        ``pos`` and is acknowledged only once that may be (``_after_flush``): its reply joins ``durable``. Returns
+        the burst's ``(wait_pos, cuts)``: ``cuts`` read now when it is the burst's first such put (nothing yielded
+        since the write)."""
+        if not wait_pos:
+            cuts = self.flusher.log_cuts
+        durable.append((len(out) - 1, (event.opaque,)))
+        return max(wait_pos, pos), cuts
+
+    def _large_reply(self, out, durable, wait_pos, cuts, out_bytes):
+        """A step of ``_process``: a large reply that is not a get's (stats, recover...) was added, ``out_bytes`` of
+        them in the burst now; once they reach the reply budget the burst's replies go out before more requests are
+        read, so unread replies stay within the budget whatever asked for them. Returns the burst's ``(out,
+        durable, wait_pos, out_bytes)``: new and empty once sent."""
+        if out_bytes < self.replies.limit:
+            return out, durable, wait_pos, out_bytes
+        self._emit(out, durable, wait_pos, cuts)
+        return [], [], 0, 0
 
     def _after_flush(self, out, durable, wait_pos, cuts=None):
         """Wait until the burst's puts (up to ``wait_pos``) may be acknowledged (``PutPath.settle``: flushed per the
