@@ -2,6 +2,9 @@
 
     .venv/bin/python -m bench.bench_cluster [--brokers 1 2 4] [--runs 3] [--devices 2000]
                                             [--seconds 5] [--subscribers 2000] [--messages 20]
+    .venv/bin/python -m bench.bench_cluster --fanout-only --brokers 1 2 4 --subscribers 10000 [--messages 10]
+    .venv/bin/python -m bench.bench_cluster --held 100000 [--held-brokers 8] [--held-keep-alive 300]
+                                            [--held-seconds 60] [--held-every 30]
 
 Each cluster is N broker processes (broker ids 0..N-1, ``flush: async``, the real segment sizes) registered under
 one ZooKeeper (Debian's package, started by ``tests/harness/zookeeper.py`` as ``bench_failover`` does). Rows, each
@@ -16,6 +19,18 @@ the median of ``--runs`` runs, in one markdown table:
   publishes on broker 0 (same broker), then on the last broker (across brokers: the cluster's routes).
 * **fan-out**: ``--subscribers`` QoS 0 subscribers of one topic spread over the brokers, one publisher on broker 0:
   the share delivered and publish-to-receive p50 / p99.
+
+``--fanout-only`` runs the fan-out alone over each cluster size (its own table): the latency on the publisher's
+broker and on the others apart, and the brokers' CPU with no client at all (each broker's timers and its links to
+every other: N x (N - 1) links).
+
+``--held`` holds that many connections (Keep Alive ``--held-keep-alive`` s) over ``--held-brokers`` brokers, one
+generator process per broker (the open-file cap is 20,000 per process: 100,000 over 8 brokers is 12,500 a
+process on each side), each from eight source addresses of its own (127.0.<10+i>.2-9, so that no address runs out
+of ephemeral ports): the connect rate (a CONNECT registers its client id with its home broker, 7 in 8 of them a
+call to another broker), the connections each broker saw, its heap before and with them, and the brokers' CPU
+with no client, while every connection sends a PINGREQ every ``--held-every`` s for ``--held-seconds``, and held
+idle after.
 
 The generator runs on the same cores as the brokers: each row also gives the generators' CPU seconds a second, so
 a ratio that a busy generator held down can be told apart. Not a test: nothing here asserts.
@@ -224,10 +239,12 @@ def fanout_run(root, zk, n, args):
     """The fan-out alone (``--fanout-only``) on a cluster of ``n``."""
     cluster = Cluster(os.path.join(root, "f%d-%d" % (n, time.monotonic_ns())), zk.connect, n)
     try:
+        time.sleep(2)
+        empty = _cpu_rate([b.proc.pid for b in cluster.brokers], 5)
         share, fan, local, remote = fanout(cluster, args.subscribers, args.messages)
     finally:
         cluster.stop()
-    return {"share": share, "fan": fan, "local": local, "remote": remote}
+    return {"share": share, "fan": fan, "local": local, "remote": remote, "empty_cpu": empty}
 
 
 def held_run(root, zk, args):
@@ -294,13 +311,15 @@ def print_fanout(args, results):
           "%d stamped messages 1 s apart; medians of %d runs; %d cores" % (args.subscribers, args.messages,
                                                                           args.runs, os.cpu_count()))
     print()
-    print("| brokers | subscribers | delivered | p50 / p99 ms, all | on the publisher's broker | on the others |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("| brokers | subscribers | delivered | p50 / p99 ms, all | on the publisher's broker | on the others "
+          "| brokers' CPU s/s with no client |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for n in args.brokers:
         rows = results[n]
-        print("| %d | %d | %.3f | %s | %s | %s |" % (
+        print("| %d | %d | %.3f | %s | %s | %s | %.3f |" % (
             n, (args.subscribers // n) * n, statistics.median(r["share"] for r in rows), _ms([r["fan"] for r in rows]),
-            _ms([r["local"] for r in rows]), _ms([r["remote"] for r in rows]) if n > 1 else "-"))
+            _ms([r["local"] for r in rows]), _ms([r["remote"] for r in rows]) if n > 1 else "-",
+            statistics.median(r["empty_cpu"] for r in rows)))
 
 
 def print_held(args, runs):
