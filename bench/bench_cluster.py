@@ -157,10 +157,14 @@ def fanout(cluster, subscribers, messages):
     n = len(cluster.brokers)
     procs = max(n, FANOUT_PROCS)  # as many subscriber processes whatever the cluster's size
     size = load.delivered_size("fan/out", PAYLOAD, 0)
-    subs = [load.spawn(load.subscribe, cluster.mqtt_port(j % n), subscribers // procs, "fan%d-" % j, "fan/out", 0,
-                       SOURCES[j::procs] or SOURCES, size) for j in range(procs)]
+    subs = []
+    for j in range(procs):  # one process's CONNECTs at a time: the setup is no reconnect storm
+        subs.append(load.spawn(load.subscribe, cluster.mqtt_port(j % n), subscribers // procs, "fan%d-" % j,
+                               "fan/out", 0, SOURCES[j::procs] or SOURCES, size))
+        if not subs[-1][1].poll(300) or subs[-1][1].recv() != "ready":
+            raise RuntimeError("a fan-out subscriber did not connect")
     pub = load.spawn(load.publish, cluster.mqtt_port(0), 1, "fanpub", "fan/out", 0, PAYLOAD, None)
-    lat = load.stamped_round(subs, pub, messages, 1.0, by_worker=True)
+    lat = load.stamped_round(subs, pub, messages, 1.0, by_worker=True, ready=subs)
     want = (subscribers // procs) * procs * messages
     return (sum(len(x) for x in lat) / want, _quantiles([x for w in lat for x in w]),
             _quantiles([x for j, w in enumerate(lat) if j % n == 0 for x in w]),

@@ -473,14 +473,15 @@ def _publish_qos1(socks, pids, messages, window):
                 st[0] += k
 
 
-def stamped_round(subs, pub, messages, gap, settled=None, by_worker=False):
+def stamped_round(subs, pub, messages, gap, settled=None, by_worker=False, ready=()):
     """One timed round of the ``subscribe`` workers ``subs`` and the ``publish`` worker ``pub`` (each ``(process,
-    pipe)``): once all are ready and 2 s settled (then ``settled()``, when given, e.g. to read the broker's memory),
-    ``pub`` sends ``messages`` stamped PUBLISHes ``gap`` seconds apart while each subscriber times what arrives;
-    returns every delivery's latency (ns), a list per subscribe worker when ``by_worker``, and ends the workers."""
+    pipe)``; those in ``ready`` already said so): once all are ready and 2 s settled (then ``settled()``, when
+    given, e.g. to read the broker's memory), ``pub`` sends ``messages`` stamped PUBLISHes ``gap`` seconds apart
+    while each subscriber times what arrives; returns every delivery's latency (ns), a list per subscribe worker
+    when ``by_worker``, and ends the workers."""
     try:
-        for _, pipe in subs + [pub]:
-            if pipe.recv() != "ready":
+        for worker in subs + [pub]:
+            if worker not in ready and worker[1].recv() != "ready":
                 raise RuntimeError("a generator did not connect")
         time.sleep(2)
         if settled is not None:
