@@ -2,6 +2,9 @@
 
     .venv/bin/python -m bench.bench_cluster [--brokers 1 2 4] [--runs 3] [--devices 2000]
                                             [--seconds 5] [--subscribers 2000] [--messages 20]
+    .venv/bin/python -m bench.bench_cluster --fanout-only --brokers 1 2 4 --subscribers 10000 [--messages 10]
+    .venv/bin/python -m bench.bench_cluster --held 100000 [--held-brokers 8] [--held-keep-alive 300]
+                                            [--held-seconds 60] [--held-every 30]
 
 Each cluster is N broker processes (broker ids 0..N-1, ``flush: async``, the real segment sizes) registered under
 one ZooKeeper (Debian's package, started by ``tests/harness/zookeeper.py`` as ``bench_failover`` does). Rows, each
@@ -16,6 +19,18 @@ the median of ``--runs`` runs, in one markdown table:
   publishes on broker 0 (same broker), then on the last broker (across brokers: the cluster's routes).
 * **fan-out**: ``--subscribers`` QoS 0 subscribers of one topic spread over the brokers, one publisher on broker 0:
   the share delivered and publish-to-receive p50 / p99.
+
+``--fanout-only`` runs the fan-out alone over each cluster size (its own table): the latency on the publisher's
+broker and on the others apart, and the brokers' CPU with no client at all (each broker's timers and its links to
+every other: N x (N - 1) links).
+
+``--held`` holds that many connections (Keep Alive ``--held-keep-alive`` s) over ``--held-brokers`` brokers, one
+generator process per broker (the open-file cap is 20,000 per process: 100,000 over 8 brokers is 12,500 a
+process on each side), each from eight source addresses of its own (127.0.<10+i>.2-9, so that no address runs out
+of ephemeral ports): the connect rate (a CONNECT registers its client id with its home broker, 7 in 8 of them a
+call to another broker), the connections each broker saw, its heap before and with them, and the brokers' CPU
+with no client, while every connection sends a PINGREQ every ``--held-every`` s for ``--held-seconds``, and held
+idle after.
 
 The generator runs on the same cores as the brokers: each row also gives the generators' CPU seconds a second, so
 a ratio that a busy generator held down can be told apart. Not a test: nothing here asserts.
@@ -32,6 +47,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench import mqtt_load as load  # noqa: E402
+from bench.bench_backlog import rss  # noqa: E402
 from bench.bench_mqtt import cpu_seconds  # noqa: E402
 from bench.configs import full_size_store  # noqa: E402
 from metaq.client.local import BrokerProcess, free_port, small_config  # noqa: E402
@@ -40,6 +56,9 @@ from tests.harness.zookeeper import ZooKeeperProcess  # noqa: E402
 PAYLOAD = 64
 FLEET_KEEP_ALIVE = 60
 SOURCES = ["127.0.0.%d" % i for i in range(2, 10)]
+#: Subscriber processes of a fan-out at least (one per broker past it), so that the generator's share of the cores
+#: is alike for every cluster size.
+FANOUT_PROCS = 4
 
 
 class Cluster:
@@ -60,6 +79,10 @@ class Cluster:
 
     def mqtt_port(self, i):
         return self.brokers[i].config["mqtt"]["port"]
+
+    def connections(self, i):
+        with self.brokers[i].client() as c:
+            return int(c.stats_dict()["mqtt_connections"])
 
     def stored(self):
         total = 0
@@ -129,18 +152,84 @@ def latency(cluster, publisher, messages):
 
 def fanout(cluster, subscribers, messages):
     """Share delivered and p50 / p99 ms of ``messages`` stamped QoS 0 publishes on broker 0 to ``subscribers``
-    spread over every broker."""
+    spread over every broker, over all of them, and over those on broker 0 and on the others apart ((None, None)
+    when none)."""
     n = len(cluster.brokers)
+    procs = max(n, FANOUT_PROCS)  # as many subscriber processes whatever the cluster's size
     size = load.delivered_size("fan/out", PAYLOAD, 0)
-    subs = [load.spawn(load.subscribe, cluster.mqtt_port(i), subscribers // n, "fan%d-" % i, "fan/out", 0,
-                       SOURCES[i::n] or SOURCES, size) for i in range(n)]
+    subs = []
+    for j in range(procs):  # one process's CONNECTs at a time: the setup is no reconnect storm
+        subs.append(load.spawn(load.subscribe, cluster.mqtt_port(j % n), subscribers // procs, "fan%d-" % j,
+                               "fan/out", 0, SOURCES[j::procs] or SOURCES, size))
+        if not subs[-1][1].poll(300) or subs[-1][1].recv() != "ready":
+            raise RuntimeError("a fan-out subscriber did not connect")
     pub = load.spawn(load.publish, cluster.mqtt_port(0), 1, "fanpub", "fan/out", 0, PAYLOAD, None)
-    lat = load.stamped_round(subs, pub, messages, 1.0)
-    ms = sorted(x / 1e6 for x in lat)
-    want = (subscribers // n) * n * messages
+    lat = load.stamped_round(subs, pub, messages, 1.0, by_worker=True, ready=subs)
+    want = (subscribers // procs) * procs * messages
+    return (sum(len(x) for x in lat) / want, _quantiles([x for w in lat for x in w]),
+            _quantiles([x for j, w in enumerate(lat) if j % n == 0 for x in w]),
+            _quantiles([x for j, w in enumerate(lat) if j % n for x in w]))
+
+
+def _quantiles(ns):
+    """p50 / p99 ms of latencies in ns; None when there are none."""
+    ms = sorted(x / 1e6 for x in ns)
     if not ms:
-        return 0.0, None, None
-    return len(ms) / want, ms[len(ms) // 2], ms[min(len(ms) - 1, int(len(ms) * 0.99))]
+        return None
+    return ms[len(ms) // 2], ms[min(len(ms) - 1, int(len(ms) * 0.99))]
+
+
+def held(cluster, connections, keep_alive, seconds, every):
+    """``connections`` MQTT connections (Keep Alive ``keep_alive`` s) spread evenly over the brokers and held, one
+    generator process per broker (each under the open-file cap, from source addresses of its own): the connect rate
+    (each CONNECT registers its client id with its home broker), the connections each broker saw, each broker's heap
+    (RssAnon MB) before and with them open, the brokers' CPU seconds a second while each connection sends a PINGREQ
+    every ``every`` s for ``seconds`` (the pings sent and answered, the connections any broker closed), then the
+    same with them idle; ``dict`` of figures."""
+    n = len(cluster.brokers)
+    pids = [b.proc.pid for b in cluster.brokers]
+    time.sleep(2)
+    before = [rss(pid)[0] for pid in pids]
+    empty_cpu = _cpu_rate(pids, 5)
+    started = time.perf_counter()
+    workers = [load.spawn(load.hold, cluster.mqtt_port(i), connections // n + (i < connections % n), "held%d-" % i,
+                          keep_alive, held_sources(i)) for i in range(n)]
+    try:
+        [pipe.recv() for _, pipe in workers]
+        connect_s = time.perf_counter() - started
+        seen = [cluster.connections(i) for i in range(n)]
+        after = [rss(pid)[0] for pid in pids]
+        cpu0, t0 = sum(cpu_seconds(pid) for pid in pids), time.perf_counter()
+        for _, pipe in workers:
+            pipe.send(("ping", seconds, every))
+        pings = [pipe.recv() for _, pipe in workers]
+        ping_s = time.perf_counter() - t0
+        busy = (sum(cpu_seconds(pid) for pid in pids) - cpu0) / ping_s
+        idle = _cpu_rate(pids, min(seconds, keep_alive / 2))
+        still = [cluster.connections(i) for i in range(n)]
+        for _, pipe in workers:
+            pipe.send("close")
+    finally:
+        for proc, _ in workers:
+            proc.join(60)
+    sent, answered, closed = (sum(p[k] for p in pings) for k in range(3))
+    return {"seen": sum(seen), "per_broker": seen, "connect_rate": connections / connect_s,
+            "rss_before": before, "rss_after": after, "empty_cpu": empty_cpu, "idle_cpu": idle, "ping_cpu": busy,
+            "pings": sent, "answered": answered, "closed": closed, "open_after": sum(still),
+            "ping_us": max(0.0, busy - idle) * ping_s / max(1, sent) * 1e6}
+
+
+def held_sources(i):
+    """Source addresses of broker ``i``'s held connections: eight of its own, so that no address runs out of
+    ephemeral ports and none nears a broker's per-address share."""
+    return ["127.0.%d.%d" % (10 + i, j) for j in range(2, 10)]
+
+
+def _cpu_rate(pids, seconds):
+    """CPU seconds a second ``pids`` use together over the next ``seconds``."""
+    cpu0, t0 = sum(cpu_seconds(pid) for pid in pids), time.perf_counter()
+    time.sleep(seconds)
+    return (sum(cpu_seconds(pid) for pid in pids) - cpu0) / (time.perf_counter() - t0)
 
 
 def one_run(root, zk, n, args):
@@ -149,10 +238,31 @@ def one_run(root, zk, n, args):
         rate, gen_cpu = device_publishes(cluster, args.devices, args.seconds)
         same = latency(cluster, 0, args.messages)
         across = latency(cluster, n - 1, args.messages) if n > 1 else None
-        share, f50, f99 = fanout(cluster, args.subscribers, args.messages)
+        share, fan, _, _ = fanout(cluster, args.subscribers, args.messages)
     finally:
         cluster.stop()
-    return {"rate": rate, "gen_cpu": gen_cpu, "same": same, "across": across, "share": share, "fan": (f50, f99)}
+    return {"rate": rate, "gen_cpu": gen_cpu, "same": same, "across": across, "share": share, "fan": fan}
+
+
+def fanout_run(root, zk, n, args):
+    """The fan-out alone (``--fanout-only``) on a cluster of ``n``."""
+    cluster = Cluster(os.path.join(root, "f%d-%d" % (n, time.monotonic_ns())), zk.connect, n)
+    try:
+        time.sleep(2)
+        empty = _cpu_rate([b.proc.pid for b in cluster.brokers], 5)
+        share, fan, local, remote = fanout(cluster, args.subscribers, args.messages)
+    finally:
+        cluster.stop()
+    return {"share": share, "fan": fan, "local": local, "remote": remote, "empty_cpu": empty}
+
+
+def held_run(root, zk, args):
+    """The held connections alone (``--held``) on a cluster of ``--held-brokers``."""
+    cluster = Cluster(os.path.join(root, "h-%d" % time.monotonic_ns()), zk.connect, args.held_brokers)
+    try:
+        return held(cluster, args.held, args.held_keep_alive, args.held_seconds, args.held_every)
+    finally:
+        cluster.stop()
 
 
 def _median(xs):
@@ -172,12 +282,20 @@ def run(args):
     zk.start()
     results = {n: [] for n in args.brokers}
     try:
+        if args.held:
+            runs = [held_run(root, zk, args) for _ in range(args.runs)]
+            for r in runs:
+                print("run: %r" % r, file=sys.stderr, flush=True)
+            return print_held(args, runs)
         for _ in range(args.runs):
             for n in args.brokers:  # interleaved: a noisy minute hits every size alike
-                results[n].append(one_run(root, zk, n, args))
+                results[n].append((fanout_run if args.fanout_only else one_run)(root, zk, n, args))
+                print("run: %d brokers %r" % (n, results[n][-1]), file=sys.stderr, flush=True)
     finally:
         zk.stop()
         shutil.rmtree(root, ignore_errors=True)
+    if args.fanout_only:
+        return print_fanout(args, results)
     base = statistics.median(r["rate"] for r in results[args.brokers[0]])
     print()
     print("cluster benchmark: %d devices publishing QoS 1, each its next message once the last is acknowledged; "
@@ -193,7 +311,48 @@ def run(args):
         print("| %d | %.0f | %.2fx | %.2f | %s | %s | %.3f | %s |" % (
             n, rate, rate / base, statistics.median(r["gen_cpu"] for r in rows), _ms([r["same"] for r in rows]),
             _ms([r["across"] for r in rows]) if n > 1 else "-", statistics.median(r["share"] for r in rows),
-            _ms([r["fan"] if r["fan"][0] is not None else None for r in rows])))
+            _ms([r["fan"] for r in rows])))
+
+
+def print_fanout(args, results):
+    print()
+    print("fan-out: %d QoS 0 subscribers of one topic spread evenly over the brokers, one publisher on broker 0, "
+          "%d stamped messages 1 s apart; medians of %d runs; %d cores" % (args.subscribers, args.messages,
+                                                                          args.runs, os.cpu_count()))
+    print()
+    print("| brokers | subscribers | delivered | p50 / p99 ms, all | on the publisher's broker | on the others "
+          "| brokers' CPU s/s with no client |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for n in args.brokers:
+        rows = results[n]
+        print("| %d | %d | %.3f | %s | %s | %s | %.3f |" % (
+            n, (args.subscribers // max(n, FANOUT_PROCS)) * max(n, FANOUT_PROCS),
+            statistics.median(r["share"] for r in rows), _ms([r["fan"] for r in rows]),
+            _ms([r["local"] for r in rows]), _ms([r["remote"] for r in rows]) if n > 1 else "-",
+            statistics.median(r["empty_cpu"] for r in rows)))
+
+
+def print_held(args, runs):
+    def med(f):
+        return statistics.median(f(r) for r in runs)
+
+    n = args.held_brokers
+    print()
+    print("held: %d MQTT connections (Keep Alive %d s) over %d brokers, one generator process per broker; a PINGREQ "
+          "on each every %d s for %d s; medians of %d runs; %d cores"
+          % (args.held, args.held_keep_alive, n, args.held_every, args.held_seconds, args.runs, os.cpu_count()))
+    print()
+    print("| brokers | connections held (per broker) | connect rate conn/s | broker heap empty / held MB (each) "
+          "| KiB per connection | brokers' CPU s/s: no connections / held idle / pinging | us per ping "
+          "| pings sent / answered | closed by a broker / open after |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| %d | %d (%d) | %.0f | %.0f / %.0f | %.1f | %.2f / %.2f / %.2f | %.0f | %d / %d | %d / %d |" % (
+        n, med(lambda r: r["seen"]), med(lambda r: r["seen"]) / n, med(lambda r: r["connect_rate"]),
+        med(lambda r: statistics.mean(r["rss_before"])), med(lambda r: statistics.mean(r["rss_after"])),
+        med(lambda r: (sum(r["rss_after"]) - sum(r["rss_before"])) * 1024 / max(1, r["seen"])),
+        med(lambda r: r["empty_cpu"]), med(lambda r: r["idle_cpu"]), med(lambda r: r["ping_cpu"]),
+        med(lambda r: r["ping_us"]), med(lambda r: r["pings"]), med(lambda r: r["answered"]),
+        med(lambda r: r["closed"]), med(lambda r: r["open_after"])))
 
 
 def main(argv=None):
@@ -204,6 +363,12 @@ def main(argv=None):
     p.add_argument("--seconds", type=float, default=5.0, help="the fleet's window")
     p.add_argument("--subscribers", type=int, default=2000, help="fan-out subscribers in all")
     p.add_argument("--messages", type=int, default=20, help="stamped messages per latency and fan-out row")
+    p.add_argument("--fanout-only", action="store_true", help="only the fan-out, over each of --brokers")
+    p.add_argument("--held", type=int, default=0, help="only connections held: this many in all (e.g. 100000)")
+    p.add_argument("--held-brokers", type=int, default=8, help="brokers the held connections spread over")
+    p.add_argument("--held-keep-alive", type=int, default=300, help="the held connections' Keep Alive (s)")
+    p.add_argument("--held-seconds", type=float, default=60.0, help="how long the held connections ping")
+    p.add_argument("--held-every", type=float, default=30.0, help="seconds between a held connection's pings")
     p.add_argument("--dir", default=None, help="where the data goes (default: the system temp dir)")
     run(p.parse_args(argv))
 

@@ -473,14 +473,15 @@ def _publish_qos1(socks, pids, messages, window):
                 st[0] += k
 
 
-def stamped_round(subs, pub, messages, gap, settled=None):
+def stamped_round(subs, pub, messages, gap, settled=None, by_worker=False, ready=()):
     """One timed round of the ``subscribe`` workers ``subs`` and the ``publish`` worker ``pub`` (each ``(process,
-    pipe)``): once all are ready and 2 s settled (then ``settled()``, when given, e.g. to read the broker's memory),
-    ``pub`` sends ``messages`` stamped PUBLISHes ``gap`` seconds apart while each subscriber times what arrives;
-    returns every delivery's latency (ns) and ends the workers."""
+    pipe)``; those in ``ready`` already said so): once all are ready and 2 s settled (then ``settled()``, when
+    given, e.g. to read the broker's memory), ``pub`` sends ``messages`` stamped PUBLISHes ``gap`` seconds apart
+    while each subscriber times what arrives; returns every delivery's latency (ns), a list per subscribe worker
+    when ``by_worker``, and ends the workers."""
     try:
-        for _, pipe in subs + [pub]:
-            if pipe.recv() != "ready":
+        for worker in subs + [pub]:
+            if worker not in ready and worker[1].recv() != "ready":
                 raise RuntimeError("a generator did not connect")
         time.sleep(2)
         if settled is not None:
@@ -489,15 +490,13 @@ def stamped_round(subs, pub, messages, gap, settled=None):
             pipe.send(("time", messages, 30 + 5 * messages))
         pub[1].send(("stamped", messages, gap))
         pub[1].recv()
-        lat = []
-        for _, pipe in subs:
-            lat.extend(pipe.recv()[0])
+        lat = [pipe.recv()[0] for _, pipe in subs]
         for _, pipe in subs + [pub]:
             pipe.send("close")
     finally:
         for proc, _ in subs + [pub]:
             proc.join(30)
-    return lat
+    return lat if by_worker else [x for each in lat for x in each]
 
 
 def spawn(role, *args):

@@ -1,12 +1,12 @@
-"""bench/bench_mqtt.py and bench/bench_mqtt_scale.py run end to end at tiny sizes: every row of their tables is
-filled from real brokers (Mosquitto where installed), every message counted as delivered. Figures are not checked:
-nothing here is timed."""
+"""bench/bench_mqtt.py, bench/bench_mqtt_scale.py and bench/bench_cluster.py's held and fan-out modes run end to end
+at tiny sizes: every row of their tables is filled from real brokers (Mosquitto where installed; a real ZooKeeper
+for the cluster), every message counted as delivered. Figures are not checked: nothing here is timed."""
 
 import re
 
 import pytest
 
-from bench import bench_mqtt, bench_mqtt_scale
+from bench import bench_cluster, bench_mqtt, bench_mqtt_scale
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -33,3 +33,17 @@ def test_the_scale_run_keeps_every_connection_and_delivers_to_every_subscriber(c
     assert int(sent) > 0 and sent == answered
     assert "| connections the broker closed during the pings / open after | 0 / 40 |" in out
     assert re.search(r"\| share delivered \| 1\.000 \|( 1\.000 \|)? \|", out)  # metaq (and Mosquitto, where installed)
+
+
+def test_the_cluster_holds_connections_over_its_brokers_and_fans_out_to_every_subscriber(capsys):
+    bench_cluster.main(["--runs", "1", "--held", "60", "--held-brokers", "3", "--held-keep-alive", "10",
+                        "--held-seconds", "2", "--held-every", "1"])
+    row = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| 3 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "60 (20)"  # every connection seen, 20 on each broker
+    sent, answered = cells[7].split(" / ")
+    assert int(sent) > 0 and sent == answered and cells[8] == "0 / 60"
+    bench_cluster.main(["--runs", "1", "--fanout-only", "--brokers", "1", "2", "--subscribers", "40",
+                        "--messages", "2"])
+    rows = [x for x in capsys.readouterr().out.splitlines() if re.match(r"\| [12] \| 40 \|", x)]
+    assert len(rows) == 2 and all("| 1.000 |" in x for x in rows)
