@@ -11,8 +11,8 @@ and answer): past it, or on any failure, the peer is unreachable for that call (
 are kept, at most ``MQTT_CLUSTER_PEER_CONNECTIONS`` per peer (the replication port admits a few connections per
 address: ``HEADROOM_PER_ADDRESS``), each used by one call at a time; more calls wait their turn within their bound.
 
-``PeerServer.serve`` answers a link's calls in order, each by the handler its ``op`` names; a handler's error is
-sent back as ``{"error": text}``.
+``serve_calls`` answers a link's calls in order (for the cluster's one ``serve.PeerServer``), each by the handler its
+``op`` names; a handler's error is sent back as ``{"error": text}``.
 """
 
 import json
@@ -31,7 +31,7 @@ from metaq.server.replication.link import send_event
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PeerClient", "PeerServer", "PeerUnreachable"]
+__all__ = ["PeerClient", "PeerUnreachable", "serve_calls"]
 
 #: Seconds a peer's link may stay idle on the callee before it is closed (the caller opens another).
 PEER_IDLE_S = 60.0
@@ -186,38 +186,34 @@ class PeerClient:
         self._idle.clear()
 
 
-class PeerServer:
-    """Answers the calls of other masters (``handlers``: op -> ``fn(caller broker id, request) -> answer dict``)."""
+def serve_calls(sock, parser, call, peer, handlers):
+    """One link's calls, answered in order: its first call ``call`` (a PeerCall whose caller proved the secret), then
+    each next one, until the caller closes it or leaves it idle PEER_IDLE_S. ``handlers``: op -> ``fn(caller broker
+    id, request) -> answer dict``."""
+    try:
+        while True:
+            send_event(sock, rp.PeerReply(_encode(_answer(handlers, call))))
+            try:
+                call = _next(sock, parser, time.monotonic() + PEER_IDLE_S)
+            except TimeoutError:
+                return
+            if not isinstance(call, rp.PeerCall):
+                raise errors.RemoteProtocolError("expected PEER_CALL, got %s" % type(call).__name__.upper(),
+                                                 fatal=True)
+    except (OSError, errors.RemoteProtocolError) as exc:
+        log.debug("mqtt cluster: the link from %s ended: %s", peer, exc)
 
-    def __init__(self, handlers):
-        self.handlers = handlers
-        self.served = 0
 
-    def serve(self, sock, parser, call, peer):
-        """One link, its first call ``call`` (a PeerCall whose caller proved the secret), then each next one."""
-        try:
-            while True:
-                send_event(sock, rp.PeerReply(_encode(self._answer(call))))
-                try:
-                    call = _next(sock, parser, time.monotonic() + PEER_IDLE_S)
-                except TimeoutError:
-                    return
-                if not isinstance(call, rp.PeerCall):
-                    raise errors.RemoteProtocolError("expected PEER_CALL, got %s" % type(call).__name__.upper(),
-                                                     fatal=True)
-        except (OSError, errors.RemoteProtocolError) as exc:
-            log.debug("mqtt cluster: the link from %s ended: %s", peer, exc)
-
-    def _answer(self, call):
-        self.served += 1
-        try:
-            request = _decode(call.body)
-            handler = self.handlers.get(request.get("op"))
-            if handler is None:
-                return {"error": "unknown call %r" % request.get("op")}
-            return handler(call.broker_id, request)
-        except errors.RemoteProtocolError as exc:
-            return {"error": str(exc)}
-        except Exception as exc:  # noqa: BLE001 - the caller is told, the link goes on
-            log.exception("mqtt cluster: a call of broker %d failed", call.broker_id)
-            return {"error": "%s: %s" % (type(exc).__name__, exc)}
+def _answer(handlers, call):
+    """The answer to ``call`` by the handler its ``op`` names; a handler's error as ``{"error": text}``."""
+    try:
+        request = _decode(call.body)
+        handler = handlers.get(request.get("op"))
+        if handler is None:
+            return {"error": "unknown call %r" % request.get("op")}
+        return handler(call.broker_id, request)
+    except errors.RemoteProtocolError as exc:
+        return {"error": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - the caller is told, the link goes on
+        log.exception("mqtt cluster: a call of broker %d failed", call.broker_id)
+        return {"error": "%s: %s" % (type(exc).__name__, exc)}

@@ -1,4 +1,8 @@
-"""The followed broker's side of the MQTT cluster: serve a peer that sent ROUTES on the replication port.
+"""The replication port's side of the MQTT cluster: ``PeerServer`` answers another master by its first frame (as
+``ReplicationServer.peer_handler``): ROUTES begins its follow of this broker, PEER_CALL its calls
+(``calls.serve_calls``, by the handlers of ``service.ClientIds.calls``).
+
+The follow:
 
 The peer's filters say which metaq topics are followed (``TopicMap.topics_for``, the rule a subscription's
 reads use; internal topics never: a peer's inbox is not followed, so a copy is never copied again); each followed
@@ -28,6 +32,7 @@ from metaq import errors, limits
 from metaq.mqtt.records import message_of
 from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.mqtt.topics import matches
+from metaq.mqttcluster.calls import serve_calls
 from metaq.protocol import replication as rp
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
 from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RETAINED, SHARED, Entry, Records, shared_data
@@ -232,12 +237,15 @@ class PeerFollow:
 
 
 class PeerServer:
-    """Serves the peers that follow this broker (``ReplicationServer.peer_handler``); counts for stats."""
+    """Answers the other masters on the replication port (``ReplicationServer.peer_handler``): their follows of this
+    broker and their calls; counts for stats."""
 
     def __init__(self, store, waiters, topics=DEFAULT_MAP, shares=None, confirmed_end=lambda: None,
-                 wait_confirmed=None):
+                 wait_confirmed=None, calls=None):
         """``shares``: the cluster's ``share.Shares``; ``confirmed_end()``/``wait_confirmed(timeout)``: ``Roles``'
-        (what may leave this broker, and a wait for more of it)."""
+        (what may leave this broker, and a wait for more of it); ``calls``: op -> handler of the calls answered
+        (``ClientIds.calls``; None: none, a call is answered as unknown)."""
+        self.calls = calls if calls is not None else {}
         self.store = store
         self.waiters = waiters
         self.topicmap = topics  # the MQTT port's ``TopicMap`` (a cluster's brokers share their mqtt settings)
@@ -247,7 +255,15 @@ class PeerServer:
         self.follows = {}  # id(PeerFollow) -> PeerFollow
         self.sent_records = 0
 
-    def serve(self, sock, parser, routes, peer):
+    def serve(self, sock, parser, hello, peer):
+        """One link of another master, by its first frame ``hello`` (its proof checked): ROUTES or PEER_CALL."""
+        if isinstance(hello, rp.Routes):
+            self.follow(sock, parser, hello, peer)
+        else:
+            serve_calls(sock, parser, hello, peer, self.calls)
+
+    def follow(self, sock, parser, routes, peer):
+        """A peer's follow: RECORDS sent for its ROUTES until its link ends."""
         follow = PeerFollow(self.store, routes, self.topicmap, self.shares)
         self.follows[id(follow)] = follow
         wake = Event()

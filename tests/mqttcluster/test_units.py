@@ -4,6 +4,7 @@ the inbox copy and its origin, the resume positions."""
 import json
 from types import SimpleNamespace
 
+import gevent
 import pytest
 
 from metaq import limits
@@ -12,6 +13,7 @@ from metaq.mqtt.records import message_of, record_data
 from metaq.mqttcluster import inbox
 from metaq.mqttcluster.routes import aggregate
 from metaq.mqttcluster.peers import MqttCluster
+from metaq.mqttcluster.members import Members
 from metaq.mqttcluster.serve import FilterSet, PeerFollow
 from metaq.protocol import replication as rp
 from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RETAINED, Entry
@@ -154,25 +156,50 @@ class FakeZk:
 
     def __init__(self, ids):
         self.ids = ids
+        self.watched = set()
 
     def get_children(self, path, watch=None):
+        self.watched.add(path)
         return [str(i) for i in self.ids]
 
-    def get(self, path):
+    def get(self, path, watch=None):
+        self.watched.add(path)
         bid = int(path.split("/")[-2])
-        if path.endswith("/master"):
-            return b"meta://127.0.0.1:1", None
-        return json.dumps({"address": "127.0.0.1:%d" % (20000 + bid)}).encode(), None
+        return json.dumps({"address": "127.0.0.1:%d" % (20000 + bid)}).encode(), SimpleNamespace(ephemeralOwner=bid)
+
+
+def test_the_members_are_read_once_with_a_watch_on_each_node():
+    zk = FakeZk([0, 2])
+    assert Members(zk, "/meta").read() == {0: ("127.0.0.1:20000", 0), 2: ("127.0.0.1:20002", 2)}
+    assert zk.watched == {"/meta/brokers/ids", "/meta/brokers/ids/0/replication", "/meta/brokers/ids/2/replication"}
+
+
+def test_the_members_reader_wakes_its_listeners_when_the_members_change_only():
+    zk = FakeZk([1])
+    members = Members(zk, "/meta", poll_s=0.01)
+    seen = []
+    members.on_change(lambda: seen.append(None if members.current is None else sorted(members.current)))
+    members.start()
+    gevent.sleep(0.1)
+    zk.ids = [1, 2]
+    gevent.sleep(0.1)
+    zk.connected = False  # ZooKeeper cannot be read: None (those who use it keep what they had)
+    gevent.sleep(0.1)
+    members.stop()
+    assert seen == [[1], [1, 2], None] and members.readings > 3
 
 
 def test_a_broker_follows_at_most_max_peers_the_lowest_ids_first(monkeypatch):
     monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_PEERS", 2)
     config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta"))
-    cluster = MqttCluster(config, None, None, None, FakeZk([0, 1, 2]), lambda: True)
-    assert cluster._read_members() == {1: "127.0.0.1:20001", 2: "127.0.0.1:20002"}  # at it: both
+    zk = FakeZk([0, 1, 2])
+    cluster = MqttCluster(config, None, None, None, Members(zk, "/meta"), lambda: True)
+    read = cluster.members.read
+    assert cluster.peers_of(read()) == {1: "127.0.0.1:20001", 2: "127.0.0.1:20002"}  # at it: both
     assert cluster.peers_refused == 0
-    cluster.zk.ids = [0, 1, 2, 3]
-    assert sorted(cluster._read_members()) == [1, 2] and cluster.peers_refused == 1  # one past it: said in stats
+    zk.ids = [0, 1, 2, 3]
+    assert sorted(cluster.peers_of(read())) == [1, 2] and cluster.peers_refused == 1  # one past it: said in stats
+    assert cluster.peers_of(None) is None  # ZooKeeper unread: the links stay as they are
 
 
 def test_a_subscription_adds_its_filter_to_the_route_at_once_and_a_covered_one_changes_nothing(monkeypatch):
