@@ -32,7 +32,7 @@ from metaq.mqttcluster import inbox
 from metaq.mqttcluster.link import PeerLink
 from metaq.mqttcluster.routes import aggregate
 from metaq.mqttcluster.share import Shares
-from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RETAINED, SHARED, split_shared
+from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RESUMED, RETAINED, SHARED, record_check, split_shared
 from metaq.server.clock import now_ms
 
 log = logging.getLogger(__name__)
@@ -240,21 +240,18 @@ class MqttCluster:
                 if positions.is_copied(origin, e.topic, e.partition, e.offset):
                     continue
                 groups, data = split_shared(e.data) if e.kind == SHARED else ((), e.data)
+                check = record_check(e.ts, data)
                 made = inbox.copy_of(origin, e.topic, e.partition, e.offset, e.flag, data, now, self.port.topics,
-                                     groups)
+                                     groups, check)
                 if made is None:  # not kept (expired): a marker holds the position instead
-                    made = inbox.marker(origin, e.topic, e.partition, e.offset + 1, now)
+                    made = inbox.marker(origin, e.topic, e.partition, e.offset + 1, now, check)
                 else:
                     copied += 1
                 last.update(self._append(origin, e, made, now))
-                positions.copied(origin, e.topic, e.partition, e.offset)
+                positions.copied(origin, e.topic, e.partition, e.offset, check)
                 positions.keep(origin, e.topic, e.partition)
             elif e.kind == POSITION:
-                positions.copied(origin, e.topic, e.partition, e.offset - 1)
-                if not positions.kept(origin, e.topic, e.partition):  # followed, nothing copied yet: say where
-                    last.update(self._append(origin, e, inbox.marker(origin, e.topic, e.partition, e.offset, now),
-                                             now))
-                    positions.keep(origin, e.topic, e.partition)
+                last.update(self._position(origin, e, now))
             elif e.kind == RETAINED:
                 self.retained_next[origin] = e.offset + 1
                 self._apply_retained(origin, e)
@@ -262,6 +259,22 @@ class MqttCluster:
             self.port.made_visible(inbox.INBOX, r, now)
         self.copied += copied
         return copied
+
+    def _position(self, origin, e, now):
+        """A POSITION entry: the copy resumes at ``e.offset`` (its ``ts``: the check of the record before it). A
+        marker holds it when nothing of the partition was copied yet, and when the origin resumed the copy there,
+        before where it was (RESUMED: what was copied past it is not the origin's any more, and its records there
+        are copied now); ``{inbox partition: PutResult}`` of the marker."""
+        positions, rewound = self.positions, bool(e.flag & RESUMED)
+        if rewound:
+            log.warning("mqtt cluster: peer broker %d resumed %s-%d at %d, before where this broker's copy was (%s): "
+                        "its records from there are copied", origin, e.topic, e.partition, e.offset,
+                        positions.get(origin, e.topic, e.partition))
+        positions.copied(origin, e.topic, e.partition, e.offset - 1, e.ts, rewound)
+        if positions.kept(origin, e.topic, e.partition) and not rewound:
+            return {}
+        positions.keep(origin, e.topic, e.partition)
+        return self._append(origin, e, inbox.marker(origin, e.topic, e.partition, e.offset, now, e.ts), now)
 
     def _append(self, origin, e, made, now):
         """Append ``made`` (flag, data) to the inbox partition of ``origin``'s ``e.topic``-``e.partition``; ``{inbox

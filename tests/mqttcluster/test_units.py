@@ -16,7 +16,7 @@ from metaq.mqttcluster.peers import MqttCluster
 from metaq.mqttcluster.members import Members
 from metaq.mqttcluster.serve import FilterSet, PeerFollow
 from metaq.protocol import replication as rp
-from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RETAINED, Entry
+from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RESUMED, RETAINED, Entry, decode_routes, record_check
 from metaq.protocol.stream import NEED_DATA
 
 ROUTES = rp.Routes(3, ("sensors/#", "+/alarm", "a/b"), (("sensors", 0, 17), ("a", 1, 0)), 5)
@@ -255,3 +255,85 @@ def test_a_peer_is_sent_nothing_past_the_confirmed_end():
     assert [e.offset for e in got if e.kind == MESSAGE] == [2, 3, 4] and not follow.held
     follow.cursors[("t", 0)] = 0
     assert [e.offset for e in follow.batch(None) if e.kind == MESSAGE] == [0, 1, 2, 3, 4]  # async: no bound
+
+
+def test_routes_carry_a_check_per_position_and_an_older_peers_routes_none():
+    check = record_check(1_700_000_000_000, b"m")
+    assert check >> 32 == 1 and check != record_check(1_700_000_000_001, b"m") != record_check(1_700_000_000_000, b"n")
+    checked = ROUTES._replace(checks=(check, 0))
+    p = rp.ReplicationParser()
+    p.receive_data(rp.serialize(checked))
+    assert p.next_event() == checked
+    older = json.dumps({"broker": 3, "filters": ["a"], "positions": [["a", 0, 4]], "retained": -1}).encode()
+    assert decode_routes(older).checks == ()  # a peer of the version before: resumed unchecked
+    with pytest.raises(RemoteProtocolError, match="one check per position"):
+        decode_routes(json.dumps({"broker": 3, "filters": [], "positions": [["a", 0, 4]], "checks": [1, 2]}).encode())
+    resumed = rp.Records((Entry(POSITION, "a", 0, 4, RESUMED, check),))
+    p.receive_data(rp.serialize(resumed))
+    assert p.next_event() == resumed
+
+
+def test_a_resume_position_keeps_its_check_and_a_marker_sets_it_back():
+    c4, c9 = record_check(1, b"4"), record_check(1, b"9")
+    pos = inbox.Positions()
+    pos.copied(1, "t", 0, 9, c9)
+    pos.copied(1, "t", 0, 4, c4)  # behind it: nothing changes
+    assert pos.get(1, "t", 0) == 10 and pos.checks(1, pos.of(1)) == (c9,)
+    pos.copied(1, "t", 0, 4, c4, rewound=True)  # the origin resumed the copy there
+    assert pos.get(1, "t", 0) == 5 and pos.checks(1, pos.of(1)) == (c4,)
+    copy = inbox.copy_of(1, "t", 0, 9, 0, b"x", 1_000, check=c9)
+    mark = inbox.marker(1, "t", 0, 5, 1_000, c4)
+    assert inbox.place_of(*copy) == ((1, "t", 0, 9), c9, False)
+    assert inbox.place_of(*mark) == ((1, "t", 0, 4), c4, True)
+    recovered = inbox.Positions()
+    assert inbox.recover(InboxStore([copy, mark]), recovered) == 2  # in the inbox's order: the marker last
+    assert recovered.get(1, "t", 0) == 5 and recovered.checks(1, recovered.of(1)) == (c4,)
+
+
+class InboxStore:
+    """An inbox of one partition holding ``records`` ((flag, data), ...)."""
+
+    def __init__(self, records):
+        self.records = records
+
+    def partitions_of(self, topic):
+        return 1
+
+    def min_offset(self, topic, partition):
+        return 0
+
+    def max_offset(self, topic, partition):
+        return len(self.records)
+
+    def read_records(self, topic, partition, offset, max_count, max_bytes):
+        recs = [SimpleNamespace(queue_offset=n, flag=f, data=d) for n, (f, d) in enumerate(self.records)][offset:]
+        return recs[:max_count], offset + len(recs[:max_count])
+
+
+class ForkedStore(RecordsStore):
+    """A RecordsStore whose epoch 2 begins at log position 300 (offset 3): a failover's new master."""
+
+    epochs = SimpleNamespace(entries=[(1, 0, 11), (2, 300, 22)])
+
+    def record_position(self, topic, partition, offset):
+        return 100 * offset if offset < 5 else None
+
+    def record_spans(self, topic, partition, position, end, most):
+        return [(n, 100 * n, 100) for n in range(5) if 100 * n >= position][:most]
+
+
+def test_a_resume_position_is_proved_by_its_check_else_resumed_at_the_epoch_of_the_record_there():
+    store = ForkedStore({"t": 1})
+    ours = record_check(1, b"m3")  # what this store holds at offset 3
+    follow = PeerFollow(store, rp.Routes(1, ("t",), (("t", 0, 4),), checks=(ours,)))
+    assert follow.cursors[("t", 0)] == 4 and not follow.rewound  # the same record: resumed where it was
+    theirs = record_check(1, b"lost")  # another record at offset 3: the peer copied a tail this log cut
+    follow = PeerFollow(store, rp.Routes(1, ("t",), (("t", 0, 4),), checks=(theirs,)))
+    assert follow.cursors[("t", 0)] == 3  # the first record of the epoch holding offset 3
+    announced = follow.batch()[0]
+    assert (announced.kind, announced.offset, announced.flag) == (POSITION, 3, RESUMED)
+    assert announced.ts == record_check(1, b"m2")  # the check of the record before it, for the next resume
+    past = PeerFollow(store, rp.Routes(1, ("t",), (("t", 0, 7),), checks=(theirs,)))  # past this log's end
+    assert past.cursors[("t", 0)] == 3  # from the latest epoch
+    unchecked = PeerFollow(store, rp.Routes(1, ("t",), (("t", 0, 4),)))  # an older peer: as it says
+    assert unchecked.cursors[("t", 0)] == 4
