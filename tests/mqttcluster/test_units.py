@@ -2,6 +2,7 @@
 the inbox copy and its origin, the resume positions."""
 
 import json
+import time
 from types import SimpleNamespace
 
 import gevent
@@ -10,7 +11,7 @@ import pytest
 from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.mqtt.records import message_of, record_data
-from metaq.mqttcluster import inbox
+from metaq.mqttcluster import calls, handover, inbox
 from metaq.mqttcluster.routes import aggregate
 from metaq.mqttcluster.peers import MqttCluster
 from metaq.mqttcluster.members import Members
@@ -337,3 +338,57 @@ def test_a_resume_position_is_proved_by_its_check_else_resumed_at_the_epoch_of_t
     assert past.cursors[("t", 0)] == 3  # from the latest epoch
     unchecked = PeerFollow(store, rp.Routes(1, ("t",), (("t", 0, 4),)))  # an older peer: as it says
     assert unchecked.cursors[("t", 0)] == 4
+
+
+class Ticker:
+    """A greenlet that counts its turns of the loop: how often others ran while the current greenlet worked."""
+
+    def __enter__(self):
+        self.turns = 0
+        self._g = gevent.spawn(self._run)
+        gevent.sleep(0)
+        return self
+
+    def _run(self):
+        while True:
+            self.turns += 1
+            gevent.sleep(0.001)
+
+    def __exit__(self, *exc):
+        self._g.kill()
+
+    def during(self, fn, *args):
+        """``(fn(*args), the ticker's turns meanwhile)``."""
+        before = self.turns
+        value = fn(*args)
+        return value, self.turns - before
+
+
+def test_a_handovers_json_is_built_and_parsed_in_turns_of_the_loop():
+    """A handover's answer (a session of MQTT_HANDOVER_MAX_MESSAGES queued messages, about
+    MQTT_HANDOVER_MAX_BYTES) is encoded and parsed an item at a time: the loop's other greenlets run meanwhile."""
+    answer = {"session": {"c": "big", "inf": [], "dropped": 0,
+                          "queued": [[1, "t", 0, "x" * 2200] for _ in range(limits.MQTT_HANDOVER_MAX_MESSAGES)]},
+              "from": 1}
+    with Ticker() as ticker:
+        body, encoding = ticker.during(calls._encode, answer)
+        parsed, parsing = ticker.during(calls._decode, body)
+    assert body == json.dumps(answer, separators=(",", ":")).encode() and parsed == answer  # the same JSON
+    assert encoding > 0 and parsing > 0
+
+
+def test_a_handover_is_adopted_in_turns_of_the_loop():
+    """Each message a session brings is written on its own turn: the loop's other greenlets run between them."""
+    written = []
+
+    def carry(client_id, topic, flag, data):
+        time.sleep(0.0001)  # a write's cost, without yielding
+        written.append(data)
+        return len(written) - 1
+
+    port = SimpleNamespace(carry=carry, adopt=lambda saved: None)
+    state = {"c": "big", "u": None, "v": 5, "e": 600, "subs": [], "q2": [], "sh": [], "inf": [],
+             "queued": [[1, "t", 0, "eA=="] for _ in range(2000)], "dropped": 0}
+    with Ticker() as ticker:
+        saved, adopting = ticker.during(handover.adopt, port, FakeStore({}), state, None)
+    assert len(saved.carried) == 2000 and written[0] == b"x" and adopting > 0
