@@ -2,16 +2,14 @@
 ``ReplicationServer.peer_handler``): ROUTES begins its follow of this broker, PEER_CALL its calls
 (``calls.serve_calls``, by the handlers of ``service.ClientIds.calls``).
 
-The follow:
-
-The peer's filters say which metaq topics are followed (``TopicMap.topics_for``, the rule a subscription's
-reads use; internal topics never: a peer's inbox is not followed, so a copy is never copied again); each followed
-partition is read from the peer's resume position, or from this broker's end when it has none (a topic that only
-appears later: from its start). A record goes in a RECORDS frame when its MQTT topic name (``records.message_of``, as
-local delivery sees it) matches a filter; a POSITION entry says how far each partition was read. With a retained
-offset the ``R``/``U`` records of the ``%MQTT%`` journal go too. At most MQTT_CLUSTER_BATCH_BYTES of records per
-frame; an empty RECORDS each HEARTBEAT_S when idle. ROUTES again from the peer replace its filters (its partitions
-already followed keep their read positions).
+**The follow.** The peer's filters say which metaq topics are followed (``TopicMap.topics_for``, the rule a
+subscription's reads use; internal topics never: a peer's inbox is not followed, so a copy is never copied again);
+each followed partition is read from the peer's resume position, or from this broker's end when it has none (a
+topic that only appears later: from its start). A record goes in a RECORDS frame when its MQTT topic name
+(``records.message_of``, as local delivery sees it) matches a filter; a POSITION entry says how far each partition
+was read. With a retained offset the ``R``/``U`` records of the ``%MQTT%`` journal go too. At most
+MQTT_CLUSTER_BATCH_BYTES of records per frame; an empty RECORDS each HEARTBEAT_S when idle. ROUTES again from the
+peer replace its filters (its partitions already followed keep their read positions).
 
 The peer's ``$share`` groups (``share.Shares``) are followed too: a record whose name a group's filter matches goes as
 a SHARED entry naming the groups this broker assigns it to at the peer (its own filters aside), and not at all when
@@ -19,7 +17,9 @@ every group that wants it is assigned to another broker (and no filter of the pe
 
 In ``sync`` mode nothing past the master's confirmed end (``Roles.confirmed_end``) is sent: a record its slaves do not
 all hold yet may be cut by a failover and its offset taken by another message, which the peer, whose positions say
-that offset was copied, would then skip. Such records wait for the slaves' ACK (``Roles.wait_confirmed``).
+that offset was copied, would then skip. Such records wait for the slaves' ACK (``Roles.wait_confirmed``). In
+``async`` mode the peer may have copied such a record: each resume position comes with the check of the record
+before it, proved here before the follow resumes there (``PeerFollow.proved``).
 """
 
 import logging
