@@ -18,17 +18,16 @@ logic
     routes.py      a broker's filters, aggregated: what its subscriptions want of its peers (pure)
 front-end (the server layer)
     calls.py       broker-to-broker calls over the replication port (PEER_CALL / PEER_REPLY), each bounded by
-                   ``MQTT_CLUSTER_CALL_TIMEOUT_S``
+                   ``MQTT_CLUSTER_CALL_TIMEOUT_S``, and a link's calls answered
     handover.py    a session given up by one broker as JSON (its messages not acknowledged as their records) and
                    adopted by another (written to its own sessions' log)
 service (the server layer)
-    serve.py       the followed broker's side of a peer's follow (ROUTES in, RECORDS out)
+    members.py     ``Members``: the masters of the cluster as ZooKeeper names them, the one reader of them (a watch
+                   wakes it), its listeners (the links and the client ids) woken when they change
+    serve.py       ``PeerServer``: the one server of the other masters on the replication port, by their first frame:
+                   a peer's follow (ROUTES in, RECORDS out) or its calls
     link.py        the follower's side of one peer: connect, prove, send ROUTES, copy each RECORDS frame
-    peers.py       ``MqttCluster``: membership, one link per peer, copies through the put path, retained messages
-    service.py     ``ClientIds``: the members, a CONNECT's registration with the id's home, the home's serialisation
-                   per id and its calls to the holder, re-registration when the members change
-
-Each of ``peers`` and ``service`` reads the masters from ZooKeeper on its own (``peers``: the ``master`` and
-``replication`` nodes on a children watch, other brokers only; ``service``: the ``replication`` nodes and their
-owners, this broker included, polled).
+    peers.py       ``MqttCluster``: one link per other member, copies through the put path, retained messages
+    service.py     ``ClientIds``: a CONNECT's registration with the id's home, the home's serialisation per id and
+                   its calls to the holder, re-registration when the members change
 """

@@ -11,12 +11,13 @@ and answer): past it, or on any failure, the peer is unreachable for that call (
 are kept, at most ``MQTT_CLUSTER_PEER_CONNECTIONS`` per peer (the replication port admits a few connections per
 address: ``HEADROOM_PER_ADDRESS``), each used by one call at a time; more calls wait their turn within their bound.
 
-``PeerServer.serve`` answers a link's calls in order, each by the handler its ``op`` names; a handler's error is
-sent back as ``{"error": text}``.
+``serve_calls`` answers a link's calls in order (for the cluster's one ``serve.PeerServer``), each by the handler its
+``op`` names; a handler's error is sent back as ``{"error": text}``.
 """
 
 import json
 import logging
+import re
 import socket
 import time
 
@@ -26,12 +27,13 @@ from gevent.lock import BoundedSemaphore
 from metaq import errors, limits
 from metaq.protocol import replication as rp
 from metaq.protocol.stream import CLOSED, NEED_DATA
+from metaq.server.connections import share_loop
 from metaq.server.replication import handshake
 from metaq.server.replication.link import send_event
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PeerClient", "PeerServer", "PeerUnreachable"]
+__all__ = ["PeerClient", "PeerUnreachable", "serve_calls"]
 
 #: Seconds a peer's link may stay idle on the callee before it is closed (the caller opens another).
 PEER_IDLE_S = 60.0
@@ -41,18 +43,108 @@ class PeerUnreachable(Exception):
     """A call got no answer (no connection, a refused or failed handshake, no reply in time)."""
 
 
-def _encode(request):
-    return json.dumps(request, separators=(",", ":")).encode("utf-8")
+def _encode(value):
+    """``value`` (a dict) as compact JSON (``json.dumps``'s bytes), built in steps with the loop shared between them
+    (``share_loop``): its dicts a key at a time, its lists an item at a time (each item whole). A large answer (a
+    session's handover, up to MQTT_HANDOVER_MAX_BYTES) so stalls the other clients no longer than one item (one
+    message) does."""
+    parts = []
+    _encode_into(parts, value, [time.monotonic()])
+    return "".join(parts).encode("utf-8")
+
+
+def _encode_into(parts, value, turn):
+    if isinstance(value, dict):
+        parts.append("{")
+        for i, (key, item) in enumerate(value.items()):
+            parts.append("%s%s:" % ("," if i else "", _dumps(key)))
+            _encode_into(parts, item, turn)
+        parts.append("}")
+    elif isinstance(value, list):
+        parts.append("[")
+        for i, item in enumerate(value):
+            parts.append("," if i else "")
+            parts.append(_dumps(item))
+            turn[0] = share_loop(turn[0])
+        parts.append("]")
+    else:
+        parts.append(_dumps(value))
+
+
+def _dumps(value):
+    return json.dumps(value, separators=(",", ":"))
 
 
 def _decode(body):
+    """A call's or an answer's JSON object (``_encode``'s, or any JSON object), its top-level lists parsed an item at
+    a time with the loop shared between them, as ``_encode`` builds them."""
     try:
-        value = json.loads(bytes(body).decode("utf-8"))
-    except ValueError as exc:
+        value = _parse_in_turns(bytes(body).decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
         raise errors.RemoteProtocolError("a peer call that is not JSON: %s" % exc, fatal=True) from None
     if not isinstance(value, dict):
         raise errors.RemoteProtocolError("a peer call that is not a JSON object", fatal=True)
     return value
+
+
+_JSON = json.JSONDecoder()
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _parse_in_turns(text):
+    """``json.loads(text)``, built in the steps ``_encode`` takes (objects a key at a time, arrays an item at a time,
+    each item whole), the loop shared between them. ValueError when it is not JSON."""
+    i = _skip(text, 0)
+    if text[i:i + 1] != "{":
+        return json.loads(text)
+    value, i = _parse_value(text, i, [time.monotonic()])
+    if _skip(text, i) != len(text):
+        raise ValueError("extra data at %d" % i)
+    return value
+
+
+def _parse_value(text, i, turn):
+    """``(value, the place past it)`` of the JSON value at ``i`` (no space before it)."""
+    c = text[i:i + 1]
+    if c == "{":
+        out, i = {}, _skip(text, i + 1)
+        if text[i:i + 1] == "}":
+            return out, i + 1
+        while True:
+            key, i = _JSON.raw_decode(text, i)
+            if not isinstance(key, str):
+                raise ValueError("an object key that is not a string before %d" % i)
+            i, _c = _expect(text, i, ":")
+            out[key], i = _parse_value(text, i, turn)
+            i, c = _expect(text, i, ",}")
+            if c == "}":
+                return out, i
+    if c == "[":
+        items, i = [], _skip(text, i + 1)
+        if text[i:i + 1] == "]":
+            return items, i + 1
+        while True:
+            item, i = _JSON.raw_decode(text, i)
+            items.append(item)
+            turn[0] = share_loop(turn[0])
+            i, c = _expect(text, i, ",]")
+            if c == "]":
+                return items, i
+    return _JSON.raw_decode(text, i)
+
+
+def _skip(text, i):
+    return _SPACE.match(text, i).end()
+
+
+def _expect(text, i, chars):
+    """``(place, c)``: the character ``c`` at ``i`` (spaces before it skipped), one of ``chars``, and the place past
+    it and the spaces after it; ValueError otherwise."""
+    i = _skip(text, i)
+    c = text[i:i + 1]
+    if not c or c not in chars:
+        raise ValueError("expected one of %r at %d" % (chars, i))
+    return _skip(text, i + 1), c
 
 
 def _next(sock, parser, deadline):
@@ -186,38 +278,34 @@ class PeerClient:
         self._idle.clear()
 
 
-class PeerServer:
-    """Answers the calls of other masters (``handlers``: op -> ``fn(caller broker id, request) -> answer dict``)."""
+def serve_calls(sock, parser, call, peer, handlers):
+    """One link's calls, answered in order: its first call ``call`` (a PeerCall whose caller proved the secret), then
+    each next one, until the caller closes it or leaves it idle PEER_IDLE_S. ``handlers``: op -> ``fn(caller broker
+    id, request) -> answer dict``."""
+    try:
+        while True:
+            send_event(sock, rp.PeerReply(_encode(_answer(handlers, call))))
+            try:
+                call = _next(sock, parser, time.monotonic() + PEER_IDLE_S)
+            except TimeoutError:
+                return
+            if not isinstance(call, rp.PeerCall):
+                raise errors.RemoteProtocolError("expected PEER_CALL, got %s" % type(call).__name__.upper(),
+                                                 fatal=True)
+    except (OSError, errors.RemoteProtocolError) as exc:
+        log.debug("mqtt cluster: the link from %s ended: %s", peer, exc)
 
-    def __init__(self, handlers):
-        self.handlers = handlers
-        self.served = 0
 
-    def serve(self, sock, parser, call, peer):
-        """One link, its first call ``call`` (a PeerCall whose caller proved the secret), then each next one."""
-        try:
-            while True:
-                send_event(sock, rp.PeerReply(_encode(self._answer(call))))
-                try:
-                    call = _next(sock, parser, time.monotonic() + PEER_IDLE_S)
-                except TimeoutError:
-                    return
-                if not isinstance(call, rp.PeerCall):
-                    raise errors.RemoteProtocolError("expected PEER_CALL, got %s" % type(call).__name__.upper(),
-                                                     fatal=True)
-        except (OSError, errors.RemoteProtocolError) as exc:
-            log.debug("mqtt cluster: the link from %s ended: %s", peer, exc)
-
-    def _answer(self, call):
-        self.served += 1
-        try:
-            request = _decode(call.body)
-            handler = self.handlers.get(request.get("op"))
-            if handler is None:
-                return {"error": "unknown call %r" % request.get("op")}
-            return handler(call.broker_id, request)
-        except errors.RemoteProtocolError as exc:
-            return {"error": str(exc)}
-        except Exception as exc:  # noqa: BLE001 - the caller is told, the link goes on
-            log.exception("mqtt cluster: a call of broker %d failed", call.broker_id)
-            return {"error": "%s: %s" % (type(exc).__name__, exc)}
+def _answer(handlers, call):
+    """The answer to ``call`` by the handler its ``op`` names; a handler's error as ``{"error": text}``."""
+    try:
+        request = _decode(call.body)
+        handler = handlers.get(request.get("op"))
+        if handler is None:
+            return {"error": "unknown call %r" % request.get("op")}
+        return handler(call.broker_id, request)
+    except errors.RemoteProtocolError as exc:
+        return {"error": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - the caller is told, the link goes on
+        log.exception("mqtt cluster: a call of broker %d failed", call.broker_id)
+        return {"error": "%s: %s" % (type(exc).__name__, exc)}

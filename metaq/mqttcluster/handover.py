@@ -8,6 +8,10 @@ PUBREL), the ones it brought from a broker before, then what its subscriptions h
 log, each at the QoS it would have been sent with. At most ``MQTT_HANDOVER_MAX_MESSAGES`` messages of
 ``MQTT_HANDOVER_MAX_BYTES`` together, the oldest first; the rest are dropped, counted in the answer and logged.
 
+Both share the loop between messages (``share_loop``), as the calls' JSON is built and parsed an item at a time
+(``calls._encode``/``_decode``): a handover of up to MQTT_HANDOVER_MAX_BYTES stalls the brokers' other clients no
+longer than one message does.
+
 ``adopt``: on the broker taking it, each message is written to its own sessions' log (``MqttPort.carry``) and the
 session to it (``MqttPort.adopt``), its read positions at this broker's log end (what was published here while
 it was away was not its: the subscriptions of another broker read that broker's log), its messages in flight
@@ -17,6 +21,7 @@ flight and before what its subscriptions read (``Delivery._send_carried``).
 
 import base64
 import logging
+import time
 
 from metaq import errors, limits
 from metaq.mqtt.follow import RecordError, SavedSession, decode_carried
@@ -24,6 +29,7 @@ from metaq.mqtt.records import message_of
 from metaq.mqtt.session import PUBREL_SENT, MqttSession
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
 from metaq.server.clock import now_ms
+from metaq.server.connections import share_loop
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +58,7 @@ class _Bound:
 
     def __init__(self, max_messages, max_bytes):
         self.left, self.bytes_left, self.dropped = max_messages, max_bytes, 0
+        self.turn = time.monotonic()  # when this turn of the loop began (``share_loop``)
 
     def take(self, data):
         if self.left <= 0 or len(data) > self.bytes_left:
@@ -78,11 +85,13 @@ def export(store, saved, max_transfer, max_messages=limits.MQTT_HANDOVER_MAX_MES
         found = _message_at(store, topic, partition, offset, max_transfer)
         if found is not None and bound.take(found[2]):
             inflight.append([pid, state, qos] + _wire(*found))
+        bound.turn = share_loop(bound.turn)
     queued = []
     for qos, offset in saved.carried:
         found = _message_at(store, MQTT_SESSIONS_TOPIC, 0, offset, max_transfer)
         if found is not None and bound.take(found[2]):
             queued.append([qos] + _wire(*found))
+        bound.turn = share_loop(bound.turn)
     session = MqttSession(saved.client_id, saved.version, 65535)
     session.restore(saved)
     for (topic, partition), offset in sorted(saved.cursors.items()):
@@ -119,6 +128,7 @@ def _queued(store, session, topic, partition, offset, max_transfer, bound, out):
             if granted is not None and bound.take(rec.data):
                 out.append([min(granted, m.qos)] + _wire(topic, rec.flag, rec.data))
             offset = rec.queue_offset + 1
+            bound.turn = share_loop(bound.turn)
 
 
 def adopt(port, store, state, user):
@@ -126,7 +136,7 @@ def adopt(port, store, state, user):
     broker's sessions' log, the session handed to the CONNECT taking it (``MqttPort.adopt``). ``user``: the
     connecting user (the session's own when authentication is on: the holder checked it)."""
     client_id = state["c"]
-    inflight, carried = [], []
+    inflight, carried, turn = [], [], time.monotonic()
     for entry in state["inf"]:
         pid, kind, qos = entry[:3]
         if kind == PUBREL_SENT:
@@ -135,10 +145,12 @@ def adopt(port, store, state, user):
         offset = port.carry(client_id, entry[3], entry[4], base64.b64decode(entry[5]))
         if offset is not None:
             inflight.append((pid, kind, qos, MQTT_SESSIONS_TOPIC, 0, offset))
+        turn = share_loop(turn)
     for qos, topic, flag, data in state["queued"]:
         offset = port.carry(client_id, topic, flag, base64.b64decode(data))
         if offset is not None:
             carried.append((qos, offset))
+        turn = share_loop(turn)
     subs = [tuple(s[:6]) if len(s) >= 6 else tuple(s) + (None,) for s in state["subs"]]
     cursors = {}
     for sub in subs:

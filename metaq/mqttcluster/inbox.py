@@ -12,8 +12,11 @@ from the inbox itself (``recover``), so a link resumed after a restart copies no
 partition followed before anything of it was copied gets a marker record once (``marker``: MQTT name
 ``MARKER_NAME``, a ``$`` name no client publishes and delivery never sends, with ``MQTT_NEXT`` = its resume
 position), so that it too resumes where it was after a restart. A peer's slave holds the same offsets as the peer,
-so the positions hold across its failover too. Pure but for
-``recover``, which reads the store (a worker thread's call: cold pages).
+so the positions hold across its failover too; each position keeps the check of the origin record before it
+(``MQTT_CHECK``, ``replication_mqtt.record_check``), which the origin proves before it resumes there. When it cannot
+(an ``async`` master's failover gave those offsets to other messages) it resumes earlier, and a marker says so: a
+marker sets its partition's position where it says, back too (``rewound``). Pure but for ``recover``, which reads the
+store (a worker thread's call: cold pages).
 """
 
 import json
@@ -27,8 +30,8 @@ from metaq.protocol.journaltopic import MQTT_INBOX_TOPIC
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute
 
-__all__ = ["INBOX", "ORIGIN", "NEXT", "GROUPS", "MARKER_NAME", "partition_of", "copy_of", "marker", "origin_of",
-           "groups_of", "Positions", "recover"]
+__all__ = ["INBOX", "ORIGIN", "NEXT", "CHECK", "GROUPS", "MARKER_NAME", "partition_of", "copy_of", "marker",
+           "origin_of", "place_of", "groups_of", "Positions", "recover"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,8 @@ ORIGIN = "MQTT_ORIGIN"
 GROUPS = "MQTT_GROUPS"
 #: A marker's property: ``<broker id>:<partition>:<next offset>:<topic>``.
 NEXT = "MQTT_NEXT"
+#: A copy's or a marker's property: the ``record_check`` of the origin record at (for a marker: before) its place.
+CHECK = "MQTT_CHECK"
 #: The MQTT name of a marker record: a ``$`` name (the broker's: no client publishes it, MQTT delivery of the inbox
 #: sends none).
 MARKER_NAME = "$metaq/cluster/position"
@@ -50,7 +55,7 @@ def partition_of(origin, topic, partition, partitions=limits.MQTT_CLUSTER_INBOX_
     return zlib.crc32(b"%d:%d:%s" % (origin, partition, topic.encode("utf-8"))) % partitions
 
 
-def copy_of(origin, topic, partition, offset, flag, data, now_ms, topics=DEFAULT_MAP, groups=()):
+def copy_of(origin, topic, partition, offset, flag, data, now_ms, topics=DEFAULT_MAP, groups=(), check=0):
     """``(flag, data)`` of the inbox copy of ``origin``'s record ``topic``-``partition`` at ``offset`` seen under the
     topic map ``topics`` (a cluster's brokers share their mqtt settings), for the ``$share`` groups ``groups`` too;
     None when the message expired (MQTT 5 Message Expiry) or cannot be kept as an MQTT record (logged)."""
@@ -69,23 +74,34 @@ def copy_of(origin, topic, partition, offset, flag, data, now_ms, topics=DEFAULT
     attribute, payload = decode_payload(flag2, data2)
     tags, props2, _remoting = split_attribute(attribute)
     props2[ORIGIN] = "%d:%d:%d:%s" % (origin, partition, offset, topic)
+    if check:
+        props2[CHECK] = str(check)
     if groups:
         props2[GROUPS] = json.dumps([list(g) for g in groups], separators=(",", ":"))
     return encode_payload(payload, encode_attribute(tags, props2))
 
 
-def marker(origin, topic, partition, next_offset, now_ms):
-    """``(flag, data)`` of the marker record saying ``origin``'s ``topic``-``partition`` resumes at ``next_offset``."""
+def marker(origin, topic, partition, next_offset, now_ms, check=0):
+    """``(flag, data)`` of the marker record saying ``origin``'s ``topic``-``partition`` resumes at ``next_offset``
+    (``check``: of the origin record before it, 0: none)."""
     flag, data = record_data(MARKER_NAME, b"", 0, None, None, False, now_ms)
     attribute, payload = decode_payload(flag, data)
     tags, props, _remoting = split_attribute(attribute)
     props[NEXT] = "%d:%d:%d:%s" % (origin, partition, next_offset, topic)
+    if check:
+        props[CHECK] = str(check)
     return encode_payload(payload, encode_attribute(tags, props))
 
 
 def origin_of(flag, data):
     """``(origin broker, topic, partition, offset)`` of an inbox record: a copy's origin record, or for a marker
     the offset before its resume position (-1: from the start); None when it names none."""
+    place = place_of(flag, data)
+    return None if place is None else place[0]
+
+
+def place_of(flag, data):
+    """``(origin_of's answer, check, is a marker)`` of an inbox record (check 0: none), None when it names none."""
     try:
         attribute, _payload = decode_payload(flag, data)
     except ValueError:
@@ -99,7 +115,9 @@ def origin_of(flag, data):
     parts = value.split(":", 3)
     if len(parts) != 4 or not all(p.isdigit() for p in parts[:3]):
         return None
-    return int(parts[0]), parts[3], int(parts[1]), int(parts[2]) - back
+    check = props.get(CHECK, "0")
+    return (int(parts[0]), parts[3], int(parts[1]), int(parts[2]) - back), int(check) if check.isdigit() else 0, \
+        bool(back)
 
 
 def groups_of(flag, data):
@@ -122,6 +140,7 @@ class Positions:
     def __init__(self, most=limits.MQTT_CLUSTER_MAX_POSITIONS):
         self.most = most
         self._next = {}
+        self._checks = {}  # key -> the check of the origin record before its next offset (absent: none)
         self._kept = set()  # the keys an inbox record (a copy or a marker) holds the position of
         self.refused = 0
 
@@ -138,9 +157,10 @@ class Positions:
     def keep(self, origin, topic, partition):
         self._kept.add((origin, topic, partition))
 
-    def copied(self, origin, topic, partition, offset):
-        """The record at ``offset`` was copied (or read and not wanted; -1: none yet, the copy starts at 0): the
-        copy resumes past it."""
+    def copied(self, origin, topic, partition, offset, check=0, rewound=False):
+        """The record at ``offset`` was copied (or read and not wanted; -1: none yet, the copy starts at 0), its
+        ``record_check`` ``check`` (0: none): the copy resumes past it. ``rewound``: there even when it had gone
+        further (the origin resumed it there: what it had copied past it is not the origin's now)."""
         key = (origin, topic, partition)
         old = self._next.get(key)
         if old is None and len(self._next) >= self.most:
@@ -149,8 +169,12 @@ class Positions:
                             "%d's %s-%d is not remembered", self.most, origin, topic, partition)
             self.refused += 1
             return False
-        if old is None or offset + 1 > old:
+        if old is None or offset + 1 > old or rewound:
             self._next[key] = offset + 1
+            if check:
+                self._checks[key] = check
+            else:
+                self._checks.pop(key, None)
         return True
 
     def is_copied(self, origin, topic, partition, offset):
@@ -161,6 +185,10 @@ class Positions:
     def of(self, origin):
         """``((topic, partition, next offset), ...)`` of ``origin``'s partitions."""
         return tuple((t, p, o) for (b, t, p), o in self._next.items() if b == origin)
+
+    def checks(self, origin, positions):
+        """The check of each of ``positions`` (``of(origin)``'s answer), 0 for none."""
+        return tuple(self._checks.get((origin, t, p), 0) for t, p, _o in positions)
 
 
 def recover(store, positions):
@@ -185,9 +213,10 @@ def recover(store, positions):
             if not records:
                 break
             for rec in records:
-                origin = origin_of(rec.flag, rec.data)
-                if origin is not None:
-                    positions.copied(*origin)
+                place = place_of(rec.flag, rec.data)
+                if place is not None:
+                    origin, check, is_marker = place
+                    positions.copied(*origin, check=check, rewound=is_marker)  # in order: a marker says where
                     positions.keep(*origin[:3])
                 read += 1
             offset = records[-1].queue_offset + 1

@@ -94,8 +94,9 @@ class PeerLink:
             sock = self._sock = cluster.tls.wrap_socket(sock, server_hostname=self.host)
         parser = rp.ReplicationParser()
         version, filters = cluster.route()
-        routes = rp.Routes(cluster.broker_id, filters, cluster.positions.of(self.broker_id),
-                           cluster.retained_from(self.broker_id), cluster.groups())
+        positions = cluster.positions.of(self.broker_id)
+        routes = rp.Routes(cluster.broker_id, filters, positions, cluster.retained_from(self.broker_id),
+                           cluster.groups(), cluster.positions.checks(self.broker_id, positions))
         first = authenticate(sock, parser, cluster.secret, cluster.broker_id, routes, next_event, "RECORDS")
         self._sent_version = version
         sock.settimeout(LINK_TIMEOUT_S)

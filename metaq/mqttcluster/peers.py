@@ -1,10 +1,9 @@
 """The MQTT cluster of one broker: its peers (the other masters under the ZooKeeper root), one link to each, the
 inbox it copies into, and the peers' retained messages (docs/architecture.md "MQTT across the cluster").
 
-**Membership.** The masters are ``<root>/brokers/ids/<id>/master``, each master's replication address is in
-``<root>/brokers/ids/<id>/replication`` (``server/registry.py`` writes both). One greenlet reads them when the
-children watch of ``<root>/brokers/ids`` fires (the watch only wakes it, as the registry's listener does) and every
-MEMBERS_S; a master keeps one link per other master (at most MQTT_CLUSTER_MAX_PEERS), a slave none (it copies its
+**Membership.** The members (``members.Members``, the cluster's one reader of them in ZooKeeper) wake one greenlet
+when they change, which also looks every MEMBERS_S (a promotion or a demotion of this broker); a master keeps one
+link per other member (at most MQTT_CLUSTER_MAX_PEERS, the lowest broker ids), a slave none (it copies its
 master's inbox). Nothing is written to ZooKeeper for a device or a subscription.
 
 **Copies.** Each MESSAGE entry a link brings is appended through the put path to the inbox (``inbox.py``), unless
@@ -21,12 +20,10 @@ marked (only they take the copy).
 way), with this broker's own clears; for a name the newest by (time, broker id) wins against the local table.
 """
 
-import json
 import logging
 
 import gevent
 from gevent.event import Event
-from kazoo.exceptions import KazooException, NoNodeError
 
 from metaq import limits
 from metaq.mqtt.follow import RecordError, decode_retained
@@ -35,29 +32,28 @@ from metaq.mqttcluster import inbox
 from metaq.mqttcluster.link import PeerLink
 from metaq.mqttcluster.routes import aggregate
 from metaq.mqttcluster.share import Shares
-from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RETAINED, SHARED, split_shared
+from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RESUMED, RETAINED, SHARED, record_check, split_shared
 from metaq.server.clock import now_ms
 
 log = logging.getLogger(__name__)
 
-#: How often the membership is read again without a watch firing (a peer's failover changes its replication
-#: address, not the children of ``ids``).
+#: How often the links are looked at again without the members changing (this broker's own role may have).
 MEMBERS_S = 2.0
 #: How often the route is computed again without a subscription waking it (unsubscriptions, expired sessions).
 ROUTE_REFRESH_S = 5.0
 
 
 class MqttCluster:
-    """See the module doc. ``port``: the broker's MqttPort; ``zk``: its kazoo client; ``is_master()``."""
+    """See the module doc. ``port``: the broker's MqttPort; ``members``: the cluster's ``members.Members``;
+    ``is_master()``."""
 
-    def __init__(self, config, store, put_path, port, zk, is_master, secret=None, tls=None):
+    def __init__(self, config, store, put_path, port, members, is_master, secret=None, tls=None):
         self.config = config
         self.broker_id = config.broker.id
         self.store = store
         self.put_path = put_path
         self.port = port
-        self.zk = zk
-        self.root = config.zk.root
+        self.members = members
         self.is_master = is_master
         self.secret = secret
         self.tls = tls
@@ -83,6 +79,7 @@ class MqttCluster:
     def start(self):
         self._recover()
         self.refresh_route()
+        self.members.on_change(self._members_changed)
         self._tasks = [gevent.spawn(self._members), gevent.spawn(self._routes)]
 
     def _recover(self):
@@ -179,8 +176,8 @@ class MqttCluster:
 
     # -- membership ----------------------------------------------------------------
 
-    def _watch(self, _event):
-        self._members_wake.set()  # a kazoo callback: record and wake, nothing else
+    def _members_changed(self):
+        self._members_wake.set()  # a listener of the members: record and wake, nothing else
 
     def _members(self):
         while not self._stopping:
@@ -191,35 +188,20 @@ class MqttCluster:
                 self._recover()
             elif not master:
                 self._recovered_as_master = False
-            try:
-                peers = self._read_members() if self.is_master() and self.zk.connected else None
-            except KazooException as exc:
-                log.info("mqtt cluster: ZooKeeper could not be read (%r); links kept as they are", exc)
-                peers = None
-            if peers is not None or not self.is_master():
-                self._set_links(peers or {})
+            if not self.is_master():
+                self._set_links({})
+            else:
+                peers = self.peers_of(self.members.current)
+                if peers is not None:  # None: ZooKeeper cannot be read now, links kept as they are
+                    self._set_links(peers)
             self._members_wake.wait(MEMBERS_S)
 
-    def _read_members(self):
-        ids_path = "%s/brokers/ids" % self.root
-        try:
-            children = self.zk.get_children(ids_path, watch=self._watch)
-        except NoNodeError:
-            return {}
-        peers = {}
-        for child in sorted((c for c in children if c.isdigit()), key=int):
-            bid = int(child)
-            if bid == self.broker_id:
-                continue
-            base = "%s/%s" % (ids_path, child)
-            try:
-                self.zk.get(base + "/master")
-                published = json.loads(self.zk.get(base + "/replication")[0].decode("utf-8"))
-            except (NoNodeError, ValueError):
-                continue
-            address = published.get("address") if isinstance(published, dict) else None
-            if address:
-                peers[bid] = address
+    def peers_of(self, members):
+        """``{broker id: replication address}`` this master follows of ``members`` (``Members.current``): every other
+        member, at most MQTT_CLUSTER_MAX_PEERS of them (the lowest ids; the others counted in stats). None: None."""
+        if members is None:
+            return None
+        peers = {bid: address for bid, (address, _owner) in sorted(members.items()) if bid != self.broker_id}
         if len(peers) > limits.MQTT_CLUSTER_MAX_PEERS:
             kept = sorted(peers)[:limits.MQTT_CLUSTER_MAX_PEERS]
             self.peers_refused = len(peers) - len(kept)
@@ -258,21 +240,18 @@ class MqttCluster:
                 if positions.is_copied(origin, e.topic, e.partition, e.offset):
                     continue
                 groups, data = split_shared(e.data) if e.kind == SHARED else ((), e.data)
+                check = record_check(e.ts, data)
                 made = inbox.copy_of(origin, e.topic, e.partition, e.offset, e.flag, data, now, self.port.topics,
-                                     groups)
+                                     groups, check)
                 if made is None:  # not kept (expired): a marker holds the position instead
-                    made = inbox.marker(origin, e.topic, e.partition, e.offset + 1, now)
+                    made = inbox.marker(origin, e.topic, e.partition, e.offset + 1, now, check)
                 else:
                     copied += 1
                 last.update(self._append(origin, e, made, now))
-                positions.copied(origin, e.topic, e.partition, e.offset)
+                positions.copied(origin, e.topic, e.partition, e.offset, check)
                 positions.keep(origin, e.topic, e.partition)
             elif e.kind == POSITION:
-                positions.copied(origin, e.topic, e.partition, e.offset - 1)
-                if not positions.kept(origin, e.topic, e.partition):  # followed, nothing copied yet: say where
-                    last.update(self._append(origin, e, inbox.marker(origin, e.topic, e.partition, e.offset, now),
-                                             now))
-                    positions.keep(origin, e.topic, e.partition)
+                last.update(self._position(origin, e, now))
             elif e.kind == RETAINED:
                 self.retained_next[origin] = e.offset + 1
                 self._apply_retained(origin, e)
@@ -280,6 +259,22 @@ class MqttCluster:
             self.port.made_visible(inbox.INBOX, r, now)
         self.copied += copied
         return copied
+
+    def _position(self, origin, e, now):
+        """A POSITION entry: the copy resumes at ``e.offset`` (its ``ts``: the check of the record before it). A
+        marker holds it when nothing of the partition was copied yet, and when the origin resumed the copy there,
+        before where it was (RESUMED: what was copied past it is not the origin's any more, and its records there
+        are copied now); ``{inbox partition: PutResult}`` of the marker."""
+        positions, rewound = self.positions, bool(e.flag & RESUMED)
+        if rewound:
+            log.warning("mqtt cluster: peer broker %d resumed %s-%d at %d, before where this broker's copy was (%s): "
+                        "its records from there are copied", origin, e.topic, e.partition, e.offset,
+                        positions.get(origin, e.topic, e.partition))
+        positions.copied(origin, e.topic, e.partition, e.offset - 1, e.ts, rewound)
+        if positions.kept(origin, e.topic, e.partition) and not rewound:
+            return {}
+        positions.keep(origin, e.topic, e.partition)
+        return self._append(origin, e, inbox.marker(origin, e.topic, e.partition, e.offset, now, e.ts), now)
 
     def _append(self, origin, e, made, now):
         """Append ``made`` (flag, data) to the inbox partition of ``origin``'s ``e.topic``-``e.partition``; ``{inbox

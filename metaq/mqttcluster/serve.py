@@ -1,13 +1,15 @@
-"""The followed broker's side of the MQTT cluster: serve a peer that sent ROUTES on the replication port.
+"""The replication port's side of the MQTT cluster: ``PeerServer`` answers another master by its first frame (as
+``ReplicationServer.peer_handler``): ROUTES begins its follow of this broker, PEER_CALL its calls
+(``calls.serve_calls``, by the handlers of ``service.ClientIds.calls``).
 
-The peer's filters say which metaq topics are followed (``TopicMap.topics_for``, the rule a subscription's
-reads use; internal topics never: a peer's inbox is not followed, so a copy is never copied again); each followed
-partition is read from the peer's resume position, or from this broker's end when it has none (a topic that only
-appears later: from its start). A record goes in a RECORDS frame when its MQTT topic name (``records.message_of``, as
-local delivery sees it) matches a filter; a POSITION entry says how far each partition was read. With a retained
-offset the ``R``/``U`` records of the ``%MQTT%`` journal go too. At most MQTT_CLUSTER_BATCH_BYTES of records per
-frame; an empty RECORDS each HEARTBEAT_S when idle. ROUTES again from the peer replace its filters (its partitions
-already followed keep their read positions).
+**The follow.** The peer's filters say which metaq topics are followed (``TopicMap.topics_for``, the rule a
+subscription's reads use; internal topics never: a peer's inbox is not followed, so a copy is never copied again);
+each followed partition is read from the peer's resume position, or from this broker's end when it has none (a
+topic that only appears later: from its start). A record goes in a RECORDS frame when its MQTT topic name
+(``records.message_of``, as local delivery sees it) matches a filter; a POSITION entry says how far each partition
+was read. With a retained offset the ``R``/``U`` records of the ``%MQTT%`` journal go too. At most
+MQTT_CLUSTER_BATCH_BYTES of records per frame; an empty RECORDS each HEARTBEAT_S when idle. ROUTES again from the
+peer replace its filters (its partitions already followed keep their read positions).
 
 The peer's ``$share`` groups (``share.Shares``) are followed too: a record whose name a group's filter matches goes as
 a SHARED entry naming the groups this broker assigns it to at the peer (its own filters aside), and not at all when
@@ -15,7 +17,9 @@ every group that wants it is assigned to another broker (and no filter of the pe
 
 In ``sync`` mode nothing past the master's confirmed end (``Roles.confirmed_end``) is sent: a record its slaves do not
 all hold yet may be cut by a failover and its offset taken by another message, which the peer, whose positions say
-that offset was copied, would then skip. Such records wait for the slaves' ACK (``Roles.wait_confirmed``).
+that offset was copied, would then skip. Such records wait for the slaves' ACK (``Roles.wait_confirmed``). In
+``async`` mode the peer may have copied such a record: each resume position comes with the check of the record
+before it, proved here before the follow resumes there (``PeerFollow.proved``).
 """
 
 import logging
@@ -28,9 +32,11 @@ from metaq import errors, limits
 from metaq.mqtt.records import message_of
 from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.mqtt.topics import matches
+from metaq.mqttcluster.calls import serve_calls
 from metaq.protocol import replication as rp
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
-from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RETAINED, SHARED, Entry, Records, shared_data
+from metaq.protocol.replication_mqtt import (MESSAGE, POSITION, RESUMED, RETAINED, SHARED, Entry, Records, record_check,
+                                             shared_data)
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server.replication.link import HEARTBEAT_S, send_event
 from metaq.topics.names import is_internal
@@ -83,13 +89,15 @@ class PeerFollow:
         self.shares = shares
         self.broker_id = routes.broker_id
         self.groups = ()
-        self.resume = {(t, p): o for t, p, o in routes.positions}
+        checks = routes.checks or (0,) * len(routes.positions)
+        self.resume = {(t, p): (o, c) for (t, p, o), c in zip(routes.positions, checks, strict=True)}
         self.cursors = {}  # (topic, partition) -> next offset to read
         self.retained = routes.retained  # next offset of %MQTT% partition 0, -1: none
         self.known_at_route = set()
         self.announce = []  # partitions followed since the last batch: their start goes to the peer first
         self.refused_logged = False
         self.held = False  # the last batch stopped at a record past the confirmed end
+        self.rewound = set()  # partitions resumed before the peer's position (``proved``), said at their announce
         self.set_filters(routes.filters, routes.groups)
 
     def set_filters(self, filters, groups=()):
@@ -131,8 +139,10 @@ class PeerFollow:
                     log.warning("mqtt cluster: peer %d follows %d partitions (MQTT_CLUSTER_MAX_FOLLOWED): %s-%d and "
                                 "others are not followed", self.broker_id, len(self.cursors), key[0], key[1])
                 break
-            start = self.resume.pop(key, None)
-            if start is None:  # a topic known when the route came: from now on; one that appeared since: all of it
+            resume = self.resume.pop(key, None)
+            if resume is not None:
+                start = self.proved(key, *resume)
+            else:  # a topic known when the route came: from now on; one that appeared since: all of it
                 start = store.max_offset(*key) if key[0] in self.known_at_route else store.min_offset(*key)
             self.cursors[key] = start
             self.announce.append(key)
@@ -145,7 +155,10 @@ class PeerFollow:
         announce, self.announce = self.announce, []
         for key in announce:  # the peer learns where a new partition starts before any record of it
             if key in self.cursors:
-                entries.append(Entry(POSITION, key[0], key[1], self.cursors[key]))
+                at = self.cursors[key]
+                entries.append(Entry(POSITION, key[0], key[1], at, RESUMED if key in self.rewound else 0,
+                                     self.check_at(key, at - 1)))
+        self.rewound.clear()
         for key, offset in list(self.cursors.items()):
             if budget <= 0:
                 break
@@ -164,6 +177,7 @@ class PeerFollow:
             except errors.MetaqError:
                 self.cursors.pop(key, None)
                 continue
+            last = None
             for rec in records:
                 if confirmed is not None and rec.position + rec.total_size > confirmed:
                     self.held = True
@@ -173,11 +187,49 @@ class PeerFollow:
                     entries.append(entry)
                     budget -= len(rec.data)
                 self.cursors[key] = rec.queue_offset + 1
+                last = rec
             if self.cursors[key] > offset:
-                entries.append(Entry(POSITION, topic, partition, self.cursors[key]))
+                check = record_check(last.store_ts_ms, last.data) if last is not None else 0
+                entries.append(Entry(POSITION, topic, partition, self.cursors[key], 0, check))
         if self.retained >= 0 and budget > 0:
             entries.extend(self._retained(budget, confirmed))
         return entries
+
+    def proved(self, key, offset, check):
+        """Where the peer's copy of partition ``key`` resumes, given its position ``offset`` and the ``check`` of the
+        record before it as the peer copied it: ``offset`` when this broker's record there is that one (or no check
+        was sent: an older peer, or nothing before it); else the first record of the epoch of this broker's record
+        there (the latest epoch when it has none), where this log took its own way (an ``async`` master's failover
+        cut what the peer copied and gave those offsets to other messages), and the peer is told it was rewound.
+        The peer then copies every record of this log from there: after one failover, nothing it skipped (its copies
+        of the cut messages stay). Index reads and one record read (as ``batch``'s)."""
+        if not check or offset <= 0 or offset - 1 < self.store.min_offset(*key):
+            return offset  # nothing before it to prove (retention took it: what is before is old, not a cut tail)
+        if self.check_at(key, offset - 1) == check:
+            return offset
+        store, (topic, partition) = self.store, key
+        position = store.record_position(topic, partition, offset - 1)
+        starts = [e[1] for e in store.epochs.entries]
+        start = max((s for s in starts if s <= position), default=0) if position is not None else starts[-1]
+        spans = store.record_spans(topic, partition, start, 2 ** 63 - 1, 1)
+        resumed = min(spans[0][0] if spans else store.max_offset(*key), offset)
+        log.warning("mqtt cluster: peer %d's copy of %s-%d stops at %d, past a record this broker does not hold "
+                    "(its log took another way at position %d: a failover of an async master); it resumes at %d",
+                    self.broker_id, topic, partition, offset, start, resumed)
+        self.rewound.add(key)
+        return resumed
+
+    def check_at(self, key, offset):
+        """The ``record_check`` of this broker's record ``offset`` of partition ``key``; 0 when it has none."""
+        if offset < 0:
+            return 0
+        try:
+            records, _nxt = self.store.read_records(key[0], key[1], offset, 1, limits.MQTT_CLUSTER_BATCH_BYTES)
+        except errors.MetaqError:
+            return 0
+        if not records or records[0].queue_offset != offset:
+            return 0
+        return record_check(records[0].store_ts_ms, records[0].data)
 
     def _entry(self, topic, partition, rec):
         """The entry of record ``rec`` for the peer (None: it wants none): SHARED when this broker assigns it to some
@@ -232,12 +284,15 @@ class PeerFollow:
 
 
 class PeerServer:
-    """Serves the peers that follow this broker (``ReplicationServer.peer_handler``); counts for stats."""
+    """Answers the other masters on the replication port (``ReplicationServer.peer_handler``): their follows of this
+    broker and their calls; counts for stats."""
 
     def __init__(self, store, waiters, topics=DEFAULT_MAP, shares=None, confirmed_end=lambda: None,
-                 wait_confirmed=None):
+                 wait_confirmed=None, calls=None):
         """``shares``: the cluster's ``share.Shares``; ``confirmed_end()``/``wait_confirmed(timeout)``: ``Roles``'
-        (what may leave this broker, and a wait for more of it)."""
+        (what may leave this broker, and a wait for more of it); ``calls``: op -> handler of the calls answered
+        (``ClientIds.calls``; None: none, a call is answered as unknown)."""
+        self.calls = calls if calls is not None else {}
         self.store = store
         self.waiters = waiters
         self.topicmap = topics  # the MQTT port's ``TopicMap`` (a cluster's brokers share their mqtt settings)
@@ -247,7 +302,15 @@ class PeerServer:
         self.follows = {}  # id(PeerFollow) -> PeerFollow
         self.sent_records = 0
 
-    def serve(self, sock, parser, routes, peer):
+    def serve(self, sock, parser, hello, peer):
+        """One link of another master, by its first frame ``hello`` (its proof checked): ROUTES or PEER_CALL."""
+        if isinstance(hello, rp.Routes):
+            self.follow(sock, parser, hello, peer)
+        else:
+            serve_calls(sock, parser, hello, peer, self.calls)
+
+    def follow(self, sock, parser, routes, peer):
+        """A peer's follow: RECORDS sent for its ROUTES until its link ends."""
         follow = PeerFollow(self.store, routes, self.topicmap, self.shares)
         self.follows[id(follow)] = follow
         wake = Event()

@@ -1,9 +1,10 @@
 """A client id is the cluster's: one live session per client id across the brokers of a ZooKeeper root (service:
 the server layer; docs/mqtt.md "A client id across the cluster", docs/architecture.md "MQTT cluster: client ids").
 
-**Members** are the masters registered under ``<root>/brokers/ids/<id>`` with a replication port (their
-``replication`` node: ``registry.py``), read every ``MQTT_CLUSTER_MEMBERS_POLL_S``. A broker that is no member (a
-slave, no ZooKeeper, no replication port) serves client ids as a broker alone does.
+**Members** are the masters registered under ``<root>/brokers/ids/<id>`` with a replication port, as the cluster's
+one reader of them says (``members.Members``: it wakes this service when they change; a home not told yet is told
+again every ``MQTT_CLUSTER_MEMBERS_POLL_S``). A broker that is no member (a slave, no ZooKeeper, no replication port)
+serves client ids as a broker alone does.
 
 **A CONNECT** (``join``, before the port's own ``claim``) asks the id's home (``ids.home_of``) to register this
 broker as its holder. The home serialises each id (one registration of an id at a time): when another broker holds
@@ -27,19 +28,17 @@ sessions that end are told to their homes every ``MQTT_CLUSTER_RELEASE_S`` in ba
 """
 
 import itertools
-import json
 import logging
 import time
 
 import gevent
 from gevent.event import Event
 from gevent.lock import Semaphore
-from kazoo.exceptions import KazooException, NoNodeError
 
 from metaq import limits
 from metaq.mqtt import wire
 from metaq.mqttcluster import handover
-from metaq.mqttcluster.calls import PeerServer, PeerUnreachable
+from metaq.mqttcluster.calls import PeerUnreachable
 from metaq.mqttcluster.ids import HomeRegistry, RegistryFull, home_of
 
 log = logging.getLogger(__name__)
@@ -52,11 +51,11 @@ HOLDER_TIMEOUT_S = limits.MQTT_CLUSTER_CALL_TIMEOUT_S / 2
 
 
 class ClientIds:
-    """See the module doc. ``port``: the MQTT port; ``zk``: the registry's kazoo client; ``root``: its root;
-    ``client``: a ``calls.PeerClient``; ``is_member``: True while this broker is a master with a replication port."""
+    """See the module doc. ``port``: the MQTT port; ``members``: the cluster's ``members.Members``; ``client``: a
+    ``calls.PeerClient``; ``is_member``: True while this broker is a master with a replication port."""
 
-    def __init__(self, port, store, zk, root, broker_id, client, max_ids, max_transfer, is_member):
-        self.port, self.store, self.zk, self.root = port, store, zk, root
+    def __init__(self, port, store, members, broker_id, client, max_ids, max_transfer, is_member):
+        self.port, self.store, self.members_reader = port, store, members
         self.broker_id = broker_id
         self.client = client
         self.max_transfer = max_transfer
@@ -71,12 +70,16 @@ class ClientIds:
         self._generations = itertools.count(1)  # the home's: each registration of an id gets the next
         self._released = set()  # client ids whose sessions ended here, not yet told to their homes
         self._owed = {}  # broker id -> {client id: generation}: ids it held when it did not answer, to end there
-        self.server = PeerServer({"register": self._register, "give_up": self._give_up, "hold": self._hold,
-                                  "release": self._release, "drop": self._drop})
+        #: the calls this broker answers as a home or a holder (op -> ``fn(caller, request) -> answer``), served on
+        #: the replication port by the cluster's ``serve.PeerServer``
+        self.calls = {"register": self._register, "give_up": self._give_up, "hold": self._hold,
+                      "release": self._release, "drop": self._drop}
+        self._members_wake = Event()
         self.takeovers = 0  # sessions this broker took from another
         self.refused = 0  # CONNECTs refused: the home unreachable, or its registry full
         self._greenlets = []
         self._told_all = False  # every id held here was told to its home since this broker became a member
+        self._joined_at = None  # when this broker was last seen becoming a member (monotonic), None: it is none
 
     # -- this broker's CONNECTs ----------------------------------------------------------------------------------
 
@@ -263,6 +266,7 @@ class ClientIds:
     # -- members, re-registration, releases -------------------------------------------------------------------------
 
     def start(self):
+        self.members_reader.on_change(self._members_wake.set)  # a listener: record and wake, nothing else
         self._greenlets = [gevent.spawn(self._watch), gevent.spawn(self._release_loop)]
 
     def stop(self):
@@ -270,42 +274,16 @@ class ClientIds:
             g.kill(block=False)
         self.client.close()
 
-    def _read_members(self):
-        """``{broker id: (replication address, node owner)}`` of the masters with a replication port, or None when
-        ZooKeeper cannot be read now."""
-        path = "%s/brokers/ids" % self.root
-        out = {}
-        try:
-            for name in self.zk.get_children(path):
-                if not name.isdigit():
-                    continue
-                try:
-                    data, stat = self.zk.get("%s/%s/replication" % (path, name))
-                except NoNodeError:
-                    continue
-                try:
-                    address = json.loads(data.decode("utf-8")).get("address")
-                except (ValueError, AttributeError):
-                    continue
-                if address:
-                    out[int(name)] = (address, stat.ephemeralOwner)
-        except NoNodeError:
-            return {}
-        except KazooException as exc:
-            log.debug("mqtt cluster: ZooKeeper could not be read: %r", exc)
-            return None
-        return out
-
     def _watch(self):
         while True:
+            self._members_wake.clear()
             try:
-                if self.zk.connected:
-                    found = self._read_members()
-                    if found is not None and (found != self._owners or (not self._told_all and self.active())):
-                        self._members_changed(found)  # or a home that did not answer is told again
+                found = self.members_reader.current
+                if found is not None and (found != self._owners or (not self._told_all and self.active())):
+                    self._members_changed(found)  # or a home that did not answer is told again
             except Exception:  # noqa: BLE001 - the watch must go on
-                log.exception("mqtt cluster: reading the members failed")
-            gevent.sleep(limits.MQTT_CLUSTER_MEMBERS_POLL_S)
+                log.exception("mqtt cluster: acting on the members failed")
+            self._members_wake.wait(limits.MQTT_CLUSTER_MEMBERS_POLL_S)
 
     def _members_changed(self, found):
         before, before_owners = self.members, self._owners
@@ -319,7 +297,10 @@ class ClientIds:
         self.registry.forget_unless(lambda c: home_of(c, members) == self.broker_id)
         if not self.active():
             self._told_all = False  # not a member now: once it is, every id it holds is told again
+            self._joined_at = None
             return
+        if not self._told_all and self._joining():
+            return  # told on a later look (the members are looked at every MQTT_CLUSTER_MEMBERS_POLL_S)
         every, self._told_all = not self._told_all, True
         moved = {}  # home -> ids it must learn from this broker
         for client_id in self.port.holding():
@@ -330,6 +311,15 @@ class ClientIds:
         for home, ids in moved.items():
             for i in range(0, len(ids), limits.MQTT_CLUSTER_ID_BATCH):
                 self._tell_hold(home, ids[i:i + limits.MQTT_CLUSTER_ID_BATCH])
+
+    def _joining(self):
+        """True for MQTT_CLUSTER_MEMBERS_POLL_S after this broker became a member: the others, who see it join
+        at once, tell it (as a home) the ids they registered while it was away before it registers its own copies
+        of them with itself, so that an id registered elsewhere meanwhile stays there and its copy here ends."""
+        now = time.monotonic()
+        if self._joined_at is None:
+            self._joined_at = now
+        return now - self._joined_at < limits.MQTT_CLUSTER_MEMBERS_POLL_S
 
     def _tell_hold(self, home, ids):
         request = {"op": "hold", "ids": ids}

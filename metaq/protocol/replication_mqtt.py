@@ -13,8 +13,15 @@ ROUTES (peer to master): UTF-8 JSON, 2..MQTT_CLUSTER_ROUTES_BYTES bytes::
      "positions": [[topic, partition, offset], ...], where the peer's copy of each followed partition resumes
      "retained": offset,                             the offset of the master's ``%MQTT%`` journal to send the retained
                                                      messages' records from (-1: send none)
-     "groups": [[share name, filter], ...]}          its ``$share`` groups with members, at most MQTT_CLUSTER_MAX_GROUPS
+     "groups": [[share name, filter], ...],          its ``$share`` groups with members, at most MQTT_CLUSTER_MAX_GROUPS
                                                      (optional)
+     "checks": [check, ...]}                         one per position (optional; 0: none): the ``record_check`` of
+                                                     the record before it as the peer copied it (or passed it)
+
+The master proves each position with its check before it resumes there (``serve.PeerFollow.proved``): when its own
+record before the position is another one (its log took another way since: an ``async`` master's failover cut what
+the peer had copied and gave those offsets to other messages), it resumes from the first record of the epoch that
+record belongs to, and says so with a POSITION entry flagged RESUMED.
 
 RECORDS (master to peer), ``>I`` count then count entries, at most MQTT_CLUSTER_FRAME_BYTES::
 
@@ -22,7 +29,10 @@ RECORDS (master to peer), ``>I`` count then count entries, at most MQTT_CLUSTER_
                      (epoch ms), data length uint32; then the topic (UTF-8), then the data
       kind 1 MESSAGE   a record of ``topic``-``partition`` at ``offset`` whose MQTT topic name a filter matches (its
                        flag and data as stored)
-      kind 2 POSITION  the master read ``topic``-``partition`` up to ``offset`` (the next offset; no data)
+      kind 2 POSITION  the master read ``topic``-``partition`` up to ``offset`` (the next offset; no data); its store
+                       time field holds the ``record_check`` of the record before ``offset`` (0: none), its flag
+                       RESUMED (1) when the master resumes the peer's copy here, before the position the peer sent
+                       (the peer's copies from here on are not of this master's records: it copies these again)
       kind 3 RETAINED  a retained message's record (``R``/``U``) of the master's ``%MQTT%`` journal at ``offset``
       kind 4 SHARED    a MESSAGE the master assigned to the peer's ``$share`` groups (``metaq.mqttcluster.share``): its
                        data is ``>H`` length, the groups as UTF-8 JSON ``[[share name, filter], ...]``, then the
@@ -30,20 +40,27 @@ RECORDS (master to peer), ``>I`` count then count entries, at most MQTT_CLUSTER_
 
 An empty RECORDS (count 0) is the master's heartbeat. Anything else (a bad kind, lengths that do not fill the
 frame, JSON that is not this object) is a fatal ``RemoteProtocolError``.
+
+Brokers of the version before the checks interoperate: one ignores "checks" and a POSITION's check and flag (its
+copies resume unchecked, as before), and a ROUTES without "checks" is resumed unchecked.
 """
 
 import json
 import struct
+import zlib
 from typing import NamedTuple
 
 from metaq import limits
 from metaq.errors import RemoteProtocolError
 
-__all__ = ["Routes", "Records", "Entry", "MESSAGE", "POSITION", "RETAINED", "SHARED", "shared_data", "split_shared",
-           "routes_parts", "records_parts",
+__all__ = ["Routes", "Records", "Entry", "MESSAGE", "POSITION", "RETAINED", "SHARED", "RESUMED", "record_check",
+           "shared_data", "split_shared", "routes_parts", "records_parts",
            "check_routes_length", "check_records_length", "decode_routes", "decode_records"]
 
 MESSAGE, POSITION, RETAINED, SHARED = 1, 2, 3, 4
+#: A POSITION entry's flag: the master resumes the peer's copy here, before the position the peer sent.
+RESUMED = 1
+STORED_AT = struct.Struct(">q")
 COUNT = struct.Struct(">I")
 GROUPS_LENGTH = struct.Struct(">H")
 ENTRY = struct.Struct(">BHiiqqI")
@@ -51,14 +68,22 @@ assert ENTRY.size == 31
 
 
 class Routes(NamedTuple):
-    """A peer's route: its broker id, its filters, its resume positions ``((topic, partition, offset), ...)`` and the
-    ``%MQTT%`` offset to send retained records from (-1: none)."""
+    """A peer's route: its broker id, its filters, its resume positions ``((topic, partition, offset), ...)``, the
+    ``%MQTT%`` offset to send retained records from (-1: none), its groups and one check per position (empty:
+    none)."""
 
     broker_id: int
     filters: tuple
     positions: tuple = ()
     retained: int = -1
     groups: tuple = ()
+    checks: tuple = ()
+
+
+def record_check(stored_at_ms, data):
+    """What tells one record of a partition from another at the same offset: a CRC-32 of its store time and data,
+    with bit 32 set (0 is "no check")."""
+    return (1 << 32) | zlib.crc32(data, zlib.crc32(STORED_AT.pack(stored_at_ms)))
 
 
 class Entry(NamedTuple):
@@ -109,7 +134,7 @@ def _fail(reason):
 def routes_parts(event):
     payload = json.dumps({"broker": event.broker_id, "filters": list(event.filters),
                           "positions": [list(p) for p in event.positions], "retained": event.retained,
-                          "groups": [list(g) for g in event.groups]},
+                          "groups": [list(g) for g in event.groups], "checks": list(event.checks)},
                          separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     if len(payload) > limits.MQTT_CLUSTER_ROUTES_BYTES:
         raise ValueError("a ROUTES frame of %d bytes exceeds MQTT_CLUSTER_ROUTES_BYTES (%d)"
@@ -171,7 +196,11 @@ def decode_routes(payload):
             raise _fail("a ROUTES position is [topic, partition, offset], not %r" % (p,))
         out.append((p[0], _bounded(p[1], 0, 2**31 - 1, "partition"), _bounded(p[2], 0, 2**63 - 1, "offset")))
     retained = _bounded(obj.get("retained", -1), -1, 2**63 - 1, "retained offset")
-    return Routes(broker, tuple(filters), tuple(out), retained, _groups(obj.get("groups", [])))
+    checks = obj.get("checks", [])
+    if not isinstance(checks, list) or len(checks) not in (0, len(out)):
+        raise _fail("ROUTES checks must be a list of one check per position")
+    checks = tuple(_bounded(c, 0, 2**33 - 1, "check") for c in checks)
+    return Routes(broker, tuple(filters), tuple(out), retained, _groups(obj.get("groups", [])), checks)
 
 
 def decode_records(payload):

@@ -32,6 +32,7 @@ from metaq.server.longpoll import PartitionWaiters
 from metaq.mqtt.port import MqttPort
 from metaq.mqttcluster.calls import PeerClient
 from metaq.mqttcluster.inbox import INBOX
+from metaq.mqttcluster.members import Members
 from metaq.mqttcluster.peers import MqttCluster
 from metaq.mqttcluster.serve import PeerServer
 from metaq.mqttcluster.service import ClientIds
@@ -184,12 +185,12 @@ class Broker:
                                  lambda: self.election.master_mqtt() if self.election is not None else None,
                                  lambda: self.roles.slave_refusal or self.roles.isolation_refusal())
             self.roles.on_change(self.mqtt.role_changed)  # a promoted slave's sessions are its own
-            if self.registry is not None:  # a client id is the cluster's (docs/mqtt.md)
-                self.mqtt.client_ids = self._client_ids(config)
-        self.mqtt_cluster = None
+        self.mqtt_cluster = self.cluster_members = None
         if self.mqtt is not None and self.registry is not None:  # MQTT across the cluster (metaq/mqttcluster)
-            self.mqtt_cluster = mqtt_cluster(config, self.store, self.put_path, self.mqtt, self.registry.zk,
-                                             self.roles, self.waiters)
+            self.cluster_members = Members(self.registry.zk, config.zk.root)  # read once for both below
+            self.mqtt.client_ids = self._client_ids(config)  # a client id is the cluster's (docs/mqtt.md)
+            self.mqtt_cluster = mqtt_cluster(config, self.store, self.put_path, self.mqtt, self.cluster_members,
+                                             self.roles, self.waiters, self.mqtt.client_ids.calls)
         self.stats_service.add_source("node", self.stats_facts)
         self.stats_service.add_source("replication", self.roles.stats_values)
         self.stats_service.add_source("delay", lambda: self.delay.summary_values() + self.timers.summary_values()
@@ -283,16 +284,14 @@ class Broker:
 
     def _client_ids(self, config):
         """The MQTT cluster's client ids (``metaq.mqttcluster``): calls to the other masters over their
-        replication ports, with the replication secret and TLS a slave's link uses; calls from them answered on
-        this master's replication port."""
+        replication ports, with the replication secret and TLS a slave's link uses (calls from them are answered by
+        the cluster's ``PeerServer``: ``mqtt_cluster``)."""
         tls = config.security.tls
         client = PeerClient(config.broker.id, self.roles.secret,
                             client_context(tls) if tls.mode != "off" and tls.replication else None)
-        ids = ClientIds(self.mqtt, self.store, self.registry.zk, config.zk.root, config.broker.id, client,
-                        config.mqtt.cluster_max_ids, config.store.max_transfer_size,
-                        lambda: self.roles.is_master and self.roles.replication_port is not None)
-        self.roles.serve_peer_calls(ids.server.serve)
-        return ids
+        return ClientIds(self.mqtt, self.store, self.cluster_members, config.broker.id, client,
+                         config.mqtt.cluster_max_ids, config.store.max_transfer_size,
+                         lambda: self.roles.is_master and self.roles.replication_port is not None)
 
     def _mqtt_address(self):
         """This broker's MQTT address as the elected master's leader node names it ("host:port", a wildcard bind
@@ -407,6 +406,7 @@ class Broker:
                 self.mqtt.client_ids.start()
         if self.mqtt_cluster is not None:
             self.mqtt_cluster.start()
+            self.cluster_members.start()  # after its listeners joined
         if self.grpc is not None:
             self.grpc.listen(self.config.grpc.host or cfg.host, self.config.grpc.port)
             self.grpc.service.start()  # the check-back of its half messages
@@ -542,6 +542,7 @@ class Broker:
         keep = ("replication",)  # slaves keep getting what the finishing requests write
         self.core.stop_accepting(keep)
         if self.mqtt_cluster is not None:
+            self.cluster_members.stop()
             self.mqtt_cluster.stop()
         if self.mqtt is not None:  # while it may still write: its wills published, its sessions written
             if self.mqtt.client_ids is not None:
@@ -586,14 +587,15 @@ def _dialed(host, port):
     return ("[%s]:%d" if ":" in host else "%s:%d") % (host, port)
 
 
-def mqtt_cluster(config, store, put_path, port, zk, roles, waiters):
-    """The broker's MQTT cluster (``mqttcluster.peers``): its links to the peers, and the server of the peers that
-    follow it (on the replication port, ``roles.peer_handler``); the port reads the inbox and merges retained."""
+def mqtt_cluster(config, store, put_path, port, members, roles, waiters, calls):
+    """The broker's MQTT cluster (``mqttcluster.peers``): its links to the peers, and the one server of the other
+    masters on the replication port (``roles.peer_handler``: their follows, and their ``calls``, the client ids'
+    handlers); the port reads the inbox and merges retained."""
     tls = config.security.tls
-    cluster = MqttCluster(config, store, put_path, port, zk, lambda: roles.is_master, secret=roles.secret,
+    cluster = MqttCluster(config, store, put_path, port, members, lambda: roles.is_master, secret=roles.secret,
                           tls=client_context(tls) if tls.mode != "off" and tls.replication else None)
     roles.serve_peers(PeerServer(store, waiters, port.topics, cluster.shares, roles.confirmed_end,
-                                 roles.wait_confirmed).serve)
+                                 roles.wait_confirmed, calls).serve)
     port.cluster = cluster
     port.cluster_topics = (INBOX,)
     return cluster

@@ -2,19 +2,22 @@
 the inbox copy and its origin, the resume positions."""
 
 import json
+import time
 from types import SimpleNamespace
 
+import gevent
 import pytest
 
 from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.mqtt.records import message_of, record_data
-from metaq.mqttcluster import inbox
+from metaq.mqttcluster import calls, handover, inbox
 from metaq.mqttcluster.routes import aggregate
 from metaq.mqttcluster.peers import MqttCluster
+from metaq.mqttcluster.members import Members
 from metaq.mqttcluster.serve import FilterSet, PeerFollow
 from metaq.protocol import replication as rp
-from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RETAINED, Entry
+from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RESUMED, RETAINED, Entry, decode_routes, record_check
 from metaq.protocol.stream import NEED_DATA
 
 ROUTES = rp.Routes(3, ("sensors/#", "+/alarm", "a/b"), (("sensors", 0, 17), ("a", 1, 0)), 5)
@@ -154,25 +157,50 @@ class FakeZk:
 
     def __init__(self, ids):
         self.ids = ids
+        self.watched = set()
 
     def get_children(self, path, watch=None):
+        self.watched.add(path)
         return [str(i) for i in self.ids]
 
-    def get(self, path):
+    def get(self, path, watch=None):
+        self.watched.add(path)
         bid = int(path.split("/")[-2])
-        if path.endswith("/master"):
-            return b"meta://127.0.0.1:1", None
-        return json.dumps({"address": "127.0.0.1:%d" % (20000 + bid)}).encode(), None
+        return json.dumps({"address": "127.0.0.1:%d" % (20000 + bid)}).encode(), SimpleNamespace(ephemeralOwner=bid)
+
+
+def test_the_members_are_read_once_with_a_watch_on_each_node():
+    zk = FakeZk([0, 2])
+    assert Members(zk, "/meta").read() == {0: ("127.0.0.1:20000", 0), 2: ("127.0.0.1:20002", 2)}
+    assert zk.watched == {"/meta/brokers/ids", "/meta/brokers/ids/0/replication", "/meta/brokers/ids/2/replication"}
+
+
+def test_the_members_reader_wakes_its_listeners_when_the_members_change_only():
+    zk = FakeZk([1])
+    members = Members(zk, "/meta", poll_s=0.01)
+    seen = []
+    members.on_change(lambda: seen.append(None if members.current is None else sorted(members.current)))
+    members.start()
+    gevent.sleep(0.1)
+    zk.ids = [1, 2]
+    gevent.sleep(0.1)
+    zk.connected = False  # ZooKeeper cannot be read: None (those who use it keep what they had)
+    gevent.sleep(0.1)
+    members.stop()
+    assert seen == [[1], [1, 2], None] and members.readings > 3
 
 
 def test_a_broker_follows_at_most_max_peers_the_lowest_ids_first(monkeypatch):
     monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_PEERS", 2)
     config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta"))
-    cluster = MqttCluster(config, None, None, None, FakeZk([0, 1, 2]), lambda: True)
-    assert cluster._read_members() == {1: "127.0.0.1:20001", 2: "127.0.0.1:20002"}  # at it: both
+    zk = FakeZk([0, 1, 2])
+    cluster = MqttCluster(config, None, None, None, Members(zk, "/meta"), lambda: True)
+    read = cluster.members.read
+    assert cluster.peers_of(read()) == {1: "127.0.0.1:20001", 2: "127.0.0.1:20002"}  # at it: both
     assert cluster.peers_refused == 0
-    cluster.zk.ids = [0, 1, 2, 3]
-    assert sorted(cluster._read_members()) == [1, 2] and cluster.peers_refused == 1  # one past it: said in stats
+    zk.ids = [0, 1, 2, 3]
+    assert sorted(cluster.peers_of(read())) == [1, 2] and cluster.peers_refused == 1  # one past it: said in stats
+    assert cluster.peers_of(None) is None  # ZooKeeper unread: the links stay as they are
 
 
 def test_a_subscription_adds_its_filter_to_the_route_at_once_and_a_covered_one_changes_nothing(monkeypatch):
@@ -228,3 +256,139 @@ def test_a_peer_is_sent_nothing_past_the_confirmed_end():
     assert [e.offset for e in got if e.kind == MESSAGE] == [2, 3, 4] and not follow.held
     follow.cursors[("t", 0)] = 0
     assert [e.offset for e in follow.batch(None) if e.kind == MESSAGE] == [0, 1, 2, 3, 4]  # async: no bound
+
+
+def test_routes_carry_a_check_per_position_and_an_older_peers_routes_none():
+    check = record_check(1_700_000_000_000, b"m")
+    assert check >> 32 == 1 and check != record_check(1_700_000_000_001, b"m") != record_check(1_700_000_000_000, b"n")
+    checked = ROUTES._replace(checks=(check, 0))
+    p = rp.ReplicationParser()
+    p.receive_data(rp.serialize(checked))
+    assert p.next_event() == checked
+    older = json.dumps({"broker": 3, "filters": ["a"], "positions": [["a", 0, 4]], "retained": -1}).encode()
+    assert decode_routes(older).checks == ()  # a peer of the version before: resumed unchecked
+    with pytest.raises(RemoteProtocolError, match="one check per position"):
+        decode_routes(json.dumps({"broker": 3, "filters": [], "positions": [["a", 0, 4]], "checks": [1, 2]}).encode())
+    resumed = rp.Records((Entry(POSITION, "a", 0, 4, RESUMED, check),))
+    p.receive_data(rp.serialize(resumed))
+    assert p.next_event() == resumed
+
+
+def test_a_resume_position_keeps_its_check_and_a_marker_sets_it_back():
+    c4, c9 = record_check(1, b"4"), record_check(1, b"9")
+    pos = inbox.Positions()
+    pos.copied(1, "t", 0, 9, c9)
+    pos.copied(1, "t", 0, 4, c4)  # behind it: nothing changes
+    assert pos.get(1, "t", 0) == 10 and pos.checks(1, pos.of(1)) == (c9,)
+    pos.copied(1, "t", 0, 4, c4, rewound=True)  # the origin resumed the copy there
+    assert pos.get(1, "t", 0) == 5 and pos.checks(1, pos.of(1)) == (c4,)
+    copy = inbox.copy_of(1, "t", 0, 9, 0, b"x", 1_000, check=c9)
+    mark = inbox.marker(1, "t", 0, 5, 1_000, c4)
+    assert inbox.place_of(*copy) == ((1, "t", 0, 9), c9, False)
+    assert inbox.place_of(*mark) == ((1, "t", 0, 4), c4, True)
+    recovered = inbox.Positions()
+    assert inbox.recover(InboxStore([copy, mark]), recovered) == 2  # in the inbox's order: the marker last
+    assert recovered.get(1, "t", 0) == 5 and recovered.checks(1, recovered.of(1)) == (c4,)
+
+
+class InboxStore:
+    """An inbox of one partition holding ``records`` ((flag, data), ...)."""
+
+    def __init__(self, records):
+        self.records = records
+
+    def partitions_of(self, topic):
+        return 1
+
+    def min_offset(self, topic, partition):
+        return 0
+
+    def max_offset(self, topic, partition):
+        return len(self.records)
+
+    def read_records(self, topic, partition, offset, max_count, max_bytes):
+        recs = [SimpleNamespace(queue_offset=n, flag=f, data=d) for n, (f, d) in enumerate(self.records)][offset:]
+        return recs[:max_count], offset + len(recs[:max_count])
+
+
+class ForkedStore(RecordsStore):
+    """A RecordsStore whose epoch 2 begins at log position 300 (offset 3): a failover's new master."""
+
+    epochs = SimpleNamespace(entries=[(1, 0, 11), (2, 300, 22)])
+
+    def record_position(self, topic, partition, offset):
+        return 100 * offset if offset < 5 else None
+
+    def record_spans(self, topic, partition, position, end, most):
+        return [(n, 100 * n, 100) for n in range(5) if 100 * n >= position][:most]
+
+
+def test_a_resume_position_is_proved_by_its_check_else_resumed_at_the_epoch_of_the_record_there():
+    store = ForkedStore({"t": 1})
+    ours = record_check(1, b"m3")  # what this store holds at offset 3
+    follow = PeerFollow(store, rp.Routes(1, ("t",), (("t", 0, 4),), checks=(ours,)))
+    assert follow.cursors[("t", 0)] == 4 and not follow.rewound  # the same record: resumed where it was
+    theirs = record_check(1, b"lost")  # another record at offset 3: the peer copied a tail this log cut
+    follow = PeerFollow(store, rp.Routes(1, ("t",), (("t", 0, 4),), checks=(theirs,)))
+    assert follow.cursors[("t", 0)] == 3  # the first record of the epoch holding offset 3
+    announced = follow.batch()[0]
+    assert (announced.kind, announced.offset, announced.flag) == (POSITION, 3, RESUMED)
+    assert announced.ts == record_check(1, b"m2")  # the check of the record before it, for the next resume
+    past = PeerFollow(store, rp.Routes(1, ("t",), (("t", 0, 7),), checks=(theirs,)))  # past this log's end
+    assert past.cursors[("t", 0)] == 3  # from the latest epoch
+    unchecked = PeerFollow(store, rp.Routes(1, ("t",), (("t", 0, 4),)))  # an older peer: as it says
+    assert unchecked.cursors[("t", 0)] == 4
+
+
+class Ticker:
+    """A greenlet that counts its turns of the loop: how often others ran while the current greenlet worked."""
+
+    def __enter__(self):
+        self.turns = 0
+        self._g = gevent.spawn(self._run)
+        gevent.sleep(0)
+        return self
+
+    def _run(self):
+        while True:
+            self.turns += 1
+            gevent.sleep(0.001)
+
+    def __exit__(self, *exc):
+        self._g.kill()
+
+    def during(self, fn, *args):
+        """``(fn(*args), the ticker's turns meanwhile)``."""
+        before = self.turns
+        value = fn(*args)
+        return value, self.turns - before
+
+
+def test_a_handovers_json_is_built_and_parsed_in_turns_of_the_loop():
+    """A handover's answer (a session of MQTT_HANDOVER_MAX_MESSAGES queued messages, about
+    MQTT_HANDOVER_MAX_BYTES) is encoded and parsed an item at a time: the loop's other greenlets run meanwhile."""
+    answer = {"session": {"c": "big", "inf": [], "dropped": 0,
+                          "queued": [[1, "t", 0, "x" * 2200] for _ in range(limits.MQTT_HANDOVER_MAX_MESSAGES)]},
+              "from": 1}
+    with Ticker() as ticker:
+        body, encoding = ticker.during(calls._encode, answer)
+        parsed, parsing = ticker.during(calls._decode, body)
+    assert body == json.dumps(answer, separators=(",", ":")).encode() and parsed == answer  # the same JSON
+    assert encoding > 0 and parsing > 0
+
+
+def test_a_handover_is_adopted_in_turns_of_the_loop():
+    """Each message a session brings is written on its own turn: the loop's other greenlets run between them."""
+    written = []
+
+    def carry(client_id, topic, flag, data):
+        time.sleep(0.0001)  # a write's cost, without yielding
+        written.append(data)
+        return len(written) - 1
+
+    port = SimpleNamespace(carry=carry, adopt=lambda saved: None)
+    state = {"c": "big", "u": None, "v": 5, "e": 600, "subs": [], "q2": [], "sh": [], "inf": [],
+             "queued": [[1, "t", 0, "eA=="] for _ in range(2000)], "dropped": 0}
+    with Ticker() as ticker:
+        saved, adopting = ticker.during(handover.adopt, port, FakeStore({}), state, None)
+    assert len(saved.carried) == 2000 and written[0] == b"x" and adopting > 0

@@ -60,17 +60,15 @@ class ReplicationServer:
         #: an idle link's heartbeat (each one ACKed): a quarter of max_isolation_ms at most, so a live slave is
         #: always heard within that bound
         self.heartbeat_s = min(HEARTBEAT_S, self.isolation_s / 4.0) if self.isolation_s else HEARTBEAT_S
-        #: ``serve(sock, parser, routes, peer)``: serves a peer broker that sent ROUTES instead of HELLO (the MQTT
-        #: cluster's follow, ``metaq.mqttcluster.serve``); None: such a peer is refused
+        #: ``serve(sock, parser, first frame, peer)``: serves another master of an MQTT cluster whose first frame
+        #: after its proof is ROUTES (its follow) or PEER_CALL (its calls) instead of a slave's HELLO
+        #: (``metaq.mqttcluster.serve.PeerServer``, which dispatches by that frame); None: such a peer is refused
         self.peer_handler = None
         self._data = Event()  # new log bytes may be there
         self._acked = Event()  # replaced on each ACK; sync-mode puts wait on it
         self._confirmed_end = -1  # confirmed_end's high-water mark
         self.listener = None
         self._stopping = False
-        #: ``(sock, parser, first PeerCall, peer address)`` -> None: serves another master's calls once its proof
-        #: checked out (``metaq.mqttcluster.calls.PeerServer.serve``); None: this broker takes no calls
-        self.peer_calls = None
 
     def start(self):
         self.listener = self.core.listen("replication", self.host, self.port, self._connection, backlog=64,
@@ -208,8 +206,7 @@ class ReplicationServer:
             hello, slave_nonce, master_nonce = shaken
             if isinstance(hello, (rp.Routes, rp.PeerCall)):  # another master of an MQTT cluster, not a slave
                 send_event(sock, handshake.callee_proof(self.secret, master_nonce, slave_nonce, hello.broker_id))
-                serve = self.peer_handler if isinstance(hello, rp.Routes) else self.peer_calls
-                serve(sock, parser, hello, peer)  # its MQTT follow, or its calls
+                self.peer_handler(sock, parser, hello, peer)  # its MQTT follow, or its calls
                 return
             refusal, agreed = self._check_hello(hello)
             if refusal is not None:
@@ -266,10 +263,8 @@ class ReplicationServer:
         if isinstance(hello, (rp.Routes, rp.PeerCall)):  # a peer broker's MQTT follow or its calls: one proof
             who = "peer broker %d" % hello.broker_id
             refusal = handshake.check_peer(self.secret, challenge.nonce, proof, hello.broker_id)
-            if refusal is None and isinstance(hello, rp.Routes) and self.peer_handler is None:
+            if refusal is None and self.peer_handler is None:
                 refusal = "this broker serves no MQTT cluster peer (it has no MQTT port or no ZooKeeper)"
-            elif refusal is None and isinstance(hello, rp.PeerCall) and self.peer_calls is None:
-                refusal = "this broker takes no calls of an MQTT cluster"
         else:
             who = "slave %d" % hello.slave_id
             refusal = handshake.check_slave(self.secret, challenge.nonce, proof, hello)

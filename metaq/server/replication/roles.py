@@ -98,7 +98,6 @@ class Roles:
         self._listeners = []
         self._cut_listeners = []
         self._disk_full_listeners = []
-        self._peer_calls = None  # what answers other masters' calls on the replication port (serve_peer_calls)
         self.slave_link = self.make_slave_link() if self.role == "slave" and not self.auto else None
         self.replication = self.make_replication_server() if self.role == "master" else None
         self.read_refusal = self.handshake_refusal()  # why gets are refused (before a rejoin's handshake)
@@ -231,8 +230,8 @@ class Roles:
                          on_disk_full=lambda: [fn() for fn in self._disk_full_listeners])
 
     def serve_peers(self, handler):
-        """Serve peer brokers following this master for MQTT with ``handler`` (``ReplicationServer.peer_handler``),
-        on the replication server now and on any made later (a promotion)."""
+        """Serve the other masters of an MQTT cluster (their follows and their calls) with ``handler``
+        (``ReplicationServer.peer_handler``), on the replication server now and on any made later (a promotion)."""
         self.peer_handler = handler
         if self.replication is not None:
             self.replication.peer_handler = handler
@@ -243,15 +242,7 @@ class Roles:
             return None
         server = ReplicationServer(self.core, self.store, self.config, secret=self.secret, insync=insync)
         server.peer_handler = self.peer_handler
-        server.peer_calls = self._peer_calls
         return server
-
-    def serve_peer_calls(self, serve):
-        """Other masters' calls on the replication port (an MQTT cluster's: ``metaq.mqttcluster``) go to
-        ``serve`` (``ReplicationServer.peer_calls``), on this master's server now and on any made later."""
-        self._peer_calls = serve
-        if self.replication is not None:
-            self.replication.peer_calls = serve
 
     def _handshake_done(self):
         """A slave's epoch handshake cut what needed cutting: reads may be served. True if they were refused."""

@@ -1,0 +1,61 @@
+"""A peer's failover in ``async`` mode: broker 0 follows broker 1, whose master acknowledged and sent broker 0
+messages its slave never got; the slave is promoted and gives those offsets to other messages. Broker 0's resume
+position is past what the new master holds there: the new master proves it with the check of the record before it
+(sent with ROUTES), finds another record, and resumes broker 0 from the first record of its own epoch, so broker 0
+skips none of the new master's messages (its copies of the lost ones stay delivered)."""
+
+import pytest
+
+from metaq.admin import cli as admin
+from metaq.client.local import free_port
+from tests.harness.broker import wait_for
+from tests.harness.mqtt import V311, Paho
+from tests.harness.mqttcluster import cluster_config, wait_routed
+from tests.harness.replication import caught_up, stats
+
+pytestmark = [pytest.mark.slow, pytest.mark.fault]
+
+#: One partition per topic on broker 1: every message of the test at the next offset of one partition.
+ONE_PARTITION = [{"name": "*", "partitions": 1}]
+
+
+def test_after_an_async_peers_failover_none_of_its_new_masters_messages_is_skipped(broker_factory, tmp_path,
+                                                                                   zk_connect, capsys):
+    b0 = broker_factory(cluster_config(tmp_path / "b0", 0, zk_connect), workdir=tmp_path / "b0")
+    m1cfg = cluster_config(tmp_path / "m1", 1, zk_connect, topics=ONE_PARTITION)
+    m1 = broker_factory(m1cfg, workdir=tmp_path / "m1")
+    s1cfg = cluster_config(tmp_path / "s1", 1, zk_connect, topics=ONE_PARTITION)
+    s1cfg["replication"] = {}
+    srport = free_port()
+    s1 = broker_factory(s1cfg, workdir=tmp_path / "s1", extra_args=[
+        "--slave-of", "127.0.0.1:%d" % m1cfg["replication"]["port"], "--slave-id", "1",
+        "--replication-port", str(srport)])
+    wait_for(lambda: stats(b0).get("mqtt_cluster_peers_up") == "1", 30, "0 follows 1")
+    sub = Paho(b0, client_id="keeper", version=V311, clean=False)
+    assert sub.subscribe("sensors/#", qos=1) == [1]
+    wait_routed(sub, lambda i: Paho(m1, "probe-%d" % i).publish("sensors/probe", b"p", 1))
+    pub = Paho(m1, "pub")
+    for i in range(5):
+        pub.publish("sensors/seq", b"old-%d" % i, 1)
+    assert len(sub.wait_messages(5, 15)) == 5
+    caught_up(m1, s1)
+    s1.stop()  # the slave misses what follows: the async master acknowledges it alone
+    for i in range(5, 10):
+        pub.publish("sensors/seq", b"old-%d" % i, 1)
+    assert len(sub.wait_messages(10, 15)) == 10  # copied to broker 0: its position is past the slave's end
+    m1.kill()
+    s1.start()
+    wait_for(lambda: stats(s1)["replication_link"] == "down", 15, "the slave sees its master gone")
+    code = admin.main(["promote", "127.0.0.1:%d" % s1.port, "--force"])
+    assert code == 0, capsys.readouterr()
+    wait_for(lambda: stats(b0).get("mqtt_cluster_peer_1", "").startswith("up 127.0.0.1:%d" % srport), 30,
+             "0 follows the new master of broker 1")
+    pub = Paho(s1, "pub2")
+    for i in range(10):
+        pub.publish("sensors/seq", b"new-%d" % i, 1)  # at the offsets of old-5..old-9 first
+    sub.wait_messages(20, 20)
+    sub.settle()
+    got = [m.payload for m in sub.wait_messages(21, 1.0)]
+    assert got[:10] == [b"old-%d" % i for i in range(10)], got
+    assert got[10:] == [b"new-%d" % i for i in range(10)], got
+    assert "resumes at" in s1.log_text()

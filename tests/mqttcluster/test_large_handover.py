@@ -1,0 +1,83 @@
+"""A large session's handover does not stall the brokers' other clients (docs/mqtt.md "A client id across the
+cluster"): a device whose persistent session holds as many queued messages as a handover takes
+(``MQTT_HANDOVER_MAX_MESSAGES``, about ``MQTT_HANDOVER_MAX_BYTES`` of them) connects to another broker; while
+its holder builds the handover and the other broker parses and adopts it, a client of each broker is answered
+promptly, and the device gets every message."""
+
+import threading
+import time
+
+import pytest
+
+from metaq import limits
+from metaq.mqtt import wire
+from tests.harness.mqtt import Raw
+from tests.harness.replication import stats
+from tests.mqttcluster.test_client_ids import _cluster
+
+pytestmark = pytest.mark.slow
+
+#: Messages queued for the session: a full handover, each MESSAGE_BYTES (together about MQTT_HANDOVER_MAX_BYTES).
+MESSAGES = limits.MQTT_HANDOVER_MAX_MESSAGES
+MESSAGE_BYTES = limits.MQTT_HANDOVER_MAX_BYTES // MESSAGES - 100
+#: A generous bound on one answer to another client while the handover is built and adopted (a noisy 2-core
+#: machine; the steps themselves: tests/mqttcluster/test_units.py, the loop's turns while a handover is built,
+#: parsed and adopted).
+PROMPT_S = 1.0
+
+
+class Prober:
+    """Puts a small message on ``broker`` (its text port) again and again from a thread, timing each answer."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self.slowest = 0.0
+        self.answers = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self):
+        with self.broker.client() as c:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                assert c.put("probe", b"p").code == 200
+                self.slowest = max(self.slowest, time.monotonic() - started)
+                self.answers += 1
+                time.sleep(0.005)
+
+
+def test_a_large_sessions_handover_leaves_other_clients_answered_promptly(broker_factory, tmp_path, zk_connect):
+    b0, b1 = _cluster(broker_factory, tmp_path, zk_connect, n=2)
+    device = Raw(b0)
+    assert device.connect("big-session", clean_start=False,
+                          properties={"session_expiry_interval": 600}).reason_code == 0
+    device.send(wire.Subscribe(1, (wire.Subscription("bulk", 1),)))
+    assert isinstance(device.read(), wire.Suback)
+    device.close()
+    with b0.client() as c:
+        body = b"x" * MESSAGE_BYTES
+        for _ in range(MESSAGES):
+            assert c.put("bulk", body).code == 200
+    with Prober(b0) as holder, Prober(b1) as taker:
+        time.sleep(0.5)
+        back = Raw(b1)
+        ack = back.connect("big-session", clean_start=False, properties={"session_expiry_interval": 600})
+        assert ack.reason_code == 0 and ack.session_present
+        time.sleep(0.5)
+    assert holder.answers and taker.answers
+    assert holder.slowest < PROMPT_S and taker.slowest < PROMPT_S, (holder.slowest, taker.slowest)
+    got = 0
+    while got < MESSAGES:
+        m = back.read()
+        assert m.payload == body
+        back.send(wire.PubAck(m.packet_id))
+        got += 1
+    assert stats(b1)["mqtt_cluster_takeovers"] == "1"
