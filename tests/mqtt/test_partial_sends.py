@@ -10,7 +10,7 @@ import gevent.socket
 
 from metaq import limits
 from metaq.mqtt.connection import Connection, _PubAckRun
-from metaq.mqtt.delivery import send_each
+from metaq.mqtt.fanout import send_each
 from metaq.server.connections import ConnectionLimits
 
 
