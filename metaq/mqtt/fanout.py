@@ -81,14 +81,14 @@ class Fanouts:
 class _Batch:
     """A fan-out reader's records of one read, as every member's ``FanMember.plan`` reads them: ``items``
     (``(queue offset, key in Decoded, MqttMessage)`` each, in order), ``end`` (the offset after the last), the kinds
-    of message ``_decision`` tells apart (``kinds``: the first message of each; ``kind_of``: each item's), whether
-    one has an expiry, and the plans decided for members alike (``plans``)."""
+    of message ``Outbound.decision`` tells apart (``kinds``: the first message of each; ``kind_of``: each item's),
+    whether one has an expiry, and the plans decided for members alike (``plans``)."""
 
     __slots__ = ("items", "first", "end", "kinds", "kind_of", "expiring", "plans")
 
     def __init__(self, records, topic, decoded):
         self.items, self.kinds, self.kind_of, self.expiring, self.plans = [], [], [], False, {}
-        seen = {}  # what _decision reads of a message -> its kind
+        seen = {}  # what Outbound.decision reads of a message -> its kind
         for rec in records:
             dkey = (rec.position, rec.msg_id)
             m = decoded.message(dkey, topic, rec.flag, rec.data)

@@ -12,7 +12,7 @@ log, each at the QoS it would have been sent with. At most ``MQTT_HANDOVER_MAX_M
 session to it (``MqttPort.adopt``), its read positions at this broker's log end (what was published here while
 it was away was not its: the subscriptions of another broker read that broker's log), its messages in flight
 named by their place in ``%MQTT%``, the others listed in ``carried``: the delivery sends them after those in
-flight and before what its subscriptions read (``Delivery._send_carried``).
+flight and before what its subscriptions read (``resend.send_carried``).
 """
 
 import base64
