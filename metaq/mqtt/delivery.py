@@ -83,17 +83,13 @@ class Delivery:
     its part in the fan-out readers (``FanMember``) and its greenlet's loop. The greenlet runs while it has work
     (``wake`` starts it, ``stop`` ends it); its attributes are in slots: every subscribed client has one."""
 
-    __slots__ = ("conn", "session", "port", "store", "guard", "waiters", "max_transfer", "out", "subs", "fan",
-                 "_retained", "_deferred", "_greenlet", "_resent", "_window_full")
+    __slots__ = ("conn", "port", "waiters", "out", "subs", "fan", "_retained", "_deferred", "_greenlet", "_resent",
+                 "_window_full")
 
     def __init__(self, conn, port):
         self.conn = conn
-        self.session = conn.mqtt
         self.port = port
-        self.store = port.store
-        self.guard = port.guard
         self.waiters = port.waiters
-        self.max_transfer = port.max_transfer
         self.out = Outbound(conn, port)
         self.subs = Subscriber(self.out, port.settings)
         self.fan = FanMember(self.out, port.fanouts, self.wake)
@@ -168,7 +164,7 @@ class Delivery:
         if not self._resent:
             self._resent = True
             resend(self.out)
-        return not self.session.carried or send_carried(self.out)
+        return not self.out.session.carried or send_carried(self.out)
 
     def _loop(self):
         """Pass over every partition it reads and send what matches, again while there is more, else wait for an
@@ -187,7 +183,7 @@ class Delivery:
             seen = self._ends()  # before the pass: an append after its read of a partition woke nobody
             room.clear()  # before the pass: an acknowledgement during it is kept when the pass needed one
             self._window_full = False
-            if self._pass() and (self.session.shared or self._behind()):
+            if self._pass() and (self.out.session.shared or self._behind()):
                 continue  # more to read (an append came while it sent)
             if not self._window_full:
                 room.clear()  # a wake during the pass that changes nothing for it (the others: _unread, below)
@@ -205,8 +201,8 @@ class Delivery:
     def _keys(self):
         """The partitions it reads itself (not handed to a fan-out reader) and its shared groups'."""
         handed = self.fan.handed or ()
-        keys = [k for k in self.session.cursors if k not in handed]
-        for group, _granted, _id in self.session.shared.values():
+        keys = [k for k in self.out.session.cursors if k not in handed]
+        for group, _granted, _id in self.out.session.shared.values():
             keys.extend(group.cursors)
         return keys
 
@@ -222,7 +218,7 @@ class Delivery:
                 ds[self] = None
         try:
             self.waiters.wait_any(keys, limits.MQTT_TOPIC_RESCAN_S, self.conn.room, self._unread(seen),
-                                  self.store.max_offset)
+                                  self.out.store.max_offset)
         finally:
             for key in keys:
                 ds = waiting.get(key)
@@ -233,10 +229,10 @@ class Delivery:
 
     def _ends(self):
         """``{key: visible end}`` of the partitions the next pass reads (its own and its shared groups')."""
-        end, visible_end = self.store.max_offset, self.waiters.visible_end
+        end, visible_end = self.out.store.max_offset, self.waiters.visible_end
         handed = self.fan.handed or ()
-        ends = {key: visible_end(end, key) for key in self.session.cursors if key not in handed}
-        for group, _granted, _id in self.session.shared.values():
+        ends = {key: visible_end(end, key) for key in self.out.session.cursors if key not in handed}
+        for group, _granted, _id in self.out.session.shared.values():
             for key in group.cursors:
                 ends[key] = visible_end(end, key)
         return ends
@@ -248,13 +244,13 @@ class Delivery:
         when one of them moved since: the records came while the pass went on, after it read there, and their wakes
         found no wait. A partition behind with nothing appended since (its topic no longer readable, a window full)
         is waited on as before, not read again and again."""
-        end, visible_end = self.store.max_offset, self.waiters.visible_end
+        end, visible_end = self.out.store.max_offset, self.waiters.visible_end
         handed = self.fan.handed or ()
         unread = {}
-        for key, at in self.session.cursors.items():
+        for key, at in self.out.session.cursors.items():
             if key not in handed and at < visible_end(end, key):
                 unread[key] = seen.get(key, at)
-        for group, _granted, _id in self.session.shared.values():
+        for group, _granted, _id in self.out.session.shared.values():
             for key, at in group.cursors.items():
                 if at < visible_end(end, key):
                     unread[key] = seen.get(key, at)
@@ -273,16 +269,16 @@ class Delivery:
     def _idle(self):
         """True when nothing but the fan-out readers has work for this delivery: no wildcard filter (it looks for new
         topics), no shared subscription, no retained message to send."""
-        session = self.session
+        session = self.out.session
         return not session.shared and not self._retained and not session.wildcards()
 
     def _behind(self):
         """True when a partition this session reads (not a fan-out reader's) has messages past its cursor: asked,
         without yielding, after a pass that read something, instead of a second pass that would read nothing (an
         append while the pass sent has already moved the visible end, so its wake is not missed)."""
-        max_offset = self.store.max_offset
+        max_offset = self.out.store.max_offset
         handed = self.fan.handed or ()
-        for key, offset in self.session.cursors.items():
+        for key, offset in self.out.session.cursors.items():
             if key not in handed and offset < max_offset(*key):
                 return True
         return False
@@ -294,7 +290,7 @@ class Delivery:
         read_any = False
         conn = self.conn
         handed = self.fan.handed or ()
-        for key in [k for k in self.session.cursors if k not in handed]:
+        for key in [k for k in self.out.session.cursors if k not in handed]:
             self.out.turn = share_loop(self.out.turn)  # a backlog (of records no filter wants, too) lets the others run
             if conn.closed:
                 return False
@@ -303,27 +299,27 @@ class Delivery:
             topic = key[0]
             if not self.out.may_read(topic):
                 continue  # a reloaded permissions file took it away: nothing more of it is read
-            if not conn.replies.reserve(self.max_transfer, lambda: conn.closed):
+            if not conn.replies.reserve(self.out.max_transfer, lambda: conn.closed):
                 return False
             try:
                 read_any = self._read(key) or read_any
             finally:
-                conn.replies.release(self.max_transfer)
-        for group, granted, sub_id in list(self.session.shared.values()):
+                conn.replies.release(self.out.max_transfer)
+        for group, granted, sub_id in list(self.out.session.shared.values()):
             for key in list(group.cursors):
                 self.out.turn = share_loop(self.out.turn)
                 if conn.closed:
                     return False
                 if self.out.resume_at is not None:
                     return True
-                if not self.guard.allows(conn.session, SUB, "topic", key[0]):
+                if not self.out.guard.allows(conn.session, SUB, "topic", key[0]):
                     continue
-                if not conn.replies.reserve(self.max_transfer, lambda: conn.closed):
+                if not conn.replies.reserve(self.out.max_transfer, lambda: conn.closed):
                     return False
                 try:
                     read_any = self._read_shared(group, granted, key, sub_id) or read_any
                 finally:
-                    conn.replies.release(self.max_transfer)
+                    conn.replies.release(self.out.max_transfer)
         return read_any
 
     def _read_shared(self, group, granted, key, sub_id=None):
@@ -334,8 +330,8 @@ class Delivery:
         if offset is None:
             return False
         try:
-            records, _next = self.store.read_records(topic, partition, offset, limits.MQTT_DELIVERY_BATCH,
-                                                     self.max_transfer)
+            records, _next = self.out.store.read_records(topic, partition, offset, limits.MQTT_DELIVERY_BATCH,
+                                                     self.out.max_transfer)
         except errors.Moved as moved:
             group.cursors[key] = moved.offset
             group.dirty = True
@@ -380,13 +376,13 @@ class Delivery:
 
     def _read(self, key):
         topic, partition = key
-        cursors = self.session.cursors
+        cursors = self.out.session.cursors
         offset = cursors.get(key)
         if offset is None:
             return False
         try:
-            records, _next = self.store.read_records(topic, partition, offset, limits.MQTT_DELIVERY_BATCH,
-                                                     self.max_transfer)
+            records, _next = self.out.store.read_records(topic, partition, offset, limits.MQTT_DELIVERY_BATCH,
+                                                     self.out.max_transfer)
         except errors.Moved as moved:  # below the log's start (retention), or past a slave's cut end
             cursors[key] = moved.offset
             return moved.offset != offset
@@ -403,7 +399,7 @@ class Delivery:
                 return False
             if key in cursors:
                 cursors[key] = rec.queue_offset + 1
-                self.session.dirty = True
+                self.out.session.dirty = True
             if self.out.resume_at is not None:
                 return True  # over its user's fetch rate: the next pass goes on from here once it may
         return bool(records)

@@ -21,7 +21,7 @@ def resend(out):
             conn.send(wire.PubRel(pid))
             continue
         where = session.where.get(pid)
-        found = message_at(out, where) if where is not None else None
+        found = message_at(out.store, *where[1:], out.max_transfer) if where is not None else None
         if found is None:
             session.dropped(pid)  # its message is gone from the log (retention): nothing to send again
             continue
@@ -35,13 +35,13 @@ def resend(out):
                                                  props if v5 else {}), conn.version))
 
 
-def message_at(out, where):
-    """``(metaq topic, flag, data)`` of the message a ``where`` names, or None when the log holds it no more: a
-    record of its topic, or one a session carried from another broker (a ``%MQTT%`` record, ``follow``'s
-    ``encode_carried``), which is the message of the topic it names."""
-    _qos, topic, partition, offset = where
+def message_at(store, topic, partition, offset, max_transfer):
+    """``(metaq topic, flag, data)`` of the message at ``offset`` of ``topic``'s ``partition``, or None when the log
+    holds it no more: a record of its topic, or one a session carried from another broker (a ``%MQTT%`` record,
+    ``follow``'s ``encode_carried``), which is the message of the topic it names. A session's messages in flight are
+    found again so, here and when it moves to another broker (``mqttcluster.handover``)."""
     try:
-        records, _next = out.store.read_records(topic, partition, offset, 1, out.max_transfer)
+        records, _next = store.read_records(topic, partition, offset, 1, max_transfer)
     except errors.MetaqError:
         return None
     if not records or records[0].queue_offset != offset:
@@ -62,7 +62,7 @@ def send_carried(out):
     session = out.session
     while session.carried:
         qos, offset = session.carried[0]
-        found = message_at(out, (qos, MQTT_SESSIONS_TOPIC, 0, offset))
+        found = message_at(out.store, MQTT_SESSIONS_TOPIC, 0, offset, out.max_transfer)
         if found is None:
             session.carried.pop(0)  # gone from the log (retention), as a queued message would be
             session.dirty = True
