@@ -286,52 +286,54 @@ class Delivery:
     def _pass(self):
         """Read every partition once from its cursor and send what matches; True when something was read. A pass
         begins once its user's fetch rate lets it (``Outbound.paced_wait``)."""
-        self.out.paced_wait()
+        out = self.out
+        out.paced_wait()
         read_any = False
         conn = self.conn
         handed = self.fan.handed or ()
-        for key in [k for k in self.out.session.cursors if k not in handed]:
-            self.out.turn = share_loop(self.out.turn)  # a backlog (of records no filter wants, too) lets the others run
+        for key in [k for k in out.session.cursors if k not in handed]:
+            out.turn = share_loop(out.turn)  # a backlog (of records no filter wants, too) lets the others run
             if conn.closed:
                 return False
-            if self.out.resume_at is not None:
+            if out.resume_at is not None:
                 return True  # over its user's fetch rate: the next pass goes on once it may
             topic = key[0]
-            if not self.out.may_read(topic):
+            if not out.may_read(topic):
                 continue  # a reloaded permissions file took it away: nothing more of it is read
-            if not conn.replies.reserve(self.out.max_transfer, lambda: conn.closed):
+            if not conn.replies.reserve(out.max_transfer, lambda: conn.closed):
                 return False
             try:
                 read_any = self._read(key) or read_any
             finally:
-                conn.replies.release(self.out.max_transfer)
-        for group, granted, sub_id in list(self.out.session.shared.values()):
+                conn.replies.release(out.max_transfer)
+        for group, granted, sub_id in list(out.session.shared.values()):
             for key in list(group.cursors):
-                self.out.turn = share_loop(self.out.turn)
+                out.turn = share_loop(out.turn)
                 if conn.closed:
                     return False
-                if self.out.resume_at is not None:
+                if out.resume_at is not None:
                     return True
-                if not self.out.guard.allows(conn.session, SUB, "topic", key[0]):
+                if not out.guard.allows(conn.session, SUB, "topic", key[0]):
                     continue
-                if not conn.replies.reserve(self.out.max_transfer, lambda: conn.closed):
+                if not conn.replies.reserve(out.max_transfer, lambda: conn.closed):
                     return False
                 try:
                     read_any = self._read_shared(group, granted, key, sub_id) or read_any
                 finally:
-                    conn.replies.release(self.out.max_transfer)
+                    conn.replies.release(out.max_transfer)
         return read_any
 
     def _read_shared(self, group, granted, key, sub_id=None):
         """Read a shared group's partition from the group's cursor: each record is claimed (the cursor moved past it)
         before it is sent, so another member's delivery never sends it too."""
+        out = self.out
         topic, partition = key
         offset = group.cursors.get(key)
         if offset is None:
             return False
         try:
-            records, _next = self.out.store.read_records(topic, partition, offset, limits.MQTT_DELIVERY_BATCH,
-                                                     self.out.max_transfer)
+            records, _next = out.store.read_records(topic, partition, offset, limits.MQTT_DELIVERY_BATCH,
+                                                    out.max_transfer)
         except errors.Moved as moved:
             group.cursors[key] = moved.offset
             group.dirty = True
@@ -363,10 +365,10 @@ class Delivery:
             group.cursors[key] = rec.queue_offset + 1
             group.dirty = True
             group.claimed(self.conn)
-            if not self.out.send(topic, (partition, rec.queue_offset), rec.flag, rec.data, granted, False, m,
-                              () if sub_id is None else (sub_id,)):
+            if not out.send(topic, (partition, rec.queue_offset), rec.flag, rec.data, granted, False, m,
+                            () if sub_id is None else (sub_id,)):
                 return False
-            if self.out.resume_at is not None:
+            if out.resume_at is not None:
                 return True  # over its user's fetch rate: the next pass goes on from here once it may
         return bool(records)
 
@@ -375,14 +377,15 @@ class Delivery:
         return not conn.closed and len(conn.mqtt.inflight) < conn.inflight_window
 
     def _read(self, key):
+        out = self.out
         topic, partition = key
-        cursors = self.out.session.cursors
+        cursors = out.session.cursors
         offset = cursors.get(key)
         if offset is None:
             return False
         try:
-            records, _next = self.out.store.read_records(topic, partition, offset, limits.MQTT_DELIVERY_BATCH,
-                                                     self.out.max_transfer)
+            records, _next = out.store.read_records(topic, partition, offset, limits.MQTT_DELIVERY_BATCH,
+                                                    out.max_transfer)
         except errors.Moved as moved:  # below the log's start (retention), or past a slave's cut end
             cursors[key] = moved.offset
             return moved.offset != offset
@@ -399,18 +402,18 @@ class Delivery:
                 return False
             if key in cursors:
                 cursors[key] = rec.queue_offset + 1
-                self.out.session.dirty = True
-            if self.out.resume_at is not None:
+                out.session.dirty = True
+            if out.resume_at is not None:
                 return True  # over its user's fetch rate: the next pass goes on from here once it may
         return bool(records)
 
     def _deliver(self, topic, partition, rec):
         """Send one record when a subscription matches it; False when the connection closed meanwhile."""
+        out = self.out
         key = (rec.position, rec.msg_id)
-        m = self.out.decoded.message(key, topic, rec.flag, rec.data)
-        granted, ids, retain = self.out.decision(topic, m)
+        m = out.decoded.message(key, topic, rec.flag, rec.data)
+        granted, ids, retain = out.decision(topic, m)
         if granted is None:
             return True
-        return self.out.send(topic, (partition, rec.queue_offset), rec.flag, rec.data, granted, retain, m, ids, key,
-                          True)
+        return out.send(topic, (partition, rec.queue_offset), rec.flag, rec.data, granted, retain, m, ids, key, True)
 
