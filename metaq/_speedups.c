@@ -22,7 +22,7 @@
  *   check_ranges(units, skip, log, seg_start, seg_end, limit, nbytes, topic=None, partition=0, first=0)
  *                                                 == metaq.store.gather.check_ranges_py
  *   send_ranges(fd, head, log, ranges, pos)       == metaq.server.zerocopy.send_ranges_py
- *   send_each(packets, fds)                       == metaq.mqtt.delivery.send_each_py (at the end of this file)
+ *   send_each(packets, fds)                       == metaq.mqtt.fanout.send_each_py (at the end of this file)
  *   encode_sub_records(topic, partition, payloads, seq0)
  *                                                 == metaq.protocol.putbatch.encode_sub_records_py
  *   encode_idem_sub_records(topic, partition, payloads, pid, seq0)
@@ -1106,7 +1106,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
 
 /* ==== send_each: one packet run to many sockets (the MQTT fan-out reader) ==================================== */
 
-/* send_each(packets, fds) == metaq.mqtt.delivery.send_each_py: ``packets`` (a sequence of bytes-like objects,
+/* send_each(packets, fds) == metaq.mqtt.fanout.send_each_py: ``packets`` (a sequence of bytes-like objects,
  * at most SEND_IOV_MAX) written in order by one non-blocking sendmsg (MSG_DONTWAIT | MSG_NOSIGNAL, EINTR retried)
  * to each file descriptor of ``fds`` (a sequence of ints), one after the other, none waited for. Returns
  * ``[(i, n), ...]`` for each ``fds[i]`` that did not take all of it, in order: ``n`` the bytes it took (0 when its

@@ -682,7 +682,7 @@ MQTT_DELIVERY_BATCH = 64
 #: records and writes that never wait; the others (and anything the writes cannot take) are their deliveries' own.
 MQTT_DIRECT_DELIVERIES = 8
 #: Records the MQTT deliveries keep decoded, with their QoS 0 PUBLISHes encoded, for the other subscribers that get
-#: the same message (``mqtt.delivery.Decoded``): the most recently read ones; past it the oldest is decoded again.
+#: the same message (``mqtt.decoded.Decoded``): the most recently read ones; past it the oldest is decoded again.
 MQTT_SHARED_DECODES = 1024
 #: Bytes (payloads and encoded PUBLISHes) those records may hold together, for each of the two kinds: past it the
 #: oldest go first, so large messages are kept fewer.

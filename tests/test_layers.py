@@ -88,6 +88,9 @@ FEATURE_ROLES = {
     "delivery": "front-end",  # what a connection's subscriptions read from the log and send (MQTT's)
     # an MQTT connection's operation groups (connection.py dispatches to them)
     "connect": "front-end", "publishes": "front-end", "subscriptions": "front-end", "acks": "front-end",
+    # the MQTT delivery's operation groups (delivery.py's loop calls them) and the port's shared decodes
+    "subscribing": "front-end", "outbound": "front-end", "resend": "front-end", "direct": "front-end",
+    "fanplan": "front-end", "fanout": "front-end", "decoded": "state",
     "sql": "logic",  # a filter language: its parser and compiled predicate (pure)
     "messages_pb2": "codec",  # protoc's Python code of the feature's .proto (generated at setup, never committed)
     "rpcs": "front-end",  # a gRPC service's RPC handlers

@@ -21,6 +21,7 @@ state (the store layer's rules: no socket, gevent or clock)
                    the internal topic ``%MQTT%``: the ``SessionTable`` they build (replayed at open), and
                    ``MQTT_JOURNAL``, what ``store/journals.py``'s ``JournalFollow`` follows to keep a slave's table
                    current
+    decoded.py     records decoded and QoS 0 PUBLISHes encoded once for every delivery of the port (bounded)
 front-end (the server layer)
     port.py        ``MqttPort``: the listener on the connection core, the client ids connected (takeover), the wills,
                    the persistent sessions' and retained messages' table (saved, expired), the shared groups
@@ -33,5 +34,11 @@ front-end (the server layer)
                    acknowledged; the count of its unacknowledged PUBLISHes (mqtt.receive_maximum)
     subscriptions.py  SUBSCRIBE, UNSUBSCRIBE, the shared groups left, the client's acknowledgements of deliveries;
                    the connection's delivery
-    delivery.py    what a connection's subscriptions read from the log and send
+    delivery.py    what a connection's subscriptions read from the log and send: ``Delivery`` and its greenlet's loop
+    subscribing.py a filter's topics and partitions, from where they are read, the retained messages it is sent
+    outbound.py    how one message goes out to a connection: the decision, the PUBLISH, its alias, send and pacing
+    resend.py      what a resumed session sends first: its messages in flight, those carried from another broker
+    direct.py      a visible burst sent from the publisher's turn to waiting subscribers (``deliver_now``)
+    fanplan.py     a delivery's part in the fan-out readers: what it hands over, its plan of a batch
+    fanout.py      the port's fan-out readers: one per partition for every caught-up QoS 0 delivery
 """

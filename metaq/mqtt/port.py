@@ -50,7 +50,8 @@ import gevent
 
 from metaq import errors, limits
 from metaq.mqtt.connection import Connection
-from metaq.mqtt.delivery import Decoded, Fanouts
+from metaq.mqtt.decoded import Decoded
+from metaq.mqtt.fanout import Fanouts
 from metaq.mqtt.follow import (MQTT_JOURNAL, MQTT_LEARN_BATCH, MQTT_SESSIONS_TOPIC, Retained, SavedGroup, SavedWill,
                                encode, encode_carried, encode_end, encode_group, encode_group_end, encode_retained,
                                encode_unretained, encode_will, encode_will_end, replay)

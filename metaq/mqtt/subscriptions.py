@@ -139,7 +139,7 @@ class Subscriptions:
 
     def _freed_room(self):
         """An acknowledgement freed a place in flight: the delivery is woken when a place can matter to it, that is
-        when its window was full (a pass or the publisher's turn held a message for one: ``Delivery._prepare``) or
+        when its window was full (a pass or the publisher's turn held a message for one: ``Outbound.prepare``) or
         it is in a shared group (whose turns weigh each member's room); a delivery that is caught up sleeps on
         until the next append."""
         delivery = self.delivery

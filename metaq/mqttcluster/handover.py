@@ -16,7 +16,7 @@ longer than one message does.
 session to it (``MqttPort.adopt``), its read positions at this broker's log end (what was published here while
 it was away was not its: the subscriptions of another broker read that broker's log), its messages in flight
 named by their place in ``%MQTT%``, the others listed in ``carried``: the delivery sends them after those in
-flight and before what its subscriptions read (``Delivery._send_carried``).
+flight and before what its subscriptions read (``resend.send_carried``).
 """
 
 import base64
@@ -24,8 +24,9 @@ import logging
 import time
 
 from metaq import errors, limits
-from metaq.mqtt.follow import RecordError, SavedSession, decode_carried
+from metaq.mqtt.follow import SavedSession
 from metaq.mqtt.records import message_of
+from metaq.mqtt.resend import message_at
 from metaq.mqtt.session import PUBREL_SENT, MqttSession
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
 from metaq.server.clock import now_ms
@@ -34,23 +35,6 @@ from metaq.server.connections import share_loop
 log = logging.getLogger(__name__)
 
 __all__ = ["export", "adopt"]
-
-
-def _message_at(store, topic, partition, offset, max_transfer):
-    """``(metaq topic, flag, data)`` of the record at a place in the log (a carried one's own), or None."""
-    try:
-        records, _next = store.read_records(topic, partition, offset, 1, max_transfer)
-    except errors.MetaqError:
-        return None
-    if not records or records[0].queue_offset != offset:
-        return None
-    rec = records[0]
-    if topic != MQTT_SESSIONS_TOPIC:
-        return topic, rec.flag, bytes(rec.data)
-    try:
-        return decode_carried(rec.data)
-    except RecordError:
-        return None
 
 
 class _Bound:
@@ -82,13 +66,13 @@ def export(store, saved, max_transfer, max_messages=limits.MQTT_HANDOVER_MAX_MES
         if state == PUBREL_SENT:
             inflight.append([pid, state, qos])
             continue
-        found = _message_at(store, topic, partition, offset, max_transfer)
+        found = message_at(store, topic, partition, offset, max_transfer)
         if found is not None and bound.take(found[2]):
             inflight.append([pid, state, qos] + _wire(*found))
         bound.turn = share_loop(bound.turn)
     queued = []
     for qos, offset in saved.carried:
-        found = _message_at(store, MQTT_SESSIONS_TOPIC, 0, offset, max_transfer)
+        found = message_at(store, MQTT_SESSIONS_TOPIC, 0, offset, max_transfer)
         if found is not None and bound.take(found[2]):
             queued.append([qos] + _wire(*found))
         bound.turn = share_loop(bound.turn)

@@ -11,7 +11,7 @@ import gevent.socket
 from metaq import limits
 from metaq.mqtt.acks import PubAckRun
 from metaq.mqtt.connection import Connection
-from metaq.mqtt.delivery import send_each
+from metaq.mqtt.fanout import send_each
 from metaq.server.connections import ConnectionLimits
 
 

@@ -121,7 +121,7 @@ def test_a_publish_without_properties_is_stored_alike_every_time_and_a_bad_clien
 def test_the_deliveries_keep_at_most_mqtt_shared_decodes_records_decoded_and_publishes_encoded():
     from metaq.limits import MQTT_SHARED_DECODES, MQTT_SHARED_DECODES_BYTES
     from metaq.mqtt import wire
-    from metaq.mqtt.delivery import Decoded
+    from metaq.mqtt.decoded import Decoded
 
     d = Decoded()
     assert (d.count, d.nbytes) == (MQTT_SHARED_DECODES, MQTT_SHARED_DECODES_BYTES)
@@ -142,7 +142,7 @@ def test_the_deliveries_keep_at_most_mqtt_shared_decodes_records_decoded_and_pub
 
 def test_the_deliveries_keep_at_most_mqtt_shared_decodes_bytes_of_payloads():
     from metaq.limits import MQTT_SHARED_DECODES_BYTES
-    from metaq.mqtt.delivery import Decoded
+    from metaq.mqtt.decoded import Decoded
 
     d = Decoded()
     quarter = MQTT_SHARED_DECODES_BYTES // 4

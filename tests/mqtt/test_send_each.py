@@ -1,4 +1,4 @@
-"""``send_each`` (mqtt/delivery.py and the C helper): the fan-out reader's one call that writes a run of PUBLISHes to
+"""``send_each`` (mqtt/fanout.py and the C helper): the fan-out reader's one call that writes a run of PUBLISHes to
 many sockets, none waited for. A socket that takes everything is not reported; one that takes part, or nothing (full),
 or fails is reported with what it took or its error, and the others are written all the same. The built function
 and its pure-Python twin give the same results on the same sockets."""
@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from metaq.mqtt.delivery import _SEND_IOV_MAX, send_each_py
+from metaq.mqtt.fanout import _SEND_IOV_MAX, send_each_py
 from tests.harness.sockets import drain
 
 try:

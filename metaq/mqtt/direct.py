@@ -1,0 +1,100 @@
+"""Sending from a publisher's turn (docs/mqtt.md "Subscribing"): while a delivery's greenlet waits between passes,
+a publisher's burst, once visible, has it send what the burst brought at once (``deliver_now``, called through
+``Delivery.deliver_now`` by ``MqttPort.deliver_now``): non-blocking writes only, the QoS 1 window respected, each
+message decided and encoded as the greenlet would (``outbound.Outbound``). What it cannot send so is left to the
+greenlet, which the append woke as before.
+"""
+
+from metaq import errors, limits
+from metaq.mqtt.outbound import DROPPED, HELD
+
+
+def deliver_now(out, key, staged=None):
+    """Send what partition ``key`` holds past the cursor of ``out``'s session (an ``Outbound``), each record as the
+    greenlet decides it (``Outbound.decision``, ``Outbound.prepare``: filters, No Local, Retain As Published,
+    Subscription Identifiers, Message Expiry, the Maximum Packet Size, the window in flight), but only while that
+    needs no wait: the connection takes each PUBLISH whole at once (``try_send``; a part taken is finished by the
+    delivery's greenlet, which the append woke, before anything else), a QoS 1 one has room in flight. It stops,
+    leaving the rest to the greenlet, at anything else (a QoS 2 message: its greenlet's); it does nothing on a TLS
+    connection or for a paced user. ``staged``: the publisher's burst in this partition, ``[(queue offset, key in
+    Decoded, MqttMessage)]``: from its first record on they are sent from it, nothing read from the log (a cursor
+    behind it reads the log as the greenlet would). Order is the cursor's, as the greenlet's. True when it sent
+    everything and left the cursor at the partition's end: the greenlet has nothing to do there (not so when a shared
+    group of the session reads the partition too: the group's copy is the greenlet's)."""
+    conn, session = out.conn, out.session
+    if conn.closed or conn.tls or conn.unsent or out.guard.paced(conn.session, "fetch"):
+        return False  # a paced user's bytes wait in its own greenlet
+    cursors = session.cursors
+    offset = cursors.get(key)
+    topic, partition = key
+    if offset is None or not out.may_read(topic):
+        return False
+    records = _records(out, key, offset, staged)
+    if records is None:
+        return False
+    for queue_offset, dkey, m in records:
+        granted, ids, retain = out.decision(topic, m)
+        if granted is not None and not _send(out, key, queue_offset, dkey, m, granted, ids, retain):
+            return False
+        cursors[key] = queue_offset + 1
+        session.dirty = True
+    if any(key in group.cursors for group, _granted, _id in session.shared.values()):
+        return False
+    try:
+        return cursors[key] >= out.store.max_offset(topic, partition)
+    except errors.MetaqError:
+        return False
+
+
+def _records(out, key, offset, staged):
+    """``(queue offset, key in Decoded, MqttMessage)`` of partition ``key`` from ``offset``: of the burst
+    ``staged`` when the cursor is within it, else read from the log, each decoded as it is reached; None when the
+    log cannot be read (the greenlet meets it and says why)."""
+    if staged and offset >= staged[0][0]:
+        return staged[offset - staged[0][0]:]  # a partition's offsets in one burst follow one another
+    topic, partition = key
+    try:
+        read, _next = out.store.read_records(topic, partition, offset, limits.MQTT_DELIVERY_BATCH, out.max_transfer)
+    except errors.MetaqError:
+        return None
+    return _decoded(out.decoded, topic, read)
+
+
+def _decoded(decoded, topic, records):
+    """``(queue offset, key in Decoded, MqttMessage)`` of each of ``records`` (of metaq topic ``topic``), each
+    decoded as it is reached."""
+    message = decoded.message
+    for rec in records:
+        dkey = (rec.position, rec.msg_id)
+        yield rec.queue_offset, dkey, message(dkey, topic, rec.flag, rec.data)
+
+
+def _send(out, key, queue_offset, dkey, m, granted, ids, retain):
+    """Send record ``queue_offset`` of partition ``key`` (message ``m``, ``dkey`` in Decoded) now if it needs no
+    wait; True when the cursor moves past it (sent whole, or dropped as if delivered), False when it stops here (held,
+    not taken, or begun: the connection writes the rest and the cursor is already past it)."""
+    conn = out.conn
+    prepared = out.prepare(m, granted, retain, ids, dkey, False)
+    if prepared is HELD:
+        return False
+    if prepared is DROPPED:
+        return True
+    data, qos, packet_id, shared = prepared
+    aliases = conn.outbound_aliases
+    if aliases is not None:
+        mark = aliases.mark()
+        data = out.with_alias(aliases, data, m.topic, shared)
+    sent = conn.try_send(data)
+    if aliases is not None:
+        if not sent:
+            aliases.undo(mark)
+        aliases.settle()
+    if not sent:
+        return False
+    if qos:
+        out.session.sent(packet_id, (qos, key[0], key[1], queue_offset))
+    if sent < len(data):  # the connection writes the rest before anything else
+        out.session.cursors[key] = queue_offset + 1
+        out.session.dirty = True
+        return False
+    return True
