@@ -32,6 +32,7 @@ from metaq.protocol import replication as rp
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
 from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RETAINED, SHARED, Entry, Records, shared_data
 from metaq.protocol.stream import CLOSED, NEED_DATA
+from metaq.server.connections import share_loop
 from metaq.server.longpoll import NEW_PARTITION
 from metaq.server.replication.link import HEARTBEAT_S, send_event
 from metaq.topics.names import is_internal
@@ -259,7 +260,7 @@ class PeerServer:
         reader = gevent.spawn(self._read, sock, parser, follow, wake)
         try:
             send_event(sock, Records(()))  # the end of the handshake (the peer waits for a first frame)
-            rescanned = sent = time.monotonic()
+            rescanned = sent = turn = time.monotonic()
             while not reader.dead:
                 if follow.made != self.store.partitions_made() or time.monotonic() - rescanned > RESCAN_S:
                     follow.rescan()
@@ -269,17 +270,20 @@ class PeerServer:
                     send_event(sock, Records(tuple(entries)))
                     self.sent_records += sum(1 for e in entries if e.kind != POSITION)
                     sent = time.monotonic()
+                    turn = share_loop(turn)  # a backlog's batches let the other connections run every MAX_TURN_MS
                     continue
                 if follow.held and self.wait_confirmed is not None:
                     if time.monotonic() - sent >= HEARTBEAT_S:
                         send_event(sock, Records(()))
                         sent = time.monotonic()
                     self.wait_confirmed(HEARTBEAT_S)
+                    turn = time.monotonic()
                     continue
                 wake.clear()
                 if not self.waiters.wait_any(follow.keys() + [NEW_PARTITION], HEARTBEAT_S, wake):
                     if not reader.dead:
                         send_event(sock, Records(()))
+                turn = time.monotonic()
         except (OSError, errors.MetaqError) as exc:
             log.info("mqtt cluster: peer broker %d (%s) link ended: %s", routes.broker_id, peer, exc)
         finally:
