@@ -13,6 +13,7 @@ import gevent
 
 from metaq import errors
 from metaq.protocol import replication as rp
+from metaq.server.connections import share_loop
 from metaq.server.replication.link import BACKOFF_MAX_S, BACKOFF_MIN_S, LINK_TIMEOUT_S, send_event
 from metaq.server.replication.slave import authenticate, next_event
 
@@ -107,13 +108,14 @@ class PeerLink:
                  len(filters))
         sender = gevent.spawn(self._send_routes, sock)
         try:
-            event = first
+            event, turn = first, time.monotonic()
             while not self._stopping:
                 if isinstance(event, rp.Records):
                     self.copied += cluster.apply(self.broker_id, event.entries)
                 else:
                     raise errors.RemoteProtocolError("unexpected %s from peer broker %d"
                                                      % (type(event).__name__.upper(), self.broker_id), fatal=True)
+                turn = share_loop(turn)  # a backlog's frames let the other connections run every MAX_TURN_MS
                 event = next_event(sock, parser)
         finally:
             sender.kill(block=False)

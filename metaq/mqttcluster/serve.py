@@ -5,11 +5,12 @@
 **The follow.** The peer's filters say which metaq topics are followed (``TopicMap.topics_for``, the rule a
 subscription's reads use; internal topics never: a peer's inbox is not followed, so a copy is never copied again);
 each followed partition is read from the peer's resume position, or from this broker's end when it has none (a
-topic that only appears later: from its start). A record goes in a RECORDS frame when its MQTT topic name
-(``records.message_of``, as local delivery sees it) matches a filter; a POSITION entry says how far each partition
-was read. With a retained offset the ``R``/``U`` records of the ``%MQTT%`` journal go too. At most
-MQTT_CLUSTER_BATCH_BYTES of records per frame; an empty RECORDS each HEARTBEAT_S when idle. ROUTES again from the
-peer replace its filters (its partitions already followed keep their read positions).
+topic that only appears later: from its start, followed from the wake of its first write, ``NEW_PARTITION``). A
+record goes in a RECORDS frame when its MQTT topic name (``records.message_of``, as local delivery sees it) matches
+a filter; a POSITION entry says how far each partition was read. With a retained offset the ``R``/``U`` records of
+the ``%MQTT%`` journal go too. At most MQTT_CLUSTER_BATCH_BYTES of records per frame; an empty RECORDS each
+HEARTBEAT_S when idle. ROUTES again from the peer replace its filters (its partitions already followed keep their
+read positions).
 
 The peer's ``$share`` groups (``share.Shares``) are followed too: a record whose name a group's filter matches goes as
 a SHARED entry naming the groups this broker assigns it to at the peer (its own filters aside), and not at all when
@@ -38,6 +39,8 @@ from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
 from metaq.protocol.replication_mqtt import (MESSAGE, POSITION, RESUMED, RETAINED, SHARED, Entry, Records, record_check,
                                              shared_data)
 from metaq.protocol.stream import CLOSED, NEED_DATA
+from metaq.server.connections import share_loop
+from metaq.server.longpoll import NEW_PARTITION
 from metaq.server.replication.link import HEARTBEAT_S, send_event
 from metaq.topics.names import is_internal
 
@@ -45,7 +48,7 @@ log = logging.getLogger(__name__)
 
 #: Records one read of a followed partition takes at most.
 READ_RECORDS = 256
-#: How often the followed topics are looked at again (topics created since, partitions added).
+#: How often the followed topics are looked at again without a new partition waking the follow (a topic deleted).
 RESCAN_S = 1.0
 
 
@@ -98,6 +101,7 @@ class PeerFollow:
         self.refused_logged = False
         self.held = False  # the last batch stopped at a record past the confirmed end
         self.rewound = set()  # partitions resumed before the peer's position (``proved``), said at their announce
+        self.made = None  # the store's ``partitions_made()`` at the last rescan
         self.set_filters(routes.filters, routes.groups)
 
     def set_filters(self, filters, groups=()):
@@ -118,6 +122,7 @@ class PeerFollow:
     def rescan(self):
         """Follow the partitions the filters read that are not followed yet; stop following the others."""
         store = self.store
+        self.made = store.partitions_made()
         known = store.known_topics()
         topics = self._read_set.topics(known)
         wanted = []
@@ -319,9 +324,9 @@ class PeerServer:
         reader = gevent.spawn(self._read, sock, parser, follow, wake)
         try:
             send_event(sock, Records(()))  # the end of the handshake (the peer waits for a first frame)
-            rescanned = sent = time.monotonic()
+            rescanned = sent = turn = time.monotonic()
             while not reader.dead:
-                if time.monotonic() - rescanned > RESCAN_S:
+                if follow.made != self.store.partitions_made() or time.monotonic() - rescanned > RESCAN_S:
                     follow.rescan()
                     rescanned = time.monotonic()
                 entries = follow.batch(self.confirmed_end())
@@ -329,17 +334,20 @@ class PeerServer:
                     send_event(sock, Records(tuple(entries)))
                     self.sent_records += sum(1 for e in entries if e.kind != POSITION)
                     sent = time.monotonic()
+                    turn = share_loop(turn)  # a backlog's batches let the other connections run every MAX_TURN_MS
                     continue
                 if follow.held and self.wait_confirmed is not None:
                     if time.monotonic() - sent >= HEARTBEAT_S:
                         send_event(sock, Records(()))
                         sent = time.monotonic()
                     self.wait_confirmed(HEARTBEAT_S)
+                    turn = time.monotonic()
                     continue
                 wake.clear()
-                if not self.waiters.wait_any(follow.keys(), HEARTBEAT_S, wake):
+                if not self.waiters.wait_any(follow.keys() + [NEW_PARTITION], HEARTBEAT_S, wake):
                     if not reader.dead:
                         send_event(sock, Records(()))
+                turn = time.monotonic()
         except (OSError, errors.MetaqError) as exc:
             log.info("mqtt cluster: peer broker %d (%s) link ended: %s", routes.broker_id, peer, exc)
         finally:

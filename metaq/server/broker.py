@@ -71,7 +71,6 @@ class Broker:
     def __init__(self, config):
         self.config = config
         self.stats = BrokerStats()
-        self.waiters = PartitionWaiters(config.limits.max_parked_gets)
         self.stopping = False
         self.ready = False  # set when the broker says it is ready: every listener open
         self.pressure_deleted_segments = 0  # segments retention deleted young to relieve the disk (stats)
@@ -89,10 +88,12 @@ class Broker:
                                              "timers": config.limits.max_pending_timers,
                                              "connections": config.max_connections(),
                                              "parked_gets": config.limits.max_parked_gets})
-        self.waiters.quota = lambda user, n: self.guard.quotas.check(user, "parked_gets", n)
         self.store = MessageStore.open(config.store_config(), now_ms(),
                                        lambda user: self.guard.quotas.limit(user, "idempotent_producers"),
                                        lambda user, n: self.guard.quotas.check(user, "consumer_offsets", n))
+        self.waiters = PartitionWaiters(config.limits.max_parked_gets,
+                                        lambda user, n: self.guard.quotas.check(user, "parked_gets", n),
+                                        self.store.partitions_made)
         self.recovery_seconds = time.monotonic() - started
         self._log_recovery()
         self.store_lock = Semaphore()  # background store work (checkpoints, work ahead) vs a replication cut

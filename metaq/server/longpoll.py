@@ -17,6 +17,10 @@ So every long poll keeps what it saw: ``ends(end, keys)`` of the partitions its 
 yield between), passed to ``wait``/``wait_any`` as ``seen`` with ``end`` (the store's ``max_offset``); when one
 moved since, the wait returns at once and the caller reads again. No busy loop: each early return needs an append
 after the last read.
+
+A reader of partitions that may not exist yet (the MQTT cluster's follow of a peer's filters, which may match a
+topic written for the first time) waits on ``NEW_PARTITION`` too: the first wake after the store made a partition
+(``MessageStore.partitions_made``) names it, so such a reader learns of a new topic at its first write.
 """
 
 import gevent
@@ -26,20 +30,26 @@ from metaq import errors, limits
 
 #: ``visible_end`` of a partition whose end cannot be told (an unknown topic: the caller's read says why).
 UNTOLD = -1
+#: The key a wait names to be woken at the first wake after a partition appeared in the store (no topic has an
+#: empty name).
+NEW_PARTITION = ("", -1)
 
 
 class PartitionWaiters:
     """The waits parked per (topic, partition); a wake ends every wait of the partitions it names."""
 
-    def __init__(self, max_parked=limits.MAX_PARKED_GETS, quota=None):
+    def __init__(self, max_parked=limits.MAX_PARKED_GETS, quota=None, made=None):
         """``quota(user, parked)``: raises QuotaExceeded when ``user``, with ``parked`` long polls parked, may not
-        park one more (the guard's ``parked_gets`` quota); None: no user is counted."""
+        park one more (the guard's ``parked_gets`` quota); None: no user is counted. ``made()``: the store's
+        ``partitions_made`` (None: ``NEW_PARTITION`` is never woken)."""
         self._waits = {}  # key -> set of Events, one per parked wait
         self.max_parked = max_parked
         self.quota = quota
         self.parked = 0  # long polls admitted and not yet left
         self.by_user = {}  # user -> its long polls admitted and not yet left (those admitted with a user)
         self.closed = False  # the broker is stopping: parked waits answer now
+        self.made = made
+        self._made_seen = made() if made is not None else 0  # ``made()`` as of the last wake
 
     def admit(self, user=None):
         """Count one more long poll (of ``user``, when named) until its ``leave(user)``; False (not counted) when
@@ -140,6 +150,9 @@ class PartitionWaiters:
         waits = self._waits
         if not waits:
             return False
+        if self.made is not None and self.made() != self._made_seen:
+            self._made_seen = self.made()
+            keys = (*keys, NEW_PARTITION)
         woke = False
         for key in keys:
             evs = waits.pop(key, None)

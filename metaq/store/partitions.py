@@ -17,6 +17,7 @@ class Partitions:
         self._quota = quota
         self._all = {}  # (topic, partition) -> PartitionIndex, every partition with an index
         self._writers = {}  # (topic, partition) -> PartitionIndex, checked for puts
+        self.made = 0  # partitions added or made since the table was built: moves whenever one appears
 
     # -- reading ----------------------------------------------------------------
 
@@ -58,6 +59,7 @@ class Partitions:
     def add(self, p):
         """Take ``p``, a PartitionIndex loaded from the data dir."""
         self._all[p.key] = p
+        self.made += 1
         self._quota.added(p.topic)
 
     def make(self, topic, partition):
@@ -66,6 +68,7 @@ class Partitions:
         if p is None:
             p = PartitionIndex(self._dirs, topic, partition, self._units_per_file)
             self._all[p.key] = p
+            self.made += 1
             self._quota.added(topic)
         return p
 

@@ -205,6 +205,12 @@ class MessageStore:
         names = set(self._topics.config.exact_names) - set(self._topics.table.deleted) | set(self._topics.table.entries)
         return sorted(names | {t for t, _p in self.partition_keys() if self._topics.level_owner(t) is None})
 
+    def partitions_made(self):
+        """A count that moves whenever a partition appears here (a topic or a partition written for the first time,
+        a topic an admin created): a reader of topics that may not exist yet looks again when it moved
+        (``PartitionWaiters``' ``NEW_PARTITION``)."""
+        return self._parts.made
+
     def partition_keys(self):
         """``[(topic, partition)]`` that have received messages."""
         return sorted(k for k, p in self._parts.items() if p.max > 0)

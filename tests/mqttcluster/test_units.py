@@ -122,6 +122,9 @@ class FakeStore:
     def min_offset(self, topic, partition):
         return 0
 
+    def partitions_made(self):
+        return sum(self.topics.values())
+
 
 def test_a_peer_follows_at_most_max_followed_partitions(monkeypatch):
     monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_FOLLOWED", 4)

@@ -9,7 +9,7 @@ import pytest
 from gevent.event import Event
 
 from metaq.protocol.message import encode_payload
-from metaq.server.longpoll import UNTOLD, PartitionWaiters
+from metaq.server.longpoll import NEW_PARTITION, UNTOLD, PartitionWaiters
 from tests.harness.store import NOW, open_store
 
 KEY = ("test", 0)
@@ -65,6 +65,24 @@ def test_wait_any_does_not_begin_when_one_of_the_partitions_read_moved(tmp_path)
     assert time.monotonic() - started < 15
     # a partition left out of ``seen`` is only waited on: its appends wake the wait through ``notify``
     assert not w.wait_any(keys, 0.2, Event(), {keys[0]: seen[keys[0]]}, s.max_offset)
+    s.close(NOW)
+
+
+def test_new_partition_is_woken_once_by_the_first_wake_after_a_partition_appeared(tmp_path):
+    """A reader of partitions that may not exist yet waits on NEW_PARTITION: the wake of a new partition's first
+    write names it, a later write to a partition the store held already does not."""
+    s = open_store(tmp_path / "s")
+    w = PartitionWaiters(made=s.partitions_made)
+    ev = Event()
+    for key, woken in ((("fresh", 0), True), (("fresh", 0), False), (("other", 0), True)):
+        ev.clear()
+        gevent.spawn(w.wait_any, [NEW_PARTITION], 0.3, ev)
+        gevent.sleep(0)  # the wait is registered
+        put(s, key)
+        w.notify((key,))
+        gevent.sleep(0)
+        assert ev.is_set() is woken, key
+        gevent.sleep(0.35)  # the wait that was not woken ends
     s.close(NOW)
 
 
