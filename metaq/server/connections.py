@@ -507,7 +507,7 @@ class Connection:
         self.served_by = None  # the ConnectionCore serving it
         self.share_key = None  # what it counts under in the core's per-address share
         self.read_watcher = None  # while parked: the loop's read watcher on its socket
-        self.linger_watcher = None  # ``_linger``'s read watcher, from its first linger until it parks or closes
+        self.linger_watcher = None  # ``_linger``'s read watcher, from its first linger until it closes
 
     @property
     def peer(self):
@@ -627,8 +627,7 @@ class Connection:
             if not ((linger > 0 and not self.tls) or self._may_park()):
                 return max(0.001, timeout)
             if linger <= 0 or not self._linger(min(linger, timeout)):
-                self._close_linger_watcher()  # a parked connection holds no watcher of its own
-                self.parked_key = _PARKING
+                self.parked_key = _PARKING  # (the core's read watcher while parked is its linger watcher)
                 return PARKED
         return max(0.001, timeout)
 
@@ -674,8 +673,8 @@ class Connection:
     def _linger(self, seconds):
         """Wait up to ``seconds`` in this greenlet for bytes (or the end) from the peer: True when they came (the
         receive reads them), False when none did (it parks). The connection's one read watcher for it
-        (``linger_watcher``) is made at its first linger and kept until it parks or closes: a busy connection
-        lingers between every two packets."""
+        (``linger_watcher``) is made at its first linger and kept until it closes, the core's read watcher while it
+        is parked: a busy connection lingers between every two packets, a device's connection parks after each."""
         watcher = self.linger_watcher
         if watcher is None:
             watcher = self.linger_watcher = gevent.get_hub().loop.io(self.sock.fileno(), 1)
@@ -989,7 +988,10 @@ class ConnectionCore:
         try:
             conn.serve()
             if conn.parked_key == _PARKING and not conn.closed:
-                conn.read_watcher = watcher = gevent.get_hub().loop.io(conn.sock.fileno(), 1)
+                watcher, conn.linger_watcher = conn.linger_watcher, None  # one watcher for its lingers and parks
+                if watcher is None:
+                    watcher = gevent.get_hub().loop.io(conn.sock.fileno(), 1)
+                conn.read_watcher = watcher
                 conn.parked_key = self._wheel.add(conn, conn.deadline())
                 watcher.start(_readable, conn)
                 parks = True
@@ -1024,7 +1026,10 @@ class ConnectionCore:
             return
         watcher, conn.read_watcher = conn.read_watcher, None
         watcher.stop()
-        watcher.close()
+        if conn.closed or conn.linger_watcher is not None:
+            watcher.close()
+        else:
+            conn.linger_watcher = watcher  # its turn lingers on it, and parks on it again
         self._wheel.remove(conn, key)
         gevent.spawn(self._turn, conn)
 
