@@ -52,7 +52,7 @@ from termios import FIONREAD
 import gevent
 from gevent.event import Event
 from gevent.server import StreamServer
-from gevent.socket import wait_read
+from gevent.socket import wait as wait_on_watcher
 
 from metaq import limits
 from metaq.errors import ConfigError
@@ -459,7 +459,7 @@ class Connection:
     __slots__ = ("sock", "address", "conn_id", "closed", "idle_timeout", "request_timeout", "replies",
                  "session", "tls", "tls_bio", "_request_deadline", "_progress_seen", "_rules", "_pool", "_partial",
                  "_stranger", "_login_deadline", "rates", "_idle_until", "parked_key", "served_by", "share_key",
-                 "read_watcher", "__weakref__")
+                 "read_watcher", "linger_watcher", "__weakref__")
 
     #: The connection's sans-IO parser, or None (a connection that reads its own way).
     parser = None
@@ -507,6 +507,7 @@ class Connection:
         self.served_by = None  # the ConnectionCore serving it
         self.share_key = None  # what it counts under in the core's per-address share
         self.read_watcher = None  # while parked: the loop's read watcher on its socket
+        self.linger_watcher = None  # ``_linger``'s read watcher, from its first linger until it closes
 
     @property
     def peer(self):
@@ -620,11 +621,13 @@ class Connection:
         if self._idle_until is None:  # idle from here (until bytes arrive)
             self._idle_until = now + self.idle_timeout
         timeout = self._idle_until - now
-        if timeout > 0 and self.parks and self.served_by is not None and self.parked_key != _WOKEN \
-                and self._may_park():
+        if timeout > 0 and self.parks and self.served_by is not None and self.parked_key != _WOKEN:
             linger = self.park_after_s - (self.idle_timeout - timeout)  # less what it has been idle so far
+            # a plain socket's linger needs no look first: its wait returns at once when bytes are in the kernel
+            if not ((linger > 0 and not self.tls) or self._may_park()):
+                return max(0.001, timeout)
             if linger <= 0 or not self._linger(min(linger, timeout)):
-                self.parked_key = _PARKING
+                self.parked_key = _PARKING  # (the core's read watcher while parked is its linger watcher)
                 return PARKED
         return max(0.001, timeout)
 
@@ -669,14 +672,28 @@ class Connection:
 
     def _linger(self, seconds):
         """Wait up to ``seconds`` in this greenlet for bytes (or the end) from the peer: True when they came (the
-        receive reads them), False when none did (it parks)."""
+        receive reads them), False when none did (it parks). The connection's one read watcher for it
+        (``linger_watcher``) is made at its first linger and kept until it closes, the core's read watcher while it
+        is parked: a busy connection lingers between every two packets, a device's connection parks after each."""
+        watcher = self.linger_watcher
+        if watcher is None:
+            watcher = self.linger_watcher = gevent.get_hub().loop.io(self.sock.fileno(), 1)
         try:
-            wait_read(self.sock.fileno(), seconds)
+            wait_on_watcher(watcher, seconds)
         except socket.timeout:
             return False
         except OSError:  # closed meanwhile: the receive meets it
             pass
+        finally:
+            if self.closed:
+                self._close_linger_watcher()
         return True
+
+    def _close_linger_watcher(self):
+        watcher, self.linger_watcher = self.linger_watcher, None
+        if watcher is not None:
+            watcher.stop()
+            watcher.close()
 
     def _may_park(self):
         """True when nothing is buffered that a read watcher on the socket would not see: no TLS plaintext or
@@ -776,6 +793,8 @@ class Connection:
         self.replies.wake()
         if self.parked_key is not None and self.served_by is not None:
             self.served_by.wake(self)  # before the socket closes: its watcher stopped, its end run in a new greenlet
+        if self.linger_watcher is not None and not self.linger_watcher.active:  # (else its waiting greenlet does)
+            self._close_linger_watcher()
         try:
             self.sock.close()
         except OSError:
@@ -969,7 +988,10 @@ class ConnectionCore:
         try:
             conn.serve()
             if conn.parked_key == _PARKING and not conn.closed:
-                conn.read_watcher = watcher = gevent.get_hub().loop.io(conn.sock.fileno(), 1)
+                watcher, conn.linger_watcher = conn.linger_watcher, None  # one watcher for its lingers and parks
+                if watcher is None:
+                    watcher = gevent.get_hub().loop.io(conn.sock.fileno(), 1)
+                conn.read_watcher = watcher
                 conn.parked_key = self._wheel.add(conn, conn.deadline())
                 watcher.start(_readable, conn)
                 parks = True
@@ -1004,7 +1026,10 @@ class ConnectionCore:
             return
         watcher, conn.read_watcher = conn.read_watcher, None
         watcher.stop()
-        watcher.close()
+        if conn.closed or conn.linger_watcher is not None:
+            watcher.close()
+        else:
+            conn.linger_watcher = watcher  # its turn lingers on it, and parks on it again
         self._wheel.remove(conn, key)
         gevent.spawn(self._turn, conn)
 
