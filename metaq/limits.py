@@ -34,9 +34,8 @@ FD_RESERVE = 512
 REPLICATION_HEADROOM = 64
 
 #: Connections one address may hold on a port with headroom of its own, so that one host cannot take the whole
-#: headroom. On the replication port one host's brokers use one per slave of this master, and two per other
-#: master of an MQTT cluster (its follow link and MQTT_CLUSTER_PEER_CONNECTIONS call link): 16 admits, e.g., 5
-#: masters and their 5 slaves on one host (2 x 4 + 5 = 13 on each master).
+#: headroom. On the replication port one host's brokers use one per slave of this master; the other masters of an
+#: MQTT cluster count here only until they prove the secret (then MQTT_CLUSTER_PEERS_PER_ADDRESS).
 HEADROOM_PER_ADDRESS = 16
 
 #: Seconds a connection may sit with no complete request before it is closed.
@@ -744,9 +743,7 @@ MQTT_CLUSTER_MEMBERS_POLL_S = 1.0
 MQTT_CLUSTER_ID_BATCH = 1000
 #: Seconds a broker gathers the ids whose sessions ended before telling their homes (one call per home).
 MQTT_CLUSTER_RELEASE_S = 0.5
-#: Connections one broker opens to another for its calls (each takes one call at a time; more wait their turn):
-#: the replication port admits HEADROOM_PER_ADDRESS connections per address, its slaves' and other peers' on the
-#: same host included.
+#: Connections one broker opens to another for its calls (each takes one call at a time; more wait their turn).
 MQTT_CLUSTER_PEER_CONNECTIONS = 1
 
 # -- the gRPC port (metaq/rmq5/: RocketMQ 5's MessagingService; docs/rocketmq5.md) --------------------------------
@@ -1013,6 +1010,11 @@ MQTT_CLUSTER_FRAME_BYTES = 16 * 1024 * 1024
 MQTT_CLUSTER_MAX_FOLLOWED = 65_536
 #: Peers (other masters) a broker keeps a link to at most; past it the lowest broker ids are kept and it logs it.
 MQTT_CLUSTER_MAX_PEERS = 64
+#: Connections the other masters of an MQTT cluster on one host may hold on a broker's replication port once each
+#: proved the replication secret (a follow link and MQTT_CLUSTER_PEER_CONNECTIONS call links from each of up to
+#: MQTT_CLUSTER_MAX_PEERS): a proved peer leaves its address's HEADROOM_PER_ADDRESS share for this one, so one host
+#: may run as many brokers of a cluster as it has cores. Past it the peer is refused and retries.
+MQTT_CLUSTER_PEERS_PER_ADDRESS = (1 + MQTT_CLUSTER_PEER_CONNECTIONS) * MQTT_CLUSTER_MAX_PEERS
 #: Partitions of the inbox (``%MQTTIN%``), the internal topic a broker copies its peers' messages into.
 MQTT_CLUSTER_INBOX_PARTITIONS = 8
 #: (origin broker, topic, partition) resume positions a broker keeps at most (recovered from its inbox).

@@ -1085,6 +1085,22 @@ class ConnectionCore:
                     self._log_refusal(listener, address, why, "closed")
         return secured
 
+    def reshare(self, conn, share, cap):
+        """``conn`` leaves its address's share for the share named ``share`` of the same address, held to ``cap``
+        (the replication port: a peer that proved the secret counts apart from the strangers of its host); False,
+        nothing changed, when that share is full."""
+        key = conn.share_key
+        if key is None:
+            return True
+        host = key[1] if isinstance(key, tuple) else key
+        moved = (share, host)
+        if self._per_address.get(moved, 0) >= cap:
+            return False
+        self._forget(key)
+        self._per_address[moved] = self._per_address.get(moved, 0) + 1
+        conn.share_key = moved
+        return True
+
     def _forget(self, host):
         if host is not None:
             left = self._per_address[host] - 1

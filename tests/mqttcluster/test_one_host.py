@@ -1,10 +1,14 @@
 """Brokers of one MQTT cluster on one host: each master takes two replication connections from that host per other
-master (its follow link and its call link: ``limits.HEADROOM_PER_ADDRESS``), besides its slaves'. Four masters
-are 6 connections from 127.0.0.1 on each replication port, past what a port admitted from one address before."""
+master (its follow link and its call link), besides its slaves'. Once proved, they count apart from the host's
+strangers (``limits.HEADROOM_PER_ADDRESS``), up to ``limits.MQTT_CLUSTER_PEERS_PER_ADDRESS``."""
+
+import socket
+import time
 
 import pytest
 
 from metaq import limits
+from metaq.mqttcluster.calls import PeerClient, PeerUnreachable
 from metaq.mqttcluster.ids import home_of
 from tests.harness.broker import wait_for
 from tests.harness.mqtt import Raw
@@ -36,3 +40,40 @@ def test_four_masters_on_one_host_keep_every_follow_and_call_link(broker_factory
     for b in members:
         log = cluster[b].log_text()
         assert "too many connections from" not in log, log[-3000:]
+
+
+def _peer_call(broker_id, address):
+    """One call from a master ``broker_id`` over a link of its own; the client (its link kept open) and the answer,
+    or the client and the PeerUnreachable that refused it."""
+    client = PeerClient(broker_id, None, timeout_s=10)
+    try:
+        return client, client.call(address, {"op": "none"})
+    except PeerUnreachable as exc:
+        return client, exc
+
+
+def test_proved_peers_of_one_host_count_apart_from_its_strangers_up_to_their_own_limit(broker_factory, tmp_path,
+                                                                                        zk_connect):
+    (b,) = Cluster(broker_factory, tmp_path, zk_connect, 1).start().brokers
+    address = "127.0.0.1:%d" % b.config["replication"]["port"]
+    limit = limits.MQTT_CLUSTER_PEERS_PER_ADDRESS
+    assert limit > 4 * limits.HEADROOM_PER_ADDRESS  # a host of many cores' brokers, far past the strangers' share
+    held = [_peer_call(100 + i, address) for i in range(limit)]  # at the limit: every link kept
+    try:
+        assert [i for i, (_c, answer) in enumerate(held) if isinstance(answer, PeerUnreachable)] == [], \
+            [a for _c, a in held if isinstance(a, PeerUnreachable)][:3]
+        strangers = [socket.create_connection(("127.0.0.1", b.config["replication"]["port"]))
+                     for _ in range(limits.HEADROOM_PER_ADDRESS)]  # the strangers' share is still whole
+        try:
+            time.sleep(0.5)
+            assert "too many connections from" not in b.log_text()
+        finally:
+            for s in strangers:
+                s.close()
+        extra, answer = _peer_call(999, address)  # one past: refused, saying why
+        assert isinstance(answer, PeerUnreachable) and "too many peer brokers" in str(answer), answer
+        held.pop()[0].close()  # one leaves: its place is taken again
+        wait_for(lambda: not isinstance(_peer_call(998, address)[1], PeerUnreachable), 10, "a place freed")
+    finally:
+        for client, _a in held:
+            client.close()

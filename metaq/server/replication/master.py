@@ -195,8 +195,9 @@ class ReplicationServer:
     def _connection(self, sock, address, conn_id):
         return SlaveConnection(self, sock, address, conn_id)
 
-    def serve_slave(self, sock, address):
-        """One slave's connection, from its HELLO to its end."""
+    def serve_slave(self, sock, address, conn=None):
+        """One slave's connection, from its HELLO to its end (``conn``: its connection on the core, whose
+        per-address share a proved peer master leaves for ``MQTT_CLUSTER_PEERS_PER_ADDRESS``)."""
         peer = "%s:%d" % address[:2]
         parser = rp.ReplicationParser()
         try:
@@ -205,6 +206,13 @@ class ReplicationServer:
                 return
             hello, slave_nonce, master_nonce = shaken
             if isinstance(hello, (rp.Routes, rp.PeerCall)):  # another master of an MQTT cluster, not a slave
+                if conn is not None and not self.core.reshare(conn, "replication peers",
+                                                              limits.MQTT_CLUSTER_PEERS_PER_ADDRESS):
+                    why = "too many peer brokers from %s: the limit is %d per address" % (
+                        address[0], limits.MQTT_CLUSTER_PEERS_PER_ADDRESS)
+                    log.warning("replication: refusing peer broker %d from %s: %s", hello.broker_id, peer, why)
+                    send_event(sock, rp.ErrorFrame(ERR_REFUSED, why))
+                    return
                 send_event(sock, handshake.callee_proof(self.secret, master_nonce, slave_nonce, hello.broker_id))
                 self.peer_handler(sock, parser, hello, peer)  # its MQTT follow, or its calls
                 return
@@ -469,4 +477,4 @@ class SlaveConnection(core.Connection):
         self.server = server
 
     def serve(self):
-        self.server.serve_slave(self.sock, self.address)
+        self.server.serve_slave(self.sock, self.address, self)
