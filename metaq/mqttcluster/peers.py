@@ -314,7 +314,9 @@ class MqttCluster:
 
     def retained_for(self, topic_filter, topics, local):
         """The retained messages for a subscription of ``topic_filter`` reading ``topics``: ``local`` (the port's
-        own) merged with the peers', the newest of each name by (time, broker id)."""
+        own) merged with the peers', the newest of each name by (time, broker id). A peer's is the name's when the
+        topic map puts the name in its metaq topic (``TopicMap.holds``), whether or not this broker has that topic
+        yet: a wildcard filter gets a peer's retained message of a topic only the peer holds."""
         if not self.retained:
             return local
         out = {}
@@ -324,7 +326,8 @@ class MqttCluster:
                 out[r.name] = r
         local_names = {r.name for r in local}
         for name, (at, broker, r) in self.retained.items():
-            if r is None or name in out or r.metaq_topic not in topics or not matches(topic_filter, name):
+            if r is None or name in out or not matches(topic_filter, name) or \
+                    not (r.metaq_topic in topics or self.port.topics.holds(r.metaq_topic, name)):
                 continue
             local_r = self.port.table.retained.get(name) if name in local_names else None
             if local_r is not None and (local_r.at_ms, self.broker_id) > (at, broker):

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from metaq.client.raw import TextClient
 from metaq.mqtt import wire
 from metaq.mqtt.records import partition_for
 from tests.harness.broker import wait_for
@@ -50,6 +51,19 @@ def test_a_retained_message_set_on_one_broker_reaches_a_new_subscriber_on_anothe
         again.subscribe("sensors/#", 1)
         time.sleep(0.5)
         assert again.messages == [], i
+
+
+def test_a_wildcard_subscriber_gets_a_peers_retained_message_of_a_topic_its_broker_never_held(cluster):
+    before = int(stats(cluster[2]).get("mqtt_cluster_retained", "0"))
+    assert mosquitto_pub(cluster[1], "fresh/state", "on", 1, "mqttv5", "-r").returncode == 0
+    wait_for(lambda: int(stats(cluster[2]).get("mqtt_cluster_retained", "0")) > before, 15, "it reached 2")
+    with TextClient("127.0.0.1", cluster[2].port) as c:
+        assert "fresh" not in c.stats_dict("topics")  # broker 2 never had the metaq topic the name is stored in
+    sub = Paho(cluster[2], "wild")
+    sub.subscribe("+/state", 1)
+    got = sub.wait_messages(1, 10)
+    assert [(m.topic, m.payload, m.retain) for m in got] == [("fresh/state", b"on", True)]
+    assert mosquitto_pub(cluster[1], "fresh/state", "", 1, "mqttv5", "-r").returncode == 0  # cleared for the next
 
 
 def test_a_will_of_a_client_gone_from_one_broker_reaches_a_subscriber_on_another(cluster):
