@@ -205,9 +205,11 @@ def _fit_properties(props):
     ``MAX_PROPERTIES_BYTES - PROPERTIES_HEADROOM``, saying how many in ``PROP_TRIMMED``: a message stored with
     more (a text put's attribute of 40,000 characters) is still served, where its encoding would fail and
     every pull of its queue with it."""
+    room = MAX_PROPERTIES_BYTES - PROPERTIES_HEADROOM
+    if 4 * sum(len(k) + len(v) + 2 for k, v in props.items() if v is not None) <= room:
+        return  # at most 4 bytes a character: they fit, without encoding each one to count its bytes
     sizes = {k: len(k.encode("utf-8", "surrogatepass")) + len(v.encode("utf-8", "surrogatepass")) + 2
              for k, v in props.items() if v is not None}
-    room = MAX_PROPERTIES_BYTES - PROPERTIES_HEADROOM
     total = sum(sizes.values())
     if total <= room:
         return
