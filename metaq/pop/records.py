@@ -26,6 +26,7 @@ and expires at the renewed one). Opaque to clients.
 """
 
 import json
+import re
 
 from metaq.errors import ClientError
 
@@ -36,6 +37,8 @@ __all__ = ["RecordError", "encode", "decode", "handle", "parse_handle", "MAX_REC
 MAX_RECORD_BYTES = 1 << 20
 KINDS = ("d", "a", "x", "c", "r", "s", "S", "P", "E")
 _MAX_HANDLE = 96
+#: A receipt handle's form: four runs of ASCII digits.
+_HANDLE = re.compile(r"([0-9]+):([0-9]+):([0-9]+):([0-9]+)")
 
 
 class RecordError(ValueError):
@@ -67,7 +70,8 @@ def handle(partition, offset, attempt, deadline_ms):
 
 def parse_handle(text):
     """``(partition, offset, attempt, deadline_ms)``; InvalidHandle when ``text`` is not a handle."""
-    parts = text.split(":") if isinstance(text, str) and len(text) <= _MAX_HANDLE else ()
-    if len(parts) != 4 or not all(p.isdigit() and p.isascii() for p in parts):
+    m = _HANDLE.fullmatch(text) if isinstance(text, str) and len(text) <= _MAX_HANDLE else None
+    if m is None:
         raise InvalidHandle("invalid receipt handle %r" % (text[:_MAX_HANDLE] if isinstance(text, str) else text))
-    return tuple(int(p) for p in parts)
+    p, o, a, d = m.groups()
+    return int(p), int(o), int(a), int(d)

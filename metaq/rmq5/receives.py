@@ -225,9 +225,9 @@ class Receives:
         if self.renewer is not None:
             self.renewer.settled(group, topic, [e.receipt_handle for e, r in zip(entries, results, strict=True)
                                                 if r is None])
-        out = []
+        out, ok = [], status("OK")  # copied into each entry: built once
         for e, result in zip(entries, results, strict=True):
-            s = status("OK") if result is None else status("INVALID_RECEIPT_HANDLE", str(result))
+            s = ok if result is None else status("INVALID_RECEIPT_HANDLE", str(result))
             out.append(pb.AckMessageResultEntry(message_id=e.message_id, receipt_handle=e.receipt_handle, status=s))
         codes = {o.status.code for o in out}
         top = out[0].status if len(codes) == 1 else status("MULTIPLE_RESULTS", "the entries' results differ")

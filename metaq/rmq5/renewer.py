@@ -255,7 +255,10 @@ class Renewer:
                         self.renewals.max_per_client, self.renewals.max_per_user, self.invisible_ms)
 
     def settled(self, group, topic, handles):
-        """The client acknowledged, changed or dead-lettered the messages of ``handles``: renewal ends."""
+        """The client acknowledged, changed or dead-lettered the messages of ``handles``: renewal ends (nothing to
+        look up while nothing is renewed)."""
+        if not self.renewals:
+            return
         for h in handles:
             try:
                 p, o, _a, _d = parse_handle(h)

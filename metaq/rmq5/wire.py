@@ -217,6 +217,8 @@ DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDO
 #: priority): each counts against the connection's control-frame budget.
 CONTROL_FRAMES = frozenset((PRIORITY, RST_STREAM, SETTINGS, PING))
 END_STREAM_FLAG, END_HEADERS_FLAG = 0x1, 0x4
+#: A frame header: its 24-bit length (16 and 8 bits), type, flags and stream id (RFC 9113 section 4.1).
+_FRAME_HEAD = struct.Struct(">HBBBI")
 
 
 class FrameTooLarge(Exception):
@@ -266,48 +268,63 @@ class FrameGate:
 
     def feed(self, data):
         """``data`` read from the client: the bytes for h2 (all but GOAWAY frames') and the heads of the frames
-        begun in it; raises FrameTooLarge at a header past ``max_frame_size``, whatever followed it."""
-        out, heads = [], []
-        view, pos, end = memoryview(data), 0, len(data)
+        begun in it; raises FrameTooLarge at a header past ``max_frame_size``, whatever followed it. ``data`` itself
+        when every byte of it passes as it came (no GOAWAY in it, no frame header cut at either end), else a copy
+        without the bytes held or kept from h2."""
+        heads, drops, prefix = [], [], b""  # drops: ``data``'s ranges not passed on; prefix: a header held, now whole
+        pos, end = 0, len(data)
         if self._preface:
-            take = min(self._preface, end)
-            out.append(view[:take])
-            self._preface -= take
-            pos = take
+            pos = min(self._preface, end)
+            self._preface -= pos
         while pos < end:
             if self._left:
                 take = min(self._left, end - pos)
-                if self._body is not None:
+                if self._body is not None:  # a GOAWAY's body: its first 8 bytes read here, none passed on
                     if len(self._body) < 8:
-                        self._body += bytes(view[pos:pos + min(take, 8 - len(self._body))])
-                else:
-                    out.append(view[pos:pos + take])
+                        self._body += bytes(data[pos:pos + min(take, 8 - len(self._body))])
+                    drops.append((pos, pos + take))
                 self._left -= take
                 self.partial += take
                 pos += take
                 if not self._left:
                     self._whole()
                 continue
-            need = FRAME_HEADER_BYTES - len(self._head)
-            self._head += bytes(view[pos:pos + need])
-            pos += min(need, end - pos)
-            self.partial = len(self._head)
-            if len(self._head) < FRAME_HEADER_BYTES:
-                break
-            head = self._head
-            length = int.from_bytes(head[:3], "big")
+            start, held = pos, self._head
+            if not held and end - pos >= FRAME_HEADER_BYTES:
+                hi, lo, ftype, flags, stream_id = _FRAME_HEAD.unpack_from(data, pos)
+                pos += FRAME_HEADER_BYTES
+            else:  # a header cut by the end of a read: held until whole
+                take = min(FRAME_HEADER_BYTES - len(held), end - pos)
+                self._head = held + bytes(data[pos:pos + take])
+                pos += take
+                if len(self._head) < FRAME_HEADER_BYTES:
+                    self.partial = len(self._head)
+                    drops.append((start, pos))
+                    break
+                hi, lo, ftype, flags, stream_id = _FRAME_HEAD.unpack(self._head)
+                self._head = b""
+            length = hi << 8 | lo
             if length > self.max_frame_size:
                 raise FrameTooLarge("a frame of %d bytes: the advertised SETTINGS_MAX_FRAME_SIZE is %d"
                                     % (length, self.max_frame_size))
-            self._type = head[3]
-            heads.append(FrameHead(head[3], head[4], int.from_bytes(head[5:9], "big") & 0x7FFFFFFF, length))
-            if self._type == GOAWAY:
+            self.partial = FRAME_HEADER_BYTES
+            self._type = ftype
+            heads.append(FrameHead(ftype, flags, stream_id & 0x7FFFFFFF, length))
+            if ftype == GOAWAY:
                 self._body = b""
-            else:
-                out.append(head)
+                drops.append((start, pos))
+            elif held:
+                prefix = held
             self._left = length
             if not length:
                 self._whole()
+        if not drops and not prefix:
+            return data, heads
+        view, at, out = memoryview(data), 0, [prefix]
+        for a, b in drops:
+            out.append(view[at:a])
+            at = b
+        out.append(view[at:])
         return b"".join(out), heads
 
     def _whole(self):

@@ -104,7 +104,8 @@ def test_an_expired_handle_is_refused_and_change_invisible_gives_a_new_handle():
         pop.state.flight(G, T, hs[0], NOW + 600)
     pop.ack([handle(0, 0, 1, NOW + 5000)], NOW + 4999)
     assert pop.state.groups[(G, T)].cursors[0].low == 1
-    for bad in ("", "1:2:3", "a:b:c:d", "0:0:1:" + "9" * 100, None):
+    for bad in ("", "1:2:3", "a:b:c:d", "0:0:1:" + "9" * 100, None, "\u0661:0:1:5", "0:0:1:5\n", "0:0:1:5:6",
+                " 0:0:1:5", "0:-0:1:5"):
         with pytest.raises(InvalidHandle):
             parse_handle(bad)
 

@@ -35,6 +35,7 @@ our offset, the physical offset the record's commit-log position (it is in the
 offset message id), and the born and store times are the record's.
 """
 
+import functools
 import ipaddress
 from typing import NamedTuple
 
@@ -116,6 +117,18 @@ def _born_host(props):
     text = props.pop(_BORNHOST, None)
     if not text:
         return None
+    return _host_of(text) if len(text) <= _HOST_TEXT_CACHED else _host_of.__wrapped__(text)
+
+
+#: The longest ``@BORNHOST`` text whose parse is cached (an IPv6 address in brackets and a port take 53 characters;
+#: a longer, forged one is parsed each time, never held).
+_HOST_TEXT_CACHED = 64
+
+
+@functools.lru_cache(maxsize=1024)
+def _host_of(text):
+    """``_born_host``'s parse of one ``"ip:port"`` text; cached: a log's records name the same few producers'
+    hosts."""
     ip, _sep, port = text.rpartition(":")
     try:
         ip, port = str(ipaddress.ip_address(ip.strip("[]"))), int(port)
@@ -192,9 +205,11 @@ def _fit_properties(props):
     ``MAX_PROPERTIES_BYTES - PROPERTIES_HEADROOM``, saying how many in ``PROP_TRIMMED``: a message stored with
     more (a text put's attribute of 40,000 characters) is still served, where its encoding would fail and
     every pull of its queue with it."""
+    room = MAX_PROPERTIES_BYTES - PROPERTIES_HEADROOM
+    if 4 * sum(len(k) + len(v) + 2 for k, v in props.items() if v is not None) <= room:
+        return  # at most 4 bytes a character: they fit, without encoding each one to count its bytes
     sizes = {k: len(k.encode("utf-8", "surrogatepass")) + len(v.encode("utf-8", "surrogatepass")) + 2
              for k, v in props.items() if v is not None}
-    room = MAX_PROPERTIES_BYTES - PROPERTIES_HEADROOM
     total = sum(sizes.values())
     if total <= room:
         return

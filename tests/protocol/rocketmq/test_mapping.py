@@ -112,6 +112,7 @@ def test_retry_copy_counts_deliveries_and_marks_the_origin():
 
 @pytest.mark.parametrize("internal", [
     "@BORNHOST\x01evil:80", "@BORNHOST\x011.2.3.4:99999999999", "@BORNHOST\x01::1:-4", "@BORNHOST\x01:",
+    "@BORNHOST\x01[" + "1" * 200 + "]:80",
     "@FLAG\x0199999999999", "@RECONSUME\x01-99999999999", "@SYSFLAG\x0199999999999999"])
 def test_forged_internal_properties_never_make_a_record_unencodable(internal):
     """A text put may carry any property: a record whose internal ones lie is still served to RocketMQ consumers
@@ -165,3 +166,14 @@ def test_properties_within_the_room_are_served_whole():
     flag, data = encode_payload(b"b", "tag\x02K\x01" + "v" * (ROOM - 100))
     back, _end = decode_stored_message(encode_stored_message(message_of_record(record(flag, data), ("1.2.3.4", 1))))
     assert back.properties["K"] == "v" * (ROOM - 100) and "METAQ_TRIMMED_PROPERTIES" not in back.properties
+
+
+def test_properties_are_measured_in_bytes_not_characters():
+    """Four-byte characters: the largest value that encodes within the room is served whole, one character more
+    is trimmed (a count of characters alone would pass it)."""
+    n = (ROOM - 3) // 4  # "K" + the separators: 3 bytes beside the value
+    for chars, trimmed in ((n, False), (n + 1, True)):
+        flag, data = encode_payload(b"b", "\x02K\x01" + "\U0001F600" * chars)
+        back, _end = decode_stored_message(encode_stored_message(message_of_record(record(flag, data), HOST)))
+        assert ("METAQ_TRIMMED_PROPERTIES" in back.properties) is trimmed
+        assert trimmed or back.properties["K"] == "\U0001F600" * chars
