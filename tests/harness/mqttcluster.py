@@ -7,7 +7,7 @@ import time
 from metaq.client.local import free_port, small_config
 from tests.harness.acl import login
 from tests.harness.broker import wait_for
-from tests.harness.mqtt import with_mqtt
+from tests.harness.mqtt import V311, Paho, with_mqtt
 from tests.harness.replication import stats
 
 
@@ -77,3 +77,24 @@ def wait_routed(subscriber, publish, timeout=20.0):
                 del subscriber.messages[:]
             return count
     raise AssertionError("no probe reached the subscriber within %.0f s" % timeout)
+
+
+class FollowedGroup:
+    """Broker 0 following broker 1, a master ``m1`` and its slave ``s1`` (replication port ``s1_port`` once
+    promoted): ``keeper``, a persistent session on broker 0 subscribed to ``sensors/#`` at QoS 1, routed to broker
+    1. ``sections``: broker 1's (both members') config sections."""
+
+    def __init__(self, broker_factory, tmp_path, zk_connect, **sections):
+        self.b0 = broker_factory(cluster_config(tmp_path / "b0", 0, zk_connect), workdir=tmp_path / "b0")
+        m1cfg = cluster_config(tmp_path / "m1", 1, zk_connect, **sections)
+        self.m1 = broker_factory(m1cfg, workdir=tmp_path / "m1")
+        s1cfg = cluster_config(tmp_path / "s1", 1, zk_connect, **sections)
+        s1cfg["replication"] = {}
+        self.s1_port = free_port()
+        self.s1 = broker_factory(s1cfg, workdir=tmp_path / "s1", extra_args=[
+            "--slave-of", "127.0.0.1:%d" % m1cfg["replication"]["port"], "--slave-id", "1",
+            "--replication-port", str(self.s1_port)])
+        wait_for(lambda: stats(self.b0).get("mqtt_cluster_peers_up") == "1", 30, "0 follows 1")
+        self.keeper = Paho(self.b0, client_id="keeper", version=V311, clean=False)
+        assert self.keeper.subscribe("sensors/#", qos=1) == [1]
+        wait_routed(self.keeper, lambda i: Paho(self.m1, "probe-%d" % i).publish("sensors/probe", b"p", 1))

@@ -7,10 +7,9 @@ skips none of the new master's messages (its copies of the lost ones stay delive
 import pytest
 
 from metaq.admin import cli as admin
-from metaq.client.local import free_port
 from tests.harness.broker import wait_for
-from tests.harness.mqtt import V311, Paho
-from tests.harness.mqttcluster import cluster_config, wait_routed
+from tests.harness.mqtt import Paho
+from tests.harness.mqttcluster import FollowedGroup
 from tests.harness.replication import caught_up, stats
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault]
@@ -21,19 +20,8 @@ ONE_PARTITION = [{"name": "*", "partitions": 1}]
 
 def test_after_an_async_peers_failover_none_of_its_new_masters_messages_is_skipped(broker_factory, tmp_path,
                                                                                    zk_connect, capsys):
-    b0 = broker_factory(cluster_config(tmp_path / "b0", 0, zk_connect), workdir=tmp_path / "b0")
-    m1cfg = cluster_config(tmp_path / "m1", 1, zk_connect, topics=ONE_PARTITION)
-    m1 = broker_factory(m1cfg, workdir=tmp_path / "m1")
-    s1cfg = cluster_config(tmp_path / "s1", 1, zk_connect, topics=ONE_PARTITION)
-    s1cfg["replication"] = {}
-    srport = free_port()
-    s1 = broker_factory(s1cfg, workdir=tmp_path / "s1", extra_args=[
-        "--slave-of", "127.0.0.1:%d" % m1cfg["replication"]["port"], "--slave-id", "1",
-        "--replication-port", str(srport)])
-    wait_for(lambda: stats(b0).get("mqtt_cluster_peers_up") == "1", 30, "0 follows 1")
-    sub = Paho(b0, client_id="keeper", version=V311, clean=False)
-    assert sub.subscribe("sensors/#", qos=1) == [1]
-    wait_routed(sub, lambda i: Paho(m1, "probe-%d" % i).publish("sensors/probe", b"p", 1))
+    group = FollowedGroup(broker_factory, tmp_path, zk_connect, topics=ONE_PARTITION)
+    b0, m1, s1, srport, sub = group.b0, group.m1, group.s1, group.s1_port, group.keeper
     pub = Paho(m1, "pub")
     for i in range(5):
         pub.publish("sensors/seq", b"old-%d" % i, 1)

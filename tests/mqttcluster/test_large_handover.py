@@ -4,7 +4,6 @@ cluster"): a device whose persistent session holds as many queued messages as a 
 its holder builds the handover and the other broker parses and adopts it, a client of each broker is answered
 promptly, and the device gets every message."""
 
-import threading
 import time
 
 import pytest
@@ -13,6 +12,7 @@ from metaq import limits
 from metaq.mqtt import wire
 from tests.harness.mqtt import Raw
 from tests.harness.replication import stats
+from tests.hostile.common import LoopProbe
 from tests.mqttcluster.test_client_ids import _cluster
 
 pytestmark = pytest.mark.slow
@@ -24,34 +24,6 @@ MESSAGE_BYTES = limits.MQTT_HANDOVER_MAX_BYTES // MESSAGES - 100
 #: machine; the steps themselves: tests/mqttcluster/test_units.py, the loop's turns while a handover is built,
 #: parsed and adopted).
 PROMPT_S = 1.0
-
-
-class Prober:
-    """Puts a small message on ``broker`` (its text port) again and again from a thread, timing each answer."""
-
-    def __init__(self, broker):
-        self.broker = broker
-        self.slowest = 0.0
-        self.answers = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(30)
-
-    def _run(self):
-        with self.broker.client() as c:
-            while not self._stop.is_set():
-                started = time.monotonic()
-                assert c.put("probe", b"p").code == 200
-                self.slowest = max(self.slowest, time.monotonic() - started)
-                self.answers += 1
-                time.sleep(0.005)
 
 
 def test_a_large_sessions_handover_leaves_other_clients_answered_promptly(broker_factory, tmp_path, zk_connect):
@@ -66,14 +38,14 @@ def test_a_large_sessions_handover_leaves_other_clients_answered_promptly(broker
         body = b"x" * MESSAGE_BYTES
         for _ in range(MESSAGES):
             assert c.put("bulk", body).code == 200
-    with Prober(b0) as holder, Prober(b1) as taker:
+    with LoopProbe(b0.port) as holder, LoopProbe(b1.port) as taker:
         time.sleep(0.5)
         back = Raw(b1)
         ack = back.connect("big-session", clean_start=False, properties={"session_expiry_interval": 600})
         assert ack.reason_code == 0 and ack.session_present
         time.sleep(0.5)
-    assert holder.answers and taker.answers
-    assert holder.slowest < PROMPT_S and taker.slowest < PROMPT_S, (holder.slowest, taker.slowest)
+    assert holder.latencies and taker.latencies and not holder.failures and not taker.failures
+    assert holder.worst() < PROMPT_S and taker.worst() < PROMPT_S, (holder.worst(), taker.worst())
     got = 0
     while got < MESSAGES:
         m = back.read()
