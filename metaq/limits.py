@@ -765,6 +765,10 @@ GRPC_MAX_HEADER_BYTES = 16 * 1024
 #: before the block is buffered further (the CONTINUATION flood). More than 1 because HPACK's Huffman strings may be
 #: longer than their text when an encoder does not pick the shorter form.
 GRPC_HEADER_BLOCK_FACTOR = 2
+#: WINDOW_UPDATE frames a gRPC client may send free for each DATA frame the port sent it (one for the stream's window,
+#: one for the connection's); one past its credit counts against GRPC_MAX_CONTROL_FRAMES, so a client that returns
+#: window it was never sent floods into that budget. The credit is held to GRPC_MAX_CONTROL_FRAMES.
+GRPC_WINDOW_UPDATES_PER_DATA = 2
 #: Bytes one receive of a gRPC connection takes: h2 parses all it is handed before the connection can share the loop
 #: again (``share_loop``), and 16 KiB of the smallest frames parse within about one turn (MAX_TURN_MS).
 GRPC_RECV_BYTES = 16 * 1024

@@ -17,9 +17,10 @@ h2; gRPC's layer is ``wire``. Per connection the port announces and h2 enforces 
   frame are a request under way (its deadline, the unfinished-request budgets, a stranger's among them);
 * ``max_control_frames`` and ``max_new_streams`` per ``flood_window_s`` (``limits.GRPC_MAX_CONTROL_FRAMES``,
   ``limits.GRPC_MAX_NEW_STREAMS``, ``limits.GRPC_FLOOD_WINDOW_S``): PING, SETTINGS, RST_STREAM and PRIORITY frames,
-  and empty frames that end nothing (DATA without END_STREAM, HEADERS or CONTINUATION without END_HEADERS) count as
-  control frames, and streams opened; past either the connection ends with GOAWAY ENHANCE_YOUR_CALM (the HTTP/2
-  flood, empty-frames and rapid reset attacks);
+  and empty frames that end nothing (DATA without END_STREAM, HEADERS or CONTINUATION without END_HEADERS) and
+  WINDOW_UPDATEs past ``limits.GRPC_WINDOW_UPDATES_PER_DATA`` for each DATA frame sent count as control frames,
+  and streams opened; past either the connection ends with GOAWAY ENHANCE_YOUR_CALM (the HTTP/2 flood,
+  empty-frames and rapid reset attacks);
 * a header block (HEADERS and its CONTINUATIONs) encoded in more than ``limits.GRPC_HEADER_BLOCK_FACTOR`` times
   ``max_header_bytes`` ends the connection (GOAWAY ENHANCE_YOUR_CALM) as the frame that passes it begins, before
   h2 buffers it (the CONTINUATION flood).
@@ -63,8 +64,8 @@ from hyperframe.frame import GoAwayFrame
 from metaq import limits
 from metaq.rmq5.headercache import CachedDecoder, CachedEncoder, CheckedHeaders
 from metaq.rmq5.wire import (CONTINUATION, END_HEADERS_FLAG, HEADERS, OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW,
-                             FrameGate, FrameTooLarge, GrpcError, MessageReader, Status, frame, is_grpc_content_type,
-                             parse_timeout, rpc_name, trailers, trailers_only)
+                             WINDOW_UPDATE, FrameGate, FrameTooLarge, GrpcError, MessageReader, Status, frame,
+                             is_grpc_content_type, parse_timeout, rpc_name, trailers, trailers_only)
 from metaq.server.connections import Connection, share_loop
 
 log = logging.getLogger(__name__)
@@ -100,11 +101,11 @@ class PortLimits:
 
 class FloodBudget:
     """What one connection may send in a window of ``flood_window_s``: ``max_control_frames`` control frames
-    (``wire.FrameHead.is_control``) and ``max_new_streams`` streams opened, and the header block open at most
-    ``GRPC_HEADER_BLOCK_FACTOR * max_header_bytes`` encoded. Time is passed in; a window starts with the first frame
-    after the last one ended."""
+    (``wire.FrameHead.is_control``, and WINDOW_UPDATEs past the credit the DATA frames sent give: ``sent_data``) and
+    ``max_new_streams`` streams opened, and the header block open at most ``GRPC_HEADER_BLOCK_FACTOR *
+    max_header_bytes`` encoded. Time is passed in; a window starts with the first frame after the last one ended."""
 
-    __slots__ = ("limits", "controls", "streams", "last_stream", "block", "_since")
+    __slots__ = ("limits", "controls", "streams", "last_stream", "block", "credit", "_since")
 
     def __init__(self, port_limits):
         self.limits = port_limits
@@ -112,7 +113,12 @@ class FloodBudget:
         self.streams = 0
         self.last_stream = 0  # the highest stream id the client opened
         self.block = 0  # encoded bytes of the header block begun and not yet ended (END_HEADERS)
+        self.credit = 0  # WINDOW_UPDATEs the client may send free (GRPC_WINDOW_UPDATES_PER_DATA a DATA frame sent)
         self._since = None
+
+    def sent_data(self):
+        """The port sent the client a DATA frame: room for the window updates it answers with."""
+        self.credit = min(self.credit + limits.GRPC_WINDOW_UPDATES_PER_DATA, self.limits.max_control_frames)
 
     def excess(self, heads, now):
         """None while the frames begun (``wire.FrameHead``) keep within the budget, else why not."""
@@ -122,6 +128,11 @@ class FloodBudget:
         for head in heads:
             if head.is_control():
                 self.controls += 1
+            elif head.type == WINDOW_UPDATE:
+                if self.credit:
+                    self.credit -= 1
+                else:
+                    self.controls += 1
             if head.type == HEADERS and head.stream_id > self.last_stream:
                 self.last_stream = head.stream_id
                 self.streams += 1
@@ -131,9 +142,8 @@ class FloodBudget:
                     return "a header block of more than %d bytes begun (%d x grpc.max_header_bytes)" % (
                         limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes, limits.GRPC_HEADER_BLOCK_FACTOR)
         if self.controls > lim.max_control_frames:
-            return "more than %d PING, SETTINGS, RST_STREAM, PRIORITY and empty frames in %g s " \
-                "(grpc.max_control_frames)" % (
-                lim.max_control_frames, lim.flood_window_s)
+            return ("more than %d PING, SETTINGS, RST_STREAM, PRIORITY, empty and unprompted WINDOW_UPDATE frames "
+                    "in %g s (grpc.max_control_frames)" % (lim.max_control_frames, lim.flood_window_s))
         if self.streams > lim.max_new_streams:
             return "more than %d streams opened in %g s (grpc.max_new_streams)" % (lim.max_new_streams,
                                                                                   lim.flood_window_s)
@@ -552,6 +562,7 @@ class GrpcConnection(Connection):
                     return False
                 continue
             self.h2.send_data(call.stream_id, data[:room].tobytes())
+            self.budget.sent_data()
             data = data[room:]
         if flush:
             self._flush()

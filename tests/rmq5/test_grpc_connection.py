@@ -22,7 +22,7 @@ from h2.events import ConnectionTerminated, DataReceived, StreamEnded, StreamRes
 pytestmark = pytest.mark.integration
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, CONTINUATION = 0, 1, 3, 4, 6, 7, 9
+DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 4, 6, 7, 8, 9
 END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
 NO_ERROR, FRAME_SIZE_ERROR, ENHANCE_YOUR_CALM = 0, 6, 11
 MAX_CONTROL = 50
@@ -233,6 +233,35 @@ def test_empty_data_frames_count_as_control_frames_and_one_past_the_budget_ends_
         assert goaway_code(got) == ENHANCE_YOUR_CALM and "closed" in got, got
     finally:
         raw.close()
+
+
+def test_window_updates_for_no_data_sent_count_as_control_frames_and_one_past_the_budget_ends_the_connection(broker):
+    raw = Frames(grpc_port(broker))
+    update = frame(WINDOW_UPDATE, 0, 0, (1).to_bytes(4, "big"))  # window the port never used, returned
+    try:
+        raw.send(PREFACE + frame(SETTINGS) + frame(SETTINGS, ACK))
+        raw.send(update * (MAX_CONTROL - 3) + frame(PING, 0, 0, b"in stock"))  # the budget, to the last
+        got = raw.read(lambda got: any(f != "closed" and f[0] == PING for f in got) or ended(got))
+        assert not ended(got) and any(f[:2] == (PING, ACK) for f in got if f != "closed"), got[-3:]
+        raw.send(update)  # one more
+        got = raw.read(lambda got: "closed" in got)
+        assert goaway_code(got) == ENHANCE_YOUR_CALM and "closed" in got, got
+    finally:
+        raw.close()
+
+
+def test_window_updates_answering_data_sent_are_free_up_to_their_credit():
+    from metaq.rmq5.port import FloodBudget, PortLimits
+    from metaq.rmq5.wire import WINDOW_UPDATE as WU, FrameHead
+    budget = FloodBudget(PortLimits(max_control_frames=10))
+    for _ in range(3):
+        budget.sent_data()  # three DATA frames: six updates free
+    assert budget.excess([FrameHead(WU, 0, 1, 4)] * 6, 0.0) is None and budget.controls == 0
+    assert budget.excess([FrameHead(WU, 0, 0, 4)] * 10, 0.0) is None and budget.controls == 10  # then counted
+    assert "WINDOW_UPDATE" in budget.excess([FrameHead(WU, 0, 0, 4)], 0.0)  # one past the control budget
+    for _ in range(100):
+        budget.sent_data()
+    assert budget.credit == 10  # held to the control budget: no hoard of free updates
 
 
 def test_a_header_block_is_bounded_as_it_comes_and_one_byte_past_ends_the_connection(broker):
