@@ -4,6 +4,7 @@ port, and a way to wait until each one's route reached the others."""
 import os
 import time
 
+from metaq.admin import cli as admin
 from metaq.client.local import free_port, small_config
 from tests.harness.acl import login
 from tests.harness.broker import wait_for
@@ -98,3 +99,12 @@ class FollowedGroup:
         self.keeper = Paho(self.b0, client_id="keeper", version=V311, clean=False)
         assert self.keeper.subscribe("sensors/#", qos=1) == [1]
         wait_routed(self.keeper, lambda i: Paho(self.m1, "probe-%d" % i).publish("sensors/probe", b"p", 1))
+
+    def promote_slave(self, capsys):
+        """Promote ``s1`` once it sees its master gone (``m1`` killed or stopped first), and wait until broker 0
+        follows it."""
+        wait_for(lambda: stats(self.s1)["replication_link"] == "down", 15, "the slave sees its master gone")
+        code = admin.main(["promote", "127.0.0.1:%d" % self.s1.port, "--force"])
+        assert code == 0, capsys.readouterr()
+        wait_for(lambda: stats(self.b0).get("mqtt_cluster_peer_1", "").startswith("up 127.0.0.1:%d" % self.s1_port),
+                 30, "0 follows the new master of broker 1")

@@ -220,34 +220,31 @@ def test_streams_up_to_grpc_max_new_streams_are_answered_and_one_more_ends_the_c
         raw.close()
 
 
-def test_empty_data_frames_count_as_control_frames_and_one_past_the_budget_ends_the_connection(broker):
+def _budget_then_one_more(broker, opening, counted):
+    """After ``opening`` (the preface, the SETTINGS and their ACK: 2 of the control budget), ``counted`` frames to the
+    last of the budget with a PING (answered: the connection goes on), then one more (GOAWAY ENHANCE_YOUR_CALM)."""
     raw = Frames(grpc_port(broker))
     try:
-        raw.send(PREFACE + frame(SETTINGS) + frame(SETTINGS, ACK) + frame(HEADERS, END_HEADERS, 1,
-                                                                          header_block("Heartbeat")))
-        raw.send(frame(DATA, 0, 1) * (MAX_CONTROL - 3) + frame(PING, 0, 0, b"in stock"))  # the budget, to the last
+        raw.send(opening)
+        raw.send(counted * (MAX_CONTROL - 3) + frame(PING, 0, 0, b"in stock"))  # the budget, to the last
         got = raw.read(lambda got: any(f != "closed" and f[0] == PING for f in got) or ended(got))
         assert not ended(got) and any(f[:2] == (PING, ACK) for f in got if f != "closed"), got[-3:]
-        raw.send(frame(DATA, 0, 1))  # one empty frame more
+        raw.send(counted)  # one more
         got = raw.read(lambda got: "closed" in got)
         assert goaway_code(got) == ENHANCE_YOUR_CALM and "closed" in got, got
     finally:
         raw.close()
+
+
+def test_empty_data_frames_count_as_control_frames_and_one_past_the_budget_ends_the_connection(broker):
+    opening = PREFACE + frame(SETTINGS) + frame(SETTINGS, ACK) + frame(HEADERS, END_HEADERS, 1,
+                                                                       header_block("Heartbeat"))
+    _budget_then_one_more(broker, opening, frame(DATA, 0, 1))  # empty, the stream goes on
 
 
 def test_window_updates_for_no_data_sent_count_as_control_frames_and_one_past_the_budget_ends_the_connection(broker):
-    raw = Frames(grpc_port(broker))
     update = frame(WINDOW_UPDATE, 0, 0, (1).to_bytes(4, "big"))  # window the port never used, returned
-    try:
-        raw.send(PREFACE + frame(SETTINGS) + frame(SETTINGS, ACK))
-        raw.send(update * (MAX_CONTROL - 3) + frame(PING, 0, 0, b"in stock"))  # the budget, to the last
-        got = raw.read(lambda got: any(f != "closed" and f[0] == PING for f in got) or ended(got))
-        assert not ended(got) and any(f[:2] == (PING, ACK) for f in got if f != "closed"), got[-3:]
-        raw.send(update)  # one more
-        got = raw.read(lambda got: "closed" in got)
-        assert goaway_code(got) == ENHANCE_YOUR_CALM and "closed" in got, got
-    finally:
-        raw.close()
+    _budget_then_one_more(broker, PREFACE + frame(SETTINGS) + frame(SETTINGS, ACK), update)
 
 
 def test_window_updates_answering_data_sent_are_free_up_to_their_credit():
