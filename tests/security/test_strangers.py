@@ -182,7 +182,11 @@ def test_strangers_at_their_cap_make_room_for_a_user_on_the_text_and_mqtt_ports(
     assert "evicted a connection from 127.0.7." in b.log_text()
     with login(b, "admin") as admin:
         evicted = int(admin.stats_dict()["strangers_evicted"])  # what an operator watching an attack sees
-    assert evicted == sum(lost) + 1  # and one for the admin's own connection, a newcomer at the cap too
+    # The admin's own connection is a newcomer too: at the cap it closed one more, unless the broker had not yet
+    # accepted the last stranger on the other port when it came. Either way the count is the strangers closed.
+    assert evicted in (sum(lost), sum(lost) + 1)
+    wait_for(lambda: sum(_closed_now(s) for socks in held.values() for s in socks) == evicted, timeout=10,
+             what="as many strangers closed as the broker counts")
     for socks in list(held.values()) + [refills]:
         for s in socks:
             s.close()
