@@ -38,6 +38,8 @@
  *   mqtt_plain_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish)
  *                                                 == metaq.mqtt.wire.plain_publishes_py
  *   mqtt_burst_frames(staged, largest)            == metaq.mqtt.port.burst_frames_py
+ *   mqtt_split, mqtt_publish_bytes, mqtt_pubacks  == metaq.mqtt.wire's split_py, publish_bytes_py and
+ *                                                 encode_pubacks_py (_mqttwire.c)
  *
  *   crc32(data, value=0)                         == zlib.crc32 (metaq.protocol.checksum uses it)
  *   SyncWorker(notify_fd)                        fdatasync off the GIL (metaq/server/flusher.py;
@@ -1080,6 +1082,12 @@ static PyMethodDef methods[] = {
     {"mqtt_plain_publishes", mqtt_plain_publishes, METH_VARARGS,
      "mqtt_plain_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish) -> (entries, pos, "
      "qos1, nbytes)"},
+    {"mqtt_split", (PyCFunction)(void (*)(void))mqtt_split, METH_FASTCALL,
+     "mqtt_split(buf, pos, max_packet, version, names, publish, puback) -> (packet, a, b): the next MQTT packet's "
+     "bounds, a plain PUBLISH or PUBACK decoded (_mqttwire.c)"},
+    {"mqtt_publish_bytes", mqtt_publish_bytes, METH_VARARGS,
+     "mqtt_publish_bytes(first, topic, packet_id, props, payload) -> an encoded PUBLISH (_mqttwire.c)"},
+    {"mqtt_pubacks", mqtt_pubacks, METH_O, "mqtt_pubacks(packet_ids) -> the successful PUBACKs, joined (_mqttwire.c)"},
     {"mqtt_burst_frames", mqtt_burst_frames, METH_VARARGS,
      "mqtt_burst_frames(staged, largest) -> (frames, src, general, names): the store's burst frames of staged puts"},
     {NULL, NULL, 0, NULL},

@@ -20,6 +20,11 @@ PyObject *nonzero_end(PyObject *self, PyObject *args);
 /* keyed_records (_recoveryscan.c): the key index's walk over the flushed log. */
 PyObject *keyed_records(PyObject *self, PyObject *args);
 
+/* mqtt_split, mqtt_publish_bytes and mqtt_pubacks (_mqttwire.c): the MQTT wire's per-packet steps. */
+PyObject *mqtt_split(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *mqtt_publish_bytes(PyObject *self, PyObject *args);
+PyObject *mqtt_pubacks(PyObject *self, PyObject *ids);
+
 /* From _speedups.c: the CRC-32 of p[0:n] continued from crc (ISA-L or zlib); v in decimal at p, its length. */
 unsigned long metaq_crc(const unsigned char *p, Py_ssize_t n, unsigned long crc);
 int metaq_decimal(char *p, long long v);

@@ -688,7 +688,8 @@ def _plain_publish(buf, start, end, flags, v5):
     """The ``Publish`` of a PUBLISH body ``buf[start:end]`` without properties whose topic name is one already
     checked, or one that passes ``_decode_publish``'s checks, decoded in one step; None for any other (a QoS 3, a DUP
     at QoS 0, properties, packet id 0, a short body, a name to refuse...): ``_decode_publish`` decodes or refuses it,
-    so both give the same packet or the same refusal."""
+    so both give the same packet or the same refusal. A name that passes is remembered (``_known_names``), so its
+    next PUBLISHes are decoded by ``split`` alone."""
     qos = (flags >> 1) & 0x03
     if qos == 3 or (flags & 0x08 and not qos) or end - start < 2:
         return None
@@ -696,8 +697,7 @@ def _plain_publish(buf, start, end, flags, v5):
     if at > end:
         return None
     raw = bytes(buf[start + 2:at])
-    topic = _known_names.get(raw)
-    if topic is None:
+    if raw not in _known_names:
         if len(raw) > _KNOWN_NAME_BYTES:
             return None
         try:
@@ -710,6 +710,21 @@ def _plain_publish(buf, start, end, flags, v5):
         if len(_known_names) >= MQTT_KNOWN_NAMES:
             _known_names.clear()
         _known_names[raw] = topic
+    return _known_publish(buf, start, end, flags, v5, _known_names, Publish)
+
+
+def _known_publish(buf, start, end, flags, v5, names, publish):
+    """The ``publish`` of a PUBLISH body ``buf[start:end]`` without properties whose topic name's bytes are a key of
+    ``names`` (names already checked, to their ``str``), as ``_decode_publish`` decodes it; None for any other."""
+    qos = (flags >> 1) & 0x03
+    if qos == 3 or (flags & 0x08 and not qos) or end - start < 2:
+        return None
+    at = start + 2 + ((buf[start] << 8) | buf[start + 1])
+    if at > end:
+        return None
+    topic = names.get(bytes(buf[start + 2:at]))
+    if topic is None:
+        return None
     packet_id = None
     if qos:
         if at + 2 > end:
@@ -722,10 +737,75 @@ def _plain_publish(buf, start, end, flags, v5):
         if at >= end or buf[at]:
             return None  # properties (or none at all): the general decoder
         at += 1
-    p = _new(Publish)  # the dataclass's fields, without its frozen __init__'s per-field object.__setattr__
+    p = _new(publish)  # the dataclass's fields, without its frozen __init__'s per-field object.__setattr__
     p.__dict__.update(topic=topic, payload=bytes(buf[at:end]), qos=qos, retain=bool(flags & 0x01),
                       dup=bool(flags & 0x08), packet_id=packet_id, properties={})
     return p
+
+
+def _plain_puback(buf, start, end, v5, puback):
+    """The ``puback`` of a PUBACK body ``buf[start:end]`` with a non-zero packet id and no properties (MQTT 5: a
+    reason code a PUBACK may carry, then an empty property length, each optional), as ``_decode_ack`` decodes it;
+    None for any other."""
+    n = end - start
+    if n < 2 or (not v5 and n != 2) or n > 4:
+        return None
+    packet_id = (buf[start] << 8) | buf[start + 1]
+    if not packet_id:
+        return None
+    code = SUCCESS
+    if n >= 3:
+        code = buf[start + 2]
+        if code not in _PUB_ACK_CODES or (n == 4 and buf[start + 3]):
+            return None
+    p = _new(puback)
+    p.__dict__.update(packet_id=packet_id, reason_code=code, properties={})
+    return p
+
+
+#: ``split``'s answers when it returns no packet: the second field of ``(None, code, size)``.
+SPLIT_NEED_DATA, SPLIT_TOO_LONG, SPLIT_NOT_SHORTEST, SPLIT_TOO_LARGE = -1, -2, -3, -4
+
+
+def split_py(buf, pos, max_packet, version, names, publish, puback):
+    """The packet at ``pos`` in ``buf``, split: ``(packet, next pos, next pos)`` when it is a plain PUBLISH of a
+    name in ``names`` (``_known_publish``) or a plain PUBACK (``_plain_puback``), decoded as ``publish`` and
+    ``puback`` (only once ``version``, the protocol level, is known); ``(None, body start, next pos)`` for any other
+    whole packet (the general decoder's); ``(None, SPLIT_NEED_DATA, 0)`` when it is not whole yet;
+    ``(None, SPLIT_TOO_LONG or SPLIT_NOT_SHORTEST, 0)`` for a Remaining Length longer than 4 bytes or not in its
+    shortest encoding, ``(None, SPLIT_TOO_LARGE, its size)`` for a packet past ``max_packet`` (known as soon as its
+    length field is). ``metaq._speedups``'s ``mqtt_split`` is this function in C (the tests hold the two equal)."""
+    available = len(buf) - pos
+    if available < 2:
+        return None, SPLIT_NEED_DATA, 0
+    length, shift, i = 0, 0, 1
+    while True:
+        if i >= available:
+            return None, SPLIT_NEED_DATA, 0
+        b = buf[pos + i]
+        length |= (b & 0x7F) << shift
+        if not b & 0x80:
+            if i > 1 and not b:
+                return None, SPLIT_NOT_SHORTEST, 0
+            break
+        if i == 4:
+            return None, SPLIT_TOO_LONG, 0
+        shift += 7
+        i += 1
+    total = 1 + i + length
+    if total > max_packet:
+        return None, SPLIT_TOO_LARGE, total
+    if available < total:
+        return None, SPLIT_NEED_DATA, 0
+    start, end = pos + 1 + i, pos + total
+    first = buf[pos]
+    packet = None
+    if version == MQTT_311 or version == MQTT_5:
+        if first >> 4 == PUBLISH:
+            packet = _known_publish(buf, start, end, first & 0x0F, version == MQTT_5, names, publish)
+        elif first == PUBACK << 4:
+            packet = _plain_puback(buf, start, end, version == MQTT_5, puback)
+    return (None, start, end) if packet is None else (packet, end, end)
 
 
 def plain_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish=Publish):
@@ -845,37 +925,26 @@ class MqttParser(StreamParser):
 
     def _next_event(self):
         buf, pos = self._buf, self._pos
-        available = len(buf) - pos
-        if available < 2:
-            return self._need_data()
-        length, shift, i = 0, 0, 1
-        while True:
-            if i >= available:
+        packet, start, end = split(buf, pos, self.max_packet, self.version, _known_names, Publish, PubAck)
+        if packet is not None:
+            self._pos = end
+            return packet
+        if start < 0:
+            if start == SPLIT_NEED_DATA:
                 return self._need_data()
-            b = buf[pos + i]
-            length |= (b & 0x7F) << shift
-            if not b & 0x80:
-                if i > 1 and not b:
-                    raise self._refuse(_malformed("remaining length is not in its shortest encoding"))
-                break
-            if i == 4:
-                raise self._refuse(_malformed("remaining length is longer than 4 bytes"))
-            shift += 7
-            i += 1
-        total = 1 + i + length
-        if total > self.max_packet:
-            raise self._refuse(MqttError("packet of %d bytes is past the limit of %d bytes"
-                                         % (total, self.max_packet), PACKET_TOO_LARGE))
-        if available < total:
-            return self._need_data()
+            if start == SPLIT_TOO_LARGE:
+                raise self._refuse(MqttError("packet of %d bytes is past the limit of %d bytes"
+                                             % (end, self.max_packet), PACKET_TOO_LARGE))
+            raise self._refuse(_malformed("remaining length is longer than 4 bytes" if start == SPLIT_TOO_LONG
+                                          else "remaining length is not in its shortest encoding"))
         first = buf[pos]
         if first >> 4 == PUBLISH and self.version is not None:
-            packet = _plain_publish(buf, pos + 1 + i, pos + total, first & 0x0F, self.version == MQTT_5)
+            packet = _plain_publish(buf, start, end, first & 0x0F, self.version == MQTT_5)
             if packet is not None:
-                self._pos = pos + total
+                self._pos = end
                 return packet
-        body = bytes(buf[pos + 1 + i:pos + total])
-        self._pos = pos + total
+        body = bytes(buf[start:end])
+        self._pos = end
         try:
             return self._decode(first >> 4, first & 0x0F, body)
         except MqttError as exc:
@@ -940,6 +1009,7 @@ class MqttParser(StreamParser):
 
 
 plain_publishes = load("mqtt_plain_publishes", plain_publishes_py)
+split = load("mqtt_split", split_py)
 
 
 # -- encoding ----------------------------------------------------------------------------------------------------
@@ -1001,7 +1071,11 @@ def _encode_properties(props, kind):
 
 
 def _packet(ptype, flags, body):
-    return bytes((ptype << 4 | flags,)) + encode_varint(len(body)) + body
+    return _packet_byte(ptype << 4 | flags, body)
+
+
+def _packet_byte(first, body):
+    return bytes((first,)) + encode_varint(len(body)) + body
 
 
 def _packet_id(pid):
@@ -1037,14 +1111,29 @@ def _encode_publish(p, v5):
     if p.qos not in (0, 1, 2):
         raise ValueError("QoS %r" % (p.qos,))
     flags = (0x08 if p.dup else 0) | (p.qos << 1) | (0x01 if p.retain else 0)
-    body = _string(p.topic)
+    packet_id = 0
     if p.qos:
-        body += _packet_id(p.packet_id)
+        packet_id = p.packet_id
+        if packet_id is None or not 1 <= packet_id <= 0xFFFF:
+            raise ValueError("packet identifier %r is not 1..65535" % (packet_id,))
     elif p.packet_id is not None or p.dup:
         raise ValueError("a QoS 0 PUBLISH has no packet identifier and no DUP")
+    props = None
     if v5:
-        body += _encode_properties(p.properties, PUBLISH)
-    return _packet(PUBLISH, flags, body + p.payload)
+        props = _encode_properties(p.properties, PUBLISH) if p.properties else b"\x00"
+    return publish_bytes(PUBLISH << 4 | flags, p.topic, packet_id, props, p.payload)
+
+
+def publish_bytes_py(first, topic, packet_id, props, payload):
+    """A PUBLISH's bytes: fixed-header byte ``first``, Remaining Length, topic name ``topic`` (a ``str``: U+0000
+    and past 65,535 bytes refused with ``ValueError``), packet id ``packet_id`` (0: none, QoS 0), the MQTT 5 property
+    block ``props`` (its length and properties, encoded; None in 3.1.1), ``payload``. The caller checks the fields'
+    consistency (``_encode_publish``). ``metaq._speedups``'s ``mqtt_publish_bytes`` is this function in C."""
+    body = _string(topic) + (packet_id.to_bytes(2, "big") if packet_id else b"") + (props or b"")
+    return _packet_byte(first, body + payload)
+
+
+publish_bytes = load("mqtt_publish_bytes", publish_bytes_py)
 
 
 def _read_varint_at(data, at):
@@ -1083,10 +1172,14 @@ def _encode_reason_tail(code, props, kind, short):
     return bytes((code,)) + _encode_properties(props, kind)
 
 
-def encode_pubacks(packet_ids):
-    """The successful PUBACKs of ``packet_ids``, in order, as one byte string: each as ``encode`` writes it in
-    either version (MQTT 5 leaves out a success reason code without properties)."""
+def encode_pubacks_py(packet_ids):
+    """The successful PUBACKs of ``packet_ids`` (a sequence of 1..65535), in order, as one byte string: each as
+    ``encode`` writes it in either version (MQTT 5 leaves out a success reason code without properties).
+    ``metaq._speedups``'s ``mqtt_pubacks`` is this function in C."""
     return struct.pack(">%dI" % len(packet_ids), *[0x40020000 | i for i in packet_ids])
+
+
+encode_pubacks = load("mqtt_pubacks", encode_pubacks_py)
 
 
 def _encode_subscribe(packet, v5):

@@ -1,6 +1,9 @@
 """Bad input on the MQTT port gets the specification's answer and a close, one log line, never a traceback
 (docs/mqtt.md "Bad input")."""
 
+import socket
+import time
+
 import pytest
 
 from metaq.mqtt import wire
@@ -60,6 +63,34 @@ def test_a_bad_publish_is_answered_and_closed(mqtt_broker, raw_bytes, code, why)
     raw.send_bytes(raw_bytes)
     assert raw.read() == wire.Disconnect(code)
     assert raw.closed()
+
+
+def test_a_name_already_served_keeps_every_refusal_of_its_publish(mqtt_broker):
+    """A topic name the broker has served is split and decoded in one step (``wire.split``): a PUBLISH of that name
+    with packet id 0, a topic length past the packet or a Remaining Length past 4 bytes is refused as any other."""
+    for client_id, bad, code in (
+            ("known-pid0", b"\x32\x0c\x00\x07known/x\x00\x00\x00", wire.PROTOCOL_ERROR),
+            ("known-past", bytes((0x30, 0x0A, 0x00, 0x09)) + b"known/x\x00", wire.MALFORMED_PACKET),
+            ("known-5", b"\x32\xff\xff\xff\xff\x01", wire.MALFORMED_PACKET)):
+        raw = _v5(mqtt_broker, client_id)
+        raw.send(wire.Publish("known/x", b"x", 1, packet_id=1))
+        assert raw.read() == wire.PubAck(1)
+        raw.send_bytes(bad)
+        assert raw.read() == wire.Disconnect(code), client_id
+        assert raw.closed()
+
+
+@pytest.mark.parametrize("version", [wire.MQTT_311, wire.MQTT_5], ids=["v311", "v5"])
+def test_a_publish_split_across_two_reads_at_every_byte_is_acknowledged(mqtt_broker, version):
+    raw = Raw(mqtt_broker, version)
+    assert raw.connect("split-%d" % version).reason_code == 0
+    raw.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    data = wire.encode(wire.Publish("split/x", b"p" * 130, 1, packet_id=1), version)
+    for cut in range(1, len(data)):
+        raw.send_bytes(data[:cut])
+        time.sleep(0.005)  # the broker reads the first part alone
+        raw.send_bytes(data[cut:])
+        assert raw.read() == wire.PubAck(1), cut
 
 
 def test_a_topic_alias_out_of_range_is_refused(mqtt_broker):

@@ -1,0 +1,354 @@
+/*
+ * The MQTT wire's per-packet steps in C (metaq._speedups; declared in _speedups.h), each the exact twin of a
+ * pure-Python function of metaq/mqtt/wire.py that runs when the helper was not built (tests/mqtt/test_wire_c.py
+ * holds them equal):
+ *
+ *   mqtt_split(buf, pos, max_packet, version, names, publish, puback)   == metaq.mqtt.wire.split_py
+ *   mqtt_publish_bytes(first, topic, packet_id, props, payload)         == metaq.mqtt.wire.publish_bytes_py
+ *   mqtt_pubacks(packet_ids)                                            == metaq.mqtt.wire.encode_pubacks_py
+ *
+ * See those docstrings for what they do.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#include "_speedups.h"
+
+/* split_py's answers when it returns no packet (its second field; the third is the packet's size for TOO_LARGE). */
+#define SPLIT_NEED_DATA (-1)
+#define SPLIT_TOO_LONG (-2)
+#define SPLIT_NOT_SHORTEST (-3)
+#define SPLIT_TOO_LARGE (-4)
+
+static PyObject *wire_keys[7]; /* the dataclasses' field names, interned */
+static const char *const WIRE_KEY_NAMES[7] = {"topic", "payload", "qos", "retain", "dup", "packet_id", "properties"};
+#define K_TOPIC 0
+#define K_PAYLOAD 1
+#define K_QOS 2
+#define K_RETAIN 3
+#define K_DUP 4
+#define K_PACKET_ID 5
+#define K_PROPERTIES 6
+static PyObject *wire_reason_code; /* "reason_code", PubAck's field */
+
+static int wire_keys_ready(void) {
+    if (wire_reason_code != NULL)
+        return 0;
+    for (int k = 0; k < 7; k++) {
+        if (wire_keys[k] == NULL && (wire_keys[k] = PyUnicode_InternFromString(WIRE_KEY_NAMES[k])) == NULL)
+            return -1;
+    }
+    wire_reason_code = PyUnicode_InternFromString("reason_code");
+    return wire_reason_code == NULL ? -1 : 0;
+}
+
+/* An instance of the frozen dataclass ``cls`` with its __dict__ set from keys/values (steals nothing), as wire.py
+   makes its fast-path packets: object.__new__ and the fields put in its __dict__, not the frozen __init__. */
+static PyObject *wire_packet(PyObject *cls, PyObject *const *keys, PyObject *const *values, int n) {
+    PyTypeObject *type = (PyTypeObject *)cls;
+    PyObject *p = type->tp_alloc(type, 0);
+    if (p == NULL)
+        return NULL;
+    PyObject *d = PyObject_GenericGetDict(p, NULL);
+    if (d == NULL) {
+        Py_DECREF(p);
+        return NULL;
+    }
+    for (int k = 0; k < n; k++) {
+        if (PyDict_SetItem(d, keys[k], values[k]) < 0) {
+            Py_DECREF(d);
+            Py_DECREF(p);
+            return NULL;
+        }
+    }
+    Py_DECREF(d);
+    return p;
+}
+
+/* A PUBLISH body buf[start:end] without properties whose topic name is a key of ``names`` (wire._known_names: names
+   already checked, by their bytes), as wire._plain_publish decodes it; Py_None when it is not such a one (NULL on an
+   error). */
+static PyObject *wire_known_publish(const unsigned char *buf, Py_ssize_t start, Py_ssize_t end, int flags, int v5,
+                                    PyObject *names, PyObject *cls) {
+    int qos = (flags >> 1) & 0x03;
+    if (qos == 3 || ((flags & 0x08) && !qos) || end - start < 2)
+        Py_RETURN_NONE;
+    Py_ssize_t at = start + 2 + (((Py_ssize_t)buf[start] << 8) | buf[start + 1]);
+    if (at > end)
+        Py_RETURN_NONE;
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)buf + start + 2, at - start - 2);
+    if (raw == NULL)
+        return NULL;
+    PyObject *topic = PyDict_GetItemWithError(names, raw); /* borrowed */
+    Py_DECREF(raw);
+    if (topic == NULL)
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    long packet_id = 0;
+    if (qos) {
+        if (at + 2 > end)
+            Py_RETURN_NONE;
+        packet_id = ((long)buf[at] << 8) | buf[at + 1];
+        if (!packet_id)
+            Py_RETURN_NONE;
+        at += 2;
+    }
+    if (v5) {
+        if (at >= end || buf[at])
+            Py_RETURN_NONE; /* properties (or none at all): the general decoder */
+        at += 1;
+    }
+    Py_INCREF(topic); /* the dict may drop it while the packet is made */
+    PyObject *payload = PyBytes_FromStringAndSize((const char *)buf + at, end - at);
+    PyObject *pid = qos ? PyLong_FromLong(packet_id) : Py_NewRef(Py_None);
+    PyObject *q = PyLong_FromLong(qos), *props = PyDict_New(), *p = NULL;
+    if (payload != NULL && pid != NULL && q != NULL && props != NULL) {
+        PyObject *values[7] = {topic, payload, q, (flags & 0x01) ? Py_True : Py_False,
+                               (flags & 0x08) ? Py_True : Py_False, pid, props};
+        p = wire_packet(cls, wire_keys, values, 7);
+    }
+    Py_DECREF(topic);
+    Py_XDECREF(payload);
+    Py_XDECREF(pid);
+    Py_XDECREF(q);
+    Py_XDECREF(props);
+    return p;
+}
+
+/* The reason codes a PUBACK may carry (wire._PUB_ACK_CODES). */
+static int wire_puback_code(int code) {
+    return code == 0x00 || code == 0x10 || code == 0x80 || code == 0x83 || code == 0x87 || code == 0x90 ||
+           code == 0x91 || code == 0x97 || code == 0x99;
+}
+
+/* A PUBACK body buf[start:end] with a non-zero packet id and no properties, as wire._decode_ack decodes it; Py_None
+   for any other (NULL on an error). */
+static PyObject *wire_plain_puback(const unsigned char *buf, Py_ssize_t start, Py_ssize_t end, int v5,
+                                   PyObject *cls) {
+    Py_ssize_t n = end - start;
+    int code = 0;
+    if (n < 2 || (!v5 && n != 2) || n > 4)
+        Py_RETURN_NONE;
+    long packet_id = ((long)buf[start] << 8) | buf[start + 1];
+    if (!packet_id)
+        Py_RETURN_NONE;
+    if (n >= 3) {
+        code = buf[start + 2];
+        if (!wire_puback_code(code) || (n == 4 && buf[start + 3]))
+            Py_RETURN_NONE;
+    }
+    PyObject *pid = PyLong_FromLong(packet_id), *c = PyLong_FromLong(code), *props = PyDict_New(), *p = NULL;
+    if (pid != NULL && c != NULL && props != NULL) {
+        PyObject *keys[3] = {wire_keys[K_PACKET_ID], wire_reason_code, wire_keys[K_PROPERTIES]};
+        PyObject *values[3] = {pid, c, props};
+        p = wire_packet(cls, keys, values, 3);
+    }
+    Py_XDECREF(pid);
+    Py_XDECREF(c);
+    Py_XDECREF(props);
+    return p;
+}
+
+static PyObject *wire_split_answer(PyObject *packet, Py_ssize_t a, long long b) {
+    return Py_BuildValue("(Nnl)", packet, a, (long)b);
+}
+
+/* mqtt_split(buf, pos, max_packet, version, names, publish, puback) -> (packet, a, b): wire.split_py in C. */
+PyObject *mqtt_split(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "mqtt_split takes 7 arguments");
+        return NULL;
+    }
+    if (wire_keys_ready() < 0)
+        return NULL;
+    PyObject *names = args[4], *publish = args[5], *puback = args[6];
+    if (!PyDict_Check(names) || !PyType_Check(publish) || !PyType_Check(puback)) {
+        PyErr_SetString(PyExc_TypeError, "mqtt_split: names must be a dict, publish and puback types");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    if (pos == -1 && PyErr_Occurred())
+        return NULL;
+    long long max_packet = PyLong_AsLongLong(args[2]);
+    if (max_packet == -1 && PyErr_Occurred())
+        return NULL;
+    long version = args[3] == Py_None ? 0 : PyLong_AsLong(args[3]);
+    if (version == -1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(args[0], &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *answer = NULL;
+    const unsigned char *buf = (const unsigned char *)b.buf;
+    if (pos < 0 || pos > b.len) {
+        PyErr_Format(PyExc_ValueError, "mqtt_split: pos %zd is outside the %zd-byte buffer", pos, b.len);
+        goto done;
+    }
+    Py_ssize_t available = b.len - pos;
+    if (available < 2) {
+        answer = wire_split_answer(Py_NewRef(Py_None), SPLIT_NEED_DATA, 0);
+        goto done;
+    }
+    long long length = 0;
+    int shift = 0, i = 1;
+    for (;;) {
+        if (i >= available) {
+            answer = wire_split_answer(Py_NewRef(Py_None), SPLIT_NEED_DATA, 0);
+            goto done;
+        }
+        unsigned char c = buf[pos + i];
+        length |= (long long)(c & 0x7F) << shift;
+        if (!(c & 0x80)) {
+            if (i > 1 && !c) {
+                answer = wire_split_answer(Py_NewRef(Py_None), SPLIT_NOT_SHORTEST, 0);
+                goto done;
+            }
+            break;
+        }
+        if (i == 4) {
+            answer = wire_split_answer(Py_NewRef(Py_None), SPLIT_TOO_LONG, 0);
+            goto done;
+        }
+        shift += 7;
+        i++;
+    }
+    long long total = 1 + i + length;
+    if (total > max_packet) {
+        answer = wire_split_answer(Py_NewRef(Py_None), SPLIT_TOO_LARGE, total);
+        goto done;
+    }
+    if ((long long)available < total) {
+        answer = wire_split_answer(Py_NewRef(Py_None), SPLIT_NEED_DATA, 0);
+        goto done;
+    }
+    Py_ssize_t start = pos + 1 + i, end = pos + (Py_ssize_t)total;
+    unsigned char first = buf[pos];
+    PyObject *packet = Py_None;
+    if (version == 4 || version == 5) {
+        if (first >> 4 == 3)
+            packet = wire_known_publish(buf, start, end, first & 0x0F, version == 5, names, publish);
+        else if (first == 0x40)
+            packet = wire_plain_puback(buf, start, end, version == 5, puback);
+        else
+            Py_INCREF(packet);
+    } else {
+        Py_INCREF(packet);
+    }
+    if (packet == NULL)
+        goto done;
+    answer = wire_split_answer(packet, packet == Py_None ? start : end, end);
+done:
+    PyBuffer_Release(&b);
+    return answer;
+}
+
+/* The variable byte integer of v (0..268,435,455) at out; its length. */
+static int wire_varint(unsigned char *out, Py_ssize_t v) {
+    int n = 0;
+    do {
+        unsigned char c = v & 0x7F;
+        v >>= 7;
+        out[n++] = v ? (c | 0x80) : c;
+    } while (v);
+    return n;
+}
+
+/* mqtt_publish_bytes(first, topic, packet_id, props, payload) -> bytes: wire.publish_bytes_py in C. */
+PyObject *mqtt_publish_bytes(PyObject *self, PyObject *args) {
+    int first;
+    PyObject *topic, *props;
+    long packet_id;
+    Py_buffer payload;
+    if (!PyArg_ParseTuple(args, "iUlOy*", &first, &topic, &packet_id, &props, &payload))
+        return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t props_len = 0;
+    const char *props_at = NULL;
+    if (props != Py_None) {
+        if (!PyBytes_Check(props)) {
+            PyErr_SetString(PyExc_TypeError, "mqtt_publish_bytes: props must be bytes or None");
+            goto done;
+        }
+        props_len = PyBytes_GET_SIZE(props);
+        props_at = PyBytes_AS_STRING(props);
+    }
+    Py_ssize_t nul = PyUnicode_FindChar(topic, 0, 0, PyUnicode_GET_LENGTH(topic), 1);
+    if (nul == -2)
+        goto done;
+    if (nul >= 0) {
+        PyErr_SetString(PyExc_ValueError, "an MQTT string must not contain U+0000");
+        goto done;
+    }
+    Py_ssize_t tlen;
+    const char *t = PyUnicode_AsUTF8AndSize(topic, &tlen);
+    if (t == NULL)
+        goto done;
+    if (tlen > 0xFFFF) {
+        PyErr_Format(PyExc_ValueError, "binary data of %zd bytes is past 65,535", tlen);
+        goto done;
+    }
+    Py_ssize_t body = 2 + tlen + (packet_id ? 2 : 0) + props_len + payload.len;
+    if (body > 268435455) {
+        PyErr_Format(PyExc_ValueError, "variable byte integer %zd out of range", body);
+        goto done;
+    }
+    unsigned char head[5];
+    head[0] = (unsigned char)first;
+    int hlen = 1 + wire_varint(head + 1, body);
+    out = PyBytes_FromStringAndSize(NULL, hlen + body);
+    if (out == NULL)
+        goto done;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
+    memcpy(w, head, hlen);
+    w += hlen;
+    *w++ = (unsigned char)(tlen >> 8);
+    *w++ = (unsigned char)tlen;
+    memcpy(w, t, tlen);
+    w += tlen;
+    if (packet_id) {
+        *w++ = (unsigned char)(packet_id >> 8);
+        *w++ = (unsigned char)packet_id;
+    }
+    if (props_len) {
+        memcpy(w, props_at, props_len);
+        w += props_len;
+    }
+    memcpy(w, payload.buf, payload.len);
+done:
+    PyBuffer_Release(&payload);
+    return out;
+}
+
+/* mqtt_pubacks(packet_ids) -> bytes: wire.encode_pubacks_py in C. */
+PyObject *mqtt_pubacks(PyObject *self, PyObject *ids) {
+    PyObject *seq = PySequence_Fast(ids, "packet_ids must be a sequence of ints");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 4 * n);
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        long id = PyLong_AsLong(items[k]);
+        if (id == -1 && PyErr_Occurred())
+            goto fail;
+        if (id < 0 || id > 0xFFFF) {
+            PyErr_SetString(PyExc_ValueError, "a packet identifier is not 0..65535");
+            goto fail;
+        }
+        w[4 * k] = 0x40;
+        w[4 * k + 1] = 0x02;
+        w[4 * k + 2] = (unsigned char)(id >> 8);
+        w[4 * k + 3] = (unsigned char)id;
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_DECREF(seq);
+    Py_DECREF(out);
+    return NULL;
+}
