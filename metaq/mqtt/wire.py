@@ -35,6 +35,10 @@ front-end's, not the codec's.
 Values: strings are ``str``, binary data (passwords, will payloads, correlation and authentication data, payloads)
 ``bytes``. MQTT 5 properties are a dict by name (``PROPERTIES``); User Property is a tuple of ``(name, value)``
 pairs in their order, Subscription Identifier in a PUBLISH a tuple of ints (it may repeat there), an int elsewhere.
+
+Long because it is one codec: every control packet of both versions, each way, with the pure-Python twins of the
+C helper's per-packet steps (``split``, ``plain_publishes``, ``publish_bytes``, ``encode_pubacks``) beside the
+decoder they must agree with.
 """
 
 import struct
