@@ -1082,6 +1082,8 @@ static PyMethodDef methods[] = {
      "qos1, nbytes)"},
     {"mqtt_burst_frames", mqtt_burst_frames, METH_VARARGS,
      "mqtt_burst_frames(staged, largest) -> (frames, src, general, names): the store's burst frames of staged puts"},
+    {"encode_fields", encode_fields, METH_VARARGS,
+     "encode_fields(fields) -> protobuf bytes of (field number, value, ...) pairs (rmq5.messagebytes)"},
     {NULL, NULL, 0, NULL},
 };
 

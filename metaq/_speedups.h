@@ -20,6 +20,9 @@ PyObject *nonzero_end(PyObject *self, PyObject *args);
 /* keyed_records (_recoveryscan.c): the key index's walk over the flushed log. */
 PyObject *keyed_records(PyObject *self, PyObject *args);
 
+/* encode_fields (_pbwrite.c): protobuf fields written from (field number, value) pairs; metaq/rmq5/messagebytes.py. */
+PyObject *encode_fields(PyObject *self, PyObject *args);
+
 /* From _speedups.c: the CRC-32 of p[0:n] continued from crc (ISA-L or zlib); v in decimal at p, its length. */
 unsigned long metaq_crc(const unsigned char *p, Py_ssize_t n, unsigned long crc);
 int metaq_decimal(char *p, long long v);
