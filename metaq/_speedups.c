@@ -1090,6 +1090,8 @@ static PyMethodDef methods[] = {
     {"mqtt_pubacks", mqtt_pubacks, METH_O, "mqtt_pubacks(packet_ids) -> the successful PUBACKs, joined (_mqttwire.c)"},
     {"mqtt_burst_frames", mqtt_burst_frames, METH_VARARGS,
      "mqtt_burst_frames(staged, largest) -> (frames, src, general, names): the store's burst frames of staged puts"},
+    {"encode_fields", encode_fields, METH_VARARGS,
+     "encode_fields(fields) -> protobuf bytes of (field number, value, ...) pairs (rmq5.messagebytes)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -31,6 +31,9 @@ front-end (the server layer)
                      and RocketMQ 5's credentials (the one login decision)
     calls.py         what the groups share about a call: its client (ClientKey), in-band status, pacing
                      (paced_wait), a stored message as a client is given it (message_of)
+    messagebytes.py  a stored message as a client is given it, decided once (message_fields) and written as
+                     protobuf bytes in one pass (encode_fields: the C helper's, or its twin), as the served paths
+                     send it; the answers of SendMessage and AckMessage are written the same way
     routing.py       Routes: QueryRoute, Heartbeat, NotifyClientTermination
     sends.py         Sends: SendMessage over the put path (timed messages through the timers), RecallMessage
     receives.py      Receives: QueryAssignment, ReceiveMessage, AckMessage, ChangeInvisibleDuration,

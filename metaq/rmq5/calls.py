@@ -7,18 +7,15 @@ As RocketMQ's proxy does, business errors travel in-band: grpc-status 0 and the 
 Telemetry's are out of band (INVALID_ARGUMENT for the 4xxxx codes, INTERNAL otherwise).
 """
 
-import hashlib
 import time
 from typing import NamedTuple
 
 import gevent
 
 from metaq import errors
-from metaq.protocol.properties import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
 from metaq.rmq5 import messages_pb2 as pb
-from metaq.rmq5.records import PROP_DELIVER_MS, PROP_SHARDING_KEY, RESERVED_PROPERTIES
+from metaq.rmq5.messagebytes import message_bytes
 from metaq.server.clock import now_ms
-from metaq.server.inflate import inflate_body
 
 #: What a long poll keeps of the call's deadline to answer in: the poll ends this much before the client gives up.
 POLL_RESERVE_MS = 300
@@ -51,6 +48,15 @@ def status(code, message=None):
     """An ``apache.rocketmq.v2.Status`` with ``code`` (a Code name) and a message (the code's name by default, as
     the proxy always fills it)."""
     return pb.Status(code=pb.Code.Value(code), message=message or code)
+
+
+def status_fields(code, message=None):
+    """``status(code, message)``'s fields, as ``messagebytes.encode_fields`` writes them (a response written as its
+    bytes)."""
+    return (1, _CODES[code], 2, message or code)
+
+
+_CODES = {name: value for name, value in pb.Code.items()}
 
 
 def code_of(exc):
@@ -94,45 +100,12 @@ def client_of(call):
 
 
 def message_of(msg, endpoint, max_transfer, msg_id, into=None):
-    """A stored message (``mapping.message_of_record``'s) as the proxy's converter fills it (reference 4.3): its
-    topic, queue and offset, the user's properties, the system ones (tag, keys, id, digest, type, times, hosts).
+    """A stored message (``mapping.message_of_record``'s) as a ``Message`` object, as the proxy's converter fills
+    it (``messagebytes.message_fields`` decides what it holds; the served paths send those bytes as they are).
     ``msg_id``: the record's metaq id, its message id when the client gave none. ``into``: an empty ``Message``
-    to fill in place (a response's own field: no copy of the message into the response), returned."""
-    props = msg.properties
-    try:
-        body = inflate_body(msg.sys_flag, msg.body, max_transfer)
-    except errors.MetaqError:
-        body = msg.body
+    to fill in place, returned."""
     m = pb.Message() if into is None else into
-    m.topic.name = msg.topic
-    m.body = body
-    sp = m.system_properties
-    sp.message_id = props.get(PROP_UNIQ_KEY) or "%X" % msg_id
-    sp.body_encoding = pb.IDENTITY
-    sp.queue_id = msg.queue_id
-    sp.queue_offset = msg.queue_offset
-    digest = sp.body_digest
-    digest.type = pb.MD5
-    digest.checksum = hashlib.md5(body).hexdigest().upper()
-    sp.store_host = "%s:%d" % tuple(endpoint)
-    sp.born_host = "%s:%d" % tuple(msg.born_host[:2])
-    sp.born_timestamp.FromMilliseconds(msg.born_timestamp)
-    sp.store_timestamp.FromMilliseconds(msg.store_timestamp)
-    if props.get(PROP_TAGS):
-        sp.tag = props[PROP_TAGS]
-    sp.keys.extend(k for k in props.get(PROP_KEYS, "").split(" ") if k)
-    group = props.get(PROP_SHARDING_KEY)
-    deliver = props.get(PROP_DELIVER_MS, "")
-    if group:
-        sp.message_group = group
-        sp.message_type = pb.FIFO
-    elif deliver.isdigit():
-        sp.delivery_timestamp.FromMilliseconds(int(deliver))
-        sp.message_type = pb.DELAY
-    else:
-        sp.message_type = pb.NORMAL
-    m.user_properties.update({k: v for k, v in props.items()
-                              if k not in RESERVED_PROPERTIES and not k.startswith(("@", "__"))})
+    m.MergeFromString(message_bytes(msg, endpoint, max_transfer, msg_id))
     return m
 
 

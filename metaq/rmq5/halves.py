@@ -56,7 +56,8 @@ class Halves:
     def send_half(self, topic, partition, flag, data, sp, now, owner):
         """A transactional message: a half message of metaq's transaction service (journaled, invisible, durable
         before the answer), of group ``%GRPC%<topic>`` (the proxy's group is the topic), ended by EndTransaction or
-        by the check-back on a Telemetry stream. Its transaction id, ``<number>:<message id>``, finds it again."""
+        by the check-back on a Telemetry stream. Its transaction id, ``<number>:<message id>``, finds it again:
+        ``(transaction id, number)``."""
         tx = self.tx
         if tx is None:
             raise Refusal("NOT_IMPLEMENTED", "transactional messages need the broker's transaction service")
@@ -73,8 +74,7 @@ class Halves:
         except errors.TransactionError:
             tx.rollback_quietly(half_txid(number), HALF_OWNER)
             raise
-        return pb.SendResultEntry(status=status("OK"), message_id=sp.message_id, transaction_id=transaction_id,
-                                  offset=number)
+        return transaction_id, number
 
     def _half_of(self, topic, transaction_id):
         number, sep, _id = transaction_id.partition(":")

@@ -34,7 +34,8 @@ from metaq.protocol.rocketmq.mapping import PROP_RETRY_TOPIC, message_of_record,
 from metaq.protocol.rocketmq.requests import copies_readable, resource
 from metaq.rmq5 import messages_pb2 as pb
 from metaq.rmq5.records import Refusal
-from metaq.rmq5.calls import code_of, message_of, paced_wait
+from metaq.rmq5.calls import code_of, paced_wait
+from metaq.rmq5.messagebytes import response_bytes
 from metaq.rmq5.calls import status as _status
 from metaq.server.clock import now_ms
 from metaq.server.coldpages import bring_in
@@ -113,7 +114,8 @@ class PullService:
     # -- PullMessage ---------------------------------------------------------------------------------------------
 
     def pull_message(self, request, call):
-        """The stream (a list of responses): a status, the messages, ``next_offset`` (see the module doc)."""
+        """The stream (a list of responses): a status, the messages (each its response's bytes, ``messagebytes``),
+        ``next_offset`` (see the module doc)."""
         group = self._group(request.group.name)
         topic, queue = self._queue(request.message_queue)
         self._require(call, (SUB, "group", group), resource(SUB, topic))
@@ -197,12 +199,9 @@ class PullService:
             if messages:
                 if self.guard is not None:
                     self.guard.pace(call, "fetch", sum(len(rec.data) for rec, _m in messages))
-                out = [pb.PullMessageResponse(status=_status("OK"))]
-                for rec, m in messages:
-                    response = pb.PullMessageResponse()
-                    message_of(m, host, self.max_transfer, rec.msg_id, response.message)
-                    out.append(response)
-                return out + [pb.PullMessageResponse(next_offset=next_offset)], next_offset
+                return [pb.PullMessageResponse(status=_status("OK"))] + [
+                    response_bytes(m, host, self.max_transfer, rec.msg_id) for rec, m in messages] + [
+                    pb.PullMessageResponse(next_offset=next_offset)], next_offset
             if not (offset < next_offset < store.max_offset(topic, queue)):
                 return None, next_offset  # at the queue's end: a long poll may wait for more
             offset = next_offset  # a scan of unwanted records with more after them: read on

@@ -18,8 +18,9 @@ from metaq.pop.records import InvalidHandle
 from metaq.protocol.properties import PROP_TAGS
 from metaq.protocol.rocketmq.mapping import message_of_record
 from metaq.rmq5 import messages_pb2 as pb
-from metaq.rmq5.calls import POLL_RESERVE_MS, client_of, code_of, delivered_now, duration_ms, message_of, paced_wait, \
-    status
+from metaq.rmq5.calls import POLL_RESERVE_MS, client_of, code_of, delivered_now, duration_ms, paced_wait, status, \
+    status_fields
+from metaq.rmq5.messagebytes import Served, encode_fields, response_bytes
 from metaq.rmq5.records import Refusal
 from metaq.server.clock import now_ms
 
@@ -117,7 +118,8 @@ class Receives:
         connection ends (``call.cancelled``). Messages the filter expression refuses are acknowledged
         and never delivered to the group (the proxy acks tag mismatches); a batch all filtered out is followed by
         another, at least ``FILTER_ROUNDS`` batches a call. The stream: a status, the messages, a
-        delivery timestamp."""
+        delivery timestamp; each message as the proxy's converter fills it, with its receipt handle, delivery attempt
+        and invisible duration (``messagebytes.Served``), given as its response's bytes."""
         pop = self._pop_service()
         group, topic = request.group.name, request.message_queue.topic.name
         self._may_consume(call, group, topic)
@@ -171,12 +173,11 @@ class Receives:
             renewer.delivered(client_of(call), group, topic, [r for r, _m in kept])
         if self.guard is not None:  # the bytes it answers with, charged to its user's fetch rate (paced_wait)
             self.guard.pace(call, "fetch", sum(len(r.record.data) for r, _m in kept))
-        out = [pb.ReceiveMessageResponse(status=status("OK"))]
-        for r, msg in kept:
-            response = pb.ReceiveMessageResponse()
-            self._received_message(r, msg, invisible, response.message)
-            out.append(response)
-        return out + [delivered_now()]
+        host, max_transfer = self.endpoint(), self.store.config.max_transfer_size
+        return [pb.ReceiveMessageResponse(status=status("OK"))] + [
+            response_bytes(msg, host, max_transfer, r.record.msg_id,
+                           Served(r.topic, r.partition, r.offset, r.handle, r.attempt, invisible))
+            for r, msg in kept] + [delivered_now()]
 
     def _receive_unsent(self, group, topic, received):
         """A receive's answer did not reach the client (it reset the call, the connection ended or its window stayed
@@ -194,44 +195,27 @@ class Receives:
         log.info("grpc: a receive of %s/%s did not reach its client: %d messages visible again in %d ms",
                  group[:128], topic[:128], len(back), limits.GRPC_RELEASE_INVISIBLE_MS)
 
-    def _received_message(self, r, msg, invisible, into):
-        """A received message as the proxy's converter fills it (reference 4.3), in ``into`` (``message_of``): with
-        the receipt handle, the delivery attempt and the invisible duration, of the topic it was received from."""
-        m = message_of(msg, self.endpoint(), self.store.config.max_transfer_size, r.record.msg_id, into)
-        m.topic.name = r.topic
-        sp = m.system_properties
-        sp.queue_id, sp.queue_offset, sp.receipt_handle, sp.delivery_attempt = r.partition, r.offset, r.handle, \
-            r.attempt
-        sp.invisible_duration.FromMilliseconds(invisible)
-        return m
-
     def ack_message(self, request, call):
         """Each entry's receipt handle acknowledged (``PopService.ack``, at most ``limits.POP_MAX_ACK_HANDLES`` a
         journal call): OK, a repeated ack too; a handle expired, of an older delivery or malformed:
         INVALID_RECEIPT_HANDLE. The top status: OK when every entry is, the entries' code when they share one,
-        MULTIPLE_RESULTS otherwise."""
+        MULTIPLE_RESULTS otherwise. Answered as the response's bytes (``ack_response_bytes``)."""
         pop = self._pop_service()
         group, topic = request.group.name, request.topic.name
         self._may_consume(call, group, topic)
-        entries = list(request.entries)
+        entries = [(e.message_id, e.receipt_handle) for e in request.entries]
         if not entries:
             raise Refusal("BAD_REQUEST", "an AckMessage request without entries")
+        handles = [h for _m, h in entries]
         results = []
         try:
-            for i in range(0, len(entries), limits.POP_MAX_ACK_HANDLES):
-                results += pop.ack(group, topic, [e.receipt_handle for e in entries[i:i + limits.POP_MAX_ACK_HANDLES]])
+            for i in range(0, len(handles), limits.POP_MAX_ACK_HANDLES):
+                results += pop.ack(group, topic, handles[i:i + limits.POP_MAX_ACK_HANDLES])
         except errors.MetaqError as exc:
             raise Refusal(code_of(exc), str(exc)) from None
         if self.renewer is not None:
-            self.renewer.settled(group, topic, [e.receipt_handle for e, r in zip(entries, results, strict=True)
-                                                if r is None])
-        out, ok = [], status("OK")  # copied into each entry: built once
-        for e, result in zip(entries, results, strict=True):
-            s = ok if result is None else status("INVALID_RECEIPT_HANDLE", str(result))
-            out.append(pb.AckMessageResultEntry(message_id=e.message_id, receipt_handle=e.receipt_handle, status=s))
-        codes = {o.status.code for o in out}
-        top = out[0].status if len(codes) == 1 else status("MULTIPLE_RESULTS", "the entries' results differ")
-        return pb.AckMessageResponse(status=top, entries=out)
+            self.renewer.settled(group, topic, [h for h, r in zip(handles, results, strict=True) if r is None])
+        return ack_response_bytes(entries, results)
 
     def change_invisible_duration(self, request, call):
         """The message invisible for ``invisible_duration`` from now (below ``limits.POP_MIN_INVISIBLE_MS``, a
@@ -269,6 +253,23 @@ class Receives:
         if self.renewer is not None:
             self.renewer.settled(group, topic, [request.receipt_handle])
         return pb.ForwardMessageToDeadLetterQueueResponse(status=status("OK"))
+
+
+_OK = status_fields("OK")
+
+
+def ack_response_bytes(entries, results):
+    """An AckMessageResponse's bytes (``messagebytes.encode_fields``): an entry per ``(message id, receipt handle)``
+    of ``entries``, OK for a None result, else INVALID_RECEIPT_HANDLE saying why; the top status OK when every
+    entry is, the entries' status when they share one code, MULTIPLE_RESULTS otherwise."""
+    statuses = [_OK if r is None else status_fields("INVALID_RECEIPT_HANDLE", str(r)) for r in results]
+    first = statuses[0]
+    top = first if all(s[1] == first[1] for s in statuses) else \
+        status_fields("MULTIPLE_RESULTS", "the entries' results differ")
+    out = [1, top]
+    for (message_id, handle), s in zip(entries, statuses, strict=True):
+        out += (2, (1, message_id or None, 2, handle or None, 3, s))
+    return encode_fields(out)
 
 
 def _filter_of(expression):

@@ -133,8 +133,9 @@ class MessagingService:
 
     def call(self, rpc, call, data):
         """The serialized response of unary ``rpc`` to request bytes ``data`` (a list of them for a ``STREAMING``
-        RPC: a refusal is its one status response and a delivery timestamp, the proxy's stream shape); GrpcError for
-        a request that does not parse (INTERNAL, as grpc's servers answer a message they cannot deserialize)."""
+        RPC: a refusal is its one status response and a delivery timestamp, the proxy's stream shape; a handler
+        may give a response as its bytes already); GrpcError for a request that does not parse (INTERNAL, as grpc's
+        servers answer a message they cannot deserialize)."""
         request_type, handler = self.unary[rpc]
         request = request_type()
         try:
@@ -155,9 +156,9 @@ class MessagingService:
             if rpc in STREAMING:
                 return [r.SerializeToString() for r in [refused] + STREAMING[rpc]()]
             return refused.SerializeToString()
-        if rpc in STREAMING:
-            return [r.SerializeToString() for r in response]
-        return response.SerializeToString()
+        if rpc in STREAMING:  # a served message comes as its bytes already (messagebytes.py)
+            return [r if type(r) is bytes else r.SerializeToString() for r in response]
+        return response if type(response) is bytes else response.SerializeToString()
 
     def login(self, call):
         """Check the call's RocketMQ 5 credentials (authentication on); Refusal UNAUTHORIZED otherwise."""

@@ -8,15 +8,43 @@ A send asks ``PutPath.check_write`` (the user's PUB permission, the broker's sta
 import itertools
 import time
 import zlib
+from typing import NamedTuple, Optional
 
 from metaq import errors
 from metaq.protocol.rocketmq.mapping import record_data_from_send
 from metaq.rmq5 import messages_pb2 as pb
-from metaq.rmq5.calls import POLL_RESERVE_MS, code_of, ms_of, paced_wait, status
+from metaq.rmq5.calls import POLL_RESERVE_MS, code_of, ms_of, paced_wait, status, status_fields
+from metaq.rmq5.messagebytes import encode_fields
 from metaq.rmq5.records import GZIP, TRANSACTION, Recall, Refusal, check_message, group_queue, parse_recall_handle, \
     recall_handle
 from metaq.server.clock import now_ms
 from metaq.timers.records import TIMER_TOPIC, timer_due
+
+
+class Entry(NamedTuple):
+    """One message's SendResultEntry: its status (a ``Code`` name and its message: the name when None), message id,
+    transaction id (a half message's), offset and recall handle (a timed message's); empty or None ones are left
+    out."""
+
+    code: str
+    message: Optional[str]
+    message_id: str
+    transaction_id: Optional[str] = None
+    offset: int = 0
+    recall_handle: Optional[str] = None
+
+
+def response_bytes(entries):
+    """A SendMessageResponse's bytes (written as ``messagebytes.encode_fields`` writes fields): a status, the first
+    entry's when every entry has its code, else MULTIPLE_RESULTS; one SendResultEntry per message, in order."""
+    first = entries[0]
+    top = status_fields(first.code, first.message) if all(e.code == first.code for e in entries) else \
+        status_fields("MULTIPLE_RESULTS")
+    out = [1, top]
+    for e in entries:
+        out += (2, (1, status_fields(e.code, e.message), 2, e.message_id or None, 3, e.transaction_id or None,
+                    4, e.offset or None, 5, e.recall_handle or None))
+    return encode_fields(out)
 
 
 class Sends:
@@ -42,7 +70,8 @@ class Sends:
 
     def send_message(self, request, call):
         """Each message checked, stored through the put path (a delivery time: metaq's timers), then one wait
-        for the last put's durability covers them all; one entry per message, in order."""
+        for the last put's durability covers them all; one entry per message, in order. Answered as the response's
+        bytes (``response_bytes``)."""
         messages = request.messages
         if not messages:
             raise Refusal("MESSAGE_CORRUPTED", "a SendMessage request without messages")
@@ -53,9 +82,8 @@ class Sends:
             self.path.check_write(topic, call.session)  # the user's PUB, the broker's state, the topic's name
             queues = self.store.partitions_of(topic)
         except errors.MetaqError as exc:  # every message refused alike (clients expect one entry per message)
-            refused = status(code_of(exc), str(exc))
-            return pb.SendMessageResponse(status=refused, entries=[
-                pb.SendResultEntry(status=refused, message_id=m.system_properties.message_id) for m in messages])
+            code, text = code_of(exc), str(exc)
+            return response_bytes([Entry(code, text, m.system_properties.message_id) for m in messages])
         # its user's produce rate: waits what the user owes (within the call's deadline), then charges these bodies
         paced_wait(self.guard, call, time.monotonic() + max(0, call.timeout_s - POLL_RESERVE_MS / 1000.0), "produce")
         if self.guard is not None:
@@ -65,11 +93,9 @@ class Sends:
             try:
                 entry, r = self._send_one(topic, queues, m, call)
             except Refusal as exc:
-                entry, r = pb.SendResultEntry(status=status(exc.code, exc.message),
-                                              message_id=m.system_properties.message_id), None
+                entry, r = Entry(exc.code, exc.message, m.system_properties.message_id), None
             except errors.MetaqError as exc:
-                entry, r = pb.SendResultEntry(status=status(code_of(exc), str(exc)),
-                                              message_id=m.system_properties.message_id), None
+                entry, r = Entry(code_of(exc), str(exc), m.system_properties.message_id), None
             entries.append(entry)
             if r is not None:
                 written[r.partition] = max(r.log_end, written.get(r.partition, 0))
@@ -78,14 +104,10 @@ class Sends:
             for partition, log_end in sorted(written.items(), key=lambda item: -item[1]):
                 self.path.durable(topic, partition, log_end, now_ms(), cuts)
         except errors.MetaqError as exc:  # written, not acknowledged (a failed flush, a lost lease)
-            code = code_of(exc)
-            for e in entries:
-                if e.status.code == pb.OK:
-                    e.status.CopyFrom(status(code, str(exc)))
-        codes = {e.status.code for e in entries}
-        overall = entries[0].status if len(codes) == 1 else status("MULTIPLE_RESULTS")
-        self.counts["sent"] += sum(1 for e in entries if e.status.code == pb.OK)
-        return pb.SendMessageResponse(status=overall, entries=entries)
+            code, text = code_of(exc), str(exc)
+            entries = [e._replace(code=code, message=text) if e.code == "OK" else e for e in entries]
+        self.counts["sent"] += sum(1 for e in entries if e.code == "OK")
+        return response_bytes(entries)
 
     def _send_one(self, topic, queues, m, call):
         sp = m.system_properties
@@ -116,12 +138,13 @@ class Sends:
         born = ms_of(sp.born_timestamp) if sp.HasField("born_timestamp") else now
         owner = call.session.user if call.session is not None else None
         if checked.message_type == TRANSACTION:
-            return self.send_half(topic, partition, flag, data, sp, now, owner), None
+            transaction_id, number = self.send_half(topic, partition, flag, data, sp, now, owner)
+            return Entry("OK", None, sp.message_id, transaction_id, number), None
         r = self.path.append(topic, partition, flag, data, now, born_ms=born, due_ms=due, owner=owner)
-        entry = pb.SendResultEntry(status=status("OK"), message_id=sp.message_id, offset=r.offset)
+        recall = None
         if due is not None:  # held by the timers: r.msg_id is its timer id
-            entry.recall_handle = recall_handle(Recall(topic, self.broker_name, deliver, sp.message_id, r.msg_id))
-        return entry, r
+            recall = recall_handle(Recall(topic, self.broker_name, deliver, sp.message_id, r.msg_id))
+        return Entry("OK", None, sp.message_id, offset=r.offset, recall_handle=recall), r
 
     def recall_message(self, request, call):
         """Cancel a timed message before its delivery time by the recall handle its send gave (``TimerService.cancel``,

@@ -35,7 +35,8 @@ CALL = SimpleNamespace(timeout_s=5.0, session=None)
 
 
 def shape(responses):
-    """``(status code name, [body], next_offset)`` of a pull's responses."""
+    """``(status code name, [body], next_offset)`` of a pull's responses (a message's comes as its bytes)."""
+    responses = [pb.PullMessageResponse.FromString(r) if isinstance(r, bytes) else r for r in responses]
     return (pb.Code.Name(responses[0].status.code), [r.message.body for r in responses if r.HasField("message")],
             responses[-1].next_offset)
 
