@@ -839,6 +839,7 @@ class ConnectionCore:
         self._ids = itertools.count(1)
         self._close_hooks = []
         self._wheel = IdleWheel(self.wake)  # the deadlines of parked connections
+        self._turners = []  # greenlets kept waiting for a woken connection's turn (``_serve_turn``), last idle last
 
     def listen(self, name, host, port, make, refuse=None, backlog=1024, headroom=0, guarded=True, server_first=False,
                alpn=()):
@@ -1031,7 +1032,44 @@ class ConnectionCore:
         else:
             conn.linger_watcher = watcher  # its turn lingers on it, and parks on it again
         self._wheel.remove(conn, key)
-        gevent.spawn(self._turn, conn)
+        self._serve_turn(conn)
+
+    def _serve_turn(self, conn):
+        """Run the woken ``conn``'s turn (``_turn``) in a greenlet kept from an earlier turn, else in a new one (which
+        is kept after, up to ``limits.MAX_IDLE_TURN_GREENLETS`` idle): a device's connection, woken for each message,
+        makes and ends no greenlet per message. A kept greenlet holds no connection between turns."""
+        turners = self._turners
+        if turners:
+            gevent.get_hub().loop.run_callback(turners.pop().switch, conn)
+        else:
+            gevent.spawn(self._turns, [conn])  # (in a list it empties: its arguments are kept as long as it runs)
+
+    def _turns(self, first):
+        """A turn greenlet: the turn of the connection in ``first``, then, while fewer than
+        ``limits.MAX_IDLE_TURN_GREENLETS`` wait, the turn of each connection ``_serve_turn`` hands it. Anything else
+        switching into a waiting one ends it."""
+        conn = first.pop()
+        hub = gevent.get_hub()
+        me = gevent.getcurrent()
+        turners = self._turners
+        while True:
+            self._turn(conn)
+            if len(turners) >= limits.MAX_IDLE_TURN_GREENLETS:
+                return
+            conn = None  # (no connection held while it waits)
+            turners.append(me)
+            try:
+                conn = hub.switch()
+            finally:
+                if not isinstance(conn, Connection) and me in turners:
+                    turners.remove(me)
+            if not isinstance(conn, Connection):
+                log.warning("a turn greenlet was woken by %r; it ends", conn)
+                return
+
+    def turners(self):
+        """Greenlets kept waiting for a woken connection's turn now."""
+        return len(self._turners)
 
     def parked(self):
         """Connections parked now (holding no greenlet)."""
