@@ -428,7 +428,7 @@ _HANDLERS = {
     wire.PubRel: lambda conn, p: conn.publishes.release(p),
     wire.Subscribe: lambda conn, p: conn.subscriptions.subscribe(p),
     wire.Unsubscribe: lambda conn, p: conn.subscriptions.unsubscribe(p),
-    wire.PingReq: lambda conn, p: conn.send_bytes(PINGRESP),
+    wire.PingReq: lambda conn, p: conn.acks.send_in_order(PINGRESP),  # after the acknowledgements queued before it
     wire.Disconnect: lambda conn, p: conn._client_disconnect(p),
     wire.Connect: lambda conn, p: connect(conn, conn.port, p),
 }
