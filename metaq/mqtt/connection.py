@@ -369,7 +369,9 @@ class Connection(core.Connection):
             return 0
         return min(will.properties.get("will_delay_interval", 0), self.expiry_s)
 
-    def _client_disconnect(self, p):
+    def client_disconnect(self, p):
+        """The client's DISCONNECT: its session expiry as it says (MQTT 5), no will after a normal one (0x00); False
+        (the connection ends)."""
         expiry = p.properties.get("session_expiry_interval")
         if expiry is not None:
             if self.expiry_s == 0 and expiry:
@@ -429,7 +431,7 @@ _HANDLERS = {
     wire.Subscribe: lambda conn, p: conn.subscriptions.subscribe(p),
     wire.Unsubscribe: lambda conn, p: conn.subscriptions.unsubscribe(p),
     wire.PingReq: lambda conn, p: conn.acks.send_in_order(PINGRESP),  # after the acknowledgements queued before it
-    wire.Disconnect: lambda conn, p: conn._client_disconnect(p),
+    wire.Disconnect: lambda conn, p: conn.client_disconnect(p),
     wire.Connect: lambda conn, p: connect(conn, conn.port, p),
 }
 

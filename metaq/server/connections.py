@@ -36,6 +36,9 @@ then applies the same rules to every accepted socket:
 
 A check that applies to every connection (an address allow-list, TLS, a
 handshake) belongs here, once, not in each front-end.
+
+Long because every listener's rules (the cap, the shares, TLS, strangers, deadlines, parking and the turns of woken
+connections) act on the same connection's state, which no other module may hold.
 """
 
 import collections
