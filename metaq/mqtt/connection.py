@@ -144,7 +144,10 @@ class Connection(core.Connection):
                     self._unsent = rest[n:]
                     return 0
                 self._unsent = None
-            n = self._send_now(data)
+            try:
+                n = self.sock.send(data, 0, 0.0)
+            except BlockingIOError:
+                return 0
             if 0 < n < len(data):
                 self._unsent = data[n:]
             return n
