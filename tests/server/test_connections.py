@@ -516,3 +516,21 @@ def test_a_kept_turn_greenlet_holds_no_connection_once_it_ended():
     gone = weakref.ref(made.pop())
     gc.collect()
     assert gone() is None
+
+
+class LongLingeringEcho(ParkingEcho):
+    park_after_s = 2.0
+
+
+def test_a_linger_cut_short_by_the_idle_deadline_does_not_wait_the_kept_timers_whole_time(caplog):
+    """A connection whose idle deadline comes before its ``park_after_s`` lingers only until that deadline (a timer
+    of its own, not the kept ``park_after_s`` one) and is closed then, after a request as before any."""
+    caplog.set_level(logging.INFO, logger="metaq.server.connections")
+    core = ConnectionCore(10, ConnectionLimits(idle_s=0.3, request_s=60))
+    made = []
+    ours, _g = connect(core, listener(core, "mqtt", made, kind=LongLingeringEcho))
+    ours.sendall(b"version 1\r\n")  # (its kept timer is made with its read watcher, at its first linger)
+    assert ours.recv(100) == b"ok\r\n"
+    assert made[0].linger_timer is not None
+    assert closed_after(ours) < 1.0  # (the kept timer would hold it 2 s)
+    assert core.count() == 0 and made[0].linger_timer is None
