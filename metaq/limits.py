@@ -636,6 +636,12 @@ MQTT_PUBLISH_BURST_BYTES = 1024 * 1024
 #: client that sends again within it is read at once (a busy publisher, a subscriber's acknowledgements), one whose
 #: next packet is later (a device's telemetry, its keep-alive) holds no greenlet meanwhile.
 MQTT_PARK_AFTER_S = 0.05
+
+#: Greenlets the connection core keeps waiting for a woken parked connection's turn (``ConnectionCore.wake``): a
+#: device's message, a turn of its own each time, runs in one kept from an earlier turn instead of a greenlet made and
+#: ended (and the interpreter's frame memory each new greenlet maps and gives back). More turns at once make more;
+#: past this many idle, a finished one ends.
+MAX_IDLE_TURN_GREENLETS = 16
 #: QoS 1 and 2 messages the broker has sent one connection and not yet had acknowledged (``mqtt.max_inflight``;
 #: lower when the client's own Receive Maximum is): delivery to it waits until an acknowledgement makes room.
 MQTT_MAX_INFLIGHT = 32

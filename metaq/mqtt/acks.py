@@ -62,11 +62,12 @@ class Acknowledgements:
             self._writer = gevent.spawn(self._write_all)
 
     def send_in_order(self, data):
-        """Send encoded ``data`` after the acknowledgements queued before it (at once when none waits)."""
+        """Send encoded ``data`` after the acknowledgements queued before it (at once when none waits); False when
+        the connection is closed or the send failed (then it closes)."""
         if self.pending:
             self.queue(data)
-        else:
-            self.conn.send_bytes(data)
+            return not self.conn.closed
+        return self.conn.send_bytes(data)
 
     def wait_for_room(self, receive_maximum, deadline_s):
         """While the client's unacknowledged PUBLISHes are at ``receive_maximum`` and acknowledgements are on their

@@ -144,7 +144,10 @@ class Connection(core.Connection):
                     self._unsent = rest[n:]
                     return 0
                 self._unsent = None
-            n = self._send_now(data)
+            try:
+                n = self.sock.send(data, 0, 0.0)
+            except BlockingIOError:
+                return 0
             if 0 < n < len(data):
                 self._unsent = data[n:]
             return n
@@ -255,78 +258,76 @@ class Connection(core.Connection):
     def _process(self):
         """Handle every whole packet buffered; False when the connection must close. The PUBLISHes among them ask
         the write decision once per metaq topic (``Publishes.decided``) until the reader yields: a turn given to the
-        others, a wait, a packet other than PUBLISH, a failed put."""
+        others, a wait, a packet other than PUBLISH (which has the PUBLISHes before it stored first), a failed put.
+        The clock is read once a packet: the turn yields once ``limits.MAX_TURN_MS`` have passed since it began."""
         turn = None
         publishes = self.publishes
+        parser = self.parser
         publishes.decided.clear()
         try:
             while True:
-                if publishes.plans and publishes.decided:  # plain PUBLISHes of names staged before: in one step
-                    staged = publishes.stage_plain(self.parser)
-                    if staged is not None:
-                        if not staged or self.closed:
-                            return False
-                        turn = self._go_on(turn)
-                        if turn is None:
-                            return False
-                        continue
-                packet = self._next_packet()
-                if type(packet) is bool:
-                    return packet
-                if not self._handle_safely(packet) or self.closed:
+                # plain PUBLISHes of names staged before: in one step
+                went = publishes.stage_plain(parser) if publishes.plans and publishes.decided else None
+                if went is None:
+                    try:
+                        packet = parser.next_event()
+                    except MqttError as exc:
+                        publishes.flush()  # the PUBLISHes before the bad packet are stored and acknowledged
+                        self._refuse(exc)
+                        return False
+                    kind = type(packet)
+                    if kind is not wire.Publish:
+                        ended = self._before_other(packet)
+                        if ended is not None:
+                            return ended
+                    try:
+                        went = publishes.publish(packet) if kind is wire.Publish else _HANDLERS.get(
+                            kind, _unexpected)(self, packet)
+                    except Exception:  # noqa: BLE001 - the one place an unexpected error ends a connection
+                        return self._failed(kind)
+                if not went or self.closed:
                     return False
-                turn = self._go_on(turn)
+                now = _now()
                 if turn is None:
-                    return False
+                    turn = now
+                elif now - turn >= MAX_TURN_S:
+                    turn = self._yield_turn(turn)
+                    if turn is None:
+                        return False
         finally:
             publishes.drop()  # not stored: the connection closes without acknowledging them
 
-    def _go_on(self, turn):
-        """After a step of the turn begun at ``turn`` (``time.monotonic()``; None: begun now): the same turn while
-        ``limits.MAX_TURN_MS`` have not passed, else the staged PUBLISHes are stored before the others run, the
-        reader yields and a new turn begins (the write decision asked again after). None when the connection must
-        close."""
-        started = turn if turn is not None else _now()
-        if _now() - started < limits.MAX_TURN_MS / 1000.0:  # one reading of the clock decides both
-            return started
-        if not self.publishes.flush():
-            return None  # stored before the others run
-        turn = core.share_loop(started)  # the turn is over: it yields
-        self.publishes.decided.clear()  # the others ran: the decision may have changed
-        return turn
-
-    def _next_packet(self):
-        """The next whole packet; else True when none is buffered whole (the staged PUBLISHes stored), False when
-        the connection must close (a refused packet answered, the end of the stream). A packet other than PUBLISH
-        has the PUBLISHes before it stored first."""
+    def _before_other(self, packet):
+        """Before a packet other than PUBLISH: the PUBLISHes before it stored; None to handle it, else what
+        ``_process`` returns (no whole packet buffered: True, the staged PUBLISHes stored; the end of the stream or a
+        failed put: False)."""
         publishes = self.publishes
-        try:
-            packet = self.parser.next_event()
-        except MqttError as exc:
-            publishes.flush()  # the PUBLISHes before the bad packet are stored and acknowledged
-            self._refuse(exc)
-            return False
         if packet is NEED_DATA:
             return publishes.flush()
         if packet is CLOSED:
             publishes.flush()
             return False
-        if type(packet) is not wire.Publish:
-            publishes.decided.clear()
-            if not publishes.flush():
-                return False
-        return packet
+        publishes.decided.clear()
+        return None if publishes.flush() else False
 
-    def _handle_safely(self, packet):
-        """``_handle``, an unexpected error ending the connection (logged with its traceback, MQTT 5 told 0x80)."""
-        try:
-            return self._handle(packet)
-        except Exception:  # noqa: BLE001 - the one place an unexpected error ends a connection
-            log.exception("mqtt %s: unexpected error handling %s", self.peer, type(packet).__name__)
-            self.publishes.drop()
-            if self.version == MQTT_5:
-                self.send(wire.Disconnect(wire.UNSPECIFIED_ERROR))
-            return False
+    def _failed(self, kind):
+        """An unexpected error handling a packet of type ``kind`` ends the connection: logged with its traceback,
+        MQTT 5 told 0x80; returns False."""
+        log.exception("mqtt %s: unexpected error handling %s", self.peer, kind.__name__)
+        self.publishes.drop()
+        if self.version == MQTT_5:
+            self.send(wire.Disconnect(wire.UNSPECIFIED_ERROR))
+        return False
+
+    def _yield_turn(self, started):
+        """The turn begun at ``started`` is over (``limits.MAX_TURN_MS``): the staged PUBLISHes are stored before the
+        others run, the reader yields and a new turn begins, returned (the write decision asked again after). None
+        when the connection must close."""
+        if not self.publishes.flush():
+            return None  # stored before the others run
+        turn = core.share_loop(started)  # the turn is over: it yields
+        self.publishes.decided.clear()  # the others ran: the decision may have changed
+        return turn
 
     def _refuse(self, exc):
         """A packet the codec refused: its answer (CONNACK, DISCONNECT or nothing), then close; one log line."""
@@ -334,31 +335,6 @@ class Connection(core.Connection):
         answer = refusal(exc)
         if answer is not None and not self.closed:
             self.acks.send_in_order(encode(answer, exc.version))
-
-    def _handle(self, p):
-        """One packet to its operation group; False when the connection must close."""
-        kind = type(p)
-        if kind is wire.Publish:
-            return self.publishes.publish(p)
-        if kind is wire.PubAck:
-            return self.subscriptions.acknowledged(p.packet_id, PUBLISH_SENT)
-        if kind is wire.PubRec:
-            return self.subscriptions.pubrec(p)
-        if kind is wire.PubComp:
-            return self.subscriptions.acknowledged(p.packet_id, PUBREL_SENT)
-        if kind is wire.PubRel:
-            return self.publishes.release(p)
-        if kind is wire.Subscribe:
-            return self.subscriptions.subscribe(p)
-        if kind is wire.Unsubscribe:
-            return self.subscriptions.unsubscribe(p)
-        if kind is wire.PingReq:
-            return self.send(wire.PingResp())
-        if kind is wire.Disconnect:
-            return self._client_disconnect(p)
-        if kind is wire.Connect:
-            return connect(self, self.port, p)
-        return self.disconnect(wire.PROTOCOL_ERROR, "%s is not expected from a client" % kind.__name__)
 
     # -- ending ----------------------------------------------------------------
 
@@ -396,7 +372,9 @@ class Connection(core.Connection):
             return 0
         return min(will.properties.get("will_delay_interval", 0), self.expiry_s)
 
-    def _client_disconnect(self, p):
+    def client_disconnect(self, p):
+        """The client's DISCONNECT: its session expiry as it says (MQTT 5), no will after a normal one (0x00); False
+        (the connection ends)."""
         expiry = p.properties.get("session_expiry_interval")
         if expiry is not None:
             if self.expiry_s == 0 and expiry:
@@ -436,5 +414,29 @@ class Connection(core.Connection):
         self.subscriptions.wake()  # the delivery sees it at once
 
 
-def _now():
-    return time.monotonic()
+_now = time.monotonic
+
+#: ``limits.MAX_TURN_MS`` in seconds: how long a turn of the reader goes on before it yields.
+MAX_TURN_S = limits.MAX_TURN_MS / 1000.0
+
+
+def _unexpected(conn, p):
+    return conn.disconnect(wire.PROTOCOL_ERROR, "%s is not expected from a client" % type(p).__name__)
+
+
+#: What the reader does with each packet other than PUBLISH (``Connection._process``), by its type: its operation
+#: group's function, given the connection and the packet; False when the connection must close.
+_HANDLERS = {
+    wire.PubAck: lambda conn, p: conn.subscriptions.acknowledged(p.packet_id, PUBLISH_SENT),
+    wire.PubRec: lambda conn, p: conn.subscriptions.pubrec(p),
+    wire.PubComp: lambda conn, p: conn.subscriptions.acknowledged(p.packet_id, PUBREL_SENT),
+    wire.PubRel: lambda conn, p: conn.publishes.release(p),
+    wire.Subscribe: lambda conn, p: conn.subscriptions.subscribe(p),
+    wire.Unsubscribe: lambda conn, p: conn.subscriptions.unsubscribe(p),
+    wire.PingReq: lambda conn, p: conn.acks.send_in_order(PINGRESP),  # after the acknowledgements queued before it
+    wire.Disconnect: lambda conn, p: conn.client_disconnect(p),
+    wire.Connect: lambda conn, p: connect(conn, conn.port, p),
+}
+
+#: The PINGRESP, encoded once: the same two bytes in every version.
+PINGRESP = encode(wire.PingResp(), MQTT_5)

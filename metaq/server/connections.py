@@ -36,6 +36,9 @@ then applies the same rules to every accepted socket:
 
 A check that applies to every connection (an address allow-list, TLS, a
 handshake) belongs here, once, not in each front-end.
+
+Long because every listener's rules (the cap, the shares, TLS, strangers, deadlines, parking and the turns of woken
+connections) act on the same connection's state, which no other module may hold.
 """
 
 import collections
@@ -52,7 +55,6 @@ from termios import FIONREAD
 import gevent
 from gevent.event import Event
 from gevent.server import StreamServer
-from gevent.socket import wait as wait_on_watcher
 
 from metaq import limits
 from metaq.errors import ConfigError
@@ -97,6 +99,10 @@ PARKED = object()
 
 #: How finely the idle wheel tells deadlines apart: a parked connection closes at most this late.
 WHEEL_TICK_S = 0.1
+
+#: A linger this much shorter than ``park_after_s`` still waits on the connection's kept timer (``_linger``): the
+#: linger that begins as a connection goes idle is ``park_after_s`` less the microseconds since its last read.
+LINGER_SLACK_S = 0.001
 
 _PARKING = -1  # Connection.parked_key: receive() returned PARKED, the core has not armed its watcher yet
 _WOKEN = -2  # Connection.parked_key: its watcher saw bytes (or the end): the next receive reads, it does not park
@@ -459,7 +465,7 @@ class Connection:
     __slots__ = ("sock", "address", "conn_id", "closed", "idle_timeout", "request_timeout", "replies",
                  "session", "tls", "tls_bio", "_request_deadline", "_progress_seen", "_rules", "_pool", "_partial",
                  "_stranger", "_login_deadline", "rates", "_idle_until", "parked_key", "served_by", "share_key",
-                 "read_watcher", "linger_watcher", "__weakref__")
+                 "read_watcher", "linger_watcher", "linger_timer", "__weakref__")
 
     #: The connection's sans-IO parser, or None (a connection that reads its own way).
     parser = None
@@ -508,6 +514,7 @@ class Connection:
         self.share_key = None  # what it counts under in the core's per-address share
         self.read_watcher = None  # while parked: the loop's read watcher on its socket
         self.linger_watcher = None  # ``_linger``'s read watcher, from its first linger until it closes
+        self.linger_timer = None  # ``_linger``'s timer, from its first linger until it closes
 
     @property
     def peer(self):
@@ -580,11 +587,11 @@ class Connection:
         ``PARKED`` (a connection that ``parks``, idle): nothing yet, its ``serve`` returns (see the class doc)."""
         if self.closed:
             return None
-        login_left = self._login_left()
-        if login_left is not None and login_left <= 0:
+        if self._login_deadline is not None and self._login_left() <= 0:
             self._log_login_deadline()
             return None
-        in_request = self.in_request
+        parser = self.parser
+        in_request = parser is not None and parser.in_frame
         if not in_request:
             timeout, silent = self._idle_wait(), False
             if timeout is PARKED:
@@ -593,10 +600,12 @@ class Connection:
             timeout, silent = self._request_wait()
             if timeout is None:
                 return None
-        login_left = self._login_left()  # again: lingering or waiting for room in the budget took some of it
-        by_login = login_left is not None and login_left < timeout
-        if by_login:
-            timeout = max(0.001, login_left)
+        by_login = False
+        if self._login_deadline is not None:
+            login_left = self._login_left()  # again: lingering or waiting for room in the budget took some of it
+            by_login = login_left < timeout
+            if by_login:
+                timeout = max(0.001, login_left)
         self.sock.settimeout(timeout)
         try:
             data = self.sock.recv(nbytes if not self.tls or self.tls_bio else TLS_RECORD_BYTES)
@@ -674,26 +683,48 @@ class Connection:
         """Wait up to ``seconds`` in this greenlet for bytes (or the end) from the peer: True when they came (the
         receive reads them), False when none did (it parks). The connection's one read watcher for it
         (``linger_watcher``) is made at its first linger and kept until it closes, the core's read watcher while it
-        is parked: a busy connection lingers between every two packets, a device's connection parks after each."""
+        is parked: a busy connection lingers between every two packets, a device's connection parks after each. Its
+        timer is kept as long (``linger_timer``, ``park_after_s`` long: the linger that begins as the connection goes
+        idle); a shorter linger (idle for a while already) has a timer of its own."""
         watcher = self.linger_watcher
-        if watcher is None:
-            watcher = self.linger_watcher = gevent.get_hub().loop.io(self.sock.fileno(), 1)
+        timer = self.linger_timer
+        if watcher is None or (timer is None and seconds >= self.park_after_s - LINGER_SLACK_S):
+            loop = gevent.get_hub().loop
+            if watcher is None:
+                watcher = self.linger_watcher = loop.io(self.sock.fileno(), 1)
+            if timer is None:
+                timer = self.linger_timer = loop.timer(self.park_after_s, self.park_after_s)
+        kept = seconds >= self.park_after_s - LINGER_SLACK_S
+        if not kept:
+            timer = gevent.get_hub().loop.timer(seconds)
+        switch = gevent.getcurrent().switch
         try:
-            wait_on_watcher(watcher, seconds)
-        except socket.timeout:
-            return False
+            watcher.start(switch, True)
+            if kept:
+                timer.again(switch, False)  # (from now: the loop's time is brought up to date first)
+            else:
+                timer.start(switch, False)
+            came = gevent.get_hub().switch()  # True: readable (or the end); False: the time passed
         except OSError:  # closed meanwhile: the receive meets it
-            pass
+            came = True
         finally:
+            watcher.stop()
+            timer.stop()
+            if not kept:
+                timer.close()
             if self.closed:
                 self._close_linger_watcher()
-        return True
+        return came is not False
 
     def _close_linger_watcher(self):
         watcher, self.linger_watcher = self.linger_watcher, None
         if watcher is not None:
             watcher.stop()
             watcher.close()
+        timer, self.linger_timer = self.linger_timer, None
+        if timer is not None:
+            timer.stop()
+            timer.close()
 
     def _may_park(self):
         """True when nothing is buffered that a read watcher on the socket would not see: no TLS plaintext or
@@ -793,7 +824,7 @@ class Connection:
         self.replies.wake()
         if self.parked_key is not None and self.served_by is not None:
             self.served_by.wake(self)  # before the socket closes: its watcher stopped, its end run in a new greenlet
-        if self.linger_watcher is not None and not self.linger_watcher.active:  # (else its waiting greenlet does)
+        if self.linger_watcher is None or not self.linger_watcher.active:  # (else its lingering greenlet does)
             self._close_linger_watcher()
         try:
             self.sock.close()
@@ -839,6 +870,7 @@ class ConnectionCore:
         self._ids = itertools.count(1)
         self._close_hooks = []
         self._wheel = IdleWheel(self.wake)  # the deadlines of parked connections
+        self._turners = []  # greenlets kept waiting for a woken connection's turn (``_serve_turn``), last idle last
 
     def listen(self, name, host, port, make, refuse=None, backlog=1024, headroom=0, guarded=True, server_first=False,
                alpn=()):
@@ -1031,7 +1063,44 @@ class ConnectionCore:
         else:
             conn.linger_watcher = watcher  # its turn lingers on it, and parks on it again
         self._wheel.remove(conn, key)
-        gevent.spawn(self._turn, conn)
+        self._serve_turn(conn)
+
+    def _serve_turn(self, conn):
+        """Run the woken ``conn``'s turn (``_turn``) in a greenlet kept from an earlier turn, else in a new one (which
+        is kept after, up to ``limits.MAX_IDLE_TURN_GREENLETS`` idle): a device's connection, woken for each message,
+        makes and ends no greenlet per message. A kept greenlet holds no connection between turns."""
+        turners = self._turners
+        if turners:
+            gevent.get_hub().loop.run_callback(turners.pop().switch, conn)
+        else:
+            gevent.spawn(self._turns, [conn])  # (in a list it empties: its arguments are kept as long as it runs)
+
+    def _turns(self, first):
+        """A turn greenlet: the turn of the connection in ``first``, then, while fewer than
+        ``limits.MAX_IDLE_TURN_GREENLETS`` wait, the turn of each connection ``_serve_turn`` hands it. Anything else
+        switching into a waiting one ends it."""
+        conn = first.pop()
+        hub = gevent.get_hub()
+        me = gevent.getcurrent()
+        turners = self._turners
+        while True:
+            self._turn(conn)
+            if len(turners) >= limits.MAX_IDLE_TURN_GREENLETS:
+                return
+            conn = None  # (no connection held while it waits)
+            turners.append(me)
+            try:
+                conn = hub.switch()
+            finally:
+                if not isinstance(conn, Connection) and me in turners:
+                    turners.remove(me)
+            if not isinstance(conn, Connection):
+                log.warning("a turn greenlet was woken by %r; it ends", conn)
+                return
+
+    def turners(self):
+        """Greenlets kept waiting for a woken connection's turn now."""
+        return len(self._turners)
 
     def parked(self):
         """Connections parked now (holding no greenlet)."""

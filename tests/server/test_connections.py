@@ -456,3 +456,81 @@ def test_shutdown_and_close_listener_end_parked_connections_and_run_their_hooks(
     core.shutdown(1.0)
     gevent.sleep(0.05)
     assert b.recv(10) == b"" and core.count() == 0 and core.parked() == 0 and sorted(closed) == [1, 2]
+
+
+def test_woken_parked_connections_run_their_turns_in_kept_greenlets_up_to_the_limit_and_one_past_ends(monkeypatch):
+    """A parked connection woken by bytes is served by a greenlet kept from an earlier turn (none made per wake);
+    ``MAX_IDLE_TURN_GREENLETS`` are kept idle, one past it ends; a kept one holds no connection and serves any."""
+    monkeypatch.setattr(limits, "MAX_IDLE_TURN_GREENLETS", 2)
+    core = ConnectionCore(10, ConnectionLimits(idle_s=60, request_s=60))
+    lst = listener(core, "mqtt", [], kind=ParkingEcho)
+    socks = [connect(core, lst)[0] for _ in range(3)]
+    assert core.parked() == 3 and core.turners() == 0
+    for s in socks:  # woken together: three turns at once, three greenlets; two kept, the third ends
+        s.sendall(b"version 1\r\n")
+    for s in socks:
+        assert s.recv(100) == b"ok\r\n"
+    gevent.sleep(0.05)
+    assert core.parked() == 3 and core.turners() == 2
+    kept = list(core._turners)
+    for i in range(5):  # one at a time: each turn runs in a kept greenlet, none made
+        for s in socks:
+            s.sendall(b"version %d\r\n" % i)
+            assert s.recv(100) == b"ok\r\n"
+            gevent.sleep(0.01)
+            assert core.turners() == 2 and set(core._turners) == set(kept)
+    socks[0].close()  # its end runs in a kept greenlet too, and the others are still served after
+    gevent.sleep(0.05)
+    assert core.count() == 2 and core.parked() == 2 and core.turners() == 2
+    socks[1].sendall(b"version 9\r\n")
+    assert socks[1].recv(100) == b"ok\r\n"
+
+
+def test_a_kept_turn_greenlet_switched_into_by_anything_else_ends_and_is_not_handed_a_turn(caplog):
+    core = ConnectionCore(10, ConnectionLimits(idle_s=60, request_s=60))
+    ours, _g = connect(core, listener(core, "mqtt", [], kind=ParkingEcho))
+    ours.sendall(b"version 1\r\n")
+    assert ours.recv(100) == b"ok\r\n"
+    gevent.sleep(0.05)
+    assert core.turners() == 1
+    stray = core._turners[0]
+    gevent.get_hub().loop.run_callback(stray.switch, "not a connection")
+    gevent.sleep(0.05)
+    assert core.turners() == 0 and stray.dead and "a turn greenlet was woken by" in caplog.text
+    ours.sendall(b"version 2\r\n")  # served by a new one
+    assert ours.recv(100) == b"ok\r\n"
+
+
+def test_a_kept_turn_greenlet_holds_no_connection_once_it_ended():
+    import gc
+    import weakref
+
+    core = ConnectionCore(10, ConnectionLimits(idle_s=60, request_s=60))
+    made = []
+    ours, _g = connect(core, listener(core, "mqtt", made, kind=ParkingEcho))
+    ours.sendall(b"version 1\r\n")
+    assert ours.recv(100) == b"ok\r\n"
+    ours.close()
+    gevent.sleep(0.05)
+    assert core.count() == 0 and core.turners() == 1
+    gone = weakref.ref(made.pop())
+    gc.collect()
+    assert gone() is None
+
+
+class LongLingeringEcho(ParkingEcho):
+    park_after_s = 2.0
+
+
+def test_a_linger_cut_short_by_the_idle_deadline_does_not_wait_the_kept_timers_whole_time(caplog):
+    """A connection whose idle deadline comes before its ``park_after_s`` lingers only until that deadline (a timer
+    of its own, not the kept ``park_after_s`` one) and is closed then, after a request as before any."""
+    caplog.set_level(logging.INFO, logger="metaq.server.connections")
+    core = ConnectionCore(10, ConnectionLimits(idle_s=0.3, request_s=60))
+    made = []
+    ours, _g = connect(core, listener(core, "mqtt", made, kind=LongLingeringEcho))
+    ours.sendall(b"version 1\r\n")  # (its kept timer is made with its read watcher, at its first linger)
+    assert ours.recv(100) == b"ok\r\n"
+    assert made[0].linger_timer is not None
+    assert closed_after(ours) < 1.0  # (the kept timer would hold it 2 s)
+    assert core.count() == 0 and made[0].linger_timer is None
