@@ -108,6 +108,7 @@ FEATURE_ROLES = {
     "members": "service",  # a cluster's members as ZooKeeper names them: one reader, its listeners woken (MQTT)
     "handover": "front-end",  # a session handed from one broker to another (MQTT cluster)
     "headercache": "codec",  # HTTP/2 header blocks coded and checked once while a connection repeats them (gRPC's)
+    "http2": "codec",  # a server's HTTP/2 connection, sans-IO (gRPC's): frames in, events out, frames to send
 }
 
 #: A role -> the layer whose rules its modules get.
