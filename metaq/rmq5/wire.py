@@ -1,6 +1,6 @@
 """gRPC's framing over HTTP/2, sans-IO: what a request's headers and DATA carry, and what a response ends with.
 
-The HTTP/2 connection itself is h2's (``front-end`` port.py drives it); this module holds gRPC's own layer
+The HTTP/2 connection itself is ``http2``'s (``front-end`` port.py drives it); this module holds gRPC's own layer
 (grpc's PROTOCOL-HTTP2): each DATA payload is a run of length-prefixed messages (1 byte compressed flag, 4 bytes
 big-endian length, the protobuf bytes), unrelated to frame boundaries; a call ends with trailers carrying
 ``grpc-status`` (a decimal ``Status`` below) and ``grpc-message`` (percent-encoded UTF-8); ``grpc-timeout`` is
@@ -8,12 +8,11 @@ big-endian length, the protobuf bytes), unrelated to frame boundaries; a call en
 than its maximum before keeping a byte of it.
 
 Below gRPC's layer, HTTP/2's frames as a client sends them are seen from their 9-byte headers (``FrameGate``)
-before h2 buffers a byte of them. h2 buffers a frame whole before it checks the frame's length against
-SETTINGS_MAX_FRAME_SIZE, and it takes a GOAWAY as the end of every stream (its connection state machine closes).
-The gate refuses a frame past the advertised size from its header (``FrameTooLarge``); tells how many bytes of an
-incomplete frame are held (``partial``: a request under way, with its deadline and budgets); names each frame begun
-(``FrameHead``: the port budgets control frames and new streams before h2 spends time on them); and keeps a
-client's GOAWAY out of the bytes h2 is fed (``goaway``), so that the streams the client opened go on to their
+before the HTTP/2 layer buffers a byte of them, so that the limits hold whatever that layer does. The gate refuses
+a frame past the advertised size from its header (``FrameTooLarge``); tells how many bytes of an incomplete frame
+are held (``partial``: a request under way, with its deadline and budgets); names each frame begun
+(``FrameHead``: the port budgets control frames and new streams before the layer spends time on them); and keeps
+a client's GOAWAY out of the bytes the layer is fed (``goaway``), so that the streams the client opened go on to their
 end, as RFC 9113 section 6.8 says.
 """
 
@@ -199,8 +198,8 @@ def _raw(headers):
     return tuple((name.encode("ascii"), value.encode("ascii")) for name, value in headers)
 
 
-#: ``response_headers()`` and the trailers of a call ended OK without a message, encoded once: the port hands h2
-#: these bytes for every response instead of text it would encode each time.
+#: ``response_headers()`` and the trailers of a call ended OK without a message, encoded once: the port hands the
+#: HTTP/2 layer these bytes for every response instead of text it would encode each time.
 RESPONSE_HEADERS_RAW = _raw(response_headers())
 OK_TRAILERS_RAW = _raw(trailers(Status.OK))
 
@@ -208,7 +207,7 @@ OK_TRAILERS_RAW = _raw(trailers(Status.OK))
 # -- HTTP/2 frames, from their headers ---------------------------------------------------------------------------
 
 
-#: The client connection preface (RFC 9113 section 3.4), passed to h2 as it is.
+#: The client connection preface (RFC 9113 section 3.4), passed to the HTTP/2 layer as it is.
 PREFACE_BYTES = 24
 FRAME_HEADER_BYTES = 9
 
@@ -267,10 +266,10 @@ class FrameGate:
         self._body = None  # a GOAWAY's body so far (it is not passed on)
 
     def feed(self, data):
-        """``data`` read from the client: the bytes for h2 (all but GOAWAY frames') and the heads of the frames
-        begun in it; raises FrameTooLarge at a header past ``max_frame_size``, whatever followed it. ``data`` itself
-        when every byte of it passes as it came (no GOAWAY in it, no frame header cut at either end), else a copy
-        without the bytes held or kept from h2."""
+        """``data`` read from the client: the bytes for the HTTP/2 layer (all but GOAWAY frames') and the heads of
+        the frames begun in it; raises FrameTooLarge at a header past ``max_frame_size``, whatever followed it.
+        ``data`` itself when every byte of it passes as it came (no GOAWAY in it, no frame header cut at either
+        end), else a copy without the bytes held or kept from the layer."""
         heads, drops, prefix = [], [], b""  # drops: ``data``'s ranges not passed on; prefix: a header held, now whole
         pos, end = 0, len(data)
         if self._preface:
