@@ -16,12 +16,11 @@ codec (the protocol layer: bytes in, values out; no socket, log or clock)
                      messages, enums, field numbers and service), written for metaq
     messages_pb2.py  protoc's Python code of it: generated at setup (tools/protos.py), never committed
     wire.py          gRPC's framing: length-prefixed messages (``MessageReader``, a named maximum checked on the
-                     prefix), ``grpc-timeout``, the trailers (``grpc-status``, percent-encoded ``grpc-message``);
-                     HTTP/2 frames seen from their headers before the HTTP/2 layer buffers them (``FrameGate``: a
-                     frame past SETTINGS_MAX_FRAME_SIZE refused from its header, an incomplete frame's bytes, the
-                     frames begun for the flood budgets, a client's GOAWAY kept from the HTTP/2 layer)
+                     prefix), ``grpc-timeout``, the trailers (``grpc-status``, percent-encoded ``grpc-message``)
     http2.py         a server's HTTP/2 connection, sans-IO (RFC 9113): frames in, events out, frames to send; a
-                     small record a stream, flow control both ways, the protocol errors; HPACK by hpack
+                     small record a stream, flow control both ways, the protocol errors; a frame past
+                     SETTINGS_MAX_FRAME_SIZE refused from its header, each frame shown to the port's flood budgets as
+                     its header arrives; HPACK by hpack
     headercache.py   HTTP/2 header blocks coded and checked once while a connection repeats them: hpack's encoder
                      and decoder reusing a block while the dynamic table stands still, and RFC 9113's checks of a
                      request's headers run once for a list the client repeats (``CheckedHeaders``)

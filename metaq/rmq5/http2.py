@@ -24,6 +24,11 @@ error queues RST_STREAM and, for a stream the port knows, reports ``RESET``):
 * WINDOW_UPDATE for the connection and a stream: zero is PROTOCOL_ERROR, past 2^31-1 FLOW_CONTROL_ERROR;
 * RST_STREAM ends a stream; GOAWAY is reported (``GOAWAY``) and the streams go on (RFC 9113 section 6.8).
 
+Limits before work: a frame declared past SETTINGS_MAX_FRAME_SIZE is refused from its header (FRAME_SIZE_ERROR),
+before its body arrives; each frame is shown to ``on_frame`` once, as its header is whole (its body may still be
+coming), and a reason it returns ends the connection (ENHANCE_YOUR_CALM) before the frame is buffered or served:
+the port's flood budgets. ``partial`` is the bytes held of a frame not yet whole.
+
 Events are tuples ``(kind, stream_id, a, b)``: ``REQUEST`` (a: the header list, bytes pairs), ``DATA`` (a: the
 data, b: the flow-controlled length, padding included), ``ENDED`` (the client half-closed), ``TRAILERS`` (a: the
 header list), ``RESET`` (a: the error code), ``WINDOW`` (a: the increment), ``SETTINGS_CHANGED`` (a: the values
@@ -85,9 +90,25 @@ class StreamClosed(Exception):
     """The port sent on a stream that is closed (or its own side of it is)."""
 
 
+#: Frames that cost the server work and carry no request (the HTTP/2 flood attacks: ping, settings, reset,
+#: priority).
+CONTROL_FRAMES = frozenset((PRIORITY, RST_STREAM, SETTINGS, PING))
+
+
 def frame_head(length, ftype, flags, stream_id):
     """A frame's 9-byte header."""
     return _HEAD.pack(length >> 8, length & 0xFF, ftype, flags, stream_id)
+
+
+def is_control(ftype, flags, length):
+    """Whether a frame is work for the server and no part of a request: a ``CONTROL_FRAMES`` type, or an empty frame
+    that ends nothing (DATA without END_STREAM, HEADERS or CONTINUATION without END_HEADERS: the empty-frames flood,
+    which costs the server a frame's work for no byte of a request)."""
+    if ftype in CONTROL_FRAMES:
+        return True
+    if length or ftype not in (DATA, HEADERS, CONTINUATION):
+        return False
+    return not flags & (END_STREAM if ftype == DATA else END_HEADERS)
 
 
 class Stream:
@@ -138,7 +159,16 @@ class ServerConnection:
         self._buf = b""
         self._preface = 0  # bytes of the preface received
         self._block = None  # a header block awaiting CONTINUATION: [stream id, end stream, bad priority, bytes]
+        self._shown = False  # the frame begun at ``_buf``'s start was shown to ``on_frame`` already
         self._connection_increment = connection_window
+        #: Called ``(type, flags, length, stream id)`` for each frame as its header is whole; a reason (text)
+        #: returned ends the connection with ENHANCE_YOUR_CALM.
+        self.on_frame = None
+
+    @property
+    def partial(self):
+        """Bytes held of a frame begun and not yet whole (its header, its body so far)."""
+        return len(self._buf)
 
     # -- sending ----------------------------------------------------------------------------------------------
 
@@ -269,13 +299,21 @@ class ServerConnection:
                     raise ProtocolError("the client's connection preface is wrong")
                 self._preface += take
                 pos = take
+            on_frame = self.on_frame
             while end - pos >= 9:
                 hi, lo, ftype, flags, stream_id = _HEAD.unpack_from(buf, pos)
                 length = hi << 8 | lo
                 if length > self.max_inbound_frame_size:
-                    raise ProtocolError("a frame of %d bytes: SETTINGS_MAX_FRAME_SIZE is %d" % (
+                    raise ProtocolError("a frame of %d bytes: the advertised SETTINGS_MAX_FRAME_SIZE is %d" % (
                         length, self.max_inbound_frame_size), ErrorCode.FRAME_SIZE_ERROR)
+                if self._shown:
+                    self._shown = False
+                elif on_frame is not None:
+                    excess = on_frame(ftype, flags, length, stream_id & 0x7FFFFFFF)
+                    if excess is not None:
+                        raise ProtocolError(excess, ErrorCode.ENHANCE_YOUR_CALM)
                 if end - pos - 9 < length:
+                    self._shown = True
                     break
                 payload = buf[pos + 9:pos + 9 + length]
                 pos += 9 + length

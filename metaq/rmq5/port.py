@@ -13,7 +13,7 @@ the HTTP/2 layer; gRPC's layer is ``wire``. Per connection the port announces an
 * ``max_message_bytes`` (``limits.GRPC_MAX_MESSAGE_BYTES``): a request message announced larger ends its call with
   grpc-status 8, the connection going on;
 * SETTINGS_MAX_FRAME_SIZE (HTTP/2's default, 16 KiB): a frame declared larger ends the connection (GOAWAY
-  FRAME_SIZE_ERROR) from its header, before its body arrives (``wire.FrameGate``); the bytes of an incomplete
+  FRAME_SIZE_ERROR) from its header, before its body arrives (``http2``); the bytes of an incomplete
   frame are a request under way (its deadline, the unfinished-request budgets, a stranger's among them);
 * ``max_control_frames`` and ``max_new_streams`` per ``flood_window_s`` (``limits.GRPC_MAX_CONTROL_FRAMES``,
   ``limits.GRPC_MAX_NEW_STREAMS``, ``limits.GRPC_FLOOD_WINDOW_S``): PING, SETTINGS, RST_STREAM and PRIORITY frames,
@@ -23,7 +23,8 @@ the HTTP/2 layer; gRPC's layer is ``wire``. Per connection the port announces an
   empty-frames and rapid reset attacks);
 * a header block (HEADERS and its CONTINUATIONs) encoded in more than ``limits.GRPC_HEADER_BLOCK_FACTOR`` times
   ``max_header_bytes`` ends the connection (GOAWAY ENHANCE_YOUR_CALM) as the frame that passes it begins, before
-  the HTTP/2 layer buffers it (the CONTINUATION flood).
+  the HTTP/2 layer buffers it (the CONTINUATION flood). Every frame is budgeted as its header arrives
+  (``FloodBudget``, the layer's ``on_frame``), before it is buffered or served.
 
 A connection reads ``limits.GRPC_RECV_BYTES`` at a time and lets the other connections run every
 ``limits.MAX_TURN_MS`` (``share_loop``), as every port's connections do.
@@ -38,8 +39,8 @@ closed connection. A call the client resets, or whose connection ends, is told a
 poll ends and what it took is given back (``Call.unsent``). Responses respect HTTP/2 flow control (a window used up
 waits for the client's WINDOW_UPDATE, at most ``request_timeout_s``).
 
-A GOAWAY ends a connection cleanly either way (RFC 9113 section 6.8): the client's is kept from the HTTP/2 layer
-(``wire.FrameGate``) and the streams it opened are served to their end, then the port answers
+A GOAWAY ends a connection cleanly either way (RFC 9113 section 6.8): after the client's, the streams it opened are
+served to their end (the HTTP/2 layer reports it and closes nothing), then the port answers
 with its own GOAWAY and closes; at the broker's shutdown (``drain``) the port sends GOAWAY naming the last stream it
 took, refuses newer ones (REFUSED_STREAM), lets the open calls finish within the core's grace, then ends its
 Telemetry streams (OK), sends its last GOAWAY and closes.
@@ -54,10 +55,10 @@ from gevent.event import Event
 from gevent.lock import Semaphore
 from metaq import limits
 from metaq.rmq5 import http2
-from metaq.rmq5.http2 import ErrorCode, ProtocolError, ServerConnection, StreamClosed
+from metaq.rmq5.http2 import (CONTINUATION, END_HEADERS, HEADERS, WINDOW_UPDATE, ErrorCode, ProtocolError,
+                              ServerConnection, StreamClosed, is_control)
 from metaq.rmq5.headercache import CachedDecoder, CachedEncoder, CheckedHeaders
-from metaq.rmq5.wire import (CONTINUATION, END_HEADERS_FLAG, HEADERS, OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW,
-                             WINDOW_UPDATE, FrameGate, FrameTooLarge, GrpcError, MessageReader, Status, frame,
+from metaq.rmq5.wire import (OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW, GrpcError, MessageReader, Status, frame,
                              is_grpc_content_type, parse_timeout, rpc_name, trailers, trailers_only)
 from metaq.server.connections import Connection, share_loop
 
@@ -94,9 +95,11 @@ class PortLimits:
 
 class FloodBudget:
     """What one connection may send in a window of ``flood_window_s``: ``max_control_frames`` control frames
-    (``wire.FrameHead.is_control``, and WINDOW_UPDATEs past the credit the DATA frames sent give: ``sent_data``) and
+    (``http2.is_control``, and WINDOW_UPDATEs past the credit the DATA frames sent give: ``sent_data``) and
     ``max_new_streams`` streams opened, and the header block open at most ``GRPC_HEADER_BLOCK_FACTOR *
-    max_header_bytes`` encoded. Time is passed in; a window starts with the first frame after the last one ended."""
+    max_header_bytes`` encoded. Each frame is counted as its header arrives (``begun``, the HTTP/2 layer's
+    ``on_frame``), before its body is buffered or it is served. Time is passed in (``tick``, once a read); a window
+    starts with the first read after the last one ended."""
 
     __slots__ = ("limits", "controls", "streams", "last_stream", "block", "credit", "_since")
 
@@ -113,27 +116,29 @@ class FloodBudget:
         """The port sent the client a DATA frame: room for the window updates it answers with."""
         self.credit = min(self.credit + limits.GRPC_WINDOW_UPDATES_PER_DATA, self.limits.max_control_frames)
 
-    def excess(self, heads, now):
-        """None while the frames begun (``wire.FrameHead``) keep within the budget, else why not."""
-        lim = self.limits
-        if self._since is None or now - self._since >= lim.flood_window_s:
+    def tick(self, now):
+        """The time of a read: a window past ``flood_window_s`` starts again."""
+        if self._since is None or now - self._since >= self.limits.flood_window_s:
             self._since, self.controls, self.streams = now, 0, 0
-        for head in heads:
-            if head.is_control():
+
+    def begun(self, ftype, flags, length, stream_id):
+        """None while the frames begun keep within the budget (this one counted), else why not."""
+        lim = self.limits
+        if is_control(ftype, flags, length):
+            self.controls += 1
+        elif ftype == WINDOW_UPDATE:
+            if self.credit:
+                self.credit -= 1
+            else:
                 self.controls += 1
-            elif head.type == WINDOW_UPDATE:
-                if self.credit:
-                    self.credit -= 1
-                else:
-                    self.controls += 1
-            if head.type == HEADERS and head.stream_id > self.last_stream:
-                self.last_stream = head.stream_id
-                self.streams += 1
-            if head.type in (HEADERS, CONTINUATION):
-                self.block = 0 if head.flags & END_HEADERS_FLAG else self.block + head.length
-                if self.block > limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes:
-                    return "a header block of more than %d bytes begun (%d x grpc.max_header_bytes)" % (
-                        limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes, limits.GRPC_HEADER_BLOCK_FACTOR)
+        if ftype == HEADERS and stream_id > self.last_stream:
+            self.last_stream = stream_id
+            self.streams += 1
+        if ftype == HEADERS or ftype == CONTINUATION:
+            self.block = 0 if flags & END_HEADERS else self.block + length
+            if self.block > limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes:
+                return "a header block of more than %d bytes begun (%d x grpc.max_header_bytes)" % (
+                    limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes, limits.GRPC_HEADER_BLOCK_FACTOR)
         if self.controls > lim.max_control_frames:
             return ("more than %d PING, SETTINGS, RST_STREAM, PRIORITY, empty and unprompted WINDOW_UPDATE frames "
                     "in %g s (grpc.max_control_frames)" % (lim.max_control_frames, lim.flood_window_s))
@@ -194,8 +199,8 @@ class GrpcConnection(Connection):
         self._send_lock = Semaphore()
         self._window = Event()
         self._flush_due = False  # a deferred flush is spawned and has not run yet (``_flush_soon``)
-        self.gate = FrameGate(self.http2.max_inbound_frame_size)  # frame sizes, heads and the client's GOAWAY
         self.budget = FloodBudget(port_limits)
+        self.http2.on_frame = self.budget.begun  # each frame budgeted as its header arrives
         self.goaway = False  # the client sent GOAWAY: its open streams end, then the connection
         self.draining = None  # the last stream id the port's GOAWAY named (``drain``): newer ones are refused
         self.ended = False  # the port sent its last GOAWAY and shut its side (``_end_cleanly``)
@@ -206,14 +211,14 @@ class GrpcConnection(Connection):
     def in_frame(self):
         """A request under way: an HTTP/2 frame or a message partly received, or a unary call whose request has not
         ended."""
-        return bool(self.gate.partial) or any(c.reader.buffered or (c.kind == "unary" and not c.ended)
+        return bool(self.http2.partial) or any(c.reader.buffered or (c.kind == "unary" and not c.ended)
                                               for c in self.calls.values())
 
     @property
     def buffered(self):
         """Bytes held of requests under way: an incomplete frame (the HTTP/2 layer holds it) and the messages partly
         received."""
-        return self.gate.partial + sum(c.reader.buffered for c in self.calls.values())
+        return self.http2.partial + sum(c.reader.buffered for c in self.calls.values())
 
     @property
     def busy(self):
@@ -258,30 +263,24 @@ class GrpcConnection(Connection):
                 pass
 
     def _read(self, data):
-        """Hand ``data`` to the HTTP/2 layer through the frame gate and serve its events; False when the connection
-        ends (a frame too large, a budget passed, a protocol error: each a GOAWAY)."""
+        """Hand ``data`` to the HTTP/2 layer and serve its events; False when the connection ends (a frame too large,
+        a budget passed, a protocol error: each a GOAWAY)."""
+        self.budget.tick(time.monotonic())
         try:
-            data, heads = self.gate.feed(data)
-        except FrameTooLarge as exc:
-            return self._refuse(ErrorCode.FRAME_SIZE_ERROR, str(exc))
-        excess = self.budget.excess(heads, time.monotonic())
-        if excess is not None:
-            return self._refuse(ErrorCode.ENHANCE_YOUR_CALM, excess)
-        if data:
-            try:
-                events = self.http2.receive(data)
-            except ProtocolError as exc:
+            events = self.http2.receive(data)
+        except ProtocolError as exc:
+            if exc.code == ErrorCode.PROTOCOL_ERROR:
                 log.info("grpc %s: HTTP/2 protocol error, closing: %s", self.peer, exc)
-                self._flush()  # the GOAWAY the layer queued
-                self._linger()
-                return False
-            try:
-                for event in events:
-                    self._event(event)
-            except ProtocolError as exc:  # headers that fail HTTP/2's checks (``CheckedHeaders``)
-                return self._refuse(ErrorCode.PROTOCOL_ERROR, "headers that fail HTTP/2's checks: %s" % exc)
-        if self.gate.goaway is not None and not self.goaway:
-            self.goaway = True  # the client is leaving: its streams go on to their end (RFC 9113 section 6.8)
+            else:  # a frame too large, a flood budget passed, a flow-control or compression error
+                log.info("grpc %s: %s; closing (GOAWAY %s)", self.peer, exc, exc.code.name)
+            self._flush()  # the GOAWAY the layer queued
+            self._linger()
+            return False
+        try:
+            for event in events:
+                self._event(event)
+        except ProtocolError as exc:  # headers that fail HTTP/2's checks (``CheckedHeaders``)
+            return self._refuse(ErrorCode.PROTOCOL_ERROR, "headers that fail HTTP/2's checks: %s" % exc)
         return True
 
     def _refuse(self, error_code, why):
@@ -378,7 +377,7 @@ class GrpcConnection(Connection):
                     self.service.telemetry_closed(call)
         elif kind == http2.WINDOW or kind == http2.SETTINGS_CHANGED:
             self._window.set()
-        elif kind == http2.GOAWAY:  # (the gate keeps the client's GOAWAY from the HTTP/2 layer)
+        elif kind == http2.GOAWAY:  # the client is leaving: its streams go on to their end (RFC 9113 section 6.8)
             self.goaway = True
 
     def _request(self, stream_id, headers):

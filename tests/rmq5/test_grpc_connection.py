@@ -249,13 +249,14 @@ def test_window_updates_for_no_data_sent_count_as_control_frames_and_one_past_th
 
 def test_window_updates_answering_data_sent_are_free_up_to_their_credit():
     from metaq.rmq5.port import FloodBudget, PortLimits
-    from metaq.rmq5.wire import WINDOW_UPDATE as WU, FrameHead
+    from metaq.rmq5.http2 import WINDOW_UPDATE as WU
     budget = FloodBudget(PortLimits(max_control_frames=10))
+    budget.tick(0.0)
     for _ in range(3):
         budget.sent_data()  # three DATA frames: six updates free
-    assert budget.excess([FrameHead(WU, 0, 1, 4)] * 6, 0.0) is None and budget.controls == 0
-    assert budget.excess([FrameHead(WU, 0, 0, 4)] * 10, 0.0) is None and budget.controls == 10  # then counted
-    assert "WINDOW_UPDATE" in budget.excess([FrameHead(WU, 0, 0, 4)], 0.0)  # one past the control budget
+    assert all(budget.begun(WU, 0, 4, 1) is None for _ in range(6)) and budget.controls == 0
+    assert all(budget.begun(WU, 0, 4, 0) is None for _ in range(10)) and budget.controls == 10  # then counted
+    assert "WINDOW_UPDATE" in budget.begun(WU, 0, 4, 0)  # one past the control budget
     for _ in range(100):
         budget.sent_data()
     assert budget.credit == 10  # held to the control budget: no hoard of free updates

@@ -411,3 +411,58 @@ def test_the_server_resets_and_answers_a_stream_still_open():
     assert c.rst(1) == [ErrorCode.NO_ERROR] and not c.server.remote_open(1)
     with pytest.raises(StreamClosed):
         c.server.reset_stream(1)
+
+
+# -- limits before work: the frame size from the header, each frame shown once to the port's budgets ------------
+
+
+def test_empty_frames_that_end_nothing_count_as_control_frames():
+    from metaq.rmq5.http2 import is_control
+    assert is_control(PING, 0, 8) and is_control(SETTINGS, ACK, 0) and is_control(RST_STREAM, 0, 4)
+    assert is_control(PRIORITY, 0, 5)
+    assert is_control(DATA, 0, 0)  # empty, the stream goes on: work for nothing
+    assert not is_control(DATA, END_STREAM, 0)  # empty, ends the stream: a client's half-close
+    assert not is_control(DATA, 0, 5)
+    assert is_control(HEADERS, 0, 0) and is_control(CONTINUATION, 0, 0)
+    assert not is_control(HEADERS, END_HEADERS, 0) and not is_control(CONTINUATION, END_HEADERS, 0)
+    assert not is_control(WINDOW_UPDATE, 0, 4) and not is_control(0x42, 0, 0)
+
+
+def test_each_frame_is_shown_once_as_its_header_arrives_whatever_the_chunks_and_partial_counts_its_bytes():
+    block = hpack.Encoder().encode(REQUEST_HEADERS)
+    frames_in = (frame(HEADERS, END_HEADERS, 1, block) + frame(DATA, END_STREAM, 1, b"d" * 100) +
+                 frame(GOAWAY_FRAME, 0, 0, struct.pack(">II", 1, 0) + b"debug") + frame(PING, 0, 0, b"12345678"))
+    stream = PREFACE + frames_in
+    ping_at = len(stream) - 17
+    for size in (1, 7, 9, 64, len(stream)):
+        server = ServerConnection(hpack.Encoder(), hpack.Decoder(), 4, 8192)
+        shown, events = [], []
+        server.on_frame = lambda *head, shown=shown: shown.append(head)
+        for at in range(0, len(stream), size):
+            events += server.receive(stream[at:at + size])
+            if ping_at < at + size < len(stream):
+                assert server.partial == at + size - ping_at, size  # the PING's bytes so far
+            if at + size == ping_at + 9:
+                assert shown[-1] == (PING, 0, 8, 0)  # shown from its header, its body still to come
+        assert server.partial == 0
+        assert shown == [(HEADERS, END_HEADERS, len(block), 1), (DATA, END_STREAM, 100, 1), (GOAWAY_FRAME, 0, 13, 0),
+                         (PING, 0, 8, 0)], size
+        assert kinds(events) == [http2.REQUEST, http2.DATA_RECEIVED, http2.ENDED, http2.GOAWAY], size
+        assert frames(server.data_to_send()) == [(PING, ACK, 0, b"12345678")]
+
+
+def test_a_reason_from_on_frame_ends_the_connection_before_the_frame_is_served():
+    c = Client()
+    c.server.on_frame = lambda ftype, flags, length, sid: "too many" if ftype == PING else None
+    goaway = c.error(frame(PING, 0, 0, b"12345678"), ErrorCode.ENHANCE_YOUR_CALM)
+    assert goaway[3][8:] == b"too many"
+
+
+def test_a_frame_past_max_frame_size_is_refused_from_its_header_alone():
+    c = Client()
+    c.open(1)
+    c.send(frame(DATA, 0, 1, b"x" * (1 << 14))[:10])  # at the limit: its body may come
+    assert c.server.partial == 10
+    c.send(b"x" * ((1 << 14) - 1))
+    assert c.server.partial == 0
+    c.error(frame(DATA, 0, 1, b"x" * ((1 << 14) + 1))[:9], ErrorCode.FRAME_SIZE_ERROR)
