@@ -289,6 +289,46 @@ def test_a_header_block_is_bounded_as_it_comes_and_one_byte_past_ends_the_connec
         ok.close()
 
 
+# -- HTTP/2's protocol errors, each with RFC 9113's code ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("breach,code", [
+    (frame(HEADERS, END_HEADERS | END_STREAM, 2, b""), 1),  # a client's stream with an even id: PROTOCOL_ERROR
+    (frame(DATA, 0, 9, b"x"), 1),  # DATA on a stream never opened
+    (frame(WINDOW_UPDATE, 0, 0, (0).to_bytes(4, "big")), 1),  # an increment of 0
+    (frame(5, END_HEADERS, 1, b"\0\0\0\2"), 1),  # PUSH_PROMISE from a client
+    (frame(SETTINGS, 0, 0, (4).to_bytes(2, "big") + (1 << 31).to_bytes(4, "big")), 3),  # FLOW_CONTROL_ERROR
+    (frame(HEADERS, END_HEADERS, 1, b"\xff\xff\xff\xff"), 9),  # a block that does not decode: COMPRESSION_ERROR
+], ids=["even-stream", "idle-data", "zero-window-update", "push-promise", "initial-window", "hpack"])
+def test_http2_protocol_errors_end_the_connection_with_their_code(broker, breach, code):
+    raw = Frames(grpc_port(broker))
+    try:
+        raw.send(PREFACE + frame(SETTINGS) + frame(HEADERS, END_HEADERS | END_STREAM, 1, header_block("Heartbeat")))
+        got = raw.read(lambda got: 1 in answered(got) or ended(got))
+        assert 1 in answered(got) and not ended(got), got
+        raw.send(breach)
+        got = raw.read(lambda got: "closed" in got)
+        assert goaway_code(got) == code and "closed" in got, got
+    finally:
+        raw.close()
+
+
+def test_a_frame_on_a_closed_stream_is_reset_stream_closed_and_the_connection_goes_on(broker):
+    raw = Frames(grpc_port(broker))
+    try:
+        raw.send(PREFACE + frame(SETTINGS) + frame(HEADERS, END_HEADERS | END_STREAM, 1, header_block("Heartbeat")))
+        got = raw.read(lambda got: 1 in answered(got) or ended(got))
+        assert 1 in answered(got), got
+        raw.send(frame(DATA, 0, 1, b"late"))  # stream 1 is over
+        got = raw.read(lambda got: any(f != "closed" and f[0] == RST_STREAM for f in got) or ended(got))
+        assert [(f[2], int.from_bytes(f[3], "big")) for f in got if f[0] == RST_STREAM] == [(1, 5)], got
+        raw.send(frame(HEADERS, END_HEADERS | END_STREAM, 3, header_block("Heartbeat")))
+        got = raw.read(lambda got: 3 in answered(got) or ended(got))
+        assert 3 in answered(got) and not ended(got), got
+    finally:
+        raw.close()
+
+
 # -- header checks (h2's, run by the port once for a repeated list) -----------------------------------------------
 
 
