@@ -315,7 +315,8 @@ class GrpcConnection(Connection):
         """``drain``'s GOAWAY, after what is queued to send; the connection stays open for the streams it names."""
         try:
             with self._send_lock:
-                self.http2.goaway(self.draining)
+                if not self.http2.closed:
+                    self.http2.goaway(self.draining)
                 data = self.http2.data_to_send()
                 if not self.closed:
                     self.sock.sendall(data)
@@ -514,7 +515,10 @@ class GrpcConnection(Connection):
         if not self._open(call):
             return False
         if not call.headers_sent:
-            self.http2.send_headers(call.stream_id, list(RESPONSE_HEADERS_RAW))
+            try:
+                self.http2.send_headers(call.stream_id, list(RESPONSE_HEADERS_RAW))
+            except StreamClosed:  # the connection ended meanwhile (its last GOAWAY sent)
+                return False
             call.headers_sent = True
         data = memoryview(framed)
         deadline = time.monotonic() + self.request_timeout
