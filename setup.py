@@ -42,7 +42,7 @@ setup(
         "zstandard>=0.22",  # RocketMQ 5 producers' zstd bodies, decompressed on arrival (protocol/compression.py)
         "lz4>=4.3",  # RocketMQ 5 producers' LZ4 frame bodies, likewise
         "prometheus_client>=0.17",  # the HTTP port's /metrics (metaq/server/http/metrics.py)
-        "h2>=4.1,<5",  # the gRPC port's HTTP/2 (sans-IO, driven on the connection core: metaq/rmq5/port.py)
+        "hpack>=4.0,<5",  # HPACK for the gRPC port's own HTTP/2 layer (metaq/rmq5/http2.py, headercache.py)
         "protobuf>=6.31",  # RocketMQ 5's messages (metaq/rmq5/messages_pb2.py, generated at setup by tools/protos.py)
     ],
     extras_require={
@@ -59,6 +59,7 @@ setup(
             "ruff>=0.17,<0.18",  # the linter make test runs (tests/test_lint.py; rules in ruff.toml)
             "paho-mqtt>=2.1,<3",  # Eclipse's MQTT client: the MQTT port's tests (tests/mqtt)
             "grpcio>=1.62",  # the gRPC client of the gRPC port's tests (tests/rmq5), over our generated messages
+            "h2>=4.1,<5",  # a raw HTTP/2 client for the gRPC port's tests: frames no gRPC client would send
         ],
         "spark": ["pyspark[sql]>=4.0,<5", "pandas<3", "matplotlib>=3.8", "pyarrow>=18"],
         # make docs: the documentation site alone (mkdocs.yml uses only mkdocs and Python-Markdown's own extensions)

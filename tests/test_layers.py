@@ -109,6 +109,7 @@ FEATURE_ROLES = {
     "handover": "front-end",  # a session handed from one broker to another (MQTT cluster)
     "headercache": "codec",  # HTTP/2 header blocks coded and checked once while a connection repeats them (gRPC's)
     "messagebytes": "front-end",  # a stored message as a gRPC client gets it, written as protobuf bytes
+    "http2": "codec",  # a server's HTTP/2 connection, sans-IO (gRPC's): frames in, events out, frames to send
 }
 
 #: A role -> the layer whose rules its modules get.

@@ -16,12 +16,13 @@ codec (the protocol layer: bytes in, values out; no socket, log or clock)
                      messages, enums, field numbers and service), written for metaq
     messages_pb2.py  protoc's Python code of it: generated at setup (tools/protos.py), never committed
     wire.py          gRPC's framing: length-prefixed messages (``MessageReader``, a named maximum checked on the
-                     prefix), ``grpc-timeout``, the trailers (``grpc-status``, percent-encoded ``grpc-message``);
-                     HTTP/2 frames seen from their headers before h2 buffers them (``FrameGate``: a frame past
-                     SETTINGS_MAX_FRAME_SIZE refused from its header, an incomplete frame's bytes, the frames begun
-                     for the flood budgets, a client's GOAWAY kept from h2)
-    headercache.py   HTTP/2 header blocks coded and checked once while a connection repeats them: h2's HPACK
-                     encoder and decoder reusing a block while the dynamic table stands still, and h2's checks of a
+                     prefix), ``grpc-timeout``, the trailers (``grpc-status``, percent-encoded ``grpc-message``)
+    http2.py         a server's HTTP/2 connection, sans-IO (RFC 9113): frames in, events out, frames to send; a
+                     small record a stream, flow control both ways, the protocol errors; a frame past
+                     SETTINGS_MAX_FRAME_SIZE refused from its header, each frame shown to the port's flood budgets as
+                     its header arrives; HPACK by hpack
+    headercache.py   HTTP/2 header blocks coded and checked once while a connection repeats them: hpack's encoder
+                     and decoder reusing a block while the dynamic table stands still, and RFC 9113's checks of a
                      request's headers run once for a list the client repeats (``CheckedHeaders``)
     records.py       a RocketMQ 5 message checked as the proxy checks it (``Refusal`` names the in-band Code) and
                      laid out as the properties a remoting send stores (tag, keys, message id, message group, time);
@@ -44,7 +45,7 @@ front-end (the server layer)
     producers.py     ProducerStreams: which client's stream publishes to which topic (whom a check-back asks)
     pulls.py         PullService: PullMessage, UpdateOffset, GetOffset, QueryOffset over the store's offset reads,
                      the consumer offsets, the broker's long-poll waiters and the guard, registered in rpcs.py's table
-    port.py          the listener on the connection core and its HTTP/2 connections (h2): streams, flow control,
+    port.py          the listener on the connection core and its HTTP/2 connections (``http2``): streams, flow control,
                      the named limits (streams per connection, message bytes, header bytes, control frames and new
                      streams per window), deadlines, the loop shared, GOAWAY either way (a clean end)
     clientcommands.py  an admin's questions to a connected client on its Telemetry stream (PrintThreadStackTrace-

@@ -1,5 +1,5 @@
 """HTTP/2 header blocks coded and checked once while a connection repeats them: HPACK reused while the compression
-context stands still (h2's encoder and decoder), and a request's header list checked once (``CheckedHeaders``).
+context stands still (hpack's encoder and decoder), and a request's header list checked once (``CheckedHeaders``).
 
 A gRPC connection repeats itself: every response opens with the same three headers and most end with the same
 ``grpc-status: 0``, and a client such as grpcio sends the same request header block, byte for byte, for each call
@@ -7,20 +7,27 @@ of one method (every field indexed). HPACK's result depends only on the block (o
 table, so a block decoded, or a header list encoded, without changing the table gives the same result again for as
 long as the table is unchanged: ``CachedEncoder`` and ``CachedDecoder`` keep that result and hand it out again
 instead of running hpack's pure-Python coder. Nothing else changes: a block that inserts into the table, resizes it
-or meets another size limit is coded by hpack as before, and h2 still checks every decoded header as it does.
+or meets another size limit is coded by hpack as before, and every decoded header list is still checked
+(``CheckedHeaders``).
 
 The table counts as unchanged while its newest entry is the same object, its entry count and size limits are the
 same and no size change waits to be sent: hpack only ever inserts a new tuple at the front (evicting from the back),
 so any insertion since replaced that object.
 """
 
-from h2.exceptions import ProtocolError
-from h2.utilities import HeaderValidationFlags, validate_headers
+import re
+
 from hpack import Decoder, Encoder
 
-#: h2's checks of a request's headers as a server receives them, and of trailers a client sends.
-_REQUEST = HeaderValidationFlags(is_client=False, is_trailer=False, is_response_header=False, is_push_promise=False)
-_TRAILERS = HeaderValidationFlags(is_client=False, is_trailer=True, is_response_header=False, is_push_promise=False)
+from metaq.rmq5.http2 import ProtocolError
+
+#: A field name HTTP/2 accepts (RFC 9113 section 8.2.1): visible ASCII, no upper case, a colon only first.
+_NAME = re.compile(rb":?[\x21-\x39\x3b-\x40\x5b-\x7e]+\Z")
+#: A field value it refuses: NUL, CR or LF anywhere, or white space at either end.
+_BAD_VALUE = re.compile(rb"[\0\r\n]|\A[ \t]|[ \t]\Z")
+#: Connection-specific fields (RFC 9113 section 8.2.2).
+_CONNECTION = frozenset((b"connection", b"proxy-connection", b"keep-alive", b"transfer-encoding", b"upgrade"))
+_REQUEST_PSEUDO = frozenset((b":method", b":scheme", b":authority", b":path", b":protocol"))
 
 
 def _table_mark(table):
@@ -35,7 +42,7 @@ def _same(a, b):
 
 
 class CachedEncoder(Encoder):
-    """h2's HPACK encoder, reusing the block of each header list in ``constant`` (tuples of ``(name, value)``
+    """hpack's encoder, reusing the block of each header list in ``constant`` (tuples of ``(name, value)``
     bytes pairs: the port's fixed response headers and trailers) while the table stands still. Other header lists
     are encoded as hpack does; the cache holds at most one block per constant list."""
 
@@ -62,7 +69,7 @@ class CachedEncoder(Encoder):
 
 
 class CachedDecoder(Decoder):
-    """h2's HPACK decoder, reusing the header list of the last block it decoded when that block changed nothing
+    """hpack's decoder, reusing the header list of the last block it decoded when that block changed nothing
     (every field indexed or a literal not indexed) and the table and limits are still as they were. Each call gets
     a list of its own; hpack's checks (list size, table size) ran on the block once and hold for the same block."""
 
@@ -85,13 +92,66 @@ class CachedDecoder(Decoder):
         return headers
 
 
+def check_fields(headers, trailers=False):
+    """RFC 9113's checks of a request's (or a client's trailers') header list as a server receives it (bytes
+    pairs; ProtocolError when one fails): field names and values (section 8.2.1), no connection-specific field and
+    ``te`` only ``trailers`` (8.2.2), pseudo-headers first, known, once each and none in trailers, a request's
+    ``:method``, ``:scheme`` and a non-empty ``:path`` (CONNECT's own rules aside), ``:authority`` or ``host`` and
+    equal when both (8.3.1)."""
+    pseudo = {}
+    regular = False
+    host = None
+    for name, value in headers:
+        _check_field(name, value)
+        if name[0] == 0x3A:
+            if regular or trailers or name in pseudo or name not in _REQUEST_PSEUDO:
+                raise ProtocolError("a pseudo-header field %r out of place, repeated or unknown" % name[:40])
+            pseudo[name] = value
+            continue
+        regular = True
+        if name in _CONNECTION:
+            raise ProtocolError("a connection-specific header field %r" % name)
+        if name == b"te" and value.lower() != b"trailers":
+            raise ProtocolError("te other than trailers")
+        if name == b"host":
+            if host is not None:
+                raise ProtocolError("more than one host header field")
+            host = value
+    if not trailers:
+        _check_request(pseudo, host)
+
+
+def _check_field(name, value):
+    if not _NAME.match(name):
+        raise ProtocolError("an illegal header field name %r" % name[:40])
+    if value and _BAD_VALUE.search(value):
+        raise ProtocolError("an illegal value of header field %r" % name[:40])
+
+
+def _check_request(pseudo, host):
+    """A request's pseudo-headers (8.3.1) and its ``:authority`` or ``host``."""
+    method = pseudo.get(b":method")
+    if method is None:
+        raise ProtocolError("a request without :method")
+    if method == b"CONNECT" and b":protocol" not in pseudo:
+        if b":scheme" in pseudo or b":path" in pseudo:
+            raise ProtocolError("CONNECT with :scheme or :path")
+    else:
+        if b":scheme" not in pseudo or not pseudo.get(b":path"):
+            raise ProtocolError("a request without :scheme or a non-empty :path")
+        if b":protocol" in pseudo and method != b"CONNECT":
+            raise ProtocolError(":protocol in a request other than CONNECT")
+    authority = pseudo.get(b":authority")
+    if authority is None and host is None:
+        raise ProtocolError("a request without :authority or host")
+    if authority is not None and host is not None and authority != host:
+        raise ProtocolError(":authority and host differ")
+
+
 class CheckedHeaders:
-    """h2's own checks of inbound headers (``h2.utilities.validate_headers``: legal characters, no empty names,
-    ``te`` only ``trailers``, no connection-specific fields, the pseudo-headers a request needs and no others, host
-    and authority, a non-empty path), run by the port instead of by h2 (its ``validate_inbound_headers`` off) so that
-    a header list equal to the last one checked is not checked again: a gRPC client sends the same list for each
-    call of a method. A list that fails raises ``ProtocolError``, which ends the connection as h2 ends it (GOAWAY
-    PROTOCOL_ERROR)."""
+    """The checks of inbound headers (``check_fields``), run once for a header list equal to the last one checked:
+    a gRPC client sends the same list for each call of a method. A list that fails raises ``ProtocolError``, which
+    ends the connection (GOAWAY PROTOCOL_ERROR)."""
 
     __slots__ = ("_last",)
 
@@ -99,15 +159,14 @@ class CheckedHeaders:
         self._last = None  # (the last request header list checked, its metadata)
 
     def request(self, headers):
-        """The metadata of a request's header list (bytes pairs, as h2 decoded them), once checked: names and values
-        as text, a repeated field's values joined with "," (a repeated pseudo-header fails the checks); the caller's own
-        dict."""
+        """The metadata of a request's header list (bytes pairs, as HPACK decoded them), once checked: names and
+        values as text, a repeated field's values joined with "," (a repeated pseudo-header fails the checks); the
+        caller's own dict."""
         key = tuple(headers)
         last = self._last
         if last is not None and last[0] == key:
             return dict(last[1])
-        for _ in validate_headers(key, _REQUEST):
-            pass
+        check_fields(key)
         metadata = {}
         try:
             for name, value in key:
@@ -123,5 +182,4 @@ class CheckedHeaders:
 
     def trailers(self, headers):
         """Check the trailers a client sent on a stream (ProtocolError when they fail)."""
-        for _ in validate_headers(tuple(headers), _TRAILERS):
-            pass
+        check_fields(headers, trailers=True)

@@ -1,10 +1,10 @@
-"""The gRPC port: HTTP/2 connections (h2, sans-IO) on a listener of the connection core, serving ``rpcs``.
+"""The gRPC port: HTTP/2 connections (``http2``, sans-IO) on a listener of the connection core, serving ``rpcs``.
 
 The port is no second server stack: its listener is opened with ``ConnectionCore.listen("grpc", ...)``, so the one
 connection cap, the per-address share, the allow-list, TLS (``security.tls``: gRPC over TLS when it is on, h2c
 with prior knowledge when off) and the deadlines apply to it as to every port. A connection's greenlet reads
 through ``Connection.receive`` (idle timeout; a message begun must be whole within ``request_timeout_s``) and feeds
-h2; gRPC's layer is ``wire``. Per connection the port announces and h2 enforces its named limits:
+the HTTP/2 layer; gRPC's layer is ``wire``. Per connection the port announces and enforces its named limits:
 
 * ``max_streams_per_connection`` (``limits.GRPC_MAX_STREAMS_PER_CONNECTION``): SETTINGS_MAX_CONCURRENT_STREAMS; a
   client that opens one more stream than announced gets GOAWAY and the connection closes;
@@ -12,8 +12,8 @@ h2; gRPC's layer is ``wire``. Per connection the port announces and h2 enforces 
   ends the connection (GOAWAY);
 * ``max_message_bytes`` (``limits.GRPC_MAX_MESSAGE_BYTES``): a request message announced larger ends its call with
   grpc-status 8, the connection going on;
-* SETTINGS_MAX_FRAME_SIZE (h2's default, 16 KiB): a frame declared larger ends the connection (GOAWAY
-  FRAME_SIZE_ERROR) from its header, before its body arrives (``wire.FrameGate``); the bytes of an incomplete
+* SETTINGS_MAX_FRAME_SIZE (HTTP/2's default, 16 KiB): a frame declared larger ends the connection (GOAWAY
+  FRAME_SIZE_ERROR) from its header, before its body arrives (``http2``); the bytes of an incomplete
   frame are a request under way (its deadline, the unfinished-request budgets, a stranger's among them);
 * ``max_control_frames`` and ``max_new_streams`` per ``flood_window_s`` (``limits.GRPC_MAX_CONTROL_FRAMES``,
   ``limits.GRPC_MAX_NEW_STREAMS``, ``limits.GRPC_FLOOD_WINDOW_S``): PING, SETTINGS, RST_STREAM and PRIORITY frames,
@@ -23,7 +23,8 @@ h2; gRPC's layer is ``wire``. Per connection the port announces and h2 enforces 
   empty-frames and rapid reset attacks);
 * a header block (HEADERS and its CONTINUATIONs) encoded in more than ``limits.GRPC_HEADER_BLOCK_FACTOR`` times
   ``max_header_bytes`` ends the connection (GOAWAY ENHANCE_YOUR_CALM) as the frame that passes it begins, before
-  h2 buffers it (the CONTINUATION flood).
+  the HTTP/2 layer buffers it (the CONTINUATION flood). Every frame is budgeted as its header arrives
+  (``FloodBudget``, the layer's ``on_frame``), before it is buffered or served.
 
 A connection reads ``limits.GRPC_RECV_BYTES`` at a time and lets the other connections run every
 ``limits.MAX_TURN_MS`` (``share_loop``), as every port's connections do.
@@ -38,8 +39,8 @@ closed connection. A call the client resets, or whose connection ends, is told a
 poll ends and what it took is given back (``Call.unsent``). Responses respect HTTP/2 flow control (a window used up
 waits for the client's WINDOW_UPDATE, at most ``request_timeout_s``).
 
-A GOAWAY ends a connection cleanly either way (RFC 9113 section 6.8): the client's is kept from h2 (whose state
-machine would refuse every later frame) and the streams it opened are served to their end, then the port answers
+A GOAWAY ends a connection cleanly either way (RFC 9113 section 6.8): after the client's, the streams it opened are
+served to their end (the HTTP/2 layer reports it and closes nothing), then the port answers
 with its own GOAWAY and closes; at the broker's shutdown (``drain``) the port sends GOAWAY naming the last stream it
 took, refuses newer ones (REFUSED_STREAM), lets the open calls finish within the core's grace, then ends its
 Telemetry streams (OK), sends its last GOAWAY and closes.
@@ -52,19 +53,12 @@ import time
 import gevent
 from gevent.event import Event
 from gevent.lock import Semaphore
-from h2.config import H2Configuration
-from h2.connection import H2Connection
-from h2.errors import ErrorCodes
-from h2.events import (ConnectionTerminated, DataReceived, RemoteSettingsChanged, RequestReceived, StreamEnded,
-                       StreamReset, TrailersReceived, WindowUpdated)
-from h2.exceptions import ProtocolError, StreamClosedError
-from h2.settings import SettingCodes, Settings
-from hyperframe.frame import GoAwayFrame
-
 from metaq import limits
+from metaq.rmq5 import http2
+from metaq.rmq5.http2 import (CONTINUATION, END_HEADERS, HEADERS, WINDOW_UPDATE, ErrorCode, ProtocolError,
+                              ServerConnection, StreamClosed, is_control)
 from metaq.rmq5.headercache import CachedDecoder, CachedEncoder, CheckedHeaders
-from metaq.rmq5.wire import (CONTINUATION, END_HEADERS_FLAG, HEADERS, OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW,
-                             WINDOW_UPDATE, FrameGate, FrameTooLarge, GrpcError, MessageReader, Status, frame,
+from metaq.rmq5.wire import (OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW, GrpcError, MessageReader, Status, frame,
                              is_grpc_content_type, parse_timeout, rpc_name, trailers, trailers_only)
 from metaq.server.connections import Connection, share_loop
 
@@ -73,7 +67,7 @@ log = logging.getLogger(__name__)
 #: The receive window the port opens per stream and for the connection: a 4 MiB message arrives without waiting
 #: for a WINDOW_UPDATE per 64 KiB.
 WINDOW_BYTES = 1 << 20
-#: Response bytes a call hands h2 before they go to the socket: a call's frames (headers, messages, trailers) leave
+#: Response bytes a call queues before they go to the socket: a call's frames (headers, messages, trailers) leave
 #: in one send when they fit, and a long server stream is still sent as it is built, not held whole.
 FLUSH_BYTES = 1 << 16
 #: How long a connection ended by a GOAWAY reads what its client still sends before it closes (``_linger``).
@@ -101,9 +95,11 @@ class PortLimits:
 
 class FloodBudget:
     """What one connection may send in a window of ``flood_window_s``: ``max_control_frames`` control frames
-    (``wire.FrameHead.is_control``, and WINDOW_UPDATEs past the credit the DATA frames sent give: ``sent_data``) and
+    (``http2.is_control``, and WINDOW_UPDATEs past the credit the DATA frames sent give: ``sent_data``) and
     ``max_new_streams`` streams opened, and the header block open at most ``GRPC_HEADER_BLOCK_FACTOR *
-    max_header_bytes`` encoded. Time is passed in; a window starts with the first frame after the last one ended."""
+    max_header_bytes`` encoded. Each frame is counted as its header arrives (``begun``, the HTTP/2 layer's
+    ``on_frame``), before its body is buffered or it is served. Time is passed in (``tick``, once a read); a window
+    starts with the first read after the last one ended."""
 
     __slots__ = ("limits", "controls", "streams", "last_stream", "block", "credit", "_since")
 
@@ -120,27 +116,29 @@ class FloodBudget:
         """The port sent the client a DATA frame: room for the window updates it answers with."""
         self.credit = min(self.credit + limits.GRPC_WINDOW_UPDATES_PER_DATA, self.limits.max_control_frames)
 
-    def excess(self, heads, now):
-        """None while the frames begun (``wire.FrameHead``) keep within the budget, else why not."""
-        lim = self.limits
-        if self._since is None or now - self._since >= lim.flood_window_s:
+    def tick(self, now):
+        """The time of a read: a window past ``flood_window_s`` starts again."""
+        if self._since is None or now - self._since >= self.limits.flood_window_s:
             self._since, self.controls, self.streams = now, 0, 0
-        for head in heads:
-            if head.is_control():
+
+    def begun(self, ftype, flags, length, stream_id):
+        """None while the frames begun keep within the budget (this one counted), else why not."""
+        lim = self.limits
+        if is_control(ftype, flags, length):
+            self.controls += 1
+        elif ftype == WINDOW_UPDATE:
+            if self.credit:
+                self.credit -= 1
+            else:
                 self.controls += 1
-            elif head.type == WINDOW_UPDATE:
-                if self.credit:
-                    self.credit -= 1
-                else:
-                    self.controls += 1
-            if head.type == HEADERS and head.stream_id > self.last_stream:
-                self.last_stream = head.stream_id
-                self.streams += 1
-            if head.type in (HEADERS, CONTINUATION):
-                self.block = 0 if head.flags & END_HEADERS_FLAG else self.block + head.length
-                if self.block > limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes:
-                    return "a header block of more than %d bytes begun (%d x grpc.max_header_bytes)" % (
-                        limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes, limits.GRPC_HEADER_BLOCK_FACTOR)
+        if ftype == HEADERS and stream_id > self.last_stream:
+            self.last_stream = stream_id
+            self.streams += 1
+        if ftype == HEADERS or ftype == CONTINUATION:
+            self.block = 0 if flags & END_HEADERS else self.block + length
+            if self.block > limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes:
+                return "a header block of more than %d bytes begun (%d x grpc.max_header_bytes)" % (
+                    limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes, limits.GRPC_HEADER_BLOCK_FACTOR)
         if self.controls > lim.max_control_frames:
             return ("more than %d PING, SETTINGS, RST_STREAM, PRIORITY, empty and unprompted WINDOW_UPDATE frames "
                     "in %g s (grpc.max_control_frames)" % (lim.max_control_frames, lim.flood_window_s))
@@ -187,23 +185,13 @@ class GrpcConnection(Connection):
         super().__init__(sock, address, conn_id, rules)
         self.service = service
         self.limits = port_limits
-        # Inbound headers get h2's own checks, run by the port (``headercache.CheckedHeaders``: once for a list that
-        # repeats); outbound ones are the port's own (``wire``: lower-case names, printable ASCII values), so h2
-        # neither re-validates nor re-normalizes them for every response.
-        config = H2Configuration(client_side=False, header_encoding=None, validate_inbound_headers=False,
-                                 validate_outbound_headers=False, normalize_outbound_headers=False)
-        self.h2 = H2Connection(config=config)
-        # HPACK: the fixed response headers' blocks, and a client's repeated request block, coded once while the
-        # compression context stands still (``headercache``); before any frame, so each sees the whole context.
-        self.h2.encoder = CachedEncoder((RESPONSE_HEADERS_RAW, OK_TRAILERS_RAW))
-        self.h2.decoder = CachedDecoder()
+        # HTTP/2 (``http2``) with HPACK's caching coder: the fixed response headers' blocks, and a client's repeated
+        # request block, coded once while the compression context stands still (``headercache``). Inbound headers
+        # are checked by the port (``headercache.CheckedHeaders``: once for a list that repeats); outbound ones are
+        # the port's own (``wire``: lower-case names, printable ASCII values).
+        self.http2 = ServerConnection(CachedEncoder((RESPONSE_HEADERS_RAW, OK_TRAILERS_RAW)), CachedDecoder(),
+                                   port_limits.max_streams, port_limits.max_header_bytes, WINDOW_BYTES, WINDOW_BYTES)
         self.checked = CheckedHeaders()
-        self.h2.local_settings = Settings(client=False, initial_values={
-            SettingCodes.MAX_CONCURRENT_STREAMS: port_limits.max_streams,
-            SettingCodes.MAX_HEADER_LIST_SIZE: port_limits.max_header_bytes,
-            SettingCodes.INITIAL_WINDOW_SIZE: WINDOW_BYTES,
-        })
-        self.h2.decoder.max_header_list_size = port_limits.max_header_bytes
         self.calls = {}
         self.running = 0  # unary calls being answered
         self.completed = 0  # request messages received whole (Connection.progress)
@@ -211,8 +199,8 @@ class GrpcConnection(Connection):
         self._send_lock = Semaphore()
         self._window = Event()
         self._flush_due = False  # a deferred flush is spawned and has not run yet (``_flush_soon``)
-        self.gate = FrameGate(self.h2.max_inbound_frame_size)  # frame sizes, heads and the client's GOAWAY
         self.budget = FloodBudget(port_limits)
+        self.http2.on_frame = self.budget.begun  # each frame budgeted as its header arrives
         self.goaway = False  # the client sent GOAWAY: its open streams end, then the connection
         self.draining = None  # the last stream id the port's GOAWAY named (``drain``): newer ones are refused
         self.ended = False  # the port sent its last GOAWAY and shut its side (``_end_cleanly``)
@@ -223,13 +211,14 @@ class GrpcConnection(Connection):
     def in_frame(self):
         """A request under way: an HTTP/2 frame or a message partly received, or a unary call whose request has not
         ended."""
-        return bool(self.gate.partial) or any(c.reader.buffered or (c.kind == "unary" and not c.ended)
+        return bool(self.http2.partial) or any(c.reader.buffered or (c.kind == "unary" and not c.ended)
                                               for c in self.calls.values())
 
     @property
     def buffered(self):
-        """Bytes held of requests under way: an incomplete frame (h2 holds it) and the messages partly received."""
-        return self.gate.partial + sum(c.reader.buffered for c in self.calls.values())
+        """Bytes held of requests under way: an incomplete frame (the HTTP/2 layer holds it) and the messages partly
+        received."""
+        return self.http2.partial + sum(c.reader.buffered for c in self.calls.values())
 
     @property
     def busy(self):
@@ -238,8 +227,7 @@ class GrpcConnection(Connection):
     # -- the connection's loop ---------------------------------------------------------------------------------
 
     def serve(self):
-        self.h2.initiate_connection()
-        self.h2.increment_flow_control_window(WINDOW_BYTES)
+        self.http2.initiate()
         try:
             self._flush()
             turn = time.monotonic()
@@ -247,7 +235,7 @@ class GrpcConnection(Connection):
                 data = self.receive(limits.GRPC_RECV_BYTES)
                 if not data:
                     break
-                if self.ended:  # a call's end ended the connection meanwhile: h2 takes no more (it sent GOAWAY)
+                if self.ended:  # a call's end ended the connection meanwhile (its GOAWAY sent): no more is read
                     self._linger()
                     break
                 if not self._read(data):
@@ -268,47 +256,38 @@ class GrpcConnection(Connection):
                 if call.kind == "telemetry":
                     self.service.telemetry_closed(call)
             try:
-                if not self.closed and self.h2.state_machine.state.name != "CLOSED":
-                    self.h2.close_connection()
+                if not self.closed and not self.http2.closed:
+                    self.http2.close()
                     self._flush()
             except (OSError, ProtocolError):
                 pass
 
     def _read(self, data):
-        """Hand ``data`` to h2 through the frame gate and serve its events; False when the connection ends (a frame
-        too large, a budget passed, a protocol error: each a GOAWAY)."""
+        """Hand ``data`` to the HTTP/2 layer and serve its events; False when the connection ends (a frame too large,
+        a budget passed, a protocol error: each a GOAWAY)."""
+        self.budget.tick(time.monotonic())
         try:
-            data, heads = self.gate.feed(data)
-        except FrameTooLarge as exc:
-            return self._refuse(ErrorCodes.FRAME_SIZE_ERROR, str(exc))
-        excess = self.budget.excess(heads, time.monotonic())
-        if excess is not None:
-            return self._refuse(ErrorCodes.ENHANCE_YOUR_CALM, excess)
-        if data:
-            try:
-                events = self.h2.receive_data(data)
-            except ProtocolError as exc:
+            events = self.http2.receive(data)
+        except ProtocolError as exc:
+            if exc.code == ErrorCode.PROTOCOL_ERROR:
                 log.info("grpc %s: HTTP/2 protocol error, closing: %s", self.peer, exc)
-                self._flush()  # h2's GOAWAY
-                self._linger()
-                return False
-            try:
-                for event in events:
-                    self._event(event)
-            except ProtocolError as exc:  # headers that fail h2's checks (``CheckedHeaders``), as h2 would refuse them
-                return self._refuse(ErrorCodes.PROTOCOL_ERROR, "headers that fail HTTP/2's checks: %s" % exc)
-        if self.gate.goaway is not None and not self.goaway:
-            self.goaway = True  # the client is leaving: its streams go on to their end (RFC 9113 section 6.8)
+            else:  # a frame too large, a flood budget passed, a flow-control or compression error
+                log.info("grpc %s: %s; closing (GOAWAY %s)", self.peer, exc, exc.code.name)
+            self._flush()  # the GOAWAY the layer queued
+            self._linger()
+            return False
+        try:
+            for event in events:
+                self._event(event)
+        except ProtocolError as exc:  # headers that fail HTTP/2's checks (``CheckedHeaders``)
+            return self._refuse(ErrorCode.PROTOCOL_ERROR, "headers that fail HTTP/2's checks: %s" % exc)
         return True
 
     def _refuse(self, error_code, why):
         """End the connection with GOAWAY ``error_code``, saying ``why`` in the log; False."""
         log.info("grpc %s: %s; closing (GOAWAY %s)", self.peer, why, error_code.name)
-        try:
-            self.h2.close_connection(error_code=error_code, additional_data=why.encode()[:200])
-            self._flush()
-        except ProtocolError:
-            pass
+        self.http2.close(error_code, why.encode()[:200])
+        self._flush()
         self._linger()
         return False
 
@@ -329,16 +308,16 @@ class GrpcConnection(Connection):
         from a greenlet of its own: a client that reads nothing cannot hold the shutdown."""
         if self.closed or self.ended or self.draining is not None:
             return
-        self.draining = self.h2.highest_inbound_stream_id
+        self.draining = self.http2.highest_inbound_stream_id
         gevent.spawn(self._announce)
 
     def _announce(self):
-        """``drain``'s GOAWAY, after what h2 holds to send (h2 would close its state machine on sending it)."""
-        goaway = GoAwayFrame(0)
-        goaway.last_stream_id = self.draining
+        """``drain``'s GOAWAY, after what is queued to send; the connection stays open for the streams it names."""
         try:
             with self._send_lock:
-                data = self.h2.data_to_send() + goaway.serialize()
+                if not self.http2.closed:
+                    self.http2.goaway(self.draining)
+                data = self.http2.data_to_send()
                 if not self.closed:
                     self.sock.sendall(data)
             if self._over():
@@ -358,11 +337,10 @@ class GrpcConnection(Connection):
             else:
                 self._finish(call, Status.UNAVAILABLE, "the broker is shutting down", reset=True)
         try:
-            if self.h2.state_machine.state.name != "CLOSED":
-                self.h2.close_connection()
+            self.http2.close()
             self._flush()
             self.sock.shutdown(socket.SHUT_WR)
-        except (OSError, ProtocolError) as exc:
+        except OSError as exc:
             log.debug("grpc %s: %s", self.peer, exc)
 
     def _linger(self):
@@ -380,33 +358,35 @@ class GrpcConnection(Connection):
             pass
 
     def _event(self, event):
-        if isinstance(event, RequestReceived):
-            self._request(event.stream_id, event.headers)
-        elif isinstance(event, DataReceived):
-            self._data(event)
-        elif isinstance(event, StreamEnded):
-            self._ended(event.stream_id)
-        elif isinstance(event, TrailersReceived):
-            self.checked.trailers(event.headers)
-        elif isinstance(event, StreamReset):
-            call = self.calls.pop(event.stream_id, None)
+        """One ``http2`` event: ``(kind, stream id, a, b)``."""
+        kind, stream_id, a, b = event
+        if kind == http2.REQUEST:
+            self._request(stream_id, a)
+        elif kind == http2.DATA_RECEIVED:
+            self._data(stream_id, a, b)
+        elif kind == http2.ENDED:
+            self._ended(stream_id)
+        elif kind == http2.TRAILERS:
+            self.checked.trailers(a)
+        elif kind == http2.RESET:
+            call = self.calls.pop(stream_id, None)
             if call is not None:
                 call.reset = True
                 call.cancelled.set()  # its parked wait ends now; what it took is given back (``_unsent``)
                 self._window.set()
                 if call.kind == "telemetry":
                     self.service.telemetry_closed(call)
-        elif isinstance(event, (WindowUpdated, RemoteSettingsChanged)):
+        elif kind == http2.WINDOW or kind == http2.SETTINGS_CHANGED:
             self._window.set()
-        elif isinstance(event, ConnectionTerminated):  # (the gate keeps the client's GOAWAY from h2)
+        elif kind == http2.GOAWAY:  # the client is leaving: its streams go on to their end (RFC 9113 section 6.8)
             self.goaway = True
 
     def _request(self, stream_id, headers):
         metadata = self.checked.request(headers)  # ProtocolError: the connection ends (``_read``)
         if self.draining is not None and stream_id > self.draining:  # opened after the port's GOAWAY
             try:
-                self.h2.reset_stream(stream_id, ErrorCodes.REFUSED_STREAM)
-            except (StreamClosedError, ProtocolError):
+                self.http2.reset_stream(stream_id, ErrorCode.REFUSED_STREAM)
+            except StreamClosed:
                 pass
             return
         if metadata.get(":method") != "POST":
@@ -439,17 +419,13 @@ class GrpcConnection(Connection):
         if kind == "telemetry":
             call.push = lambda payload: self._send_message(call, payload)
 
-    def _data(self, event):
-        sid = event.stream_id
-        try:
-            self.h2.acknowledge_received_data(event.flow_controlled_length, sid)
-        except (StreamClosedError, ProtocolError):
-            pass
+    def _data(self, sid, data, flow_controlled):
+        self.http2.acknowledge(sid, flow_controlled)
         call = self.calls.get(sid)
         if call is None or call.done:
             return
         try:
-            messages = call.reader.feed(event.data)
+            messages = call.reader.feed(data)
         except GrpcError as exc:
             self._finish(call, exc.status, exc.message, reset=True)
             return
@@ -504,7 +480,7 @@ class GrpcConnection(Connection):
                 return
             finally:
                 timer.close()
-            # the messages in runs of FLUSH_BYTES, each run handed to h2 as one DATA frame where the windows and the
+            # the messages in runs of FLUSH_BYTES, each run sent as one DATA frame where the windows and the
             # frame size allow; a whole run is flushed, the last one's bytes go with the trailers' flush
             for run, whole in _runs(response if isinstance(response, list) else [response]):
                 if not self._send_framed(call, run, flush=whole):
@@ -535,11 +511,14 @@ class GrpcConnection(Connection):
     def _send_framed(self, call, framed, flush=True):
         """Send response messages, ``framed`` (``wire.frame``'s, one after another), on ``call`` within the
         flow-control windows; False when the call or the connection ended first. ``flush`` False: their frames wait
-        in h2 for the next flush (a unary call's trailers send them; a shut window flushes before it waits)."""
+        queued for the next flush (a unary call's trailers send them; a shut window flushes before it waits)."""
         if not self._open(call):
             return False
         if not call.headers_sent:
-            self.h2.send_headers(call.stream_id, list(RESPONSE_HEADERS_RAW))
+            try:
+                self.http2.send_headers(call.stream_id, list(RESPONSE_HEADERS_RAW))
+            except StreamClosed:  # the connection ended meanwhile (its last GOAWAY sent)
+                return False
             call.headers_sent = True
         data = memoryview(framed)
         deadline = time.monotonic() + self.request_timeout
@@ -547,9 +526,9 @@ class GrpcConnection(Connection):
             if not self._open(call):
                 return False
             try:
-                room = min(len(data), self.h2.local_flow_control_window(call.stream_id),
-                           self.h2.max_outbound_frame_size)
-            except (StreamClosedError, ProtocolError):
+                room = min(len(data), self.http2.local_flow_control_window(call.stream_id),
+                           self.http2.max_outbound_frame_size)
+            except StreamClosed:
                 return False
             if room <= 0:
                 self._window.clear()
@@ -561,7 +540,7 @@ class GrpcConnection(Connection):
                     self.close()
                     return False
                 continue
-            self.h2.send_data(call.stream_id, data[:room].tobytes())
+            self.http2.send_data(call.stream_id, data[:room])
             self.budget.sent_data()
             data = data[room:]
         if flush:
@@ -582,12 +561,12 @@ class GrpcConnection(Connection):
         try:
             if call.headers_sent:
                 ends = list(OK_TRAILERS_RAW) if status == Status.OK and not message else trailers(status, message)
-                self.h2.send_headers(call.stream_id, ends, end_stream=True)
+                self.http2.send_headers(call.stream_id, ends, end_stream=True)
             else:
-                self.h2.send_headers(call.stream_id, trailers_only(status, message), end_stream=True)
+                self.http2.send_headers(call.stream_id, trailers_only(status, message), end_stream=True)
             if reset and not call.ended:
-                self.h2.reset_stream(call.stream_id, ErrorCodes.NO_ERROR)
-        except (StreamClosedError, ProtocolError):
+                self.http2.reset_stream(call.stream_id, ErrorCode.NO_ERROR)
+        except StreamClosed:
             return False
         self._flush_soon()
         return True
@@ -595,21 +574,19 @@ class GrpcConnection(Connection):
     def _end_now(self, stream_id, status, message):
         """A call refused from its headers: Trailers-Only, and RST_STREAM unless the client's side is over."""
         try:
-            self.h2.send_headers(stream_id, trailers_only(status, message), end_stream=True)
-            stream = self.h2.streams.get(stream_id)
-            if stream is not None and not stream.closed:
-                self.h2.reset_stream(stream_id, ErrorCodes.NO_ERROR)
-        except (StreamClosedError, ProtocolError):
+            self.http2.send_headers(stream_id, trailers_only(status, message), end_stream=True)
+            if self.http2.remote_open(stream_id):
+                self.http2.reset_stream(stream_id, ErrorCode.NO_ERROR)
+        except StreamClosed:
             pass
 
     def _plain_answer(self, stream_id, http_status):
         """An HTTP answer that is no gRPC response (a wrong method or content type)."""
         try:
-            self.h2.send_headers(stream_id, [(":status", http_status)], end_stream=True)
-            stream = self.h2.streams.get(stream_id)
-            if stream is not None and not stream.closed:
-                self.h2.reset_stream(stream_id, ErrorCodes.NO_ERROR)
-        except (StreamClosedError, ProtocolError):
+            self.http2.send_headers(stream_id, [(":status", http_status)], end_stream=True)
+            if self.http2.remote_open(stream_id):
+                self.http2.reset_stream(stream_id, ErrorCode.NO_ERROR)
+        except StreamClosed:
             pass
 
     def _flush_soon(self):
@@ -628,10 +605,11 @@ class GrpcConnection(Connection):
             log.debug("grpc %s: %s", self.peer, exc)
 
     def _flush(self):
-        """Hand h2's pending bytes to the socket, in order (one greenlet at a time takes and sends them). One
-        ``send`` mostly takes them all; gevent's ``sendall`` (a Timeout object, a getsockopt) only sends the rest."""
+        """Hand the HTTP/2 layer's pending bytes to the socket, in order (one greenlet at a time takes and sends
+        them). One ``send`` mostly takes them all; gevent's ``sendall`` (a Timeout object, a getsockopt) only sends
+        the rest."""
         with self._send_lock:
-            data = self.h2.data_to_send()
+            data = self.http2.data_to_send()
             if data and not self.closed:
                 sent = self.sock.send(data)
                 if sent < len(data):

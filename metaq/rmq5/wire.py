@@ -1,25 +1,15 @@
 """gRPC's framing over HTTP/2, sans-IO: what a request's headers and DATA carry, and what a response ends with.
 
-The HTTP/2 connection itself is h2's (``front-end`` port.py drives it); this module holds gRPC's own layer
+The HTTP/2 connection itself is ``http2``'s (``front-end`` port.py drives it); this module holds gRPC's own layer
 (grpc's PROTOCOL-HTTP2): each DATA payload is a run of length-prefixed messages (1 byte compressed flag, 4 bytes
 big-endian length, the protobuf bytes), unrelated to frame boundaries; a call ends with trailers carrying
 ``grpc-status`` (a decimal ``Status`` below) and ``grpc-message`` (percent-encoded UTF-8); ``grpc-timeout`` is
 1-8 digits and a unit. Every bound is a named limit: ``MessageReader`` refuses a message whose prefix says more
 than its maximum before keeping a byte of it.
-
-Below gRPC's layer, HTTP/2's frames as a client sends them are seen from their 9-byte headers (``FrameGate``)
-before h2 buffers a byte of them. h2 buffers a frame whole before it checks the frame's length against
-SETTINGS_MAX_FRAME_SIZE, and it takes a GOAWAY as the end of every stream (its connection state machine closes).
-The gate refuses a frame past the advertised size from its header (``FrameTooLarge``); tells how many bytes of an
-incomplete frame are held (``partial``: a request under way, with its deadline and budgets); names each frame begun
-(``FrameHead``: the port budgets control frames and new streams before h2 spends time on them); and keeps a
-client's GOAWAY out of the bytes h2 is fed (``goaway``), so that the streams the client opened go on to their
-end, as RFC 9113 section 6.8 says.
 """
 
 import enum
 import struct
-from typing import NamedTuple
 
 from metaq import limits
 
@@ -199,140 +189,7 @@ def _raw(headers):
     return tuple((name.encode("ascii"), value.encode("ascii")) for name, value in headers)
 
 
-#: ``response_headers()`` and the trailers of a call ended OK without a message, encoded once: the port hands h2
-#: these bytes for every response instead of text it would encode each time.
+#: ``response_headers()`` and the trailers of a call ended OK without a message, encoded once: the port hands the
+#: HTTP/2 layer these bytes for every response instead of text it would encode each time.
 RESPONSE_HEADERS_RAW = _raw(response_headers())
 OK_TRAILERS_RAW = _raw(trailers(Status.OK))
-
-
-# -- HTTP/2 frames, from their headers ---------------------------------------------------------------------------
-
-
-#: The client connection preface (RFC 9113 section 3.4), passed to h2 as it is.
-PREFACE_BYTES = 24
-FRAME_HEADER_BYTES = 9
-
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
-#: Frames that cost the server work and carry no request (the HTTP/2 flood attacks: ping, settings, reset,
-#: priority): each counts against the connection's control-frame budget.
-CONTROL_FRAMES = frozenset((PRIORITY, RST_STREAM, SETTINGS, PING))
-END_STREAM_FLAG, END_HEADERS_FLAG = 0x1, 0x4
-#: A frame header: its 24-bit length (16 and 8 bits), type, flags and stream id (RFC 9113 section 4.1).
-_FRAME_HEAD = struct.Struct(">HBBBI")
-
-
-class FrameTooLarge(Exception):
-    """A frame header declares more than the advertised SETTINGS_MAX_FRAME_SIZE (FRAME_SIZE_ERROR)."""
-
-
-class FrameHead(NamedTuple):
-    """One frame's header: its type, flags, stream id and payload length."""
-
-    type: int
-    flags: int
-    stream_id: int
-    length: int = 0
-
-    def is_control(self):
-        """Whether the frame counts against the control-frame budget: a ``CONTROL_FRAMES`` type, or an empty frame
-        that ends nothing (DATA without END_STREAM, HEADERS or CONTINUATION without END_HEADERS: the empty-frames
-        flood, which costs the server a frame's work for no byte of a request)."""
-        if self.type in CONTROL_FRAMES:
-            return True
-        if self.length or self.type not in (DATA, HEADERS, CONTINUATION):
-            return False
-        return not self.flags & (END_STREAM_FLAG if self.type == DATA else END_HEADERS_FLAG)
-
-
-class Goaway(NamedTuple):
-    """A GOAWAY the client sent: the last stream it may still take and its error code."""
-
-    last_stream_id: int
-    error_code: int
-
-
-class FrameGate:
-    """The frame boundaries of a server connection's inbound bytes (see the module doc's HTTP/2 part)."""
-
-    __slots__ = ("max_frame_size", "partial", "goaway", "_preface", "_head", "_left", "_type", "_body")
-
-    def __init__(self, max_frame_size):
-        self.max_frame_size = max_frame_size
-        self.partial = 0  # bytes of the frame begun and not yet whole (its header and body so far)
-        self.goaway = None  # the client's GOAWAY once one is whole (Goaway)
-        self._preface = PREFACE_BYTES  # bytes of the preface still to come
-        self._head = b""  # a frame header begun
-        self._left = 0  # body bytes of the current frame still to come
-        self._type = None  # the current frame's type while its body comes
-        self._body = None  # a GOAWAY's body so far (it is not passed on)
-
-    def feed(self, data):
-        """``data`` read from the client: the bytes for h2 (all but GOAWAY frames') and the heads of the frames
-        begun in it; raises FrameTooLarge at a header past ``max_frame_size``, whatever followed it. ``data`` itself
-        when every byte of it passes as it came (no GOAWAY in it, no frame header cut at either end), else a copy
-        without the bytes held or kept from h2."""
-        heads, drops, prefix = [], [], b""  # drops: ``data``'s ranges not passed on; prefix: a header held, now whole
-        pos, end = 0, len(data)
-        if self._preface:
-            pos = min(self._preface, end)
-            self._preface -= pos
-        while pos < end:
-            if self._left:
-                take = min(self._left, end - pos)
-                if self._body is not None:  # a GOAWAY's body: its first 8 bytes read here, none passed on
-                    if len(self._body) < 8:
-                        self._body += bytes(data[pos:pos + min(take, 8 - len(self._body))])
-                    drops.append((pos, pos + take))
-                self._left -= take
-                self.partial += take
-                pos += take
-                if not self._left:
-                    self._whole()
-                continue
-            start, held = pos, self._head
-            if not held and end - pos >= FRAME_HEADER_BYTES:
-                hi, lo, ftype, flags, stream_id = _FRAME_HEAD.unpack_from(data, pos)
-                pos += FRAME_HEADER_BYTES
-            else:  # a header cut by the end of a read: held until whole
-                take = min(FRAME_HEADER_BYTES - len(held), end - pos)
-                self._head = held + bytes(data[pos:pos + take])
-                pos += take
-                if len(self._head) < FRAME_HEADER_BYTES:
-                    self.partial = len(self._head)
-                    drops.append((start, pos))
-                    break
-                hi, lo, ftype, flags, stream_id = _FRAME_HEAD.unpack(self._head)
-                self._head = b""
-            length = hi << 8 | lo
-            if length > self.max_frame_size:
-                raise FrameTooLarge("a frame of %d bytes: the advertised SETTINGS_MAX_FRAME_SIZE is %d"
-                                    % (length, self.max_frame_size))
-            self.partial = FRAME_HEADER_BYTES
-            self._type = ftype
-            heads.append(FrameHead(ftype, flags, stream_id & 0x7FFFFFFF, length))
-            if ftype == GOAWAY:
-                self._body = b""
-                drops.append((start, pos))
-            elif held:
-                prefix = held
-            self._left = length
-            if not length:
-                self._whole()
-        if not drops and not prefix:
-            return data, heads
-        view, at, out = memoryview(data), 0, [prefix]
-        for a, b in drops:
-            out.append(view[at:a])
-            at = b
-        out.append(view[at:])
-        return b"".join(out), heads
-
-    def _whole(self):
-        """The current frame is whole: the next bytes start a header."""
-        if self._body is not None:
-            body = self._body.ljust(8, b"\0")
-            self.goaway = Goaway(int.from_bytes(body[:4], "big") & 0x7FFFFFFF, int.from_bytes(body[4:8], "big"))
-            self._body = None
-        self._head = b""
-        self._type = None
-        self.partial = 0

@@ -249,13 +249,14 @@ def test_window_updates_for_no_data_sent_count_as_control_frames_and_one_past_th
 
 def test_window_updates_answering_data_sent_are_free_up_to_their_credit():
     from metaq.rmq5.port import FloodBudget, PortLimits
-    from metaq.rmq5.wire import WINDOW_UPDATE as WU, FrameHead
+    from metaq.rmq5.http2 import WINDOW_UPDATE as WU
     budget = FloodBudget(PortLimits(max_control_frames=10))
+    budget.tick(0.0)
     for _ in range(3):
         budget.sent_data()  # three DATA frames: six updates free
-    assert budget.excess([FrameHead(WU, 0, 1, 4)] * 6, 0.0) is None and budget.controls == 0
-    assert budget.excess([FrameHead(WU, 0, 0, 4)] * 10, 0.0) is None and budget.controls == 10  # then counted
-    assert "WINDOW_UPDATE" in budget.excess([FrameHead(WU, 0, 0, 4)], 0.0)  # one past the control budget
+    assert all(budget.begun(WU, 0, 4, 1) is None for _ in range(6)) and budget.controls == 0
+    assert all(budget.begun(WU, 0, 4, 0) is None for _ in range(10)) and budget.controls == 10  # then counted
+    assert "WINDOW_UPDATE" in budget.begun(WU, 0, 4, 0)  # one past the control budget
     for _ in range(100):
         budget.sent_data()
     assert budget.credit == 10  # held to the control budget: no hoard of free updates
@@ -286,6 +287,46 @@ def test_a_header_block_is_bounded_as_it_comes_and_one_byte_past_ends_the_connec
         assert 1 in answered(got), got
     finally:
         ok.close()
+
+
+# -- HTTP/2's protocol errors, each with RFC 9113's code ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("breach,code", [
+    (frame(HEADERS, END_HEADERS | END_STREAM, 2, b""), 1),  # a client's stream with an even id: PROTOCOL_ERROR
+    (frame(DATA, 0, 9, b"x"), 1),  # DATA on a stream never opened
+    (frame(WINDOW_UPDATE, 0, 0, (0).to_bytes(4, "big")), 1),  # an increment of 0
+    (frame(5, END_HEADERS, 1, b"\0\0\0\2"), 1),  # PUSH_PROMISE from a client
+    (frame(SETTINGS, 0, 0, (4).to_bytes(2, "big") + (1 << 31).to_bytes(4, "big")), 3),  # FLOW_CONTROL_ERROR
+    (frame(HEADERS, END_HEADERS, 1, b"\xff\xff\xff\xff"), 9),  # a block that does not decode: COMPRESSION_ERROR
+], ids=["even-stream", "idle-data", "zero-window-update", "push-promise", "initial-window", "hpack"])
+def test_http2_protocol_errors_end_the_connection_with_their_code(broker, breach, code):
+    raw = Frames(grpc_port(broker))
+    try:
+        raw.send(PREFACE + frame(SETTINGS) + frame(HEADERS, END_HEADERS | END_STREAM, 1, header_block("Heartbeat")))
+        got = raw.read(lambda got: 1 in answered(got) or ended(got))
+        assert 1 in answered(got) and not ended(got), got
+        raw.send(breach)
+        got = raw.read(lambda got: "closed" in got)
+        assert goaway_code(got) == code and "closed" in got, got
+    finally:
+        raw.close()
+
+
+def test_a_frame_on_a_closed_stream_is_reset_stream_closed_and_the_connection_goes_on(broker):
+    raw = Frames(grpc_port(broker))
+    try:
+        raw.send(PREFACE + frame(SETTINGS) + frame(HEADERS, END_HEADERS | END_STREAM, 1, header_block("Heartbeat")))
+        got = raw.read(lambda got: 1 in answered(got) or ended(got))
+        assert 1 in answered(got), got
+        raw.send(frame(DATA, 0, 1, b"late"))  # stream 1 is over
+        got = raw.read(lambda got: any(f != "closed" and f[0] == RST_STREAM for f in got) or ended(got))
+        assert [(f[2], int.from_bytes(f[3], "big")) for f in got if f[0] == RST_STREAM] == [(1, 5)], got
+        raw.send(frame(HEADERS, END_HEADERS | END_STREAM, 3, header_block("Heartbeat")))
+        got = raw.read(lambda got: 3 in answered(got) or ended(got))
+        assert 3 in answered(got) and not ended(got), got
+    finally:
+        raw.close()
 
 
 # -- header checks (h2's, run by the port once for a repeated list) -----------------------------------------------
@@ -409,6 +450,7 @@ def test_a_first_call_that_long_polls_outlives_the_login_deadline(tmp_path):
 
 
 def test_after_the_clients_goaway_its_open_streams_are_served_and_the_connection_ends_cleanly(broker):
+    logged = len(broker.log_text())  # the module's broker: earlier tests' protocol errors are logged before this
     raw = RawH2(grpc_port(broker))
     try:
         telemetry, _h = raw.open("Telemetry")
@@ -433,7 +475,7 @@ def test_after_the_clients_goaway_its_open_streams_are_served_and_the_connection
         assert not [e for e in got if isinstance(e, StreamReset) and e.error_code != NO_ERROR], got
     finally:
         raw.close()
-    assert "HTTP/2 protocol error" not in broker.log_text()
+    assert "HTTP/2 protocol error" not in broker.log_text()[logged:]
 
 
 def test_at_shutdown_the_port_sends_goaway_finishes_the_open_call_then_closes(tmp_path):

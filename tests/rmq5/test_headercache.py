@@ -95,7 +95,7 @@ def test_decoder_still_refuses_an_oversized_list():
 
 
 def test_checked_headers_check_a_list_once_and_give_each_caller_its_own_metadata():
-    from h2.exceptions import ProtocolError
+    from metaq.rmq5.http2 import ProtocolError
 
     from metaq.rmq5.headercache import CheckedHeaders
     good = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/p"), (b":authority", b"h"), (b"x-a", b"1"),
@@ -110,3 +110,46 @@ def test_checked_headers_check_a_list_once_and_give_each_caller_its_own_metadata
     with pytest.raises(ProtocolError):
         checked.request(good + [(b"x-b", b"\xff")])
     assert checked.request(good)["x-a"] == "1,2"
+
+
+_GOOD = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/p"), (b":authority", b"h"), (b"te", b"trailers"),
+         (b"x-a", b"1")]
+
+
+@pytest.mark.parametrize("bad", [
+    _GOOD + [(b"", b"v")],  # an empty name
+    _GOOD + [(b"X-B", b"1")],  # upper case
+    _GOOD + [(b"x b", b"1")],  # a space in a name
+    _GOOD + [(b"x:b", b"1")],  # a colon past the first character
+    _GOOD + [(b"x-b", b"a\0b")], _GOOD + [(b"x-b", b"a\nb")], _GOOD + [(b"x-b", b" a")], _GOOD + [(b"x-b", b"a\t")],
+    _GOOD + [(b"connection", b"close")], _GOOD + [(b"transfer-encoding", b"chunked")], _GOOD + [(b"upgrade", b"x")],
+    [(b"te", b"gzip") if n == b"te" else (n, v) for n, v in _GOOD],
+    _GOOD[:1] + _GOOD,  # a pseudo-header repeated
+    _GOOD + [(b":path", b"/q")],  # a pseudo-header after a regular field
+    [(b":status", b"200")] + _GOOD,  # a response's pseudo-header
+    [(b":custom", b"1")] + _GOOD,  # an unknown one
+    [h for h in _GOOD if h[0] != b":method"], [h for h in _GOOD if h[0] != b":scheme"],
+    [(b":path", b"") if n == b":path" else (n, v) for n, v in _GOOD],  # an empty path
+    [h for h in _GOOD if h[0] != b":authority"],  # neither :authority nor host
+    _GOOD + [(b"host", b"other")],  # host unlike :authority
+    [h for h in _GOOD if h[0] != b":authority"] + [(b"host", b"h"), (b"host", b"h")],  # host twice
+    [(b":protocol", b"websocket")] + _GOOD,  # :protocol without CONNECT
+])
+def test_check_fields_refuses_what_rfc_9113_refuses_in_a_request(bad):
+    from metaq.rmq5.headercache import check_fields
+    from metaq.rmq5.http2 import ProtocolError
+    check_fields(_GOOD)
+    check_fields([h for h in _GOOD if h[0] != b":authority"] + [(b"host", b"h")])  # host instead of :authority
+    check_fields(_GOOD + [(b"host", b"h"), (b"x-e", b"")])  # both, equal; an empty value
+    with pytest.raises(ProtocolError):
+        check_fields(bad)
+
+
+def test_check_fields_refuses_pseudo_headers_in_trailers():
+    from metaq.rmq5.headercache import check_fields
+    from metaq.rmq5.http2 import ProtocolError
+    check_fields([(b"x-t", b"1")], trailers=True)
+    with pytest.raises(ProtocolError):
+        check_fields([(b":path", b"/x")], trailers=True)
+    with pytest.raises(ProtocolError):
+        check_fields([(b"X-T", b"1")], trailers=True)

@@ -230,3 +230,29 @@ def test_an_incomplete_frame_counts_in_the_strangers_budget_until_it_is_whole(pe
     with gevent.Timeout(5):
         while strangers.partial_bytes:
             gevent.sleep(0.01)
+
+
+class Unsent(Slow):
+    """A Slow service that notes the calls whose answers did not reach the connection (``Call.unsent``)."""
+
+    def __init__(self, delay):
+        super().__init__(delay)
+        self.unsent = []
+
+    def call(self, rpc, call, data):
+        call.unsent = lambda: self.unsent.append(call.stream_id)
+        return super().call(rpc, call, data)
+
+
+def test_a_call_answered_after_the_connection_ended_gives_back_what_it_took(peer_factory):
+    """The connection ends (a protocol error: GOAWAY) while a call is being answered; when the answer is ready the
+    call stops quietly and the service is told its answer was not sent."""
+    service = Unsent(delay=0.3)
+    p = peer_factory(service)
+    sid = p.call("Echo", [b"x"])
+    gevent.sleep(0.05)  # the call under way
+    p.sock.sendall(b"\0\0\0\x01\x05\0\0\0\x02")  # HEADERS on an even stream: PROTOCOL_ERROR, the last GOAWAY
+    with gevent.Timeout(5):
+        while sid not in service.unsent:
+            gevent.sleep(0.05)
+    assert service.finished == 1 and service.unsent == [sid]
