@@ -683,6 +683,9 @@ MQTT_DIRECT_DELIVERIES = 8
 #: Records the MQTT deliveries keep decoded, with their QoS 0 PUBLISHes encoded, for the other subscribers that get
 #: the same message (``mqtt.decoded.Decoded``): the most recently read ones; past it the oldest is decoded again.
 MQTT_SHARED_DECODES = 1024
+#: Topic names one MQTT delivery keeps the match of against its session's filters (``Outbound.decision``): past it
+#: all are matched again; a change of the session's subscriptions drops them at once.
+MQTT_KEPT_MATCHES = 256
 #: Bytes (payloads and encoded PUBLISHes) those records may hold together, for each of the two kinds: past it the
 #: oldest go first, so large messages are kept fewer.
 MQTT_SHARED_DECODES_BYTES = 2 * 1024 * 1024

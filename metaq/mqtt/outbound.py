@@ -15,7 +15,7 @@ import time
 
 import gevent
 
-from metaq import errors
+from metaq import errors, limits
 from metaq.auth.acl import SUB
 from metaq.mqtt import wire
 from metaq.mqtt.records import message_of
@@ -36,7 +36,8 @@ class Outbound:
     ``resume_at``: the monotonic time its user's fetch rate lets it send again (``paced_wait``), None when it may
     now; ``turn``: when its greenlet's turn on the loop began (``connections.share_loop``)."""
 
-    __slots__ = ("conn", "session", "port", "store", "guard", "decoded", "max_transfer", "resume_at", "turn")
+    __slots__ = ("conn", "session", "port", "store", "guard", "decoded", "max_transfer", "resume_at", "turn",
+                 "_matched", "_matched_at")
 
     def __init__(self, conn, port):
         self.conn = conn
@@ -48,6 +49,8 @@ class Outbound:
         self.max_transfer = port.max_transfer
         self.resume_at = None
         self.turn = 0.0
+        self._matched = {}  # (metaq topic, name, published by this client) -> [granted QoS, ids, Retain As Published]
+        self._matched_at = self.session.changes  # the subscriptions' changes ``_matched`` was made at
 
     def may_read(self, topic):
         """This session's user may read ``topic`` now (asked at every read: a reloaded permissions file applies at
@@ -71,14 +74,41 @@ class Outbound:
     def decision(self, topic, m):
         """How message ``m`` of metaq topic ``topic`` goes to this session: ``(granted QoS, Subscription
         Identifiers, RETAIN flag)`` of the subscriptions that match it (``MqttSession.matching``: filters, No Local;
-        Retain As Published), the granted QoS None when none does."""
-        session = self.session
-        granted, ids = session.matching(topic, m.topic, m.client_id)
+        Retain As Published), the granted QoS None when none does. The match of a name is kept
+        (``_match``) while the session's subscriptions stand still; the permission of a cluster's copy is asked each
+        time."""
+        match = self._match(topic, m)
+        granted = match[0]
         if granted is None:
-            return None, ids, False
+            return None, match[1], False
         if topic in self.port.cluster_topics and not self._may_read_copy(m):
             return None, (), False
-        return granted, ids, m.retain and session.retain_as_published(topic, m.topic)
+        if not m.retain:
+            return granted, match[1], False
+        rap = match[2]
+        if rap is None:
+            rap = match[2] = self.session.retain_as_published(topic, m.topic)
+        return granted, match[1], rap
+
+    def _match(self, topic, m):
+        """``[granted QoS, Subscription Identifiers (a tuple), Retain As Published or None: not asked yet]`` of a
+        message of name ``m.topic`` in ``topic`` by its publisher, kept per (topic, name, published by this client:
+        No Local) for ``limits.MQTT_KEPT_MATCHES`` names at most (past it all are asked again), and all dropped when
+        the session's subscriptions change (``MqttSession.changed``): a filter added, replaced or dropped, or a topic
+        a wildcard filter reads, applies to the next message."""
+        session = self.session
+        matched = self._matched
+        if self._matched_at != session.changes:
+            matched.clear()
+            self._matched_at = session.changes
+        key = (topic, m.topic, m.client_id == session.client_id)
+        match = matched.get(key)
+        if match is None:
+            if len(matched) >= limits.MQTT_KEPT_MATCHES:
+                matched.clear()
+            granted, ids = session.matching(topic, m.topic, m.client_id)
+            match = matched[key] = [granted, tuple(ids), None]
+        return match
 
     def prepare(self, m, granted, retain, ids, key, wait):
         """The PUBLISH of message ``m`` for this connection: ``(data, QoS, packet id, shared)`` at
@@ -221,3 +251,4 @@ class Outbound:
         if offset > session.cursors.get(key, offset):
             session.cursors[key] = offset
             session.dirty = True
+
