@@ -686,6 +686,9 @@ MQTT_SHARED_DECODES = 1024
 #: Topic names one MQTT delivery keeps the match of against its session's filters (``Outbound.decision``): past it
 #: all are matched again; a change of the session's subscriptions drops them at once.
 MQTT_KEPT_MATCHES = 256
+#: PUBLISH heads (fixed header flags and topic name, per name, QoS, retain and MQTT version) the deliveries remember
+#: (``outbound.encode_publish``): the most recent ones; past it the oldest is made again.
+MQTT_PUBLISH_HEADS = 4096
 #: Bytes (payloads and encoded PUBLISHes) those records may hold together, for each of the two kinds: past it the
 #: oldest go first, so large messages are kept fewer.
 MQTT_SHARED_DECODES_BYTES = 2 * 1024 * 1024

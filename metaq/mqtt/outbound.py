@@ -10,6 +10,7 @@ message alike whichever way it went. ``Outbound`` is the small state they share:
 what a send reads of the port, and the pacing of its greenlet (``resume_at``, ``turn``).
 """
 
+import functools
 import logging
 import time
 
@@ -149,8 +150,10 @@ class Outbound:
                     return HELD
                 conn.room.wait(1.0)
             packet_id = session.next_packet_id()
-        data = wire.encode(wire.Publish(m.topic, m.payload, qos, retain, False, packet_id,
-                                        props if version == wire.MQTT_5 else {}), version)
+        if props and version == wire.MQTT_5:
+            data = wire.encode(wire.Publish(m.topic, m.payload, qos, retain, False, packet_id, props), version)
+        else:
+            data = encode_publish(m.topic, m.payload, qos, retain, version, packet_id)
         if conn.client_max_packet is not None and len(data) > conn.client_max_packet:
             return DROPPED
         return data, qos, packet_id, None
@@ -252,3 +255,29 @@ class Outbound:
             session.cursors[key] = offset
             session.dirty = True
 
+
+def encode_publish(name, payload, qos, retain, version, packet_id=None):
+    """A PUBLISH without properties (``wire.encode``'s bytes of ``wire.Publish(name, payload, qos, retain, False,
+    packet_id, {})``), its fixed header flags, topic name and empty properties made once per (name, QoS, retain,
+    version) shape (``_publish_head``): only the lengths, the packet id and the payload are per message."""
+    first, named, props = _publish_head(name, qos, retain, version == wire.MQTT_5)
+    size = len(named) + len(props) + len(payload)
+    if qos:
+        return b"".join((first, wire.encode_varint(size + 2), named, packet_id.to_bytes(2, "big"), props, payload))
+    return b"".join((first, wire.encode_varint(size), named, props, payload))
+
+
+@functools.lru_cache(maxsize=limits.MQTT_PUBLISH_HEADS)
+def _publish_head(name, qos, retain, v5):
+    """``(first byte, topic name as an MQTT string, empty properties)`` of a PUBLISH of ``name``, as ``wire.encode``
+    writes them: the most recent ``limits.MQTT_PUBLISH_HEADS`` shapes are remembered (a refusal, as a name holding
+    U+0000, is raised again each time)."""
+    if qos not in (0, 1, 2):
+        raise ValueError("QoS %r" % (qos,))
+    if "\x00" in name:
+        raise ValueError("an MQTT string must not contain U+0000")
+    encoded = name.encode("utf-8")
+    if len(encoded) > 0xFFFF:
+        raise ValueError("binary data of %d bytes is past 65,535" % len(encoded))
+    return (bytes((0x30 | qos << 1 | (1 if retain else 0),)), len(encoded).to_bytes(2, "big") + encoded,
+            b"\x00" if v5 else b"")

@@ -1,8 +1,10 @@
 """A delivery keeps the match of a topic name against its session's filters (``Outbound.decision``, at most
-``limits.MQTT_KEPT_MATCHES`` names): a subscription added, replaced or dropped, or a topic a wildcard filter comes to
+``limits.MQTT_KEPT_MATCHES`` names) and each PUBLISH's head per shape (``outbound.encode_publish``, at most
+``limits.MQTT_PUBLISH_HEADS``): a subscription added, replaced or dropped, or a topic a wildcard filter comes to
 read, applies to the very next message, whichever way it is sent (from the publisher's turn or the subscriber's
-own delivery)."""
+own delivery), and a PUBLISH made from a kept head is byte for byte the one ``wire.encode`` makes."""
 
+import itertools
 import time
 from types import SimpleNamespace
 
@@ -10,8 +12,8 @@ import pytest
 
 from metaq import limits
 from metaq.client.local import small_config
-from metaq.mqtt import wire
-from metaq.mqtt.outbound import Outbound
+from metaq.mqtt import outbound, wire
+from metaq.mqtt.outbound import Outbound, encode_publish
 from metaq.mqtt.session import MqttSession, Subscribed
 from tests.harness.mqtt import Raw, with_mqtt
 
@@ -168,3 +170,25 @@ def test_the_matches_kept_are_bounded_at_the_limit_and_past_it_begin_again():
     assert out.decision("k", msg)[0] == 1
     assert len(out._matched) == 1  # one past it: the others dropped, the new one kept
 
+
+def test_a_publish_made_from_a_kept_head_is_the_one_wire_encode_makes():
+    for name, payload, qos, retain, version in itertools.product(
+            ["a", "km/x", "é/ü/\u20ac", "n" * 300], [b"", b"p" * 5, b"q" * 127, b"r" * 20_000], (0, 1, 2),
+            (False, True), (wire.MQTT_311, wire.MQTT_5)):
+        pid = 513 if qos else None
+        want = wire.encode(wire.Publish(name, payload, qos, retain, False, pid, {}), version)
+        assert encode_publish(name, payload, qos, retain, version, pid) == want
+    for bad in ("a\x00b", "n" * 70_000):
+        with pytest.raises(ValueError):
+            encode_publish(bad, b"", 1, False, wire.MQTT_5, 1)
+
+
+def test_the_publish_heads_kept_are_bounded_at_the_limit():
+    head = outbound._publish_head
+    head.cache_clear()
+    for i in range(limits.MQTT_PUBLISH_HEADS):
+        encode_publish("h/%d" % i, b"x", 1, False, wire.MQTT_5, 1)
+    assert head.cache_info().currsize == limits.MQTT_PUBLISH_HEADS
+    encode_publish("h/past", b"x", 1, False, wire.MQTT_5, 1)
+    assert head.cache_info().currsize == limits.MQTT_PUBLISH_HEADS  # one past: the oldest made again when asked
+    assert head.cache_info().maxsize == limits.MQTT_PUBLISH_HEADS
