@@ -670,11 +670,11 @@ class MqttPort:
         caught up on them send what it brought from the publisher's turn (``Delivery.deliver_now``), at most
         ``limits.MQTT_DIRECT_DELIVERIES`` of them, from the messages the publisher's turn has, neither read back from
         the log nor decoded. A partition's messages are kept in ``decoded`` under their records' keys for the readers
-        known to read them from the log later (``_keep``): a waiting delivery it did not serve or leave caught up, its
-        fan-out reader. The others, and whatever one cannot send without waiting, are sent by their own greenlets,
-        woken by the append as before. Saves the subscriber's wake on the loop and the record's read and decode.
-        Returns ``{key: events}``: the waits (``Delivery.event``) of the deliveries it left caught up on ``key``, which
-        the append's wake passes over (``PartitionWaiters.notify``'s ``quiet``)."""
+        known to read them from the log later (``_keep_decoded``): a waiting delivery it did not serve or leave
+        caught up, its fan-out reader. The others, and whatever one cannot send without waiting, are sent by their
+        own greenlets, woken by the append as before. Saves the subscriber's wake on the loop and the record's read
+        and decode. Returns ``{key: events}``: the waits (``Delivery.event``) of the deliveries it left caught up on
+        ``key``, which the append's wake passes over (``PartitionWaiters.notify``'s ``quiet``)."""
         waiting = self.waiting
         caught_up = {}
         if not waiting:
@@ -697,7 +697,7 @@ class MqttPort:
                     caught_up.setdefault(key, set()).add(d.event)
                     served += 1
             if records and (served < len(ds) or key in self.fanouts.readers):
-                self._keep(records)
+                self._keep_decoded(records)
         return caught_up
 
     def _staged(self, staged, runs, message, waiting):
@@ -718,7 +718,7 @@ class MqttPort:
                 position += overhead + len(staged[first + k][3])
         return out
 
-    def _keep(self, records):
+    def _keep_decoded(self, records):
         """Keep ``records`` (``_staged``'s of one partition) decoded for the readers of the log that come after."""
         keep = self.decoded.keep
         for _offset, dkey, m in records:
