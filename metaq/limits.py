@@ -685,7 +685,11 @@ MQTT_DIRECT_DELIVERIES = 8
 MQTT_SHARED_DECODES = 1024
 #: Topic names one MQTT delivery keeps the match of against its session's filters (``Outbound.decision``): past it
 #: all are matched again; a change of the session's subscriptions drops them at once.
-MQTT_KEPT_MATCHES = 256
+MQTT_KEPT_MATCHES = 64
+#: The longest topic name (characters) the deliveries keep anything for (its match, ``MQTT_KEPT_MATCHES``; its PUBLISH
+#: head, ``MQTT_PUBLISH_HEADS``): a longer one is matched and encoded at every message, so what is kept stays within
+#: those counts times this.
+MQTT_KEPT_NAME = 256
 #: PUBLISH heads (fixed header flags and topic name, per name, QoS, retain and MQTT version) the deliveries remember
 #: (``outbound.encode_publish``): the most recent ones; past it the oldest is made again.
 MQTT_PUBLISH_HEADS = 4096

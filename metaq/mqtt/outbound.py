@@ -94,7 +94,8 @@ class Outbound:
     def _match(self, topic, m):
         """``[granted QoS, Subscription Identifiers (a tuple), Retain As Published or None: not asked yet]`` of a
         message of name ``m.topic`` in ``topic`` by its publisher, kept per (topic, name, published by this client:
-        No Local) for ``limits.MQTT_KEPT_MATCHES`` names at most (past it all are asked again), and all dropped when
+        No Local) for ``limits.MQTT_KEPT_MATCHES`` names at most (past it all are asked again) of at most
+        ``limits.MQTT_KEPT_NAME`` characters (a longer one is asked each time), and all dropped when
         the session's subscriptions change (``MqttSession.changed``): a filter added, replaced or dropped, or a topic
         a wildcard filter reads, applies to the next message."""
         session = self.session
@@ -105,10 +106,12 @@ class Outbound:
         key = (topic, m.topic, m.client_id == session.client_id)
         match = matched.get(key)
         if match is None:
-            if len(matched) >= limits.MQTT_KEPT_MATCHES:
-                matched.clear()
             granted, ids = session.matching(topic, m.topic, m.client_id)
-            match = matched[key] = [granted, tuple(ids), None]
+            match = [granted, tuple(ids), None]
+            if len(m.topic) <= limits.MQTT_KEPT_NAME:
+                if len(matched) >= limits.MQTT_KEPT_MATCHES:
+                    matched.clear()
+                matched[key] = match
         return match
 
     def prepare(self, m, granted, retain, ids, key, wait):
@@ -259,8 +262,10 @@ class Outbound:
 def encode_publish(name, payload, qos, retain, version, packet_id=None):
     """A PUBLISH without properties (``wire.encode``'s bytes of ``wire.Publish(name, payload, qos, retain, False,
     packet_id, {})``), its fixed header flags, topic name and empty properties made once per (name, QoS, retain,
-    version) shape (``_publish_head``): only the lengths, the packet id and the payload are per message."""
-    first, named, props = _publish_head(name, qos, retain, version == wire.MQTT_5)
+    version) shape (``_publish_head``; a name longer than ``limits.MQTT_KEPT_NAME`` is made each time): only the
+    lengths, the packet id and the payload are per message."""
+    head = _publish_head if len(name) <= limits.MQTT_KEPT_NAME else _publish_head.__wrapped__
+    first, named, props = head(name, qos, retain, version == wire.MQTT_5)
     size = len(named) + len(props) + len(payload)
     if qos:
         return b"".join((first, wire.encode_varint(size + 2), named, packet_id.to_bytes(2, "big"), props, payload))

@@ -1,8 +1,9 @@
 """A delivery keeps the match of a topic name against its session's filters (``Outbound.decision``, at most
-``limits.MQTT_KEPT_MATCHES`` names) and each PUBLISH's head per shape (``outbound.encode_publish``, at most
-``limits.MQTT_PUBLISH_HEADS``): a subscription added, replaced or dropped, or a topic a wildcard filter comes to
-read, applies to the very next message, whichever way it is sent (from the publisher's turn or the subscriber's
-own delivery), and a PUBLISH made from a kept head is byte for byte the one ``wire.encode`` makes."""
+``limits.MQTT_KEPT_MATCHES`` names of at most ``limits.MQTT_KEPT_NAME`` characters) and each PUBLISH's head per
+shape (``outbound.encode_publish``, at most ``limits.MQTT_PUBLISH_HEADS``): a subscription added, replaced or
+dropped, or a topic a wildcard filter comes to read, applies to the very next message, whichever way it is sent
+(from the publisher's turn or the subscriber's own delivery), and a PUBLISH made from a kept head is byte for byte
+the one ``wire.encode`` makes."""
 
 import itertools
 import time
@@ -71,31 +72,32 @@ def ids(p):
     return tuple(sorted(p.properties.get("subscription_identifier", ())))
 
 
-@pytest.mark.parametrize("flush", ["async", "sync"])
+@pytest.mark.parametrize("flush,name", [("async", "km/x"), ("sync", "km/x"),
+                                        ("async", "km/" + "l" * limits.MQTT_KEPT_NAME)])  # past the bound: not kept
 def test_a_subscription_added_replaced_or_dropped_between_two_messages_applies_to_the_next(broker_factory, tmp_path,
-                                                                                            flush):
+                                                                                            flush, name):
     b = broker_factory(config(tmp_path, flush))
     sub = client(b, "sub")
     pub = client(b, "pub")
     subscribe(sub, 1, "km/+", 0, 1)
-    publish(pub, "km/x", b"one")
+    publish(pub, name, b"one")
     p = next_publish(sub)
     assert (p.payload, p.qos, ids(p)) == (b"one", 0, (1,))
-    subscribe(sub, 2, "km/x", 1, 2)  # added: a second match, a higher QoS
-    publish(pub, "km/x", b"two")
+    subscribe(sub, 2, name, 1, 2)  # added: a second match, a higher QoS
+    publish(pub, name, b"two")
     p = next_publish(sub)
     assert (p.payload, p.qos, ids(p)) == (b"two", 1, (1, 2))
     subscribe(sub, 3, "km/+", 1, 3)  # replaced: its identifier
-    publish(pub, "km/x", b"three")
+    publish(pub, name, b"three")
     p = next_publish(sub)
     assert (p.payload, p.qos, ids(p)) == (b"three", 1, (2, 3))
-    unsubscribe(sub, 4, "km/x")  # dropped
-    publish(pub, "km/x", b"four")
+    unsubscribe(sub, 4, name)  # dropped
+    publish(pub, name, b"four")
     p = next_publish(sub)
     assert (p.payload, p.qos, ids(p)) == (b"four", 1, (3,))
     unsubscribe(sub, 5, "km/+")  # the last: nothing of km/x comes any more
     subscribe(sub, 6, "other/t", 1, 9)
-    publish(pub, "km/x", b"five")
+    publish(pub, name, b"five")
     publish(pub, "other/t", b"six")
     p = next_publish(sub)
     assert (p.topic, p.payload, ids(p)) == ("other/t", b"six", (9,))
@@ -171,6 +173,16 @@ def test_the_matches_kept_are_bounded_at_the_limit_and_past_it_begin_again():
     assert len(out._matched) == 1  # one past it: the others dropped, the new one kept
 
 
+def test_a_name_is_kept_up_to_the_longest_kept_and_matched_each_time_past_it():
+    out = _outbound()
+    msg = SimpleNamespace(client_id="p", retain=False, topic="k/" + "n" * (limits.MQTT_KEPT_NAME - 2))
+    assert out.decision("k", msg)[0] == 1
+    assert len(out._matched) == 1  # at the bound: kept
+    msg.topic += "n"
+    assert out.decision("k", msg)[0] == 1
+    assert len(out._matched) == 1  # one past it: matched, not kept
+
+
 def test_a_publish_made_from_a_kept_head_is_the_one_wire_encode_makes():
     for name, payload, qos, retain, version in itertools.product(
             ["a", "km/x", "é/ü/\u20ac", "n" * 300], [b"", b"p" * 5, b"q" * 127, b"r" * 20_000], (0, 1, 2),
@@ -183,7 +195,7 @@ def test_a_publish_made_from_a_kept_head_is_the_one_wire_encode_makes():
             encode_publish(bad, b"", 1, False, wire.MQTT_5, 1)
 
 
-def test_the_publish_heads_kept_are_bounded_at_the_limit():
+def test_the_publish_heads_kept_are_bounded_at_the_limit_and_by_the_longest_name_kept():
     head = outbound._publish_head
     head.cache_clear()
     for i in range(limits.MQTT_PUBLISH_HEADS):
@@ -192,3 +204,11 @@ def test_the_publish_heads_kept_are_bounded_at_the_limit():
     encode_publish("h/past", b"x", 1, False, wire.MQTT_5, 1)
     assert head.cache_info().currsize == limits.MQTT_PUBLISH_HEADS  # one past: the oldest made again when asked
     assert head.cache_info().maxsize == limits.MQTT_PUBLISH_HEADS
+    head.cache_clear()
+    at = "h" * limits.MQTT_KEPT_NAME
+    encode_publish(at, b"x", 1, False, wire.MQTT_5, 1)
+    assert head.cache_info().currsize == 1  # a name at the longest kept: its head kept
+    past = at + "h"
+    assert encode_publish(past, b"x", 1, False, wire.MQTT_5, 1) == wire.encode(
+        wire.Publish(past, b"x", 1, packet_id=1), wire.MQTT_5)
+    assert head.cache_info().currsize == 1  # one past it: made, not kept
