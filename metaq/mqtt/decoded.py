@@ -5,7 +5,6 @@ take a record's message and its encodings from here, bounded by count and bytes 
 
 from metaq import limits
 from metaq.mqtt import wire
-from metaq.mqtt.outbound import encode_publish
 from metaq.mqtt.records import message_of
 from metaq.mqtt.topicmap import DEFAULT_MAP
 
@@ -45,9 +44,8 @@ class Decoded:
         pkey = key + (retain, version)
         data = self._packets.get(pkey)
         if data is None:
-            data = (wire.encode(wire.Publish(m.topic, m.payload, 0, retain, False, None, m.properties), version)
-                    if m.properties and version == wire.MQTT_5 else encode_publish(m.topic, m.payload, 0, retain,
-                                                                                    version))
+            data = wire.encode(wire.Publish(m.topic, m.payload, 0, retain, False, None,
+                                            m.properties if version == wire.MQTT_5 else {}), version)
             self._packets.put(pkey, data, len(data))
         return data
 
