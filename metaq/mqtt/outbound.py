@@ -266,10 +266,16 @@ def encode_publish(name, payload, qos, retain, version, packet_id=None):
     lengths, the packet id and the payload are per message."""
     head = _publish_head if len(name) <= limits.MQTT_KEPT_NAME else _publish_head.__wrapped__
     first, named, props = head(name, qos, retain, version == wire.MQTT_5)
-    size = len(named) + len(props) + len(payload)
+    size = len(named) + len(props) + len(payload) + (2 if qos else 0)
+    if size < 0x80:  # the Remaining Length's one- and two-byte forms made here, the longer by the wire module
+        length = bytes((size,))
+    elif size < 0x4000:
+        length = bytes((size & 0x7F | 0x80, size >> 7))
+    else:
+        length = wire.encode_varint(size)
     if qos:
-        return b"".join((first, wire.encode_varint(size + 2), named, packet_id.to_bytes(2, "big"), props, payload))
-    return b"".join((first, wire.encode_varint(size), named, props, payload))
+        return b"".join((first, length, named, packet_id.to_bytes(2, "big"), props, payload))
+    return b"".join((first, length, named, props, payload))
 
 
 @functools.lru_cache(maxsize=limits.MQTT_PUBLISH_HEADS)

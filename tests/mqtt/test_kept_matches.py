@@ -185,7 +185,8 @@ def test_a_name_is_kept_up_to_the_longest_kept_and_matched_each_time_past_it():
 
 def test_a_publish_made_from_a_kept_head_is_the_one_wire_encode_makes():
     for name, payload, qos, retain, version in itertools.product(
-            ["a", "km/x", "é/ü/\u20ac", "n" * 300], [b"", b"p" * 5, b"q" * 127, b"r" * 20_000], (0, 1, 2),
+            ["a", "km/x", "é/ü/\u20ac", "n" * 300], [b"", b"p" * 5, b"q" * 127, b"r" * 20_000]
+            + [b"s" * n for n in (121, 122, 123, 16_377, 16_378, 16_379)], (0, 1, 2),
             (False, True), (wire.MQTT_311, wire.MQTT_5)):
         pid = 513 if qos else None
         want = wire.encode(wire.Publish(name, payload, qos, retain, False, pid, {}), version)
