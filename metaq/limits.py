@@ -689,6 +689,16 @@ MQTT_DIRECT_DELIVERIES = 8
 #: Records the MQTT deliveries keep decoded, with their QoS 0 PUBLISHes encoded, for the other subscribers that get
 #: the same message (``mqtt.decoded.Decoded``): the most recently read ones; past it the oldest is decoded again.
 MQTT_SHARED_DECODES = 1024
+#: Topic names one MQTT delivery keeps the match of against its session's filters (``Outbound.decision``): past it
+#: all are matched again; a change of the session's subscriptions drops them at once.
+MQTT_KEPT_MATCHES = 64
+#: The longest topic name (characters) the deliveries keep anything for (its match, ``MQTT_KEPT_MATCHES``; its PUBLISH
+#: head, ``MQTT_PUBLISH_HEADS``): a longer one is matched and encoded at every message, so what is kept stays within
+#: those counts times this.
+MQTT_KEPT_NAME = 256
+#: PUBLISH heads (fixed header flags and topic name, per name, QoS, retain and MQTT version) the deliveries remember
+#: (``outbound.encode_publish``): the most recent ones; past it the oldest is made again.
+MQTT_PUBLISH_HEADS = 4096
 #: Bytes (payloads and encoded PUBLISHes) those records may hold together, for each of the two kinds: past it the
 #: oldest go first, so large messages are kept fewer.
 MQTT_SHARED_DECODES_BYTES = 2 * 1024 * 1024

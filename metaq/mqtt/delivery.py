@@ -46,8 +46,14 @@ keeps no greenlet: an acknowledgement, a subscription, a fan-out reader that let
 the QoS 1 window respected), saving the subscriber's wake on the loop; what it cannot send is left to the
 greenlet, which the append woke as before. The burst's messages are the publisher's (``records.stored_message``,
 the message its record gives back), neither read back from the log nor decoded, and are kept in ``Decoded`` for
-the readers of the log that come after; each is decided and encoded by what the greenlet uses
-(``Outbound.decision``, ``Outbound.prepare``), so a subscriber gets it alike either way.
+the readers known to read them from the log after (a waiting delivery not served or not left caught up, the
+partition's fan-out reader); each is decided and encoded by what the greenlet uses (``Outbound.decision``,
+``Outbound.prepare``), so a subscriber gets it alike either way.
+
+**Kept per name.** A delivery keeps the match of a topic name against its session's filters (``Outbound.decision``,
+at most ``limits.MQTT_KEPT_MATCHES`` names), dropped at any change of the session's subscriptions
+(``MqttSession.changed``), and a PUBLISH without properties is built from a head kept per (name, QoS, retain,
+version) (``outbound.encode_publish``): per message, only its lengths, packet id and payload are made.
 
 **Paced.** A session whose user has a ``fetch_bytes_per_s`` rate (``Guard.paced``) is served by its own greenlet
 only: it never joins a fan-out reader (one that joined before the rate was set leaves it) and a publisher's turn

@@ -38,7 +38,7 @@ def deliver_now(out, key, staged=None):
             return False
         cursors[key] = queue_offset + 1
         session.dirty = True
-    if any(key in group.cursors for group, _granted, _id in session.shared.values()):
+    if session.shared and any(key in group.cursors for group, _granted, _id in session.shared.values()):
         return False
     try:
         return cursors[key] >= out.store.max_offset(topic, partition)

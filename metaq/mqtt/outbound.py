@@ -10,12 +10,13 @@ message alike whichever way it went. ``Outbound`` is the small state they share:
 what a send reads of the port, and the pacing of its greenlet (``resume_at``, ``turn``).
 """
 
+import functools
 import logging
 import time
 
 import gevent
 
-from metaq import errors
+from metaq import errors, limits
 from metaq.auth.acl import SUB
 from metaq.mqtt import wire
 from metaq.mqtt.records import message_of
@@ -36,7 +37,8 @@ class Outbound:
     ``resume_at``: the monotonic time its user's fetch rate lets it send again (``paced_wait``), None when it may
     now; ``turn``: when its greenlet's turn on the loop began (``connections.share_loop``)."""
 
-    __slots__ = ("conn", "session", "port", "store", "guard", "decoded", "max_transfer", "resume_at", "turn")
+    __slots__ = ("conn", "session", "port", "store", "guard", "decoded", "max_transfer", "resume_at", "turn",
+                 "_matched", "_matched_at")
 
     def __init__(self, conn, port):
         self.conn = conn
@@ -48,6 +50,8 @@ class Outbound:
         self.max_transfer = port.max_transfer
         self.resume_at = None
         self.turn = 0.0
+        self._matched = {}  # (metaq topic, name, published by this client) -> [granted QoS, ids, Retain As Published]
+        self._matched_at = self.session.changes  # the subscriptions' changes ``_matched`` was made at
 
     def may_read(self, topic):
         """This session's user may read ``topic`` now (asked at every read: a reloaded permissions file applies at
@@ -71,14 +75,44 @@ class Outbound:
     def decision(self, topic, m):
         """How message ``m`` of metaq topic ``topic`` goes to this session: ``(granted QoS, Subscription
         Identifiers, RETAIN flag)`` of the subscriptions that match it (``MqttSession.matching``: filters, No Local;
-        Retain As Published), the granted QoS None when none does."""
-        session = self.session
-        granted, ids = session.matching(topic, m.topic, m.client_id)
+        Retain As Published), the granted QoS None when none does. The match of a name is kept
+        (``_match``) while the session's subscriptions stand still; the permission of a cluster's copy is asked each
+        time."""
+        match = self._match(topic, m)
+        granted = match[0]
         if granted is None:
-            return None, ids, False
+            return None, match[1], False
         if topic in self.port.cluster_topics and not self._may_read_copy(m):
             return None, (), False
-        return granted, ids, m.retain and session.retain_as_published(topic, m.topic)
+        if not m.retain:
+            return granted, match[1], False
+        rap = match[2]
+        if rap is None:
+            rap = match[2] = self.session.retain_as_published(topic, m.topic)
+        return granted, match[1], rap
+
+    def _match(self, topic, m):
+        """``[granted QoS, Subscription Identifiers (a tuple), Retain As Published or None: not asked yet]`` of a
+        message of name ``m.topic`` in ``topic`` by its publisher, kept per (topic, name, published by this client:
+        No Local) for ``limits.MQTT_KEPT_MATCHES`` names at most (past it all are asked again) of at most
+        ``limits.MQTT_KEPT_NAME`` characters (a longer one is asked each time), and all dropped when
+        the session's subscriptions change (``MqttSession.changed``): a filter added, replaced or dropped, or a topic
+        a wildcard filter reads, applies to the next message."""
+        session = self.session
+        matched = self._matched
+        if self._matched_at != session.changes:
+            matched.clear()
+            self._matched_at = session.changes
+        key = (topic, m.topic, m.client_id == session.client_id)
+        match = matched.get(key)
+        if match is None:
+            granted, ids = session.matching(topic, m.topic, m.client_id)
+            match = [granted, tuple(ids), None]
+            if len(m.topic) <= limits.MQTT_KEPT_NAME:
+                if len(matched) >= limits.MQTT_KEPT_MATCHES:
+                    matched.clear()
+                matched[key] = match
+        return match
 
     def prepare(self, m, granted, retain, ids, key, wait):
         """The PUBLISH of message ``m`` for this connection: ``(data, QoS, packet id, shared)`` at
@@ -119,8 +153,10 @@ class Outbound:
                     return HELD
                 conn.room.wait(1.0)
             packet_id = session.next_packet_id()
-        data = wire.encode(wire.Publish(m.topic, m.payload, qos, retain, False, packet_id,
-                                        props if version == wire.MQTT_5 else {}), version)
+        if props and version == wire.MQTT_5:
+            data = wire.encode(wire.Publish(m.topic, m.payload, qos, retain, False, packet_id, props), version)
+        else:
+            data = encode_publish(m.topic, m.payload, qos, retain, version, packet_id)
         if conn.client_max_packet is not None and len(data) > conn.client_max_packet:
             return DROPPED
         return data, qos, packet_id, None
@@ -221,3 +257,38 @@ class Outbound:
         if offset > session.cursors.get(key, offset):
             session.cursors[key] = offset
             session.dirty = True
+
+
+def encode_publish(name, payload, qos, retain, version, packet_id=None):
+    """A PUBLISH without properties (``wire.encode``'s bytes of ``wire.Publish(name, payload, qos, retain, False,
+    packet_id, {})``), its fixed header flags, topic name and empty properties made once per (name, QoS, retain,
+    version) shape (``_publish_head``; a name longer than ``limits.MQTT_KEPT_NAME`` is made each time): only the
+    lengths, the packet id and the payload are per message."""
+    head = _publish_head if len(name) <= limits.MQTT_KEPT_NAME else _publish_head.__wrapped__
+    first, named, props = head(name, qos, retain, version == wire.MQTT_5)
+    size = len(named) + len(props) + len(payload) + (2 if qos else 0)
+    if size < 0x80:  # the Remaining Length's one- and two-byte forms made here, the longer by the wire module
+        length = bytes((size,))
+    elif size < 0x4000:
+        length = bytes((size & 0x7F | 0x80, size >> 7))
+    else:
+        length = wire.encode_varint(size)
+    if qos:
+        return b"".join((first, length, named, packet_id.to_bytes(2, "big"), props, payload))
+    return b"".join((first, length, named, props, payload))
+
+
+@functools.lru_cache(maxsize=limits.MQTT_PUBLISH_HEADS)
+def _publish_head(name, qos, retain, v5):
+    """``(first byte, topic name as an MQTT string, empty properties)`` of a PUBLISH of ``name``, as ``wire.encode``
+    writes them: the most recent ``limits.MQTT_PUBLISH_HEADS`` shapes are remembered (a refusal, as a name holding
+    U+0000, is raised again each time)."""
+    if qos not in (0, 1, 2):
+        raise ValueError("QoS %r" % (qos,))
+    if "\x00" in name:
+        raise ValueError("an MQTT string must not contain U+0000")
+    encoded = name.encode("utf-8")
+    if len(encoded) > 0xFFFF:
+        raise ValueError("binary data of %d bytes is past 65,535" % len(encoded))
+    return (bytes((0x30 | qos << 1 | (1 if retain else 0),)), len(encoded).to_bytes(2, "big") + encoded,
+            b"\x00" if v5 else b"")

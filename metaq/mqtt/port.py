@@ -669,11 +669,12 @@ class MqttPort:
         ``message(k)``: the ``MqttMessage`` of ``staged[k]``, ``records.stored_message``): the deliveries waiting
         caught up on them send what it brought from the publisher's turn (``Delivery.deliver_now``), at most
         ``limits.MQTT_DIRECT_DELIVERIES`` of them, from the messages the publisher's turn has, neither read back from
-        the log nor decoded; those messages are kept in ``decoded`` under their records' keys, for the deliveries and
-        fan-out readers that read them from the log later. The others, and whatever one cannot send without waiting,
-        are sent by their own greenlets, woken by the append as before. Saves the subscriber's wake on the loop and
-        the record's read and decode. Returns ``{key: events}``: the waits (``Delivery.event``) of the deliveries it
-        left caught up on ``key``, which the append's wake passes over (``PartitionWaiters.notify``'s ``quiet``)."""
+        the log nor decoded. A partition's messages are kept in ``decoded`` under their records' keys for the readers
+        known to read them from the log later (``_keep_decoded``): a waiting delivery it did not serve or leave
+        caught up, its fan-out reader. The others, and whatever one cannot send without waiting, are sent by their
+        own greenlets, woken by the append as before. Saves the subscriber's wake on the loop and the record's read
+        and decode. Returns ``{key: events}``: the waits (``Delivery.event``) of the deliveries it left caught up on
+        ``key``, which the append's wake passes over (``PartitionWaiters.notify``'s ``quiet``)."""
         waiting = self.waiting
         caught_up = {}
         if not waiting:
@@ -686,20 +687,24 @@ class MqttPort:
                 continue
             if found is None:
                 found = self._staged(staged, runs, message, waiting)
+            records = found.get(key)
+            served = 0
             for d in list(ds):
                 if left <= 0:
-                    return caught_up
+                    break
                 left -= 1
-                if d.deliver_now(key, found.get(key)):
+                if d.deliver_now(key, records):
                     caught_up.setdefault(key, set()).add(d.event)
+                    served += 1
+            if records and (served < len(ds) or key in self.fanouts.readers):
+                self._keep_decoded(records)
         return caught_up
 
     def _staged(self, staged, runs, message, waiting):
         """``{(topic, partition): [(queue offset, (log position, msg id), MqttMessage), ...]}`` of a burst's records
-        in the partitions some delivery waits on, in their order, each message kept in ``decoded``: a run's records
-        lie one after the other in the log, ending at its ``log_end``."""
+        in the partitions some delivery waits on, in their order: a run's records lie one after the other in the log,
+        ending at its ``log_end``."""
         out = {}
-        keep = self.decoded.keep
         for key, count, nbytes, first_id, first_offset, first, end in runs:
             if key not in waiting:
                 continue
@@ -709,12 +714,15 @@ class MqttPort:
             if records is None:
                 records = out[key] = []
             for k in range(count):
-                m = message(first + k)
-                dkey = (position, first_id + k)
-                keep(dkey, m)
-                records.append((first_offset + k, dkey, m))
+                records.append((first_offset + k, (position, first_id + k), message(first + k)))
                 position += overhead + len(staged[first + k][3])
         return out
+
+    def _keep_decoded(self, records):
+        """Keep ``records`` (``_staged``'s of one partition) decoded for the readers of the log that come after."""
+        keep = self.decoded.keep
+        for _offset, dkey, m in records:
+            keep(dkey, m)
 
     def burst_durable(self, keys, log_end, now, cuts=None):
         """Block (the acknowledgement writer's greenlet) until a burst ending at ``log_end``, which ``burst_mode``

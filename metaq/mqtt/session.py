@@ -73,7 +73,7 @@ class MqttSession:
     slots: every connected client has one."""
 
     __slots__ = ("client_id", "version", "max_qos2", "subscriptions", "shared", "cursors", "qos2_received", "inflight",
-                 "where", "_next_id", "persistent", "expiry_s", "user", "dirty", "rejoin", "carried")
+                 "where", "_next_id", "persistent", "expiry_s", "user", "dirty", "rejoin", "carried", "changes")
 
     def __init__(self, client_id, version, max_qos2):
         self.client_id = client_id
@@ -92,6 +92,7 @@ class MqttSession:
         self.dirty = False  # cursors or messages in flight changed since the last save
         self.rejoin = []  # a resumed session's shared subscriptions, (filter, granted QoS, sub id), until they rejoin
         self.carried = []  # (QoS, offset in %MQTT%) of messages brought from another broker, not yet sent
+        self.changes = 0  # moved by every change of its subscriptions (``changed``): what a kept match is checked by
 
     # -- persistence -----------------------------------------------------------
 
@@ -109,6 +110,7 @@ class MqttSession:
         """Take ``saved``'s subscriptions, read positions, QoS 2 packet ids and messages in flight."""
         for topic_filter, qos, no_local, topics, rap, sub_id in saved.subscriptions:
             self.subscriptions[topic_filter] = Subscribed(topic_filter, qos, no_local, topics, rap, sub_id)
+        self.changed()
         self.cursors.update(saved.cursors)
         self.qos2_received.update(saved.qos2[:self.max_qos2])
         self.rejoin = list(saved.shared)
@@ -142,16 +144,23 @@ class MqttSession:
         """Add or replace ``sub``; returns the metaq topics it reads that no other subscription read before."""
         before = self.topics()
         self.subscriptions[sub.topic_filter] = sub
+        self.changed()
         return sub.topics - before
 
     def unsubscribe(self, topic_filter):
         """Drop the filter (True when it was there) and the cursors of the topics no subscription reads any more."""
         if self.subscriptions.pop(topic_filter, None) is None:
             return False
+        self.changed()
         still = self.topics()
         for key in [k for k in self.cursors if k[0] not in still]:
             del self.cursors[key]
         return True
+
+    def changed(self):
+        """Its subscriptions changed (one added, replaced or dropped, a metaq topic added to one's ``topics``): every
+        match kept by them (``outbound.Outbound.decision``) is asked again."""
+        self.changes += 1
 
     def topics(self):
         """Every metaq topic some subscription reads."""

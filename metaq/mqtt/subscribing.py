@@ -133,6 +133,7 @@ class Subscriber:
             new = [t for t in topics if t not in sub.topics]
             for topic in (self._allowed(sub.topic_filter, new)[1] or ()) if new else ():
                 sub.topics.add(topic)
+                self.out.session.changed()
                 self._start_at_end(topic, name=one_name(sub.topic_filter))
 
     def _allowed(self, topic_filter, topics):
@@ -218,6 +219,7 @@ class Subscriber:
                                 len(sub.topics), topic)
                 break
             sub.topics.add(topic)
+            self.out.session.changed()
             self._start_at_end(topic, at_start=topic not in (self._seen or ()))
 
     def send_retained(self, pending):
