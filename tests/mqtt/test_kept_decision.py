@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from metaq import errors, limits
+from metaq import limits
 from metaq.client.local import small_config
 from metaq.mqtt import wire
 from metaq.mqtt.publishes import Publishes
