@@ -65,6 +65,26 @@ def test_a_permissions_file_revoking_the_publish_refuses_the_connections_next_pu
     bob.close()
 
 
+def test_a_topics_quota_lowered_refuses_the_connections_next_new_topic_and_its_held_one_goes_on(broker_factory,
+                                                                                                   tmp_path):
+    """The kept yes is of a topic the user already holds (its creation counted): a quota lowered below what it holds
+    leaves its puts there, and refuses the next topic it would create, from the very next PUBLISH."""
+    cfg = with_mqtt(secured_config(tmp_path))
+    write_acl(tmp_path / "acl.yaml", quotas={"topics": 5})
+    b = broker_factory(cfg)
+    alice = Raw(b)
+    assert alice.connect("alice-1", username="alice", password=SECRETS["alice"].encode()).reason_code == 0
+    assert _published(alice, 1, "orders-a/x") == wire.PubAck(1)
+    assert _published(alice, 2, "orders-b/x") == wire.PubAck(2)
+    write_acl(tmp_path / "acl.yaml", quotas={"topics": 1})
+    _wait_for("the file reloaded", lambda: "reloaded: 4 users" in b.log_text())
+    assert _published(alice, 3, "orders-a/x") == wire.PubAck(3)  # held: its creation was counted before
+    ack = _published(alice, 4, "orders-c/x")
+    assert (ack.packet_id, ack.reason_code) == (4, wire.QUOTA_EXCEEDED), ack
+    assert "quota topics of user alice is 1" in ack.properties["reason_string"]
+    alice.close()
+
+
 def test_a_topics_partitions_grown_place_the_connections_next_publish_by_the_new_count(broker_factory, tmp_path):
     name = next(n for n in ("sensors/%d" % k for k in range(100)) if partition_for(n, 8) != 0)
     b = broker_factory(with_mqtt(small_config(tmp_path / "data")))
