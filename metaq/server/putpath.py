@@ -88,8 +88,8 @@ class BrokerWrites:
         of ``keys`` is woken (``quiet``: ``PartitionWaiters.notify``'s) and the writer yields once when one was
         (``PartitionWaiters.wake_now``): the woken readers answer before the writer's acknowledgement and its next
         frames, so a reader waits for one write, never for a writer's whole pipeline. A writer therefore holds no
-        lock and no decision across it (MQTT asks its write decision again after). The flusher is woken when its
-        policy says so."""
+        lock and no decision across it unless the decision's version says it stands (``PutPath.decision_stands``).
+        The flusher is woken when its policy says so."""
         self.waiters.wake_now(keys, quiet)
         if self.store.should_flush(now):
             self.flusher.wake()
