@@ -115,8 +115,11 @@ class Publishes:
         """``decided``, emptied first unless the decisions in it still stand: made at the put path's decision version
         of now (``PutPath.decision_stands``: nothing the write decision reads changed since, the clock's part still
         yes) for the session's user of now. Holds at most ``limits.MQTT_KEPT_DECISIONS`` topics (past them it starts
-        again). A refusal is never kept (``MqttPort.put``)."""
+        again). A refusal is never kept (``MqttPort.put``). While a burst is staged they were asked at its first
+        PUBLISH and nothing yielded since (the burst is stored before the reader yields): not asked again."""
         decided = self.decided
+        if self._burst:
+            return decided
         session = self.conn.session
         user = session.user if session is not None else None
         at = self._decided_at
