@@ -632,6 +632,14 @@ MQTT_RECEIVE_MAXIMUM = 64
 MQTT_PUBLISH_BURST = 128
 #: Record bytes one MQTT publish burst gathers at most (``MQTT_PUBLISH_BURST``): past it the burst is stored at once.
 MQTT_PUBLISH_BURST_BYTES = 1024 * 1024
+#: Metaq topics an MQTT connection keeps the write decision of across its turns (``Publishes.decided``: asked again
+#: only once something it reads changed, ``PutPath.decision_stands``): a device publishes to a few; past the count
+#: the kept decisions start again.
+MQTT_KEPT_DECISIONS = 32
+#: Topic names whose staging plans (``records.plain_plan``) and metaq topics whose write decisions an MQTT connection
+#: keeps while it is parked (``Publishes.parked``): a device's next PUBLISH to one of them is split and staged in one
+#: step from the first packet of its next turn. A connection that used more keeps none (its next turn makes them).
+MQTT_PARKED_PLANS = 2
 #: How long an idle MQTT connection keeps its greenlet before it parks (the connection core's ``park_after_s``): a
 #: client that sends again within it is read at once (a busy publisher, a subscriber's acknowledgements), one whose
 #: next packet is later (a device's telemetry, its keep-alive) holds no greenlet meanwhile.

@@ -253,17 +253,16 @@ class Connection(core.Connection):
             if not parked:
                 self._end()
             else:
-                self.publishes.plans = None  # an idle connection holds no staging plan: its next turn makes them again
+                self.publishes.parked()  # a device's few plans and decisions kept for its next turn
 
     def _process(self):
         """Handle every whole packet buffered; False when the connection must close. The PUBLISHes among them ask
-        the write decision once per metaq topic (``Publishes.decided``) until the reader yields: a turn given to the
-        others, a wait, a packet other than PUBLISH (which has the PUBLISHes before it stored first), a failed put.
-        The clock is read once a packet: the turn yields once ``limits.MAX_TURN_MS`` have passed since it began."""
+        the write decision once per metaq topic while it stands (``Publishes.decided``, kept across turns); a packet
+        other than PUBLISH has the PUBLISHes before it stored first. The clock is read once a packet: the turn yields
+        once ``limits.MAX_TURN_MS`` have passed since it began."""
         turn = None
         publishes = self.publishes
         parser = self.parser
-        publishes.decided.clear()
         try:
             while True:
                 # plain PUBLISHes of names staged before: in one step
@@ -307,7 +306,6 @@ class Connection(core.Connection):
         if packet is CLOSED:
             publishes.flush()
             return False
-        publishes.decided.clear()
         return None if publishes.flush() else False
 
     def _failed(self, kind):
@@ -321,13 +319,10 @@ class Connection(core.Connection):
 
     def _yield_turn(self, started):
         """The turn begun at ``started`` is over (``limits.MAX_TURN_MS``): the staged PUBLISHes are stored before the
-        others run, the reader yields and a new turn begins, returned (the write decision asked again after). None
-        when the connection must close."""
+        others run, the reader yields and a new turn begins, returned. None when the connection must close."""
         if not self.publishes.flush():
             return None  # stored before the others run
-        turn = core.share_loop(started)  # the turn is over: it yields
-        self.publishes.decided.clear()  # the others ran: the decision may have changed
-        return turn
+        return core.share_loop(started)  # the turn is over: it yields
 
     def _refuse(self, exc):
         """A packet the codec refused: its answer (CONNACK, DISCONNECT or nothing), then close; one log line."""

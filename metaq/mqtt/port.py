@@ -556,9 +556,10 @@ class MqttPort:
         becomes the name's retained message (an empty payload clears it), within ``mqtt.max_retained`` and
         ``mqtt.max_retained_bytes`` (QuotaExceeded past them, nothing stored); the result's ``log_end`` is then past
         the retained record too, so an acknowledgement waits for both. ``decided``: the metaq topics the decision let
-        ``security``'s user write to since its caller last yielded (one socket read's PUBLISHes), a dict of their
-        partition counts: not asked again for them; a topic let through is added. A refusal is never remembered:
-        each publish it refuses is asked and answered. Raises ``records.RecordRefusal`` or MetaqError."""
+        ``security``'s user write to, a dict of their partition counts, kept by the caller while those decisions
+        stand (``PutPath.decision_stands``): not asked again for them; a topic let through is added. A refusal is
+        never remembered: each publish it refuses is asked and answered. Raises ``records.RecordRefusal`` or
+        MetaqError."""
         topic = placement(self.topics, name)[0]
         partitions = self._decide(topic, security, decided)
         now = now_ms()
@@ -583,8 +584,9 @@ class MqttPort:
     def _decide(self, topic, security, decided):
         """``topic``'s partition count once the write decision (``PutPath.write_refusal``) lets ``security``'s user
         write to it (raises its refusal, counted as a failed put). ``decided`` (a dict, or None): the topics the
-        decision let through since the caller last yielded, with their partition counts: not asked again (nothing
-        can have changed either without a yield)."""
+        decision let through, with their partition counts, while the caller's decisions stand (``PutPath
+        .decision_stands``: every change of what the decision or the partition count reads moves its version): not
+        asked again."""
         if decided is not None:
             partitions = decided.get(topic)
             if partitions is not None:

@@ -4,7 +4,8 @@ a QoS 2 PUBLISH (docs/mqtt.md).
 A PUBLISH is stored through the port's put (the put path's one write decision); its PUBACK or PUBREC goes out through
 the connection's acknowledgements (``acks.Acknowledgements``), in the order the PUBLISHes came, once the put may be
 acknowledged as a text ``put`` would be. The QoS 0 and 1 PUBLISHes one read brings (not retained) are gathered as a
-burst (``limits.MQTT_PUBLISH_BURST``, ``MQTT_PUBLISH_BURST_BYTES``), their write decision asked as each comes, and
+burst (``limits.MQTT_PUBLISH_BURST``, ``MQTT_PUBLISH_BURST_BYTES``), their write decision asked as each comes (a
+yes kept across turns while nothing it reads changed, ``PutPath.decision_stands``), and
 stored together through the store's burst path (``MqttPort.write_burst``) before any other packet is handled, the
 reader yields or answers; their PUBACKs go out together once the burst may be acknowledged. The plain ones (no
 properties, of a name staged in this turn, to a topic the decision let through) are split from the buffer and
@@ -63,15 +64,18 @@ class Publishes:
     """One connection's PUBLISHes and PUBRELs (see the module doc): read from ``conn`` (its session, version,
     settings, ``disconnect``), stored through ``port`` (``stage``, ``write_burst``, ``put``, ``save``, the fan-out's
     ``deliver_now``), acknowledged through ``acks``. ``decided`` holds, per metaq topic, the partitions the write
-    decision let through since the reader last yielded: the connection clears it when it yields."""
+    decision let through, kept across turns while those decisions stand (``_decisions``: asked again once something
+    the decision reads changed, ``PutPath.decision_stands``, or the session's user did)."""
 
-    __slots__ = ("conn", "port", "acks", "decided", "plans", "_aliases", "_burst", "_burst_bytes", "_burst_now")
+    __slots__ = ("conn", "port", "acks", "decided", "plans", "_decided_at", "_aliases", "_burst", "_burst_bytes",
+                 "_burst_now")
 
     def __init__(self, conn, port, acks):
         self.conn = conn
         self.port = port
         self.acks = acks
         self.decided = {}
+        self._decided_at = None  # (the put path's decision version, the session's user) of the decisions in decided
         self.plans = None  # name bytes -> records.plain_plan of names staged this turn: a dict once one is (_plan)
         self._aliases = {}  # topic alias -> topic name (MQTT 5, this connection's)
         self._burst = []  # PUBLISHes staged, not yet stored: (topic, partition, flag, data, packet, name)
@@ -92,7 +96,7 @@ class Publishes:
         now = self._burst_now if burst else now_ms()
         try:
             topic, partition, flag, data = self.port.stage(name, p.payload, p.qos, conn.mqtt.client_id, p.properties,
-                                                           conn.session, self.decided, now)
+                                                           conn.session, self._decisions(), now)
         except (RecordRefusal, errors.MetaqError) as exc:
             self.decided.clear()
             return self.flush() and self._refused(p, name, exc)
@@ -106,6 +110,34 @@ class Publishes:
         if len(burst) >= limits.MQTT_PUBLISH_BURST or self._burst_bytes >= limits.MQTT_PUBLISH_BURST_BYTES:
             return self.flush()
         return True
+
+    def _decisions(self):
+        """``decided``, emptied first unless the decisions in it still stand: made at the put path's decision version
+        of now (``PutPath.decision_stands``: nothing the write decision reads changed since, the clock's part still
+        yes) for the session's user of now. Holds at most ``limits.MQTT_KEPT_DECISIONS`` topics (past them it starts
+        again). A refusal is never kept (``MqttPort.put``). While a burst is staged they were asked at its first
+        PUBLISH and nothing yielded since (the burst is stored before the reader yields): not asked again."""
+        decided = self.decided
+        if self._burst:
+            return decided
+        session = self.conn.session
+        user = session.user if session is not None else None
+        at = self._decided_at
+        path = self.port.put_path
+        if (at is None or at[1] != user or not path.decision_stands(at[0])
+                or len(decided) >= limits.MQTT_KEPT_DECISIONS):
+            decided.clear()
+            self._decided_at = (path.version, user)
+        return decided
+
+    def parked(self):
+        """The connection parks: it keeps its staging plans and write decisions while they are at most
+        ``limits.MQTT_PARKED_PLANS`` each (a device's next PUBLISH is then staged in one step from the first packet
+        of its next turn, ``stage_plain``), else drops them (its next turn makes them again)."""
+        if self.plans is not None and len(self.plans) > limits.MQTT_PARKED_PLANS:
+            self.plans = None
+        if len(self.decided) > limits.MQTT_PARKED_PLANS:
+            self.decided.clear()
 
     def _name(self, p):
         """The PUBLISH's topic name, its MQTT 5 topic alias set or resolved; None: refused (the connection closes)."""
@@ -150,12 +182,12 @@ class Publishes:
 
     def stage_plain(self, parser):
         """Split from ``parser``'s buffer the plain PUBLISHes of names staged before (``wire.MqttParser
-        .plain_publishes``, the write decision being ``decided``'s, the QoS 1 ones within ``mqtt.receive_maximum``)
-        and add them to the burst, as ``publish`` adds each. None when there were none; else False when the
-        connection must close."""
+        .plain_publishes``, the write decision being ``decided``'s while it stands, the QoS 1 ones within
+        ``mqtt.receive_maximum``) and add them to the burst, as ``publish`` adds each. None when there were none;
+        else False when the connection must close."""
         burst = self._burst
         staged, qos1, nbytes = parser.plain_publishes(
-            self.plans, self.decided, self.conn.settings.receive_maximum - self.acks.unacked,
+            self.plans, self._decisions(), self.conn.settings.receive_maximum - self.acks.unacked,
             limits.MQTT_PUBLISH_BURST - len(burst), limits.MQTT_PUBLISH_BURST_BYTES - self._burst_bytes)
         if not staged:
             return None
@@ -197,7 +229,6 @@ class Publishes:
             mode = port.burst_mode(keys, now, lambda: port.deliver_now(keys, burst, runs, lambda k: (
                 stored_message(burst[k][5], burst[k][4].payload, burst[k][4].qos, client_id, burst[k][4].properties,
                                False, now))))
-            self.decided.clear()  # the put path's wake may yield: the write decision is asked again after
             ids = [e[4].packet_id for e in (burst[:stored] if exc is not None else burst) if e[4].qos]
             if ids:
                 self.acks.queue(PubAckRun(ids), None if mode == ACK_NOW else (keys, log_end, now, cuts))
@@ -228,12 +259,11 @@ class Publishes:
                                    "(mqtt.receive_maximum)" % most)
         try:
             topic, r, now = self.port.put(name, p.payload, p.qos, session.client_id, p.properties, conn.session,
-                                          p.retain, self.decided)
+                                          p.retain, self._decisions())
         except (RecordRefusal, errors.MetaqError) as exc:
             self.decided.clear()
             return self._refused(p, name, exc)
         cuts = self.port.store.log_cuts  # nothing yielded since the write (a session's save below may)
-        self.decided.clear()  # the put path's wake below may yield: the write decision is asked again after
         if p.qos == 0:
             self.port.made_visible(topic, r, now)
             return True
@@ -251,9 +281,8 @@ class Publishes:
 
     def _wait_for_acks(self):
         """MQTT 3.1.1 has no Receive Maximum: its client waits for our acknowledgements instead
-        (``Acknowledgements.wait_for_room``); the wait may yield, so the write decision is asked again after."""
-        if self.acks.wait_for_room(self.conn.settings.receive_maximum, self.conn.request_timeout):
-            self.decided.clear()
+        (``Acknowledgements.wait_for_room``); the decisions kept stand through the wait while ``_decisions`` says."""
+        self.acks.wait_for_room(self.conn.settings.receive_maximum, self.conn.request_timeout)
 
     def _refused(self, p, name, exc):
         conn = self.conn

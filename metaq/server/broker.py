@@ -143,6 +143,10 @@ class Broker:
         self.roles.on_change(self._clamp_offsets)
         self.put_path = PutPath(self.store, self.stats, self.flusher, self.waiters, self.roles, self.gate,
                                 self.delay, self.registry, sync_flush=config.store.flush == "sync", guard=self.guard)
+        # every change of what the write decision reads moves its version: decisions kept are asked again
+        self.gate.on_change = self.put_path.changed
+        self.guard.on_change.append(self.put_path.changed)
+        self.roles.on_change(self.put_path.changed)
         self.put_path.timers = self.timers
         self.tx.attach_writes(self.put_path.check_writable, self.put_path.confirm)
         self.pop = PopService(self.store, self.put_path, self.roles.is_master,
@@ -160,6 +164,7 @@ class Broker:
                               lambda group: self.remoting.group_members(group) if self.remoting is not None else [])
         self.topic_admin = TopicAdmin(self.store, self.store_lock, self.registry,
                                       lambda: self.put_path.slave_refusal)  # the topic table (topics/service.py)
+        self.topic_admin.on_change.append(self.put_path.changed)  # a topic deleted or altered: decisions asked again
         self.tracer = Tracer(self.store, lambda: self.pop.state, self._remoting_host, config.broker.id,
                              lambda: self.roles.read_refusal)  # where is my message (trace/service.py)
         self.group_admin = GroupAdmin(self.store.groups, lambda: self.put_path.slave_refusal)  # groups/service.py

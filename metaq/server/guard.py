@@ -113,6 +113,7 @@ class Guard:
         #: the quota decision over the current file (``quotas.check(user, name, current)``; docs/security.md "Quotas")
         self.quotas = Quotas(lambda: self.acl if self.enabled else None, broker_limits)
         self._connected = {}  # user -> connections logged in as it (its connections quota)
+        self.on_change = []  # callables, run after each reload (``PutPath.changed``: decisions kept are asked again)
         if self.enabled:
             self.file_state, self.acl = _read_acl(self.path)  # a bad file stops the broker's start
             log.info("authentication on: %d users from %s", len(self.acl.users), self.path)
@@ -148,6 +149,8 @@ class Guard:
             return False
         self.acl, self.file_state, self.reload_error = acl, state, None
         self.reloads += 1
+        for callback in self.on_change:
+            callback()
         log.info("security.acl_file %s reloaded: %d users", self.path, len(acl.users))
         return True
 

@@ -88,8 +88,8 @@ class BrokerWrites:
         of ``keys`` is woken (``quiet``: ``PartitionWaiters.notify``'s) and the writer yields once when one was
         (``PartitionWaiters.wake_now``): the woken readers answer before the writer's acknowledgement and its next
         frames, so a reader waits for one write, never for a writer's whole pipeline. A writer therefore holds no
-        lock and no decision across it (MQTT asks its write decision again after). The flusher is woken when its
-        policy says so."""
+        lock and no decision across it unless the decision's version says it stands (``PutPath.decision_stands``).
+        The flusher is woken when its policy says so."""
         self.waiters.wake_now(keys, quiet)
         if self.store.should_flush(now):
             self.flusher.wake()
@@ -106,6 +106,7 @@ class WriteGate:
         self.refusal = None
         self.disk_state = None  # the store's last DiskState
         self.flush_failure = None  # the flusher's failure (sticky), or None
+        self.on_change = None  # called when ``refusal`` changes (``PutPath.changed``: decisions kept are asked again)
 
     def refresh(self, flush_failure=None, disk_state=None):
         if flush_failure is not None:
@@ -113,11 +114,18 @@ class WriteGate:
         if disk_state is not None:
             self.disk_state = disk_state
         if self.flush_failure is not None:
-            self.refusal = "writes are refused after a failed flush (%s); restart the broker" % self.flush_failure
+            self._refuse("writes are refused after a failed flush (%s); restart the broker" % self.flush_failure)
         elif self.disk_state is not None and self.disk_state.refusing_writes:
-            self.refusal = self.disk_state.reason
+            self._refuse(self.disk_state.reason)
         else:
-            self.refusal = None
+            self._refuse(None)
+
+    def _refuse(self, refusal):
+        """``refusal`` is the answer now (None: puts are taken); ``on_change`` is told when it changed."""
+        changed = refusal != self.refusal
+        self.refusal = refusal
+        if changed and self.on_change is not None:
+            self.on_change()
 
     def error(self):
         """The error a refused put gets: Unavailable (503) after a failed flush, else DiskFull (507)."""
@@ -127,9 +135,9 @@ class WriteGate:
         """A put met a full disk: refuse at once; ``disk_state`` is the measurement that refused it, if one did."""
         if self.refusal is None:
             log.error("%s", reason)
-        self.refusal = reason
         if disk_state is not None:
             self.disk_state = disk_state
+        self._refuse(reason)
 
 
 class PutPath:
@@ -148,6 +156,24 @@ class PutPath:
         self.registry = registry
         self.sync_flush = sync_flush
         self.writes = BrokerWrites(store, waiters, flusher, sync_flush)  # the broker's own records, the one wake
+        self.version = 0  # moves with every change of what ``write_refusal`` reads (``changed``)
+
+    def changed(self, *_):
+        """Something ``write_refusal`` reads changed: the permissions file (users, rules, quotas), the write gate,
+        the replication role, the topic table. The broker wires every such change here; ``version`` moves, so
+        every decision a front-end kept (``decision_stands``) is asked again."""
+        self.version += 1
+
+    def decision_stands(self, version):
+        """True while a yes of ``write_refusal`` given at ``version`` (for a writer whose session's user did not
+        change since: the caller's to compare) still stands: nothing it reads changed since (``changed``) and, where
+        the broker's own answer moves with the clock alone (an elected master's lease, a replicating master's
+        isolation or its sync slaves' confirmations), that answer is still yes (``writable_refusal``, asked now).
+        A no is never kept: each put it refuses asks again."""
+        if version != self.version:
+            return False
+        roles = self.roles
+        return (roles.replication is None and roles.election is None) or self.writable_refusal() is None
 
     @property
     def replication(self):
