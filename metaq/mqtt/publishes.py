@@ -52,7 +52,10 @@ def reason_of(exc):
 
 def remember_plan(plans, topics, name, client_id):
     """Add ``records.plain_plan(topics, name, client_id)`` to ``plans`` under the name's bytes unless it is there;
-    ``plans`` holds at most ``MQTT_PLAIN_PLANS`` names (full, it starts again)."""
+    ``plans`` holds at most ``MQTT_PLAIN_PLANS`` names (full, it starts again), of at most ``limits.MQTT_KEPT_NAME``
+    characters (a longer name takes the general path at each PUBLISH)."""
+    if len(name) > limits.MQTT_KEPT_NAME:
+        return
     key = name.encode("utf-8")
     if key not in plans:
         if len(plans) >= MQTT_PLAIN_PLANS:

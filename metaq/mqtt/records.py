@@ -41,6 +41,7 @@ import zlib
 from typing import NamedTuple
 
 from metaq.errors import RemoteProtocolError
+from metaq.limits import MQTT_ATTRIBUTE_CACHE, MQTT_KEPT_NAME
 from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.protocol.journaltopic import MQTT_INBOX_TOPIC
 from metaq.protocol.message import decode_payload, encode_payload
@@ -70,11 +71,6 @@ _OURS = frozenset({TOPIC, TOPIC_B64, QOS, CLIENT, CONTENT_TYPE, RESPONSE_TOPIC, 
 PLAIN_QOS = 1
 
 _SEPARATORS = ("\x01", "\x02")
-
-#: Attributes of PUBLISHes without MQTT 5 properties remembered, by (topic name, QoS, client id, retain): the most
-#: recent ones, a few MiB at most with the longest names.
-MQTT_ATTRIBUTE_CACHE = 4096
-
 
 class RecordRefusal(ValueError):
     """A message the mapping cannot store; ``what`` names the field (``"topic"`` or another)."""
@@ -112,7 +108,8 @@ def record_data(name, payload, qos, client_id, properties, retain=False, now_ms=
     Interval is kept as the time it expires, counted from ``now_ms``. The attribute holds properties and no tags, so
     the record's index unit has tag hash 0 (what the publish burst writes, ``MqttPort.write_burst``)."""
     if not properties:  # every MQTT 3.1.1 PUBLISH and most MQTT 5 ones: a device repeats the same few topics
-        return encode_payload(payload, _plain_attribute(name, qos, client_id, retain))
+        attribute = _plain_attribute if len(name) <= MQTT_KEPT_NAME else _plain_attribute.__wrapped__
+        return encode_payload(payload, attribute(name, qos, client_id, retain))
     props = _named(name)
     props[QOS] = str(qos)
     if retain:
@@ -175,8 +172,9 @@ def stored_message(name, payload, qos, client_id, properties, retain=False, now_
 
 @functools.lru_cache(maxsize=MQTT_ATTRIBUTE_CACHE)
 def _plain_attribute(name, qos, client_id, retain):
-    """The attribute of a PUBLISH without MQTT 5 properties (``record_data``'s, remembered: the same publisher and
-    topic give the same one; a refusal is raised again each time, never remembered)."""
+    """The attribute of a PUBLISH without MQTT 5 properties (``record_data``'s, remembered for names up to
+    ``MQTT_KEPT_NAME``: the same publisher and topic give the same one; a refusal is raised again each time, never
+    remembered)."""
     props = _named(name)
     props[QOS] = str(qos)
     if retain:

@@ -26,7 +26,7 @@ import zlib
 from typing import NamedTuple
 
 from metaq.errors import InvalidTopic
-from metaq.limits import MQTT_MAX_TOPIC_RULES, MQTT_PLACED_NAMES, validate_topic
+from metaq.limits import MQTT_KEPT_NAME, MQTT_MAX_TOPIC_RULES, MQTT_PLACED_NAMES, validate_topic
 from metaq.mqtt.topics import TopicError, has_wildcard, matches, validate_filter
 from metaq.topics.names import is_internal
 
@@ -134,7 +134,7 @@ class TopicMap:
     def __init__(self, rules=(), fallback=DEFAULT_FALLBACK):
         self.rules = _rules(rules)
         self.fallback = _checked_topic(fallback, "mqtt.fallback_topic")
-        self.place = functools.lru_cache(maxsize=MQTT_PLACED_NAMES)(self._place)
+        self._placed = functools.lru_cache(maxsize=MQTT_PLACED_NAMES)(self._place)
 
     def topic_of(self, name):
         """The metaq topic of (valid) MQTT topic name ``name``; ValueError for a name beginning with ``$``."""
@@ -145,8 +145,12 @@ class TopicMap:
                 return rule.topic
         return default_topic(name, self.fallback)
 
+    def place(self, name):
+        """``(metaq topic, CRC-32 of the name's UTF-8 bytes)`` (``records.placement``), remembered per name for the
+        last ``MQTT_PLACED_NAMES`` names of at most ``MQTT_KEPT_NAME`` characters (a longer one is placed each time)."""
+        return self._placed(name) if len(name) <= MQTT_KEPT_NAME else self._place(name)
+
     def _place(self, name):
-        """``(metaq topic, CRC-32 of the name's UTF-8 bytes)`` (``records.placement``), remembered per name."""
         return self.topic_of(name), zlib.crc32(name.encode("utf-8", "surrogatepass"))
 
     def topics_for(self, topic_filter):

@@ -156,3 +156,27 @@ def test_the_deliveries_keep_at_most_mqtt_shared_decodes_bytes_of_payloads():
     flag, data = record_data("t/x", b"y" * (MQTT_SHARED_DECODES_BYTES + 1), 0, "dev", {})
     assert d.message((5, 0), "t", flag, data).payload == b"y" * (MQTT_SHARED_DECODES_BYTES + 1)
     assert (5, 0) not in d._messages and len(d._messages) == 4  # larger than the whole bound alone: not kept
+
+
+def test_what_is_kept_per_topic_name_is_kept_only_for_names_up_to_the_bound():
+    """Names may be 65,535 bytes: 4,096 remembered attributes and placements of such names, and 32 staging plans on
+    each connection, would hold hundreds of MiB. A name up to ``MQTT_KEPT_NAME`` characters is kept; one past is
+    encoded, placed and staged at each message, with the same result."""
+    from metaq.limits import MQTT_KEPT_NAME
+    from metaq.mqtt.publishes import remember_plan
+    from metaq.mqtt.records import _plain_attribute
+    topics = TopicMap()
+    at, past = "k/" + "a" * (MQTT_KEPT_NAME - 2), "k/" + "b" * (MQTT_KEPT_NAME - 1)
+    for name, kept in ((at, True), (past, False)):
+        before = _plain_attribute.cache_info()
+        first = record_data(name, b"v", 1, "bound-client", None)
+        assert record_data(name, b"v", 1, "bound-client", None) == first
+        after = _plain_attribute.cache_info()
+        assert (after.hits - before.hits, after.misses - before.misses) == ((1, 1) if kept else (0, 0)), name
+        placed_before = topics._placed.cache_info().currsize
+        assert topics.place(name) == ("k", zlib.crc32(name.encode()))
+        assert message_of("k", *first, topics).topic == name
+        assert topics._placed.cache_info().currsize == placed_before + (1 if kept else 0)
+        plans = {}
+        remember_plan(plans, topics, name, "bound-client")
+        assert (name.encode() in plans) is kept
