@@ -228,21 +228,42 @@ class PopState:
 
     def flight(self, group, topic, handle_text, now_ms):
         """``(partition, offset, Flight)`` of a handle in flight now, ``(partition, offset, None)`` when that
-        message is done already (a repeated ack); InvalidHandle for a malformed, expired or superseded handle. A
-        renewed delivery (``Flight.handed``) is named by the handle it was delivered with, expired at its current
+        message is done already (a repeated ack); InvalidHandle for a malformed, expired or superseded handle."""
+        found = self.flights(group, topic, [handle_text], now_ms)[0]
+        if isinstance(found, InvalidHandle):
+            raise found
+        return found
+
+    def flights(self, group, topic, handles, now_ms):
+        """``flight`` of each handle of an ack, looked up in one pass (the pair found once, then one cursor and one
+        flight lookup a handle): a list of ``(partition, offset, Flight or None)`` or ``InvalidHandle``, in order.
+        A renewed delivery (``Flight.handed``) is named by the handle it was delivered with, expired at its current
         deadline."""
-        p, o, attempt, deadline = parse_handle(handle_text)
         g = self.groups.get((group, topic))
-        c = g.cursors.get(p) if g is not None else None
-        if c is not None and (o < c.low or o in c.done):
-            return p, o, None
-        f = c.flights.get(o) if c is not None else None
-        if f is None or not f.names(attempt, deadline):
-            raise InvalidHandle("receipt handle %s names no message of %s/%s in flight (an older delivery's?)"
-                                % (handle_text, group, topic))
-        if f.deadline <= now_ms:  # a renewed delivery's handle works until the renewed deadline
-            raise InvalidHandle("receipt handle %s is expired" % handle_text)
-        return p, o, f
+        cursors = g.cursors if g is not None else {}
+        out = []
+        for text in handles:
+            try:
+                p, o, attempt, deadline = parse_handle(text)
+            except InvalidHandle as exc:
+                out.append(exc)
+                continue
+            c = cursors.get(p)
+            if c is None:
+                f = None
+            elif o < c.low or o in c.done:
+                out.append((p, o, None))
+                continue
+            else:
+                f = c.flights.get(o)
+            if f is None or not f.names(attempt, deadline):
+                out.append(InvalidHandle("receipt handle %s names no message of %s/%s in flight (an older "
+                                         "delivery's?)" % (text, group, topic)))
+            elif f.deadline <= now_ms:  # a renewed delivery's handle works until the renewed deadline
+                out.append(InvalidHandle("receipt handle %s is expired" % text))
+            else:
+                out.append((p, o, f))
+        return out
 
     def flight_at(self, group, topic, partition, offset):
         """The ``Flight`` of the message at ``offset`` of ``partition`` for ``group`` now; None when it is not in

@@ -389,3 +389,23 @@ def test_the_deadline_index_agrees_with_every_flight_through_acks_renewals_skips
                     groups[f.group] = groups.get(f.group, 0) + 1
         assert g.mgroups == groups
     assert pop.rebuilt() == pop.state.view()
+
+
+def test_an_acks_handles_are_looked_up_in_one_pass_each_as_alone():
+    """``flights`` answers each handle of an ack as ``flight`` does alone: in flight, done already, expired,
+    superseded, malformed or of an unknown partition, in order, one bad handle failing only itself."""
+    pop = Pop(Log([None] * 4))
+    _got, hs = pop.receive(3, NOW, inv=1000)
+    pop.ack([hs[0]], NOW + 1)
+    handles = [hs[1], hs[0], handle(0, 1, 2, NOW + 1000), "nonsense", handle(7, 0, 1, NOW + 1000), hs[2]]
+    found = pop.state.flights(G, T, handles, NOW + 2)
+    assert [type(x).__name__ if isinstance(x, InvalidHandle) else x[:2] + (x[2] is not None,) for x in found] == [
+        (0, 1, True), (0, 0, False), "InvalidHandle", "InvalidHandle", "InvalidHandle", (0, 2, True)]
+    for text, one in zip(handles, found):
+        if isinstance(one, InvalidHandle):
+            with pytest.raises(InvalidHandle):
+                pop.state.flight(G, T, text, NOW + 2)
+        else:
+            assert pop.state.flight(G, T, text, NOW + 2) == one
+    assert all(isinstance(x, InvalidHandle) and "expired" in str(x)
+               for x in pop.state.flights(G, T, [hs[1], hs[2]], NOW + 1000))
