@@ -401,7 +401,7 @@ def test_an_acks_handles_are_looked_up_in_one_pass_each_as_alone():
     found = pop.state.flights(G, T, handles, NOW + 2)
     assert [type(x).__name__ if isinstance(x, InvalidHandle) else x[:2] + (x[2] is not None,) for x in found] == [
         (0, 1, True), (0, 0, False), "InvalidHandle", "InvalidHandle", "InvalidHandle", (0, 2, True)]
-    for text, one in zip(handles, found):
+    for text, one in zip(handles, found, strict=True):
         if isinstance(one, InvalidHandle):
             with pytest.raises(InvalidHandle):
                 pop.state.flight(G, T, text, NOW + 2)
