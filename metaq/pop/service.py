@@ -212,14 +212,12 @@ class PopService:
         self.path.check_writable()
         now = now_ms()
         results, done = [], []
-        for h in handles:
-            try:
-                p, o, f = self.state.flight(group, topic, h, now)
-            except InvalidHandle as exc:
-                results.append(exc)
+        for found in self.state.flights(group, topic, handles, now):
+            if isinstance(found, InvalidHandle):
+                results.append(found)
                 continue
-            if f is not None:
-                done.append([p, o])
+            if found[2] is not None:
+                done.append([found[0], found[1]])
             results.append(None)
         if done:
             self._acks.add(group, topic, done, self.state).get()  # raises the write's error

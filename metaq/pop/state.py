@@ -13,10 +13,17 @@ equals the live state (``pop/records.py`` says the records). Every map is bounde
 (``POP_MAX_GROUPS``), messages in flight per pair (``POP_MAX_IN_FLIGHT``), the span of a partition ahead of its
 lowest unacknowledged offset (``POP_MAX_SPAN``, which bounds ``done``).
 
+Each pair keeps its flights' deadlines in a heap (``GroupPop.deadlines``, an entry whose flight has since moved on
+or ended is dropped when met, the heap rebuilt when such entries outnumber the flights), its count in flight and
+its message groups in flight, so a receive visits the expired flights and the messages it hands out, never every
+flight (``PopState.visited`` counts what it visits).
+
 FIFO: with ``fifo``, a message carrying a message group is handed out only when no message of that group is in
 flight (expired ones included), and a partition is read no further than its first such message, so each group's
 messages go out one at a time, in log order; a redelivery keeps its place ahead of the group's later messages.
 """
+
+import heapq
 
 from metaq import errors, limits
 from metaq.pop.records import InvalidHandle, handle, parse_handle
@@ -55,24 +62,29 @@ class Cursor:
         self.low, self.next, self.flights, self.done = low, nxt, {}, set()
 
     def finish(self, offset):
-        """``offset`` acknowledged or dead-lettered: out of flight, and ``low`` moved past what is done."""
-        self.flights.pop(offset, None)
+        """``offset`` acknowledged or dead-lettered: out of flight, and ``low`` moved past what is done; returns
+        the flight that ended (None: it was not in flight)."""
+        f = self.flights.pop(offset, None)
         if offset < self.low or offset >= self.next:
-            return
+            return f
         self.done.add(offset)
         while self.low in self.done:
             self.done.discard(self.low)
             self.low += 1
+        return f
 
     def skip_to(self, offset):
+        """Every offset below ``offset`` passed over (deleted by retention); returns the flights that ended."""
         if offset <= self.low:
-            return
+            return []
         self.low, self.next = offset, max(self.next, offset)
+        ended = [f for o, f in self.flights.items() if o < offset]
         self.flights = {o: f for o, f in self.flights.items() if o >= offset}
         self.done = {o for o in self.done if o >= offset}
         while self.low in self.done:
             self.done.discard(self.low)
             self.low += 1
+        return ended
 
     def snapshot(self):
         return {"low": self.low, "next": self.next, "done": sorted(self.done),
@@ -80,15 +92,105 @@ class Cursor:
 
 
 class GroupPop:
-    """One (group, topic): its partitions' cursors and its counts (redelivered, dead-lettered)."""
+    """One (group, topic): its partitions' cursors, its counts (redelivered, dead-lettered) and what a receive
+    needs without walking every flight: ``deadlines`` (a heap of ``(deadline, p, offset, seq, Flight)``; an entry
+    whose flight ended or moved its deadline is stale), ``flying`` (the count in flight) and ``mgroups`` (message
+    group -> its count in flight). Every flight begins in ``fly``, ends in ``land`` and moves in ``moved``."""
 
-    __slots__ = ("cursors", "redelivered", "dead", "turn")
+    __slots__ = ("cursors", "redelivered", "dead", "turn", "deadlines", "flying", "mgroups", "seq")
 
     def __init__(self):
         self.cursors, self.redelivered, self.dead, self.turn = {}, 0, 0, 0
+        self.deadlines, self.flying, self.mgroups, self.seq = [], 0, {}, 0
 
     def in_flight(self):
-        return sum(len(c.flights) for c in self.cursors.values())
+        return self.flying
+
+    def fly(self, c, p, o, f):
+        """``f`` in flight at offset ``o`` of partition ``p`` (cursor ``c``), in place of one there."""
+        old = c.flights.get(o)
+        if old is not None:
+            self.land(old)
+        c.flights[o] = f
+        self.flying += 1
+        if f.group is not None:
+            self.mgroups[f.group] = self.mgroups.get(f.group, 0) + 1
+        self.moved(p, o, f)
+
+    def land(self, f):
+        """``f`` (taken out of its cursor's flights) ended."""
+        if f is None:
+            return
+        self.flying -= 1
+        m = f.group
+        if m is not None:
+            n = self.mgroups.get(m, 0) - 1
+            if n > 0:
+                self.mgroups[m] = n
+            else:
+                self.mgroups.pop(m, None)
+
+    def moved(self, p, o, f):
+        """``f``'s deadline set: indexed at it (its older entry goes stale); the heap is rebuilt from the flights
+        when stale entries outnumber them."""
+        self.seq += 1
+        heapq.heappush(self.deadlines, (f.deadline, p, o, self.seq, f))
+        if len(self.deadlines) > 2 * self.flying + 64:
+            self.deadlines = [(f.deadline, p, o, 0, f) for p, c in self.cursors.items()
+                              for o, f in c.flights.items()]
+            heapq.heapify(self.deadlines)
+
+    def live(self, entry):
+        """Whether a ``deadlines`` entry still names a flight at its deadline."""
+        d, p, o, _seq, f = entry
+        c = self.cursors.get(p)
+        return c is not None and c.flights.get(o) is f and f.deadline == d
+
+    def expired(self, now_ms, visit):
+        """The flights whose deadline is at or before ``now_ms``, ``[(deadline, p, offset, Flight)]`` oldest
+        first (stale entries met on the way are dropped; the live ones stay indexed); ``visit(n)`` counts the
+        entries met."""
+        heap, out, met, seen = self.deadlines, [], 0, set()
+        while heap and heap[0][0] <= now_ms:
+            entry = heapq.heappop(heap)
+            met += 1
+            if (entry[1], entry[2]) not in seen and self.live(entry):
+                seen.add((entry[1], entry[2]))
+                out.append(entry)
+        for entry in out:
+            heapq.heappush(heap, entry)
+        while heap and not self.live(heap[0]):
+            heapq.heappop(heap)
+            met += 1
+        visit(met + 1)
+        return [(d, p, o, f) for d, p, o, _s, f in out]
+
+    def next_deadline(self):
+        """The earliest deadline in flight, or None."""
+        heap = self.deadlines
+        while heap and not self.live(heap[0]):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+
+class _Busy:
+    """The message groups a FIFO receive must not hand out: those in flight for the pair (``mgroups``), less the
+    ones the receive dead-letters, plus the ones it hands out."""
+
+    __slots__ = ("flying", "freed", "added")
+
+    def __init__(self, flying):
+        self.flying, self.freed, self.added = flying, set(), set()
+
+    def __contains__(self, m):
+        return m in self.added or (m in self.flying and m not in self.freed)
+
+    def add(self, m):
+        self.added.add(m)
+
+    def discard(self, m):
+        self.freed.add(m)
+        self.added.discard(m)
 
 
 class Plan:
@@ -117,26 +219,51 @@ class PopState:
                  max_span=limits.POP_MAX_SPAN):
         self.groups = {}  # (group, topic) -> GroupPop
         self.max_groups, self.max_in_flight, self.max_span = max_groups, max_in_flight, max_span
+        self.visited = 0  # the deadline entries receives met (what a receive walks beyond what it hands out)
+
+    def _visit(self, n):
+        self.visited += n
 
     # -- reading ----------------------------------------------------------------
 
     def flight(self, group, topic, handle_text, now_ms):
         """``(partition, offset, Flight)`` of a handle in flight now, ``(partition, offset, None)`` when that
-        message is done already (a repeated ack); InvalidHandle for a malformed, expired or superseded handle. A
-        renewed delivery (``Flight.handed``) is named by the handle it was delivered with, expired at its current
+        message is done already (a repeated ack); InvalidHandle for a malformed, expired or superseded handle."""
+        found = self.flights(group, topic, [handle_text], now_ms)[0]
+        if isinstance(found, InvalidHandle):
+            raise found
+        return found
+
+    def flights(self, group, topic, handles, now_ms):
+        """``flight`` of each handle of an ack, looked up in one pass (the pair found once, then one cursor and one
+        flight lookup a handle): a list of ``(partition, offset, Flight or None)`` or ``InvalidHandle``, in order.
+        A renewed delivery (``Flight.handed``) is named by the handle it was delivered with, expired at its current
         deadline."""
-        p, o, attempt, deadline = parse_handle(handle_text)
         g = self.groups.get((group, topic))
-        c = g.cursors.get(p) if g is not None else None
-        if c is not None and (o < c.low or o in c.done):
-            return p, o, None
-        f = c.flights.get(o) if c is not None else None
-        if f is None or not f.names(attempt, deadline):
-            raise InvalidHandle("receipt handle %s names no message of %s/%s in flight (an older delivery's?)"
-                                % (handle_text, group, topic))
-        if f.deadline <= now_ms:  # a renewed delivery's handle works until the renewed deadline
-            raise InvalidHandle("receipt handle %s is expired" % handle_text)
-        return p, o, f
+        cursors = g.cursors if g is not None else {}
+        out = []
+        for text in handles:
+            try:
+                p, o, attempt, deadline = parse_handle(text)
+            except InvalidHandle as exc:
+                out.append(exc)
+                continue
+            c = cursors.get(p)
+            if c is None:
+                f = None
+            elif o < c.low or o in c.done:
+                out.append((p, o, None))
+                continue
+            else:
+                f = c.flights.get(o)
+            if f is None or not f.names(attempt, deadline):
+                out.append(InvalidHandle("receipt handle %s names no message of %s/%s in flight (an older "
+                                         "delivery's?)" % (text, group, topic)))
+            elif f.deadline <= now_ms:  # a renewed delivery's handle works until the renewed deadline
+                out.append(InvalidHandle("receipt handle %s is expired" % text))
+            else:
+                out.append((p, o, f))
+        return out
 
     def flight_at(self, group, topic, partition, offset):
         """The ``Flight`` of the message at ``offset`` of ``partition`` for ``group`` now; None when it is not in
@@ -148,9 +275,7 @@ class PopState:
     def next_deadline(self, group, topic):
         """The earliest invisible deadline of the pair's flights (when a receive may hand one out again), or None."""
         g = self.groups.get((group, topic))
-        if g is None:
-            return None
-        return min((f.deadline for c in g.cursors.values() for f in c.flights.values()), default=None)
+        return g.next_deadline() if g is not None else None
 
     def message_states(self, topic, partition, offset):
         """``[(group, state, Flight or None)]``, sorted by group, for every group that receives ``topic``: where the
@@ -194,7 +319,9 @@ class PopState:
         plan = Plan()
         deadline = now_ms + invisible_ms
         cursors = g.cursors if g is not None else {}
-        busy = self._plan_expired(plan, cursors, now_ms, deadline, max_messages, max_attempts, fifo)
+        expired = g.expired(now_ms, self._visit) if g is not None else []
+        busy = _Busy(g.mgroups if g is not None and fifo else {})
+        self._plan_expired(plan, expired, deadline, max_messages, max_attempts, busy)
         room = self.max_in_flight - (g.in_flight() if g is not None else 0) + len(plan.dead)
         turn = g.turn if g is not None else 0
         for p in [(turn + i) % partitions for i in range(partitions)]:
@@ -203,21 +330,16 @@ class PopState:
         return plan
 
     @staticmethod
-    def _plan_expired(plan, cursors, now_ms, deadline, max_messages, max_attempts, fifo):
-        """Adds the expired flights to ``plan`` (oldest deadline first): dead-lettered past ``max_attempts``
-        deliveries, delivered again while ``max_messages`` has room; returns the message groups still in flight
-        (``fifo``: a group's next message waits for them; an empty set otherwise)."""
-        expired = sorted((f.deadline, p, o, f) for p, c in cursors.items() for o, f in c.flights.items()
-                         if f.deadline <= now_ms)
-        busy = {f.group for c in cursors.values() for f in c.flights.values() if f.group is not None} if fifo \
-            else set()
+    def _plan_expired(plan, expired, deadline, max_messages, max_attempts, busy):
+        """Adds the ``expired`` flights (oldest deadline first) to ``plan``: dead-lettered past ``max_attempts``
+        deliveries (their message group no longer ``busy``: a FIFO group's next message waits only for the
+        group's flights), delivered again while ``max_messages`` has room."""
         for _d, p, o, f in expired:
             if f.attempt >= max(1, max_attempts):
                 plan.dead.append([p, o])
                 busy.discard(f.group)
             elif len(plan.deliver) < max_messages:
                 plan.deliver.append([p, o, f.attempt + 1, deadline, f.group])
-        return busy
 
     def _plan_new(self, plan, p, c, room, deadline, max_messages, read, start, busy, fifo):
         """Adds new messages of partition ``p`` (cursor ``c``, None: never read) to ``plan``, within ``room`` more
@@ -285,7 +407,7 @@ class PopState:
             c = self._cursor(g, p)
             if o < c.low or o in c.done:
                 continue
-            c.flights[o] = Flight(attempt, deadline, mgroup)
+            g.fly(c, p, o, Flight(attempt, deadline, mgroup))
             c.next = max(c.next, o + 1)
             if attempt > 1:
                 g.redelivered += 1
@@ -297,7 +419,7 @@ class PopState:
             c = self._cursor(g, p)
             if dead and o in c.flights:
                 g.dead += 1
-            c.finish(o)
+            g.land(c.finish(o))
 
     def _apply_changed(self, g, rec):
         """``c``: a new deadline and a new handle; a renewal (of the old handle) ends."""
@@ -305,6 +427,7 @@ class PopState:
             f = self._cursor(g, p).flights.get(o)
             if f is not None:
                 f.deadline, f.handed = deadline, None
+                g.moved(p, o, f)
 
     def _apply_renewed(self, g, rec):
         """``r``: renewed; the delivery's handle (the deadline it was handed out with) still names it."""
@@ -314,17 +437,23 @@ class PopState:
                 if f.handed is None:
                     f.handed = f.deadline
                 f.deadline = deadline
+                g.moved(p, o, f)
 
     def _apply_skipped(self, g, rec):
         """``s``: cursors skip past what retention deleted."""
         for p, o in rec["e"]:
-            self._cursor(g, p).skip_to(o)
+            for f in self._cursor(g, p).skip_to(o):
+                g.land(f)
 
     def _apply_partition(self, g, rec):
         """``P``: one partition's cursor from a snapshot, with the pair's counts."""
         c = self._cursor(g, rec["p"])
         c.low, c.next, c.done = rec["low"], rec["next"], set(rec["done"])
-        c.flights = {e[0]: Flight(*e[1:]) for e in rec["f"]}
+        for f in c.flights.values():
+            g.land(f)
+        c.flights = {}
+        for e in rec["f"]:
+            g.fly(c, rec["p"], e[0], Flight(*e[1:]))
         g.redelivered, g.dead = rec["r"], rec["x"]
 
     #: Each journal record kind (``pop/records.py``) and the change it makes; other kinds change nothing.

@@ -310,3 +310,102 @@ def test_a_deposed_masters_cut_tail_leaves_nothing_in_the_state_even_when_no_fol
         assert svc.state.view() == before
     finally:
         store.close(NOW)
+
+
+def test_a_receives_walk_does_not_grow_with_the_messages_in_flight():
+    """A receive visits the expired flights and what it hands out, never every flight: with 10,000 in flight and
+    none expired, a receive meets a bounded number of deadline entries; once some expire, about that many."""
+    n = 10_000
+    pop = Pop(Log([None] * (n + 100)), max_in_flight=n + 100, max_span=n + 200)
+    for i in range(n // 100):
+        got, _ = pop.receive(100, NOW + i, inv=60_000)
+        assert len(got) == 100
+    assert pop.state.groups[(G, T)].in_flight() == n
+    before = pop.state.visited
+    for i in range(20):
+        assert len(pop.receive(1, NOW + 1000 + i, inv=60_000)[0]) == 1
+    assert pop.state.visited - before <= 2 * 20
+    before = pop.state.visited
+    got, _ = pop.receive(32, NOW + 60_000 + 4, inv=60_000)  # the first 5 receives' 500 messages expired
+    assert len(got) == 32 and all(a == 2 for _p, _o, a in got)
+    assert pop.state.visited - before <= 500 + 32 + 2
+    before = pop.state.visited
+    assert pop.receive(1, NOW + 60_000 + 4, inv=60_000)[0][0][2] == 2  # the next expired one, oldest first
+    assert pop.state.visited - before <= 500 + 2
+    assert pop.rebuilt() == pop.state.view()
+
+
+def test_the_deadline_index_agrees_with_every_flight_through_acks_renewals_skips_and_a_snapshot():
+    """What a receive hands out again and the earliest deadline, taken from the index, equal what every flight
+    says, over a mixed run (acks, changed and renewed deadlines, retention skips, FIFO groups, a snapshot)."""
+    import random
+    rnd = random.Random(5)
+    log = Log([rnd.choice(["A", "B", "C", None]) for _ in range(3000)], [None] * 3000)
+    pop = Pop(log)
+    now, handles = NOW, []
+    for step in range(400):
+        now += rnd.randrange(0, 400)
+        op = rnd.random()
+        if op < 0.45:
+            _got, hs = pop.receive(rnd.randrange(1, 8), now, inv=rnd.randrange(100, 2000), fifo=step % 3 == 0)
+            handles.extend(hs)
+        elif op < 0.75 and handles:
+            pick = [handles.pop(rnd.randrange(len(handles))) for _ in range(min(len(handles), 3))]
+            for h in pick:
+                try:
+                    pop.ack([h], now)
+                except InvalidHandle:
+                    pass
+        elif op < 0.85:
+            g = pop.state.groups.get((G, T))
+            live = [(p, o) for p, c in (g.cursors.items() if g else []) for o in c.flights]
+            if live:
+                p, o = rnd.choice(live)
+                kind = rnd.choice("cr")
+                f = g.cursors[p].flights[o]
+                e = [p, o, now + 700] if kind == "c" else [p, o, f.attempt, now + 900]
+                pop.write([{"k": kind, "g": G, "t": T, "e": [e]}])
+        elif op < 0.9:
+            p = rnd.randrange(2)
+            log.first[p] = min(len(log.parts[p]), log.first[p] + rnd.randrange(1, 20))
+        elif op < 0.95:
+            recs = pop.state.snapshot_records()
+            pop.records = [decode(encode(rec)) for rec in recs if rec["k"] == "P"]
+            pop.state = PopState()
+            for rec in pop.records:
+                pop.state.apply(rec)
+        g = pop.state.groups.get((G, T))
+        if g is None:
+            continue
+        flights = [(f.deadline, p, o) for p, c in g.cursors.items() for o, f in c.flights.items()]
+        assert g.in_flight() == len(flights)
+        assert pop.state.next_deadline(G, T) == min((d for d, _p, _o in flights), default=None)
+        assert [(d, p, o) for d, p, o, _f in g.expired(now, lambda n: None)] == sorted(
+            e for e in flights if e[0] <= now)
+        groups = {}
+        for c in g.cursors.values():
+            for f in c.flights.values():
+                if f.group is not None:
+                    groups[f.group] = groups.get(f.group, 0) + 1
+        assert g.mgroups == groups
+    assert pop.rebuilt() == pop.state.view()
+
+
+def test_an_acks_handles_are_looked_up_in_one_pass_each_as_alone():
+    """``flights`` answers each handle of an ack as ``flight`` does alone: in flight, done already, expired,
+    superseded, malformed or of an unknown partition, in order, one bad handle failing only itself."""
+    pop = Pop(Log([None] * 4))
+    _got, hs = pop.receive(3, NOW, inv=1000)
+    pop.ack([hs[0]], NOW + 1)
+    handles = [hs[1], hs[0], handle(0, 1, 2, NOW + 1000), "nonsense", handle(7, 0, 1, NOW + 1000), hs[2]]
+    found = pop.state.flights(G, T, handles, NOW + 2)
+    assert [type(x).__name__ if isinstance(x, InvalidHandle) else x[:2] + (x[2] is not None,) for x in found] == [
+        (0, 1, True), (0, 0, False), "InvalidHandle", "InvalidHandle", "InvalidHandle", (0, 2, True)]
+    for text, one in zip(handles, found, strict=True):
+        if isinstance(one, InvalidHandle):
+            with pytest.raises(InvalidHandle):
+                pop.state.flight(G, T, text, NOW + 2)
+        else:
+            assert pop.state.flight(G, T, text, NOW + 2) == one
+    assert all(isinstance(x, InvalidHandle) and "expired" in str(x)
+               for x in pop.state.flights(G, T, [hs[1], hs[2]], NOW + 1000))
