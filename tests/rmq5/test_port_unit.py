@@ -12,7 +12,7 @@ from h2.events import (DataReceived, RemoteSettingsChanged, ResponseReceived, St
                        TrailersReceived)
 
 from metaq.rmq5.port import GrpcConnection, PortLimits
-from metaq.rmq5.wire import GrpcError, Status, frame
+from metaq.rmq5.wire import WAITS, GrpcError, Status, frame
 from metaq.server.connections import ConnectionLimits, Strangers
 from metaq.server.guard import Session
 
@@ -33,7 +33,9 @@ class Slow:
     def later(self, rpc):
         return "not yet"
 
-    def call(self, rpc, call, data):
+    def call(self, rpc, call, data, wait=True):
+        if not wait and (self.delay or data == b"wait"):  # a call that may wait gets a greenlet of its own
+            return WAITS
         gevent.sleep(self.delay)
         if data == b"fail":
             raise GrpcError(Status.INVALID_ARGUMENT, "asked to fail")
@@ -239,7 +241,9 @@ class Unsent(Slow):
         super().__init__(delay)
         self.unsent = []
 
-    def call(self, rpc, call, data):
+    def call(self, rpc, call, data, wait=True):
+        if not wait:
+            return WAITS
         call.unsent = lambda: self.unsent.append(call.stream_id)
         return super().call(rpc, call, data)
 
