@@ -22,8 +22,9 @@ SERVICE = "/apache.rocketmq.v2.MessagingService/"
 class Slow:
     """A service whose unary calls take ``delay`` seconds and echo their request; Telemetry echoes each message."""
 
-    def __init__(self, delay=0.0):
+    def __init__(self, delay=0.0, waits=False):
         self.delay = delay
+        self.waits = waits  # every call may wait: answered from its own greenlet, never on the reader
         self.finished = 0
         self.streams = {}  # Telemetry calls by stream id, while open (for pushes)
 
@@ -34,9 +35,9 @@ class Slow:
         return "not yet"
 
     def call(self, rpc, call, data, wait=True):
-        if not wait and (self.delay or data == b"wait"):  # a call that may wait gets a greenlet of its own
+        if not wait and (self.delay or self.waits or data == b"slow"):  # it may wait: a greenlet of its own
             return WAITS
-        gevent.sleep(self.delay)
+        gevent.sleep(1.0 if data == b"slow" else self.delay)
         if data == b"fail":
             raise GrpcError(Status.INVALID_ARGUMENT, "asked to fail")
         self.finished += 1
@@ -140,6 +141,25 @@ def test_a_unary_call_echoes_and_ends_ok(peer_factory):
     got = p.until(sid, ended)
     assert b"".join(e.data for e in got if isinstance(e, DataReceived)) == frame(b"hello")
     assert status_of(got) == (0, "")
+
+
+def test_a_call_answered_on_the_reader_is_answered_as_one_from_its_greenlet(peer_factory):
+    def answer(service, payload):
+        p = peer_factory(service)
+        got = p.until(p.call("Echo", [payload]), ended)
+        return [(type(e).__name__, getattr(e, "data", None), getattr(e, "headers", None)) for e in got]
+
+    for payload in (b"hello", b"fail", b"x" * 20000):  # an answer, a refusal, one larger than a DATA frame
+        assert answer(Slow(), payload) == answer(Slow(waits=True), payload)
+
+
+def test_a_call_that_waits_stalls_no_other_call_of_its_connection(peer_factory):
+    p = peer_factory(Slow())
+    slow = p.call("Echo", [b"slow"])  # a second in its own greenlet
+    started = time.monotonic()
+    assert status_of(p.until(p.call("Echo", [b"now"]), ended, timeout=0.8)) == (0, "")
+    assert time.monotonic() - started < 0.8
+    assert status_of(p.until(slow, ended)) == (0, "")
 
 
 def test_a_call_past_its_grpc_timeout_or_max_call_s_is_deadline_exceeded(peer_factory):
