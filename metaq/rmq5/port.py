@@ -32,7 +32,10 @@ A connection reads ``limits.GRPC_RECV_BYTES`` at a time and lets the other conne
 A unary call (and a server-streaming one, ReceiveMessage: one request, the responses the service lists) runs in a
 greenlet of its own once its request is whole (a send waits for its durability), bounded
 by its ``grpc-timeout`` and ``limits.GRPC_MAX_CALL_S``: past it the call ends DEADLINE_EXCEEDED (a send may still
-be stored, as any put whose acknowledgement is lost). Telemetry's commands are answered as they arrive, on the
+be stored, as any put whose acknowledgement is lost). A call the service can answer without waiting (asked with
+``wait=False``; ``wire.WAITS`` when it may wait) is answered on the reader instead, in the turn that read it, its
+answer flushed with the turn's others: no greenlet, deadline timer or deferred flush of its own. Telemetry's
+commands are answered as they arrive, on the
 stream, which stays open until the client half-closes it. A path that is no MessagingService RPC, a content type
 that is not gRPC's (HTTP 415) and a request that does not parse are answered with gRPC's statuses, never a
 closed connection. A call the client resets, or whose connection ends, is told at once (``Call.cancelled``): its long
@@ -199,7 +202,7 @@ class GrpcConnection(Connection):
         self._send_lock = Semaphore()
         self._window = Event()
         self._flush_due = False  # a deferred flush is spawned and has not run yet (``_flush_soon``)
-        self._reading = False  # the reader is serving a read's events: it flushes their answers after (``_read``)
+        self._reading = None  # the reader's greenlet while it serves a read's events: it flushes their answers after
         self.budget = FloodBudget(port_limits)
         self.http2.on_frame = self.budget.begun  # each frame budgeted as its header arrives
         self.goaway = False  # the client sent GOAWAY: its open streams end, then the connection
@@ -277,14 +280,14 @@ class GrpcConnection(Connection):
             self._flush()  # the GOAWAY the layer queued
             self._linger()
             return False
-        self._reading = True  # calls answered now are flushed with this read's answers, after it
+        self._reading = gevent.getcurrent()  # calls answered on it are flushed with this read's answers, after it
         try:
             for event in events:
                 self._event(event)
         except ProtocolError as exc:  # headers that fail HTTP/2's checks (``CheckedHeaders``)
             return self._refuse(ErrorCode.PROTOCOL_ERROR, "headers that fail HTTP/2's checks: %s" % exc)
         finally:
-            self._reading = False
+            self._reading = None
         return True
 
     def _refuse(self, error_code, why):
@@ -642,7 +645,9 @@ class GrpcConnection(Connection):
         """Flush from a greenlet of its own, once the calls that are ready now have run: the responses of the calls
         answered in one turn of the loop (a burst of requests read at once) leave in one send, not one each. The
         connection's end (``serve``) flushes whatever is still pending itself."""
-        if not self._flush_due and not self._reading:  # the reader flushes after its read (``serve``)
+        if self._reading is not None and self._reading is gevent.getcurrent():
+            return  # a call answered on the reader: the reader flushes after its read (``serve``)
+        if not self._flush_due:
             self._flush_due = True
             gevent.spawn(self._deferred_flush)
 
