@@ -32,7 +32,10 @@ A connection reads ``limits.GRPC_RECV_BYTES`` at a time and lets the other conne
 A unary call (and a server-streaming one, ReceiveMessage: one request, the responses the service lists) runs in a
 greenlet of its own once its request is whole (a send waits for its durability), bounded
 by its ``grpc-timeout`` and ``limits.GRPC_MAX_CALL_S``: past it the call ends DEADLINE_EXCEEDED (a send may still
-be stored, as any put whose acknowledgement is lost). Telemetry's commands are answered as they arrive, on the
+be stored, as any put whose acknowledgement is lost). A call the service can answer without waiting (asked with
+``wait=False``; ``wire.WAITS`` when it may wait) is answered on the reader instead, in the turn that read it, its
+answer flushed with the turn's others: no greenlet, deadline timer or deferred flush of its own. Telemetry's
+commands are answered as they arrive, on the
 stream, which stays open until the client half-closes it. A path that is no MessagingService RPC, a content type
 that is not gRPC's (HTTP 415) and a request that does not parse are answered with gRPC's statuses, never a
 closed connection. A call the client resets, or whose connection ends, is told at once (``Call.cancelled``): its long
@@ -58,7 +61,7 @@ from metaq.rmq5 import http2
 from metaq.rmq5.http2 import (CONTINUATION, END_HEADERS, HEADERS, WINDOW_UPDATE, ErrorCode, ProtocolError,
                               ServerConnection, StreamClosed, is_control)
 from metaq.rmq5.headercache import CachedDecoder, CachedEncoder, CheckedHeaders
-from metaq.rmq5.wire import (OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW, GrpcError, MessageReader, Status, frame,
+from metaq.rmq5.wire import (OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW, WAITS, GrpcError, MessageReader, Status, frame,
                              is_grpc_content_type, parse_timeout, rpc_name, trailers, trailers_only)
 from metaq.server.connections import Connection, share_loop
 
@@ -199,6 +202,7 @@ class GrpcConnection(Connection):
         self._send_lock = Semaphore()
         self._window = Event()
         self._flush_due = False  # a deferred flush is spawned and has not run yet (``_flush_soon``)
+        self._reading = None  # the reader's greenlet while it serves a read's events: it flushes their answers after
         self.budget = FloodBudget(port_limits)
         self.http2.on_frame = self.budget.begun  # each frame budgeted as its header arrives
         self.goaway = False  # the client sent GOAWAY: its open streams end, then the connection
@@ -276,11 +280,14 @@ class GrpcConnection(Connection):
             self._flush()  # the GOAWAY the layer queued
             self._linger()
             return False
+        self._reading = gevent.getcurrent()  # calls answered on it are flushed with this read's answers, after it
         try:
             for event in events:
                 self._event(event)
         except ProtocolError as exc:  # headers that fail HTTP/2's checks (``CheckedHeaders``)
             return self._refuse(ErrorCode.PROTOCOL_ERROR, "headers that fail HTTP/2's checks: %s" % exc)
+        finally:
+            self._reading = None
         return True
 
     def _refuse(self, error_code, why):
@@ -456,30 +463,71 @@ class GrpcConnection(Connection):
             self._finish(call, Status.INTERNAL, "a unary call must carry exactly one whole request message")
             return
         self.running += 1
+        if call.timeout_s > 0 and self._unary_now(call):
+            return
         call.greenlet = gevent.spawn(self._unary, call)
 
-    def _unary(self, call):
-        """Answer one unary call (its own greenlet): the service's response, or the status it ended with."""
+    def _unary_now(self, call):
+        """Answer ``call`` on the reader, in this turn, when the service can without waiting (``wire.WAITS``
+        otherwise: False, nothing done, and the call gets its greenlet), as the remoting port answers a send that
+        does not wait: no greenlet and no deadline timer a call (nothing in it waits). Its answer is flushed with the
+        read's (``serve``); one the flow-control windows cannot take whole now is sent from a greenlet of its own (a
+        window waits for the client's WINDOW_UPDATE, which this reader reads). Answers as ``_unary`` does."""
         try:
-            timer = gevent.Timeout(call.timeout_s)
-            timer.start()
-            try:
-                response = self.service.call(call.rpc, call, call.requests[0])
-            except gevent.Timeout as exc:
-                if exc is not timer:
-                    raise
-                self._finish(call, Status.DEADLINE_EXCEEDED, "no answer within %.3f s (grpc-timeout, at most "
-                             "grpc.max_call_s)" % call.timeout_s)
-                return
-            except GrpcError as exc:
-                self._finish(call, exc.status, exc.message)
-                return
-            except Exception:
-                log.exception("grpc %s: %s failed", self.peer, call.rpc)
-                self._finish(call, Status.INTERNAL, "internal error answering %s" % call.rpc)
-                return
-            finally:
-                timer.close()
+            response = self.service.call(call.rpc, call, call.requests[0], wait=False)
+        except GrpcError as exc:
+            response, status, message = None, exc.status, exc.message
+        except Exception:
+            log.exception("grpc %s: %s failed", self.peer, call.rpc)
+            response, status, message = None, Status.INTERNAL, "internal error answering %s" % call.rpc
+        else:
+            if response is WAITS:
+                return False
+            framed = frame(response) if type(response) is bytes else None
+            if framed is None or not self._fits(call, len(framed)):
+                call.greenlet = gevent.spawn(self._unary, call, response)
+                return True
+            status = message = None
+        try:
+            if status is not None:
+                self._finish(call, status, message)
+            elif not (self._send_framed(call, framed, flush=False) and self._finish(call, Status.OK)):
+                _unsent(call)
+        finally:
+            self._unary_done()
+        return True
+
+    def _fits(self, call, size):
+        """True when ``size`` bytes of DATA go on ``call``'s stream now, in one frame, without waiting for a window."""
+        try:
+            return size <= min(self.http2.local_flow_control_window(call.stream_id), self.http2.max_outbound_frame_size)
+        except StreamClosed:
+            return False
+
+    def _unary(self, call, response=WAITS):
+        """Answer one unary call (its own greenlet): the service's response, or the status it ended with;
+        ``response``: the one the service gave already (``_unary_now``), to send."""
+        try:
+            if response is WAITS:
+                timer = gevent.Timeout(call.timeout_s)
+                timer.start()
+                try:
+                    response = self.service.call(call.rpc, call, call.requests[0])
+                except gevent.Timeout as exc:
+                    if exc is not timer:
+                        raise
+                    self._finish(call, Status.DEADLINE_EXCEEDED, "no answer within %.3f s (grpc-timeout, at most "
+                                 "grpc.max_call_s)" % call.timeout_s)
+                    return
+                except GrpcError as exc:
+                    self._finish(call, exc.status, exc.message)
+                    return
+                except Exception:
+                    log.exception("grpc %s: %s failed", self.peer, call.rpc)
+                    self._finish(call, Status.INTERNAL, "internal error answering %s" % call.rpc)
+                    return
+                finally:
+                    timer.close()
             # the messages in runs of FLUSH_BYTES, each run sent as one DATA frame where the windows and the
             # frame size allow; a whole run is flushed, the last one's bytes go with the trailers' flush
             for run, whole in _runs(response if isinstance(response, list) else [response]):
@@ -495,9 +543,13 @@ class GrpcConnection(Connection):
             _unsent(call)
             raise
         finally:
-            self.running -= 1
-            if self._over():
-                self._end_cleanly()  # the last call after a GOAWAY: the connection ends (before the core's close)
+            self._unary_done()
+
+    def _unary_done(self):
+        """A unary call is over (answered, refused or given up)."""
+        self.running -= 1
+        if self._over():
+            self._end_cleanly()  # the last call after a GOAWAY: the connection ends (before the core's close)
 
     # -- sending -----------------------------------------------------------------------------------------------
 
@@ -593,6 +645,8 @@ class GrpcConnection(Connection):
         """Flush from a greenlet of its own, once the calls that are ready now have run: the responses of the calls
         answered in one turn of the loop (a burst of requests read at once) leave in one send, not one each. The
         connection's end (``serve``) flushes whatever is still pending itself."""
+        if self._reading is not None and self._reading is gevent.getcurrent():
+            return  # a call answered on the reader: the reader flushes after its read (``serve``)
         if not self._flush_due:
             self._flush_due = True
             gevent.spawn(self._deferred_flush)

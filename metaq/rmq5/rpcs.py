@@ -43,7 +43,7 @@ from metaq.rmq5.records import Refusal
 from metaq.rmq5.routing import Routes
 from metaq.rmq5.sends import Sends
 from metaq.rmq5.telemetry import Telemetry
-from metaq.rmq5.wire import GrpcError, Status
+from metaq.rmq5.wire import WAITS, GrpcError, Status
 from metaq.server.clock import now_ms
 
 log = logging.getLogger(__name__)
@@ -131,11 +131,13 @@ class MessagingService:
         """Why ``rpc`` is not served yet (its UNIMPLEMENTED's message)."""
         return LATER[rpc]
 
-    def call(self, rpc, call, data):
+    def call(self, rpc, call, data, wait=True):
         """The serialized response of unary ``rpc`` to request bytes ``data`` (a list of them for a ``STREAMING``
         RPC: a refusal is its one status response and a delivery timestamp, the proxy's stream shape; a handler
         may give a response as its bytes already); GrpcError for a request that does not parse (INTERNAL, as grpc's
-        servers answer a message they cannot deserialize)."""
+        servers answer a message they cannot deserialize). ``wait`` False: the caller cannot wait (the connection's
+        reader); ``WAITS``, nothing done, when answering might (``waits``), for the caller to ask again where it
+        can."""
         request_type, handler = self.unary[rpc]
         request = request_type()
         try:
@@ -143,6 +145,8 @@ class MessagingService:
         except Exception:  # noqa: BLE001 - protobuf's DecodeError and its relatives
             raise GrpcError(Status.INTERNAL,
                             "the %s request does not parse as %s" % (rpc, request_type.__name__)) from None
+        if not wait and self.waits(rpc, request):
+            return WAITS
         self._counts["calls"] += 1
         response_type = getattr(pb, request_type.__name__[:-len("Request")] + "Response")
         try:
@@ -159,6 +163,16 @@ class MessagingService:
         if rpc in STREAMING:  # a served message comes as its bytes already (messagebytes.py)
             return [r if type(r) is bytes else r.SerializeToString() for r in response]
         return response if type(response) is bytes else response.SerializeToString()
+
+    def waits(self, rpc, request):
+        """True when answering ``rpc``'s ``request`` may wait (sleep, block on an event, a pool thread or a peer):
+        with authentication on every call may (a failed login's delay, the user's rates), else what the RPC's group
+        says (``Sends.waits``: a send to a broker that acknowledges at once, without a transactional message, never
+        waits); the other RPCs may."""
+        guard = self.guard
+        if guard is not None and guard.enabled:
+            return True
+        return self.sends.waits(rpc, request)
 
     def login(self, call):
         """Check the call's RocketMQ 5 credentials (authentication on); Refusal UNAUTHORIZED otherwise."""

@@ -68,6 +68,16 @@ class Sends:
         return {"SendMessage": (pb.SendMessageRequest, self.send_message),
                 "RecallMessage": (pb.RecallMessageRequest, self.recall_message)}
 
+    def waits(self, rpc, request):
+        """True when answering ``request`` may wait: a SendMessage whose acknowledgement waits (``PutPath.acks_wait``:
+        a flush, a slave) or that holds a transactional message (its half message's journal is flushed first), and
+        every RecallMessage (its cancel waits for the timer store). A send that cannot wait is answered on the
+        connection's reader, as the remoting port answers its sends; a user's produce rate (authentication on) is
+        the service's to weigh (``MessagingService.call``)."""
+        if rpc != "SendMessage" or self.path.acks_wait:
+            return True
+        return any(m.system_properties.message_type == TRANSACTION for m in request.messages)
+
     def send_message(self, request, call):
         """Each message checked, stored through the put path (a delivery time: metaq's timers), then one wait
         for the last put's durability covers them all; one entry per message, in order. Answered as the response's

@@ -53,6 +53,11 @@ class GrpcError(Exception):
         self.message = message
 
 
+#: A service's answer to a unary call it was asked to answer without waiting (``call(..., wait=False)``, on the
+#: connection's reader) when answering may wait: nothing was done; the port asks again from the call's own greenlet.
+WAITS = object()
+
+
 def rpc_name(path):
     """The RPC a request's ``:path`` names, or None when it is not one of MessagingService's paths."""
     if not path or not path.startswith(PATH_PREFIX):

@@ -185,6 +185,13 @@ class PutPath:
         return self.roles.sync_replication
 
     @property
+    def acks_wait(self):
+        """True when a put's acknowledgement may wait (``durable`` blocks): ``sync`` flush, or replication set to
+        ``sync`` (a promotion or an election may make a slave's copy due at any time). The one answer to whether a
+        front-end answers its sends in a greenlet of their own (True) or at once, on the connection's reader."""
+        return self.sync_flush or self.sync_replication or self.roles.config.replication.mode == "sync"
+
+    @property
     def slave_refusal(self):
         """Why puts are refused on a slave, or None on a master."""
         return self.roles.slave_refusal

@@ -215,6 +215,39 @@ def test_sync_replication_acknowledges_a_write_only_once_the_slave_has_it(sync_p
         assert burst_puts(master) - fast_before == FAST_PATH_FRAMES  # taken by the fast path, not left to the general
 
 
+@pytest.mark.slow
+@pytest.mark.fault
+def test_a_grpc_send_waiting_for_the_slave_stalls_neither_its_connection_nor_another(sync_pair):
+    """With ``sync`` replication a gRPC send waits in a greenlet of its own: while it waits for the stopped slave, a
+    call on its connection and a call on another are answered."""
+    master, slave = sync_pair
+    topic = topic_of("gRPC SendMessage")
+    assert grpc_send(master, topic, b"first")[0]
+    channels = [grpc.insecure_channel("127.0.0.1:%d" % master.config["grpc"]["port"]) for _ in range(2)]
+    route = [c.unary_unary(SERVICE + "QueryRoute", request_serializer=lambda x: x.SerializeToString(),
+                           response_deserializer=pb.QueryRouteResponse.FromString) for c in channels]
+    send = channels[0].unary_unary(SERVICE + "SendMessage", request_serializer=lambda x: x.SerializeToString(),
+                                   response_deserializer=pb.SendMessageResponse.FromString)
+    m = pb.Message(topic=pb.Resource(name=topic), body=b"while the slave sleeps")
+    m.system_properties.message_id = uuid.uuid4().hex.upper()
+    metadata = [("x-mq-client-id", "wp@1@1@x")]
+    slave.proc.send_signal(signal.SIGSTOP)
+    try:
+        waiting = send.future(pb.SendMessageRequest(messages=[m]), metadata=metadata, timeout=30)
+        time.sleep(0.3)
+        assert not waiting.done()
+        for ask in route:  # its own connection, then another
+            r = ask(pb.QueryRouteRequest(topic=pb.Resource(name=topic)), metadata=metadata, timeout=HELD_S)
+            assert r.status.code == pb.OK
+        assert not waiting.done()
+    finally:
+        slave.proc.send_signal(signal.SIGCONT)
+    try:
+        assert waiting.result(SYNC_TIMEOUT_MS / 1000.0).status.code == pb.OK
+    finally:
+        for c in channels:
+            c.close()
+
 # -- a full disk ----------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from h2.events import (DataReceived, RemoteSettingsChanged, ResponseReceived, St
                        TrailersReceived)
 
 from metaq.rmq5.port import GrpcConnection, PortLimits
-from metaq.rmq5.wire import GrpcError, Status, frame
+from metaq.rmq5.wire import WAITS, GrpcError, Status, frame
 from metaq.server.connections import ConnectionLimits, Strangers
 from metaq.server.guard import Session
 
@@ -22,8 +22,9 @@ SERVICE = "/apache.rocketmq.v2.MessagingService/"
 class Slow:
     """A service whose unary calls take ``delay`` seconds and echo their request; Telemetry echoes each message."""
 
-    def __init__(self, delay=0.0):
+    def __init__(self, delay=0.0, waits=False):
         self.delay = delay
+        self.waits = waits  # every call may wait: answered from its own greenlet, never on the reader
         self.finished = 0
         self.streams = {}  # Telemetry calls by stream id, while open (for pushes)
 
@@ -33,8 +34,10 @@ class Slow:
     def later(self, rpc):
         return "not yet"
 
-    def call(self, rpc, call, data):
-        gevent.sleep(self.delay)
+    def call(self, rpc, call, data, wait=True):
+        if not wait and (self.delay or self.waits or data == b"slow"):  # it may wait: a greenlet of its own
+            return WAITS
+        gevent.sleep(1.0 if data == b"slow" else self.delay)
         if data == b"fail":
             raise GrpcError(Status.INVALID_ARGUMENT, "asked to fail")
         self.finished += 1
@@ -140,6 +143,25 @@ def test_a_unary_call_echoes_and_ends_ok(peer_factory):
     assert status_of(got) == (0, "")
 
 
+def test_a_call_answered_on_the_reader_is_answered_as_one_from_its_greenlet(peer_factory):
+    def answer(service, payload):
+        p = peer_factory(service)
+        got = p.until(p.call("Echo", [payload]), ended)
+        return [(type(e).__name__, getattr(e, "data", None), getattr(e, "headers", None)) for e in got]
+
+    for payload in (b"hello", b"fail", b"x" * 20000):  # an answer, a refusal, one larger than a DATA frame
+        assert answer(Slow(), payload) == answer(Slow(waits=True), payload)
+
+
+def test_a_call_that_waits_stalls_no_other_call_of_its_connection(peer_factory):
+    p = peer_factory(Slow())
+    slow = p.call("Echo", [b"slow"])  # a second in its own greenlet
+    started = time.monotonic()
+    assert status_of(p.until(p.call("Echo", [b"now"]), ended, timeout=0.8)) == (0, "")
+    assert time.monotonic() - started < 0.8
+    assert status_of(p.until(slow, ended)) == (0, "")
+
+
 def test_a_call_past_its_grpc_timeout_or_max_call_s_is_deadline_exceeded(peer_factory):
     service = Slow(delay=1.0)
     p = peer_factory(service, PortLimits(max_call_s=0.3))
@@ -239,7 +261,9 @@ class Unsent(Slow):
         super().__init__(delay)
         self.unsent = []
 
-    def call(self, rpc, call, data):
+    def call(self, rpc, call, data, wait=True):
+        if not wait:
+            return WAITS
         call.unsent = lambda: self.unsent.append(call.stream_id)
         return super().call(rpc, call, data)
 

@@ -151,8 +151,7 @@ class RemotingDispatcher:
                                 reply_topic(config.remoting.cluster))
                     if guard is not None and guard.enabled else None)
         # Sends wait for their flush or a slave in a greenlet of their own; with neither they answer at once.
-        path = self.sender.path
-        waits = path.sync_flush or config.replication.mode == "sync"  # sync: a promotion/election may come
+        waits = self.sender.path.acks_wait
         # code -> (handler, runs in a greenlet of its own, is given the signer), from the registry
         self._handlers = route_table({"dispatcher": self, "sender": self.sender, "replies": replies}, waits)
         self._unsupported_seen = set()
