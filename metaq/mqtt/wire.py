@@ -688,19 +688,27 @@ _known_names = {}
 _new = object.__new__
 
 
-def _plain_publish(buf, start, end, flags, v5):
-    """The ``Publish`` of a PUBLISH body ``buf[start:end]`` without properties whose topic name is one already
-    checked, or one that passes ``_decode_publish``'s checks, decoded in one step; None for any other (a QoS 3, a DUP
-    at QoS 0, properties, packet id 0, a short body, a name to refuse...): ``_decode_publish`` decodes or refuses it,
-    so both give the same packet or the same refusal. A name that passes is remembered (``_known_names``), so its
-    next PUBLISHes are decoded by ``split`` alone."""
+def _name_bytes(buf, start, end, flags):
+    """The topic name's bytes of a PUBLISH body ``buf[start:end]`` with fixed-header ``flags`` the fast paths may
+    decode (QoS 0-2, no DUP at QoS 0, the name within the body); None for any other."""
     qos = (flags >> 1) & 0x03
     if qos == 3 or (flags & 0x08 and not qos) or end - start < 2:
         return None
     at = start + 2 + ((buf[start] << 8) | buf[start + 1])
     if at > end:
         return None
-    raw = bytes(buf[start + 2:at])
+    return bytes(buf[start + 2:at])
+
+
+def _plain_publish(buf, start, end, flags, v5):
+    """The ``Publish`` of a PUBLISH body ``buf[start:end]`` without properties whose topic name is one already
+    checked, or one that passes ``_decode_publish``'s checks, decoded in one step; None for any other (a QoS 3, a DUP
+    at QoS 0, properties, packet id 0, a short body, a name to refuse...): ``_decode_publish`` decodes or refuses it,
+    so both give the same packet or the same refusal. A name that passes is remembered (``_known_names``), so its
+    next PUBLISHes are decoded by ``split`` alone."""
+    raw = _name_bytes(buf, start, end, flags)
+    if raw is None:
+        return None
     if raw not in _known_names:
         if len(raw) > _KNOWN_NAME_BYTES:
             return None
@@ -720,15 +728,12 @@ def _plain_publish(buf, start, end, flags, v5):
 def _known_publish(buf, start, end, flags, v5, names, publish):
     """The ``publish`` of a PUBLISH body ``buf[start:end]`` without properties whose topic name's bytes are a key of
     ``names`` (names already checked, to their ``str``), as ``_decode_publish`` decodes it; None for any other."""
-    qos = (flags >> 1) & 0x03
-    if qos == 3 or (flags & 0x08 and not qos) or end - start < 2:
-        return None
-    at = start + 2 + ((buf[start] << 8) | buf[start + 1])
-    if at > end:
-        return None
-    topic = names.get(bytes(buf[start + 2:at]))
+    raw = _name_bytes(buf, start, end, flags)
+    topic = None if raw is None else names.get(raw)
     if topic is None:
         return None
+    qos = (flags >> 1) & 0x03
+    at = start + 2 + len(raw)
     packet_id = None
     if qos:
         if at + 2 > end:
