@@ -625,9 +625,21 @@ class MqttPort:
         counted = path.counted
         # general: indexes of records the burst writer does not take (too large: ``put`` refuses them)
         frames, src, general, _names = burst_frames(staged, store.config.segment_size - FIXED_OVERHEAD)
+        n = len(frames)
         keys = set()
-        log_end = 0
-        i, n = 0, len(frames)
+        log_end = i = 0
+        if not general:  # the common turn: one call of the burst writer, which mostly takes it whole
+            i, written = path.append_burst(frames, src, now)
+            for run in written:
+                counted(run[0][0], run[1], run[2])
+                keys.add(run[0])
+            if written:
+                log_end = written[-1][6]  # the runs are in log order
+                if runs is not None:
+                    runs.extend(written)
+            if i == n:
+                return n, log_end, keys, None
+            general = [i]  # it stopped short: this record through the general path, then the burst goes on
         for stop in general + [n]:  # each a record the burst writer does not take, or the end
             while i <= stop < n or i < stop:
                 if i < stop:

@@ -7,8 +7,8 @@ others wait on the same partition. ``admit``/``leave`` count the long polls
 parked on the whole broker against ``max_parked`` (``limits.MAX_PARKED_GETS``) and, for a caller that names its
 user, the user's own against its ``parked_gets`` quota (``quota``). A wait given ``cancel`` (an Event its caller's
 request sets when it is gone: a gRPC call reset, its connection ended) returns as soon as it is set.
-``wake_now`` is the put path's one wake (``BrokerWrites.visible``): the woken gets answer before the write's own ack
-goes out.
+``notify(..., settle=True)`` is the put path's one wake (``BrokerWrites.visible``): the woken gets answer before the
+write's own ack goes out.
 
 A wake reaches only the waits registered when ``notify`` runs. A reader that read, then yielded before its wait
 began (a reply budget's reservation, a cold page brought in off the loop, a greenlet spawned to wait that starts a
@@ -143,10 +143,13 @@ class PartitionWaiters:
                 if not waits and self._waits.get(key) is waits:
                     del self._waits[key]
 
-    def notify(self, keys, quiet=None):
+    def notify(self, keys, quiet=None, settle=False):
         """Wake every greenlet waiting on any of ``keys``; True when there was one. ``quiet``: ``{key: events}`` of
         waits that already have what was appended to ``key`` (an MQTT delivery that sent it from the publisher's
-        turn): they go on waiting for the next append there, unwoken."""
+        turn): they go on waiting for the next append there, unwoken. ``settle``: the put path's one wake
+        (``BrokerWrites.visible``): when a wait was woken, yield to the loop once, so the woken gets read and send
+        their replies before the caller goes on (a put burst's ack, its next frames): a consumer's latency then
+        holds no ack send nor the rest of the producer's burst. The caller must be free to yield (no lock held)."""
         waits = self._waits
         if not waits:
             return False
@@ -169,14 +172,9 @@ class PartitionWaiters:
             for ev in evs:
                 woke = True
                 ev.set()
-        return woke
-
-    def wake_now(self, keys, quiet=None):
-        """``notify`` (``quiet``: its), then yield to the loop once when a wait was woken, so the woken gets read and
-        send their replies before the caller goes on (a put burst's ack, its next frames): a consumer's latency then
-        holds no ack send nor the rest of the producer's burst. The caller must be free to yield (no lock held)."""
-        if self.notify(keys, quiet):
+        if woke and settle:
             gevent.sleep(0)
+        return woke
 
     def notify_all(self):
         waits, self._waits = self._waits, {}

@@ -86,11 +86,11 @@ class BrokerWrites:
     def visible(self, keys, now, quiet=None):
         """Records of ``keys`` became readable: the one rule waking readers, for every writer. Every waiting reader
         of ``keys`` is woken (``quiet``: ``PartitionWaiters.notify``'s) and the writer yields once when one was
-        (``PartitionWaiters.wake_now``): the woken readers answer before the writer's acknowledgement and its next
-        frames, so a reader waits for one write, never for a writer's whole pipeline. A writer therefore holds no
-        lock and no decision across it unless the decision's version says it stands (``PutPath.decision_stands``).
+        (its ``settle``): the woken readers answer before the writer's acknowledgement and its next frames, so a
+        reader waits for one write, never for a writer's whole pipeline. A writer therefore holds no lock and no
+        decision across it unless the decision's version says it stands (``PutPath.decision_stands``).
         The flusher is woken when its policy says so."""
-        self.waiters.wake_now(keys, quiet)
+        self.waiters.notify(keys, quiet, True)
         if self.store.should_flush(now):
             self.flusher.wake()
 
@@ -410,10 +410,11 @@ class PutPath:
             self.flusher.wake()
             ack = ACK_AFTER_FLUSH
         else:
-            self.visible(keys, now, None if deliver is None else deliver())
+            self.writes.visible(keys, now, None if deliver is None else deliver())
             ack = ACK_NOW
-        if self.sync_replication:
-            self.replication.notify()
+        roles = self.roles
+        if roles.sync_replication:
+            roles.replication.notify()
             return ACK_AFTER_REPLICATION
         return ack
 

@@ -83,6 +83,9 @@ class BrokerStats:
         self.realtime_since = time.time()
         self.realtime = {name: RealtimeStat() for name in REALTIME}
         self.topic_realtime = {}
+        #: topic -> the counters ``on_puts`` adds to (``_put_counters``), for topics counted under their own name
+        #: (at most ``limits.MAX_STATS_TOPICS``); rebuilt with the realtime counters they hold
+        self._put_counters = {}
 
     def topic(self, topic):
         """The realtime counters of ``topic``. Names come from clients (a get of a topic that does not exist
@@ -101,18 +104,36 @@ class BrokerStats:
         self.on_puts(topic, 1, size)
 
     def on_puts(self, topic, count, size):
-        """Count ``count`` stored puts of ``size`` body bytes in all (a burst's run: as ``count`` on_put calls)."""
+        """Count ``count`` stored puts of ``size`` body bytes in all (a burst's run: as ``count`` on_put calls): the
+        broker's and the topic's realtime ``put`` and ``message_size``, the topic's totals, ``cmd_put``. Every put
+        path counts here, once per run: the counters of a topic are found with one lookup (``_put_counters``)."""
         self.cmd_put += count
-        t = self.topic_realtime.get(topic) or self.topic(topic)
-        totals = self.topic_totals.get(topic) or self.totals(topic)
+        c = self._put_counters.get(topic)
+        if c is None:
+            c = self._counters_of(topic)
+        put, msize, tput, tmsize, totals = c
+        put.count += count
+        put.value += count
+        msize.count += count
+        msize.value += size
+        tput.count += count
+        tput.value += count
+        tmsize.count += count
+        tmsize.value += size
         totals[0] += count
         totals[1] += size
-        for stats in (self.realtime, t):
-            put, msize = stats["put"], stats["message_size"]
-            put.count += count
-            put.value += count
-            msize.count += count
-            msize.value += size
+
+    def _counters_of(self, topic):
+        """``(broker put, broker message_size, topic put, topic message_size, topic totals)``: what ``on_puts``
+        adds to; kept for ``topic`` while it is counted under its own name (not ``OTHER_TOPICS``) until the next
+        ``reset_realtime`` replaces the realtime counters."""
+        t = self.topic_realtime.get(topic) or self.topic(topic)
+        totals = self.topic_totals.get(topic) or self.totals(topic)
+        rt = self.realtime
+        c = (rt["put"], rt["message_size"], t["put"], t["message_size"], totals)
+        if t is self.topic_realtime.get(topic) and totals is self.topic_totals.get(topic):
+            self._put_counters[topic] = c
+        return c
 
     def totals(self, topic):
         """The never-reset ``[puts, bytes, gets]`` of ``topic`` (folded into ``OTHER_TOPICS`` past the limit)."""

@@ -101,7 +101,8 @@ def append_burst(seg, writer, ids, positions, frames, src, now_ms):
             first_id, k = ids.take(now_ms, min(j - i, room))
             count, rel_after = write_run(view, seg_start, rel, ready, src, frames, i, i + k, topic, partition, off,
                                          now_ms, first_id, t.mm, (off - t.start) * UNIT_SIZE)
-            ids.give_back(k - count)
+            if count < k:
+                ids.give_back(k - count)
             nbytes = rel_after - rel
             end = positions.advance(p, off, seg_start + rel_after, nbytes, count)
             runs.append(_new_tuple(BurstRun, (p.key, count, nbytes - count * overhead, first_id, off, i, end)))

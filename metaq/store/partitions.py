@@ -15,15 +15,16 @@ class Partitions:
         self._dirs = dirs
         self._units_per_file = units_per_file
         self._quota = quota
-        self._all = {}  # (topic, partition) -> PartitionIndex, every partition with an index
-        self._writers = {}  # (topic, partition) -> PartitionIndex, checked for puts
+        self._all = {}  # (topic, partition) -> PartitionIndex, every partition with an index (never replaced: ``get``)
+        #: ``get(key)``: the PartitionIndex of ``key`` (``(topic, partition)``), or None. The dict's own lookup.
+        self.get = self._all.get
+        self._writers = {}  # (topic, partition) -> PartitionIndex, checked for puts (never replaced: ``writer``)
+        #: ``writer(key)``: the PartitionIndex of ``key`` if puts to it were checked already (``hold_writer``), else
+        #: None. The dict's own lookup: a burst asks once per run, with no Python frame of ours.
+        self.writer = self._writers.get
         self.made = 0  # partitions added or made since the table was built: moves whenever one appears
 
     # -- reading ----------------------------------------------------------------
-
-    def get(self, key):
-        """The PartitionIndex of ``key`` (``(topic, partition)``), or None."""
-        return self._all.get(key)
 
     def __getitem__(self, key):
         return self._all[key]
@@ -71,10 +72,6 @@ class Partitions:
             self.made += 1
             self._quota.added(topic)
         return p
-
-    def writer(self, key):
-        """The PartitionIndex of ``key`` if puts to it were checked already (``hold_writer``), else None."""
-        return self._writers.get(key)
 
     def hold_writer(self, topic, partition):
         """Mark ``topic``-``partition`` checked for puts (the caller checked); returns its PartitionIndex."""

@@ -146,3 +146,20 @@ def test_long_poll_sees_a_put_of_the_same_burst(broker_factory, tmp_path):
         assert isinstance(replies[7], ev.Value)
         assert [rec.payload for rec, _ in iter_records(replies[7].body)] == [b"second"]
         assert replies[8].code == 200
+
+
+def test_realtime_counts_after_a_reset_start_again(broker):
+    """A topic's puts are counted through counters kept per topic (``BrokerStats.on_puts``): after ``stats reset``
+    the next puts count in the new realtime figures, the broker's and the topic's, never in the ones reset."""
+    with broker.client() as c:
+        for i in range(2):
+            c.put_ok("test", b"abcd", i)
+        assert c.stats_dict("realtime")["realtime_put"].startswith("Count=2,Value=2,")
+        assert "reset ok" in c.stats("reset")
+        for i in range(3):
+            c.put_ok("test", b"abcd", i)
+        assert c.stats_dict("realtime")["realtime_put"].startswith("Count=3,Value=3,")
+        assert c.stats_dict("realtime")["realtime_message_size"].startswith("Count=3,Value=12,")
+        one = dict(line.split(" ", 1) for line in c.stats("test").split("\r\n") if " " in line)
+        assert one["topic_realtime_put"].startswith("Count=3,Value=3,")
+        assert c.stats_dict()["cmd_put"] == "5"

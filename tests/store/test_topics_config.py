@@ -125,3 +125,23 @@ def test_record_layout_has_the_metaq_form_as_suffix():
     assert (r.topic, r.partition, r.queue_offset, r.msg_id, r.flag, r.data) == ("topic", 3, 42, 12346, flag, data)
     assert r.tag_hash == metaq_checksum(b"tag1") == tag_hash(flag, data)
     assert tag_hash(0, b"\0\0\0\4tag1") == 0 and tag_hash(1, b"\xff\xff\xff\xff") == 0
+
+
+@pytest.mark.parametrize("steps", [
+    [(1000, 3), (1000, 4), (1000, 1)],  # one millisecond, runs after runs
+    [(1000, 4090), (1000, 20), (1000, 5000)],  # a run stopped at the sequence's end, the next borrowing a ms
+    [(2000, 5), (1000, 5), (3000, 2)],  # the clock going back keeps the max
+])
+def test_take_gives_the_ids_next_id_would(steps):
+    """``take`` (a burst's run of ids in one call) hands out exactly what as many ``next_id`` calls would, and a
+    ``give_back`` of the unused tail returns them to the next call."""
+    taker, stepper = msgid.IdGenerator(7), msgid.IdGenerator(7)
+    for i, (ms, count) in enumerate(steps):
+        first, n = taker.take(1303895660503 + ms, count)
+        assert 1 <= n <= count
+        expected = [stepper.next_id(1303895660503 + ms) for _ in range(n)]
+        assert [first + k for k in range(n)] == expected
+        if i == 1 and n > 1:
+            taker.give_back(1)
+            stepper = msgid.IdGenerator(7, last_id=expected[-2])
+    assert taker.next_id(0) == stepper.next_id(0)
