@@ -104,6 +104,12 @@ class MqttPort:
         self.settings = settings  # the ``mqtt:`` section
         self.store = store
         self.put_path = put_path
+        #: ``burst_mode(keys, now, deliver=None)``: what follows a stored burst of partitions ``keys``, the put path's
+        #: (``PutPath.written``, itself: no frame of ours: visible now with ``async`` flush, ``deliver()`` first when
+        #: given, which returns ``deliver_now``'s deliveries that need no wake; else the flush asked for); returns how
+        #: its acknowledgements wait (ACK_NOW, ACK_AFTER_FLUSH or ACK_AFTER_REPLICATION), the same for every put of
+        #: the burst. The wake may yield: the caller asks its write decision again after.
+        self.burst_mode = put_path.written
         self.guard = guard
         self.waiters = waiters
         self.max_transfer = max_transfer
@@ -669,14 +675,6 @@ class MqttPort:
                     runs.append(BurstRun((topic, partition), 1, len(data), r.msg_id, r.offset, i, r.log_end))
                 i += 1
         return n, log_end, keys, None
-
-    def burst_mode(self, keys, now, deliver=None):
-        """What follows a stored burst of partitions ``keys``: the put path's (``PutPath.written``: visible now with
-        ``async`` flush, ``deliver()`` first when given, which returns ``deliver_now``'s deliveries that need no
-        wake; else the flush asked for); returns how its acknowledgements wait (ACK_NOW, ACK_AFTER_FLUSH or
-        ACK_AFTER_REPLICATION), the same for every put of the burst. The wake may yield: the caller asks its write
-        decision again after."""
-        return self.put_path.written(keys, now, deliver)
 
     def deliver_now(self, keys, staged, runs, message):
         """A burst just appended to partitions ``keys`` and made visible (``staged`` and ``runs``: ``write_burst``'s;

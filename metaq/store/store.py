@@ -481,6 +481,9 @@ class MessageStore:
 
     def max_offset(self, topic, partition):
         """The visible maximum: the offset the next visible message gets."""
+        p = self._parts.get((topic, partition))  # a partition with data: no ``_reader`` call (a delivery asks each)
+        if p is not None:
+            return p.visible
         return getattr(self._reader(topic, partition), "visible", 0)
 
     def nearest_offset(self, topic, partition, offset):
