@@ -158,17 +158,22 @@ class PartitionWaiters:
             keys = (*keys, NEW_PARTITION)
         woke = False
         for key in keys:
-            evs = waits.pop(key, None)
+            evs = waits.get(key)
             if evs is None:
                 continue
             stay = quiet.get(key) if quiet else None
-            if stay:
+            if not stay:
+                del waits[key]
+            elif evs <= stay:
+                continue  # every wait there has it already: the map stays as it is
+            else:
                 kept = evs & stay
                 if kept:
                     wake = evs - kept
-                    evs.intersection_update(kept)  # the same set: a waiter's own cleanup finds it in the map
-                    waits[key] = evs
+                    evs.intersection_update(kept)  # the same set, kept in the map: a waiter's cleanup finds it there
                     evs = wake
+                else:
+                    del waits[key]
             for ev in evs:
                 woke = True
                 ev.set()
