@@ -4,6 +4,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from metaq.errors import TopicForbidden
 from metaq.protocol import events as ev
 from metaq.protocol.burst import encode_put_acks, scan_puts_py
 from metaq.protocol.checksum import metaq_checksum
@@ -112,3 +113,19 @@ def test_c_writer_equals_the_python_reference(bodies, ready, offset, first_id, t
                        first_id, index, 16)
         outputs.append((result, bytes(log), bytes(index)))
     assert outputs[0] == outputs[1]
+
+
+def test_a_topic_made_read_only_between_two_bursts_is_not_taken_by_the_next(data_dir):
+    """The burst writer finds a partition's writer in the store's table of checked partitions (``Partitions
+    .writer``): a topic altered after one burst is no longer there, so the next burst takes nothing and the general
+    put refuses it."""
+    s = open_store(data_dir)
+    s.topics.create("jobs", {"partitions": "1"})
+    s.put("jobs", 0, 0, b"first", NOW)
+    buf, frames = burst([("jobs", 0, b"x")])
+    assert s.put_burst(frames, buf, NOW)[0] == 1
+    s.topics.alter("jobs", {"perm": "-"})
+    assert s.put_burst(frames, buf, NOW) == (0, [])
+    with pytest.raises(TopicForbidden, match="not writable"):
+        s.put("jobs", 0, 0, b"x", NOW)
+    s.close(NOW)
