@@ -7,7 +7,11 @@ received message adds its receipt handle, delivery attempt and invisible duratio
 written by ``encode_fields`` (the C helper's, or its twin here) as protobuf's encoder writes them: in field order,
 a plain proto3 scalar at its default left out, an ``optional`` one written whenever it is set. A served message
 so costs no protobuf object filled field by field and then serialized; ``calls.message_of`` parses these bytes back
-where a ``Message`` object is wanted.
+where a ``Message`` object is wanted. A log record a RocketMQ or gRPC producer wrote is read into these fields in one
+pass over its properties (``record_fields``), without the ``StoredMessage`` between; any other record is mapped first.
+
+The body's digest is MD5, as the proxy sends it: the clients read CRC32's text differently (eight hex digits, hex
+without leading zeros, decimal), so no CRC32 text is accepted by all of them.
 
 A timestamp outside protobuf's range (years 1-9999) raises ValueError, as ``Timestamp.FromMilliseconds`` does.
 """
@@ -17,7 +21,17 @@ import hashlib
 from typing import NamedTuple
 
 from metaq import errors, speedups
-from metaq.protocol.properties import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
+from metaq.protocol.message import decode_payload
+from metaq.protocol.properties import (
+    NAME_VALUE_SEPARATOR,
+    PROP_KEYS,
+    PROP_SYSFLAG,
+    PROP_TAGS,
+    PROP_UNIQ_KEY,
+    PROPERTY_SEPARATOR,
+    shown_tags,
+)
+from metaq.protocol.rocketmq.mapping import PROP_BORNHOST, born_host_of, fits_untrimmed, message_of_record
 from metaq.rmq5.records import DELAY, FIFO, NORMAL, PROP_DELIVER_MS, PROP_SHARDING_KEY, RESERVED_PROPERTIES
 from metaq.server.inflate import inflate_body
 
@@ -134,36 +148,94 @@ def message_fields(msg, endpoint, max_transfer, msg_id, served=None):
             body = inflate_body(msg.sys_flag, body, max_transfer)
         except errors.MetaqError:
             pass
-    group = props.get(PROP_SHARDING_KEY) or None
-    deliver = props.get(PROP_DELIVER_MS, "")
+    user = [(k, v) for k, v in props.items() if k not in RESERVED_PROPERTIES and not k.startswith(("@", "__"))]
+    return _layout(msg.topic, msg.queue_id, msg.queue_offset, props.get(PROP_TAGS), props.get(PROP_KEYS),
+                   props.get(PROP_UNIQ_KEY), props.get(PROP_SHARDING_KEY), props.get(PROP_DELIVER_MS),
+                   msg.born_timestamp, msg.born_host, msg.store_timestamp, user, body, endpoint, msg_id, served)
+
+
+def record_fields(rec, endpoint, max_transfer, served=None):
+    """``message_fields(message_of_record(rec, endpoint), endpoint, max_transfer, rec.msg_id, served)`` of the log
+    record ``rec``, the same fields, read in one pass over the record's properties when a RocketMQ or gRPC producer
+    wrote it: each property goes straight to its field, with no dict of them and no ``StoredMessage`` between.
+    Any other record goes that general way: a text put's (no property part), one with ``@SYSFLAG`` (its body may
+    need inflating), one whose properties could be trimmed (``mapping.fits_untrimmed``), a malformed one."""
+    try:
+        attribute, body = decode_payload(rec.flag, rec.data)
+    except errors.RemoteProtocolError:
+        attribute = None
+    if attribute is not None and fits_untrimmed(len(attribute) + len(PROP_TAGS) + 2):  # + the shown tags' key
+        tags, sep, rest = attribute.partition(PROPERTY_SEPARATOR)
+        if sep:
+            fields = _property_fields(rec, tags, rest, body, endpoint, served)
+            if fields is not None:
+                return fields
+    return message_fields(message_of_record(rec, endpoint), endpoint, max_transfer, rec.msg_id, served)
+
+
+def _property_fields(rec, tags, rest, body, endpoint, served):
+    """``record_fields``' one pass over the properties ``rest`` (``key\x01value`` items, ``decode_properties``'
+    reading: the last of a repeated key wins, in its first place); None for a record with ``@SYSFLAG``."""
+    tag = keys = uniq = group = deliver = born = None
+    user = {}
+    for item in rest.split(PROPERTY_SEPARATOR):
+        key, sep, value = item.partition(NAME_VALUE_SEPARATOR)
+        if not (sep and key and value):
+            continue
+        if key in RESERVED_PROPERTIES:
+            if key == PROP_UNIQ_KEY:
+                uniq = value
+            elif key == PROP_KEYS:
+                keys = value
+            elif key == PROP_TAGS:
+                tag = value
+            elif key == PROP_SHARDING_KEY:
+                group = value
+            elif key == PROP_DELIVER_MS:
+                deliver = value
+        elif key.startswith("@"):
+            if key == PROP_BORNHOST:
+                born = value
+            elif key == PROP_SYSFLAG:
+                return None
+        elif not key.startswith("__"):
+            user[key] = value
+    shown = shown_tags(tags or None)
+    return _layout(rec.topic, rec.partition, rec.queue_offset, tag if shown is None else shown, keys, uniq, group,
+                   deliver, rec.born_ts_ms, born_host_of(born) or endpoint, rec.store_ts_ms, user.items(), body,
+                   endpoint, rec.msg_id, served)
+
+
+def _layout(topic, queue_id, queue_offset, tag, keys, uniq, group, deliver, born_ms, born_host, store_ms, user, body,
+            endpoint, msg_id, served):
+    """The ``Message`` fields of a message's parts (the properties' values, None when absent; ``user`` its user
+    properties' ``(key, value)`` pairs), as the proxy's converter fills them."""
+    group = group or None
     delivery = None
     if group:
         kind = FIFO
-    elif deliver.isdigit():
+    elif deliver and deliver.isdigit():
         kind, delivery = DELAY, _timestamp(int(deliver))
     else:
         kind = NORMAL
     if served is None:
-        topic, queue_id, queue_offset, handle, invisible, attempt = msg.topic, msg.queue_id, msg.queue_offset, \
-            None, None, None
+        handle, invisible, attempt = None, None, None
     else:
         topic, queue_id, queue_offset, handle, invisible, attempt = served.topic, served.queue_id, \
             served.queue_offset, served.receipt_handle, _duration(served.invisible_ms), served.attempt
-    system = [1, props.get(PROP_TAGS) or None]
-    keys = props.get(PROP_KEYS)
+    system = [1, tag or None]
     if keys:
         for k in keys.split(" "):
             if k:
                 system += (2, k)
-    system += (3, props.get(PROP_UNIQ_KEY) or "%X" % msg_id,
+    system += (3, uniq or "%X" % msg_id,
                4, (1, MD5, 2, hashlib.md5(body).hexdigest().upper()),
-               5, IDENTITY, 6, kind, 7, _timestamp(msg.born_timestamp), 8, _host(msg.born_host),
-               9, _timestamp(msg.store_timestamp), 10, _host(endpoint), 11, delivery, 12, handle,
+               5, IDENTITY, 6, kind, 7, _timestamp(born_ms), 8, _host(born_host),
+               9, _timestamp(store_ms), 10, _host(endpoint), 11, delivery, 12, handle,
                13, queue_id or None, 14, queue_offset, 15, invisible, 16, attempt, 17, group)
     out = [1, (2, topic)]
-    for k, v in props.items():
-        if k not in RESERVED_PROPERTIES and not k.startswith(("@", "__")):
-            out += (2, (1, k, 2, v))
+    for k, v in user:
+        out += (2, (1, k, 2, v))
     out += (3, system, 4, body or None)
     return out
 
@@ -177,3 +249,8 @@ def response_bytes(msg, endpoint, max_transfer, msg_id, served=None):
     """A ReceiveMessageResponse's or PullMessageResponse's bytes holding the message (their ``message``, field 2
     of their oneof), written in the same pass."""
     return encode_fields((2, message_fields(msg, endpoint, max_transfer, msg_id, served)))
+
+
+def record_response_bytes(rec, endpoint, max_transfer, served=None):
+    """``response_bytes`` of the log record ``rec`` (``record_fields``)."""
+    return encode_fields((2, record_fields(rec, endpoint, max_transfer, served)))

@@ -76,6 +76,9 @@ __all__ = [
     "KEPT_SYSFLAG_BITS",
     "STORED_SYSFLAG_BITS",
     "born_host_property",
+    "PROP_BORNHOST",
+    "fits_untrimmed",
+    "born_host_of",
     "RecordFields",
     "record_data_from_send",
     "message_of_record",
@@ -97,6 +100,8 @@ PROP_CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 _FLAG = "@FLAG"
 _RECONSUME = "@RECONSUME"
 _BORNHOST = "@BORNHOST"
+#: The broker's own property holding a producer's address (``born_host_property``).
+PROP_BORNHOST = _BORNHOST
 
 #: sysFlag bits read back from a stored message: multi-tags, and the compression bits that records written
 #: before bodies were stored decompressed may hold (their consumers must still decompress them).
@@ -114,7 +119,11 @@ def born_host_property(host):
 def _born_host(props):
     """The ``(ip, port)`` of ``@BORNHOST``, or None unless it is one (a text put may carry any property: a forged
     one must never make a record unencodable, which would stop every pull of its queue there)."""
-    text = props.pop(_BORNHOST, None)
+    return born_host_of(props.pop(_BORNHOST, None))
+
+
+def born_host_of(text):
+    """The ``(ip, port)`` of a ``@BORNHOST`` text, or None when it is empty or not one."""
     if not text:
         return None
     return _host_of(text) if len(text) <= _HOST_TEXT_CACHED else _host_of.__wrapped__(text)
@@ -206,8 +215,8 @@ def _fit_properties(props):
     more (a text put's attribute of 40,000 characters) is still served, where its encoding would fail and
     every pull of its queue with it."""
     room = MAX_PROPERTIES_BYTES - PROPERTIES_HEADROOM
-    if 4 * sum(len(k) + len(v) + 2 for k, v in props.items() if v is not None) <= room:
-        return  # at most 4 bytes a character: they fit, without encoding each one to count its bytes
+    if fits_untrimmed(sum(len(k) + len(v) + 2 for k, v in props.items() if v is not None)):
+        return
     sizes = {k: len(k.encode("utf-8", "surrogatepass")) + len(v.encode("utf-8", "surrogatepass")) + 2
              for k, v in props.items() if v is not None}
     total = sum(sizes.values())
@@ -221,6 +230,13 @@ def _fit_properties(props):
         if total <= room - 64:  # and room for PROP_TRIMMED itself
             break
     props[PROP_TRIMMED] = str(left_out)
+
+
+def fits_untrimmed(chars):
+    """True when properties of at most ``chars`` characters (each key and value, and two separators a property)
+    are served whole by ``message_of_record``: at most 4 bytes a character, so without encoding each one to count
+    its bytes."""
+    return 4 * chars <= MAX_PROPERTIES_BYTES - PROPERTIES_HEADROOM
 
 
 def stored_message_bytes(msg):
