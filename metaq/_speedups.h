@@ -26,6 +26,8 @@ PyObject *mqtt_publish_bytes(PyObject *self, PyObject *args);
 PyObject *mqtt_pubacks(PyObject *self, PyObject *ids);
 /* encode_fields (_pbwrite.c): protobuf fields written from (field number, value) pairs; metaq/rmq5/messagebytes.py. */
 PyObject *encode_fields(PyObject *self, PyObject *args);
+/* served_record (_servedmsg.c): a served RocketMQ 5 message's bytes from its log record; metaq/rmq5/messagebytes.py. */
+PyObject *served_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* From _speedups.c: the CRC-32 of p[0:n] continued from crc (ISA-L or zlib); v in decimal at p, its length. */
 unsigned long metaq_crc(const unsigned char *p, Py_ssize_t n, unsigned long crc);

@@ -7,7 +7,12 @@ received message adds its receipt handle, delivery attempt and invisible duratio
 written by ``encode_fields`` (the C helper's, or its twin here) as protobuf's encoder writes them: in field order,
 a plain proto3 scalar at its default left out, an ``optional`` one written whenever it is set. A served message
 so costs no protobuf object filled field by field and then serialized; ``calls.message_of`` parses these bytes back
-where a ``Message`` object is wanted.
+where a ``Message`` object is wanted. A log record a RocketMQ or gRPC producer wrote is written out in one pass over
+its properties (``served_record``, the C helper's or its twin here), without the ``StoredMessage`` between; any
+other record is mapped first.
+
+The body's digest is MD5, as the proxy sends it: the clients read CRC32's text differently (eight hex digits, hex
+without leading zeros, decimal), so no CRC32 text is accepted by all of them.
 
 A timestamp outside protobuf's range (years 1-9999) raises ValueError, as ``Timestamp.FromMilliseconds`` does.
 """
@@ -17,8 +22,25 @@ import hashlib
 from typing import NamedTuple
 
 from metaq import errors, speedups
-from metaq.protocol.properties import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
-from metaq.rmq5.records import DELAY, FIFO, NORMAL, PROP_DELIVER_MS, PROP_SHARDING_KEY, RESERVED_PROPERTIES
+from metaq.protocol.properties import (
+    NAME_VALUE_SEPARATOR,
+    PROP_KEYS,
+    PROP_SYSFLAG,
+    PROP_TAGS,
+    PROP_UNIQ_KEY,
+    PROPERTY_SEPARATOR,
+    shown_tags,
+)
+from metaq.protocol.rocketmq.mapping import PROP_BORNHOST, UNTRIMMED_CHARS, born_host_of, message_of_record
+from metaq.rmq5.records import (
+    DELAY,
+    FIFO,
+    MAX_USER_PROPERTIES,
+    NORMAL,
+    PROP_DELIVER_MS,
+    PROP_SHARDING_KEY,
+    RESERVED_PROPERTIES,
+)
 from metaq.server.inflate import inflate_body
 
 #: protobuf's Timestamp range, in seconds (0001-01-01 .. 9999-12-31T23:59:59).
@@ -134,38 +156,148 @@ def message_fields(msg, endpoint, max_transfer, msg_id, served=None):
             body = inflate_body(msg.sys_flag, body, max_transfer)
         except errors.MetaqError:
             pass
-    group = props.get(PROP_SHARDING_KEY) or None
-    deliver = props.get(PROP_DELIVER_MS, "")
+    user = [(k, v) for k, v in props.items() if k not in RESERVED_PROPERTIES and not k.startswith(("@", "__"))]
+    return _layout(msg.topic, msg.queue_id, msg.queue_offset, props.get(PROP_TAGS), props.get(PROP_KEYS),
+                   props.get(PROP_UNIQ_KEY) or _message_id(msg_id), props.get(PROP_SHARDING_KEY),
+                   props.get(PROP_DELIVER_MS), msg.born_timestamp, _host(msg.born_host), msg.store_timestamp,
+                   _host(endpoint), user, body, served)
+
+
+def _layout(topic, queue_id, queue_offset, tag, keys, message_id, group, deliver, born_ms, born_host, store_ms,
+            store_host, user, body, served):
+    """The ``Message`` fields of a message's parts (the properties' values, None when absent; the hosts as
+    ``ip:port``; ``user`` its user properties' ``(key, value)`` pairs), as the proxy's converter fills them."""
+    group = group or None
     delivery = None
     if group:
         kind = FIFO
-    elif deliver.isdigit():
+    elif deliver and deliver.isdigit():
         kind, delivery = DELAY, _timestamp(int(deliver))
     else:
         kind = NORMAL
     if served is None:
-        topic, queue_id, queue_offset, handle, invisible, attempt = msg.topic, msg.queue_id, msg.queue_offset, \
-            None, None, None
+        handle, invisible, attempt = None, None, None
     else:
         topic, queue_id, queue_offset, handle, invisible, attempt = served.topic, served.queue_id, \
             served.queue_offset, served.receipt_handle, _duration(served.invisible_ms), served.attempt
-    system = [1, props.get(PROP_TAGS) or None]
-    keys = props.get(PROP_KEYS)
+    system = [1, tag or None]
     if keys:
         for k in keys.split(" "):
             if k:
                 system += (2, k)
-    system += (3, props.get(PROP_UNIQ_KEY) or "%X" % msg_id,
-               4, (1, MD5, 2, hashlib.md5(body).hexdigest().upper()),
-               5, IDENTITY, 6, kind, 7, _timestamp(msg.born_timestamp), 8, _host(msg.born_host),
-               9, _timestamp(msg.store_timestamp), 10, _host(endpoint), 11, delivery, 12, handle,
+    system += (3, message_id, 4, (1, MD5, 2, _digest(body)),
+               5, IDENTITY, 6, kind, 7, _timestamp(born_ms), 8, born_host,
+               9, _timestamp(store_ms), 10, store_host, 11, delivery, 12, handle,
                13, queue_id or None, 14, queue_offset, 15, invisible, 16, attempt, 17, group)
     out = [1, (2, topic)]
-    for k, v in props.items():
-        if k not in RESERVED_PROPERTIES and not k.startswith(("@", "__")):
-            out += (2, (1, k, 2, v))
+    for k, v in user:
+        out += (2, (1, k, 2, v))
     out += (3, system, 4, body or None)
     return out
+
+
+def _message_id(msg_id):
+    """The message id of a message whose client gave none: its metaq id in hex."""
+    return "%X" % msg_id
+
+
+def _digest(body):
+    """The body's digest as the proxy sends it: MD5, in upper-case hex (see the module doc)."""
+    return hashlib.md5(body).hexdigest().upper()
+
+
+def _born_text(text):
+    """``ip:port`` of a ``@BORNHOST`` text, or None when it is not a producer's address."""
+    host = born_host_of(text)
+    return None if host is None else _host(host)
+
+
+def _in_range(ms):
+    return _TS_MIN_S <= ms // 1000 <= _TS_MAX_S
+
+
+#: What ``served_record`` is given besides a record: the property names it looks for (as bytes, in the C helper's
+#: order), the most characters of properties served untrimmed, the most user properties it sorts out itself (the
+#: proxy's bound), the names no user property may take, and the message id, digest and born host functions.
+_CONTEXT = (tuple(name.encode() for name in (PROP_UNIQ_KEY, PROP_KEYS, PROP_TAGS, PROP_SHARDING_KEY, PROP_DELIVER_MS,
+                                             PROP_BORNHOST, PROP_SYSFLAG)),
+            UNTRIMMED_CHARS, MAX_USER_PROPERTIES, RESERVED_PROPERTIES, _message_id, _digest, _born_text)
+_INT64 = range(-2 ** 63, 2 ** 63)
+
+
+def served_record_py(data, flag, topic, queue_id, queue_offset, born_ms, store_ms, msg_id, endpoint, served, context):
+    """A received or pulled message's response bytes (``response_bytes``') written straight from a log record a
+    RocketMQ or gRPC producer wrote, in one pass over its properties, each read into its field: the record's
+    ``data`` and ``flag``, its topic, queue, offset, times and metaq id; ``endpoint`` the store host's ``ip:port``;
+    ``served`` a receive's ``Served`` or None; ``context`` the module's ``_CONTEXT``. None for any other record,
+    which the general mapping serves: no attribute block or a malformed one, attribute bytes not UTF-8, no property
+    part (a text put's), properties that could be trimmed (more than ``UNTRIMMED_CHARS`` characters with the tags'
+    key), ``@SYSFLAG`` (a body to inflate), more user properties than the context's bound, a delivery time (without
+    a message group) not in ASCII or past 18 digits, a timestamp outside protobuf's range, an int past 64 bits. The
+    C helper's ``served_record`` is its twin."""
+    _names, room, user_max, reserved, message_id, _digest_of, born_text = context
+    ints = (flag, queue_id, queue_offset, born_ms, store_ms) if served is None else \
+        (flag, served.queue_id, served.queue_offset, born_ms, store_ms, served.attempt, served.invisible_ms)
+    if not all(v in _INT64 for v in ints) or not flag & 1 or len(data) < 4:
+        return None
+    size = int.from_bytes(data[:4], "big", signed=True)
+    if size < 0 or size > len(data) - 4 or size + 6 > room:
+        return None
+    try:
+        attribute = bytes(data[4:4 + size]).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    tags, sep, rest = attribute.partition(PROPERTY_SEPARATOR)
+    read = _read_properties(rest, reserved, user_max) if sep else None
+    if read is None:
+        return None
+    tag, keys, uniq, group, deliver, born, user = read
+    if not group and deliver and (not deliver.isascii() or deliver.isdigit() and (
+            len(deliver) > 18 or not _in_range(int(deliver)))):
+        return None
+    if not (_in_range(born_ms) and _in_range(store_ms)):
+        return None
+    shown = shown_tags(tags or None)
+    born = born_text(born) if born else None
+    return encode_fields((2, _layout(topic, queue_id, queue_offset, tag if shown is None else shown, keys,
+                                     uniq or message_id(msg_id), group, deliver, born_ms, born or endpoint, store_ms,
+                                     endpoint, user.items(), bytes(data[4 + size:]), served)))
+
+
+def _read_properties(rest, reserved, user_max):
+    """``served_record_py``'s pass over the properties ``rest`` (``decode_properties``' reading: a repeated key's
+    last value wins, in its first place): ``(tag, keys, message id, group, delivery time, born host, user
+    properties)``, None absent; None for ``@SYSFLAG`` or more than ``user_max`` user properties."""
+    tag = keys = uniq = group = deliver = born = None
+    user = {}
+    for item in rest.split(PROPERTY_SEPARATOR):
+        key, sep, value = item.partition(NAME_VALUE_SEPARATOR)
+        if not (sep and key and value):
+            continue
+        if key in reserved:
+            if key == PROP_UNIQ_KEY:
+                uniq = value
+            elif key == PROP_KEYS:
+                keys = value
+            elif key == PROP_TAGS:
+                tag = value
+            elif key == PROP_SHARDING_KEY:
+                group = value
+            elif key == PROP_DELIVER_MS:
+                deliver = value
+        elif key.startswith("@"):
+            if key == PROP_BORNHOST:
+                born = value
+            elif key == PROP_SYSFLAG:
+                return None
+        elif not key.startswith("__"):
+            if key not in user and len(user) == user_max:
+                return None
+            user[key] = value
+    return tag, keys, uniq, group, deliver, born, user
+
+
+served_record = speedups.load("served_record", served_record_py)
 
 
 def message_bytes(msg, endpoint, max_transfer, msg_id, served=None):
@@ -177,3 +309,13 @@ def response_bytes(msg, endpoint, max_transfer, msg_id, served=None):
     """A ReceiveMessageResponse's or PullMessageResponse's bytes holding the message (their ``message``, field 2
     of their oneof), written in the same pass."""
     return encode_fields((2, message_fields(msg, endpoint, max_transfer, msg_id, served)))
+
+
+def record_response_bytes(rec, endpoint, max_transfer, served=None):
+    """``response_bytes`` of the log record ``rec`` as the general mapping serves it
+    (``message_of_record``, then ``message_fields``), written in one pass by ``served_record`` when it takes it."""
+    out = served_record(rec.data, rec.flag, rec.topic, rec.partition, rec.queue_offset, rec.born_ts_ms, rec.store_ts_ms,
+                        rec.msg_id, _host(endpoint), served, _CONTEXT)
+    if out is None:
+        out = response_bytes(message_of_record(rec, endpoint), endpoint, max_transfer, rec.msg_id, served)
+    return out

@@ -35,7 +35,7 @@ from metaq.protocol.rocketmq.requests import copies_readable, resource
 from metaq.rmq5 import messages_pb2 as pb
 from metaq.rmq5.records import Refusal
 from metaq.rmq5.calls import code_of, paced_wait
-from metaq.rmq5.messagebytes import response_bytes
+from metaq.rmq5.messagebytes import record_response_bytes, response_bytes
 from metaq.rmq5.calls import status as _status
 from metaq.server.clock import now_ms
 from metaq.server.coldpages import bring_in
@@ -193,13 +193,16 @@ class PullService:
             except errors.MetaqError as exc:
                 raise Refusal(code_of(exc), str(exc)) from None
             host = self.host()
-            messages = [(rec, message_of_record(rec, host)) for rec in records]
-            if readable is not None:
-                messages = [(rec, m) for rec, m in messages if readable(m.properties.get(PROP_RETRY_TOPIC))]
+            if readable is None:  # a message is mapped here only for the check to read its properties
+                messages = [(rec, None) for rec in records]
+            else:
+                messages = [(rec, m) for rec, m in ((rec, message_of_record(rec, host)) for rec in records)
+                            if readable(m.properties.get(PROP_RETRY_TOPIC))]
             if messages:
                 if self.guard is not None:
                     self.guard.pace(call, "fetch", sum(len(rec.data) for rec, _m in messages))
                 return [pb.PullMessageResponse(status=_status("OK"))] + [
+                    record_response_bytes(rec, host, self.max_transfer) if m is None else
                     response_bytes(m, host, self.max_transfer, rec.msg_id) for rec, m in messages] + [
                     pb.PullMessageResponse(next_offset=next_offset)], next_offset
             if not (offset < next_offset < store.max_offset(topic, queue)):

@@ -20,7 +20,7 @@ from metaq.protocol.rocketmq.mapping import message_of_record
 from metaq.rmq5 import messages_pb2 as pb
 from metaq.rmq5.calls import POLL_RESERVE_MS, client_of, code_of, delivered_now, duration_ms, paced_wait, status, \
     status_fields
-from metaq.rmq5.messagebytes import Served, encode_fields, response_bytes
+from metaq.rmq5.messagebytes import Served, encode_fields, record_response_bytes, response_bytes
 from metaq.rmq5.records import Refusal
 from metaq.server.clock import now_ms
 
@@ -149,8 +149,8 @@ class Receives:
                                   wait_ms=max(0, int((end - time.monotonic()) * 1000)), cancel=cancel,
                                   user=getattr(call, "user", None))
                 kept, dropped = [], []
-                for r in got:
-                    msg = message_of_record(r.record, host)
+                for r in got:  # a message is mapped here only for a filter to read its properties
+                    msg = None if wanted is None else message_of_record(r.record, host)
                     (kept if wanted is None or wanted(msg.properties) else dropped).append((r, msg))
                 if kept:  # from here on, a call that ends before its answer is sent gives them back (port._unsent)
                     call.unsent = functools.partial(self._receive_unsent, group, topic, [r for r, _m in kept])
@@ -175,9 +175,7 @@ class Receives:
             self.guard.pace(call, "fetch", sum(len(r.record.data) for r, _m in kept))
         host, max_transfer = self.endpoint(), self.store.config.max_transfer_size
         return [pb.ReceiveMessageResponse(status=status("OK"))] + [
-            response_bytes(msg, host, max_transfer, r.record.msg_id,
-                           Served(r.topic, r.partition, r.offset, r.handle, r.attempt, invisible))
-            for r, msg in kept] + [delivered_now()]
+            _served_bytes(r, msg, host, max_transfer, invisible) for r, msg in kept] + [delivered_now()]
 
     def _receive_unsent(self, group, topic, received):
         """A receive's answer did not reach the client (it reset the call, the connection ended or its window stayed
@@ -256,6 +254,15 @@ class Receives:
 
 
 _OK = status_fields("OK")
+
+
+def _served_bytes(r, msg, host, max_transfer, invisible):
+    """A received message's response bytes: from its mapped ``msg`` when a filter had it mapped, else straight from
+    its record (``messagebytes.record_fields``)."""
+    served = Served(r.topic, r.partition, r.offset, r.handle, r.attempt, invisible)
+    if msg is None:
+        return record_response_bytes(r.record, host, max_transfer, served)
+    return response_bytes(msg, host, max_transfer, r.record.msg_id, served)
 
 
 def ack_response_bytes(entries, results):

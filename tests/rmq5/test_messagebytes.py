@@ -2,18 +2,22 @@
 generated classes, as the served paths built it before; and the C helper's ``encode_fields`` against its twin."""
 
 import hashlib
+import random
+import struct
 import zlib
 
 import pytest
 
 from metaq import speedups
 from metaq.protocol.rocketmq.bodies import StoredMessage
+from metaq.protocol.rocketmq.mapping import UNTRIMMED_CHARS, message_of_record, record_data_from_send
 from metaq.rmq5.records import TRANSACTION, check_message
+from metaq.store.record import LogRecord
 
 pb = pytest.importorskip("metaq.rmq5.messages_pb2")
 messagebytes = pytest.importorskip("metaq.rmq5.messagebytes")
 from metaq.rmq5.calls import message_of  # noqa: E402
-from metaq.rmq5.records import PROP_DELIVER_MS, PROP_SHARDING_KEY, RESERVED_PROPERTIES  # noqa: E402
+from metaq.rmq5.records import MAX_USER_PROPERTIES, PROP_DELIVER_MS, PROP_SHARDING_KEY, RESERVED_PROPERTIES  # noqa: E402
 
 HOST = ("192.0.2.7", 8081)
 MAX_TRANSFER = 1 << 20
@@ -233,3 +237,166 @@ def test_an_ack_answer_is_the_same_bytes_as_the_generated_classes_write():
     for entries, results in answers:
         want = filled_ack_response(entries, results)
         assert ack_response_bytes(entries, results) == want.SerializeToString()
+
+
+def _record(flag, data, topic="t", partition=2, queue_offset=77, born=1700000000123, store_ts=1700000000456):
+    return LogRecord(1000, 0, topic, partition, queue_offset, store_ts, born, 0xABCDEF, flag, data)
+
+
+def _sent(body=b"x" * 1024, born_host="198.51.100.1:5555", **message):
+    """A record as a gRPC send stores it (``records.check_message``, then ``mapping.record_data_from_send``)."""
+    return _record(*record_data_from_send(body, laid_out(**message), born_host=born_host))
+
+
+def _attribute(attribute, body=b"x" * 64, **fields):
+    """A record whose attribute is ``attribute`` (text, or bytes as stored), as a text put may store it."""
+    raw = attribute.encode("utf-8") if isinstance(attribute, str) else attribute
+    return _record(1, struct.pack(">i", len(raw)) + raw + body, **fields)
+
+
+_ROOM = UNTRIMMED_CHARS
+
+#: Records the one pass reads itself (a RocketMQ or gRPC producer's), and the others, which it hands to the general
+#: mapping; each must come out as the general mapping serves it.
+ONE_PASS = {
+    "a gRPC send: no tag, keys or properties": _sent(),
+    "tag, keys, unicode properties": _sent(tag="TagA", keys=["k1", "k2"], user={"color": "red", "ünï": "çødé ✓"}),
+    "fifo": _sent(group="orders-7", tag="t"),
+    "delay": _sent(deliver_ms=1700000099999, keys=["k"]),
+    "transaction": _sent(message_type=TRANSACTION, user={"a": "b"}),
+    "an empty body": _sent(body=b""),
+    "a large body": _sent(body=bytes(range(256)) * 4096),
+    "an IPv6 producer": _sent(born_host="[2001:db8::1]:7"),
+    "no producer's address": _sent(born_host=None),
+    "a forged producer's address": _attribute("\x02@BORNHOST\x01not-a-host:1\x02UNIQ_KEY\x01u"),
+    "a producer's port out of range": _attribute("\x02@BORNHOST\x011.2.3.4:99999"),
+    "a long forged producer's address": _attribute("\x02@BORNHOST\x01" + "9" * 100 + ":1"),
+    "repeated keys: the last value, in the first place": _attribute(
+        "T\x02a\x01x\x02b\x01y\x02a\x01z\x02UNIQ_KEY\x01u1\x02UNIQ_KEY\x01u2\x02KEYS\x01p\x02KEYS\x01q r"),
+    "items without a separator, an empty key or value, a value holding one": _attribute(
+        "\x02lonely\x02\x01v\x02k\x01\x02k2\x01a\x01b\x02\x02"),
+    "a stored TAGS beside the tags": _attribute("tg\x02TAGS\x01other\x02u\x01v"),
+    "tags not shown (a separator in them), a stored TAGS": _attribute("t\x01g\x02TAGS\x01other"),
+    "empty tags, a stored TAGS": _attribute("\x02TAGS\x01only"),
+    "internal, reserved and __ properties": _attribute(
+        "\x02@FLAG\x017\x02@RECONSUME\x013\x02@other\x01x\x02__x\x01y\x02TRACE_ON\x01true\x02__STARTDELIVERTIME\x015"
+        "\x02DELAY\x013\x02u\x01v"),
+    "a non-digit delivery time": _attribute("\x02TIMER_DELIVER_MS\x01soon"),
+    "properties at the untrimmed bound": _attribute("\x02u\x01" + "v" * (_ROOM - 6 - 3)),
+}
+GENERAL = {
+    "a text put: no attribute": _record(0, b"plain"),
+    "a text put: an attribute without properties": _attribute("plain attribute"),
+    "an empty attribute": _attribute(""),
+    "a malformed attribute block": _record(1, struct.pack(">i", 99) + b"short"),
+    "a delivery time in other digits, an empty group": _attribute("\x02TIMER_DELIVER_MS\x01١٢٣\x02__SHARDINGKEY\x01"),
+    "undecodable attribute bytes": _attribute(b"\xff\x02u\x01\xfe\xfd\x02UNIQ_KEY\x01id"),
+    "@SYSFLAG: multi-tags": _attribute("a b\x02@SYSFLAG\x012\x02u\x01v"),
+    "@SYSFLAG: a compressed body of an older record": _attribute("\x02@SYSFLAG\x011", zlib.compress(b"z" * 5000)),
+    "properties one past the untrimmed bound": _attribute("\x02u\x01" + "v" * (_ROOM - 6 - 3 + 1)),
+    "properties trimmed": _attribute("\x02big\x01" + "v" * 40_000 + "\x02small\x01s"),
+}
+
+
+@pytest.mark.parametrize("served", list(SERVED), ids=list(SERVED))
+@pytest.mark.parametrize("name", list(ONE_PASS) + list(GENERAL), ids=list(ONE_PASS) + list(GENERAL))
+def test_a_record_served_in_one_pass_is_what_the_general_mapping_serves(name, served):
+    rec, served = {**ONE_PASS, **GENERAL}[name], SERVED[served]
+    msg = message_of_record(rec, HOST)
+    data = messagebytes.record_response_bytes(rec, HOST, MAX_TRANSFER, served)
+    assert data == messagebytes.response_bytes(msg, HOST, MAX_TRANSFER, rec.msg_id, served)
+    assert pb.ReceiveMessageResponse.FromString(data) == reference(msg, served)
+
+
+@pytest.mark.parametrize("name", list(ONE_PASS), ids=list(ONE_PASS))
+def test_a_producers_record_is_served_without_the_general_mapping(name, monkeypatch):
+    want = messagebytes.record_response_bytes(ONE_PASS[name], HOST, MAX_TRANSFER)
+
+    def unwanted(*_args):
+        raise AssertionError("mapped through message_of_record")
+    monkeypatch.setattr(messagebytes, "message_of_record", unwanted)
+    assert messagebytes.record_response_bytes(ONE_PASS[name], HOST, MAX_TRANSFER) == want
+
+
+def test_a_record_past_the_timestamp_range_is_refused_by_both_ways():
+    sent = _sent()
+    for rec in (_attribute("\x02TIMER_DELIVER_MS\x01" + str(253402300800 * 1000)),
+                _record(sent.flag, sent.data, born=-2 ** 62)):
+        with pytest.raises(ValueError):
+            messagebytes.record_response_bytes(rec, HOST, MAX_TRANSFER)
+        with pytest.raises(ValueError):
+            messagebytes.response_bytes(message_of_record(rec, HOST), HOST, MAX_TRANSFER, rec.msg_id)
+
+
+SERVERS = [messagebytes.served_record_py]
+if speedups.built():
+    SERVERS.append(_speedups.served_record)
+
+
+def _serve(server, rec, served, endpoint="192.0.2.7:8081"):
+    return server(rec.data, rec.flag, rec.topic, rec.partition, rec.queue_offset, rec.born_ts_ms, rec.store_ts_ms,
+                  rec.msg_id, endpoint, served, messagebytes._CONTEXT)
+
+
+@pytest.mark.parametrize("served", list(SERVED), ids=list(SERVED))
+@pytest.mark.parametrize("name", list(ONE_PASS) + list(GENERAL), ids=list(ONE_PASS) + list(GENERAL))
+def test_served_record_twins_write_the_same_bytes_and_leave_the_same_records(name, served):
+    rec, served = {**ONE_PASS, **GENERAL}[name], SERVED[served]
+    outs = [_serve(server, rec, served) for server in SERVERS]
+    assert all(out == outs[0] for out in outs)
+    assert (outs[0] is None) == (name in GENERAL)
+    if outs[0] is not None:
+        msg = message_of_record(rec, HOST)
+        assert outs[0] == messagebytes.response_bytes(msg, HOST, MAX_TRANSFER, rec.msg_id, served)
+
+
+def _with_users(count):
+    return _attribute("\x02" + "".join("u%d\x01v%d\x02" % (i, i) for i in range(count)) + "u0\x01last")
+
+
+@pytest.mark.parametrize("rec, taken", [
+    (_with_users(MAX_USER_PROPERTIES), True),  # the proxy's bound, a repeated key among them
+    (_with_users(MAX_USER_PROPERTIES + 1), False),  # one past it: the general mapping serves it
+    (_attribute("\x02TIMER_DELIVER_MS\x01" + "1" * 18), False),  # out of protobuf's range: the general one refuses
+    (_attribute("\x02TIMER_DELIVER_MS\x01" + "1" * 19), False),
+    (_attribute("\x02TIMER_DELIVER_MS\x01" + "1" * 19 + "\x02__SHARDINGKEY\x01g"), True),  # a group: not a delay
+    (_attribute("\x02u\x01v", born=2 ** 63), False),  # an int past 64 bits
+], ids=["users at the bound", "users past it", "18 digits past the range", "19 digits", "a group's delivery time",
+        "a born time past 64 bits"])
+def test_served_record_twins_take_and_leave_the_same_edges(rec, taken):
+    outs = [_serve(server, rec, None) for server in SERVERS]
+    assert all(out == outs[0] for out in outs)
+    assert (outs[0] is not None) == taken
+    try:
+        want = messagebytes.response_bytes(message_of_record(rec, HOST), HOST, MAX_TRANSFER, rec.msg_id)
+    except ValueError:
+        assert outs[0] is None
+        with pytest.raises(ValueError):
+            messagebytes.record_response_bytes(rec, HOST, MAX_TRANSFER)
+        return
+    assert messagebytes.record_response_bytes(rec, HOST, MAX_TRANSFER) == want
+
+
+_KEYS = ["UNIQ_KEY", "KEYS", "TAGS", "__SHARDINGKEY", "TIMER_DELIVER_MS", "@BORNHOST", "@SYSFLAG", "@FLAG", "__x",
+         "TRACE_ON", "DELAY", "u", "ü", "", "k\x01", "@"]
+_VALUES = ["", "v", "1700000000000", "١٢٣", "a b  c", " ", "1.2.3.4:5", "[::1]:9", "x\x01y", "✓" * 3, "0"]
+
+
+def test_served_record_twins_agree_with_the_general_mapping_on_random_records():
+    rng = random.Random(57)
+    for _ in range(3000):
+        items = ["%s\x01%s" % (rng.choice(_KEYS), rng.choice(_VALUES)) if rng.random() < 0.9 else rng.choice(_KEYS)
+                 for _ in range(rng.randrange(8))]
+        tags = rng.choice(["", "t", "a||b", "x\x01y", "ü"])
+        rec = _attribute(tags + "\x02" + "\x02".join(items) + rng.choice(["", "\x02"]),
+                         rng.choice([b"", b"body", bytes(range(256))]))
+        served = rng.choice(list(SERVED.values()))
+        outs = [_serve(server, rec, served) for server in SERVERS]
+        assert all(out == outs[0] for out in outs), rec
+        try:
+            want = messagebytes.response_bytes(message_of_record(rec, HOST), HOST, MAX_TRANSFER, rec.msg_id, served)
+        except ValueError:
+            assert outs[0] is None
+            continue
+        assert outs[0] is None or outs[0] == want, rec
+        assert messagebytes.record_response_bytes(rec, HOST, MAX_TRANSFER, served) == want

@@ -76,6 +76,9 @@ __all__ = [
     "KEPT_SYSFLAG_BITS",
     "STORED_SYSFLAG_BITS",
     "born_host_property",
+    "PROP_BORNHOST",
+    "UNTRIMMED_CHARS",
+    "born_host_of",
     "RecordFields",
     "record_data_from_send",
     "message_of_record",
@@ -96,7 +99,8 @@ PROP_CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 
 _FLAG = "@FLAG"
 _RECONSUME = "@RECONSUME"
-_BORNHOST = "@BORNHOST"
+#: The broker's own property holding a producer's address (``born_host_property``).
+PROP_BORNHOST = "@BORNHOST"
 
 #: sysFlag bits read back from a stored message: multi-tags, and the compression bits that records written
 #: before bodies were stored decompressed may hold (their consumers must still decompress them).
@@ -108,13 +112,17 @@ def born_host_property(host):
     """``{"@BORNHOST": host}`` for a producer's address ``"ip:port"`` (empty when unknown)."""
     if not host:
         return {}
-    return {_BORNHOST: host}
+    return {PROP_BORNHOST: host}
 
 
 def _born_host(props):
     """The ``(ip, port)`` of ``@BORNHOST``, or None unless it is one (a text put may carry any property: a forged
     one must never make a record unencodable, which would stop every pull of its queue there)."""
-    text = props.pop(_BORNHOST, None)
+    return born_host_of(props.pop(PROP_BORNHOST, None))
+
+
+def born_host_of(text):
+    """The ``(ip, port)`` of a ``@BORNHOST`` text, or None when it is empty or not one."""
     if not text:
         return None
     return _host_of(text) if len(text) <= _HOST_TEXT_CACHED else _host_of.__wrapped__(text)
@@ -196,6 +204,9 @@ def message_of_record(rec, store_host):
 #: Room kept under RocketMQ's 32,767 bytes of properties for those the broker adds to a served message (a
 #: check-back's TRAN_MSG and PGROUP, a send-back's RETRY_TOPIC...).
 PROPERTIES_HEADROOM = 1024
+#: The most characters of properties (each key and value, and two separators a property) served whole by
+#: ``message_of_record`` without counting their bytes: at most 4 bytes a character.
+UNTRIMMED_CHARS = (MAX_PROPERTIES_BYTES - PROPERTIES_HEADROOM) // 4
 #: The property that says how many of a stored message's properties were left out of the served copy.
 PROP_TRIMMED = "METAQ_TRIMMED_PROPERTIES"
 
@@ -206,7 +217,7 @@ def _fit_properties(props):
     more (a text put's attribute of 40,000 characters) is still served, where its encoding would fail and
     every pull of its queue with it."""
     room = MAX_PROPERTIES_BYTES - PROPERTIES_HEADROOM
-    if 4 * sum(len(k) + len(v) + 2 for k, v in props.items() if v is not None) <= room:
+    if sum(len(k) + len(v) + 2 for k, v in props.items() if v is not None) <= UNTRIMMED_CHARS:
         return  # at most 4 bytes a character: they fit, without encoding each one to count its bytes
     sizes = {k: len(k.encode("utf-8", "surrogatepass")) + len(v.encode("utf-8", "surrogatepass")) + 2
              for k, v in props.items() if v is not None}
