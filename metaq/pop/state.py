@@ -26,7 +26,7 @@ messages go out one at a time, in log order; a redelivery keeps its place ahead 
 import heapq
 
 from metaq import errors, limits
-from metaq.pop.records import InvalidHandle, handle, parse_handle
+from metaq.pop.records import InvalidHandle, handle, handle_match, parse_handle
 
 __all__ = ["Flight", "Cursor", "PopState", "Plan"]
 
@@ -122,19 +122,17 @@ class GroupPop:
         if f is None:
             return
         self.flying -= 1
-        m = f.group
-        if m is not None:
-            n = self.mgroups.get(m, 0) - 1
-            if n > 0:
-                self.mgroups[m] = n
-            else:
-                self.mgroups.pop(m, None)
+        _ungroup(self.mgroups, f.group)
 
     def moved(self, p, o, f):
         """``f``'s deadline set: indexed at it (its older entry goes stale); the heap is rebuilt from the flights
-        when stale entries outnumber them."""
+        when stale entries outnumber them (``reindex``)."""
         self.seq += 1
         heapq.heappush(self.deadlines, (f.deadline, p, o, self.seq, f))
+        self.reindex()
+
+    def reindex(self):
+        """The heap rebuilt from the flights when its stale entries outnumber them."""
         if len(self.deadlines) > 2 * self.flying + 64:
             self.deadlines = [(f.deadline, p, o, 0, f) for p, c in self.cursors.items()
                               for o, f in c.flights.items()]
@@ -243,11 +241,14 @@ class PopState:
         cursors = g.cursors if g is not None else {}
         out = []
         for text in handles:
-            try:
-                p, o, attempt, deadline = parse_handle(text)
-            except InvalidHandle as exc:
-                out.append(exc)
+            m = handle_match(text)
+            if m is None:
+                try:
+                    parse_handle(text)  # raises, saying why
+                except InvalidHandle as exc:
+                    out.append(exc)
                 continue
+            p, o, attempt, deadline = map(int, m.groups())
             c = cursors.get(p)
             if c is None:
                 f = None
@@ -401,25 +402,64 @@ class PopState:
             apply(self, g, rec)
 
     def _apply_delivered(self, g, rec):
-        """``d``: deliveries (first or again) of the group's messages; the group's turn moves one on."""
+        """``d``: deliveries (first or again) of the group's messages; the group's turn moves one on. One pass over
+        the entries (``GroupPop.fly``'s and ``moved``'s work done in line: a receive's batch is applied here)."""
         g.turn += 1
+        cursors, heap, mgroups = g.cursors, g.deadlines, g.mgroups
+        seq, flying, redelivered = g.seq, g.flying, g.redelivered
+        push = heapq.heappush
         for p, o, attempt, deadline, mgroup in rec["e"]:
-            c = self._cursor(g, p)
+            c = cursors.get(p)
+            if c is None:
+                c = cursors[p] = Cursor()
             if o < c.low or o in c.done:
                 continue
-            g.fly(c, p, o, Flight(attempt, deadline, mgroup))
-            c.next = max(c.next, o + 1)
+            flights = c.flights
+            old = flights.get(o)
+            if old is not None:
+                flying -= 1
+                _ungroup(mgroups, old.group)
+            flights[o] = f = Flight(attempt, deadline, mgroup)
+            flying += 1
+            if mgroup is not None:
+                mgroups[mgroup] = mgroups.get(mgroup, 0) + 1
+            seq += 1
+            push(heap, (deadline, p, o, seq, f))
+            if o >= c.next:
+                c.next = o + 1
             if attempt > 1:
-                g.redelivered += 1
+                redelivered += 1
+        g.seq, g.flying, g.redelivered = seq, flying, redelivered
+        g.reindex()
 
     def _apply_finished(self, g, rec):
-        """``a`` (acknowledged) and ``x`` (dead-lettered, counted when still in flight): the flights end."""
+        """``a`` (acknowledged) and ``x`` (dead-lettered, counted when still in flight): the flights end (one pass,
+        ``Cursor.finish`` and ``GroupPop.land`` done in line)."""
         dead = rec["k"] == "x"
+        cursors, mgroups = g.cursors, g.mgroups
+        landed = 0
         for p, o in rec["e"]:
-            c = self._cursor(g, p)
-            if dead and o in c.flights:
-                g.dead += 1
-            g.land(c.finish(o))
+            c = cursors.get(p)
+            if c is None:
+                c = cursors[p] = Cursor()
+            f = c.flights.pop(o, None)
+            if f is not None:
+                landed += 1
+                if dead:
+                    g.dead += 1
+                if f.group is not None:
+                    _ungroup(mgroups, f.group)
+            if o == c.low and o < c.next:
+                low = o + 1
+                done = c.done
+                if done:
+                    while low in done:
+                        done.discard(low)
+                        low += 1
+                c.low = low
+            elif c.low < o < c.next:
+                c.done.add(o)
+        g.flying -= landed
 
     def _apply_changed(self, g, rec):
         """``c``: a new deadline and a new handle; a renewal (of the old handle) ends."""
@@ -476,6 +516,17 @@ class PopState:
         return {key: {"r": g.redelivered, "x": g.dead,
                       "c": {p: c.snapshot() for p, c in sorted(g.cursors.items())}}
                 for key, g in sorted(self.groups.items())}
+
+
+def _ungroup(mgroups, m):
+    """One flight of message group ``m`` (None: none) ended: its count in ``mgroups`` down, gone at 0."""
+    if m is None:
+        return
+    n = mgroups.get(m, 0) - 1
+    if n > 0:
+        mgroups[m] = n
+    else:
+        mgroups.pop(m, None)
 
 
 def _drop_skipped(plan):
