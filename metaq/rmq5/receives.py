@@ -195,7 +195,17 @@ class Receives:
         log.info("grpc: a receive of %s/%s did not reach its client: %d messages visible again in %d ms",
                  group[:128], topic[:128], len(back), limits.GRPC_RELEASE_INVISIBLE_MS)
 
-    def ack_message(self, request, call):
+    def waits(self, rpc, request):
+        """True when answering ``request`` may wait: every RPC of this group but AckMessage. An ack writes its
+        record at once when asked to (``PopService.ack(..., wait=False)``: the log's page cache, no flush, as every
+        ack's record) and so never waits: it is answered on the connection's reader (``ack_message_now``)."""
+        return rpc != "AckMessage"
+
+    def ack_message_now(self, request, call):
+        """``ack_message`` answered without waiting: its record written now, not at the turn's end."""
+        return self.ack_message(request, call, wait=False)
+
+    def ack_message(self, request, call, wait=True):
         """Each entry's receipt handle acknowledged (``PopService.ack``, at most ``limits.POP_MAX_ACK_HANDLES`` a
         journal call): OK, a repeated ack too; a handle expired, of an older delivery or malformed:
         INVALID_RECEIPT_HANDLE. The top status: OK when every entry is, the entries' code when they share one,
@@ -210,7 +220,7 @@ class Receives:
         results = []
         try:
             for i in range(0, len(handles), limits.POP_MAX_ACK_HANDLES):
-                results += pop.ack(group, topic, handles[i:i + limits.POP_MAX_ACK_HANDLES])
+                results += pop.ack(group, topic, handles[i:i + limits.POP_MAX_ACK_HANDLES], wait)
         except errors.MetaqError as exc:
             raise Refusal(code_of(exc), str(exc)) from None
         if self.renewer is not None:
