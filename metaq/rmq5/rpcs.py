@@ -105,7 +105,8 @@ class MessagingService:
         for group in (self.routes, self.sends, self.receives, self.halves) + ((pulls,) if pulls is not None else ()):
             self.unary.update(group.rpcs())
         # the handlers of RPCs answered on the reader that would otherwise wait (``waits``: not, asked this way)
-        self._now = {"AckMessage": self.receives.ack_message_now}
+        self._now = {"AckMessage": self.receives.ack_message_now,
+                     "ReceiveMessage": self.receives.receive_message_now}
         self._counts = {"calls": 0, "refused": 0}
 
     @property
@@ -158,6 +159,9 @@ class MessagingService:
                 raise Refusal("CLIENT_ID_REQUIRED", "x-mq-client-id is missing from the call's metadata")
             self.login(call)
             response = handler(request, call)
+            if response is WAITS:  # tried on the reader, it would wait (``_now``'s handler): asked again, counted then
+                self._counts["calls"] -= 1
+                return WAITS
         except Refusal as exc:
             self._counts["refused"] += 1
             refused = response_type(status=status(exc.code, exc.message))
@@ -172,11 +176,12 @@ class MessagingService:
         """True when answering ``rpc``'s ``request`` may wait (sleep, block on an event, a pool thread or a peer):
         with authentication on every call may (a failed login's delay, the user's rates), else what the RPC's group
         says (``Sends.waits``: a send to a broker that acknowledges at once, without a transactional message, never
-        waits; ``Receives.waits``: an AckMessage never does, answered by ``_now``'s handler); the other RPCs may."""
+        waits; ``Receives.waits``: an AckMessage never does and a ReceiveMessage is tried, answered by ``_now``'s
+        handler, which may still answer ``WAITS``); the other RPCs may."""
         guard = self.guard
         if guard is not None and guard.enabled:
             return True
-        if rpc == "AckMessage":
+        if rpc in self._now:
             return self.receives.waits(rpc, request)
         return self.sends.waits(rpc, request)
 
