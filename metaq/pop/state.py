@@ -13,8 +13,9 @@ equals the live state (``pop/records.py`` says the records). Every map is bounde
 (``POP_MAX_GROUPS``), messages in flight per pair (``POP_MAX_IN_FLIGHT``), the span of a partition ahead of its
 lowest unacknowledged offset (``POP_MAX_SPAN``, which bounds ``done``).
 
-Each pair keeps its flights' deadlines in a heap (``GroupPop.deadlines``, an entry whose flight has since moved on
-or ended is dropped when met, the heap rebuilt when such entries outnumber the flights), its count in flight and
+Each pair keeps its flights' deadlines in a heap (``GroupPop.deadlines``, an entry a record's deliveries of one
+deadline; an item whose flight has since moved on or ended is dropped when met, the heap rebuilt when its entries
+outnumber the flights), its count in flight and
 its message groups in flight, so a receive visits the expired flights and the messages it hands out, never every
 flight (``PopState.visited`` counts what it visits).
 
@@ -93,8 +94,9 @@ class Cursor:
 
 class GroupPop:
     """One (group, topic): its partitions' cursors, its counts (redelivered, dead-lettered) and what a receive
-    needs without walking every flight: ``deadlines`` (a heap of ``(deadline, p, offset, seq, Flight)``; an entry
-    whose flight ended or moved its deadline is stale), ``flying`` (the count in flight) and ``mgroups`` (message
+    needs without walking every flight: ``deadlines`` (a heap of ``(deadline, seq, [(p, offset, Flight)])``, the
+    flights a record set in flight until one deadline; an item whose flight ended or moved its deadline is stale),
+    ``flying`` (the count in flight) and ``mgroups`` (message
     group -> its count in flight). Every flight begins in ``fly``, ends in ``land`` and moves in ``moved``."""
 
     __slots__ = ("cursors", "redelivered", "dead", "turn", "deadlines", "flying", "mgroups", "seq")
@@ -127,48 +129,72 @@ class GroupPop:
     def moved(self, p, o, f):
         """``f``'s deadline set: indexed at it (its older entry goes stale); the heap is rebuilt from the flights
         when stale entries outnumber them (``reindex``)."""
-        self.seq += 1
-        heapq.heappush(self.deadlines, (f.deadline, p, o, self.seq, f))
+        self.index(f.deadline, [(p, o, f)])
         self.reindex()
 
-    def reindex(self):
-        """The heap rebuilt from the flights when its stale entries outnumber them."""
-        if len(self.deadlines) > 2 * self.flying + 64:
-            self.deadlines = [(f.deadline, p, o, 0, f) for p, c in self.cursors.items()
-                              for o, f in c.flights.items()]
-            heapq.heapify(self.deadlines)
+    def index(self, deadline, items):
+        """``items`` (``[(p, offset, Flight)]``, in flight until ``deadline``) indexed as one entry: a receive's
+        deliveries share their deadline, so its record is one entry, not one a message."""
+        self.seq += 1
+        heapq.heappush(self.deadlines, (deadline, self.seq, items))
 
-    def live(self, entry):
-        """Whether a ``deadlines`` entry still names a flight at its deadline."""
-        d, p, o, _seq, f = entry
-        c = self.cursors.get(p)
-        return c is not None and c.flights.get(o) is f and f.deadline == d
+    def reindex(self):
+        """The heap rebuilt from the flights (an entry each) when its entries outnumber them."""
+        if len(self.deadlines) > 2 * self.flying + 64:
+            flights = [(p, o, f) for p, c in self.cursors.items() for o, f in c.flights.items()]
+            self.deadlines = [(f.deadline, n, [(p, o, f)]) for n, (p, o, f) in enumerate(flights)]
+            heapq.heapify(self.deadlines)
+            self.seq = len(flights)
+
+    def _trim(self):
+        """The top entry's leading items that no longer name a flight at its deadline dropped, and the top entry
+        with none left, until a live one is on top; returns the items dropped."""
+        heap, cursors, dropped = self.deadlines, self.cursors, 0
+        while heap:
+            d, _s, items = heap[0]
+            for i, (p, o, f) in enumerate(items):
+                c = cursors.get(p)
+                if c is not None and c.flights.get(o) is f and f.deadline == d:
+                    if i:
+                        del items[:i]
+                    return dropped + i
+            dropped += len(items)
+            heapq.heappop(heap)
+        return dropped
 
     def expired(self, now_ms, visit):
         """The flights whose deadline is at or before ``now_ms``, ``[(deadline, p, offset, Flight)]`` oldest
-        first (stale entries met on the way are dropped; the live ones stay indexed); ``visit(n)`` counts the
-        entries met."""
-        heap, out, met, seen = self.deadlines, [], 0, set()
+        first (stale items met on the way are dropped; the live ones stay indexed); ``visit(n)`` counts the
+        items met."""
+        heap, cursors, out, back, met, seen = self.deadlines, self.cursors, [], [], 0, set()
         while heap and heap[0][0] <= now_ms:
-            entry = heapq.heappop(heap)
-            met += 1
-            if (entry[1], entry[2]) not in seen and self.live(entry):
-                seen.add((entry[1], entry[2]))
-                out.append(entry)
-        for entry in out:
+            d, s, items = heapq.heappop(heap)
+            met += len(items)
+            live = []
+            for p, o, f in items:
+                c = cursors.get(p)
+                if c is not None and c.flights.get(o) is f and f.deadline == d and (p, o) not in seen:
+                    seen.add((p, o))
+                    live.append((p, o, f))
+                    out.append((d, p, o, f))
+            if live:
+                back.append((d, s, live))
+        for entry in back:
             heapq.heappush(heap, entry)
-        while heap and not self.live(heap[0]):
-            heapq.heappop(heap)
-            met += 1
-        visit(met + 1)
-        return [(d, p, o, f) for d, p, o, _s, f in out]
+        visit(met + self._trim() + 1)
+        if len(out) > 1:
+            out.sort(key=_deadline_order)
+        return out
 
     def next_deadline(self):
         """The earliest deadline in flight, or None."""
+        self._trim()
         heap = self.deadlines
-        while heap and not self.live(heap[0]):
-            heapq.heappop(heap)
         return heap[0][0] if heap else None
+
+
+def _deadline_order(entry):
+    return entry[0], entry[1], entry[2]
 
 
 class _Busy:
@@ -405,9 +431,9 @@ class PopState:
         """``d``: deliveries (first or again) of the group's messages; the group's turn moves one on. One pass over
         the entries (``GroupPop.fly``'s and ``moved``'s work done in line: a receive's batch is applied here)."""
         g.turn += 1
-        cursors, heap, mgroups = g.cursors, g.deadlines, g.mgroups
-        seq, flying, redelivered = g.seq, g.flying, g.redelivered
-        push = heapq.heappush
+        cursors, mgroups = g.cursors, g.mgroups
+        flying, redelivered = g.flying, g.redelivered
+        run_deadline, run = None, None
         for p, o, attempt, deadline, mgroup in rec["e"]:
             c = cursors.get(p)
             if c is None:
@@ -423,13 +449,18 @@ class PopState:
             flying += 1
             if mgroup is not None:
                 mgroups[mgroup] = mgroups.get(mgroup, 0) + 1
-            seq += 1
-            push(heap, (deadline, p, o, seq, f))
+            if deadline != run_deadline:  # one index entry a deadline (a receive's deliveries share one)
+                if run:
+                    g.index(run_deadline, run)
+                run_deadline, run = deadline, []
+            run.append((p, o, f))
             if o >= c.next:
                 c.next = o + 1
             if attempt > 1:
                 redelivered += 1
-        g.seq, g.flying, g.redelivered = seq, flying, redelivered
+        if run:
+            g.index(run_deadline, run)
+        g.flying, g.redelivered = flying, redelivered
         g.reindex()
 
     def _apply_finished(self, g, rec):

@@ -447,3 +447,26 @@ def test_an_ack_that_cannot_wait_writes_the_turns_acks_at_once_and_never_yields(
         assert replay(svc.journal).state.view() == svc.state.view()  # the log holds both acks
     finally:
         store.close(NOW)
+
+
+def test_a_receives_one_index_entry_never_hands_out_what_was_acked_or_moved_since():
+    """A receive's deliveries share one deadline and one index entry: after one of them is acknowledged and another's
+    deadline moved (a ``c`` record), the entry's expiry hands out exactly the other two, oldest first, and the
+    earliest deadline is then the moved one's."""
+    pop = Pop(Log([None] * 4))
+    got, hs = pop.receive(4, NOW, inv=1000)
+    assert [o for _p, o, _a in got] == [0, 1, 2, 3]
+    g = pop.state.groups[(G, T)]
+    assert len(g.deadlines) == 1  # one entry for the receive's four flights
+    pop.ack([hs[1]], NOW + 1)
+    pop.write([{"k": "c", "g": G, "t": T, "e": [[0, 2, NOW + 5000]]}])
+    assert pop.state.next_deadline(G, T) == NOW + 1000
+    assert [(d, p, o) for d, p, o, _f in g.expired(NOW + 1000, lambda n: None)] == [(NOW + 1000, 0, 0),
+                                                                                    (NOW + 1000, 0, 3)]
+    again, hs2 = pop.receive(4, NOW + 1000, inv=1000)
+    assert [(o, a) for _p, o, a in again] == [(0, 2), (3, 2)]
+    assert g.expired(NOW + 1999, lambda n: None) == []
+    assert pop.state.next_deadline(G, T) == NOW + 2000
+    pop.ack(hs2, NOW + 1001)
+    assert pop.state.next_deadline(G, T) == NOW + 5000
+    assert pop.rebuilt() == pop.state.view()
