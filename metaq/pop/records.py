@@ -30,7 +30,7 @@ import re
 
 from metaq.errors import ClientError
 
-__all__ = ["RecordError", "encode", "decode", "handle", "parse_handle", "MAX_RECORD_BYTES"]
+__all__ = ["RecordError", "encode", "decode", "handle", "handle_match", "parse_handle", "MAX_RECORD_BYTES"]
 
 #: Largest journal record (a snapshot's partition record is the largest: its in-flight and acknowledged offsets,
 #: bounded by limits.POP_MAX_SPAN).
@@ -68,9 +68,15 @@ def handle(partition, offset, attempt, deadline_ms):
     return "%d:%d:%d:%d" % (partition, offset, attempt, deadline_ms)
 
 
+def handle_match(text):
+    """The match of ``text``'s four runs of digits (``parse_handle`` without the exception), None when ``text`` is
+    not a handle: an ack's many handles are looked up without a call and a tuple each beyond this one."""
+    return _HANDLE.fullmatch(text) if isinstance(text, str) and len(text) <= _MAX_HANDLE else None
+
+
 def parse_handle(text):
     """``(partition, offset, attempt, deadline_ms)``; InvalidHandle when ``text`` is not a handle."""
-    m = _HANDLE.fullmatch(text) if isinstance(text, str) and len(text) <= _MAX_HANDLE else None
+    m = handle_match(text)
     if m is None:
         raise InvalidHandle("invalid receipt handle %r" % (text[:_MAX_HANDLE] if isinstance(text, str) else text))
     p, o, a, d = m.groups()

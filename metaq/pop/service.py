@@ -205,7 +205,10 @@ class PopService:
         self._maybe_snapshot(now)
         return out
 
-    def ack(self, group, topic, handles):
+    def ack(self, group, topic, handles, wait=True):
+        """``wait`` False: the caller cannot wait for the turn's end (a connection's reader answering in its turn):
+        the turn's acknowledgements so far, these included, are written now (``AckBatch.write_now``), so that the
+        answer still follows its record into the log."""
         if not 1 <= len(handles) <= limits.POP_MAX_ACK_HANDLES:
             raise errors.ClientError("an ack takes 1..%d receipt handles (limits.POP_MAX_ACK_HANDLES), not %d"
                                      % (limits.POP_MAX_ACK_HANDLES, len(handles)))
@@ -220,7 +223,10 @@ class PopService:
                 done.append([found[0], found[1]])
             results.append(None)
         if done:
-            self._acks.add(group, topic, done, self.state).get()  # raises the write's error
+            written = self._acks.add(group, topic, done, self.state)
+            if not wait:
+                self._acks.write_now()
+            written.get()  # raises the write's error
         return results
 
     def change_invisible(self, group, topic, handle_text, invisible_ms):
@@ -428,7 +434,8 @@ class AckBatch:
     once (a receive in the same turn sees them done) and returns what the caller waits on: the turn's write, so
     that an ack is answered once its record is in the log (a kill -9 keeps it). A refused write (the broker deposed
     since the acks were made) or a failed one (a full disk) fails every ack of the turn: their state stays
-    acknowledged until a deposition or a restart, which hand them out again (at least once)."""
+    acknowledged until a deposition or a restart, which hand them out again (at least once). ``write_now``: the
+    turn's record written before its end, for a caller that cannot wait (its callers so far are answered)."""
 
     def __init__(self, write):
         self._write = write
@@ -443,8 +450,14 @@ class AckBatch:
             gevent.get_hub().loop.run_callback(self._flush)
         return self._done
 
+    def write_now(self):
+        """The acknowledgements added so far written now, every waiter told; the turn's end writes what comes after."""
+        self._flush()
+
     def _flush(self):
         batch, done = self._entries, self._done
+        if done is None:  # written already (``write_now``)
+            return
         self._entries, self._done = {}, None
         try:
             self._write(batch)

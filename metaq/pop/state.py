@@ -13,8 +13,9 @@ equals the live state (``pop/records.py`` says the records). Every map is bounde
 (``POP_MAX_GROUPS``), messages in flight per pair (``POP_MAX_IN_FLIGHT``), the span of a partition ahead of its
 lowest unacknowledged offset (``POP_MAX_SPAN``, which bounds ``done``).
 
-Each pair keeps its flights' deadlines in a heap (``GroupPop.deadlines``, an entry whose flight has since moved on
-or ended is dropped when met, the heap rebuilt when such entries outnumber the flights), its count in flight and
+Each pair keeps its flights' deadlines in a heap (``GroupPop.deadlines``, an entry a record's deliveries of one
+deadline; an item whose flight has since moved on or ended is dropped when met, the heap rebuilt when its entries
+outnumber the flights), its count in flight and
 its message groups in flight, so a receive visits the expired flights and the messages it hands out, never every
 flight (``PopState.visited`` counts what it visits).
 
@@ -26,7 +27,7 @@ messages go out one at a time, in log order; a redelivery keeps its place ahead 
 import heapq
 
 from metaq import errors, limits
-from metaq.pop.records import InvalidHandle, handle, parse_handle
+from metaq.pop.records import InvalidHandle, handle, handle_match, parse_handle
 
 __all__ = ["Flight", "Cursor", "PopState", "Plan"]
 
@@ -93,8 +94,9 @@ class Cursor:
 
 class GroupPop:
     """One (group, topic): its partitions' cursors, its counts (redelivered, dead-lettered) and what a receive
-    needs without walking every flight: ``deadlines`` (a heap of ``(deadline, p, offset, seq, Flight)``; an entry
-    whose flight ended or moved its deadline is stale), ``flying`` (the count in flight) and ``mgroups`` (message
+    needs without walking every flight: ``deadlines`` (a heap of ``(deadline, seq, [(p, offset, Flight)])``, the
+    flights a record set in flight until one deadline; an item whose flight ended or moved its deadline is stale),
+    ``flying`` (the count in flight) and ``mgroups`` (message
     group -> its count in flight). Every flight begins in ``fly``, ends in ``land`` and moves in ``moved``."""
 
     __slots__ = ("cursors", "redelivered", "dead", "turn", "deadlines", "flying", "mgroups", "seq")
@@ -122,55 +124,77 @@ class GroupPop:
         if f is None:
             return
         self.flying -= 1
-        m = f.group
-        if m is not None:
-            n = self.mgroups.get(m, 0) - 1
-            if n > 0:
-                self.mgroups[m] = n
-            else:
-                self.mgroups.pop(m, None)
+        _ungroup(self.mgroups, f.group)
 
     def moved(self, p, o, f):
         """``f``'s deadline set: indexed at it (its older entry goes stale); the heap is rebuilt from the flights
-        when stale entries outnumber them."""
-        self.seq += 1
-        heapq.heappush(self.deadlines, (f.deadline, p, o, self.seq, f))
-        if len(self.deadlines) > 2 * self.flying + 64:
-            self.deadlines = [(f.deadline, p, o, 0, f) for p, c in self.cursors.items()
-                              for o, f in c.flights.items()]
-            heapq.heapify(self.deadlines)
+        when stale entries outnumber them (``reindex``)."""
+        self.index(f.deadline, [(p, o, f)])
+        self.reindex()
 
-    def live(self, entry):
-        """Whether a ``deadlines`` entry still names a flight at its deadline."""
-        d, p, o, _seq, f = entry
-        c = self.cursors.get(p)
-        return c is not None and c.flights.get(o) is f and f.deadline == d
+    def index(self, deadline, items):
+        """``items`` (``[(p, offset, Flight)]``, in flight until ``deadline``) indexed as one entry: a receive's
+        deliveries share their deadline, so its record is one entry, not one a message."""
+        self.seq += 1
+        heapq.heappush(self.deadlines, (deadline, self.seq, items))
+
+    def reindex(self):
+        """The heap rebuilt from the flights (an entry each) when its entries outnumber them."""
+        if len(self.deadlines) > 2 * self.flying + 64:
+            flights = [(p, o, f) for p, c in self.cursors.items() for o, f in c.flights.items()]
+            self.deadlines = [(f.deadline, n, [(p, o, f)]) for n, (p, o, f) in enumerate(flights)]
+            heapq.heapify(self.deadlines)
+            self.seq = len(flights)
+
+    def _trim(self):
+        """The top entry's leading items that no longer name a flight at its deadline dropped, and the top entry
+        with none left, until a live one is on top; returns the items dropped."""
+        heap, cursors, dropped = self.deadlines, self.cursors, 0
+        while heap:
+            d, _s, items = heap[0]
+            for i, (p, o, f) in enumerate(items):
+                c = cursors.get(p)
+                if c is not None and c.flights.get(o) is f and f.deadline == d:
+                    if i:
+                        del items[:i]
+                    return dropped + i
+            dropped += len(items)
+            heapq.heappop(heap)
+        return dropped
 
     def expired(self, now_ms, visit):
         """The flights whose deadline is at or before ``now_ms``, ``[(deadline, p, offset, Flight)]`` oldest
-        first (stale entries met on the way are dropped; the live ones stay indexed); ``visit(n)`` counts the
-        entries met."""
-        heap, out, met, seen = self.deadlines, [], 0, set()
+        first (stale items met on the way are dropped; the live ones stay indexed); ``visit(n)`` counts the
+        items met."""
+        heap, cursors, out, back, met, seen = self.deadlines, self.cursors, [], [], 0, set()
         while heap and heap[0][0] <= now_ms:
-            entry = heapq.heappop(heap)
-            met += 1
-            if (entry[1], entry[2]) not in seen and self.live(entry):
-                seen.add((entry[1], entry[2]))
-                out.append(entry)
-        for entry in out:
+            d, s, items = heapq.heappop(heap)
+            met += len(items)
+            live = []
+            for p, o, f in items:
+                c = cursors.get(p)
+                if c is not None and c.flights.get(o) is f and f.deadline == d and (p, o) not in seen:
+                    seen.add((p, o))
+                    live.append((p, o, f))
+                    out.append((d, p, o, f))
+            if live:
+                back.append((d, s, live))
+        for entry in back:
             heapq.heappush(heap, entry)
-        while heap and not self.live(heap[0]):
-            heapq.heappop(heap)
-            met += 1
-        visit(met + 1)
-        return [(d, p, o, f) for d, p, o, _s, f in out]
+        visit(met + self._trim() + 1)
+        if len(out) > 1:
+            out.sort(key=_deadline_order)
+        return out
 
     def next_deadline(self):
         """The earliest deadline in flight, or None."""
+        self._trim()
         heap = self.deadlines
-        while heap and not self.live(heap[0]):
-            heapq.heappop(heap)
         return heap[0][0] if heap else None
+
+
+def _deadline_order(entry):
+    return entry[0], entry[1], entry[2]
 
 
 class _Busy:
@@ -243,11 +267,14 @@ class PopState:
         cursors = g.cursors if g is not None else {}
         out = []
         for text in handles:
-            try:
-                p, o, attempt, deadline = parse_handle(text)
-            except InvalidHandle as exc:
-                out.append(exc)
+            m = handle_match(text)
+            if m is None:
+                try:
+                    parse_handle(text)  # raises, saying why
+                except InvalidHandle as exc:
+                    out.append(exc)
                 continue
+            p, o, attempt, deadline = map(int, m.groups())
             c = cursors.get(p)
             if c is None:
                 f = None
@@ -401,25 +428,69 @@ class PopState:
             apply(self, g, rec)
 
     def _apply_delivered(self, g, rec):
-        """``d``: deliveries (first or again) of the group's messages; the group's turn moves one on."""
+        """``d``: deliveries (first or again) of the group's messages; the group's turn moves one on. One pass over
+        the entries (``GroupPop.fly``'s and ``moved``'s work done in line: a receive's batch is applied here)."""
         g.turn += 1
+        cursors, mgroups = g.cursors, g.mgroups
+        flying, redelivered = g.flying, g.redelivered
+        run_deadline, run = None, None
         for p, o, attempt, deadline, mgroup in rec["e"]:
-            c = self._cursor(g, p)
+            c = cursors.get(p)
+            if c is None:
+                c = cursors[p] = Cursor()
             if o < c.low or o in c.done:
                 continue
-            g.fly(c, p, o, Flight(attempt, deadline, mgroup))
-            c.next = max(c.next, o + 1)
+            flights = c.flights
+            old = flights.get(o)
+            if old is not None:
+                flying -= 1
+                _ungroup(mgroups, old.group)
+            flights[o] = f = Flight(attempt, deadline, mgroup)
+            flying += 1
+            if mgroup is not None:
+                mgroups[mgroup] = mgroups.get(mgroup, 0) + 1
+            if deadline != run_deadline:  # one index entry a deadline (a receive's deliveries share one)
+                if run:
+                    g.index(run_deadline, run)
+                run_deadline, run = deadline, []
+            run.append((p, o, f))
+            if o >= c.next:
+                c.next = o + 1
             if attempt > 1:
-                g.redelivered += 1
+                redelivered += 1
+        if run:
+            g.index(run_deadline, run)
+        g.flying, g.redelivered = flying, redelivered
+        g.reindex()
 
     def _apply_finished(self, g, rec):
-        """``a`` (acknowledged) and ``x`` (dead-lettered, counted when still in flight): the flights end."""
+        """``a`` (acknowledged) and ``x`` (dead-lettered, counted when still in flight): the flights end (one pass,
+        ``Cursor.finish`` and ``GroupPop.land`` done in line)."""
         dead = rec["k"] == "x"
+        cursors, mgroups = g.cursors, g.mgroups
+        landed = 0
         for p, o in rec["e"]:
-            c = self._cursor(g, p)
-            if dead and o in c.flights:
-                g.dead += 1
-            g.land(c.finish(o))
+            c = cursors.get(p)
+            if c is None:
+                c = cursors[p] = Cursor()
+            f = c.flights.pop(o, None)
+            if f is not None:
+                landed += 1
+                if dead:
+                    g.dead += 1
+                if f.group is not None:
+                    _ungroup(mgroups, f.group)
+            if o == c.low and o < c.next:
+                low = o + 1
+                done = c.done
+                if done:
+                    while low in done:
+                        done.discard(low)
+                        low += 1
+                c.low = low
+            elif c.low < o < c.next:
+                c.done.add(o)
+        g.flying -= landed
 
     def _apply_changed(self, g, rec):
         """``c``: a new deadline and a new handle; a renewal (of the old handle) ends."""
@@ -476,6 +547,17 @@ class PopState:
         return {key: {"r": g.redelivered, "x": g.dead,
                       "c": {p: c.snapshot() for p, c in sorted(g.cursors.items())}}
                 for key, g in sorted(self.groups.items())}
+
+
+def _ungroup(mgroups, m):
+    """One flight of message group ``m`` (None: none) ended: its count in ``mgroups`` down, gone at 0."""
+    if m is None:
+        return
+    n = mgroups.get(m, 0) - 1
+    if n > 0:
+        mgroups[m] = n
+    else:
+        mgroups.pop(m, None)
 
 
 def _drop_skipped(plan):

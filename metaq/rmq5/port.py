@@ -483,8 +483,8 @@ class GrpcConnection(Connection):
         else:
             if response is WAITS:
                 return False
-            framed = frame(response) if type(response) is bytes else None
-            if framed is None or not self._fits(call, len(framed)):
+            framed = frame(response) if type(response) is bytes else b"".join(map(frame, response))
+            if not self._fits(call, len(framed)):
                 call.greenlet = gevent.spawn(self._unary, call, response)
                 return True
             status = message = None
@@ -498,9 +498,10 @@ class GrpcConnection(Connection):
         return True
 
     def _fits(self, call, size):
-        """True when ``size`` bytes of DATA go on ``call``'s stream now, in one frame, without waiting for a window."""
+        """True when ``size`` bytes of DATA go on ``call``'s stream now without waiting for a window (in frames of
+        the peer's maximum frame size, as ``_send_framed`` cuts them)."""
         try:
-            return size <= min(self.http2.local_flow_control_window(call.stream_id), self.http2.max_outbound_frame_size)
+            return size <= self.http2.local_flow_control_window(call.stream_id)
         except StreamClosed:
             return False
 

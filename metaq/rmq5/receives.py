@@ -22,6 +22,7 @@ from metaq.rmq5.calls import POLL_RESERVE_MS, client_of, code_of, delivered_now,
     status_fields
 from metaq.rmq5.messagebytes import Served, encode_fields, record_response_bytes, response_bytes
 from metaq.rmq5.records import Refusal
+from metaq.rmq5.wire import WAITS
 from metaq.server.clock import now_ms
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ class Receives:
             raise Refusal("FORBIDDEN", "no readable queue of topic %s" % topic[:256])
         return pb.QueryAssignmentResponse(status=status("OK"), assignments=out)
 
-    def receive_message(self, request, call):
+    def receive_message(self, request, call, wait=True):
         """Up to ``batch_size`` (at most ``limits.POP_MAX_BATCH``) messages of any partition of the topic on this
         broker (the proxy pops broker-wide whatever queue id the client names), invisible to the group's other
         receivers for ``invisible_duration``; with nothing there, a long poll of ``long_polling_timeout`` (within
@@ -119,7 +120,8 @@ class Receives:
         and never delivered to the group (the proxy acks tag mismatches); a batch all filtered out is followed by
         another, at least ``FILTER_ROUNDS`` batches a call. The stream: a status, the messages, a
         delivery timestamp; each message as the proxy's converter fills it, with its receipt handle, delivery attempt
-        and invisible duration (``messagebytes.Served``), given as its response's bytes."""
+        and invisible duration (``messagebytes.Served``), given as its response's bytes. ``wait`` False: see
+        ``receive_message_now``."""
         pop = self._pop_service()
         group, topic = request.group.name, request.message_queue.topic.name
         self._may_consume(call, group, topic)
@@ -132,10 +134,10 @@ class Receives:
         renewer = self.renewer if request.auto_renew else None
         invisible = _invisible_ms(request, renewer)
         budget = int(call.timeout_s * 1000) - POLL_RESERVE_MS
-        wait = duration_ms(request.long_polling_timeout) if request.HasField("long_polling_timeout") else budget
-        wait = max(0, min(wait, budget, limits.MAX_WAIT_MS))
+        poll = duration_ms(request.long_polling_timeout) if request.HasField("long_polling_timeout") else budget
+        poll = max(0, min(poll, budget, limits.MAX_WAIT_MS))
         start = time.monotonic()
-        end, last = start + wait / 1000.0, start + max(0, budget) / 1000.0
+        end, last = start + poll / 1000.0, start + max(0, budget) / 1000.0
         host = self.endpoint()
         rounds, kept = 0, []
         cancel = getattr(call, "cancelled", None)  # set when the client resets the call or its connection ends
@@ -146,7 +148,7 @@ class Receives:
                 rounds += 1
                 got = pop.receive(group, topic, batch, invisible,
                                   group_policy.fifo(self.store.groups.get(group), settings.fifo), settings.max_attempts,
-                                  wait_ms=max(0, int((end - time.monotonic()) * 1000)), cancel=cancel,
+                                  wait_ms=max(0, int((end - time.monotonic()) * 1000)) if wait else 0, cancel=cancel,
                                   user=getattr(call, "user", None))
                 kept, dropped = [], []
                 for r in got:  # a message is mapped here only for a filter to read its properties
@@ -155,7 +157,9 @@ class Receives:
                 if kept:  # from here on, a call that ends before its answer is sent gives them back (port._unsent)
                     call.unsent = functools.partial(self._receive_unsent, group, topic, [r for r, _m in kept])
                 if dropped:
-                    pop.ack(group, topic, [r.handle for r, _m in dropped])
+                    pop.ack(group, topic, [r.handle for r, _m in dropped], wait)
+                if not wait and not kept and poll > 0 and (not got or rounds >= FILTER_ROUNDS):
+                    return WAITS  # its greenlet goes on: the long poll (and the filter rounds within it)
                 t = time.monotonic()
                 if kept or not got or t >= last or (t >= end and rounds >= FILTER_ROUNDS):
                     break
@@ -193,7 +197,26 @@ class Receives:
         log.info("grpc: a receive of %s/%s did not reach its client: %d messages visible again in %d ms",
                  group[:128], topic[:128], len(back), limits.GRPC_RELEASE_INVISIBLE_MS)
 
-    def ack_message(self, request, call):
+    def waits(self, rpc, request):
+        """True when answering ``request`` may wait: every RPC of this group but AckMessage and ReceiveMessage. An
+        ack writes its record at once when asked to (``PopService.ack(..., wait=False)``: the log's page cache, no
+        flush, as every ack's record) and so never waits: it is answered on the connection's reader
+        (``ack_message_now``). A receive is tried there (``receive_message_now``): what it finds at once is
+        answered in the reader's turn; one that would long-poll (or pass over messages its filter refuses) is left
+        to its greenlet, nothing taken."""
+        return rpc not in ("AckMessage", "ReceiveMessage")
+
+    def receive_message_now(self, request, call):
+        """``receive_message`` answered without waiting: what is there now, no long poll (the filter's rounds
+        included, none of which waits); ``WAITS`` (nothing handed out) when it found nothing to answer with and the
+        call asked for a long poll: its greenlet goes on from there."""
+        return self.receive_message(request, call, wait=False)
+
+    def ack_message_now(self, request, call):
+        """``ack_message`` answered without waiting: its record written now, not at the turn's end."""
+        return self.ack_message(request, call, wait=False)
+
+    def ack_message(self, request, call, wait=True):
         """Each entry's receipt handle acknowledged (``PopService.ack``, at most ``limits.POP_MAX_ACK_HANDLES`` a
         journal call): OK, a repeated ack too; a handle expired, of an older delivery or malformed:
         INVALID_RECEIPT_HANDLE. The top status: OK when every entry is, the entries' code when they share one,
@@ -208,7 +231,7 @@ class Receives:
         results = []
         try:
             for i in range(0, len(handles), limits.POP_MAX_ACK_HANDLES):
-                results += pop.ack(group, topic, handles[i:i + limits.POP_MAX_ACK_HANDLES])
+                results += pop.ack(group, topic, handles[i:i + limits.POP_MAX_ACK_HANDLES], wait)
         except errors.MetaqError as exc:
             raise Refusal(code_of(exc), str(exc)) from None
         if self.renewer is not None:

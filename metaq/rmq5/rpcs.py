@@ -104,6 +104,9 @@ class MessagingService:
         self.unary = {}
         for group in (self.routes, self.sends, self.receives, self.halves) + ((pulls,) if pulls is not None else ()):
             self.unary.update(group.rpcs())
+        # the handlers of RPCs answered on the reader that would otherwise wait (``waits``: not, asked this way)
+        self._now = {"AckMessage": self.receives.ack_message_now,
+                     "ReceiveMessage": self.receives.receive_message_now}
         self._counts = {"calls": 0, "refused": 0}
 
     @property
@@ -145,8 +148,10 @@ class MessagingService:
         except Exception:  # noqa: BLE001 - protobuf's DecodeError and its relatives
             raise GrpcError(Status.INTERNAL,
                             "the %s request does not parse as %s" % (rpc, request_type.__name__)) from None
-        if not wait and self.waits(rpc, request):
-            return WAITS
+        if not wait:
+            if self.waits(rpc, request):
+                return WAITS
+            handler = self._now.get(rpc, handler)
         self._counts["calls"] += 1
         response_type = getattr(pb, request_type.__name__[:-len("Request")] + "Response")
         try:
@@ -154,6 +159,9 @@ class MessagingService:
                 raise Refusal("CLIENT_ID_REQUIRED", "x-mq-client-id is missing from the call's metadata")
             self.login(call)
             response = handler(request, call)
+            if response is WAITS:  # tried on the reader, it would wait (``_now``'s handler): asked again, counted then
+                self._counts["calls"] -= 1
+                return WAITS
         except Refusal as exc:
             self._counts["refused"] += 1
             refused = response_type(status=status(exc.code, exc.message))
@@ -168,10 +176,13 @@ class MessagingService:
         """True when answering ``rpc``'s ``request`` may wait (sleep, block on an event, a pool thread or a peer):
         with authentication on every call may (a failed login's delay, the user's rates), else what the RPC's group
         says (``Sends.waits``: a send to a broker that acknowledges at once, without a transactional message, never
-        waits); the other RPCs may."""
+        waits; ``Receives.waits``: an AckMessage never does and a ReceiveMessage is tried, answered by ``_now``'s
+        handler, which may still answer ``WAITS``); the other RPCs may."""
         guard = self.guard
         if guard is not None and guard.enabled:
             return True
+        if rpc in self._now:
+            return self.receives.waits(rpc, request)
         return self.sends.waits(rpc, request)
 
     def login(self, call):

@@ -1,6 +1,7 @@
 """The POP state, pure (metaq/pop/state.py): receive, ack, expiry, redelivery, dead letters, FIFO groups, the bounds,
 and the journal's replay equal to the live state (metaq/pop/follow.py) over a real store."""
 
+import gevent
 import pytest
 
 from metaq import errors, limits
@@ -8,6 +9,7 @@ from metaq.pop.follow import PopLog, replay
 from metaq.pop.records import InvalidHandle, decode, encode, handle, parse_handle
 from metaq.pop.service import PopService
 from metaq.pop.state import PopState
+from metaq.server.clock import now_ms
 from metaq.server.putpath import journal_append
 from metaq.protocol.journaltopic import POP_TOPIC
 from tests.harness.store import NOW, open_store
@@ -409,3 +411,62 @@ def test_an_acks_handles_are_looked_up_in_one_pass_each_as_alone():
             assert pop.state.flight(G, T, text, NOW + 2) == one
     assert all(isinstance(x, InvalidHandle) and "expired" in str(x)
                for x in pop.state.flights(G, T, [hs[1], hs[2]], NOW + 1000))
+
+
+class _Writable:
+    """A put path that always writes (the master's, undeposed)."""
+
+    def check_writable(self):
+        pass
+
+
+def test_an_ack_that_cannot_wait_writes_the_turns_acks_at_once_and_never_yields(tmp_path):
+    """``ack(..., wait=False)`` (a gRPC connection's reader): its record, and those of acks made before it in the same
+    turn, are in the log when it returns, without a switch to the loop; a greenlet waiting for the turn's end is told
+    too, and the turn's end writes nothing twice."""
+    store = open_store(tmp_path)
+    try:
+        svc = PopService(store, _Writable())
+        pop = Pop(Log([None] * 6))
+        now = now_ms()
+        _g, hs = pop.receive(4, now, inv=60_000)
+        for rec in pop.records:
+            svc.journal.append(rec, NOW)
+            svc.state.apply(rec)
+        before = svc.journal.written
+        p, o, _f = svc.state.flight(G, T, hs[0], now)
+        waiting = svc._acks.add(G, T, [[p, o]], svc.state)  # an ack of this turn that waits for its end
+        switched = []
+        gevent.get_hub().loop.run_callback(lambda: switched.append(True))
+        assert svc.ack(G, T, [hs[1], "not-a-handle"], wait=False)[0] is None
+        assert not switched and svc.journal.written > before  # written before any switch to the loop
+        assert waiting.ready() and waiting.get() is None  # the waiting ack was written with it
+        written = svc.journal.written
+        gevent.sleep(0.01)
+        assert svc.journal.written == written  # the turn's end found nothing left to write
+        assert replay(svc.journal).state.view() == svc.state.view()  # the log holds both acks
+    finally:
+        store.close(NOW)
+
+
+def test_a_receives_one_index_entry_never_hands_out_what_was_acked_or_moved_since():
+    """A receive's deliveries share one deadline and one index entry: after one of them is acknowledged and another's
+    deadline moved (a ``c`` record), the entry's expiry hands out exactly the other two, oldest first, and the
+    earliest deadline is then the moved one's."""
+    pop = Pop(Log([None] * 4))
+    got, hs = pop.receive(4, NOW, inv=1000)
+    assert [o for _p, o, _a in got] == [0, 1, 2, 3]
+    g = pop.state.groups[(G, T)]
+    assert len(g.deadlines) == 1  # one entry for the receive's four flights
+    pop.ack([hs[1]], NOW + 1)
+    pop.write([{"k": "c", "g": G, "t": T, "e": [[0, 2, NOW + 5000]]}])
+    assert pop.state.next_deadline(G, T) == NOW + 1000
+    assert [(d, p, o) for d, p, o, _f in g.expired(NOW + 1000, lambda n: None)] == [(NOW + 1000, 0, 0),
+                                                                                    (NOW + 1000, 0, 3)]
+    again, hs2 = pop.receive(4, NOW + 1000, inv=1000)
+    assert [(o, a) for _p, o, a in again] == [(0, 2), (3, 2)]
+    assert g.expired(NOW + 1999, lambda n: None) == []
+    assert pop.state.next_deadline(G, T) == NOW + 2000
+    pop.ack(hs2, NOW + 1001)
+    assert pop.state.next_deadline(G, T) == NOW + 5000
+    assert pop.rebuilt() == pop.state.view()

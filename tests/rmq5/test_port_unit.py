@@ -29,7 +29,7 @@ class Slow:
         self.streams = {}  # Telemetry calls by stream id, while open (for pushes)
 
     def kind(self, rpc):
-        return {"Echo": "unary", "Telemetry": "telemetry", "Later": "later"}.get(rpc)
+        return {"Echo": "unary", "Stream": "unary", "Telemetry": "telemetry", "Later": "later"}.get(rpc)
 
     def later(self, rpc):
         return "not yet"
@@ -41,6 +41,8 @@ class Slow:
         if data == b"fail":
             raise GrpcError(Status.INVALID_ARGUMENT, "asked to fail")
         self.finished += 1
+        if rpc == "Stream":  # a server stream's messages (ReceiveMessage's shape): the request three times
+            return [data, data, data]
         return data
 
     def telemetry(self, call, data):
@@ -151,6 +153,32 @@ def test_a_call_answered_on_the_reader_is_answered_as_one_from_its_greenlet(peer
 
     for payload in (b"hello", b"fail", b"x" * 20000):  # an answer, a refusal, one larger than a DATA frame
         assert answer(Slow(), payload) == answer(Slow(waits=True), payload)
+
+
+def test_a_streamed_answer_on_the_reader_is_answered_as_one_from_its_greenlet(peer_factory, monkeypatch):
+    """A server stream's messages answered on the reader (ReceiveMessage's): small, past one DATA frame, past the
+    client's window (sent from a greenlet then, as it opens): the same frames and trailers as from its greenlet, and
+    no greenlet for one the window takes whole."""
+    spawned = []
+    spawn = gevent.spawn
+
+    def counting(fn, *args):
+        spawned.append(getattr(fn, "__name__", ""))
+        return spawn(fn, *args)
+
+    def answer(service, payload):
+        p = peer_factory(service)
+        spawned.clear()
+        got = p.until(p.call("Stream", [payload]), ended, timeout=10)
+        data = b"".join(e.data for e in got if isinstance(e, DataReceived))
+        return data, status_of(got), spawned.count("_unary")
+
+    monkeypatch.setattr(gevent, "spawn", counting)
+    for payload, on_reader in ((b"hello", True), (b"fail", True), (b"x" * 10000, True), (b"y" * 40000, False)):
+        inline, waited = answer(Slow(), payload), answer(Slow(waits=True), payload)
+        assert inline[:2] == waited[:2]
+        assert inline[:2] == ((b"", (3, "asked to fail")) if payload == b"fail" else (frame(payload) * 3, (0, "")))
+        assert (inline[2], waited[2]) == (0 if on_reader else 1, 1)
 
 
 def test_a_call_that_waits_stalls_no_other_call_of_its_connection(peer_factory):
