@@ -10,7 +10,6 @@ message alike whichever way it went. ``Outbound`` is the small state they share:
 what a send reads of the port, and the pacing of its greenlet (``resume_at``, ``turn``).
 """
 
-import functools
 import logging
 import time
 
@@ -275,35 +274,10 @@ class Outbound:
 
 
 def encode_publish(name, payload, qos, retain, version, packet_id=None):
-    """A PUBLISH without properties (``wire.encode``'s bytes of ``wire.Publish(name, payload, qos, retain, False,
-    packet_id, {})``), its fixed header flags, topic name and empty properties made once per (name, QoS, retain,
-    version) shape (``_publish_head``; a name longer than ``limits.MQTT_KEPT_NAME`` is made each time): only the
-    lengths, the packet id and the payload are per message."""
-    head = _publish_head if len(name) <= limits.MQTT_KEPT_NAME else _publish_head.__wrapped__
-    first, named, props = head(name, qos, retain, version == wire.MQTT_5)
-    size = len(named) + len(props) + len(payload) + (2 if qos else 0)
-    if size < 0x80:  # the Remaining Length's one- and two-byte forms made here, the longer by the wire module
-        length = bytes((size,))
-    elif size < 0x4000:
-        length = bytes((size & 0x7F | 0x80, size >> 7))
-    else:
-        length = wire.encode_varint(size)
-    if qos:
-        return b"".join((first, length, named, packet_id.to_bytes(2, "big"), props, payload))
-    return b"".join((first, length, named, props, payload))
-
-
-@functools.lru_cache(maxsize=limits.MQTT_PUBLISH_HEADS)
-def _publish_head(name, qos, retain, v5):
-    """``(first byte, topic name as an MQTT string, empty properties)`` of a PUBLISH of ``name``, as ``wire.encode``
-    writes them: the most recent ``limits.MQTT_PUBLISH_HEADS`` shapes are remembered (a refusal, as a name holding
-    U+0000, is raised again each time)."""
+    """A PUBLISH without properties: ``wire.encode``'s bytes of ``wire.Publish(name, payload, qos, retain, False,
+    packet_id, {})``, written in one call by the wire's own (``wire.publish_bytes``, in C when built): its fixed
+    header, lengths, topic name, packet id, empty MQTT 5 property block and payload."""
     if qos not in (0, 1, 2):
         raise ValueError("QoS %r" % (qos,))
-    if "\x00" in name:
-        raise ValueError("an MQTT string must not contain U+0000")
-    encoded = name.encode("utf-8")
-    if len(encoded) > 0xFFFF:
-        raise ValueError("binary data of %d bytes is past 65,535" % len(encoded))
-    return (bytes((0x30 | qos << 1 | (1 if retain else 0),)), len(encoded).to_bytes(2, "big") + encoded,
-            b"\x00" if v5 else b"")
+    return wire.publish_bytes(0x30 | qos << 1 | (1 if retain else 0), name, packet_id if qos else 0,
+                              b"\x00" if version == wire.MQTT_5 else None, payload)
