@@ -700,17 +700,14 @@ MQTT_SHARED_DECODES = 1024
 #: Topic names one MQTT delivery keeps the match of against its session's filters (``Outbound.decision``): past it
 #: all are matched again; a change of the session's subscriptions drops them at once.
 MQTT_KEPT_MATCHES = 64
-#: The longest topic name (characters) the broker keeps anything for: a delivery's match (``MQTT_KEPT_MATCHES``) and
-#: PUBLISH head (``MQTT_PUBLISH_HEADS``), the name's metaq topic (``MQTT_PLACED_NAMES``), its record attribute
+#: The longest topic name (characters) the broker keeps anything for: a delivery's match (``MQTT_KEPT_MATCHES``),
+#: the name's metaq topic (``MQTT_PLACED_NAMES``), its record attribute
 #: (``MQTT_ATTRIBUTE_CACHE``), a connection's staging plan (``MQTT_PLAIN_PLANS``). A longer one (names may be 65,535
 #: bytes) is matched, placed and encoded at every message, so what is kept stays within those counts times this.
 MQTT_KEPT_NAME = 256
 #: Attributes of PUBLISHes without MQTT 5 properties remembered, by (topic name, QoS, client id, retain): the most
 #: recent ones (``records.record_data``; names up to ``MQTT_KEPT_NAME``).
 MQTT_ATTRIBUTE_CACHE = 4096
-#: PUBLISH heads (fixed header flags and topic name, per name, QoS, retain and MQTT version) the deliveries remember
-#: (``outbound.encode_publish``): the most recent ones; past it the oldest is made again.
-MQTT_PUBLISH_HEADS = 4096
 #: Bytes (payloads and encoded PUBLISHes) those records may hold together, for each of the two kinds: past it the
 #: oldest go first, so large messages are kept fewer.
 MQTT_SHARED_DECODES_BYTES = 2 * 1024 * 1024

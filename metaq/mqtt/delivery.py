@@ -52,8 +52,8 @@ partition's fan-out reader); each is decided and encoded by what the greenlet us
 
 **Kept per name.** A delivery keeps the match of a topic name against its session's filters (``Outbound.decision``,
 at most ``limits.MQTT_KEPT_MATCHES`` names), dropped at any change of the session's subscriptions
-(``MqttSession.changed``), and a PUBLISH without properties is built from a head kept per (name, QoS, retain,
-version) (``outbound.encode_publish``): per message, only its lengths, packet id and payload are made.
+(``MqttSession.changed``), and whether a publisher's turn may send to it is kept per topic (``Outbound.sendable``)
+while the broker's ``PutPath.version`` (permissions, quotas, topics), the user and the subscriptions stand.
 
 **Paced.** A session whose user has a ``fetch_bytes_per_s`` rate (``Guard.paced``) is served by its own greenlet
 only: it never joins a fan-out reader (one that joined before the rate was set leaves it) and a publisher's turn

@@ -22,18 +22,22 @@ def deliver_now(out, key, staged=None):
     everything and left the cursor at the partition's end: the greenlet has nothing to do there (not so when a shared
     group of the session reads the partition too: the group's copy is the greenlet's)."""
     conn, session = out.conn, out.session
-    if conn.closed or conn.tls or conn.unsent or out.guard.paced(conn.session, "fetch"):
-        return False  # a paced user's bytes wait in its own greenlet
+    if conn.closed or conn.tls or conn.unsent:
+        return False
     cursors = session.cursors
     offset = cursors.get(key)
-    topic, partition = key
-    if offset is None or not out.may_read(topic):
-        return False
-    records = _records(out, key, offset, staged)
-    if records is None:
-        return False
+    topic = key[0]
+    if offset is None or not out.sendable(topic):
+        return False  # a paced user's bytes wait in its own greenlet
+    if staged and offset >= staged[0][0]:  # a partition's offsets in one burst follow one another
+        records = staged[offset - staged[0][0]:] if offset > staged[0][0] else staged
+    else:
+        records = _records(out, key, offset)
+        if records is None:
+            return False
+    decision = out.decision
     for queue_offset, dkey, m in records:
-        granted, ids, retain = out.decision(topic, m)
+        granted, ids, retain = decision(topic, m)
         if granted is not None and not _send(out, key, queue_offset, dkey, m, granted, ids, retain):
             return False
         cursors[key] = queue_offset + 1
@@ -41,17 +45,14 @@ def deliver_now(out, key, staged=None):
     if session.shared and any(key in group.cursors for group, _granted, _id in session.shared.values()):
         return False
     try:
-        return cursors[key] >= out.store.max_offset(topic, partition)
+        return cursors[key] >= out.store.max_offset(*key)
     except errors.MetaqError:
         return False
 
 
-def _records(out, key, offset, staged):
-    """``(queue offset, key in Decoded, MqttMessage)`` of partition ``key`` from ``offset``: of the burst
-    ``staged`` when the cursor is within it, else read from the log, each decoded as it is reached; None when the
-    log cannot be read (the greenlet meets it and says why)."""
-    if staged and offset >= staged[0][0]:
-        return staged[offset - staged[0][0]:]  # a partition's offsets in one burst follow one another
+def _records(out, key, offset):
+    """``(queue offset, key in Decoded, MqttMessage)`` of partition ``key`` from ``offset``, read from the log, each
+    decoded as it is reached; None when the log cannot be read (the greenlet meets it and says why)."""
     topic, partition = key
     try:
         read, _next = out.store.read_records(topic, partition, offset, limits.MQTT_DELIVERY_BATCH, out.max_transfer)

@@ -10,7 +10,6 @@ message alike whichever way it went. ``Outbound`` is the small state they share:
 what a send reads of the port, and the pacing of its greenlet (``resume_at``, ``turn``).
 """
 
-import functools
 import logging
 import time
 
@@ -38,7 +37,7 @@ class Outbound:
     now; ``turn``: when its greenlet's turn on the loop began (``connections.share_loop``)."""
 
     __slots__ = ("conn", "session", "port", "store", "guard", "decoded", "max_transfer", "resume_at", "turn",
-                 "_matched", "_matched_at")
+                 "_matched", "_matched_at", "_sendable", "_sendable_at")
 
     def __init__(self, conn, port):
         self.conn = conn
@@ -52,12 +51,33 @@ class Outbound:
         self.turn = 0.0
         self._matched = {}  # (metaq topic, name, published by this client) -> [granted QoS, ids, Retain As Published]
         self._matched_at = self.session.changes  # the subscriptions' changes ``_matched`` was made at
+        self._sendable = {}  # metaq topic -> ``sendable``'s answer
+        self._sendable_at = None  # (put path version, user, subscriptions' changes) ``_sendable`` was made at
 
     def may_read(self, topic):
         """This session's user may read ``topic`` now (asked at every read: a reloaded permissions file applies at
         once). The MQTT cluster's inbox holds every peer's topics: each message of it is asked for its own
         (``_may_read_copy``, in ``decision``)."""
         return topic in self.port.cluster_topics or self.guard.allows(self.conn.session, SUB, "topic", topic)
+
+    def sendable(self, topic):
+        """True when a publisher's turn may send this session's messages of ``topic`` itself (``direct``): its user
+        may read ``topic`` (``may_read``) and has no fetch rate (``Guard.paced``: a paced user's bytes wait in its own
+        greenlet). The answer is kept per topic while all it reads stands: the broker's ``PutPath.version`` (moved
+        by every reload of the permissions file, its users, rules and quotas, and by a topic created, altered or
+        deleted), the connection's user, and the session's subscriptions (``MqttSession.changes``, which also bounds
+        the kept topics by those its subscriptions read). The MQTT cluster's inbox is asked each time."""
+        stamp = (self.port.put_path.version, self.conn.session.user, self.session.changes)
+        kept = self._sendable
+        if stamp != self._sendable_at:
+            kept.clear()
+            self._sendable_at = stamp
+        answer = kept.get(topic)
+        if answer is None:
+            answer = not self.guard.paced(self.conn.session, "fetch") and self.may_read(topic)
+            if topic not in self.port.cluster_topics:
+                kept[topic] = answer
+        return answer
 
     def _may_read_copy(self, m):
         """A peer's message in the inbox: this session's user may read the metaq topic it was published to (a ``$``
@@ -75,10 +95,27 @@ class Outbound:
     def decision(self, topic, m):
         """How message ``m`` of metaq topic ``topic`` goes to this session: ``(granted QoS, Subscription
         Identifiers, RETAIN flag)`` of the subscriptions that match it (``MqttSession.matching``: filters, No Local;
-        Retain As Published), the granted QoS None when none does. The match of a name is kept
-        (``_match``) while the session's subscriptions stand still; the permission of a cluster's copy is asked each
+        Retain As Published), the granted QoS None when none does. The match is kept per (topic, name, published by
+        this client: No Local) for ``limits.MQTT_KEPT_MATCHES`` names at most (past it all are asked again) of at
+        most ``limits.MQTT_KEPT_NAME`` characters (a longer one is asked each time), and all dropped when the
+        session's subscriptions change (``MqttSession.changed``): a filter added, replaced or dropped, or a topic a
+        wildcard filter reads, applies to the next message. The permission of a cluster's copy is asked each
         time."""
-        match = self._match(topic, m)
+        session = self.session
+        matched = self._matched
+        if self._matched_at != session.changes:
+            matched.clear()
+            self._matched_at = session.changes
+        name = m.topic
+        key = (topic, name, m.client_id == session.client_id)
+        match = matched.get(key)
+        if match is None:
+            granted, ids = session.matching(topic, name, m.client_id)
+            match = [granted, tuple(ids), None]
+            if len(name) <= limits.MQTT_KEPT_NAME:
+                if len(matched) >= limits.MQTT_KEPT_MATCHES:
+                    matched.clear()
+                matched[key] = match
         granted = match[0]
         if granted is None:
             return None, match[1], False
@@ -88,31 +125,8 @@ class Outbound:
             return granted, match[1], False
         rap = match[2]
         if rap is None:
-            rap = match[2] = self.session.retain_as_published(topic, m.topic)
+            rap = match[2] = session.retain_as_published(topic, name)
         return granted, match[1], rap
-
-    def _match(self, topic, m):
-        """``[granted QoS, Subscription Identifiers (a tuple), Retain As Published or None: not asked yet]`` of a
-        message of name ``m.topic`` in ``topic`` by its publisher, kept per (topic, name, published by this client:
-        No Local) for ``limits.MQTT_KEPT_MATCHES`` names at most (past it all are asked again) of at most
-        ``limits.MQTT_KEPT_NAME`` characters (a longer one is asked each time), and all dropped when
-        the session's subscriptions change (``MqttSession.changed``): a filter added, replaced or dropped, or a topic
-        a wildcard filter reads, applies to the next message."""
-        session = self.session
-        matched = self._matched
-        if self._matched_at != session.changes:
-            matched.clear()
-            self._matched_at = session.changes
-        key = (topic, m.topic, m.client_id == session.client_id)
-        match = matched.get(key)
-        if match is None:
-            granted, ids = session.matching(topic, m.topic, m.client_id)
-            match = [granted, tuple(ids), None]
-            if len(m.topic) <= limits.MQTT_KEPT_NAME:
-                if len(matched) >= limits.MQTT_KEPT_MATCHES:
-                    matched.clear()
-                matched[key] = match
-        return match
 
     def prepare(self, m, granted, retain, ids, key, wait):
         """The PUBLISH of message ``m`` for this connection: ``(data, QoS, packet id, shared)`` at
@@ -260,35 +274,10 @@ class Outbound:
 
 
 def encode_publish(name, payload, qos, retain, version, packet_id=None):
-    """A PUBLISH without properties (``wire.encode``'s bytes of ``wire.Publish(name, payload, qos, retain, False,
-    packet_id, {})``), its fixed header flags, topic name and empty properties made once per (name, QoS, retain,
-    version) shape (``_publish_head``; a name longer than ``limits.MQTT_KEPT_NAME`` is made each time): only the
-    lengths, the packet id and the payload are per message."""
-    head = _publish_head if len(name) <= limits.MQTT_KEPT_NAME else _publish_head.__wrapped__
-    first, named, props = head(name, qos, retain, version == wire.MQTT_5)
-    size = len(named) + len(props) + len(payload) + (2 if qos else 0)
-    if size < 0x80:  # the Remaining Length's one- and two-byte forms made here, the longer by the wire module
-        length = bytes((size,))
-    elif size < 0x4000:
-        length = bytes((size & 0x7F | 0x80, size >> 7))
-    else:
-        length = wire.encode_varint(size)
-    if qos:
-        return b"".join((first, length, named, packet_id.to_bytes(2, "big"), props, payload))
-    return b"".join((first, length, named, props, payload))
-
-
-@functools.lru_cache(maxsize=limits.MQTT_PUBLISH_HEADS)
-def _publish_head(name, qos, retain, v5):
-    """``(first byte, topic name as an MQTT string, empty properties)`` of a PUBLISH of ``name``, as ``wire.encode``
-    writes them: the most recent ``limits.MQTT_PUBLISH_HEADS`` shapes are remembered (a refusal, as a name holding
-    U+0000, is raised again each time)."""
+    """A PUBLISH without properties: ``wire.encode``'s bytes of ``wire.Publish(name, payload, qos, retain, False,
+    packet_id, {})``, written in one call by the wire's own (``wire.publish_bytes``, in C when built): its fixed
+    header, lengths, topic name, packet id, empty MQTT 5 property block and payload."""
     if qos not in (0, 1, 2):
         raise ValueError("QoS %r" % (qos,))
-    if "\x00" in name:
-        raise ValueError("an MQTT string must not contain U+0000")
-    encoded = name.encode("utf-8")
-    if len(encoded) > 0xFFFF:
-        raise ValueError("binary data of %d bytes is past 65,535" % len(encoded))
-    return (bytes((0x30 | qos << 1 | (1 if retain else 0),)), len(encoded).to_bytes(2, "big") + encoded,
-            b"\x00" if v5 else b"")
+    return wire.publish_bytes(0x30 | qos << 1 | (1 if retain else 0), name, packet_id if qos else 0,
+                              b"\x00" if version == wire.MQTT_5 else None, payload)

@@ -111,9 +111,17 @@ class Subscriptions:
             self.leave(topic_filter)
 
     def acknowledged(self, packet_id, state):
-        """The client's PUBACK (``state`` PUBLISH_SENT) or PUBCOMP (PUBREL_SENT) of a delivery."""
-        if self.conn.mqtt.acknowledged(packet_id, state):
-            self._freed_room()
+        """The client's PUBACK (``state`` PUBLISH_SENT) or PUBCOMP (PUBREL_SENT) of a delivery: it ends the message
+        in flight (``MqttSession.acknowledged``), and the place it frees wakes the delivery when a place can matter to
+        it, that is when its window was full (a pass or the publisher's turn held a message for one:
+        ``Outbound.prepare``) or it is in a shared group (whose turns weigh each member's room); a delivery that is
+        caught up sleeps on until the next append."""
+        conn = self.conn
+        session = conn.mqtt
+        if session.acknowledged(packet_id, state):
+            delivery = self.delivery
+            if delivery is not None and (session.shared or len(session.inflight) + 1 >= conn.inflight_window):
+                delivery.wake()
         return True
 
     def pubrec(self, p):
@@ -136,16 +144,4 @@ class Subscriptions:
                 self.acks.send_in_order(encode(wire.PubRel(p.packet_id), conn.version))  # after one queued before
             return not conn.closed
         return conn.send(wire.PubRel(p.packet_id, wire.PACKET_IDENTIFIER_NOT_FOUND if conn.version == MQTT_5 else 0))
-
-    def _freed_room(self):
-        """An acknowledgement freed a place in flight: the delivery is woken when a place can matter to it, that is
-        when its window was full (a pass or the publisher's turn held a message for one: ``Outbound.prepare``) or
-        it is in a shared group (whose turns weigh each member's room); a delivery that is caught up sleeps on
-        until the next append."""
-        delivery = self.delivery
-        if delivery is None:
-            return
-        session = self.conn.mqtt
-        if session.shared or len(session.inflight) + 1 >= self.conn.inflight_window:
-            delivery.wake()
 

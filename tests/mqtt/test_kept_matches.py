@@ -1,9 +1,8 @@
 """A delivery keeps the match of a topic name against its session's filters (``Outbound.decision``, at most
-``limits.MQTT_KEPT_MATCHES`` names of at most ``limits.MQTT_KEPT_NAME`` characters) and each PUBLISH's head per
-shape (``outbound.encode_publish``, at most ``limits.MQTT_PUBLISH_HEADS``): a subscription added, replaced or
-dropped, or a topic a wildcard filter comes to read, applies to the very next message, whichever way it is sent
-(from the publisher's turn or the subscriber's own delivery), and a PUBLISH made from a kept head is byte for byte
-the one ``wire.encode`` makes."""
+``limits.MQTT_KEPT_MATCHES`` names of at most ``limits.MQTT_KEPT_NAME`` characters): a subscription added, replaced
+or dropped, or a topic a wildcard filter comes to read, applies to the very next message, whichever way it is sent
+(from the publisher's turn or the subscriber's own delivery); a PUBLISH without properties
+(``outbound.encode_publish``) is byte for byte the one ``wire.encode`` makes."""
 
 import itertools
 import time
@@ -13,7 +12,7 @@ import pytest
 
 from metaq import limits
 from metaq.client.local import small_config
-from metaq.mqtt import outbound, wire
+from metaq.mqtt import wire
 from metaq.mqtt.outbound import Outbound, encode_publish
 from metaq.mqtt.session import MqttSession, Subscribed
 from tests.harness.mqtt import Raw, with_mqtt
@@ -183,7 +182,7 @@ def test_a_name_is_kept_up_to_the_longest_kept_and_matched_each_time_past_it():
     assert len(out._matched) == 1  # one past it: matched, not kept
 
 
-def test_a_publish_made_from_a_kept_head_is_the_one_wire_encode_makes():
+def test_a_publish_without_properties_is_the_one_wire_encode_makes():
     for name, payload, qos, retain, version in itertools.product(
             ["a", "km/x", "é/ü/\u20ac", "n" * 300], [b"", b"p" * 5, b"q" * 127, b"r" * 20_000]
             + [b"s" * n for n in (121, 122, 123, 16_377, 16_378, 16_379)], (0, 1, 2),
@@ -194,22 +193,3 @@ def test_a_publish_made_from_a_kept_head_is_the_one_wire_encode_makes():
     for bad in ("a\x00b", "n" * 70_000):
         with pytest.raises(ValueError):
             encode_publish(bad, b"", 1, False, wire.MQTT_5, 1)
-
-
-def test_the_publish_heads_kept_are_bounded_at_the_limit_and_by_the_longest_name_kept():
-    head = outbound._publish_head
-    head.cache_clear()
-    for i in range(limits.MQTT_PUBLISH_HEADS):
-        encode_publish("h/%d" % i, b"x", 1, False, wire.MQTT_5, 1)
-    assert head.cache_info().currsize == limits.MQTT_PUBLISH_HEADS
-    encode_publish("h/past", b"x", 1, False, wire.MQTT_5, 1)
-    assert head.cache_info().currsize == limits.MQTT_PUBLISH_HEADS  # one past: the oldest made again when asked
-    assert head.cache_info().maxsize == limits.MQTT_PUBLISH_HEADS
-    head.cache_clear()
-    at = "h" * limits.MQTT_KEPT_NAME
-    encode_publish(at, b"x", 1, False, wire.MQTT_5, 1)
-    assert head.cache_info().currsize == 1  # a name at the longest kept: its head kept
-    past = at + "h"
-    assert encode_publish(past, b"x", 1, False, wire.MQTT_5, 1) == wire.encode(
-        wire.Publish(past, b"x", 1, packet_id=1), wire.MQTT_5)
-    assert head.cache_info().currsize == 1  # one past it: made, not kept
