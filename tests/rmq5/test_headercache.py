@@ -192,13 +192,13 @@ def test_decoder_keeps_the_limits_blocks_and_one_past_drops_the_oldest(monkeypat
     enc, plain, cached, lists, blocks = _indexed_blocks(n + 1)
     calls = _decodes(cached, monkeypatch)
     for _ in range(3):  # the limit's blocks, alternating: each decoded once
-        for headers, block in zip(lists[:n], blocks[:n]):
+        for headers, block in zip(lists[:n], blocks[:n], strict=True):
             assert cached.decode(block, raw=True) == plain.decode(block, raw=True) == headers
     assert calls == blocks[:n]
     del calls[:]
     assert cached.decode(blocks[n], raw=True) == lists[n]  # one past: kept, the oldest (blocks[0]) goes
     assert calls == [blocks[n]]
-    for headers, block in zip(lists[1:], blocks[1:]):  # the others are still kept
+    for headers, block in zip(lists[1:], blocks[1:], strict=True):  # the others are still kept
         assert cached.decode(block, raw=True) == headers
     assert calls == [blocks[n]]
     assert cached.decode(blocks[0], raw=True) == plain.decode(blocks[0], raw=True) == lists[0]
