@@ -790,6 +790,12 @@ GRPC_MAX_HEADER_BYTES = 16 * 1024
 #: before the block is buffered further (the CONTINUATION flood). More than 1 because HPACK's Huffman strings may be
 #: longer than their text when an encoder does not pick the shorter form.
 GRPC_HEADER_BLOCK_FACTOR = 2
+#: Distinct request header blocks (and checked header lists) a gRPC connection keeps decoded while the HPACK table
+#: stands still: a client calls a few methods on one connection (a POP consumer alternates ReceiveMessage and
+#: AckMessage), each with its own repeated block. Past it the oldest kept block goes and is decoded again when it
+#: comes back; each kept block is within GRPC_HEADER_BLOCK_FACTOR * GRPC_MAX_HEADER_BYTES, so a connection holds at
+#: most this many of them.
+GRPC_CACHED_HEADER_BLOCKS = 8
 #: WINDOW_UPDATE frames a gRPC client may send free for each DATA frame the port sent it (one for the stream's window,
 #: one for the connection's); one past its credit counts against GRPC_MAX_CONTROL_FRAMES, so a client that returns
 #: window it was never sent floods into that budget. The credit is held to GRPC_MAX_CONTROL_FRAMES.

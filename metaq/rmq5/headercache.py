@@ -6,9 +6,10 @@ A gRPC connection repeats itself: every response opens with the same three heade
 of one method (every field indexed). HPACK's result depends only on the block (or header list) and the dynamic
 table, so a block decoded, or a header list encoded, without changing the table gives the same result again for as
 long as the table is unchanged: ``CachedEncoder`` and ``CachedDecoder`` keep that result and hand it out again
-instead of running hpack's pure-Python coder. Nothing else changes: a block that inserts into the table, resizes it
-or meets another size limit is coded by hpack as before, and every decoded header list is still checked
-(``CheckedHeaders``).
+instead of running hpack's pure-Python coder (the decoder keeps a few blocks, ``limits.GRPC_CACHED_HEADER_BLOCKS``:
+a connection alternates the blocks of the few methods it calls). Nothing else changes: a block that inserts into the
+table, resizes it or meets another size limit is coded by hpack as before, and every decoded header list is still
+checked (``CheckedHeaders``).
 
 The table counts as unchanged while its newest entry is the same object, its entry count and size limits are the
 same and no size change waits to be sent: hpack only ever inserts a new tuple at the front (evicting from the back),
@@ -19,6 +20,7 @@ import re
 
 from hpack import Decoder, Encoder
 
+from metaq import limits
 from metaq.rmq5.http2 import ProtocolError
 
 #: A field name HTTP/2 accepts (RFC 9113 section 8.2.1): visible ASCII, no upper case, a colon only first.
@@ -69,26 +71,42 @@ class CachedEncoder(Encoder):
 
 
 class CachedDecoder(Decoder):
-    """hpack's decoder, reusing the header list of the last block it decoded when that block changed nothing
-    (every field indexed or a literal not indexed) and the table and limits are still as they were. Each call gets
-    a list of its own; hpack's checks (list size, table size) ran on the block once and hold for the same block."""
+    """hpack's decoder, reusing the header lists of the last ``blocks`` distinct blocks it decoded that changed
+    nothing (every field indexed or a literal not indexed), while the table and limits are still as they were when
+    they were decoded: a connection calling a few methods alternates a few repeated blocks. Every kept list stands
+    for one state of the table (``_state``); a block that changes the table, or a table or limit that differs from
+    that state, drops them all (an HPACK table never goes back to an earlier state). Past ``blocks`` the oldest kept
+    block goes. Each call gets a list of its own; hpack's checks (list size, table size) ran on the block once and
+    hold for the same block under the same table and limits."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, blocks=limits.GRPC_CACHED_HEADER_BLOCKS, **kwargs):
         super().__init__(*args, **kwargs)
-        self._last = None  # (block, raw, mark, limits, headers)
+        self._blocks = blocks
+        self._state = None  # (the table's mark, limits) every kept list was decoded under
+        self._lists = {}  # (block, raw) -> its header list (a tuple), oldest first
 
     def decode(self, data, raw=False):
         table = self.header_table
         mark = _table_mark(table)
-        limits = (self.max_header_list_size, self.max_allowed_table_size)
-        last = self._last
-        if last is not None and last[0] == data and last[1] == raw and _same(last[2], mark) and last[3] == limits:
-            return list(last[4])
+        limits_now = (self.max_header_list_size, self.max_allowed_table_size)
+        key = (bytes(data), raw)
+        state = self._state
+        if state is not None and _same(state[0], mark) and state[1] == limits_now:
+            hit = self._lists.get(key)
+            if hit is not None:
+                return list(hit)
+        elif self._lists:
+            self._lists.clear()
+        self._state = None
         headers = super().decode(data, raw)
-        if _same(_table_mark(table), mark):
-            self._last = (bytes(data), raw, mark, limits, tuple(headers))
-        else:
-            self._last = None
+        if not _same(_table_mark(table), mark):  # it inserted or resized: nothing kept stands any more
+            self._lists.clear()
+            return headers
+        lists = self._lists
+        if len(lists) >= self._blocks:
+            del lists[next(iter(lists))]
+        lists[key] = tuple(headers)
+        self._state = (mark, limits_now)
         return headers
 
 
@@ -149,23 +167,26 @@ def _check_request(pseudo, host):
 
 
 class CheckedHeaders:
-    """The checks of inbound headers (``check_fields``), run once for a header list equal to the last one checked:
-    a gRPC client sends the same list for each call of a method. A list that fails raises ``ProtocolError``, which
-    ends the connection (GOAWAY PROTOCOL_ERROR)."""
+    """The checks of inbound headers (``check_fields``), run once for a header list equal to one of the last
+    ``lists`` distinct lists checked: a gRPC client sends the same list for each call of a method, and calls a few
+    methods on one connection. A list that fails raises ``ProtocolError``, which ends the connection (GOAWAY
+    PROTOCOL_ERROR), and is not kept. Past ``lists`` the oldest kept list goes."""
 
-    __slots__ = ("_last",)
+    __slots__ = ("_lists", "_checked")
 
-    def __init__(self):
-        self._last = None  # (the last request header list checked, its metadata)
+    def __init__(self, lists=limits.GRPC_CACHED_HEADER_BLOCKS):
+        self._lists = lists
+        self._checked = {}  # request header list (a tuple) -> its metadata, oldest first
 
     def request(self, headers):
         """The metadata of a request's header list (bytes pairs, as HPACK decoded them), once checked: names and
         values as text, a repeated field's values joined with "," (a repeated pseudo-header fails the checks); the
         caller's own dict."""
         key = tuple(headers)
-        last = self._last
-        if last is not None and last[0] == key:
-            return dict(last[1])
+        checked = self._checked
+        hit = checked.get(key)
+        if hit is not None:
+            return dict(hit)
         check_fields(key)
         metadata = {}
         try:
@@ -177,7 +198,9 @@ class CheckedHeaders:
                     metadata[name] = value
         except UnicodeDecodeError:
             raise ProtocolError("a header field that is not UTF-8") from None
-        self._last = (key, metadata)
+        if len(checked) >= self._lists:
+            del checked[next(iter(checked))]
+        checked[key] = metadata
         return dict(metadata)
 
     def trailers(self, headers):

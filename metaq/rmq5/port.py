@@ -189,9 +189,9 @@ class GrpcConnection(Connection):
         self.service = service
         self.limits = port_limits
         # HTTP/2 (``http2``) with HPACK's caching coder: the fixed response headers' blocks, and a client's repeated
-        # request block, coded once while the compression context stands still (``headercache``). Inbound headers
-        # are checked by the port (``headercache.CheckedHeaders``: once for a list that repeats); outbound ones are
-        # the port's own (``wire``: lower-case names, printable ASCII values).
+        # request blocks (a few kept), coded once while the compression context stands still (``headercache``).
+        # Inbound headers are checked by the port (``headercache.CheckedHeaders``: once for a list that repeats);
+        # outbound ones are the port's own (``wire``: lower-case names, printable ASCII values).
         self.http2 = ServerConnection(CachedEncoder((RESPONSE_HEADERS_RAW, OK_TRAILERS_RAW)), CachedDecoder(),
                                    port_limits.max_streams, port_limits.max_header_bytes, WINDOW_BYTES, WINDOW_BYTES)
         self.checked = CheckedHeaders()

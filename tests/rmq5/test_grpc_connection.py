@@ -516,3 +516,76 @@ def test_at_shutdown_the_port_sends_goaway_finishes_the_open_call_then_closes(tm
     finally:
         raw.close()
         b.kill()
+
+
+# -- the port's cache of decoded request header blocks ------------------------------------------------------------
+
+
+def _statuses(frames, decoder):
+    """Each answered stream's grpc-status, the server's header blocks decoded in order (HPACK is stateful)."""
+    out = {}
+    for f in frames:
+        if f != "closed" and f[0] == HEADERS:
+            headers = dict(decoder.decode(f[3]))
+            if f[1] & END_STREAM:
+                out[f[2]] = headers.get("grpc-status")
+    return out
+
+
+def _path_block(index_or_path, client_id):
+    """A request block whose :path is the dynamic table's entry at ``index_or_path`` (an int: the block depends on the
+    table) or a literal that inserts it (bytes: the block changes the table); its other fields static or literals
+    never indexed (they depend on nothing)."""
+    if isinstance(index_or_path, int):
+        path = bytes((0x80 | index_or_path,))
+    else:
+        path = bytes((0x40 | 4, len(index_or_path))) + index_or_path  # :path is the static table's name 4
+    tail = hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(n, v) for n, v in (
+        (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers"), ("x-mq-client-id", client_id))])
+    return b"\x83\x86" + path + tail  # :method POST, :scheme http
+
+
+@pytest.fixture(scope="module")
+def roomy(tmp_path_factory):
+    """A broker with the port's default budget of new streams (a connection here opens a few dozen)."""
+    wd = tmp_path_factory.mktemp("grpcroomy")
+    b = BrokerProcess(wd, small_config(wd / "data", grpc={"port": free_port()})).start()
+    yield b
+    b.kill()
+
+
+def test_kept_header_blocks_are_served_at_the_limit_and_one_past_and_never_after_the_table_changed(roomy):
+    """A client alternating GRPC_CACHED_HEADER_BLOCKS + 1 distinct request blocks that change nothing on one
+    connection is answered for each as its headers say (past the limit the oldest kept block goes and is decoded
+    again); then a block inserts another :path, so the same bytes as the kept blocks now name a method the port does
+    not have: they are answered as a fresh decoder reads them (UNIMPLEMENTED), not as the kept lists say."""
+    from metaq import limits
+    n = limits.GRPC_CACHED_HEADER_BLOCKS + 1
+    blocks = [_path_block(62, "raw-%d" % i) for i in range(n)]  # :path = the newest entry of the table
+    dec = hpack.Decoder()
+    raw = Frames(grpc_port(roomy))
+    try:
+        raw.send(PREFACE + frame(SETTINGS))
+        raw.send(frame(HEADERS, END_HEADERS | END_STREAM, 1, _path_block((SERVICE + "Heartbeat").encode(), "raw")))
+        # the limit's blocks alternating, then one past it (the oldest goes), then the oldest again
+        sent = [blocks[k % (n - 1)] for k in range(3 * (n - 1))] + [blocks[n - 1], blocks[0]]
+        sids = list(range(3, 3 + 2 * len(sent), 2))
+        raw.send(b"".join(frame(HEADERS, END_HEADERS | END_STREAM, sid, b) for sid, b in zip(sids, sent, strict=True)))
+        got = raw.read(lambda got: len(answered(got)) == 1 + len(sids) or ended(got))
+        statuses = _statuses(got, dec)
+        assert len(statuses) == 1 + len(sids) and not ended(got), got[-3:]
+        assert len(set(statuses.values())) == 1 and statuses[1] != "12", statuses  # Heartbeat's answer each time
+        inserting = _path_block((SERVICE + "NoSuchMethod").encode(), "raw")  # the newest entry is now this :path
+        last = sids[-1] + 2
+        again = [frame(HEADERS, END_HEADERS | END_STREAM, last + 2 + 2 * k, b) for k, b in enumerate(blocks[::-1])]
+        raw.send(frame(HEADERS, END_HEADERS | END_STREAM, last, inserting) + b"".join(again))
+        want = {last + 2 * k for k in range(n + 1)}
+        got = raw.read(lambda got: want <= answered(got) or ended(got))
+        statuses = _statuses(got, dec)
+        assert not ended(got) and {statuses[sid] for sid in want} == {"12"}, statuses
+        fresh = hpack.Decoder()  # what a decoder that read the same blocks gives for the kept ones now
+        fresh.decode(_path_block((SERVICE + "Heartbeat").encode(), "raw"))
+        fresh.decode(inserting)
+        assert dict(fresh.decode(blocks[0]))[":path"] == SERVICE + "NoSuchMethod"
+    finally:
+        raw.close()

@@ -153,3 +153,107 @@ def test_check_fields_refuses_pseudo_headers_in_trailers():
         check_fields([(b":path", b"/x")], trailers=True)
     with pytest.raises(ProtocolError):
         check_fields([(b"X-T", b"1")], trailers=True)
+
+
+def _method_headers(method):
+    return [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/apache.rocketmq.v2.MessagingService/" + method),
+            (b":authority", b"h"), (b"content-type", b"application/grpc"), (b"te", b"trailers")]
+
+
+def _indexed_blocks(n):
+    """n distinct request blocks, each of fields all in the table already (so decoding one changes nothing), with
+    the encoder and a plain decoder that read the blocks inserting them."""
+    enc, plain, cached = Encoder(), Decoder(), CachedDecoder()
+    lists = [_method_headers(b"Method%d" % i) for i in range(n)]
+    for headers in lists:  # the first block of each inserts its fields, in both decoders
+        block = enc.encode(headers)
+        assert cached.decode(block, raw=True) == plain.decode(block, raw=True) == headers
+    return enc, plain, cached, lists, [enc.encode(h) for h in lists]
+
+
+def _decodes(cached, monkeypatch):
+    """Count the blocks the cached decoder hands to hpack's own decoder (a miss)."""
+    calls = []
+    real = Decoder.decode
+
+    def counting(self, data, raw=False):
+        if self is cached:
+            calls.append(bytes(data))
+        return real(self, data, raw)
+    monkeypatch.setattr(Decoder, "decode", counting)
+    return calls
+
+
+def test_decoder_keeps_the_limits_blocks_and_one_past_drops_the_oldest(monkeypatch):
+    """GRPC_CACHED_HEADER_BLOCKS distinct blocks alternating are each decoded by hpack once, then served from the
+    cache; one block more drops the oldest kept block, which is decoded again (correctly) when it comes back."""
+    from metaq import limits
+    n = limits.GRPC_CACHED_HEADER_BLOCKS
+    enc, plain, cached, lists, blocks = _indexed_blocks(n + 1)
+    calls = _decodes(cached, monkeypatch)
+    for _ in range(3):  # the limit's blocks, alternating: each decoded once
+        for headers, block in zip(lists[:n], blocks[:n], strict=True):
+            assert cached.decode(block, raw=True) == plain.decode(block, raw=True) == headers
+    assert calls == blocks[:n]
+    del calls[:]
+    assert cached.decode(blocks[n], raw=True) == lists[n]  # one past: kept, the oldest (blocks[0]) goes
+    assert calls == [blocks[n]]
+    for headers, block in zip(lists[1:], blocks[1:], strict=True):  # the others are still kept
+        assert cached.decode(block, raw=True) == headers
+    assert calls == [blocks[n]]
+    assert cached.decode(blocks[0], raw=True) == plain.decode(blocks[0], raw=True) == lists[0]
+    assert calls == [blocks[n], blocks[0]]
+
+
+def test_decoder_keeps_no_block_past_a_table_change(monkeypatch):
+    """Kept blocks stand for one state of the dynamic table: after a block that inserts (the indexes shift under
+    the kept blocks) every kept block is decoded again and gives what a fresh hpack decoder, fed the same blocks,
+    gives: with h2's hpack as the client's encoder."""
+    enc, plain, cached, lists, blocks = _indexed_blocks(3)
+    for block in blocks:
+        cached.decode(block, raw=True), plain.decode(block, raw=True)
+    # An insertion shifts every dynamic index by one: the old blocks now mean other fields.
+    inserted = enc.encode([(b"x-new", b"1")])
+    assert cached.decode(inserted, raw=True) == plain.decode(inserted, raw=True)
+    calls = _decodes(cached, monkeypatch)
+    for block in blocks:  # the same bytes under the changed table: not served from the cache
+        assert cached.decode(block, raw=True) == plain.decode(block, raw=True)
+    assert calls == blocks
+    # A table size change (evicting entries) drops them all too, and the lists still match.
+    cached.max_allowed_table_size = plain.max_allowed_table_size = 4096
+    enc.header_table_size = 80
+    resize = enc.encode(lists[0])
+    assert cached.decode(resize, raw=True) == plain.decode(resize, raw=True) == lists[0]
+    del calls[:]
+    again = enc.encode(lists[1])
+    assert cached.decode(again, raw=True) == plain.decode(again, raw=True) == lists[1]
+    assert calls == [again]
+
+
+def test_checked_headers_keep_the_limits_lists_and_one_past_drops_the_oldest(monkeypatch):
+    """CheckedHeaders checks each of GRPC_CACHED_HEADER_BLOCKS alternating lists once; one more drops the oldest,
+    checked again when it comes back; a list that fails is never kept."""
+    from metaq import limits
+    from metaq.rmq5 import headercache
+    from metaq.rmq5.http2 import ProtocolError
+    n = limits.GRPC_CACHED_HEADER_BLOCKS
+    lists = [_method_headers(b"Method%d" % i) for i in range(n + 1)]
+    checks = []
+    real = headercache.check_fields
+    monkeypatch.setattr(headercache, "check_fields", lambda h, trailers=False: (checks.append(h), real(h, trailers)))
+    checked = headercache.CheckedHeaders()
+    for _ in range(3):
+        for headers in lists[:n]:
+            assert checked.request(headers)[":path"] == headers[2][1].decode()
+    assert len(checks) == n
+    checked.request(lists[n])
+    for headers in lists[1:]:
+        checked.request(headers)
+    assert len(checks) == n + 1
+    checked.request(lists[0])
+    assert len(checks) == n + 2
+    bad = lists[0] + [(b"X-Upper", b"1")]
+    for _ in range(2):
+        with pytest.raises(ProtocolError):
+            checked.request(bad)
+    assert len(checks) == n + 4
