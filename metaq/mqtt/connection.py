@@ -236,10 +236,9 @@ class Connection(core.Connection):
                           and self.tls_hello(data)):  # its first bytes: nothing parsed before them
                 return
             while data is not None and not self.closed:
-                self.parser.receive_data(data)
                 self._handling = True
                 try:
-                    if not self._process() or not data:
+                    if not self._turn(data) or not data:
                         return
                 finally:
                     self._handling = False
@@ -254,6 +253,23 @@ class Connection(core.Connection):
                 self._end()
             else:
                 self.publishes.parked()  # a device's few plans and decisions kept for its next turn
+
+    def _turn(self, data):
+        """Handle the bytes a read brought (``data``; ``b""``: the end of the stream); False when the connection must
+        close. A read that is only plain PUBLISHes of names staged before, whose write decisions stand, the common
+        turn of a device, is split and staged in one step (``Publishes.stage_read``) and stored at once; whatever
+        else it holds, from the first other or partial packet on, is handled by ``_process``, in order."""
+        publishes = self.publishes
+        if not (data and publishes.plans and publishes.decided):
+            self.parser.receive_data(data)
+            return self._process()
+        went = publishes.stage_read(self.parser, data)
+        if went is None or (went and not self.closed and self.parser.buffered):
+            return self._process()
+        try:
+            return bool(went) and not self.closed and publishes.flush()
+        finally:
+            publishes.drop()  # not stored: the connection closes without acknowledging them
 
     def _process(self):
         """Handle every whole packet buffered; False when the connection must close. The PUBLISHes among them ask

@@ -189,11 +189,26 @@ class Publishes:
         ``mqtt.receive_maximum``) and add them to the burst, as ``publish`` adds each. None when there were none;
         else False when the connection must close."""
         burst = self._burst
-        staged, qos1, nbytes = parser.plain_publishes(
+        return self._add(parser.plain_publishes(
             self.plans, self._decisions(), self.conn.settings.receive_maximum - self.acks.unacked,
-            limits.MQTT_PUBLISH_BURST - len(burst), limits.MQTT_PUBLISH_BURST_BYTES - self._burst_bytes)
+            limits.MQTT_PUBLISH_BURST - len(burst), limits.MQTT_PUBLISH_BURST_BYTES - self._burst_bytes))
+
+    def stage_read(self, parser, data):
+        """``stage_plain`` of the bytes a read brought, given to ``parser`` first (``wire.MqttParser.plain_read``:
+        split from ``data`` itself when nothing was buffered before it). None when they began with no such PUBLISH
+        (all of ``data`` is then in the parser's buffer); else False when the connection must close."""
+        burst = self._burst
+        return self._add(parser.plain_read(
+            data, self.plans, self._decisions(), self.conn.settings.receive_maximum - self.acks.unacked,
+            limits.MQTT_PUBLISH_BURST - len(burst), limits.MQTT_PUBLISH_BURST_BYTES - self._burst_bytes))
+
+    def _add(self, split):
+        """Add ``split`` (``plain_publishes``'s ``(entries, how many at QoS 1, their records' bytes)``) to the burst,
+        stored once full; as ``stage_plain`` answers."""
+        staged, qos1, nbytes = split
         if not staged:
             return None
+        burst = self._burst
         if not burst:
             self._burst_now = now_ms()
         burst.extend(staged)

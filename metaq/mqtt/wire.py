@@ -973,6 +973,21 @@ class MqttParser(StreamParser):
             self._completed += len(entries)
         return entries, qos1, taken
 
+    def plain_read(self, data, plans, decided, room, count, nbytes):
+        """``receive_data(data)`` then ``plain_publishes(plans, decided, room, count, nbytes)``, in one step: when
+        nothing is buffered before ``data`` (a device's read holding whole packets), its plain PUBLISHes are split
+        from ``data`` itself and only what follows them is buffered (for ``next_event``)."""
+        if self._pos < len(self._buf) or self._fatal is not None or self._eof or self.version is None or not data:
+            self.receive_data(data)
+            return self.plain_publishes(plans, decided, room, count, nbytes)
+        entries, pos, qos1, taken = plain_publishes(data, 0, self.version == MQTT_5, self.max_packet, plans, decided,
+                                                    room, count, nbytes, Publish)
+        if entries:
+            self._completed += len(entries)
+        if pos < len(data):
+            self.receive_data(data[pos:] if pos else data)
+        return entries, qos1, taken
+
     def _refuse(self, exc):
         if exc.version is None and not exc.in_connect:
             exc.version = self.version
