@@ -18,6 +18,7 @@ def speedups_extension():
     return Extension("metaq._speedups", ["metaq/_speedups.c", "metaq/_syncworker.c", "metaq/_idemscan.c",
                                          "metaq/_timerscan.c", "metaq/_recoveryscan.c",
                                          "metaq/_mqttwire.c",
+                                         "metaq/_mqttturn.c",
                                          "metaq/_pbwrite.c",
                                          "metaq/_servedmsg.c"], depends=["metaq/_speedups.h"],
                      include_dirs=["metaq"], libraries=libraries, define_macros=macros, optional=True)

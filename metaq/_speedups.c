@@ -38,6 +38,8 @@
  *   mqtt_plain_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish)
  *                                                 == metaq.mqtt.wire.plain_publishes_py
  *   mqtt_burst_frames(staged, largest)            == metaq.mqtt.port.burst_frames_py
+ *   mqtt_read_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish)
+ *                                                 == metaq.mqtt.wire.read_publishes_py (_mqttturn.c)
  *   mqtt_split, mqtt_publish_bytes, mqtt_pubacks  == metaq.mqtt.wire's split_py, publish_bytes_py and
  *                                                 encode_pubacks_py (_mqttwire.c)
  *
@@ -1030,7 +1032,7 @@ int metaq_decimal(char *p, long long v) {
     return put_decimal(p, v);
 }
 
-static PyObject *mqtt_plain_publishes(PyObject *self, PyObject *args); /* at the end of this file */
+PyObject *mqtt_plain_publishes(PyObject *self, PyObject *args); /* at the end of this file */
 static PyObject *mqtt_burst_frames(PyObject *self, PyObject *args);    /* likewise */
 
 static PyMethodDef methods[] = {
@@ -1082,6 +1084,9 @@ static PyMethodDef methods[] = {
     {"mqtt_plain_publishes", mqtt_plain_publishes, METH_VARARGS,
      "mqtt_plain_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish) -> (entries, pos, "
      "qos1, nbytes)"},
+    {"mqtt_read_publishes", mqtt_read_publishes, METH_VARARGS,
+     "mqtt_read_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish) -> (entries, pos, "
+     "qos1, nbytes, pubacks): mqtt_plain_publishes and the PUBACKs of the QoS 1 ones (_mqttturn.c)"},
     {"mqtt_split", (PyCFunction)(void (*)(void))mqtt_split, METH_FASTCALL,
      "mqtt_split(buf, pos, max_packet, version, names, publish, puback) -> (packet, a, b): the next MQTT packet's "
      "bounds, a plain PUBLISH or PUBACK decoded (_mqttwire.c)"},
@@ -1264,7 +1269,7 @@ static PyObject *mqtt_publish_of(PyTypeObject *cls, PyObject *name, PyObject *pa
     return p;
 }
 
-static PyObject *mqtt_plain_publishes(PyObject *self, PyObject *args) {
+PyObject *mqtt_plain_publishes(PyObject *self, PyObject *args) {
     Py_buffer b;
     Py_ssize_t pos, count, qos1 = 0, taken = 0;
     long long max_packet, room, nbytes;

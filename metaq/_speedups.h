@@ -24,6 +24,10 @@ PyObject *keyed_records(PyObject *self, PyObject *args);
 PyObject *mqtt_split(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *mqtt_publish_bytes(PyObject *self, PyObject *args);
 PyObject *mqtt_pubacks(PyObject *self, PyObject *ids);
+/* mqtt_plain_publishes (_speedups.c) and mqtt_read_publishes (_mqttturn.c): the MQTT publisher's read split and staged,
+   the second with the PUBACKs of its QoS 1 PUBLISHes. */
+PyObject *mqtt_plain_publishes(PyObject *self, PyObject *args);
+PyObject *mqtt_read_publishes(PyObject *self, PyObject *args);
 /* encode_fields (_pbwrite.c): protobuf fields written from (field number, value) pairs; metaq/rmq5/messagebytes.py. */
 PyObject *encode_fields(PyObject *self, PyObject *args);
 /* served_record (_servedmsg.c): a served RocketMQ 5 message's bytes from its log record; metaq/rmq5/messagebytes.py. */

@@ -105,7 +105,7 @@ class Acknowledgements:
         sent = self.conn.try_send(data)
         if not sent:
             return False
-        self.unacked -= len(run.ids)
+        self.unacked -= run.count
         if sent < len(data):
             self.queue(b"")  # ``send_bytes`` writes what ``try_send`` left first
         if self._sent is not None:
@@ -157,12 +157,12 @@ class Acknowledgements:
                 self.burst_durable(*wait)
             except errors.MetaqError as exc:
                 log.warning("mqtt %s: %d messages were written but are not acknowledged: %s", conn.peer,
-                            len(run.ids), exc)
+                            run.count, exc)
                 if conn.version != MQTT_5:
                     conn.close()
                     return
                 data = b"".join(encode(wire.PubAck(i, wire.UNSPECIFIED_ERROR), MQTT_5) for i in run.ids)
-        self.unacked -= len(run.ids)
+        self.unacked -= run.count
         conn.send_bytes(run.encoded() if data is None else data)
 
     def _not_durable(self, packet, exc):
@@ -184,12 +184,24 @@ class Acknowledgements:
 
 
 class PubAckRun:
-    """A burst's PUBACKs (their packet ids, in order): one entry of the acknowledgement queue, sent in one write."""
+    """A burst's PUBACKs: one entry of the acknowledgement queue, sent in one write. Made from their packet ids, in
+    order, or from their bytes as the reader's split made them (``wire.read_publishes``: ``encoded``), the ids then
+    read back from those only when needed (a refused flush)."""
 
-    __slots__ = ("ids",)
+    __slots__ = ("_ids", "_data", "count")
 
-    def __init__(self, ids):
-        self.ids = ids
+    def __init__(self, ids=None, encoded=None):
+        self._ids = ids
+        self._data = encoded
+        self.count = len(ids) if encoded is None else len(encoded) >> 2
+
+    @property
+    def ids(self):
+        if self._ids is None:
+            data = self._data
+            self._ids = [(data[i + 2] << 8) | data[i + 3] for i in range(0, len(data), 4)]
+        return self._ids
 
     def encoded(self):
-        return wire.encode_pubacks(self.ids)
+        data = self._data
+        return wire.encode_pubacks(self._ids) if data is None else data

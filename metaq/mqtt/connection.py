@@ -235,11 +235,16 @@ class Connection(core.Connection):
             if parked or (data is not None and self.version is None and not self.parser.buffered
                           and self.tls_hello(data)):  # its first bytes: nothing parsed before them
                 return
+            publishes = self.publishes
             while data is not None and not self.closed:
-                self.parser.receive_data(data)
                 self._handling = True
                 try:
-                    if not self._process() or not data:
+                    if data and publishes.plans and publishes.decided:
+                        went = self._publish_turn(data)
+                    else:
+                        self.parser.receive_data(data)
+                        went = self._process()
+                    if not went or not data:
                         return
                 finally:
                     self._handling = False
@@ -254,6 +259,21 @@ class Connection(core.Connection):
                 self._end()
             else:
                 self.publishes.parked()  # a device's few plans and decisions kept for its next turn
+
+    def _publish_turn(self, data):
+        """Handle the bytes a read brought (``data``, not empty) to a connection holding staging plans and write
+        decisions; False when the connection must close. A read that is only plain PUBLISHes of names staged before,
+        whose write decisions stand, the common turn of a device, is split and staged in one step
+        (``Publishes.stage_read``) and stored at once; whatever else it holds, from the first other or partial packet
+        on, is handled by ``_process``, in order."""
+        publishes = self.publishes
+        went = publishes.stage_read(self.parser, data)
+        if went is None or (went and not self.closed and self.parser.buffered):
+            return self._process()
+        try:
+            return bool(went) and not self.closed and publishes.flush()
+        finally:
+            publishes.drop()  # not stored: the connection closes without acknowledging them
 
     def _process(self):
         """Handle every whole packet buffered; False when the connection must close. The PUBLISHes among them ask

@@ -71,7 +71,7 @@ class Publishes:
     the decision reads changed, ``PutPath.decision_stands``, or the session's user did)."""
 
     __slots__ = ("conn", "port", "acks", "decided", "plans", "_decided_at", "_aliases", "_burst", "_burst_bytes",
-                 "_burst_now")
+                 "_burst_now", "_pubacks")
 
     def __init__(self, conn, port, acks):
         self.conn = conn
@@ -84,6 +84,7 @@ class Publishes:
         self._burst = []  # PUBLISHes staged, not yet stored: (topic, partition, flag, data, packet, name)
         self._burst_bytes = 0
         self._burst_now = 0  # the burst's time (epoch ms): its records' store time
+        self._pubacks = None  # the burst's PUBACKs as one read's split made them (stage_read), while it is all of it
 
     def publish(self, p):
         """A PUBLISH: staged in the burst, or stored alone (QoS 2, retained); False when the connection must close."""
@@ -104,6 +105,7 @@ class Publishes:
             self.decided.clear()
             return self.flush() and self._refused(p, name, exc)
         self._burst_now = now
+        self._pubacks = None
         burst.append((topic, partition, flag, data, p, name))
         if p.qos:
             self.acks.unacked += 1
@@ -194,6 +196,27 @@ class Publishes:
             limits.MQTT_PUBLISH_BURST - len(burst), limits.MQTT_PUBLISH_BURST_BYTES - self._burst_bytes)
         if not staged:
             return None
+        self._pubacks = None
+        return self._add(staged, qos1, nbytes)
+
+    def stage_read(self, parser, data):
+        """``stage_plain`` of the bytes a read brought, given to ``parser`` first (``wire.MqttParser.plain_read``:
+        split from ``data`` itself when nothing was buffered before it, their PUBACKs made in the same step and sent
+        as they are when the burst is only them). None when they began with no such PUBLISH (all of ``data`` is then
+        in the parser's buffer); else False when the connection must close."""
+        burst = self._burst
+        staged, qos1, nbytes, pubacks = parser.plain_read(
+            data, self.plans, self._decisions(), self.conn.settings.receive_maximum - self.acks.unacked,
+            limits.MQTT_PUBLISH_BURST - len(burst), limits.MQTT_PUBLISH_BURST_BYTES - self._burst_bytes)
+        if not staged:
+            return None
+        self._pubacks = None if burst else pubacks
+        return self._add(staged, qos1, nbytes)
+
+    def _add(self, staged, qos1, nbytes):
+        """Add ``staged`` (split and staged entries, ``qos1`` of them at QoS 1, their records' ``nbytes``) to the
+        burst, stored once full; True, or False when the connection must close."""
+        burst = self._burst
         if not burst:
             self._burst_now = now_ms()
         burst.extend(staged)
@@ -211,6 +234,7 @@ class Publishes:
     def drop(self):
         """The connection closes: what is staged is not stored, nor acknowledged."""
         self._burst = []
+        self._pubacks = None
 
     def flush(self):
         """Store the staged PUBLISHes (``MqttPort.write_burst``), in order, and queue the PUBACKs of its QoS 1 ones as
@@ -221,6 +245,7 @@ class Publishes:
             return True
         self._burst = []
         self._burst_bytes = 0
+        pubacks, self._pubacks = self._pubacks, None
         now = self._burst_now
         runs = []
         port = self.port
@@ -232,9 +257,13 @@ class Publishes:
             mode = port.burst_mode(keys, now, lambda: port.deliver_now(keys, burst, runs, lambda k: (
                 stored_message(burst[k][5], burst[k][4].payload, burst[k][4].qos, client_id, burst[k][4].properties,
                                False, now))))
-            ids = [e[4].packet_id for e in (burst[:stored] if exc is not None else burst) if e[4].qos]
-            if ids:
-                self.acks.queue(PubAckRun(ids), None if mode == ACK_NOW else (keys, log_end, now, cuts))
+            if pubacks is not None and exc is None:
+                run = PubAckRun(encoded=pubacks) if pubacks else None
+            else:
+                ids = [e[4].packet_id for e in (burst[:stored] if exc is not None else burst) if e[4].qos]
+                run = PubAckRun(ids) if ids else None
+            if run is not None:
+                self.acks.queue(run, None if mode == ACK_NOW else (keys, log_end, now, cuts))
         if exc is None:
             return True
         self.decided.clear()

@@ -9,6 +9,7 @@ import pytest
 
 from metaq.limits import MQTT_MAX_PACKET_BYTES
 from metaq.mqtt import port, publishes, wire
+from metaq.mqtt.acks import PubAckRun
 from metaq.mqtt.records import partition_for, placement, plain_plan, record_data
 from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.mqtt.wire import MQTT_5, MQTT_311, MqttError, MqttParser, Publish, encode, encode_varint
@@ -17,8 +18,9 @@ from metaq.protocol.stream import CLOSED, NEED_DATA
 try:
     from metaq._speedups import mqtt_burst_frames as burst_frames_c
     from metaq._speedups import mqtt_plain_publishes as plain_publishes_c
+    from metaq._speedups import mqtt_read_publishes as read_publishes_c
 except ImportError:  # the C helper was not built
-    plain_publishes_c = burst_frames_c = None
+    plain_publishes_c = burst_frames_c = read_publishes_c = None
 
 needs_c = pytest.mark.skipif(plain_publishes_c is None, reason="metaq._speedups was not built")
 
@@ -90,6 +92,89 @@ def test_the_c_split_and_its_python_twin_give_the_same_entries_and_stop_at_the_s
         py, c = _both(*args)
         assert c == py
         assert [type(e[4]) for e in c[0]] == [Publish] * len(c[0])
+
+
+@needs_c
+@pytest.mark.parametrize("v5", [False, True], ids=["v311", "v5"])
+def test_the_c_read_split_and_its_python_twin_give_the_same_entries_and_the_pubacks_of_the_qos1_ones(v5):
+    """``mqtt_read_publishes`` (the publisher's read in one C call) and ``wire.read_publishes_py``: the same entries,
+    stop and counts as the split, and the PUBACKs of the QoS 1 PUBLISHes it took, in their order."""
+    rng = random.Random(57 + v5)
+    plans = _plans()
+    for _ in range(600):
+        data = b"".join(_random_packet(rng, v5) for _ in range(rng.randrange(1, 12)))
+        buf = bytearray(rng.randbytes(rng.randrange(3)) + data)
+        buf = buf[:rng.randrange(len(buf) + 1)] if rng.random() < 0.3 else buf
+        if rng.random() < 0.5:
+            buf = bytes(buf)  # a read's bytes, as the reader gives them
+        pos = rng.randrange(min(3, len(buf) + 1))
+        decided = {t: n for t, n in PARTITIONS.items() if rng.random() < 0.9}
+        args = (buf, pos, v5, rng.choice([MQTT_MAX_PACKET_BYTES, 40, 150]), plans, decided, rng.randrange(-1, 6),
+                rng.randrange(1, 10), rng.choice([1, 100, 1 << 20]), Publish)
+        py, c = wire.read_publishes_py(*args), read_publishes_c(*args)
+        assert c == py
+        assert c[:4] == tuple(plain_publishes_c(*args))
+        assert c[4] == wire.encode_pubacks_py([e[4].packet_id for e in c[0] if e[4].qos])
+
+
+def test_a_pubacks_run_made_from_its_bytes_reads_back_its_ids():
+    ids = [1, 255, 256, 65535, 7]
+    run = PubAckRun(encoded=wire.encode_pubacks_py(ids))
+    assert (run.count, run.ids, run.encoded()) == (5, ids, PubAckRun(ids).encoded())
+    assert PubAckRun(ids).count == 5
+
+
+def _reads(data, version, cuts, plans, decided):
+    """Every packet of ``data`` given to a parser in reads cut at ``cuts``, each through ``plain_read`` (the
+    publisher's turn), then as the reader goes on: the split of the buffer, ``next_event``."""
+    p = MqttParser(version, sender="client")
+    out = []
+    bounds = [0, *cuts, len(data)]
+    for k in range(len(bounds) - 1):
+        if bounds[k] == bounds[k + 1]:
+            continue  # (an empty read is the end of the stream)
+        got = p.plain_read(data[bounds[k]:bounds[k + 1]], plans, decided, 1 << 20, 1 << 20, 1 << 40)
+        out += [e[4] for e in got[0]]
+        assert got[3] == wire.encode_pubacks_py([e[4].packet_id for e in got[0] if e[4].qos])
+        while True:
+            got = p.plain_publishes(plans, decided, 1 << 20, 1 << 20, 1 << 40)[0]
+            if got:
+                out += [e[4] for e in got]
+                continue
+            event = p.next_event()
+            assert event is not CLOSED
+            if event is NEED_DATA:
+                break
+            out.append(event)
+    p.receive_data(b"")
+    assert p.next_event() is CLOSED
+    return out, p.completed
+
+
+@pytest.mark.parametrize("version", [MQTT_311, MQTT_5])
+def test_reads_given_to_plain_read_cut_at_every_byte_give_the_packets_the_buffer_gives(version):
+    """Three PUBLISHes with a PINGREQ between, in two reads cut at every byte (a partial packet at the end of a
+    read, its rest at the start of the next): the reader's one-step split of a read gives the packets, in order,
+    and the count of completed packets, that the buffer and ``next_event`` give."""
+    v5 = version == MQTT_5
+    sent = [Publish("a/b", b"one", 1, packet_id=1), Publish("sensors/room1/temp", b"two"), wire.PingReq(),
+            Publish("a/b", b"three", 1, True, True, 2), Publish("a/b", b"props", 1, packet_id=3,
+                                                                properties={"content_type": "x"} if v5 else {})]
+    data = b"".join(encode(p, version) for p in sent)
+    expected = _parse(data, version, False)
+    assert expected[0] == sent
+    plans, decided = _plans(), dict(PARTITIONS)
+    for cut in range(len(data) + 1):
+        assert _reads(data, version, [cut], plans, decided) == expected, cut
+    rng = random.Random(version)
+    for _ in range(200):
+        data = b"".join(_random_packet(rng, v5) for _ in range(rng.randrange(1, 10)))
+        try:
+            expected = _parse(data, version, False)
+        except MqttError:
+            continue
+        cuts = sorted(rng.sample(range(len(data) + 1), min(3, len(data) + 1)))
+        assert _reads(data, version, cuts, plans, decided) == expected
 
 
 @needs_c

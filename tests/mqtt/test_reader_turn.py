@@ -2,6 +2,7 @@
 handled once, in the order sent; a packet other than PUBLISH among PUBLISHes is answered in its place; what follows a
 DISCONNECT in the same read is not handled (docs/mqtt.md)."""
 
+import socket
 import time
 
 import pytest
@@ -124,3 +125,71 @@ def test_a_connection_taken_over_mid_turn_handles_nothing_after(mqtt_broker):
     assert new.read() == wire.PubAck(1)
     assert _stored(mqtt_broker, name, 2, settle=0.3) == [b"before", b"after"]
     new.close()
+
+
+# -- the publisher's one-step turn: a read of plain PUBLISHes of a name staged before --------------------------------
+
+def _staged(b, client_id, name, version=wire.MQTT_5):
+    """A connection that published once to ``name`` (its staging plan and write decision kept): its next reads of
+    plain PUBLISHes to it take the one-step turn (``Connection._publish_turn``)."""
+    raw = _connected(b, client_id, version)
+    raw.send_bytes(_publish(name, b"first", 1, version))
+    assert raw.read() == wire.PubAck(1)
+    return raw
+
+
+@pytest.mark.parametrize("version", [wire.MQTT_5, wire.MQTT_311], ids=["v5", "v311"])
+def test_three_publishes_of_a_name_staged_before_split_at_every_byte_are_each_handled_once_in_order(mqtt_broker,
+                                                                                                    version):
+    """QoS 1, QoS 0, QoS 1 PUBLISHes of a name staged before, their bytes in two reads cut at every byte: the whole
+    packets of a read are split from it in one step, a partial one at its end completed by the next read; each QoS 1
+    is acknowledged once, in order, and every message stored once, in order."""
+    name = "staged%d/dev/1" % version
+    raw = _staged(mqtt_broker, "staged-%d" % version, name, version)
+    bodies, packet_id = [b"first"], 2
+
+    def three(k, pid):
+        return (_publish(name, b"a%03d" % k, pid, version)
+                + wire.encode(wire.Publish(name, b"b%03d" % k, 0), version) + _publish(name, b"c%03d" % k, pid + 1,
+                                                                                       version))
+
+    for cut in range(1, len(three(0, 1))):
+        data = three(cut, packet_id)
+        raw.send_bytes(data[:cut])
+        time.sleep(0.005)  # the broker reads the first part alone
+        raw.send_bytes(data[cut:])
+        assert [raw.read(), raw.read()] == [wire.PubAck(packet_id), wire.PubAck(packet_id + 1)]
+        bodies += [b"a%03d" % cut, b"b%03d" % cut, b"c%03d" % cut]
+        packet_id += 2
+    assert _stored(mqtt_broker, name, len(bodies), settle=0.2) == bodies
+    raw.close()
+
+
+def test_a_pingreq_between_publishes_of_a_name_staged_before_is_answered_in_its_place(mqtt_broker):
+    """The one-step turn takes the PUBLISHes before a PINGREQ; the PINGREQ and what follows it are the general
+    path's: PUBACK, PUBACK, PINGRESP, PUBACK, PINGRESP in that order."""
+    name = "stagedping/dev/1"
+    raw = _staged(mqtt_broker, "staged-ping", name)
+    ping = wire.encode(wire.PingReq(), wire.MQTT_5)
+    raw.send_bytes(_publish(name, b"one", 2) + _publish(name, b"two", 3) + ping + _publish(name, b"three", 4) + ping)
+    assert [raw.read() for _ in range(5)] == [wire.PubAck(2), wire.PubAck(3), wire.PingResp(), wire.PubAck(4),
+                                              wire.PingResp()]
+    assert _stored(mqtt_broker, name, 4) == [b"first", b"one", b"two", b"three"]
+    raw.close()
+
+
+def test_a_close_mid_turn_stores_and_acknowledges_the_whole_publishes_before_it(mqtt_broker):
+    """Two whole PUBLISHes of a name staged before and part of a third, then the client closes its side: the two are
+    stored and acknowledged, the part is refused as a stream ended inside a packet (0x81) and not stored, and the
+    broker serves the next connection."""
+    name = "stagedclose/dev/1"
+    raw = _staged(mqtt_broker, "staged-close", name)
+    third = _publish(name, b"three", 4)
+    raw.send_bytes(_publish(name, b"one", 2) + _publish(name, b"two", 3) + third[:len(third) - 2])
+    raw.sock.shutdown(socket.SHUT_WR)
+    assert [raw.read(), raw.read()] == [wire.PubAck(2), wire.PubAck(3)]
+    assert raw.read() == wire.Disconnect(wire.MALFORMED_PACKET)
+    assert raw.closed()
+    assert _stored(mqtt_broker, name, 3, settle=0.3) == [b"first", b"one", b"two"]
+    again = _staged(mqtt_broker, "staged-close", name)
+    again.close()
