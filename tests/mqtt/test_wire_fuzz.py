@@ -101,3 +101,20 @@ def test_the_plain_publishes_twins_agree_on_random_bit_flipped_and_cut_streams()
         assert got == answer(wire.plain_publishes_py, data, *args), (data, args)
         entries += len(got[0]) if isinstance(got, tuple) else 0
     assert entries > 40  # the staging was exercised, not only its refusals
+
+
+@pytest.mark.parametrize("first, packet_id", [
+    (0x32, 0xFFFF), (0x32, 0x10000), (0x32, 0x10001), (0x32, -1), (0x32, 2 ** 40),  # at the bound and past it
+    (0xFF, 1), (0x100, 1), (0x132, 1), (-1, 1), (0x100, 0x10000)])
+def test_the_publish_bytes_twins_refuse_alike_a_packet_id_or_first_byte_that_does_not_fit(first, packet_id):
+    args = (first, "a/b", packet_id, None, b"p")
+    got = answer(_speedups.mqtt_publish_bytes, *args)
+    assert got == answer(wire.publish_bytes_py, *args)
+    assert isinstance(got, bytes) == (0 <= first <= 0xFF and 0 <= packet_id <= 0xFFFF)
+
+
+@pytest.mark.parametrize("ids", [[0xFFFF], [0x10000], [1, 0x10000, 2], [-1], [2 ** 40], [0], []])
+def test_the_pubacks_twins_refuse_alike_an_id_that_does_not_fit(ids):
+    got = answer(_speedups.mqtt_pubacks, ids)
+    assert got == answer(wire.encode_pubacks_py, ids)
+    assert isinstance(got, bytes) == all(0 <= i <= 0xFFFF for i in ids)
