@@ -287,6 +287,14 @@ PyObject *mqtt_publish_bytes(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "binary data of %zd bytes is past 65,535", tlen);
         goto done;
     }
+    if (packet_id < 0 || packet_id > 0xFFFF) { /* the twin's int.to_bytes(2): never a truncated id on the wire */
+        PyErr_Format(PyExc_OverflowError, "packet identifier %ld does not fit 2 bytes", packet_id);
+        goto done;
+    }
+    if (first < 0 || first > 0xFF) { /* the twin's bytes((first,)) */
+        PyErr_Format(PyExc_ValueError, "fixed-header byte %d is not 0..255", first);
+        goto done;
+    }
     Py_ssize_t body = 2 + tlen + (packet_id ? 2 : 0) + props_len + payload.len;
     if (body > 268435455) {
         PyErr_Format(PyExc_ValueError, "variable byte integer %zd out of range", body);

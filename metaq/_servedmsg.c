@@ -134,6 +134,34 @@ static int is_name(span key, PyObject *names, int which) {
 
 static int same(span a, span b) { return a.n == b.n && memcmp(a.p, b.p, (size_t)a.n) == 0; }
 
+/* The user properties' names seen so far, by hash (open addressing): a repeated name is found in one probe or a
+   few, not by comparing it with every name before it (a producer chooses how many repeats a record holds). */
+#define USER_SLOTS 512 /* a power of two, at least twice USER_CAP */
+_Static_assert(USER_SLOTS >= 2 * USER_CAP && (USER_SLOTS & (USER_SLOTS - 1)) == 0, "USER_SLOTS");
+typedef struct {
+    int16_t at[USER_SLOTS]; /* an index into the names, -1 for an empty slot */
+    int ready;
+} user_table;
+
+static uint32_t span_hash(span s) { /* FNV-1a */
+    uint32_t h = 2166136261u;
+    for (Py_ssize_t i = 0; i < s.n; i++)
+        h = (h ^ (unsigned char)s.p[i]) * 16777619u;
+    return h;
+}
+
+/* The slot holding key among names[], or the empty slot where it goes. */
+static Py_ssize_t user_slot(user_table *t, const span *names, span key) {
+    if (!t->ready) {
+        memset(t->at, 0xFF, sizeof t->at);
+        t->ready = 1;
+    }
+    Py_ssize_t h = (Py_ssize_t)(span_hash(key) & (USER_SLOTS - 1));
+    while (t->at[h] >= 0 && !same(names[t->at[h]], key))
+        h = (h + 1) & (USER_SLOTS - 1);
+    return h;
+}
+
 static int ascii(const char *p, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++)
         if ((unsigned char)p[i] >= 0x80)
@@ -186,6 +214,8 @@ static int served(growable *g, const char *data, Py_ssize_t size, long long flag
     span tags = {attr, sep - attr}, none = {NULL, -1};
     span uniq = none, keys = none, tag = none, group = none, deliver = none, born = none;
     span user_k[USER_CAP], user_v[USER_CAP];
+    user_table seen;
+    seen.ready = 0;
     Py_ssize_t users = 0;
     const char *p = sep + 1;
     while (p <= end) {
@@ -213,12 +243,9 @@ static int served(growable *g, const char *data, Py_ssize_t size, long long flag
             else if (is_name(key, names, N_SYSFLAG))
                 return 0;
         } else if (!(key.n >= 2 && key.p[0] == '_' && key.p[1] == '_')) {
-            Py_ssize_t i;
-            for (i = 0; i < users; i++)
-                if (same(user_k[i], key))
-                    break;
-            if (i < users) {
-                user_v[i] = value; /* a repeated key: its last value, in its first place */
+            Py_ssize_t slot = user_slot(&seen, user_k, key);
+            if (seen.at[slot] >= 0) {
+                user_v[seen.at[slot]] = value; /* a repeated key: its last value, in its first place */
                 continue;
             }
             PyObject *k = text(key);
@@ -232,6 +259,7 @@ static int served(growable *g, const char *data, Py_ssize_t size, long long flag
                 continue;
             if (users == user_max)
                 return 0;
+            seen.at[slot] = (int16_t)users;
             user_k[users] = key;
             user_v[users++] = value;
         }

@@ -1170,7 +1170,9 @@ def publish_bytes_py(first, topic, packet_id, props, payload):
     """A PUBLISH's bytes: fixed-header byte ``first``, Remaining Length, topic name ``topic`` (a ``str``: U+0000
     and past 65,535 bytes refused with ``ValueError``), packet id ``packet_id`` (0: none, QoS 0), the MQTT 5 property
     block ``props`` (its length and properties, encoded; None in 3.1.1), ``payload``. The caller checks the fields'
-    consistency (``_encode_publish``). ``metaq._speedups``'s ``mqtt_publish_bytes`` is this function in C."""
+    consistency (``_encode_publish``); a packet id past 2 bytes or a ``first`` past a byte is refused
+    (``OverflowError``, ``ValueError``), never truncated. ``metaq._speedups``'s ``mqtt_publish_bytes`` is this
+    function in C."""
     body = _string(topic) + (packet_id.to_bytes(2, "big") if packet_id else b"") + (props or b"")
     return _packet_byte(first, body + payload)
 
@@ -1216,8 +1218,10 @@ def _encode_reason_tail(code, props, kind, short):
 
 def encode_pubacks_py(packet_ids):
     """The successful PUBACKs of ``packet_ids`` (a sequence of 1..65535), in order, as one byte string: each as
-    ``encode`` writes it in either version (MQTT 5 leaves out a success reason code without properties).
-    ``metaq._speedups``'s ``mqtt_pubacks`` is this function in C."""
+    ``encode`` writes it in either version (MQTT 5 leaves out a success reason code without properties); an id
+    outside 0..65535 is refused with ``ValueError``. ``metaq._speedups``'s ``mqtt_pubacks`` is this function in C."""
+    if packet_ids and not (0 <= min(packet_ids) and max(packet_ids) <= 0xFFFF):  # never a PUBACK with a wrong length
+        raise ValueError("a packet identifier is not 0..65535")
     return struct.pack(">%dI" % len(packet_ids), *[0x40020000 | i for i in packet_ids])
 
 

@@ -1,0 +1,153 @@
+"""``served_record`` (the C helper's, and its twin ``messagebytes.served_record_py``) on records an attacker or a
+disk may hand it: property names and values are what producers sent, and a torn or corrupted record may reach it.
+Random, truncated and bit-flipped records, extreme ints and extreme property lists: the two give the same bytes,
+the same None or the same error, and any record the one pass takes is what the general mapping serves. Seeded and
+bounded; the records are handed over in buffers of their exact size, so a read past one is a read past the
+allocation (a sanitizer build reports it)."""
+
+import ctypes
+import random
+import struct
+
+import pytest
+
+from metaq import speedups
+from metaq.protocol.rocketmq.mapping import UNTRIMMED_CHARS, message_of_record
+from metaq.rmq5.records import MAX_USER_PROPERTIES
+from metaq.store.record import LogRecord
+
+messagebytes = pytest.importorskip("metaq.rmq5.messagebytes")
+if not speedups.built():
+    pytest.skip("metaq._speedups was not built", allow_module_level=True)
+from metaq._speedups import served_record as served_record_c  # noqa: E402
+
+HOST = ("192.0.2.7", 8081)
+ENDPOINT = "192.0.2.7:8081"
+INTS = [0, 1, -1, 2 ** 31, 2 ** 63 - 1, -2 ** 63, 2 ** 63, -2 ** 63 - 1, 1700000000000, 253402300799999,
+        253402300800000, -62135596800000, -62135596800001]
+KEYS = [b"UNIQ_KEY", b"KEYS", b"TAGS", b"__SHARDINGKEY", b"TIMER_DELIVER_MS", b"@BORNHOST", b"@SYSFLAG", b"@FLAG",
+        b"@", b"_", b"__", b"__x", b"u", b"\xc3\xbc", b"", b"DELAY", b"TRACE_ON"]
+VALUES = [b"", b"v", b"1700000000000", b"99999999999999999", b"1" * 19, b"a  b ", b" ", b"1.2.3.4:5", b"[::1]:9",
+          b"1.2.3.4:99999", b"\xe2\x9c\x93", b"0", b"-1", b"+5", b"\xff", b"\xed\xa0\x80", b"\xd9\xa1"]
+SERVED = [None, messagebytes.Served("t-from", 3, 99, "1 2 3 4", 2, 30_000),
+          messagebytes.Served("t", 0, 0, "h", 0, 0)]
+
+
+def exact(data):
+    """``data`` in a buffer of exactly its size (ctypes keeps up to 16 bytes inside its object)."""
+    return (ctypes.c_char * len(data)).from_buffer_copy(data) if len(data) > 16 else data
+
+
+def answer(server, data, *args):
+    try:
+        return server(data, *args)
+    except Exception as exc:  # noqa: BLE001 - the two must fail alike
+        return type(exc)
+
+
+def random_record(rng):
+    items = []
+    for _ in range(rng.randrange(0, 300 if rng.random() < 0.05 else 10)):
+        key = rng.choice(KEYS) if rng.random() < 0.8 else b"k%d" % rng.randrange(200)
+        items.append(key + (b"\x01" if rng.random() < 0.9 else b"") + rng.choice(VALUES))
+    attribute = rng.choice([b"", b"t", b"a\x01b", b"a b", b"\xff"]) + b"\x02" + b"\x02".join(items)
+    attribute += rng.choice([b"", b"\x02"])
+    body = rng.choice([b"", b"b", bytes(range(256))])
+    size = len(attribute)
+    if rng.random() < 0.1:
+        size = rng.choice([-1, -2 ** 31, 2 ** 31 - 1, 0, size + len(body), size + len(body) + 1])
+    data = struct.pack(">i", size) + attribute + body
+    if rng.random() < 0.2:
+        flipped = bytearray(data)
+        for _ in range(rng.randrange(1, 5)):
+            flipped[rng.randrange(len(flipped))] ^= 1 << rng.randrange(8)
+        data = bytes(flipped)
+    if rng.random() < 0.1:
+        data = data[:rng.randrange(len(data) + 1)]
+    return data
+
+
+def test_served_record_twins_agree_on_random_truncated_and_bit_flipped_records():
+    rng = random.Random(5601)
+    taken = 0
+    for _ in range(8000):
+        data = random_record(rng)
+        flag = rng.choice([1, 1, 1, 0, 3, -1])
+        ints = [rng.choice(INTS) if rng.random() < 0.1 else v for v in (2, 77, 1700000000123, 1700000000456)]
+        served = rng.choice(SERVED)
+        if served is not None and rng.random() < 0.2:
+            served = served._replace(attempt=rng.choice(INTS), invisible_ms=rng.choice(INTS))
+        args = (flag, "t", ints[0], ints[1], ints[2], ints[3], 0xABCDEF, ENDPOINT, served, messagebytes._CONTEXT)
+        out = answer(served_record_c, exact(data), *args)
+        assert out == answer(messagebytes.served_record_py, data, *args), (data, args)
+        if isinstance(out, bytes):
+            taken += 1
+            rec = LogRecord(1000, 0, "t", ints[0], ints[1], ints[3], ints[2], 0xABCDEF, flag, data)
+            want = messagebytes.response_bytes(message_of_record(rec, HOST), HOST, 1 << 20, rec.msg_id, served)
+            assert out == want, data
+    assert taken > 1000  # the one pass was exercised, not only its refusals
+
+
+def _record(items, tags=b""):
+    attribute = tags + b"\x02" + b"\x02".join(items)
+    return struct.pack(">i", len(attribute)) + attribute + b"body"
+
+
+def _fill(items, tail):
+    """``items`` then as many ``tail`` items as the untrimmed bound lets in."""
+    room = UNTRIMMED_CHARS - 6 - len(_record(items)) + 4
+    return items + [tail] * max(0, room // (len(tail) + 1))
+
+
+USERS = [b"u%03d\x01v" % i for i in range(MAX_USER_PROPERTIES)]
+EXTREME = {
+    "users at the bound, then the last one repeated": _fill(USERS, b"u127\x01w"),
+    "users at the bound, then a reserved name repeated": _fill(USERS, b"DELAY\x01v"),
+    "users at the bound, then one more": USERS + [b"extra\x01v"],
+    "users at the bound, then empty values and lone names": _fill(USERS, b"u000\x01") + [b"lonely"],
+    "long names alike but for their end": _fill([b"k" * 60 + b"%03d\x01v" % i for i in range(MAX_USER_PROPERTIES)],
+                                                b"k" * 60 + b"000\x01last"),
+    "separators only": [b""] * 2000,
+    "keys: spaces only, and many": [b"KEYS\x01" + b" " * 3000, b"KEYS\x01" + b"k " * 1500],
+    "the untrimmed bound, one long value": [b"u\x01" + b"v" * (UNTRIMMED_CHARS - 6 - 4)],
+    "one past the untrimmed bound": [b"u\x01" + b"v" * (UNTRIMMED_CHARS - 6 - 3)],
+    "a delivery time of 18 and of 19 digits": [b"TIMER_DELIVER_MS\x01" + b"9" * 18,
+                                               b"TIMER_DELIVER_MS\x01" + b"0" * 19],
+    "born hosts: forged, long, IPv6": [b"@BORNHOST\x01" + b"9" * 3000 + b":1", b"@BORNHOST\x01[::1]:65535"],
+}
+
+
+@pytest.mark.parametrize("served", SERVED, ids=["pulled", "received", "received, zeros"])
+@pytest.mark.parametrize("name", list(EXTREME), ids=list(EXTREME))
+def test_served_record_twins_agree_on_extreme_property_lists(name, served):
+    data = _record(EXTREME[name])
+    args = (1, "t", 2, 77, 1700000000123, 1700000000456, 0xABCDEF, ENDPOINT, served, messagebytes._CONTEXT)
+    out = answer(served_record_c, exact(data), *args)
+    assert out == answer(messagebytes.served_record_py, data, *args)
+    if isinstance(out, bytes):
+        rec = LogRecord(1000, 0, "t", 2, 77, 1700000000456, 1700000000123, 0xABCDEF, 1, data)
+        assert out == messagebytes.response_bytes(message_of_record(rec, HOST), HOST, 1 << 20, rec.msg_id, served)
+
+
+def _raises(*_args):
+    raise RuntimeError("refused")
+
+
+def _context(i, value):
+    context = list(messagebytes._CONTEXT)
+    context[i] = value
+    return tuple(context)
+
+
+@pytest.mark.parametrize("data, topic, endpoint, served, context", [
+    (_record([b"u\x01v"]), "t", ENDPOINT, None, _context(4, _raises)),  # the message id's function fails
+    (_record([b"@BORNHOST\x011.2.3.4:5"]), "t", ENDPOINT, None, _context(6, _raises)),  # the born host's
+    (_record([b"u\x01v"]), "\ud800", ENDPOINT, None, messagebytes._CONTEXT),  # a topic not encodable
+    (_record([b"u\x01v"]), "t", "\udc00", None, messagebytes._CONTEXT),  # an endpoint not encodable
+    (_record([b"u\x01v"]), "t", ENDPOINT, SERVED[1]._replace(receipt_handle="\udc00"), messagebytes._CONTEXT),
+], ids=["message id", "born host", "topic", "endpoint", "receipt handle"])
+def test_served_record_twins_fail_alike_when_a_part_fails(data, topic, endpoint, served, context):
+    args = (1, topic, 2, 77, 1700000000123, 1700000000456, 0xABCDEF, endpoint, served, context)
+    out = answer(served_record_c, exact(data), *args)
+    assert isinstance(out, type) and issubclass(out, Exception)
+    assert out is answer(messagebytes.served_record_py, data, *args)
