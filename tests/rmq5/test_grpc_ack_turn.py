@@ -8,8 +8,8 @@ import time
 import pytest
 
 from metaq import limits
-from metaq.client.local import BrokerProcess, free_port, small_config
 from tests.harness.acl import SECRETS, write_acl
+from tests.harness.grpc_turns import grpc_broker, inline_and_spawned
 from tests.rmq5.test_grpc_port import Client, code, credentials, message
 from tests.rmq5.test_pop_grpc import receive
 
@@ -19,13 +19,6 @@ pb = pytest.importorskip("metaq.rmq5.messages_pb2")
 pytestmark = pytest.mark.integration
 
 TOPIC, GROUP = "orders-ackturn", "billing"
-
-
-def _broker(wd, **sections):
-    wd.mkdir(parents=True, exist_ok=True)
-    cfg = small_config(wd / "data", grpc={"port": free_port()}, store={"flush": "async", "flush_interval_ms": 20},
-                       **sections)
-    return BrokerProcess(wd, cfg).start()
 
 
 def _acks(port, metadata):
@@ -71,17 +64,7 @@ def _acks(port, metadata):
 def test_an_ack_answered_on_the_reader_equals_one_answered_from_its_greenlet(tmp_path):
     """The same acks to two fresh brokers: authentication off answers them on the reader, on (alice's credentials)
     from a greenlet each; every answer is the same."""
-    plain = _broker(tmp_path / "plain")
-    try:
-        inline = _acks(plain.config["grpc"]["port"], (("x-mq-client-id", "ack@1@1@x"),))
-    finally:
-        plain.kill()
-    secured = _broker(tmp_path / "secured", security={"acl_file": write_acl(tmp_path / "acl.yaml")})
-    try:
-        alice = tuple(credentials("alice", SECRETS["alice"]))
-        spawned = _acks(secured.config["grpc"]["port"], alice)
-    finally:
-        secured.kill()
+    inline, spawned = inline_and_spawned(tmp_path, _acks, "ack@1@1@x", credentials)
     assert inline == spawned
     assert [a[0] for a in inline[:4]] == ["OK", "OK", "INVALID_RECEIPT_HANDLE", "MULTIPLE_RESULTS"]
     assert inline[4] == ("MESSAGE_NOT_FOUND", 0) and inline[5] == grpc.StatusCode.INTERNAL
@@ -97,7 +80,7 @@ def test_an_ack_that_waits_stalls_neither_its_connection_nor_another(tmp_path):
     """Authentication on: acks signed with a wrong secret, past the failures an address may make, each wait
     ``limits.AUTH_FAILURE_DELAY_S`` (in their greenlets); alice's acks on the same connection, and on another, are
     answered meanwhile."""
-    b = _broker(tmp_path, security={"acl_file": write_acl(tmp_path / "acl.yaml")})
+    b = grpc_broker(tmp_path, security={"acl_file": write_acl(tmp_path / "acl.yaml")})
     port = b.config["grpc"]["port"]
     shared, other = Client(port), Client(port)
     try:

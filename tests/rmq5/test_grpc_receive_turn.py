@@ -8,8 +8,7 @@ import time
 
 import pytest
 
-from metaq.client.local import BrokerProcess, free_port, small_config
-from tests.harness.acl import SECRETS, write_acl
+from tests.harness.grpc_turns import inline_and_spawned
 from tests.rmq5.test_grpc_port import Client, code, credentials, message
 from tests.rmq5.test_pop_grpc import ack, receive
 
@@ -19,13 +18,6 @@ pb = pytest.importorskip("metaq.rmq5.messages_pb2")
 pytestmark = pytest.mark.integration
 
 TOPIC, GROUP = "orders-recvturn", "billing"
-
-
-def _broker(wd, **sections):
-    wd.mkdir(parents=True, exist_ok=True)
-    cfg = small_config(wd / "data", grpc={"port": free_port()}, store={"flush": "async", "flush_interval_ms": 20},
-                       **sections)
-    return BrokerProcess(wd, cfg).start()
 
 
 def _seen(st, got):
@@ -75,17 +67,7 @@ def _receives(port, metadata):
 def test_a_receive_answered_on_the_reader_equals_one_answered_from_its_greenlet(tmp_path):
     """The same receives to two fresh brokers: authentication off answers those that find messages at once on the
     reader, on (alice's credentials) every one from its greenlet; every answer is the same."""
-    plain = _broker(tmp_path / "plain")
-    try:
-        inline = _receives(plain.config["grpc"]["port"], (("x-mq-client-id", "recv@1@1@x"),))
-    finally:
-        plain.kill()
-    secured = _broker(tmp_path / "secured", security={"acl_file": write_acl(tmp_path / "acl.yaml")})
-    try:
-        alice = tuple(credentials("alice", SECRETS["alice"]))
-        spawned = _receives(secured.config["grpc"]["port"], alice)
-    finally:
-        secured.kill()
+    inline, spawned = inline_and_spawned(tmp_path, _receives, "recv@1@1@x", credentials)
     assert inline == spawned
     assert [s for s, _m in inline] == ["OK", "MESSAGE_NOT_FOUND", "OK", "MESSAGE_NOT_FOUND", "OK",
                                        "ILLEGAL_CONSUMER_GROUP"]
