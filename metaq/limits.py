@@ -1030,7 +1030,9 @@ POP_MAX_ACK_HANDLES = 32
 #: names whole metaq topics (``<topic>/#`` and ``<topic>``, or ``#``) instead, so a peer sends more than is wanted
 #: (the subscriber's broker filters as ever) and nothing is missed.
 MQTT_CLUSTER_MAX_FILTERS = 10_000
-#: Bytes of one ROUTES frame (the filters and resume positions a broker sends a peer) at most.
+#: Bytes of one ROUTES frame (the filters, resume positions and groups a broker sends a peer) at most. A route past it
+#: (MQTT_CLUSTER_MAX_POSITIONS positions of long topic names, long filters) goes in as many ROUTES frames as it takes,
+#: joined by the peer before it acts on them, within MQTT_CLUSTER_MAX_FILTERS, _POSITIONS and _GROUPS in all.
 MQTT_CLUSTER_ROUTES_BYTES = 4 * 1024 * 1024
 #: Bytes of records a peer puts in one RECORDS frame (it stops adding at the first record past it; one record alone
 #: may be larger, within MQTT_CLUSTER_FRAME_BYTES).
