@@ -5,7 +5,8 @@
 **The follow.** The peer's filters say which metaq topics are followed (``TopicMap.topics_for``, the rule a
 subscription's reads use; internal topics never: a peer's inbox is not followed, so a copy is never copied again);
 each followed partition is read from the peer's resume position, or from this broker's end when it has none (a
-topic that only appears later: from its start, followed from the wake of its first write, ``NEW_PARTITION``). A
+topic that only appears later: from its start, followed from the wake of its first write, ``NEW_PARTITION``; a
+topic deleted stops being followed at that same wake, which its deletion gives at once). A
 record goes in a RECORDS frame when its MQTT topic name (``records.message_of``, as local delivery sees it) matches
 a filter; a POSITION entry says how far each partition was read. With a retained offset the ``R``/``U`` records of
 the ``%MQTT%`` journal go too. At most MQTT_CLUSTER_BATCH_BYTES of records per frame; an empty RECORDS each
@@ -48,8 +49,9 @@ log = logging.getLogger(__name__)
 
 #: Records one read of a followed partition takes at most.
 READ_RECORDS = 256
-#: How often the followed topics are looked at again without a new partition waking the follow (a topic deleted).
-RESCAN_S = 1.0
+#: How often the followed topics are looked at again without the store's partitions changing (``partitions_made``, whose
+#: wake brings a topic made or deleted at once): a safety net only.
+RESCAN_S = 30.0
 
 
 class FilterSet:
@@ -120,10 +122,12 @@ class PeerFollow:
         self.rescan()
 
     def rescan(self):
-        """Follow the partitions the filters read that are not followed yet; stop following the others."""
+        """Follow the partitions the filters read that are not followed yet; stop following the others. A topic
+        gone (deleted) is no longer known at the route: made again, it is followed from its start."""
         store = self.store
         self.made = store.partitions_made()
         known = store.known_topics()
+        self.known_at_route.intersection_update(known)
         topics = self._read_set.topics(known)
         wanted = []
         for topic in sorted(topics):
@@ -167,7 +171,11 @@ class PeerFollow:
         for key, offset in list(self.cursors.items()):
             if budget <= 0:
                 break
-            if offset >= store.max_offset(*key):
+            try:
+                if offset >= store.max_offset(*key):
+                    continue
+            except errors.MetaqError:  # its topic deleted since the last rescan: not followed any more
+                self.cursors.pop(key, None)
                 continue
             topic, partition = key
             try:

@@ -17,7 +17,7 @@ class Partitions:
         self._quota = quota
         self._all = {}  # (topic, partition) -> PartitionIndex, every partition with an index
         self._writers = {}  # (topic, partition) -> PartitionIndex, checked for puts
-        self.made = 0  # partitions added or made since the table was built: moves whenever one appears
+        self.made = 0  # moves whenever a partition appears (added, made) or a topic's go (``drop``)
 
     # -- reading ----------------------------------------------------------------
 
@@ -87,7 +87,9 @@ class Partitions:
             del self._writers[key]
 
     def drop(self, topic):
-        """Close and forget every partition of ``topic`` (its files stay: the caller removes them)."""
+        """Close and forget every partition of ``topic`` (its files stay: the caller removes them). ``made`` moves,
+        also for a topic none of whose partitions had an index: a reader of its partitions looks again."""
+        self.made += 1
         self.evict_writers(topic)
         for key in [k for k in self._all if k[0] == topic]:
             self._all.pop(key).close()
