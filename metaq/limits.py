@@ -771,8 +771,9 @@ MQTT_CLUSTER_MEMBERS_POLL_S = 1.0
 MQTT_CLUSTER_ID_BATCH = 1000
 #: Seconds a broker gathers the ids whose sessions ended before telling their homes (one call per home).
 MQTT_CLUSTER_RELEASE_S = 0.5
-#: Connections one broker opens to another for its calls (each takes one call at a time; more wait their turn).
-MQTT_CLUSTER_PEER_CONNECTIONS = 1
+#: Connections one broker opens to another for its calls, and so its calls to it that go at once (each connection
+#: takes one call at a time; more wait their turn, in order, within MQTT_CLUSTER_CALL_TIMEOUT_S).
+MQTT_CLUSTER_PEER_CONNECTIONS = 4
 
 # -- the gRPC port (metaq/rmq5/: RocketMQ 5's MessagingService; docs/rocketmq5.md) --------------------------------
 

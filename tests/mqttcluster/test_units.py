@@ -112,6 +112,36 @@ def test_a_route_in_parts_past_a_limit_is_refused():
         join_routes(rp.Routes(1, ("a",), more=True), rp.Routes(2, ("b",)))
 
 
+def test_calls_to_a_peer_take_turns_in_order_up_to_their_limit():
+    """``calls.Turns``: up to its limit at once, one past waits; an exclusive call waits for every call before it and
+    holds back every call after it (a call never passes one waiting); one that waits past its timeout takes
+    nothing and lets the calls behind it go."""
+    turns, order = calls.Turns(2), []
+
+    def call(name, exclusive=False, hold=0.05, timeout=5.0):
+        if turns.take(exclusive, timeout):
+            order.append(name)
+            gevent.sleep(hold)
+            turns.give()
+        else:
+            order.append(name + " gave up")
+
+    first = [gevent.spawn(call, n) for n in ("a", "b")]  # at the limit: both go at once
+    gevent.sleep(0)
+    assert order == ["a", "b"] and turns.going == 2
+    rest = [gevent.spawn(call, "c"), gevent.spawn(call, "x", True), gevent.spawn(call, "d")]  # one past: waits
+    gevent.sleep(0)
+    assert order == ["a", "b"]
+    gevent.joinall(first + rest, timeout=5)
+    assert order == ["a", "b", "c", "x", "d"] and turns.going == 0
+    del order[:]
+    busy = gevent.spawn(call, "long", hold=0.3)
+    gevent.sleep(0)
+    waits = [gevent.spawn(call, "x", True, timeout=0.05), gevent.spawn(call, "e"), gevent.spawn(call, "f", timeout=1)]
+    gevent.joinall([busy] + waits, timeout=5)
+    assert order == ["long", "x gave up", "e", "f"], order  # e and f waited behind x (not past it) until it gave up
+
+
 def test_route_aggregation_at_and_past_its_limit():
     filters = ["devices/%d/cmd" % i for i in range(5)] * 3 + ["alerts/#"]
     assert aggregate(filters, most=6) == tuple(sorted(set(filters)))
