@@ -768,8 +768,9 @@ MQTT_CLUSTER_MEMBERS_POLL_S = 1.0
 MQTT_CLUSTER_ID_BATCH = 1000
 #: Seconds a broker gathers the ids whose sessions ended before telling their homes (one call per home).
 MQTT_CLUSTER_RELEASE_S = 0.5
-#: Connections one broker opens to another for its calls (each takes one call at a time; more wait their turn).
-MQTT_CLUSTER_PEER_CONNECTIONS = 1
+#: Connections one broker opens to another for its calls, and so its calls to it that go at once (each connection
+#: takes one call at a time; more wait their turn, in order, within MQTT_CLUSTER_CALL_TIMEOUT_S).
+MQTT_CLUSTER_PEER_CONNECTIONS = 4
 
 # -- the gRPC port (metaq/rmq5/: RocketMQ 5's MessagingService; docs/rocketmq5.md) --------------------------------
 
@@ -1033,7 +1034,9 @@ POP_MAX_ACK_HANDLES = 32
 #: names whole metaq topics (``<topic>/#`` and ``<topic>``, or ``#``) instead, so a peer sends more than is wanted
 #: (the subscriber's broker filters as ever) and nothing is missed.
 MQTT_CLUSTER_MAX_FILTERS = 10_000
-#: Bytes of one ROUTES frame (the filters and resume positions a broker sends a peer) at most.
+#: Bytes of one ROUTES frame (the filters, resume positions and groups a broker sends a peer) at most. A route past it
+#: (MQTT_CLUSTER_MAX_POSITIONS positions of long topic names, long filters) goes in as many ROUTES frames as it takes,
+#: joined by the peer before it acts on them, within MQTT_CLUSTER_MAX_FILTERS, _POSITIONS and _GROUPS in all.
 MQTT_CLUSTER_ROUTES_BYTES = 4 * 1024 * 1024
 #: Bytes of records a peer puts in one RECORDS frame (it stops adding at the first record past it; one record alone
 #: may be larger, within MQTT_CLUSTER_FRAME_BYTES).

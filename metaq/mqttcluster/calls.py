@@ -8,8 +8,13 @@ its broker id: ``handshake.peer_proof``), then the first call; the callee answer
 first reply, and the caller acts on nothing it has not proved (``handshake.check_callee``). TLS as a slave's link
 (``security.tls.replication``). Every call is bounded by ``MQTT_CLUSTER_CALL_TIMEOUT_S`` (connection, handshake
 and answer): past it, or on any failure, the peer is unreachable for that call (``PeerUnreachable``). Idle links
-are kept, at most ``MQTT_CLUSTER_PEER_CONNECTIONS`` per peer (the replication port admits a few connections per
-address: ``HEADROOM_PER_ADDRESS``), each used by one call at a time; more calls wait their turn within their bound.
+are kept, at most ``MQTT_CLUSTER_PEER_CONNECTIONS`` per peer (a proved peer's connections count apart on the
+replication port: ``MQTT_CLUSTER_PEERS_PER_ADDRESS``, but only once proved), each used by one call at a time, so
+that many calls to one peer go at once (a CONNECT's registration each); more wait their turn within their bound.
+Links to one peer are opened one at a time, so a caller holds at most one unproved connection on a peer's port
+(where the brokers of one host share ``HEADROOM_PER_ADDRESS`` until they prove the secret). An ``exclusive`` call
+(the batches of ids held and released, whose order against the registrations matters) waits for every call to the
+peer before it to be answered and goes alone: every call after it waits for its answer, as on one link.
 
 ``serve_calls`` answers a link's calls in order (for the cluster's one ``serve.PeerServer``), each by the handler its
 ``op`` names; a handler's error is sent back as ``{"error": text}``.
@@ -20,9 +25,11 @@ import logging
 import re
 import socket
 import time
+from collections import deque
 
 import gevent
-from gevent.lock import BoundedSemaphore
+from gevent.event import Event
+from gevent.lock import Semaphore
 
 from metaq import errors, limits
 from metaq.protocol import replication as rp
@@ -33,7 +40,7 @@ from metaq.server.replication.link import send_event
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PeerClient", "PeerUnreachable", "serve_calls"]
+__all__ = ["PeerClient", "PeerUnreachable", "Turns", "serve_calls"]
 
 #: Seconds a peer's link may stay idle on the callee before it is closed (the caller opens another).
 PEER_IDLE_S = 60.0
@@ -162,6 +169,49 @@ def _next(sock, parser, deadline):
         parser.receive_data(sock.recv(65536))
 
 
+class Turns:
+    """The calls to one peer: at most ``most`` at once, in the order asked (a call never passes one that waits); an
+    exclusive call goes once every call before it is answered, alone, and the calls after it wait for its answer."""
+
+    def __init__(self, most):
+        self.most = most
+        self.going = 0
+        self.alone = False  # the call going is an exclusive one
+        self._waiting = deque()  # [exclusive, Event set when its turn came]
+
+    def take(self, exclusive, timeout):
+        """Wait for a turn, at most ``timeout`` seconds; False when none came (nothing taken then)."""
+        if not self._waiting and self._may(exclusive):
+            self._start(exclusive)
+            return True
+        entry = (exclusive, Event())
+        self._waiting.append(entry)
+        if entry[1].wait(timeout) or entry[1].is_set():
+            return True
+        self._waiting.remove(entry)
+        self._grant()  # an exclusive call that gave up may have held back the calls after it
+        return False
+
+    def give(self):
+        """A call taken with ``take`` was answered (or failed): the next ones waiting go."""
+        self.going -= 1
+        self.alone = False
+        self._grant()
+
+    def _may(self, exclusive):
+        return not self.alone and (self.going == 0 if exclusive else self.going < self.most)
+
+    def _start(self, exclusive):
+        self.going += 1
+        self.alone = exclusive
+
+    def _grant(self):
+        while self._waiting and self._may(self._waiting[0][0]):
+            exclusive, event = self._waiting.popleft()
+            self._start(exclusive)
+            event.set()
+
+
 class _Link:
     __slots__ = ("sock", "parser")
 
@@ -185,27 +235,28 @@ class PeerClient:
         self.tls = tls
         self.timeout_s = timeout_s
         self._idle = {}  # "host:port" -> [_Link]
-        self._slots = {}  # "host:port" -> BoundedSemaphore: links open to it at most (in use or idle)
+        self._turns = {}  # "host:port" -> Turns: its calls going and waiting
+        self._opening = {}  # "host:port" -> Semaphore: one link to it opened at a time
         self.calls = 0
         self.failures = 0
 
-    def call(self, address, request, timeout_s=None):
+    def call(self, address, request, timeout_s=None, exclusive=False):
         """``request`` (a dict) answered by the peer at ``address`` ("host:port") within ``timeout_s`` (default: the
         client's): its answer (a dict). Raises PeerUnreachable; an answer ``{"error": ...}`` is returned as it
-        is."""
+        is. ``exclusive``: after every call before it is answered and before any after it (see the module doc)."""
         self.calls += 1
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
-        slots = self._slots.get(address)
-        if slots is None:
-            slots = self._slots[address] = BoundedSemaphore(limits.MQTT_CLUSTER_PEER_CONNECTIONS)
-        if not slots.acquire(timeout=timeout_s):
+        turns = self._turns.get(address)
+        if turns is None:
+            turns = self._turns[address] = Turns(limits.MQTT_CLUSTER_PEER_CONNECTIONS)
+        if not turns.take(exclusive, timeout_s):
             self.failures += 1
             raise PeerUnreachable("broker at %s: its links stayed busy for %.1f s" % (address, timeout_s))
         try:
             return self._call(address, _encode(request), deadline)
         finally:
-            slots.release()
+            turns.give()
 
     def _call(self, address, body, deadline):
         for attempt in (0, 1):  # a kept link the callee closed meanwhile: once more on a new one
@@ -215,7 +266,8 @@ class PeerClient:
             try:
                 with gevent.Timeout(max(0.001, deadline - time.monotonic()), TimeoutError):
                     if link is None:
-                        link = self._open(address, deadline, body)
+                        with self._opening.setdefault(address, Semaphore()):
+                            link = self._open(address, deadline, body)
                     else:
                         send_event(link.sock, rp.PeerCall(self.broker_id, body))
                     reply = _next(link.sock, link.parser, deadline)
@@ -270,6 +322,10 @@ class PeerClient:
             link.close()
             raise
         return link
+
+    def kept(self, address):
+        """How many links to ``address`` are open and idle now (at most MQTT_CLUSTER_PEER_CONNECTIONS)."""
+        return len(self._idle.get(address, ()))
 
     def close(self):
         for links in self._idle.values():

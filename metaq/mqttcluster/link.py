@@ -1,8 +1,9 @@
 """One link to one peer: connect to its replication port, prove the secret with the slave's handshake
 (``server.replication.slave.authenticate``, with the peers' proofs: ``handshake.peer_proof``), send ROUTES (this
-broker's filters, its resume positions for that peer and its ``$share`` groups with members), then hand each RECORDS
-frame to the cluster (``MqttCluster.apply``) and send ROUTES again when the filters or the groups change. A link that
-fails is retried with backoff (BACKOFF_MIN_S .. BACKOFF_MAX_S) and says why in stats.
+broker's filters, its resume positions for that peer and its ``$share`` groups with members; in parts when it does not
+fit one frame: ``split_routes``, the first in the handshake, the others once the peer's first RECORDS proved it), then
+hand each RECORDS frame to the cluster (``MqttCluster.apply``) and send ROUTES again when the filters or the groups
+change. A link that fails is retried with backoff (BACKOFF_MIN_S .. BACKOFF_MAX_S) and says why in stats.
 """
 
 import logging
@@ -13,6 +14,7 @@ import gevent
 
 from metaq import errors
 from metaq.protocol import replication as rp
+from metaq.protocol.replication_mqtt import split_routes
 from metaq.server.connections import share_loop
 from metaq.server.replication.link import BACKOFF_MAX_S, BACKOFF_MIN_S, LINK_TIMEOUT_S, send_event
 from metaq.server.replication.slave import authenticate, next_event
@@ -98,7 +100,10 @@ class PeerLink:
         positions = cluster.positions.of(self.broker_id)
         routes = rp.Routes(cluster.broker_id, filters, positions, cluster.retained_from(self.broker_id),
                            cluster.groups(), cluster.positions.checks(self.broker_id, positions))
-        first = authenticate(sock, parser, cluster.secret, cluster.broker_id, routes, next_event, "RECORDS")
+        parts = self._parts(routes)
+        first = authenticate(sock, parser, cluster.secret, cluster.broker_id, parts[0], next_event, "RECORDS")
+        for part in parts[1:]:  # the peer starts its follow once the last part came
+            send_event(sock, part)
         self._sent_version = version
         sock.settimeout(LINK_TIMEOUT_S)
         self.connected = True
@@ -130,6 +135,16 @@ class PeerLink:
                 continue
             self._sent_version = version
             try:
-                send_event(sock, rp.Routes(cluster.broker_id, filters, (), -1, cluster.groups()))
+                for part in self._parts(rp.Routes(cluster.broker_id, filters, (), -1, cluster.groups())):
+                    send_event(sock, part)
             except OSError:
                 return
+
+    def _parts(self, routes):
+        """``routes`` as the ROUTES frames that carry it (``split_routes``), logged when it takes more than one."""
+        parts = split_routes(routes)
+        if len(parts) > 1:
+            log.info("mqtt cluster: the route to peer broker %d (%d filters, %d positions, %d groups) goes in %d "
+                     "ROUTES frames (MQTT_CLUSTER_ROUTES_BYTES each at most)", self.broker_id, len(routes.filters),
+                     len(routes.positions), len(routes.groups), len(parts))
+        return parts

@@ -5,12 +5,13 @@
 **The follow.** The peer's filters say which metaq topics are followed (``TopicMap.topics_for``, the rule a
 subscription's reads use; internal topics never: a peer's inbox is not followed, so a copy is never copied again);
 each followed partition is read from the peer's resume position, or from this broker's end when it has none (a
-topic that only appears later: from its start, followed from the wake of its first write, ``NEW_PARTITION``). A
+topic that only appears later: from its start, followed from the wake of its first write, ``NEW_PARTITION``; a
+topic deleted stops being followed at that same wake, which its deletion gives at once). A
 record goes in a RECORDS frame when its MQTT topic name (``records.message_of``, as local delivery sees it) matches
 a filter; a POSITION entry says how far each partition was read. With a retained offset the ``R``/``U`` records of
 the ``%MQTT%`` journal go too. At most MQTT_CLUSTER_BATCH_BYTES of records per frame; an empty RECORDS each
 HEARTBEAT_S when idle. ROUTES again from the peer replace its filters (its partitions already followed keep their
-read positions).
+read positions); a route in parts (``split_routes``) is acted on once its last part came, the first route too.
 
 The peer's ``$share`` groups (``share.Shares``) are followed too: a record whose name a group's filter matches goes as
 a SHARED entry naming the groups this broker assigns it to at the peer (its own filters aside), and not at all when
@@ -36,20 +37,21 @@ from metaq.mqtt.topics import matches
 from metaq.mqttcluster.calls import serve_calls
 from metaq.protocol import replication as rp
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
-from metaq.protocol.replication_mqtt import (MESSAGE, POSITION, RESUMED, RETAINED, SHARED, Entry, Records, record_check,
-                                             shared_data)
+from metaq.protocol.replication_mqtt import (MESSAGE, POSITION, RESUMED, RETAINED, SHARED, Entry, Records, join_routes,
+                                             record_check, shared_data)
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server.connections import share_loop
 from metaq.server.longpoll import NEW_PARTITION
-from metaq.server.replication.link import HEARTBEAT_S, send_event
+from metaq.server.replication.link import HEARTBEAT_S, LINK_TIMEOUT_S, send_event
 from metaq.topics.names import is_internal
 
 log = logging.getLogger(__name__)
 
 #: Records one read of a followed partition takes at most.
 READ_RECORDS = 256
-#: How often the followed topics are looked at again without a new partition waking the follow (a topic deleted).
-RESCAN_S = 1.0
+#: How often the followed topics are looked at again without the store's partitions changing (``partitions_made``, whose
+#: wake brings a topic made or deleted at once): a safety net only.
+RESCAN_S = 30.0
 
 
 class FilterSet:
@@ -120,10 +122,12 @@ class PeerFollow:
         self.rescan()
 
     def rescan(self):
-        """Follow the partitions the filters read that are not followed yet; stop following the others."""
+        """Follow the partitions the filters read that are not followed yet; stop following the others. A topic
+        gone (deleted) is no longer known at the route: made again, it is followed from its start."""
         store = self.store
         self.made = store.partitions_made()
         known = store.known_topics()
+        self.known_at_route.intersection_update(known)
         topics = self._read_set.topics(known)
         wanted = []
         for topic in sorted(topics):
@@ -167,7 +171,11 @@ class PeerFollow:
         for key, offset in list(self.cursors.items()):
             if budget <= 0:
                 break
-            if offset >= store.max_offset(*key):
+            try:
+                if offset >= store.max_offset(*key):
+                    continue
+            except errors.MetaqError:  # its topic deleted since the last rescan: not followed any more
+                self.cursors.pop(key, None)
                 continue
             topic, partition = key
             try:
@@ -315,7 +323,14 @@ class PeerServer:
             serve_calls(sock, parser, hello, peer, self.calls)
 
     def follow(self, sock, parser, routes, peer):
-        """A peer's follow: RECORDS sent for its ROUTES until its link ends."""
+        """A peer's follow: RECORDS sent for its ROUTES (all its parts: ``join_routes``) until its link ends."""
+        try:
+            send_event(sock, Records(()))  # the end of the handshake (the peer waits for a first frame)
+            routes = _whole_route(sock, parser, routes)
+        except (OSError, errors.MetaqError) as exc:
+            log.info("mqtt cluster: peer broker %d (%s) link ended before its route came: %s", routes.broker_id,
+                     peer, exc)
+            return
         follow = PeerFollow(self.store, routes, self.topicmap, self.shares)
         self.follows[id(follow)] = follow
         wake = Event()
@@ -323,7 +338,6 @@ class PeerServer:
                  peer, len(follow.filters.filters), len(follow.cursors))
         reader = gevent.spawn(self._read, sock, parser, follow, wake)
         try:
-            send_event(sock, Records(()))  # the end of the handshake (the peer waits for a first frame)
             rescanned = sent = turn = time.monotonic()
             while not reader.dead:
                 if follow.made != self.store.partitions_made() or time.monotonic() - rescanned > RESCAN_S:
@@ -357,26 +371,55 @@ class PeerServer:
 
     @staticmethod
     def _read(sock, parser, follow, wake):
-        """The peer's frames: ROUTES replace its filters; its end ends the link."""
+        """The peer's frames: a ROUTES (all its parts) replaces its filters; its end ends the link."""
+        pending = None  # the parts of a route so far, while its last has not come
         while True:
             try:
-                event = parser.next_event()
+                event = _next_frame(sock, parser)
+                if isinstance(event, rp.Routes):
+                    pending = join_routes(pending, event)
             except errors.RemoteProtocolError as exc:
                 log.warning("mqtt cluster: peer broker %d: %s; ending its link", follow.broker_id, exc)
                 return
-            if event is NEED_DATA:
-                try:
-                    data = sock.recv(65536)
-                except OSError:
-                    return
-                parser.receive_data(data)
-                continue
+            except OSError:
+                return
             if event is CLOSED or isinstance(event, rp.ErrorFrame):
                 return
             if isinstance(event, rp.Routes):
-                follow.set_filters(event.filters, event.groups)
-                wake.set()
+                if not pending.more:
+                    follow.set_filters(pending.filters, pending.groups)
+                    pending = None
+                    wake.set()
                 continue
             log.warning("mqtt cluster: peer broker %d sent %s: ending its link", follow.broker_id,
                         type(event).__name__.upper())
             return
+
+
+def _next_frame(sock, parser):
+    """The peer's next frame (CLOSED at its end); blocks on ``sock``."""
+    while True:
+        event = parser.next_event()
+        if event is not NEED_DATA:
+            return event
+        parser.receive_data(sock.recv(65536))
+
+
+def _whole_route(sock, parser, routes):
+    """The peer's route of which ``routes`` is the first part: its other parts read and joined (``join_routes``),
+    each within LINK_TIMEOUT_S. Raises RemoteProtocolError for anything but a part, OSError at the link's end."""
+    if not routes.more:
+        return routes
+    timeout = sock.gettimeout()
+    sock.settimeout(LINK_TIMEOUT_S)
+    try:
+        while routes.more:
+            event = _next_frame(sock, parser)
+            if not isinstance(event, rp.Routes):
+                raise errors.RemoteProtocolError("peer broker %d sent %s before the rest of its route"
+                                                 % (routes.broker_id, "its end" if event is CLOSED
+                                                    else type(event).__name__.upper()), fatal=True)
+            routes = join_routes(routes, event)
+    finally:
+        sock.settimeout(timeout)
+    return routes

@@ -252,7 +252,7 @@ class ClientIds:
                     if holder == self.broker_id:
                         self._drop(self.broker_id, request)
                     else:
-                        self.client.call(self.members[holder], request)
+                        self.client.call(self.members[holder], request, exclusive=True)
             except PeerUnreachable:
                 continue
             if self._owed.get(holder) is owed:
@@ -327,7 +327,7 @@ class ClientIds:
             answer = self._hold(self.broker_id, request)
         else:
             try:
-                answer = self.client.call(self.members[home], request)
+                answer = self.client.call(self.members[home], request, exclusive=True)
             except PeerUnreachable as exc:
                 log.warning("mqtt cluster: the home broker %d of %d client ids held here is unreachable (%s); "
                             "told again at the next look at the members", home, len(ids), exc)
@@ -360,7 +360,7 @@ class ClientIds:
                         self._release(self.broker_id, request)
                         continue
                     try:
-                        self.client.call(self.members[home], request)
+                        self.client.call(self.members[home], request, exclusive=True)
                     except PeerUnreachable:
                         pass  # its registry forgets them when this broker leaves, or keeps them: bounded as ever
 

@@ -15,8 +15,16 @@ ROUTES (peer to master): UTF-8 JSON, 2..MQTT_CLUSTER_ROUTES_BYTES bytes::
                                                      messages' records from (-1: send none)
      "groups": [[share name, filter], ...],          its ``$share`` groups with members, at most MQTT_CLUSTER_MAX_GROUPS
                                                      (optional)
-     "checks": [check, ...]}                         one per position (optional; 0: none): the ``record_check`` of
+     "checks": [check, ...],                         one per position (optional; 0: none): the ``record_check`` of
                                                      the record before it as the peer copied it (or passed it)
+     "more": true}                                   (optional) more of this route follows in the next ROUTES
+
+A route too large for one frame (its filters, positions and groups may together be far past
+MQTT_CLUSTER_ROUTES_BYTES) goes in parts (``split_routes``): each part a ROUTES of its own within the bound, the
+same broker and retained offset, a share of the filters, positions (with their checks) and groups, all but the last
+with "more". The receiver takes the route as the union of its parts (``join_routes``), and acts on it only once the
+last part came; the parts of one route hold at most MQTT_CLUSTER_MAX_FILTERS filters, MQTT_CLUSTER_MAX_POSITIONS
+positions and MQTT_CLUSTER_MAX_GROUPS groups in all.
 
 The master proves each position with its check before it resumes there (``serve.PeerFollow.proved``): when its own
 record before the position is another one (its log took another way since: an ``async`` master's failover cut what
@@ -54,7 +62,7 @@ from metaq import limits
 from metaq.errors import RemoteProtocolError
 
 __all__ = ["Routes", "Records", "Entry", "MESSAGE", "POSITION", "RETAINED", "SHARED", "RESUMED", "record_check",
-           "shared_data", "split_shared", "routes_parts", "records_parts",
+           "shared_data", "split_shared", "split_routes", "join_routes", "routes_parts", "records_parts",
            "check_routes_length", "check_records_length", "decode_routes", "decode_records"]
 
 MESSAGE, POSITION, RETAINED, SHARED = 1, 2, 3, 4
@@ -70,7 +78,7 @@ assert ENTRY.size == 31
 class Routes(NamedTuple):
     """A peer's route: its broker id, its filters, its resume positions ``((topic, partition, offset), ...)``, the
     ``%MQTT%`` offset to send retained records from (-1: none), its groups and one check per position (empty:
-    none)."""
+    none); ``more``: a part of a route whose next part follows (``split_routes``)."""
 
     broker_id: int
     filters: tuple
@@ -78,6 +86,7 @@ class Routes(NamedTuple):
     retained: int = -1
     groups: tuple = ()
     checks: tuple = ()
+    more: bool = False
 
 
 def record_check(stored_at_ms, data):
@@ -131,11 +140,75 @@ def _fail(reason):
     return RemoteProtocolError("bad MQTT cluster frame: %s" % reason, fatal=True)
 
 
+def _json(value):
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def split_routes(routes, most=None):
+    """``routes`` as the ROUTES frames that carry it: ``[routes]`` when it fits ``most`` bytes (None:
+    MQTT_CLUSTER_ROUTES_BYTES), else parts of at most ``most`` bytes each (filters, then positions with their
+    checks, then groups, in order), every part but the last with ``more``. One item always fits a part: a filter is
+    at most MQTT_MAX_TOPIC_BYTES, a topic name MAX_NAME_BYTES."""
+    if most is None:
+        most = limits.MQTT_CLUSTER_ROUTES_BYTES
+    if len(_routes_json(routes)) <= most:
+        return [routes._replace(more=False)]
+    empty = Routes(routes.broker_id, (), (), routes.retained, (), (), True)
+    room = most - len(_routes_json(empty))  # what a part holds beside its items (each counted with a comma)
+    checks = routes.checks or (0,) * len(routes.positions)
+    items = [("filters", f, len(_json(f)) + 1) for f in routes.filters]
+    items += [("positions", (p, c), len(_json(list(p))) + len(_json(c)) + 2)
+              for p, c in zip(routes.positions, checks, strict=True)]
+    items += [("groups", g, len(_json(list(g))) + 1) for g in routes.groups]
+    parts, part, used = [], {"filters": [], "positions": [], "groups": []}, 0
+    for kind, item, size in items:
+        if used + size > room and used:
+            parts.append(part)
+            part, used = {"filters": [], "positions": [], "groups": []}, 0
+        part[kind].append(item)
+        used += size
+    parts.append(part)
+    out = [empty._replace(filters=tuple(p["filters"]), positions=tuple(x[0] for x in p["positions"]),
+                          checks=tuple(x[1] for x in p["positions"]) if routes.checks else (),
+                          groups=tuple(p["groups"])) for p in parts]
+    out[-1] = out[-1]._replace(more=False)
+    return out
+
+
+def join_routes(so_far, part):
+    """The route of the parts ``so_far`` (a Routes joined so far, None: ``part`` is the first) and ``part``: their
+    filters, positions with checks and groups together, ``more`` as ``part`` says; a fatal RemoteProtocolError when
+    they hold more than a route may (MQTT_CLUSTER_MAX_FILTERS, MQTT_CLUSTER_MAX_POSITIONS, MQTT_CLUSTER_MAX_GROUPS)
+    or name another broker."""
+    if so_far is None:
+        return part
+    if part.broker_id != so_far.broker_id:
+        raise _fail("a ROUTES part of broker %d in broker %d's route" % (part.broker_id, so_far.broker_id))
+    joined = Routes(so_far.broker_id, so_far.filters + part.filters, so_far.positions + part.positions,
+                    so_far.retained, so_far.groups + part.groups,
+                    (so_far.checks or (0,) * len(so_far.positions)) + (part.checks or (0,) * len(part.positions)),
+                    part.more)
+    for what, count, most, name in (("filters", len(joined.filters), limits.MQTT_CLUSTER_MAX_FILTERS,
+                                     "MQTT_CLUSTER_MAX_FILTERS"),
+                                    ("positions", len(joined.positions), limits.MQTT_CLUSTER_MAX_POSITIONS,
+                                     "MQTT_CLUSTER_MAX_POSITIONS"),
+                                    ("groups", len(joined.groups), limits.MQTT_CLUSTER_MAX_GROUPS,
+                                     "MQTT_CLUSTER_MAX_GROUPS")):
+        if count > most:
+            raise _fail("a route in parts of more than %d %s (%s)" % (most, what, name))
+    return joined
+
+
+def _routes_json(event):
+    obj = {"broker": event.broker_id, "filters": list(event.filters), "positions": [list(p) for p in event.positions],
+           "retained": event.retained, "groups": [list(g) for g in event.groups], "checks": list(event.checks)}
+    if event.more:
+        obj["more"] = True
+    return _json(obj)
+
+
 def routes_parts(event):
-    payload = json.dumps({"broker": event.broker_id, "filters": list(event.filters),
-                          "positions": [list(p) for p in event.positions], "retained": event.retained,
-                          "groups": [list(g) for g in event.groups], "checks": list(event.checks)},
-                         separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    payload = _routes_json(event)
     if len(payload) > limits.MQTT_CLUSTER_ROUTES_BYTES:
         raise ValueError("a ROUTES frame of %d bytes exceeds MQTT_CLUSTER_ROUTES_BYTES (%d)"
                          % (len(payload), limits.MQTT_CLUSTER_ROUTES_BYTES))
@@ -200,7 +273,10 @@ def decode_routes(payload):
     if not isinstance(checks, list) or len(checks) not in (0, len(out)):
         raise _fail("ROUTES checks must be a list of one check per position")
     checks = tuple(_bounded(c, 0, 2**33 - 1, "check") for c in checks)
-    return Routes(broker, tuple(filters), tuple(out), retained, _groups(obj.get("groups", [])), checks)
+    more = obj.get("more", False)
+    if not isinstance(more, bool):
+        raise _fail("ROUTES more must be true or false, not %r" % (more,))
+    return Routes(broker, tuple(filters), tuple(out), retained, _groups(obj.get("groups", [])), checks, more)
 
 
 def decode_records(payload):

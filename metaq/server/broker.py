@@ -165,6 +165,7 @@ class Broker:
         self.topic_admin = TopicAdmin(self.store, self.store_lock, self.registry,
                                       lambda: self.put_path.slave_refusal)  # the topic table (topics/service.py)
         self.topic_admin.on_change.append(self.put_path.changed)  # a topic deleted or altered: decisions asked again
+        self.topic_admin.on_change.append(self.waiters.partitions_changed)  # readers of topics made or gone look again
         self.tracer = Tracer(self.store, lambda: self.pop.state, self._remoting_host, config.broker.id,
                              lambda: self.roles.read_refusal)  # where is my message (trace/service.py)
         self.group_admin = GroupAdmin(self.store.groups, lambda: self.put_path.slave_refusal)  # groups/service.py

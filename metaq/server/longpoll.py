@@ -20,7 +20,8 @@ after the last read.
 
 A reader of partitions that may not exist yet (the MQTT cluster's follow of a peer's filters, which may match a
 topic written for the first time) waits on ``NEW_PARTITION`` too: the first wake after the store made a partition
-(``MessageStore.partitions_made``) names it, so such a reader learns of a new topic at its first write.
+or dropped a topic's (``MessageStore.partitions_made``) names it, so such a reader learns of a new topic at its first
+write, and of a topic an admin created or deleted at once (``partitions_changed``, the topic admin's callback).
 """
 
 import gevent
@@ -180,6 +181,11 @@ class PartitionWaiters:
         if woke and settle:
             gevent.sleep(0)
         return woke
+
+    def partitions_changed(self):
+        """Wake the waits on ``NEW_PARTITION`` when the store's ``made()`` moved since the last wake (a topic an admin
+        created, altered or deleted: no append may follow to wake them); True when one was woken."""
+        return self.notify(())
 
     def notify_all(self):
         waits, self._waits = self._waits, {}

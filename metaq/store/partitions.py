@@ -22,7 +22,7 @@ class Partitions:
         #: ``writer(key)``: the PartitionIndex of ``key`` if puts to it were checked already (``hold_writer``), else
         #: None. The dict's own lookup: a burst asks once per run, with no Python frame of ours.
         self.writer = self._writers.get
-        self.made = 0  # partitions added or made since the table was built: moves whenever one appears
+        self.made = 0  # moves whenever a partition appears (added, made) or a topic's go (``drop``)
 
     # -- reading ----------------------------------------------------------------
 
@@ -84,7 +84,9 @@ class Partitions:
             del self._writers[key]
 
     def drop(self, topic):
-        """Close and forget every partition of ``topic`` (its files stay: the caller removes them)."""
+        """Close and forget every partition of ``topic`` (its files stay: the caller removes them). ``made`` moves,
+        also for a topic none of whose partitions had an index: a reader of its partitions looks again."""
+        self.made += 1
         self.evict_writers(topic)
         for key in [k for k in self._all if k[0] == topic]:
             self._all.pop(key).close()

@@ -207,8 +207,8 @@ class MessageStore:
 
     def partitions_made(self):
         """A count that moves whenever a partition appears here (a topic or a partition written for the first time,
-        a topic an admin created): a reader of topics that may not exist yet looks again when it moved
-        (``PartitionWaiters``' ``NEW_PARTITION``)."""
+        a topic an admin created) or a topic's partitions go (a topic deleted): a reader of topics that may not exist
+        yet, or may be gone, looks again when it moved (``PartitionWaiters``' ``NEW_PARTITION``)."""
         return self._parts.made
 
     def partition_keys(self):

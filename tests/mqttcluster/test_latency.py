@@ -9,7 +9,6 @@ import pytest
 
 from metaq.mqtt import wire
 from metaq.mqttcluster.ids import home_of
-from metaq.mqttcluster.serve import RESCAN_S
 from tests.harness.mqtt import V311, Paho, Raw, mosquitto_pub
 from tests.harness.mqttcluster import Cluster, wait_routed
 from tests.harness.replication import stats
@@ -20,13 +19,16 @@ pytestmark = pytest.mark.slow
 BACKLOG = 100_000
 #: The longest a client may wait for an answer while the backlog crosses.
 ANSWER_S = 2.0
+#: How soon the first message of a new topic crosses (most of them: slack for a busy machine); the follow's periodic
+#: look at the topics (``serve.RESCAN_S``) is far longer.
+PROMPT_S = 0.5
 
 
 def test_the_first_message_of_a_new_topic_crosses_at_once(broker_factory, tmp_path, zk_connect):
     """50 messages one after another on broker 1, each the first of its topic there (MQTT QoS 1, every fifth a text
     put), each received on broker 0 before the next is sent: the follow learns of a topic at its first write, it does
-    not wait for the follow's periodic look at the topics (RESCAN_S) to find it. The bound has slack for a busy
-    machine: 45 of the 50 within half of that interval."""
+    not wait for the follow's periodic look at the topics (``serve.RESCAN_S``) to find it. The bound has slack for a
+    busy machine: 45 of the 50 within PROMPT_S."""
     cluster = Cluster(broker_factory, tmp_path, zk_connect, 2).start()
     sub = Paho(cluster[0], "sub-new-topics")
     assert sub.subscribe("#", 1) == [1]
@@ -46,8 +48,8 @@ def test_the_first_message_of_a_new_topic_crosses_at_once(broker_factory, tmp_pa
             took.append(time.monotonic() - started)
             assert len(got) == i + 1, "message %d not received within 10 s: %s" % (i, [m.topic for m in got])
     assert [(m.topic, m.payload) for m in sub.messages] == sent
-    late = sorted(t for t in took if t > RESCAN_S / 2)
-    assert len(late) <= 5, "%d of 50 took over %.1f s: %s" % (len(late), RESCAN_S / 2, late)
+    late = sorted(t for t in took if t > PROMPT_S)
+    assert len(late) <= 5, "%d of 50 took over %.1f s: %s" % (len(late), PROMPT_S, late)
 
 
 def _burst(broker, topic, count, size=100):

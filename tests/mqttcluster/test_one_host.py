@@ -2,7 +2,10 @@
 master (its follow link and its call link), besides its slaves'. Once proved, they count apart from the host's
 strangers (``limits.HEADROOM_PER_ADDRESS``), up to ``limits.MQTT_CLUSTER_PEERS_PER_ADDRESS``."""
 
+import json
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -77,3 +80,40 @@ def test_proved_peers_of_one_host_count_apart_from_its_strangers_up_to_their_own
     finally:
         for client, _a in held:
             client.close()
+
+
+#: A caller of its own (a broker's loop: gevent sockets): ``2 * MQTT_CLUSTER_PEER_CONNECTIONS`` calls begun at once,
+#: the one at the limit exclusive; prints the answers, then the links kept after them and after one more call.
+CALLS = """
+import json, sys
+from gevent import monkey
+monkey.patch_all()
+import gevent
+from metaq import limits
+from metaq.mqttcluster.calls import PeerClient
+address, most = sys.argv[1], limits.MQTT_CLUSTER_PEER_CONNECTIONS
+client = PeerClient(7, None, timeout_s=10)
+calls = [gevent.spawn(client.call, address, {"op": "none"}, None, i == most) for i in range(2 * most)]
+gevent.joinall(calls, timeout=30)
+kept = client.kept(address)
+last = client.call(address, {"op": "none"})
+print(json.dumps({"answers": [c.value for c in calls], "kept": kept, "last": last, "after": client.kept(address)}))
+"""
+
+
+def test_calls_to_one_peer_go_at_once_up_to_their_limit_then_in_turn(broker_factory, tmp_path, zk_connect):
+    """Twice MQTT_CLUSTER_PEER_CONNECTIONS calls to one real broker begun at once by another process: as many as the
+    limit go at once (each on a link of its own), the others wait their turn and reuse those links: every call is
+    answered (an exclusive one among them too), and no more links than the limit were opened, all kept for the next
+    call."""
+    (b,) = Cluster(broker_factory, tmp_path, zk_connect, 1).start().brokers
+    address = "127.0.0.1:%d" % b.config["replication"]["port"]
+    most = limits.MQTT_CLUSTER_PEER_CONNECTIONS
+    assert most > 1
+    out = subprocess.run([sys.executable, "-c", CALLS, address], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert len(got["answers"]) == 2 * most
+    assert all(a is not None and "unknown call" in a.get("error", "") for a in got["answers"]), got
+    assert "unknown call" in got["last"]["error"]
+    assert got["kept"] == most and got["after"] == most, got

@@ -17,7 +17,8 @@ from metaq.mqttcluster.peers import MqttCluster
 from metaq.mqttcluster.members import Members
 from metaq.mqttcluster.serve import FilterSet, PeerFollow
 from metaq.protocol import replication as rp
-from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RESUMED, RETAINED, Entry, decode_routes, record_check
+from metaq.protocol.replication_mqtt import (MESSAGE, POSITION, RESUMED, RETAINED, Entry, decode_routes, join_routes,
+                                             record_check, split_routes)
 from metaq.protocol.stream import NEED_DATA
 
 ROUTES = rp.Routes(3, ("sensors/#", "+/alarm", "a/b"), (("sensors", 0, 17), ("a", 1, 0)), 5)
@@ -63,6 +64,82 @@ def test_routes_bounds():
     p = rp.ReplicationParser()
     p.receive_data(rp.serialize(at_limit))
     assert p.next_event() == at_limit
+
+
+def _joined(parts):
+    """The route a receiver joins of ``parts`` sent as frames (each parsed back)."""
+    p, route = rp.ReplicationParser(), None
+    for part in parts:
+        p.receive_data(rp.serialize(part))
+        route = join_routes(route, p.next_event())
+    assert not route.more
+    return route
+
+
+def test_a_route_at_every_limit_goes_in_parts_that_join_to_it():
+    """A route holding MQTT_CLUSTER_MAX_POSITIONS positions of the longest topic names with their checks, as many
+    filters and groups as a route may hold, is far past one ROUTES frame: it goes in parts within
+    MQTT_CLUSTER_ROUTES_BYTES each, and the receiver joins them to the same route."""
+    topic = "t" * limits.MAX_NAME_BYTES
+    n = limits.MQTT_CLUSTER_MAX_POSITIONS
+    route = rp.Routes(4, tuple("f/%d" % i for i in range(limits.MQTT_CLUSTER_MAX_FILTERS)),
+                      tuple((topic, i % limits.MAX_PARTITIONS, 2**62 + i) for i in range(n)), 9,
+                      tuple(("g", "s/%d" % i) for i in range(limits.MQTT_CLUSTER_MAX_GROUPS)),
+                      tuple((1 << 32) | i for i in range(n)))
+    with pytest.raises(ValueError, match="MQTT_CLUSTER_ROUTES_BYTES"):
+        rp.serialize(route)  # one frame cannot hold it
+    parts = split_routes(route)
+    assert len(parts) > 1 and all(p.more for p in parts[:-1]) and not parts[-1].more
+    assert all(len(rp.serialize(p)) <= limits.MQTT_CLUSTER_ROUTES_BYTES + rp.FRAME_HEADER.size for p in parts)
+    assert _joined(parts) == route
+    small = rp.Routes(4, ("a/#",), (("a", 0, 3),), 1, (), (7,))
+    assert split_routes(small) == [small] and _joined([small]) == small
+
+
+def test_a_route_in_parts_past_a_limit_is_refused():
+    """Parts that join to more than a route may hold (one position past MQTT_CLUSTER_MAX_POSITIONS, one filter past
+    MQTT_CLUSTER_MAX_FILTERS) are a fatal protocol error, as one frame holding as many is; so is a part of another
+    broker."""
+    n = limits.MQTT_CLUSTER_MAX_POSITIONS
+    positions = tuple(("t", 0, i) for i in range(n))
+    assert len(_joined(split_routes(rp.Routes(1, (), positions), most=1 << 20)).positions) == n
+    with pytest.raises(RemoteProtocolError, match="MQTT_CLUSTER_MAX_POSITIONS"):
+        _joined(split_routes(rp.Routes(1, (), positions + (("t", 1, 0),)), most=1 << 20))
+    filters = tuple("f%d" % i for i in range(limits.MQTT_CLUSTER_MAX_FILTERS + 1))
+    with pytest.raises(RemoteProtocolError, match="MQTT_CLUSTER_MAX_FILTERS"):
+        _joined(split_routes(rp.Routes(1, filters), most=20_000))
+    with pytest.raises(RemoteProtocolError, match="broker 2"):
+        join_routes(rp.Routes(1, ("a",), more=True), rp.Routes(2, ("b",)))
+
+
+def test_calls_to_a_peer_take_turns_in_order_up_to_their_limit():
+    """``calls.Turns``: up to its limit at once, one past waits; an exclusive call waits for every call before it and
+    holds back every call after it (a call never passes one waiting); one that waits past its timeout takes
+    nothing and lets the calls behind it go."""
+    turns, order = calls.Turns(2), []
+
+    def call(name, exclusive=False, hold=0.05, timeout=5.0):
+        if turns.take(exclusive, timeout):
+            order.append(name)
+            gevent.sleep(hold)
+            turns.give()
+        else:
+            order.append(name + " gave up")
+
+    first = [gevent.spawn(call, n) for n in ("a", "b")]  # at the limit: both go at once
+    gevent.sleep(0)
+    assert order == ["a", "b"] and turns.going == 2
+    rest = [gevent.spawn(call, "c"), gevent.spawn(call, "x", True), gevent.spawn(call, "d")]  # one past: waits
+    gevent.sleep(0)
+    assert order == ["a", "b"]
+    gevent.joinall(first + rest, timeout=5)
+    assert order == ["a", "b", "c", "x", "d"] and turns.going == 0
+    del order[:]
+    busy = gevent.spawn(call, "long", hold=0.3)
+    gevent.sleep(0)
+    waits = [gevent.spawn(call, "x", True, timeout=0.05), gevent.spawn(call, "e"), gevent.spawn(call, "f", timeout=1)]
+    gevent.joinall([busy] + waits, timeout=5)
+    assert order == ["long", "x gave up", "e", "f"], order  # e and f waited behind x (not past it) until it gave up
 
 
 def test_route_aggregation_at_and_past_its_limit():

@@ -86,6 +86,27 @@ def test_new_partition_is_woken_once_by_the_first_wake_after_a_partition_appeare
     s.close(NOW)
 
 
+def test_a_topic_deleted_wakes_the_new_partition_waits_at_once(tmp_path):
+    """A topic deleted moves the store's ``partitions_made``, also one none of whose partitions had data; the topic
+    admin's ``partitions_changed`` then wakes the NEW_PARTITION waits at once (no append need follow), and once: a
+    call without a change since wakes none."""
+    s = open_store(tmp_path / "s")
+    put(s, ("held", 0))
+    s.topics.create("empty", {"partitions": 2})
+    w = PartitionWaiters(made=s.partitions_made)  # as of now
+    for topic in ("held", "empty", None):
+        ev = Event()
+        gevent.spawn(w.wait_any, [NEW_PARTITION], 0.3, ev)
+        gevent.sleep(0)  # the wait is registered
+        if topic is not None:
+            s.topics.delete(topic)
+        assert w.partitions_changed() is (topic is not None), topic
+        gevent.sleep(0)
+        assert ev.is_set() is (topic is not None), topic
+        gevent.sleep(0.35)  # the wait that was not woken ends
+    s.close(NOW)
+
+
 def test_a_partition_whose_end_cannot_be_told_is_waited_on_as_before(tmp_path):
     s = open_store(tmp_path / "s")
     w = PartitionWaiters()
