@@ -145,7 +145,7 @@ class Connection(core.Connection):
                     return 0
                 self._unsent = None
             try:
-                n = self.sock.send(data, 0, 0.0)
+                n = getattr(self.sock, "_sock", self.sock).send(data)  # (gevent's underlying non-blocking socket)
             except BlockingIOError:
                 return 0
             if 0 < n < len(data):
@@ -159,8 +159,10 @@ class Connection(core.Connection):
             lock.release()
 
     def _send_now(self, data):
+        """Write what the socket takes now, never waiting: 0 when its buffer is full. On gevent's underlying
+        non-blocking socket (what its wrapper's send with no timeout does, less a call)."""
         try:
-            return self.sock.send(data, 0, 0.0)
+            return getattr(self.sock, "_sock", self.sock).send(data)
         except BlockingIOError:
             return 0
 

@@ -465,7 +465,7 @@ class Connection:
     __slots__ = ("sock", "address", "conn_id", "closed", "idle_timeout", "request_timeout", "replies",
                  "session", "tls", "tls_bio", "_request_deadline", "_progress_seen", "_rules", "_pool", "_partial",
                  "_stranger", "_login_deadline", "rates", "_idle_until", "parked_key", "served_by", "share_key",
-                 "read_watcher", "linger_watcher", "linger_timer", "__weakref__")
+                 "read_watcher", "linger_watcher", "linger_timer", "_readable", "__weakref__")
 
     #: The connection's sans-IO parser, or None (a connection that reads its own way).
     parser = None
@@ -515,6 +515,7 @@ class Connection:
         self.read_watcher = None  # while parked: the loop's read watcher on its socket
         self.linger_watcher = None  # ``_linger``'s read watcher, from its first linger until it closes
         self.linger_timer = None  # ``_linger``'s timer, from its first linger until it closes
+        self._readable = False  # ``_idle_wait`` saw the socket readable (a linger or a wake): ``receive`` reads at once
 
     @property
     def peer(self):
@@ -606,9 +607,26 @@ class Connection:
             by_login = login_left < timeout
             if by_login:
                 timeout = max(0.001, login_left)
-        self.sock.settimeout(timeout)
+        # The timeout becomes the socket's (its sends until the next read wait as long). A plain socket's is set only
+        # when it differs (a busy connection's is the whole idle time, read after read); one that ``_idle_wait`` saw
+        # readable is read at once on gevent's underlying non-blocking socket, and the waiting way when nothing is
+        # there after all (a spurious wake).
+        sock = self.sock
         try:
-            data = self.sock.recv(nbytes if not self.tls or self.tls_bio else TLS_RECORD_BYTES)
+            if self.tls:
+                sock.settimeout(timeout)
+                data = sock.recv(nbytes if self.tls_bio else TLS_RECORD_BYTES)
+            else:
+                if sock.timeout != timeout:
+                    sock.settimeout(timeout)
+                if self._readable:
+                    self._readable = False
+                    try:
+                        data = getattr(sock, "_sock", sock).recv(nbytes)
+                    except BlockingIOError:
+                        data = sock.recv(nbytes)
+                else:
+                    data = sock.recv(nbytes)
         except OSError as exc:  # socket.timeout included
             return self._receive_failed(exc, nbytes, by_login, silent, in_request)
         self._idle_until = self.parked_key = None
@@ -627,10 +645,15 @@ class Connection:
             self._pool.partial_bytes -= self._partial
             self._partial = 0
         now = time.monotonic()
-        if self._idle_until is None:  # idle from here (until bytes arrive)
+        if self._idle_until is None:  # idle from here (until bytes arrive): the whole idle time (no arithmetic)
             self._idle_until = now + self.idle_timeout
-        timeout = self._idle_until - now
-        if timeout > 0 and self.parks and self.served_by is not None and self.parked_key != _WOKEN:
+            timeout = self.idle_timeout
+        else:
+            timeout = self._idle_until - now
+        if timeout > 0 and self.parks and self.served_by is not None:
+            if self.parked_key == _WOKEN:  # its watcher saw bytes (or the end)
+                self._readable = True
+                return max(0.001, timeout)
             linger = self.park_after_s - (self.idle_timeout - timeout)  # less what it has been idle so far
             # a plain socket's linger needs no look first: its wait returns at once when bytes are in the kernel
             if not ((linger > 0 and not self.tls) or self._may_park()):
@@ -638,6 +661,7 @@ class Connection:
             if linger <= 0 or not self._linger(min(linger, timeout)):
                 self.parked_key = _PARKING  # (the core's read watcher while parked is its linger watcher)
                 return PARKED
+            self._readable = True
         return max(0.001, timeout)
 
     def _request_wait(self):

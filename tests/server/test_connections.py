@@ -534,3 +534,50 @@ def test_a_linger_cut_short_by_the_idle_deadline_does_not_wait_the_kept_timers_w
     assert made[0].linger_timer is not None
     assert closed_after(ours) < 1.0  # (the kept timer would hold it 2 s)
     assert core.count() == 0 and made[0].linger_timer is None
+
+
+class SpuriousWakeEcho(LingeringEcho):
+    """LingeringEcho whose next ``spurious`` lingers say readable at once with nothing to read (a spurious wake)."""
+
+    spurious = 0
+
+    def _linger(self, seconds):
+        if self.spurious:
+            self.spurious -= 1
+            return True
+        return super()._linger(seconds)
+
+
+def test_a_read_that_finds_nothing_after_a_linger_woke_still_waits_and_reads():
+    """A linger that says readable is read at once; nothing there after all, the read waits as any read (for the
+    bytes that come later) and the socket's timeout is still the idle time, its sends' bound."""
+    core = ConnectionCore(10, ConnectionLimits(idle_s=60, request_s=60), max_per_address=5)
+    made = []
+    ours, _g = connect(core, listener(core, "mqtt", made, kind=SpuriousWakeEcho))
+    ours.sendall(b"version 1\r\n")
+    assert ours.recv(100) == b"ok\r\n"
+    made[0].spurious = 1
+    ours.sendall(b"version 2\r\n")  # (the linger under way reads it at once)
+    assert ours.recv(100) == b"ok\r\n"
+    gevent.sleep(0.1)  # now lingering again: woken spuriously, it waits in its read
+    ours.sendall(b"version 3\r\n")
+    assert ours.recv(100) == b"ok\r\n"
+    assert made[0].spurious == 0 and made[0].sock.timeout == 60
+    ours.close()
+    gevent.sleep(0.2)
+    assert core.count() == 0 and made[0].ended == "deadline or close"
+
+
+def test_a_connection_woken_spuriously_is_still_closed_at_its_idle_deadline(caplog):
+    caplog.set_level(logging.INFO, logger="metaq.server.connections")
+    core = ConnectionCore(10, ConnectionLimits(idle_s=0.5, request_s=60))
+    made = []
+    ours, _g = connect(core, listener(core, "mqtt", made, kind=SpuriousWakeEcho))
+    ours.sendall(b"version 1\r\n")
+    assert ours.recv(100) == b"ok\r\n"
+    made[0].spurious = 1
+    started = time.monotonic()
+    ours.sendall(b"version 2\r\n")
+    assert ours.recv(100) == b"ok\r\n"
+    assert 0.3 < closed_after(ours) < 3.0 and time.monotonic() - started < 3.0
+    assert "no request for" in caplog.text and core.count() == 0
