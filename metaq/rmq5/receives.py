@@ -173,7 +173,7 @@ class Receives:
             # (renewer.py); a call the client gave up on never brings them to it: they come back at their deadline
             renewer.delivered(client_of(call), group, topic, kept)
         if self.guard is not None:  # the bytes it answers with, charged to its user's fetch rate (paced_wait)
-            self.guard.pace(call, "fetch", sum(len(r.record.data) for r in kept))
+            self.guard.pace(call, "fetch", sum([len(r.record.data) for r in kept]))
         host, max_transfer = self.endpoint(), self.store.config.max_transfer_size
         if mapped is None:
             served = received_response_bytes(kept, host, max_transfer, invisible)
@@ -299,10 +299,13 @@ def ack_response_bytes(entries, results):
     """An AckMessageResponse's bytes (``messagebytes.encode_fields``): an entry per ``(message id, receipt handle)``
     of ``entries``, OK for a None result, else INVALID_RECEIPT_HANDLE saying why; the top status OK when every
     entry is, the entries' status when they share one code, MULTIPLE_RESULTS otherwise."""
-    statuses = [_OK if r is None else status_fields("INVALID_RECEIPT_HANDLE", str(r)) for r in results]
-    first = statuses[0]
-    top = first if all(s[1] == first[1] for s in statuses) else \
-        status_fields("MULTIPLE_RESULTS", "the entries' results differ")
+    if results.count(None) == len(results):  # every entry OK (an ack's usual answer): no status to compare
+        statuses, top = [_OK] * len(results), _OK
+    else:
+        statuses = [_OK if r is None else status_fields("INVALID_RECEIPT_HANDLE", str(r)) for r in results]
+        first = statuses[0]
+        top = first if all(s[1] == first[1] for s in statuses) else \
+            status_fields("MULTIPLE_RESULTS", "the entries' results differ")
     out = [1, top]
     for (message_id, handle), s in zip(entries, statuses, strict=True):
         out += (2, (1, message_id or None, 2, handle or None, 3, s))

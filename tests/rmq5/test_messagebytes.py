@@ -233,6 +233,8 @@ def test_an_ack_answer_is_the_same_bytes_as_the_generated_classes_write():
         ([("01AB", "0 1 2 3"), ("01AC", "bad")], [None, InvalidHandle("a receipt handle 'bad': malformed")]),
         ([("01AB", "x"), ("01AC", "y")], [InvalidHandle("expired"), InvalidHandle("of an older delivery")]),
         ([("ünï", "")], [InvalidHandle("empty")]),
+        ([("01A%d" % i, "0 %d 1 3" % i) for i in range(32)], [None] * 32),
+        ([("01A%d" % i, "0 %d 1 3" % i) for i in range(32)], [None] * 31 + [InvalidHandle("expired")]),
     ]
     for entries, results in answers:
         want = filled_ack_response(entries, results)
