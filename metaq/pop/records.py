@@ -64,8 +64,13 @@ def decode(data):
     return rec
 
 
+#: A receipt handle's text: ``HANDLE_TEXT % (partition, offset, attempt, deadline_ms)`` (``handle``; a receive's
+#: loop formats it in line).
+HANDLE_TEXT = "%d:%d:%d:%d"
+
+
 def handle(partition, offset, attempt, deadline_ms):
-    return "%d:%d:%d:%d" % (partition, offset, attempt, deadline_ms)
+    return HANDLE_TEXT % (partition, offset, attempt, deadline_ms)
 
 
 def handle_match(text):

@@ -319,3 +319,23 @@ def record_response_bytes(rec, endpoint, max_transfer, served=None):
     if out is None:
         out = response_bytes(message_of_record(rec, endpoint), endpoint, max_transfer, rec.msg_id, served)
     return out
+
+
+#: ``Served`` made from a tuple of its fields without namedtuple's ``__new__`` (a Python frame a message).
+_served_of = functools.partial(tuple.__new__, Served)
+
+
+def received_response_bytes(received, endpoint, max_transfer, invisible_ms):
+    """``record_response_bytes`` of each message of a receive (``received``: ``PopService``'s ``Received``, whose
+    ``record`` is the log record), served with its receipt handle, attempt and ``invisible_ms``: the one list a
+    ReceiveMessage's answer is made of, written in one loop (the store host's text made once)."""
+    host, out = _host(endpoint), []
+    for r in received:
+        rec = r.record
+        served = _served_of((r.topic, r.partition, r.offset, r.handle, r.attempt, invisible_ms))
+        data = served_record(rec.data, rec.flag, rec.topic, rec.partition, rec.queue_offset, rec.born_ts_ms,
+                             rec.store_ts_ms, rec.msg_id, host, served, _CONTEXT)
+        if data is None:
+            data = response_bytes(message_of_record(rec, endpoint), endpoint, max_transfer, rec.msg_id, served)
+        out.append(data)
+    return out

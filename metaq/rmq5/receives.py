@@ -20,7 +20,7 @@ from metaq.protocol.rocketmq.mapping import message_of_record
 from metaq.rmq5 import messages_pb2 as pb
 from metaq.rmq5.calls import POLL_RESERVE_MS, client_of, code_of, delivered_now, duration_ms, paced_wait, status, \
     status_fields
-from metaq.rmq5.messagebytes import Served, encode_fields, record_response_bytes, response_bytes
+from metaq.rmq5.messagebytes import Served, encode_fields, received_response_bytes, response_bytes
 from metaq.rmq5.records import Refusal
 from metaq.rmq5.wire import WAITS
 from metaq.server.clock import now_ms
@@ -150,14 +150,11 @@ class Receives:
                                   group_policy.fifo(self.store.groups.get(group), settings.fifo), settings.max_attempts,
                                   wait_ms=max(0, int((end - time.monotonic()) * 1000)) if wait else 0, cancel=cancel,
                                   user=getattr(call, "user", None))
-                kept, dropped = [], []
-                for r in got:  # a message is mapped here only for a filter to read its properties
-                    msg = None if wanted is None else message_of_record(r.record, host)
-                    (kept if wanted is None or wanted(msg.properties) else dropped).append((r, msg))
+                kept, mapped, dropped = (got, None, ()) if wanted is None else _filtered(got, wanted, host)
                 if kept:  # from here on, a call that ends before its answer is sent gives them back (port._unsent)
-                    call.unsent = functools.partial(self._receive_unsent, group, topic, [r for r, _m in kept])
+                    call.unsent = functools.partial(self._receive_unsent, group, topic, kept)
                 if dropped:
-                    pop.ack(group, topic, [r.handle for r, _m in dropped], wait)
+                    pop.ack(group, topic, [r.handle for r in dropped], wait)
                 if not wait and not kept and poll > 0 and (not got or rounds >= FILTER_ROUNDS):
                     return WAITS  # its greenlet goes on: the long poll (and the filter rounds within it)
                 t = time.monotonic()
@@ -166,7 +163,7 @@ class Receives:
         except errors.MetaqError as exc:
             if kept:  # taken, then refused (acknowledging the filtered-out ones): the client never gets them
                 call.unsent = None
-                self._receive_unsent(group, topic, [r for r, _m in kept])
+                self._receive_unsent(group, topic, kept)
             raise Refusal(code_of(exc), str(exc)) from None
         if self.renewer is not None:
             self.renewer.heard(client_of(call))
@@ -174,12 +171,17 @@ class Receives:
             return [pb.ReceiveMessageResponse(status=status("MESSAGE_NOT_FOUND", "no new message")), delivered_now()]
         if renewer is not None and not getattr(call, "reset", False):  # kept invisible while the client lives
             # (renewer.py); a call the client gave up on never brings them to it: they come back at their deadline
-            renewer.delivered(client_of(call), group, topic, [r for r, _m in kept])
+            renewer.delivered(client_of(call), group, topic, kept)
         if self.guard is not None:  # the bytes it answers with, charged to its user's fetch rate (paced_wait)
-            self.guard.pace(call, "fetch", sum(len(r.record.data) for r, _m in kept))
+            self.guard.pace(call, "fetch", sum([len(r.record.data) for r in kept]))
         host, max_transfer = self.endpoint(), self.store.config.max_transfer_size
-        return [pb.ReceiveMessageResponse(status=status("OK"))] + [
-            _served_bytes(r, msg, host, max_transfer, invisible) for r, msg in kept] + [delivered_now()]
+        if mapped is None:
+            served = received_response_bytes(kept, host, max_transfer, invisible)
+        else:  # mapped for the filter already: served from that mapping
+            served = [response_bytes(msg, host, max_transfer, r.record.msg_id,
+                                     Served(r.topic, r.partition, r.offset, r.handle, r.attempt, invisible))
+                      for r, msg in zip(kept, mapped, strict=True)]
+        return [pb.ReceiveMessageResponse(status=status("OK"))] + served + [delivered_now()]
 
     def _receive_unsent(self, group, topic, received):
         """A receive's answer did not reach the client (it reset the call, the connection ended or its window stayed
@@ -279,23 +281,31 @@ class Receives:
 _OK = status_fields("OK")
 
 
-def _served_bytes(r, msg, host, max_transfer, invisible):
-    """A received message's response bytes: from its mapped ``msg`` when a filter had it mapped, else straight from
-    its record (``messagebytes.record_fields``)."""
-    served = Served(r.topic, r.partition, r.offset, r.handle, r.attempt, invisible)
-    if msg is None:
-        return record_response_bytes(r.record, host, max_transfer, served)
-    return response_bytes(msg, host, max_transfer, r.record.msg_id, served)
+def _filtered(got, wanted, host):
+    """``(kept, their mapped messages, dropped)`` of a receive's messages ``got`` by the filter ``wanted``: a
+    message is mapped here only for a filter to read its properties."""
+    kept, mapped, dropped = [], [], []
+    for r in got:
+        msg = message_of_record(r.record, host)
+        if wanted(msg.properties):
+            kept.append(r)
+            mapped.append(msg)
+        else:
+            dropped.append(r)
+    return kept, mapped, dropped
 
 
 def ack_response_bytes(entries, results):
     """An AckMessageResponse's bytes (``messagebytes.encode_fields``): an entry per ``(message id, receipt handle)``
     of ``entries``, OK for a None result, else INVALID_RECEIPT_HANDLE saying why; the top status OK when every
     entry is, the entries' status when they share one code, MULTIPLE_RESULTS otherwise."""
-    statuses = [_OK if r is None else status_fields("INVALID_RECEIPT_HANDLE", str(r)) for r in results]
-    first = statuses[0]
-    top = first if all(s[1] == first[1] for s in statuses) else \
-        status_fields("MULTIPLE_RESULTS", "the entries' results differ")
+    if results.count(None) == len(results):  # every entry OK (an ack's usual answer): no status to compare
+        statuses, top = [_OK] * len(results), _OK
+    else:
+        statuses = [_OK if r is None else status_fields("INVALID_RECEIPT_HANDLE", str(r)) for r in results]
+        first = statuses[0]
+        top = first if all(s[1] == first[1] for s in statuses) else \
+            status_fields("MULTIPLE_RESULTS", "the entries' results differ")
     out = [1, top]
     for (message_id, handle), s in zip(entries, statuses, strict=True):
         out += (2, (1, message_id or None, 2, handle or None, 3, s))

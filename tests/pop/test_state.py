@@ -470,3 +470,33 @@ def test_a_receives_one_index_entry_never_hands_out_what_was_acked_or_moved_sinc
     pop.ack(hs2, NOW + 1001)
     assert pop.state.next_deadline(G, T) == NOW + 5000
     assert pop.rebuilt() == pop.state.view()
+
+
+def test_a_receives_messages_name_their_delivery_and_their_handles_ack_them(tmp_path):
+    """Each ``Received`` of ``PopService.receive`` (built in the receive's loop) holds its topic, partition, offset,
+    attempt, deadline and record, and its handle is ``handle`` of them: it acks that delivery; a second delivery's
+    handle names the new attempt and deadline, the first no longer acks."""
+    from metaq.pop.service import Received
+    from tests.pop.test_deposed import Broker
+    b = Broker(tmp_path)
+    try:
+        for i in range(3):
+            b.store.put(T, 0, 0, b"job%d" % i, now_ms())
+        before = now_ms()
+        got = b.pop.receive(G, T, 3, 60_000)
+        assert [type(r) for r in got] == [Received] * 3
+        assert [(r.topic, r.partition, r.offset, r.attempt, r.record.data) for r in got] == \
+            [(T, 0, o, 1, b"job%d" % o) for o in range(3)]
+        for r in got:
+            assert before + 60_000 <= r.deadline_ms <= now_ms() + 60_000
+            assert r.handle == handle(r.partition, r.offset, r.attempt, r.deadline_ms)
+            assert parse_handle(r.handle) == (r.partition, r.offset, r.attempt, r.deadline_ms)
+        assert b.pop.ack(G, T, [got[0].handle]) == [None]
+        b.pop.change_invisible(G, T, got[1].handle, limits.POP_MIN_INVISIBLE_MS)
+        gevent.sleep(limits.POP_MIN_INVISIBLE_MS / 1000 + 0.05)
+        [again] = b.pop.receive(G, T, 3, 60_000)
+        assert (again.offset, again.attempt) == (1, 2) and again.handle == handle(0, 1, 2, again.deadline_ms)
+        assert isinstance(b.pop.ack(G, T, [got[1].handle])[0], InvalidHandle)
+        assert b.pop.ack(G, T, [again.handle, got[2].handle]) == [None, None]
+    finally:
+        b.close()

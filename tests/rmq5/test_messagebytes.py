@@ -233,6 +233,8 @@ def test_an_ack_answer_is_the_same_bytes_as_the_generated_classes_write():
         ([("01AB", "0 1 2 3"), ("01AC", "bad")], [None, InvalidHandle("a receipt handle 'bad': malformed")]),
         ([("01AB", "x"), ("01AC", "y")], [InvalidHandle("expired"), InvalidHandle("of an older delivery")]),
         ([("ünï", "")], [InvalidHandle("empty")]),
+        ([("01A%d" % i, "0 %d 1 3" % i) for i in range(32)], [None] * 32),
+        ([("01A%d" % i, "0 %d 1 3" % i) for i in range(32)], [None] * 31 + [InvalidHandle("expired")]),
     ]
     for entries, results in answers:
         want = filled_ack_response(entries, results)
@@ -400,3 +402,29 @@ def test_served_record_twins_agree_with_the_general_mapping_on_random_records():
             continue
         assert outs[0] is None or outs[0] == want, rec
         assert messagebytes.record_response_bytes(rec, HOST, MAX_TRANSFER, served) == want
+
+
+@pytest.mark.parametrize("server", SERVERS, ids=lambda s: s.__module__)
+def test_a_receives_messages_are_served_each_as_record_response_bytes_serves_it(server, monkeypatch):
+    """``received_response_bytes`` (a receive's batch, one loop) gives each message the bytes
+    ``record_response_bytes`` gives it with its ``Served``, by either twin, the general mapping's records
+    included."""
+    from metaq.pop.service import Received
+    monkeypatch.setattr(messagebytes, "served_record", server)
+    recs = list({**ONE_PASS, **GENERAL}.values())
+    recs = [r for r in recs if _try(lambda r=r: messagebytes.record_response_bytes(r, HOST, MAX_TRANSFER))]
+    received = [Received("t-from", i % 4, 100 + i, 1 + i % 3, "%d:%d:1:%d" % (i % 4, 100 + i, 5000 + i),
+                         5000 + i, rec) for i, rec in enumerate(recs)]
+    got = messagebytes.received_response_bytes(received, HOST, MAX_TRANSFER, 30_000)
+    assert got == [messagebytes.record_response_bytes(
+        r.record, HOST, MAX_TRANSFER, messagebytes.Served(r.topic, r.partition, r.offset, r.handle, r.attempt, 30_000))
+        for r in received]
+    assert len(got) == len(recs) > len(ONE_PASS)
+
+
+def _try(fn):
+    try:
+        fn()
+    except ValueError:
+        return False
+    return True
