@@ -241,7 +241,9 @@ class Connection(core.Connection):
             while data is not None and not self.closed:
                 self._handling = True
                 try:
-                    if data and publishes.plans and publishes.decided:
+                    if data and data[0] == PUBACK_FIRST and self.mqtt is not None:
+                        went = self._ack_turn(data)
+                    elif data and publishes.plans and publishes.decided:
                         went = self._publish_turn(data)
                     else:
                         self.parser.receive_data(data)
@@ -276,6 +278,21 @@ class Connection(core.Connection):
             return bool(went) and not self.closed and publishes.flush()
         finally:
             publishes.drop()  # not stored: the connection closes without acknowledging them
+
+    def _ack_turn(self, data):
+        """Handle the bytes a read brought (``data``, beginning as a PUBACK does) to a connected client; False when
+        the connection must close. The plain PUBACKs it begins with, a subscriber's common turn, are split in one step
+        (``MqttParser.plain_acks``) and end their messages in flight at once (``Subscriptions.pubacks``); whatever
+        follows them, from the first other or partial packet on, is handled by ``_process``, in order. Nothing is
+        staged between reads, so no PUBLISH is passed over."""
+        ids = self.parser.plain_acks(data)
+        if ids:
+            self.subscriptions.pubacks(ids)
+            if self.closed:
+                return False
+            if not self.parser.buffered:
+                return True
+        return self._process()
 
     def _process(self):
         """Handle every whole packet buffered; False when the connection must close. The PUBLISHes among them ask
@@ -454,6 +471,9 @@ _HANDLERS = {
     wire.Disconnect: lambda conn, p: conn.client_disconnect(p),
     wire.Connect: lambda conn, p: connect(conn, conn.port, p),
 }
+
+#: A PUBACK's first byte (its type, no flags): a read beginning with it takes ``Connection._ack_turn``.
+PUBACK_FIRST = wire.PUBACK << 4
 
 #: The PINGRESP, encoded once: the same two bytes in every version.
 PINGRESP = encode(wire.PingResp(), MQTT_5)

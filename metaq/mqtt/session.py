@@ -225,6 +225,21 @@ class MqttSession:
             return True
         return False
 
+    def pubacks(self, packet_ids):
+        """The client's PUBACKs of ``packet_ids``, in order: ``acknowledged(packet_id, PUBLISH_SENT)`` of each;
+        how many ended a message in flight."""
+        inflight = self.inflight
+        where = self.where
+        ended = 0
+        for packet_id in packet_ids:
+            if inflight.get(packet_id) == PUBLISH_SENT:
+                del inflight[packet_id]
+                where.pop(packet_id, None)
+                ended += 1
+        if ended:
+            self.dirty = True
+        return ended
+
     def received(self, packet_id):
         """The client's PUBREC of ``packet_id``: True when the PUBREL is to be sent (a PUBREL once sent is sent
         again for a repeated PUBREC)."""

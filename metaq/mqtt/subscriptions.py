@@ -124,6 +124,19 @@ class Subscriptions:
                 delivery.wake()
         return True
 
+    def pubacks(self, packet_ids):
+        """The client's PUBACKs of ``packet_ids`` (one read's, in order), as ``acknowledged`` of each: the delivery
+        is woken once when one of them would have woken it (its window was full before the first, or it is in a
+        shared group)."""
+        conn = self.conn
+        session = conn.mqtt
+        ended = session.pubacks(packet_ids)
+        if ended:
+            delivery = self.delivery
+            if delivery is not None and (session.shared or len(session.inflight) + ended >= conn.inflight_window):
+                delivery.wake()
+        return True
+
     def pubrec(self, p):
         """The client's PUBREC of a QoS 2 delivery: PUBREL. A persistent session writes the first PUBREC of a message
         to the sessions' log before its PUBREL goes out, which waits, as a PUBACK does, until the record may be

@@ -879,6 +879,27 @@ def read_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nby
     return entries, pos, qos1, taken, encode_pubacks_py([e[4].packet_id for e in entries if e[4].qos])
 
 
+def plain_pubacks_py(buf, pos, v5, max_packet):
+    """The consecutive plain PUBACKs whole in ``buf`` from ``pos`` (``_plain_puback``'s: a non-zero packet id, MQTT 5
+    (``v5``) an optional reason code a PUBACK may carry and an optional empty property length), within
+    ``max_packet``: ``(their packet ids, in order, next pos)``, the subscriber's read of acknowledgements in one
+    step. It stops before the first packet that is not one (anything else, a refusal included, is the general
+    path's: ``_next_event``). ``metaq._speedups``'s ``mqtt_plain_pubacks`` is this function in C (the tests hold the
+    two equal)."""
+    ids = []
+    end = len(buf)
+    while end - pos >= 4 and buf[pos] == 0x40:
+        n = buf[pos + 1]
+        if n < 2 or n > (4 if v5 else 2) or 2 + n > max_packet or pos + 2 + n > end:
+            break
+        packet_id = (buf[pos + 2] << 8) | buf[pos + 3]
+        if not packet_id or (n >= 3 and (buf[pos + 4] not in _PUB_ACK_CODES or (n == 4 and buf[pos + 5]))):
+            break
+        ids.append(packet_id)
+        pos += 2 + n
+    return ids, pos
+
+
 def _plain_bounds(buf, pos, end, max_packet):
     """``(start, stop)`` of the variable header and payload of the packet at ``pos`` in ``buf`` (up to ``end``):
     None when its remaining length is incomplete, not minimal (a trailing 0x00 byte) or longer than four bytes,
@@ -1005,6 +1026,23 @@ class MqttParser(StreamParser):
             self.receive_data(data[pos:] if pos else data)
         return entries, qos1, taken, acks
 
+    def plain_acks(self, data):
+        """``receive_data(data)`` then the packet ids of the plain PUBACKs buffered next (``plain_pubacks``),
+        consumed as ``next_event`` would have returned them; whatever follows them is left for ``next_event``. When
+        nothing is buffered before ``data`` (a subscriber's read holding whole PUBACKs) they are split from ``data``
+        itself and only what follows them is buffered. No ids before the version is known or after a refusal."""
+        if self._pos < len(self._buf) or self._fatal is not None or self._eof or self.version is None or not data:
+            self.receive_data(data)
+            if self._fatal is not None or self.version is None:
+                return ()
+            ids, self._pos = plain_pubacks(self._buf, self._pos, self.version == MQTT_5, self.max_packet)
+        else:
+            ids, pos = plain_pubacks(data, 0, self.version == MQTT_5, self.max_packet)
+            if pos < len(data):
+                self.receive_data(data[pos:] if pos else data)
+        self._completed += len(ids)
+        return ids
+
     def _refuse(self, exc):
         if exc.version is None and not exc.in_connect:
             exc.version = self.version
@@ -1051,6 +1089,7 @@ class MqttParser(StreamParser):
 
 plain_publishes = load("mqtt_plain_publishes", plain_publishes_py)
 read_publishes = load("mqtt_read_publishes", read_publishes_py)
+plain_pubacks = load("mqtt_plain_pubacks", plain_pubacks_py)
 split = load("mqtt_split", split_py)
 
 

@@ -1,0 +1,104 @@
+"""A subscriber's read of PUBACKs split in one step (``wire.plain_pubacks_py`` and its C twin ``metaq._speedups``'s
+``mqtt_plain_pubacks``; ``MqttParser.plain_acks``): the two give the same answers on every input, and the parser
+takes exactly the PUBACKs ``next_event`` would have returned, in order, leaving the rest (another packet, a PUBACK the
+general decoder refuses, a part of one) to ``next_event``, whether the bytes come whole or split at any byte."""
+
+import random
+
+import pytest
+
+from metaq.mqtt import wire
+from metaq.mqtt.wire import MQTT_5, MQTT_311, MqttError, MqttParser, PubAck, encode
+
+try:
+    from metaq._speedups import mqtt_plain_pubacks
+except ImportError:  # the C helper was not built
+    mqtt_plain_pubacks = None
+
+needs_c = pytest.mark.skipif(mqtt_plain_pubacks is None, reason="metaq._speedups was not built")
+TWINS = [pytest.param(wire.plain_pubacks_py, id="python"),
+         pytest.param(mqtt_plain_pubacks, id="c", marks=needs_c)]
+
+#: PUBACKs and their neighbours as a client may send them: taken ones, refused ones and other packets.
+PIECES = [
+    bytes([0x40, 2, 0, 1]), bytes([0x40, 2, 0xFF, 0xFF]), bytes([0x40, 3, 0x12, 0x34, 0x00]),
+    bytes([0x40, 3, 0, 9, 0x10]), bytes([0x40, 3, 0, 9, 0x80]), bytes([0x40, 4, 0, 7, 0x00, 0x00]),
+    bytes([0x40, 2, 0, 0]),  # packet id 0
+    bytes([0x40, 3, 0, 5, 0x05]),  # a reason code no PUBACK carries
+    bytes([0x40, 4, 0, 5, 0x00, 0x01, 0x1F]),  # properties (a length no decoder takes as a whole PUBACK)
+    bytes([0x40, 5, 0, 5, 0x00, 0x02, 0x1F]),
+    bytes([0x41, 2, 0, 3]),  # flags
+    bytes([0xC0, 0]),  # PINGREQ
+    bytes([0x50, 2, 0, 4]),  # PUBREC
+    bytes([0x40, 0x82, 0x00, 0, 1]),  # a remaining length not in its shortest encoding
+]
+
+
+def _stream(rng):
+    return b"".join(rng.choice(PIECES) for _ in range(rng.randrange(0, 8)))
+
+
+@needs_c
+def test_the_c_split_and_the_twin_answer_the_same():
+    rng = random.Random(57)
+    for _ in range(3000):
+        buf = _stream(rng)
+        cut = rng.randrange(0, len(buf) + 1)
+        for v5 in (False, True):
+            for max_packet in (3, 4, 5, 6, 1 << 20):
+                for pos in (0, min(cut, len(buf))):
+                    for data in (buf, buf[:cut], bytearray(buf)):
+                        assert mqtt_plain_pubacks(data, pos, v5, max_packet) == \
+                            wire.plain_pubacks_py(data, pos, v5, max_packet), (data, pos, v5, max_packet)
+
+
+def _general(data, version):
+    """What ``next_event`` returns for ``data``: the PUBACKs first, then the next event or the refusal."""
+    parser = MqttParser(version, sender="client")
+    parser.receive_data(data)
+    ids = []
+    while True:
+        try:
+            p = parser.next_event()
+        except MqttError as exc:
+            return ids, ("refused", exc.reason_code)
+        if type(p) is not PubAck:
+            return ids, p
+        ids.append(p.packet_id)
+
+
+def _taken(data, cut, version):
+    """``plain_acks`` of ``data`` in two reads cut at ``cut``, then ``next_event`` until it stops: (ids, next)."""
+    parser = MqttParser(version, sender="client")
+    ids = list(parser.plain_acks(data[:cut])) if cut else []
+    ids += parser.plain_acks(data[cut:]) if data[cut:] else []  # a read is never empty (b"": the end)
+    while True:
+        try:
+            p = parser.next_event()
+        except MqttError as exc:
+            return ids, ("refused", exc.reason_code)
+        if type(p) is not PubAck:
+            return ids, p
+        ids.append(p.packet_id)
+
+
+@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("version", [MQTT_5, MQTT_311], ids=["v5", "v311"])
+def test_the_parser_takes_what_next_event_would_split_at_every_byte(monkeypatch, twin, version):
+    monkeypatch.setattr(wire, "plain_pubacks", twin)
+    rng = random.Random(version)
+    streams = [b"".join(PIECES[:6]) + PIECES[11] + PIECES[0], encode(PubAck(3), version) + PIECES[11]]
+    streams += [s for s in (_stream(rng) for _ in range(200)) if s]  # a read is never empty
+    for data in streams:
+        want = _general(data, version)
+        for cut in range(len(data) + 1):
+            assert _taken(data, cut, version) == want, (data, cut)
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_no_pubacks_before_the_version_is_known(monkeypatch, twin):
+    monkeypatch.setattr(wire, "plain_pubacks", twin)
+    parser = MqttParser(sender="client")
+    assert list(parser.plain_acks(bytes([0x40, 2, 0, 1]))) == []
+    with pytest.raises(MqttError):
+        parser.next_event()  # the first packet must be CONNECT
