@@ -240,14 +240,14 @@ class GrpcConnection(Connection):
                 if not data:
                     break
                 if self.ended:  # a call's end ended the connection meanwhile (its GOAWAY sent): no more is read
-                    self._linger()
+                    self._drain_after_goaway()
                     break
                 if not self._read(data):
                     break
                 self._flush()
                 if self._over():
                     self._end_cleanly()
-                    self._linger()
+                    self._drain_after_goaway()
                     break
                 turn = share_loop(turn)  # a client that keeps the socket full lets the others run
         except OSError as exc:
@@ -278,7 +278,7 @@ class GrpcConnection(Connection):
             else:  # a frame too large, a flood budget passed, a flow-control or compression error
                 log.info("grpc %s: %s; closing (GOAWAY %s)", self.peer, exc, exc.code.name)
             self._flush()  # the GOAWAY the layer queued
-            self._linger()
+            self._drain_after_goaway()
             return False
         self._reading = gevent.getcurrent()  # calls answered on it are flushed with this read's answers, after it
         try:
@@ -295,7 +295,7 @@ class GrpcConnection(Connection):
         log.info("grpc %s: %s; closing (GOAWAY %s)", self.peer, why, error_code.name)
         self.http2.close(error_code, why.encode()[:200])
         self._flush()
-        self._linger()
+        self._drain_after_goaway()
         return False
 
     def _over(self):
@@ -350,7 +350,7 @@ class GrpcConnection(Connection):
         except OSError as exc:
             log.debug("grpc %s: %s", self.peer, exc)
 
-    def _linger(self):
+    def _drain_after_goaway(self):
         """After a GOAWAY: stop sending and read what the client still sends, at most ``LINGER_S``, so that the
         close does not reset the connection before the client has read the GOAWAY (a close with unread bytes sends
         a TCP reset, which may discard them)."""
