@@ -56,15 +56,7 @@ def _general(data, version):
     """What ``next_event`` returns for ``data``: the PUBACKs first, then the next event or the refusal."""
     parser = MqttParser(version, sender="client")
     parser.receive_data(data)
-    ids = []
-    while True:
-        try:
-            p = parser.next_event()
-        except MqttError as exc:
-            return ids, ("refused", exc.reason_code)
-        if type(p) is not PubAck:
-            return ids, p
-        ids.append(p.packet_id)
+    return _rest(parser, [])
 
 
 def _taken(data, cut, version):
@@ -72,6 +64,11 @@ def _taken(data, cut, version):
     parser = MqttParser(version, sender="client")
     ids = list(parser.plain_acks(data[:cut])) if cut else []
     ids += parser.plain_acks(data[cut:]) if data[cut:] else []  # a read is never empty (b"": the end)
+    return _rest(parser, ids)
+
+
+def _rest(parser, ids):
+    """``ids`` and the PUBACKs ``parser.next_event`` still gives, then the next other event or the refusal."""
     while True:
         try:
             p = parser.next_event()
