@@ -42,9 +42,11 @@ _GETS = (ev.Get, ev.GetTags, ev.GetSql, PriorityGet)  # each waits for the reply
 #: holds at most a receive buffer's worth of requests, so their replies are bounded by it.
 SMALL_REPLY = 4096
 
-#: After answering an HTTP request on the text port: the most bytes, and seconds, read and dropped before the close.
-HTTP_DRAIN_BYTES = 256 * 1024
-HTTP_DRAIN_S = 1.0
+#: After a refusal that closes the connection (an HTTP request on the text port, a body announced past the limit):
+#: the most bytes, and seconds, of what the client still sends read and dropped before the close, so the close does
+#: not reset the connection and the client reads the refusal (a refused body of up to this size is read whole).
+CLOSE_DRAIN_BYTES = 4 * limits.MAX_BODY_BYTES
+CLOSE_DRAIN_S = 1.0
 
 #: Buffers per sendmsg call (below IOV_MAX, 1024 on Linux).
 IOV_BATCH = 1000
@@ -84,6 +86,7 @@ class Connection(core.Connection):
         self.zero_copy = front.zero_copy if not self.tls else None
         self.parked = 0  # long-polling gets parked now (text.dispatch caps them)
         self.hang_up = False  # set by a handler whose reply must be the last (a failed auth)
+        self._drain_at_close = False  # a refusal ends the connection: what the client still sends is read first
         self.dispatcher = front.dispatcher
         self.stats = front.stats
         self.flusher = front.flusher
@@ -268,6 +271,8 @@ class Connection(core.Connection):
                 data = self._receive()
         finally:
             self._idle.wait(self.request_timeout)  # every accepted put is answered before the close
+            if self._drain_at_close:
+                self._drain()
             if self.front.closing and self._children:  # replicated puts, a promotion (long polls answer at once)
                 gevent.joinall(list(self._children), timeout=self.request_timeout)
             for g in list(self._children):
@@ -294,12 +299,13 @@ class Connection(core.Connection):
         return True
 
     def _drain(self):
-        """Shut our side and read what the peer still sends, at most ``HTTP_DRAIN_BYTES`` within ``HTTP_DRAIN_S``:
+        """Shut our side and read what the peer still sends, at most ``CLOSE_DRAIN_BYTES`` within ``CLOSE_DRAIN_S``:
         closing with bytes unread would reset the connection, and the peer could lose the reply."""
-        left = HTTP_DRAIN_BYTES
+        left = CLOSE_DRAIN_BYTES
         try:
             self.sock.shutdown(socket.SHUT_WR)
-            with gevent.Timeout(HTTP_DRAIN_S, False):
+            self.sock.settimeout(None)  # the last read's timeout may be short: the drain's own bounds it
+            with gevent.Timeout(CLOSE_DRAIN_S, False):
                 while left > 0:
                     chunk = self.sock.recv(min(left, 64 * 1024))
                     if not chunk:
@@ -402,6 +408,7 @@ class Connection(core.Connection):
                 out.append(encode_result(400, exc.reason.encode("utf-8", "replace"), exc.opaque))
                 if exc.fatal:
                     log.info("connection %s: %s; closing", self.peer, exc.reason)
+                    self._drain_at_close = True
                     keep_open = False
                     break
                 continue
