@@ -275,9 +275,10 @@ class DirectDiscovery:
 class ZkDiscovery:
     """Brokers and partitions from MetaQ's ZooKeeper layout (a :class:`ZkCluster`, which it owns and closes).
 
-    ``partitions`` is cached until a watch says the topic changed. A topic no broker
-    lists yet (it is created by its first put) gets ``Partition(id, -1)`` for every
-    registered master: the broker picks the partition.
+    ``partitions`` is cached until a watch says the topic changed: the partitions of the brokers that list the
+    topic, and ``Partition(id, -1)`` for every other registered master that has not refused it (the topic is made
+    there by its first put; the broker picks the partition), so a topic made on demand spreads over every broker,
+    as ``DirectDiscovery`` spreads it.
     """
 
     def __init__(self, cluster):
@@ -343,8 +344,10 @@ class ZkDiscovery:
                 self.cluster.watch_topic(topic, lambda: self._changed(topic))
             gen = self._gen[topic]
         parts = self.cluster.publish_partitions(topic)
-        if not parts:
-            parts = unknown_topic_partitions(topic, self.cluster.broker_urls(), self._refusing)
+        listing = {p.broker_id for p in parts}
+        others = [bid for bid in self.cluster.broker_urls() if bid not in listing]
+        if others:
+            parts = sorted(parts + unknown_topic_partitions(topic, others, self._refusing))
         self._last[topic] = parts
         with self._lock:
             if self._gen[topic] == gen:

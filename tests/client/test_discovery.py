@@ -106,3 +106,31 @@ def test_zk_discovery_says_when_no_broker_is_registered():
     assert zk.why_none("orders") == "no broker is registered in ZooKeeper under /meta"
     cluster.urls = {0: "meta://127.0.0.1:8123"}
     assert zk.why_none("orders") == ""
+
+
+def test_zk_discovery_spreads_a_topic_listed_by_some_brokers_over_the_others_until_they_refuse_it():
+    from metaq.client.discovery import ZkDiscovery
+
+    class Cluster:
+        root, urls, listed = "/meta", {0: "meta://a:1", 1: "meta://b:1", 2: "meta://c:1"}, {}
+
+        def broker_urls(self):
+            return dict(self.urls)
+
+        def publish_partitions(self, topic):
+            return [Partition(bid, p) for bid, count in sorted(self.listed.items()) for p in range(count)]
+
+        def watch_topic(self, topic, callback):
+            self.changed = callback
+
+    cluster = Cluster()
+    zk = ZkDiscovery(cluster)
+    assert zk.partitions("t") == [Partition(0, -1), Partition(1, -1), Partition(2, -1)]  # listed nowhere yet
+    cluster.listed = {1: 2}
+    cluster.changed()  # broker 1 made it on its first put
+    assert zk.partitions("t") == [Partition(0, -1), Partition(1, 0), Partition(1, 1), Partition(2, -1)]
+    zk.refuse("t", 2)  # broker 2 does not take the topic
+    assert zk.partitions("t") == [Partition(0, -1), Partition(1, 0), Partition(1, 1)]
+    cluster.listed = {0: 1, 1: 2}
+    cluster.changed()
+    assert zk.partitions("t") == [Partition(0, 0), Partition(1, 0), Partition(1, 1)]
