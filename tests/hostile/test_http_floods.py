@@ -70,7 +70,7 @@ def test_pipelined_requests_that_keep_the_socket_full_let_the_other_clients_in(h
         thread.join(30)
     assert outcome == ["sent throughout"]  # a well-formed pipeline is served, not cut off
     assert probe.latencies and not probe.failures
-    assert probe.worst() < 0.5, (probe.worst(), len(probe.latencies))  # 7.9 s before: every port waited
+    assert probe.worst() < 1.0, (probe.worst(), len(probe.latencies))  # 7.9 s before: every port waited
     assert len(probe.latencies) >= 20, len(probe.latencies)
 
 
@@ -84,7 +84,7 @@ def test_an_endless_chunked_body_is_cut_at_the_request_deadline_and_stores_nothi
     # request_timeout_s is 2: a request still arriving then is over, however steadily its bytes come
     assert outcome and outcome[0].startswith("cut off"), outcome  # ran on for 8-17 s, never cut, before
     assert float(outcome[0].split()[3]) < 10, outcome
-    assert probe.worst() < 0.5, probe.worst()
+    assert probe.worst() < 1.0, probe.worst()
     assert "a partial request for 2 s; closing" in hbroker.log_text()
     reply = request(hbroker, "GET", "/api/topics/flood/partitions/0/messages?offset=0")
     assert reply.status in (200, 404) and (reply.status == 404 or reply.json()["messages"] == []), reply
