@@ -320,40 +320,29 @@ static int frame_fields(PyObject *t, long long *flag, Py_ssize_t *start, Py_ssiz
     return 1;
 }
 
-static PyObject *write_run(PyObject *self, PyObject *args) {
-    PyObject *log_obj, *src_obj, *frames, *topic_obj, *index_obj;
-    long long seg_start, offset, now_ms, first_id;
-    Py_ssize_t rel, ready, i, j, unit_at;
-    long partition;
-    if (!PyArg_ParseTuple(args, "OLnnOOnnSlLLLOn", &log_obj, &seg_start, &rel, &ready, &src_obj, &frames, &i, &j,
-                          &topic_obj, &partition, &offset, &now_ms, &first_id, &index_obj, &unit_at))
-        return NULL;
-    if (!PyList_Check(frames))
-        return PyErr_Format(PyExc_TypeError, "frames must be a list");
-    Py_ssize_t tlen = PyBytes_GET_SIZE(topic_obj);
-    if (tlen > 32767)
-        return PyErr_Format(PyExc_ValueError, "topic of %zd bytes", tlen);
-    Py_buffer lb, sb, ib;
-    if (PyObject_GetBuffer(log_obj, &lb, PyBUF_WRITABLE) < 0)
-        return NULL;
-    if (PyObject_GetBuffer(src_obj, &sb, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&lb);
-        return NULL;
+/* write_run's records written into held buffers (log[rel:], index[unit_at:]); the count, *rel moved past them; -1 with
+   an exception set on bad input. Shared with append_run (_burstrun.c). */
+Py_ssize_t metaq_write_records(const Py_buffer *lb, const Py_buffer *sb, const Py_buffer *ib, PyObject *frames,
+                               Py_ssize_t i, Py_ssize_t j, PyObject *topic_obj, long partition, long long seg_start,
+                               Py_ssize_t *relp, Py_ssize_t ready, long long offset, long long now_ms,
+                               long long first_id, Py_ssize_t unit_at) {
+    if (!PyList_Check(frames)) {
+        PyErr_SetString(PyExc_TypeError, "frames must be a list");
+        return -1;
     }
-    if (PyObject_GetBuffer(index_obj, &ib, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&sb);
-        PyBuffer_Release(&lb);
-        return NULL;
+    Py_ssize_t tlen = PyBytes_GET_SIZE(topic_obj), rel = *relp;
+    if (tlen > 32767) {
+        PyErr_Format(PyExc_ValueError, "topic of %zd bytes", tlen);
+        return -1;
     }
-    PyObject *result = NULL;
     if (j > PyList_GET_SIZE(frames))
         j = PyList_GET_SIZE(frames);
-    if (i < 0 || rel < 0 || ready > lb.len || unit_at < 0) {
+    if (i < 0 || rel < 0 || ready > lb->len || unit_at < 0) {
         PyErr_SetString(PyExc_ValueError, "position out of range");
-        goto done;
+        return -1;
     }
-    unsigned char *log = (unsigned char *)lb.buf, *index = (unsigned char *)ib.buf;
-    const unsigned char *src = (const unsigned char *)sb.buf;
+    unsigned char *log = (unsigned char *)lb->buf, *index = (unsigned char *)ib->buf;
+    const unsigned char *src = (const unsigned char *)sb->buf;
     const char *topic = PyBytes_AS_STRING(topic_obj);
     Py_ssize_t hsize = PREFIX_SIZE + tlen + HEADER_SIZE, count = 0, op_len = -1;
     uLong op = 0;
@@ -363,13 +352,13 @@ static PyObject *write_run(PyObject *self, PyObject *args) {
         unsigned long crc;
         uint32_t tag;
         if (!frame_fields(PyList_GET_ITEM(frames, k), &flag, &start, &n, &crc, &tag))
-            goto done;
+            return -1;
         Py_ssize_t total = hsize + n;
         if (rel + total > ready)
             break;
-        if (start + n > sb.len || unit_at + (count + 1) * UNIT_SIZE > ib.len) {
+        if (start + n > sb->len || unit_at + (count + 1) * UNIT_SIZE > ib->len) {
             PyErr_SetString(PyExc_ValueError, "body or index unit out of range");
-            goto done;
+            return -1;
         }
         long long msg_id = first_id + count, qoff = offset + count;
         unsigned char *r = log + rel;
@@ -400,12 +389,44 @@ static PyObject *write_run(PyObject *self, PyObject *args) {
         put32(u + 12, tag);
         rel += total;
     }
-    result = Py_BuildValue("(nn)", count, rel);
-done:
+    *relp = rel;
+    return count;
+}
+
+/* The log, body and index buffers write_run and append_run write through; 0 with an exception set. */
+int metaq_run_buffers(PyObject *log_obj, PyObject *src_obj, PyObject *index_obj, Py_buffer *lb, Py_buffer *sb,
+                      Py_buffer *ib) {
+    if (PyObject_GetBuffer(log_obj, lb, PyBUF_WRITABLE) < 0)
+        return 0;
+    if (PyObject_GetBuffer(src_obj, sb, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(lb);
+        return 0;
+    }
+    if (PyObject_GetBuffer(index_obj, ib, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(sb);
+        PyBuffer_Release(lb);
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *write_run(PyObject *self, PyObject *args) {
+    PyObject *log_obj, *src_obj, *frames, *topic_obj, *index_obj;
+    long long seg_start, offset, now_ms, first_id;
+    Py_ssize_t rel, ready, i, j, unit_at;
+    long partition;
+    if (!PyArg_ParseTuple(args, "OLnnOOnnSlLLLOn", &log_obj, &seg_start, &rel, &ready, &src_obj, &frames, &i, &j,
+                          &topic_obj, &partition, &offset, &now_ms, &first_id, &index_obj, &unit_at))
+        return NULL;
+    Py_buffer lb, sb, ib;
+    if (!metaq_run_buffers(log_obj, src_obj, index_obj, &lb, &sb, &ib))
+        return NULL;
+    Py_ssize_t count = metaq_write_records(&lb, &sb, &ib, frames, i, j, topic_obj, partition, seg_start, &rel, ready,
+                                           offset, now_ms, first_id, unit_at);
     PyBuffer_Release(&ib);
     PyBuffer_Release(&sb);
     PyBuffer_Release(&lb);
-    return result;
+    return count < 0 ? NULL : Py_BuildValue("(nn)", count, rel);
 }
 
 /* The result 200 replies of a run of stored frames (see encode_put_acks_py): one pass, one bytes object. */
@@ -1047,6 +1068,9 @@ static PyMethodDef methods[] = {
      " -> (items, src, next_pos)"},
     {"encode_timer_acks", encode_timer_acks, METH_VARARGS,
      "encode_timer_acks(items, start, count, first_id) -> the result 200 replies of taken put_ats, joined"},
+    {"append_run", append_run, METH_VARARGS,
+     "append_run(runs, run_type, log, seg_start, rel, ready, src, frames, i, j, room, topic, partition, p, off, "
+     "now_ms, ids, positions, index, unit_at, overhead) -> count: metaq.store.batch.append_run_py"},
     {"write_run", write_run, METH_VARARGS,
      "write_run(log, seg_start, rel, ready, src, frames, i, j, topic, partition, offset, now_ms, first_id, index, "
      "unit_at) -> (count, rel_after)"},

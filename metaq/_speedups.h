@@ -35,6 +35,15 @@ PyObject *encode_fields(PyObject *self, PyObject *args);
 /* served_record (_servedmsg.c): a served RocketMQ 5 message's bytes from its log record; metaq/rmq5/messagebytes.py. */
 PyObject *served_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
+/* append_run (_burstrun.c): a burst's run written with its ids taken and its positions advanced (store/batch.py). */
+PyObject *append_run(PyObject *self, PyObject *args);
+/* From _speedups.c: write_run's records written into held buffers, and those buffers taken (_burstrun.c's too). */
+Py_ssize_t metaq_write_records(const Py_buffer *lb, const Py_buffer *sb, const Py_buffer *ib, PyObject *frames,
+                               Py_ssize_t i, Py_ssize_t j, PyObject *topic_obj, long partition, long long seg_start,
+                               Py_ssize_t *relp, Py_ssize_t ready, long long offset, long long now_ms,
+                               long long first_id, Py_ssize_t unit_at);
+int metaq_run_buffers(PyObject *log_obj, PyObject *src_obj, PyObject *index_obj, Py_buffer *lb, Py_buffer *sb,
+                      Py_buffer *ib);
 /* From _speedups.c: the CRC-32 of p[0:n] continued from crc (ISA-L or zlib); v in decimal at p, its length. */
 unsigned long metaq_crc(const unsigned char *p, Py_ssize_t n, unsigned long crc);
 int metaq_decimal(char *p, long long v);

@@ -3,8 +3,9 @@
 The frames come from ``metaq.protocol.burst.scan_puts`` (bodies still in the
 receive buffer, checksums verified). Consecutive frames of one partition form
 a run; ``write_run`` writes a run's records and index units with no Python work
-per message. The positions are advanced (``LogPositions.advance``) once per
-run, and each run is reported as a ``BurstRun`` (partition, first offset,
+per message. The ids are taken (``IdGenerator.take``) and the positions advanced
+(``LogPositions.advance``) once per run, in the same call as the write
+(``append_run``), and each run is reported as a ``BurstRun`` (partition, first offset,
 first message id, count: the ids and offsets of a run are consecutive); the
 store never formats a reply, the front-end answers from those.
 
@@ -18,7 +19,8 @@ answers them exactly as always:
 * the record would not fit in the active segment (roll, disk check);
 * the store is refusing writes (disk: ``MessageStore.put_burst`` checks it before calling here).
 
-``metaq._speedups.write_run`` is ``write_run_py`` in C (the tests hold the two equal).
+``metaq._speedups.write_run`` is ``write_run_py`` in C, ``append_run`` ``append_run_py`` (the tests hold each
+pair equal).
 """
 
 import zlib
@@ -65,6 +67,27 @@ def write_run_py(log, seg_start, rel, ready, src, frames, i, j, topic, partition
 write_run = speedups.load("write_run", write_run_py)  # the C twin when built (same results, less CPU)
 
 
+def append_run_py(runs, run_type, log, seg_start, rel, ready, src, frames, i, j, room, topic, partition, p, off,
+                  now_ms, ids, positions, index, unit_at, overhead):
+    """One run of partition ``p`` appended: ``write_run`` of ``frames[i:]`` from ``log[rel:]`` with at most
+    ``min(j - i, room)`` ids taken from ``ids`` (an IdGenerator; those unused given back), ``positions``
+    (LogPositions) advanced past it, and its ``run_type`` (BurstRun) appended to ``runs``; ``overhead``: a record's
+    bytes besides its body. Returns how many records were written. The C helper's ``append_run`` is its twin (the
+    same bytes, ids, positions and run: one call a run instead of four)."""
+    first_id, k = ids.take(now_ms, min(j - i, room))
+    count, rel_after = write_run(log, seg_start, rel, ready, src, frames, i, i + k, topic, partition, off, now_ms,
+                                 first_id, index, unit_at)
+    if count < k:
+        ids.give_back(k - count)
+    nbytes = rel_after - rel
+    end = positions.advance(p, off, seg_start + rel_after, nbytes, count)
+    runs.append(_new_tuple(run_type, (p.key, count, nbytes - count * overhead, first_id, off, i, end)))
+    return count
+
+
+append_run = speedups.load("append_run", append_run_py)
+
+
 def append_burst(seg, writer, ids, positions, frames, src, now_ms):
     """Append the leading frames that take the plain path to the active segment ``seg``; ``(taken, runs)``.
 
@@ -98,13 +121,6 @@ def append_burst(seg, writer, ids, positions, frames, src, now_ms):
                 seg.advance_ready(rel)
                 ready = max(seg.ready, first)
             t = p.tail
-            first_id, k = ids.take(now_ms, min(j - i, room))
-            count, rel_after = write_run(view, seg_start, rel, ready, src, frames, i, i + k, topic, partition, off,
-                                         now_ms, first_id, t.mm, (off - t.start) * UNIT_SIZE)
-            if count < k:
-                ids.give_back(k - count)
-            nbytes = rel_after - rel
-            end = positions.advance(p, off, seg_start + rel_after, nbytes, count)
-            runs.append(_new_tuple(BurstRun, (p.key, count, nbytes - count * overhead, first_id, off, i, end)))
-            i += count
+            i += append_run(runs, BurstRun, view, seg_start, rel, ready, src, frames, i, j, room, topic, partition, p,
+                            off, now_ms, ids, positions, t.mm, (off - t.start) * UNIT_SIZE, overhead)
     return i, runs

@@ -1,5 +1,7 @@
 """Bursts of puts appended in one pass: the same log, index and answers as one put at a time."""
 
+from types import SimpleNamespace
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -9,9 +11,13 @@ from metaq.protocol import events as ev
 from metaq.protocol.burst import encode_put_acks, scan_puts_py
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_payload
+from metaq.protocol.msgid import SEQUENCE_MASK, TWEPOCH, compose
 from metaq.protocol.text import serialize
 from metaq.store.batch import write_run_py
 from metaq.store.index import INITIAL_UNITS
+from metaq.store.msgid import IdGenerator
+from metaq.store.positions import LogPositions
+from metaq.store.record import FIXED_OVERHEAD
 from tests.harness.store import NOW, files_of, open_store, payload_of, read_all
 
 try:
@@ -129,3 +135,41 @@ def test_a_topic_made_read_only_between_two_bursts_is_not_taken_by_the_next(data
     with pytest.raises(TopicForbidden, match="not writable"):
         s.put("jobs", 0, 0, b"x", NOW)
     s.close(NOW)
+
+
+def run_state(ids, positions, p):
+    """What ``append_run`` leaves behind besides the bytes: the ids' state, the positions', the partition's."""
+    return ((ids._ts, ids._seq), (positions.written, positions.unflushed_msgs, positions.appended,
+                                  [(e[0], e[2]) for e in positions.pending]),
+            (p.max, p.dirty, p.visible, p.log_bytes))
+
+
+@pytest.mark.skipif(write_run_c is None, reason="metaq._speedups was not built")
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.binary(max_size=300), min_size=1, max_size=20), st.integers(0, 9000), st.integers(1, 25),
+       st.sampled_from([None, -5, 0, 5]), st.integers(0, SEQUENCE_MASK), st.booleans(), st.sampled_from([None, 100]),
+       st.integers(0, 2**40), st.integers(0, 1023))
+def test_c_append_run_equals_the_python_twin(bodies, ready, room, seeded_at, seq, async_visible, log_bytes, offset,
+                                             broker):
+    """One run through ``append_run`` (C) and ``append_run_py``: the same log and index bytes, the same BurstRun,
+    the same ids taken and given back (a fresh generator, the clock ahead, behind, a sequence overflow), the same
+    positions (async visible, or queued until flushed) and partition fields."""
+    from metaq._speedups import append_run as append_run_c
+    from metaq.store.batch import BurstRun, append_run_py
+
+    topic = b"topic"
+    buf, frames = burst([(topic.decode(), 3, b) for b in bodies])
+    outputs = []
+    for append in (append_run_py, append_run_c):
+        ids = IdGenerator(broker)
+        if seeded_at is not None:
+            ids.seed(compose(NOW + 5 - TWEPOCH + seeded_at, broker, seq))
+        positions = LogPositions(async_visible)
+        positions.written = (1 << 33) + 7
+        p = SimpleNamespace(key=("topic", 3), max=offset, dirty=False, visible=offset, log_bytes=log_bytes)
+        log, index, runs = bytearray(10000), bytearray(16 * 32), []
+        count = append(runs, BurstRun, log, 1 << 33, 7, ready, buf, frames, 0, len(frames), room, topic, 3, p,
+                       offset, NOW + 5, ids, positions, index, 16, FIXED_OVERHEAD + len(topic))
+        assert all(type(r) is BurstRun for r in runs)
+        outputs.append((count, runs, bytes(log), bytes(index), run_state(ids, positions, p)))
+    assert outputs[0] == outputs[1]
