@@ -92,8 +92,8 @@ class Broker:
                                        lambda user: self.guard.quotas.limit(user, "idempotent_producers"),
                                        lambda user, n: self.guard.quotas.check(user, "consumer_offsets", n))
         self.waiters = PartitionWaiters(config.limits.max_parked_gets,
-                                        lambda user, n: self.guard.quotas.check(user, "parked_gets", n),
-                                        self.store.partitions_made)
+                                        lambda user, n: self.guard.quotas.check(user, "parked_gets", n))
+        self.store.on_partitions_made(self.waiters.partitions_made)  # told as it moves, never asked per wake
         self.recovery_seconds = time.monotonic() - started
         self._log_recovery()
         self.store_lock = Semaphore()  # background store work (checkpoints, work ahead) vs a replication cut

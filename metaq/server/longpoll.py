@@ -20,8 +20,9 @@ after the last read.
 
 A reader of partitions that may not exist yet (the MQTT cluster's follow of a peer's filters, which may match a
 topic written for the first time) waits on ``NEW_PARTITION`` too: the first wake after the store made a partition
-or dropped a topic's (``MessageStore.partitions_made``) names it, so such a reader learns of a new topic at its first
-write, and of a topic an admin created or deleted at once (``partitions_changed``, the topic admin's callback).
+or dropped a topic's (``MessageStore.partitions_made``, which tells ``partitions_made`` here as it moves) names it, so
+such a reader learns of a new topic at its first write, and of a topic an admin created or deleted at once
+(``partitions_changed``, the topic admin's callback).
 """
 
 import gevent
@@ -39,18 +40,22 @@ NEW_PARTITION = ("", -1)
 class PartitionWaiters:
     """The waits parked per (topic, partition); a wake ends every wait of the partitions it names."""
 
-    def __init__(self, max_parked=limits.MAX_PARKED_GETS, quota=None, made=None):
+    def __init__(self, max_parked=limits.MAX_PARKED_GETS, quota=None):
         """``quota(user, parked)``: raises QuotaExceeded when ``user``, with ``parked`` long polls parked, may not
-        park one more (the guard's ``parked_gets`` quota); None: no user is counted. ``made()``: the store's
-        ``partitions_made`` (None: ``NEW_PARTITION`` is never woken)."""
+        park one more (the guard's ``parked_gets`` quota); None: no user is counted. ``NEW_PARTITION`` is woken once
+        the store has told ``partitions_made`` (``MessageStore.on_partitions_made``)."""
         self._waits = {}  # key -> set of Events, one per parked wait
         self.max_parked = max_parked
         self.quota = quota
         self.parked = 0  # long polls admitted and not yet left
         self.by_user = {}  # user -> its long polls admitted and not yet left (those admitted with a user)
         self.closed = False  # the broker is stopping: parked waits answer now
-        self.made = made
-        self._made_seen = made() if made is not None else 0  # ``made()`` as of the last wake
+        self._made = False  # the store made a partition or dropped a topic's since the last wake (``partitions_made``)
+
+    def partitions_made(self):
+        """The store made a partition or dropped a topic's (its ``partitions_made`` moved): the next wake names
+        ``NEW_PARTITION`` too. Told by the store as it happens, so a wake asks nothing."""
+        self._made = True
 
     def admit(self, user=None):
         """Count one more long poll (of ``user``, when named) until its ``leave(user)``; False (not counted) when
@@ -154,8 +159,8 @@ class PartitionWaiters:
         waits = self._waits
         if not waits:
             return False
-        if self.made is not None and self.made() != self._made_seen:
-            self._made_seen = self.made()
+        if self._made:
+            self._made = False
             keys = (*keys, NEW_PARTITION)
         woke = False
         for key in keys:
@@ -183,8 +188,8 @@ class PartitionWaiters:
         return woke
 
     def partitions_changed(self):
-        """Wake the waits on ``NEW_PARTITION`` when the store's ``made()`` moved since the last wake (a topic an admin
-        created, altered or deleted: no append may follow to wake them); True when one was woken."""
+        """Wake the waits on ``NEW_PARTITION`` when the store's ``partitions_made`` moved since the last wake (a topic
+        an admin created, altered or deleted: no append may follow to wake them); True when one was woken."""
         return self.notify(())
 
     def notify_all(self):

@@ -157,6 +157,12 @@ class PutPath:
         self.sync_flush = sync_flush
         self.writes = BrokerWrites(store, waiters, flusher, sync_flush)  # the broker's own records, the one wake
         self.version = 0  # moves with every change of what ``write_refusal`` reads (``changed``)
+        # the calls that only forward, bound to where they go (neither the store, the stats nor the registry is
+        # replaced while the broker runs): a burst's run reaches them with no frame of ours between
+        if store is not None:
+            self.append_burst = store.put_burst
+        if registry is None and stats is not None:
+            self.counted = stats.on_puts
 
     def changed(self, *_):
         """Something ``write_refusal`` reads changed: the permissions file (users, rules, quotas), the write gate,
@@ -357,7 +363,7 @@ class PutPath:
     def append_burst(self, frames, src, now):
         """The batch writers' append (``MessageStore.put_burst``): ``(frames taken, BurstRuns)``, the writer's
         refusal (``check_write``) already asked. The caller then counts the runs (``counted``) and owes the
-        acknowledgement ``written`` returns."""
+        acknowledgement ``written`` returns. A put path with a store is given the store's own method instead."""
         return self.store.put_burst(frames, src, now)
 
     def append_idempotent_run(self, frames, src, now, owner=None):
@@ -390,7 +396,8 @@ class PutPath:
     def counted(self, topic, count, nbytes):
         """What follows every stored client message, once per run of one topic: count ``count`` messages of
         ``nbytes`` body bytes and register ``topic`` in ZooKeeper when it is new. The one place statistics and
-        registration follow a write, so a batch writer counts per run, never per message."""
+        registration follow a write, so a batch writer counts per run, never per message. With no registry
+        (no ZooKeeper) it is ``BrokerStats.on_puts`` itself."""
         self.stats.on_puts(topic, count, nbytes)
         registry = self.registry
         if registry is not None and topic not in registry.registered_topics:

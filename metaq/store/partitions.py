@@ -23,6 +23,7 @@ class Partitions:
         #: None. The dict's own lookup: a burst asks once per run, with no Python frame of ours.
         self.writer = self._writers.get
         self.made = 0  # moves whenever a partition appears (added, made) or a topic's go (``drop``)
+        self.made_listeners = []  # each called with no argument whenever ``made`` moves (``_moved``)
 
     # -- reading ----------------------------------------------------------------
 
@@ -60,7 +61,7 @@ class Partitions:
     def add(self, p):
         """Take ``p``, a PartitionIndex loaded from the data dir."""
         self._all[p.key] = p
-        self.made += 1
+        self._moved()
         self._quota.added(p.topic)
 
     def make(self, topic, partition):
@@ -69,9 +70,15 @@ class Partitions:
         if p is None:
             p = PartitionIndex(self._dirs, topic, partition, self._units_per_file)
             self._all[p.key] = p
-            self.made += 1
+            self._moved()
             self._quota.added(topic)
         return p
+
+    def _moved(self):
+        """``made`` moves: a partition appeared or a topic's went. Its listeners are told now, so none asks per wake."""
+        self.made += 1
+        for fn in self.made_listeners:
+            fn()
 
     def hold_writer(self, topic, partition):
         """Mark ``topic``-``partition`` checked for puts (the caller checked); returns its PartitionIndex."""
@@ -86,7 +93,7 @@ class Partitions:
     def drop(self, topic):
         """Close and forget every partition of ``topic`` (its files stay: the caller removes them). ``made`` moves,
         also for a topic none of whose partitions had an index: a reader of its partitions looks again."""
-        self.made += 1
+        self._moved()
         self.evict_writers(topic)
         for key in [k for k in self._all if k[0] == topic]:
             self._all.pop(key).close()

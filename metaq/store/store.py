@@ -208,8 +208,13 @@ class MessageStore:
     def partitions_made(self):
         """A count that moves whenever a partition appears here (a topic or a partition written for the first time,
         a topic an admin created) or a topic's partitions go (a topic deleted): a reader of topics that may not exist
-        yet, or may be gone, looks again when it moved (``PartitionWaiters``' ``NEW_PARTITION``)."""
+        yet, or may be gone, looks again when it moved (``on_partitions_made`` tells of each move as it happens)."""
         return self._parts.made
+
+    def on_partitions_made(self, fn):
+        """``fn()`` whenever ``partitions_made`` moves, as it moves (``PartitionWaiters.partitions_made``: the next
+        wake names ``NEW_PARTITION``, with no look at the count per wake)."""
+        self._parts.made_listeners.append(fn)
 
     def partition_keys(self):
         """``[(topic, partition)]`` that have received messages."""

@@ -72,7 +72,8 @@ def test_new_partition_is_woken_once_by_the_first_wake_after_a_partition_appeare
     """A reader of partitions that may not exist yet waits on NEW_PARTITION: the wake of a new partition's first
     write names it, a later write to a partition the store held already does not."""
     s = open_store(tmp_path / "s")
-    w = PartitionWaiters(made=s.partitions_made)
+    w = PartitionWaiters()
+    s.on_partitions_made(w.partitions_made)
     ev = Event()
     for key, woken in ((("fresh", 0), True), (("fresh", 0), False), (("other", 0), True)):
         ev.clear()
@@ -93,7 +94,8 @@ def test_a_topic_deleted_wakes_the_new_partition_waits_at_once(tmp_path):
     s = open_store(tmp_path / "s")
     put(s, ("held", 0))
     s.topics.create("empty", {"partitions": 2})
-    w = PartitionWaiters(made=s.partitions_made)  # as of now
+    w = PartitionWaiters()  # as of now
+    s.on_partitions_made(w.partitions_made)
     for topic in ("held", "empty", None):
         ev = Event()
         gevent.spawn(w.wait_any, [NEW_PARTITION], 0.3, ev)

@@ -99,7 +99,7 @@ class Roles:
         self._cut_listeners = []
         self._disk_full_listeners = []
         self.slave_link = self.make_slave_link() if self.role == "slave" and not self.auto else None
-        self.replication = self.make_replication_server() if self.role == "master" else None
+        self._serve(self.make_replication_server() if self.role == "master" else None)
         self.read_refusal = self.handshake_refusal()  # why gets are refused (before a rejoin's handshake)
 
     def attach_registry(self, registry):
@@ -200,9 +200,15 @@ class Roles:
         link = self.slave_link
         return link is None or not (link.connected and link.caught_up())
 
-    @property
-    def sync_replication(self):
-        return self.replication is not None and self.replication.mode == "sync"
+    #: True while this master serves slaves in ``sync`` mode (a put is acknowledged once a slave has it): kept with
+    #: ``replication`` by ``_serve``, the one place it changes, so a put reads an attribute, not a property.
+    sync_replication = False
+
+    def _serve(self, server):
+        """``server`` (a ReplicationServer, or None: a slave, or no replication port) is the master's now; its
+        mode is fixed for its life, so ``sync_replication`` is decided here."""
+        self.replication = server
+        self.sync_replication = server is not None and server.mode == "sync"
 
     @property
     def slave_id(self):
@@ -299,12 +305,12 @@ class Roles:
             self.replication.stop()
         self.role, self.slave_link = role, slave_link
         if role == "master":
-            self.replication = self.make_replication_server(insync)
+            self._serve(self.make_replication_server(insync))
             self.read_refusal = None
             if self.started and self.replication is not None:
                 self.replication.start()
         else:
-            self.replication = None
+            self._serve(None)
             self.read_refusal = self.handshake_refusal()
             if self.started and slave_link is not None:
                 slave_link.start()
