@@ -8,9 +8,12 @@
  * advances them, and the run's BurstRun appended to ``runs``; returns how many records were written. The objects'
  * own fields are read and set here exactly as those methods do (the tests hold the twins equal, state included), so
  * a burst's run costs the put path one call instead of four.
+ *
+ *   now_ms() == metaq.server.clock.now_ms_py: the broker's wall clock, the stamp a burst is written with.
  */
 #define PY_SSIZE_T_CLEAN
 #include "_speedups.h"
+#include <time.h>
 
 /* metaq/protocol/msgid.py's layout. */
 #define TWEPOCH 1303895660503LL
@@ -180,4 +183,13 @@ PyObject *append_run(PyObject *self, PyObject *args) {
     int rc = PyList_Append(runs, run);
     Py_DECREF(run);
     return rc < 0 ? NULL : PyLong_FromSsize_t(count);
+}
+
+/* now_ms() == metaq.server.clock.now_ms_py: milliseconds since the Unix epoch (CLOCK_REALTIME, what time.time
+   reads), an int; the stamp of every burst, read once a turn. */
+PyObject *now_ms(PyObject *self, PyObject *unused) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_REALTIME, &ts) != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    return PyLong_FromLongLong((long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
 }

@@ -1068,6 +1068,7 @@ static PyMethodDef methods[] = {
      " -> (items, src, next_pos)"},
     {"encode_timer_acks", encode_timer_acks, METH_VARARGS,
      "encode_timer_acks(items, start, count, first_id) -> the result 200 replies of taken put_ats, joined"},
+    {"now_ms", now_ms, METH_NOARGS, "now_ms() -> milliseconds since the Unix epoch: metaq.server.clock.now_ms_py"},
     {"append_run", append_run, METH_VARARGS,
      "append_run(runs, run_type, log, seg_start, rel, ready, src, frames, i, j, room, topic, partition, p, off, "
      "now_ms, ids, positions, index, unit_at, overhead) -> count: metaq.store.batch.append_run_py"},

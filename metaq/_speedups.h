@@ -37,6 +37,8 @@ PyObject *served_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 /* append_run (_burstrun.c): a burst's run written with its ids taken and its positions advanced (store/batch.py). */
 PyObject *append_run(PyObject *self, PyObject *args);
+/* now_ms (_burstrun.c): the broker's wall clock in milliseconds (server/clock.py's twin). */
+PyObject *now_ms(PyObject *self, PyObject *unused);
 /* From _speedups.c: write_run's records written into held buffers, and those buffers taken (_burstrun.c's too). */
 Py_ssize_t metaq_write_records(const Py_buffer *lb, const Py_buffer *sb, const Py_buffer *ib, PyObject *frames,
                                Py_ssize_t i, Py_ssize_t j, PyObject *topic_obj, long partition, long long seg_start,

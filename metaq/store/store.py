@@ -11,6 +11,7 @@ point, ``follow_log``. Time comes as ``now_ms``."""
 import logging
 import random
 import struct
+from operator import attrgetter
 
 from metaq.errors import ClientError, CorruptRecord, DiskFull, InvalidTopic, Moved, NotFound, UnknownTopic
 from metaq.filters import reads as filtered
@@ -501,9 +502,10 @@ class MessageStore:
         return lookup.head_ranges(self._log, p, offset) if ranges else (
             lookup.store_ts_at if stored_at else lookup.msg_id_at)(self._log, p, offset)
 
-    written_position = property(lambda self: self._pos.written)
-    flushed_position = property(lambda self: self._pos.flushed)
-    log_cuts = property(lambda self: self._pos.cuts)  # truncations so far (``cut_below``)
+    # read through C getters (no Python frame: a writer reads ``log_cuts`` once a turn)
+    written_position = property(attrgetter("_pos.written"))
+    flushed_position = property(attrgetter("_pos.flushed"))
+    log_cuts = property(attrgetter("_pos.cuts"))  # truncations so far (``cut_below``)
 
     def cut_below(self, seen, pos):
         """Whether the log was cut back before ``pos`` since ``log_cuts`` read ``seen``: a write ending at ``pos``
