@@ -17,7 +17,7 @@ answers them exactly as always:
 * the (topic, partition) has not been put to through ``put`` yet (topic checks, first index file);
 * its index tail is at ``fast_end`` (next index file, or time to prepare it);
 * the record would not fit in the active segment (roll, disk check);
-* the store is refusing writes (disk: ``MessageStore.put_burst`` checks it before calling here).
+* the store is refusing writes (disk: ``BurstWriter.refusal``, which the store sets).
 
 ``metaq._speedups.write_run`` is ``write_run_py`` in C, ``append_run`` ``append_run_py`` (the tests hold each
 pair equal).
@@ -88,39 +88,55 @@ def append_run_py(runs, run_type, log, seg_start, rel, ready, src, frames, i, j,
 append_run = speedups.load("append_run", append_run_py)
 
 
-def append_burst(seg, writer, ids, positions, frames, src, now_ms):
-    """Append the leading frames that take the plain path to the active segment ``seg``; ``(taken, runs)``.
+class BurstWriter:
+    """A store's burst writer: ``append`` is ``MessageStore.put_burst`` (the store binds it, so a burst's append is
+    one Python call). ``log``: its CommitLog; ``writer((topic, partition))``: the PartitionIndex of a partition
+    already put to, else None (``Partitions.writer``); ``ids``: its IdGenerator (set once the log is recovered);
+    ``positions``: its LogPositions; ``refusal``: why the store refuses writes now (its disk check sets it at each
+    measurement, the one place it is kept), None while it takes them."""
 
-    ``writer((topic, partition))``: the store's PartitionIndex of a partition
-    already put to, else None; ``ids``: its IdGenerator; ``positions``: its
-    LogPositions. ``runs``: a ``BurstRun`` per run written, in order;
-    ``frames[taken:]`` are for the general path.
-    """
-    runs = []
-    view, seg_start, size = seg.view, seg.start, seg.size
-    n = len(frames)
-    i = 0
-    while i < n:
-        topic, partition = frames[i][0], frames[i][1]
-        j = i + 1
-        while j < n and frames[j][1] == partition and frames[j][0] is topic:
-            j += 1
-        p = writer((topic.decode("ascii"), partition))
-        if p is None:
-            break
-        overhead = FIXED_OVERHEAD + len(topic)
-        while i < j:
-            off = p.max
-            room = p.fast_end - off
-            rel = positions.written - seg_start
-            first = rel + overhead + frames[i][5]
-            if room <= 0 or first > size or rel < 0:
-                return i, runs
-            ready = seg.ready
-            if first > ready:  # as CommitLog.make_room does for a put (and then it writes the record anyway)
-                seg.advance_ready(rel)
-                ready = max(seg.ready, first)
-            t = p.tail
-            i += append_run(runs, BurstRun, view, seg_start, rel, ready, src, frames, i, j, room, topic, partition, p,
-                            off, now_ms, ids, positions, t.mm, (off - t.start) * UNIT_SIZE, overhead)
-    return i, runs
+    __slots__ = ("log", "writer", "ids", "positions", "refusal")
+
+    def __init__(self, log, writer, positions):
+        self.log = log
+        self.writer = writer
+        self.ids = None
+        self.positions = positions
+        self.refusal = None
+
+    def append(self, frames, src, now_ms):
+        """Append the leading frames that take the plain path to the active segment; ``(taken, runs)``: a
+        ``BurstRun`` per run written, in order; ``frames[taken:]`` are for the general path. Nothing is taken while
+        the store refuses writes or has no active segment."""
+        seg = self.log.active
+        if seg is None or self.refusal is not None:
+            return 0, []
+        writer, ids, positions = self.writer, self.ids, self.positions
+        runs = []
+        view, seg_start, size = seg.view, seg.start, seg.size
+        n = len(frames)
+        i = 0
+        while i < n:
+            topic, partition = frames[i][0], frames[i][1]
+            j = i + 1
+            while j < n and frames[j][1] == partition and frames[j][0] is topic:
+                j += 1
+            p = writer((topic.decode("ascii"), partition))
+            if p is None:
+                break
+            overhead = FIXED_OVERHEAD + len(topic)
+            while i < j:
+                off = p.max
+                room = p.fast_end - off
+                rel = positions.written - seg_start
+                first = rel + overhead + frames[i][5]
+                if room <= 0 or first > size or rel < 0:
+                    return i, runs
+                ready = seg.ready
+                if first > ready:  # as CommitLog.make_room does for a put (and then it writes the record anyway)
+                    seg.advance_ready(rel)
+                    ready = max(seg.ready, first)
+                t = p.tail
+                i += append_run(runs, BurstRun, view, seg_start, rel, ready, src, frames, i, j, room, topic,
+                                partition, p, off, now_ms, ids, positions, t.mm, (off - t.start) * UNIT_SIZE, overhead)
+        return i, runs

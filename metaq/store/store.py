@@ -68,7 +68,11 @@ class MessageStore:
         self._async = config.flush == "async"
         self._max_record = config.segment_size
         self._pos = LogPositions(self._async)  # written / flushed / checkpointed (positions.py)
-        self._checkpoint_serial = self._checkpointed = self._refusal = self._ids = self._index_problem = None
+        self._checkpoint_serial = self._checkpointed = self._ids = self._index_problem = None
+        #: the burst path's writer; its ``refusal`` is the store's: why writes are refused now (``check_disk``)
+        self._burst = batch.BurstWriter(self._log, self._parts.writer, self._pos)
+        #: ``put_burst(frames, src, now_ms)``: ``BurstWriter.append``, bound (one Python call a burst)
+        self.put_burst = self._burst.append
         self._last_flush_ms = 0
         self.disk_state = None  # the latest check_disk() result (a roll's check or the broker's loop)
         self._closed = True
@@ -106,7 +110,7 @@ class MessageStore:
             self.recovery, last_id = self._recover()
             self.topics.finish_open()
             self._topic_retention(now_ms, {})
-            self._ids = IdGenerator(config.broker_id, last_id)
+            self._ids = self._burst.ids = IdGenerator(config.broker_id, last_id)
             self.follower.add(self.keys, self._pos.written)
             self.follower.add(self.idempotence, self._pos.written)
             self.follower.step(self._pos.flushed, self._pos.written)  # the tail the saved states do not cover
@@ -281,7 +285,7 @@ class MessageStore:
         ``metaq_checksum(data)`` if the caller verified it (stored as given); None/negative: computed. ``msg_id``: an
         id from ``new_msg_id`` (transaction commits record ids before appending); None: a new one. Raises
         InvalidTopic, UnknownTopic, InvalidPartition, TopicLimit, RecordTooLarge, DiskFull."""
-        if self._refusal is not None:
+        if self._burst.refusal is not None:
             self._recheck_disk()
         if partition == -1:
             partition = random.randrange(self._topics.partitions_of(topic))
@@ -336,11 +340,9 @@ class MessageStore:
         return self.idempotence.put_run(frames, src, now_ms, self.put_burst, owner)
 
     def put_burst(self, frames, src, now_ms):
-        """Append a scanned burst's leading puts in one pass: ``(taken, runs)`` (batch.py); the rest is for ``put``."""
-        seg = self._log.active
-        if seg is None or self._refusal is not None:
-            return 0, []
-        return batch.append_burst(seg, self._parts.writer, self._ids, self._pos, frames, src, now_ms)
+        """Append a scanned burst's leading puts in one pass: ``(taken, runs)`` (``batch.BurstWriter.append``, which
+        an open store binds in this method's place); the rest is for ``put``."""
+        return self._burst.append(frames, src, now_ms)
 
     def _index_tail(self, p, off):
         """The index file for unit ``off`` (creating it if needed); sets ``p.fast_end`` for the next puts."""
@@ -386,7 +388,7 @@ class MessageStore:
         cfg = self.config
         self.disk_state = DiskState.of(disk_usage(self.dirs.root), cfg.disk_danger_ratio, cfg.disk_warn_ratio,
                                        cfg.segment_size)
-        self._refusal = self.disk_state.reason or None
+        self._burst.refusal = self.disk_state.reason or None
         return self.disk_state
 
     def prepare_ahead(self):

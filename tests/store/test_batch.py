@@ -183,3 +183,21 @@ def test_the_c_clock_reads_the_wall_clock_as_its_twin_does():
         before = now_ms_py()
         now = now_ms()
         assert type(now) is int and before - 1 <= now <= now_ms_py() + 1
+
+
+def test_a_disk_check_refusing_between_two_bursts_stops_the_next_and_one_taking_again_resumes(data_dir):
+    """The burst writer reads the store's refusal, which the disk check sets at each measurement
+    (``BurstWriter.refusal``): a burst after a measurement above the danger mark takes nothing (the general put
+    then refuses it), and one after a measurement below it takes the burst again."""
+    s = open_store(data_dir)
+    s.put("test", 0, 0, b"first", NOW)
+    buf, frames = burst([("test", 0, b"x")])
+    assert s.put_burst(frames, buf, NOW)[0] == 1
+    s.config.disk_danger_ratio = 1e-9
+    assert s.check_disk().refusing_writes
+    assert s.put_burst(frames, buf, NOW) == (0, [])
+    s.config.disk_danger_ratio = 1.0  # as if space had been freed
+    assert not s.check_disk().refusing_writes
+    assert s.put_burst(frames, buf, NOW)[0] == 1
+    assert s.max_offset("test", 0) == 3
+    s.close(NOW)
