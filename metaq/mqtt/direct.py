@@ -1,6 +1,6 @@
 """Sending from a publisher's turn (docs/mqtt.md "Subscribing"): while a delivery's greenlet waits between passes,
 a publisher's burst, once visible, has it send what the burst brought at once (``deliver_now``, called through
-``Delivery.deliver_now`` by ``MqttPort.deliver_now``): non-blocking writes only, the QoS 1 window respected, each
+``MqttPort.deliver_now``): non-blocking writes only, the QoS 1 window respected, each
 message decided and encoded as the greenlet would (``outbound.Outbound``). What it cannot send so is left to the
 greenlet, which the append woke as before.
 """

@@ -717,22 +717,23 @@ class MqttPort:
                         records.append((first_offset + k, (position, first_id + k), message(first + k)))
                         position += overhead + len(staged[first + k][3])
             records = found.get(key)
-            served = None  # the waits of those it left caught up
+            served = 0
             for d in list(ds):
                 if left <= 0:
                     break
                 left -= 1
                 if deliver(d.out, key, records):
-                    if served is None:
-                        served = caught_up[key] = {d.event}
+                    if served:
+                        caught_up[key].add(d.event)
                     else:
-                        served.add(d.event)
-            if records and (served is None or len(served) < len(ds) or key in self.fanouts.readers):
+                        caught_up[key] = {d.event}
+                    served += 1
+            if records and (served < len(ds) or key in self.fanouts.readers):
                 self._keep_decoded(records)
         return caught_up
 
     def _keep_decoded(self, records):
-        """Keep ``records`` (``_staged``'s of one partition) decoded for the readers of the log that come after."""
+        """Keep ``records`` (``deliver_now``'s of one partition) decoded for the readers of the log that come after."""
         keep = self.decoded.keep
         for _offset, dkey, m in records:
             keep(dkey, m)
