@@ -69,7 +69,6 @@ import gevent
 
 from metaq import errors, limits
 from metaq.auth.acl import SUB
-from metaq.mqtt import direct
 from metaq.mqtt.fanplan import FanMember
 from metaq.mqtt.outbound import Outbound
 from metaq.mqtt.records import message_of
@@ -89,8 +88,8 @@ class Delivery:
     its part in the fan-out readers (``FanMember``) and its greenlet's loop. The greenlet runs while it has work
     (``wake`` starts it, ``stop`` ends it); its attributes are in slots: every subscribed client has one."""
 
-    __slots__ = ("conn", "port", "waiters", "out", "subs", "fan", "_retained", "_deferred", "_greenlet", "_resent",
-                 "_window_full")
+    __slots__ = ("conn", "port", "waiters", "out", "subs", "fan", "event", "_retained", "_deferred", "_greenlet",
+                 "_resent", "_window_full")
 
     def __init__(self, conn, port):
         self.conn = conn
@@ -99,6 +98,9 @@ class Delivery:
         self.out = Outbound(conn, port)
         self.subs = Subscriber(self.out, port.settings)
         self.fan = FanMember(self.out, port.fanouts, self.wake)
+        #: What its greenlet waits on between passes (the connection's ``room``, made before its delivery and never
+        #: replaced): set by ``wake`` and by appends to the partitions it reads.
+        self.event = conn.room
         self._retained = []  # (filter, granted QoS) of subscriptions whose retained messages are to be sent
         self._deferred = None  # (topic, partition) -> (SharedGroup, offset) this member left to another member's turn
         self._window_full = False  # the last pass left a shared group's message for want of room in flight
@@ -121,16 +123,11 @@ class Delivery:
         """The retained messages of the filters in ``subscribed`` (``(filter, granted QoS)``) are to be sent, by
         this delivery's greenlet (a QoS 1 or 2 one may wait for room in flight), after the SUBACK."""
         self._retained.extend(subscribed)
+        self._unwait()  # a publisher's turn sends it nothing before them (``MqttPort.deliver_now``)
         self.fan.leave_all()  # its retained messages go before what comes next: this greenlet sends both
         self.wake()
 
     # -- its greenlet ------------------------------------------------------------
-
-    @property
-    def event(self):
-        """What its greenlet waits on between passes (the connection's ``room``): set by ``wake`` and by appends to
-        the partitions it reads."""
-        return self.conn.room
 
     def wake(self):
         """Let the delivery look again (an acknowledgement, a subscription, a fan-out reader that let it go): its
@@ -233,6 +230,16 @@ class Delivery:
                     if not ds:
                         del waiting[key]
 
+    def _unwait(self):
+        """Out of the port's ``waiting`` until its greenlet waits again: what a publisher's turn would send it now
+        must come after what it has to send first (``_wait`` lists it only with nothing of that). A publisher's turn
+        sends only to partitions its session has a cursor of (``direct.deliver_now``)."""
+        waiting = self.port.waiting
+        for key in self.out.session.cursors:
+            ds = waiting.get(key)
+            if ds is not None and ds.pop(self, 0) is None and not ds:
+                del waiting[key]
+
     def _ends(self):
         """``{key: visible end}`` of the partitions the next pass reads (its own and its shared groups')."""
         end, visible_end = self.out.store.max_offset, self.waiters.visible_end
@@ -261,16 +268,6 @@ class Delivery:
                 if at < visible_end(end, key):
                     unread[key] = seen.get(key, at)
         return unread
-
-    def deliver_now(self, key, staged=None):
-        """Called by a publisher's turn (``MqttPort.deliver_now``) while this delivery's greenlet waits (in ``_wait``,
-        between passes): send what partition ``key`` holds past its cursor while that needs no wait
-        (``direct.deliver_now``; ``staged``: the publisher's burst in this partition). Nothing with retained messages
-        or a resend to send first. True when it sent everything and left the cursor at the partition's end: its
-        greenlet has nothing to do there."""
-        if self._retained or not self._resent:
-            return False
-        return direct.deliver_now(self.out, key, staged)
 
     def _idle(self):
         """True when nothing but the fan-out readers has work for this delivery: no wildcard filter (it looks for new

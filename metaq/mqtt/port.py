@@ -49,6 +49,7 @@ import zlib
 import gevent
 
 from metaq import errors, limits
+from metaq.mqtt import direct
 from metaq.mqtt.connection import Connection
 from metaq.mqtt.decoded import Decoded
 from metaq.mqtt.fanout import Fanouts
@@ -679,7 +680,8 @@ class MqttPort:
     def deliver_now(self, keys, staged, runs, message):
         """A burst just appended to partitions ``keys`` and made visible (``staged`` and ``runs``: ``write_burst``'s;
         ``message(k)``: the ``MqttMessage`` of ``staged[k]``, ``records.stored_message``): the deliveries waiting
-        caught up on them send what it brought from the publisher's turn (``Delivery.deliver_now``), at most
+        caught up on them (``waiting``: each one's greenlet waits between passes with nothing of its own to send
+        first, ``Delivery._wait``) send what it brought from the publisher's turn (``direct.deliver_now``), at most
         ``limits.MQTT_DIRECT_DELIVERIES`` of them, from the messages the publisher's turn has, neither read back from
         the log nor decoded. A partition's messages are kept in ``decoded`` under their records' keys for the readers
         known to read them from the log later (``_keep_decoded``): a waiting delivery it did not serve or leave
@@ -692,46 +694,46 @@ class MqttPort:
         if not waiting:
             return caught_up
         left = limits.MQTT_DIRECT_DELIVERIES
+        deliver = direct.deliver_now
         found = None
         for key in keys:
             ds = waiting.get(key)
             if not ds:
                 continue
             if found is None:
-                found = self._staged(staged, runs, message, waiting)
+                # {(topic, partition): [(queue offset, (log position, msg id), MqttMessage), ...]} of the burst's
+                # records in the partitions some delivery waits on, in their order: a run's records lie one after
+                # the other in the log, ending at its ``log_end``
+                found = {}
+                for rkey, count, nbytes, first_id, first_offset, first, end in runs:
+                    if rkey not in waiting:
+                        continue
+                    overhead = FIXED_OVERHEAD + len(rkey[0])  # metaq topic names are ASCII
+                    position = end - nbytes - count * overhead
+                    records = found.get(rkey)
+                    if records is None:
+                        records = found[rkey] = []
+                    for k in range(count):
+                        records.append((first_offset + k, (position, first_id + k), message(first + k)))
+                        position += overhead + len(staged[first + k][3])
             records = found.get(key)
             served = 0
             for d in list(ds):
                 if left <= 0:
                     break
                 left -= 1
-                if d.deliver_now(key, records):
-                    caught_up.setdefault(key, set()).add(d.event)
+                if deliver(d.out, key, records):
+                    if served:
+                        caught_up[key].add(d.event)
+                    else:
+                        caught_up[key] = {d.event}
                     served += 1
             if records and (served < len(ds) or key in self.fanouts.readers):
                 self._keep_decoded(records)
         return caught_up
 
-    def _staged(self, staged, runs, message, waiting):
-        """``{(topic, partition): [(queue offset, (log position, msg id), MqttMessage), ...]}`` of a burst's records
-        in the partitions some delivery waits on, in their order: a run's records lie one after the other in the log,
-        ending at its ``log_end``."""
-        out = {}
-        for key, count, nbytes, first_id, first_offset, first, end in runs:
-            if key not in waiting:
-                continue
-            overhead = FIXED_OVERHEAD + len(key[0])  # metaq topic names are ASCII
-            position = end - nbytes - count * overhead
-            records = out.get(key)
-            if records is None:
-                records = out[key] = []
-            for k in range(count):
-                records.append((first_offset + k, (position, first_id + k), message(first + k)))
-                position += overhead + len(staged[first + k][3])
-        return out
-
     def _keep_decoded(self, records):
-        """Keep ``records`` (``_staged``'s of one partition) decoded for the readers of the log that come after."""
+        """Keep ``records`` (``deliver_now``'s of one partition) decoded for the readers of the log that come after."""
         keep = self.decoded.keep
         for _offset, dkey, m in records:
             keep(dkey, m)

@@ -165,7 +165,9 @@ def _kept(properties):
 def stored_message(name, payload, qos, client_id, properties, retain=False, now_ms=0):
     """The ``MqttMessage`` that ``message_of`` gives for the record ``record_data`` makes of the same PUBLISH, made
     without it: a publisher's turn that has the PUBLISH sends it to subscribers without reading its record back."""
-    expiry = properties.get("message_expiry_interval") if properties else None
+    if not properties:  # a plain PUBLISH's, made as ``MqttMessage._make`` makes one, in one C call
+        return _message_of_fields((name, qos, client_id or None, payload, {}, retain, None))
+    expiry = properties.get("message_expiry_interval")
     return MqttMessage(name, qos, client_id or None, payload, _kept(properties) if properties else {}, retain,
                        None if expiry is None else now_ms + expiry * 1000)
 
@@ -213,6 +215,10 @@ class MqttMessage(NamedTuple):
     properties: dict
     retain: bool = False
     expires_ms: int = None  # when it expires (epoch ms; MQTT 5 Message Expiry Interval), None: never
+
+
+#: ``MqttMessage`` of its seven fields in order, without the named tuple's Python ``__new__``.
+_message_of_fields = functools.partial(tuple.__new__, MqttMessage)
 
 
 def _user_pairs(text):

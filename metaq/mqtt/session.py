@@ -215,6 +215,23 @@ class MqttSession:
             self.where[packet_id] = where
         self.dirty = True
 
+    def sent_next(self, where):
+        """A QoS 1 PUBLISH going out now (``where``: ``(qos, topic, partition, offset)`` of its message): its packet
+        id (``next_packet_id``), recorded in flight at once (``sent``), in one step for a writer that sends it before
+        it yields; one whose write took none of it gives the id back (``dropped``). None when every id is in use."""
+        packet_id = self._next_id % 65535 + 1
+        inflight = self.inflight
+        if packet_id in inflight:
+            packet_id = self.next_packet_id()
+            if packet_id is None:
+                return None
+        else:
+            self._next_id = packet_id
+        inflight[packet_id] = PUBLISH_SENT
+        self.where[packet_id] = where
+        self.dirty = True
+        return packet_id
+
     def acknowledged(self, packet_id, state):
         """The client's PUBACK (``state`` PUBLISH_SENT, QoS 1) or PUBCOMP (PUBREL_SENT, QoS 2) of ``packet_id``: True
         when it ends a message in flight in that state (an unknown one is ignored)."""
@@ -250,7 +267,8 @@ class MqttSession:
         return False
 
     def dropped(self, packet_id):
-        """A PUBREC with a reason code of 0x80 or more ends the exchange."""
+        """A PUBREC with a reason code of 0x80 or more ends the exchange; a packet id ``sent_next`` gave whose
+        PUBLISH was not written is given back."""
         self.inflight.pop(packet_id, None)
         self.where.pop(packet_id, None)
         self.dirty = True
