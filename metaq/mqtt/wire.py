@@ -1006,13 +1006,14 @@ class MqttParser(StreamParser):
 
     def plain_read(self, data, plans, decided, room, count, nbytes):
         """``receive_data(data)`` then the plain PUBLISHes buffered next, split and staged with the PUBACKs of the
-        QoS 1 ones (``read_publishes``): ``(entries, how many at QoS 1, their records' bytes, PUBACKs)``, as
-        ``plain_publishes`` answers. When nothing is buffered before ``data`` (a device's read holding whole packets)
-        they are split from ``data`` itself and only what follows them is buffered (for ``next_event``)."""
+        QoS 1 ones (``read_publishes``): ``(entries, how many at QoS 1, their records' bytes, PUBACKs, whether
+        bytes are left buffered)``, as ``plain_publishes`` answers. When nothing is buffered before ``data`` (a
+        device's read holding whole packets) they are split from ``data`` itself and only what follows them is
+        buffered (for ``next_event``)."""
         if self._pos < len(self._buf) or self._fatal is not None or self._eof or self.version is None or not data:
             self.receive_data(data)
             if self._fatal is not None or self.version is None:
-                return (), 0, 0, b""
+                return (), 0, 0, b"", self._pos < len(self._buf)
             data, start = self._buf, self._pos
         else:
             start = 0
@@ -1022,26 +1023,31 @@ class MqttParser(StreamParser):
             self._completed += len(entries)
         if data is self._buf:
             self._pos = pos
-        elif pos < len(data):
+            return entries, qos1, taken, acks, pos < len(data)
+        if pos < len(data):
             self.receive_data(data[pos:] if pos else data)
-        return entries, qos1, taken, acks
+            return entries, qos1, taken, acks, True
+        return entries, qos1, taken, acks, False
 
     def plain_acks(self, data):
         """``receive_data(data)`` then the packet ids of the plain PUBACKs buffered next (``plain_pubacks``),
-        consumed as ``next_event`` would have returned them; whatever follows them is left for ``next_event``. When
-        nothing is buffered before ``data`` (a subscriber's read holding whole PUBACKs) they are split from ``data``
-        itself and only what follows them is buffered. No ids before the version is known or after a refusal."""
+        consumed as ``next_event`` would have returned them; whatever follows them is left for ``next_event``:
+        ``(ids, whether bytes are left buffered)``. When nothing is buffered before ``data`` (a subscriber's read
+        holding whole PUBACKs) they are split from ``data`` itself and only what follows them is buffered. No ids
+        before the version is known or after a refusal."""
         if self._pos < len(self._buf) or self._fatal is not None or self._eof or self.version is None or not data:
             self.receive_data(data)
             if self._fatal is not None or self.version is None:
-                return ()
+                return (), self._pos < len(self._buf)
             ids, self._pos = plain_pubacks(self._buf, self._pos, self.version == MQTT_5, self.max_packet)
-        else:
-            ids, pos = plain_pubacks(data, 0, self.version == MQTT_5, self.max_packet)
-            if pos < len(data):
-                self.receive_data(data[pos:] if pos else data)
+            self._completed += len(ids)
+            return ids, self._pos < len(self._buf)
+        ids, pos = plain_pubacks(data, 0, self.version == MQTT_5, self.max_packet)
         self._completed += len(ids)
-        return ids
+        if pos < len(data):
+            self.receive_data(data[pos:] if pos else data)
+            return ids, True
+        return ids, False
 
     def _refuse(self, exc):
         if exc.version is None and not exc.in_connect:

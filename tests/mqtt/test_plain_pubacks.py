@@ -60,10 +60,15 @@ def _general(data, version):
 
 
 def _taken(data, cut, version):
-    """``plain_acks`` of ``data`` in two reads cut at ``cut``, then ``next_event`` until it stops: (ids, next)."""
+    """``plain_acks`` of ``data`` in two reads cut at ``cut``, then ``next_event`` until it stops: (ids, next). Each
+    read's answer says whether bytes are left buffered as the parser's ``buffered`` does."""
     parser = MqttParser(version, sender="client")
-    ids = list(parser.plain_acks(data[:cut])) if cut else []
-    ids += parser.plain_acks(data[cut:]) if data[cut:] else []  # a read is never empty (b"": the end)
+    ids = []
+    for read in (data[:cut], data[cut:]):
+        if read:  # a read is never empty (b"": the end)
+            got, rest = parser.plain_acks(read)
+            assert rest == (parser.buffered > 0)
+            ids += got
     return _rest(parser, ids)
 
 
@@ -96,6 +101,6 @@ def test_the_parser_takes_what_next_event_would_split_at_every_byte(monkeypatch,
 def test_no_pubacks_before_the_version_is_known(monkeypatch, twin):
     monkeypatch.setattr(wire, "plain_pubacks", twin)
     parser = MqttParser(sender="client")
-    assert list(parser.plain_acks(bytes([0x40, 2, 0, 1]))) == []
+    assert list(parser.plain_acks(bytes([0x40, 2, 0, 1]))[0]) == []
     with pytest.raises(MqttError):
         parser.next_event()  # the first packet must be CONNECT
