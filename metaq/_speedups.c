@@ -40,7 +40,8 @@
  *   mqtt_burst_frames(staged, largest)            == metaq.mqtt.port.burst_frames_py
  *   mqtt_read_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish)
  *                                                 == metaq.mqtt.wire.read_publishes_py (_mqttturn.c)
- *   mqtt_plain_pubacks(buf, pos, v5, max_packet) == metaq.mqtt.wire.plain_pubacks_py (_mqttacks.c)
+ *   mqtt_end_pubacks(buf, pos, v5, max_packet, inflight, where, state)
+ *                                                 == metaq.mqtt.wire.end_pubacks_py (_mqttacks.c)
  *   mqtt_split, mqtt_publish_bytes, mqtt_pubacks  == metaq.mqtt.wire's split_py, publish_bytes_py and
  *                                                 encode_pubacks_py (_mqttwire.c)
  *
@@ -1113,8 +1114,9 @@ static PyMethodDef methods[] = {
     {"mqtt_read_publishes", mqtt_read_publishes, METH_VARARGS,
      "mqtt_read_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish) -> (entries, pos, "
      "qos1, nbytes, pubacks): mqtt_plain_publishes and the PUBACKs of the QoS 1 ones (_mqttturn.c)"},
-    {"mqtt_plain_pubacks", mqtt_plain_pubacks, METH_VARARGS,
-     "mqtt_plain_pubacks(buf, pos, v5, max_packet) -> (packet ids, pos): the plain PUBACKs next in buf (_mqttacks.c)"},
+    {"mqtt_end_pubacks", mqtt_end_pubacks, METH_VARARGS,
+     "mqtt_end_pubacks(buf, pos, v5, max_packet, inflight, where, state) -> (taken, ended, pos): the plain PUBACKs "
+     "next in buf, each ending its message in flight (_mqttacks.c)"},
     {"mqtt_split", (PyCFunction)(void (*)(void))mqtt_split, METH_FASTCALL,
      "mqtt_split(buf, pos, max_packet, version, names, publish, puback) -> (packet, a, b): the next MQTT packet's "
      "bounds, a plain PUBLISH or PUBACK decoded (_mqttwire.c)"},

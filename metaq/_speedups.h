@@ -28,8 +28,9 @@ PyObject *mqtt_pubacks(PyObject *self, PyObject *ids);
    the second with the PUBACKs of its QoS 1 PUBLISHes. */
 PyObject *mqtt_plain_publishes(PyObject *self, PyObject *args);
 PyObject *mqtt_read_publishes(PyObject *self, PyObject *args);
-/* mqtt_plain_pubacks (_mqttacks.c): the MQTT subscriber's read of PUBACKs split in one step. */
-PyObject *mqtt_plain_pubacks(PyObject *self, PyObject *args);
+/* mqtt_end_pubacks (_mqttacks.c): the MQTT subscriber's read of PUBACKs split and its messages in flight ended in one
+   step. */
+PyObject *mqtt_end_pubacks(PyObject *self, PyObject *args);
 /* encode_fields (_pbwrite.c): protobuf fields written from (field number, value) pairs; metaq/rmq5/messagebytes.py. */
 PyObject *encode_fields(PyObject *self, PyObject *args);
 /* served_record (_servedmsg.c): a served RocketMQ 5 message's bytes from its log record; metaq/rmq5/messagebytes.py. */

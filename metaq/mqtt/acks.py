@@ -50,14 +50,37 @@ class Acknowledgements:
         """Send ``packet`` after every acknowledgement queued before it, once ``wait`` (``(topic, PutResult, now,
         cuts)`` of a put not yet acknowledgeable, ``cuts`` the log's ``log_cuts`` read right after its write: the
         wait begins later, in the writer's greenlet) may be acknowledged; ``counted``: it ends one of the client's
-        unacknowledged PUBLISHes."""
-        if wait is None and type(packet) is PubAckRun and self._writer is None and not self._queue \
-                and self._now(packet):
+        unacknowledged PUBLISHes. A ``PubAckRun`` goes as ``pubacks`` sends one."""
+        if type(packet) is PubAckRun:
+            self.pubacks(packet.encoded(), wait, packet)
             return
+        self._append((packet, wait, counted))
+
+    def pubacks(self, data, wait=None, run=None):
+        """Send a burst's PUBACKs, ``data`` their bytes (4 a PUBACK, in order, ``wire.encode_pubacks``'s), as one
+        ``PubAckRun`` (``run`` when made already) after every acknowledgement queued before it, once the burst may be
+        acknowledged (``wait``: ``burst_durable``'s arguments; None: at once). Acknowledged at once with nothing queued
+        before them, the common case of a burst with ``flush: async``, they are written from the reader's turn when
+        the socket takes them without waiting (``try_send``): no entry, no writer greenlet. A part written: the
+        writer finishes it before anything else. Else (TLS, the socket's buffer full, another writer inside a
+        packet) they are queued."""
+        if wait is None and self._writer is None and not self._queue:
+            sent = self.conn.try_send(data)
+            if sent:
+                self.unacked -= len(data) >> 2
+                if sent < len(data):
+                    self._append((b"", None, False))  # ``send_bytes`` writes what ``try_send`` left first
+                if self._sent is not None:
+                    self._sent.set()
+                return
+        self._append((PubAckRun(encoded=data) if run is None else run, wait, False))
+
+    def _append(self, entry):
+        """Queue ``entry`` (``(packet, wait, counted)``) for the writer, started when none runs."""
         self.pending += 1
         if self._queue is None:
             self._queue = deque()
-        self._queue.append((packet, wait, counted))
+        self._queue.append(entry)
         if self._writer is None:
             self._writer = gevent.spawn(self._write_all)
 
@@ -96,22 +119,6 @@ class Acknowledgements:
         if self._writer is not None:
             self._writer.kill(block=False)
 
-    def _now(self, run):
-        """Write a burst's PUBACKs from the reader's turn, nothing being queued before them, when the socket takes
-        them without waiting (``try_send``): the common case of a burst acknowledged at once (flush async) needs no
-        writer greenlet. A part written: the writer finishes it before anything else. False when they must be queued
-        instead (TLS, the socket's buffer full, another writer inside a packet)."""
-        data = run.encoded()
-        sent = self.conn.try_send(data)
-        if not sent:
-            return False
-        self.unacked -= run.count
-        if sent < len(data):
-            self.queue(b"")  # ``send_bytes`` writes what ``try_send`` left first
-        if self._sent is not None:
-            self._sent.set()
-        return True
-
     def _write_all(self):
         """The writer: sends what ``queue`` queued, in order, and ends when none is left (the next ``queue`` starts
         it again)."""
@@ -127,7 +134,7 @@ class Acknowledgements:
             if type(packet) is PubAckRun:
                 self._write_run(packet, wait)
             elif type(packet) is bytes:  # an answer encoded when it was queued (it must follow the
-                self.conn.send_bytes(packet)  # acknowledgements), or the rest of a PUBACK run ``_now`` began
+                self.conn.send_bytes(packet)  # acknowledgements), or the rest of a PUBACK run ``pubacks`` began
             else:
                 self._write_one(packet, wait, counted)
         finally:

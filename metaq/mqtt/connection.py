@@ -229,7 +229,11 @@ class Connection(core.Connection):
 
     def serve(self):
         """One turn (``parks``): read and handle packets until the connection is idle (parked: this returns, the
-        core calls it again when bytes arrive) or ends (then ``_end``)."""
+        core calls it again when bytes arrive) or ends (then ``_end``). A read beginning with a PUBACK, a
+        subscriber's common turn, goes to ``Subscriptions.read_pubacks``; one to a connection holding staging plans
+        and write decisions, a device's, to ``Publishes.read``: each takes the plain packets the read begins with in
+        one step and leaves what follows them, from the first other or partial packet on, to ``_process`` (None),
+        in order. Any other read goes to ``_process`` whole."""
         parked = False
         try:
             data = self.receive()
@@ -238,21 +242,29 @@ class Connection(core.Connection):
                           and self.tls_hello(data)):  # its first bytes: nothing parsed before them
                 return
             publishes = self.publishes
+            parser = self.parser
+            ports = self.port.core  # (its ``closing``: the broker is shutting down)
             while data is not None and not self.closed:
                 self._handling = True
                 try:
-                    if data and data[0] == PUBACK_FIRST and self.mqtt is not None:
-                        went = self._ack_turn(data)
-                    elif data and publishes.plans and publishes.decided:
-                        went = self._publish_turn(data)
+                    if not data:
+                        parser.receive_data(data)  # the end of the stream
+                        self._process()
+                        return
+                    if data[0] == PUBACK_FIRST and self.mqtt is not None:
+                        went = self.subscriptions.read_pubacks(parser, data)
+                    elif publishes.plans and publishes.decided:
+                        went = publishes.read(parser, data)
                     else:
-                        self.parser.receive_data(data)
+                        parser.receive_data(data)
+                        went = None
+                    if went is None:
                         went = self._process()
-                    if not went or not data:
+                    if not went:
                         return
                 finally:
                     self._handling = False
-                if self.port.closing:
+                if ports.closing:
                     return
                 data = self.receive()
                 parked = data is core.PARKED
@@ -263,36 +275,6 @@ class Connection(core.Connection):
                 self._end()
             else:
                 self.publishes.parked()  # a device's few plans and decisions kept for its next turn
-
-    def _publish_turn(self, data):
-        """Handle the bytes a read brought (``data``, not empty) to a connection holding staging plans and write
-        decisions; False when the connection must close. A read that is only plain PUBLISHes of names staged before,
-        whose write decisions stand, the common turn of a device, is split and staged in one step
-        (``Publishes.stage_read``) and stored at once; whatever else it holds, from the first other or partial packet
-        on, is handled by ``_process``, in order."""
-        publishes = self.publishes
-        went = publishes.stage_read(self.parser, data)
-        if went is None or (went and not self.closed and self.parser.buffered):
-            return self._process()
-        try:
-            return bool(went) and not self.closed and publishes.flush()
-        finally:
-            publishes.drop()  # not stored: the connection closes without acknowledging them
-
-    def _ack_turn(self, data):
-        """Handle the bytes a read brought (``data``, beginning as a PUBACK does) to a connected client; False when
-        the connection must close. The plain PUBACKs it begins with, a subscriber's common turn, are split in one step
-        (``MqttParser.plain_acks``) and end their messages in flight at once (``Subscriptions.pubacks``); whatever
-        follows them, from the first other or partial packet on, is handled by ``_process``, in order. Nothing is
-        staged between reads, so no PUBLISH is passed over."""
-        ids = self.parser.plain_acks(data)
-        if ids:
-            self.subscriptions.pubacks(ids)
-            if self.closed:
-                return False
-            if not self.parser.buffered:
-                return True
-        return self._process()
 
     def _process(self):
         """Handle every whole packet buffered; False when the connection must close. The PUBLISHes among them ask
@@ -472,7 +454,7 @@ _HANDLERS = {
     wire.Connect: lambda conn, p: connect(conn, conn.port, p),
 }
 
-#: A PUBACK's first byte (its type, no flags): a read beginning with it takes ``Connection._ack_turn``.
+#: A PUBACK's first byte (its type, no flags): a read beginning with it takes ``Subscriptions.read_pubacks``.
 PUBACK_FIRST = wire.PUBACK << 4
 
 #: The PINGRESP, encoded once: the same two bytes in every version.

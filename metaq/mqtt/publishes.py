@@ -16,16 +16,18 @@ PUBACK/PUBREC, MQTT 5 QoS 0 is dropped (logged), MQTT 3.1.1 (which has no negati
 """
 
 import logging
+import time
 
 from metaq import errors, limits
+from metaq.limits import MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES
 from metaq.mqtt import wire
-from metaq.mqtt.acks import PubAckRun
 from metaq.mqtt.records import RecordRefusal, plain_plan, stored_message
 from metaq.mqtt.wire import MQTT_5
 from metaq.server.clock import now_ms
 from metaq.server.putpath import ACK_NOW
 
 log = logging.getLogger(__name__)
+_time = time.time
 
 #: Longest Reason String a refused PUBACK or PUBREC carries (the refusal's words, cut).
 MAX_REASON_CHARS = 256
@@ -84,7 +86,7 @@ class Publishes:
         self._burst = []  # PUBLISHes staged, not yet stored: (topic, partition, flag, data, packet, name)
         self._burst_bytes = 0
         self._burst_now = 0  # the burst's time (epoch ms): its records' store time
-        self._pubacks = None  # the burst's PUBACKs as one read's split made them (stage_read), while it is all of it
+        self._pubacks = None  # the burst's PUBACKs as one read's split made them (``read``), while it is all of it
 
     def publish(self, p):
         """A PUBLISH: staged in the burst, or stored alone (QoS 2, retained); False when the connection must close."""
@@ -199,19 +201,33 @@ class Publishes:
         self._pubacks = None
         return self._add(staged, qos1, nbytes)
 
-    def stage_read(self, parser, data):
-        """``stage_plain`` of the bytes a read brought, given to ``parser`` first (``wire.MqttParser.plain_read``:
-        split from ``data`` itself when nothing was buffered before it, their PUBACKs made in the same step and sent
-        as they are when the burst is only them). None when they began with no such PUBLISH (all of ``data`` is then
-        in the parser's buffer); else False when the connection must close."""
-        burst = self._burst
-        staged, qos1, nbytes, pubacks = parser.plain_read(
-            data, self.plans, self._decisions(), self.conn.settings.receive_maximum - self.acks.unacked,
-            limits.MQTT_PUBLISH_BURST - len(burst), limits.MQTT_PUBLISH_BURST_BYTES - self._burst_bytes)
+    def read(self, parser, data):
+        """The bytes a read brought (``data``, not empty) to the reader's turn, which begins with no burst staged:
+        the plain PUBLISHes they begin with are split and staged in one step (``wire.MqttParser.plain_read``: from
+        ``data`` itself when nothing was buffered before it, their PUBACKs made in the same step) and, when nothing
+        follows them, stored and acknowledged at once (``flush``: the PUBACKs sent as made). None when the rest is
+        for the general path (``Connection._process``, with what is staged): the read began with no such PUBLISH,
+        or other or partial packets follow them (all not taken is in the parser's buffer); else False when the
+        connection must close."""
+        acks = self.acks
+        staged, qos1, nbytes, pubacks, rest = parser.plain_read(
+            data, self.plans, self._decisions(), self.conn.settings.receive_maximum - acks.unacked,
+            MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES)
         if not staged:
             return None
-        self._pubacks = None if burst else pubacks
-        return self._add(staged, qos1, nbytes)
+        self._burst = staged
+        self._burst_now = int(_time() * 1000)  # (``clock.now_ms``)
+        self._burst_bytes = nbytes
+        self._pubacks = pubacks
+        acks.unacked += qos1
+        try:
+            if len(staged) >= MQTT_PUBLISH_BURST or nbytes >= MQTT_PUBLISH_BURST_BYTES or not rest:
+                if not self.flush():
+                    return False
+            return False if self.conn.closed else (None if rest else True)
+        except BaseException:
+            self.drop()  # not stored: the connection closes without acknowledging them
+            raise
 
     def _add(self, staged, qos1, nbytes):
         """Add ``staged`` (split and staged entries, ``qos1`` of them at QoS 1, their records' ``nbytes``) to the
@@ -257,13 +273,11 @@ class Publishes:
             mode = port.burst_mode(keys, now, lambda: port.deliver_now(keys, burst, runs, lambda k: (
                 stored_message(burst[k][5], burst[k][4].payload, burst[k][4].qos, client_id, burst[k][4].properties,
                                False, now))))
-            if pubacks is not None and exc is None:
-                run = PubAckRun(encoded=pubacks) if pubacks else None
-            else:
+            if pubacks is None or exc is not None:
                 ids = [e[4].packet_id for e in (burst[:stored] if exc is not None else burst) if e[4].qos]
-                run = PubAckRun(ids) if ids else None
-            if run is not None:
-                self.acks.queue(run, None if mode == ACK_NOW else (keys, log_end, now, cuts))
+                pubacks = wire.encode_pubacks(ids) if ids else None
+            if pubacks:
+                self.acks.pubacks(pubacks, None if mode == ACK_NOW else (keys, log_end, now, cuts))
         if exc is None:
             return True
         self.decided.clear()

@@ -234,28 +234,14 @@ class MqttSession:
 
     def acknowledged(self, packet_id, state):
         """The client's PUBACK (``state`` PUBLISH_SENT, QoS 1) or PUBCOMP (PUBREL_SENT, QoS 2) of ``packet_id``: True
-        when it ends a message in flight in that state (an unknown one is ignored)."""
+        when it ends a message in flight in that state (an unknown one is ignored). A subscriber's read of plain
+        PUBACKs ends its messages the same way in one step (``wire.end_pubacks``)."""
         if self.inflight.get(packet_id) == state:
             del self.inflight[packet_id]
             self.where.pop(packet_id, None)
             self.dirty = True
             return True
         return False
-
-    def pubacks(self, packet_ids):
-        """The client's PUBACKs of ``packet_ids``, in order: ``acknowledged(packet_id, PUBLISH_SENT)`` of each;
-        how many ended a message in flight."""
-        inflight = self.inflight
-        where = self.where
-        ended = 0
-        for packet_id in packet_ids:
-            if inflight.get(packet_id) == PUBLISH_SENT:
-                del inflight[packet_id]
-                where.pop(packet_id, None)
-                ended += 1
-        if ended:
-            self.dirty = True
-        return ended
 
     def received(self, packet_id):
         """The client's PUBREC of ``packet_id``: True when the PUBREL is to be sent (a PUBREL once sent is sent

@@ -124,18 +124,28 @@ class Subscriptions:
                 delivery.wake()
         return True
 
-    def pubacks(self, packet_ids):
-        """The client's PUBACKs of ``packet_ids`` (one read's, in order), as ``acknowledged`` of each: the delivery
-        is woken once when one of them would have woken it (its window was full before the first, or it is in a
-        shared group)."""
+    def read_pubacks(self, parser, data):
+        """The bytes a read brought (``data``, beginning as a PUBACK does) to a connected client, a subscriber's
+        common turn: the plain PUBACKs they begin with are split and end their messages in flight in one step
+        (``wire.MqttParser.end_acks``: as ``acknowledged`` ends each), the delivery woken once when one of them would
+        have woken it (its window was full before the first, or it is in a shared group). None when the rest is for
+        the general path (``Connection._process``: whatever follows them, from the first other or partial packet on,
+        all in the parser's buffer); True when the read was only those; False when the connection must close.
+        Nothing is staged between reads, so no PUBLISH is passed over."""
         conn = self.conn
         session = conn.mqtt
-        ended = session.pubacks(packet_ids)
+        taken, ended, rest = parser.end_acks(data, session.inflight, session.where, PUBLISH_SENT)
+        if not taken:
+            return None
         if ended:
+            session.dirty = True  # (``MqttSession.acknowledged``'s)
             delivery = self.delivery
-            if delivery is not None and (session.shared or len(session.inflight) + ended >= conn.inflight_window):
+            if delivery is not None and (session.shared or len(session.inflight) + ended >= min(
+                    conn.settings.max_inflight, conn.client_receive_max)):  # (``inflight_window``)
                 delivery.wake()
-        return True
+        if conn.closed:
+            return False
+        return None if rest else True
 
     def pubrec(self, p):
         """The client's PUBREC of a QoS 2 delivery: PUBREL. A persistent session writes the first PUBREC of a message

@@ -884,8 +884,7 @@ def plain_pubacks_py(buf, pos, v5, max_packet):
     (``v5``) an optional reason code a PUBACK may carry and an optional empty property length), within
     ``max_packet``: ``(their packet ids, in order, next pos)``, the subscriber's read of acknowledgements in one
     step. It stops before the first packet that is not one (anything else, a refusal included, is the general
-    path's: ``_next_event``). ``metaq._speedups``'s ``mqtt_plain_pubacks`` is this function in C (the tests hold the
-    two equal)."""
+    path's: ``_next_event``); ``end_pubacks``'s split."""
     ids = []
     end = len(buf)
     while end - pos >= 4 and buf[pos] == 0x40:
@@ -898,6 +897,22 @@ def plain_pubacks_py(buf, pos, v5, max_packet):
         ids.append(packet_id)
         pos += 2 + n
     return ids, pos
+
+
+def end_pubacks_py(buf, pos, v5, max_packet, inflight, where, state):
+    """``plain_pubacks_py``'s PUBACKs, each ending its packet id's message in flight as ``MqttSession.acknowledged``
+    does: deleted from ``inflight`` (a session's, packet id -> state) when held there in ``state``, and from
+    ``where``. ``(how many PUBACKs taken, how many messages ended, next pos)``: the subscriber's read of
+    acknowledgements and their effect in one step. ``metaq._speedups``'s ``mqtt_end_pubacks`` is this function in C
+    (the tests hold the two equal)."""
+    ids, pos = plain_pubacks_py(buf, pos, v5, max_packet)
+    ended = 0
+    for packet_id in ids:
+        if inflight.get(packet_id) == state:
+            del inflight[packet_id]
+            where.pop(packet_id, None)
+            ended += 1
+    return len(ids), ended, pos
 
 
 def _plain_bounds(buf, pos, end, max_packet):
@@ -1006,13 +1021,14 @@ class MqttParser(StreamParser):
 
     def plain_read(self, data, plans, decided, room, count, nbytes):
         """``receive_data(data)`` then the plain PUBLISHes buffered next, split and staged with the PUBACKs of the
-        QoS 1 ones (``read_publishes``): ``(entries, how many at QoS 1, their records' bytes, PUBACKs)``, as
-        ``plain_publishes`` answers. When nothing is buffered before ``data`` (a device's read holding whole packets)
-        they are split from ``data`` itself and only what follows them is buffered (for ``next_event``)."""
+        QoS 1 ones (``read_publishes``): ``(entries, how many at QoS 1, their records' bytes, PUBACKs, whether
+        bytes are left buffered)``, as ``plain_publishes`` answers. When nothing is buffered before ``data`` (a
+        device's read holding whole packets) they are split from ``data`` itself and only what follows them is
+        buffered (for ``next_event``)."""
         if self._pos < len(self._buf) or self._fatal is not None or self._eof or self.version is None or not data:
             self.receive_data(data)
             if self._fatal is not None or self.version is None:
-                return (), 0, 0, b""
+                return (), 0, 0, b"", self._pos < len(self._buf)
             data, start = self._buf, self._pos
         else:
             start = 0
@@ -1022,26 +1038,33 @@ class MqttParser(StreamParser):
             self._completed += len(entries)
         if data is self._buf:
             self._pos = pos
-        elif pos < len(data):
+            return entries, qos1, taken, acks, pos < len(data)
+        if pos < len(data):
             self.receive_data(data[pos:] if pos else data)
-        return entries, qos1, taken, acks
+            return entries, qos1, taken, acks, True
+        return entries, qos1, taken, acks, False
 
-    def plain_acks(self, data):
-        """``receive_data(data)`` then the packet ids of the plain PUBACKs buffered next (``plain_pubacks``),
-        consumed as ``next_event`` would have returned them; whatever follows them is left for ``next_event``. When
-        nothing is buffered before ``data`` (a subscriber's read holding whole PUBACKs) they are split from ``data``
-        itself and only what follows them is buffered. No ids before the version is known or after a refusal."""
+    def end_acks(self, data, inflight, where, state):
+        """``receive_data(data)`` then the plain PUBACKs buffered next, each ending its message in flight
+        (``end_pubacks``: ``inflight``, ``where`` and ``state`` a session's), consumed as ``next_event`` would have
+        returned them; whatever follows them is left for ``next_event``: ``(PUBACKs taken, messages ended, whether
+        bytes are left buffered)``. When nothing is buffered before ``data`` (a subscriber's read holding whole
+        PUBACKs) they are split from ``data`` itself and only what follows them is buffered. None taken before the
+        version is known or after a refusal."""
         if self._pos < len(self._buf) or self._fatal is not None or self._eof or self.version is None or not data:
             self.receive_data(data)
             if self._fatal is not None or self.version is None:
-                return ()
-            ids, self._pos = plain_pubacks(self._buf, self._pos, self.version == MQTT_5, self.max_packet)
-        else:
-            ids, pos = plain_pubacks(data, 0, self.version == MQTT_5, self.max_packet)
-            if pos < len(data):
-                self.receive_data(data[pos:] if pos else data)
-        self._completed += len(ids)
-        return ids
+                return 0, 0, self._pos < len(self._buf)
+            taken, ended, self._pos = end_pubacks(self._buf, self._pos, self.version == MQTT_5, self.max_packet,
+                                                  inflight, where, state)
+            self._completed += taken
+            return taken, ended, self._pos < len(self._buf)
+        taken, ended, pos = end_pubacks(data, 0, self.version == MQTT_5, self.max_packet, inflight, where, state)
+        self._completed += taken
+        if pos < len(data):
+            self.receive_data(data[pos:] if pos else data)
+            return taken, ended, True
+        return taken, ended, False
 
     def _refuse(self, exc):
         if exc.version is None and not exc.in_connect:
@@ -1089,7 +1112,7 @@ class MqttParser(StreamParser):
 
 plain_publishes = load("mqtt_plain_publishes", plain_publishes_py)
 read_publishes = load("mqtt_read_publishes", read_publishes_py)
-plain_pubacks = load("mqtt_plain_pubacks", plain_pubacks_py)
+end_pubacks = load("mqtt_end_pubacks", end_pubacks_py)
 split = load("mqtt_split", split_py)
 
 

@@ -106,6 +106,7 @@ LINGER_SLACK_S = 0.001
 
 _PARKING = -1  # Connection.parked_key: receive() returned PARKED, the core has not armed its watcher yet
 _WOKEN = -2  # Connection.parked_key: its watcher saw bytes (or the end): the next receive reads, it does not park
+_monotonic = time.monotonic
 
 
 class IdleWheel:
@@ -515,7 +516,7 @@ class Connection:
         self.read_watcher = None  # while parked: the loop's read watcher on its socket
         self.linger_watcher = None  # ``_linger``'s read watcher, from its first linger until it closes
         self.linger_timer = None  # ``_linger``'s timer, from its first linger until it closes
-        self._readable = False  # ``_idle_wait`` saw the socket readable (a linger or a wake): ``receive`` reads at once
+        self._readable = False  # ``receive`` saw the socket readable (a linger or a wake): it reads at once
 
     @property
     def peer(self):
@@ -585,7 +586,13 @@ class Connection:
 
     def receive(self, nbytes=RECV_BYTES):
         """The next bytes from the peer, or None when the connection is over (closed, reset, a deadline passed);
-        ``PARKED`` (a connection that ``parks``, idle): nothing yet, its ``serve`` returns (see the class doc)."""
+        ``PARKED`` (a connection that ``parks``, idle): nothing yet, its ``serve`` returns (see the class doc).
+
+        Between requests it waits until the idle deadline (at least 1 ms: past it, what already arrived is still
+        read, else the connection ends), and a request held before is whole now; a connection that ``parks`` first
+        lingers ``park_after_s`` (less what it has been idle so far) and parks when nothing came. Inside a request
+        it waits until the request deadline (``_request_wait``). Each of a busy connection's reads is one call:
+        the wait between requests is worked out here, not in a function of its own."""
         if self.closed:
             return None
         if self._login_deadline is not None and self._login_left() <= 0:
@@ -594,28 +601,34 @@ class Connection:
         parser = self.parser
         in_request = parser is not None and parser.in_frame
         if not in_request:
-            timeout, silent = self._idle_wait(), False
-            if timeout is PARKED:
+            silent = False
+            self._request_deadline = None
+            if self._partial:  # the request it held is whole now
+                self._pool.partial_bytes -= self._partial
+                self._partial = 0
+            if self._idle_until is None:  # idle from here (until bytes arrive): the whole idle time (no arithmetic)
+                timeout = self.idle_timeout
+                self._idle_until = _monotonic() + timeout
+            else:
+                timeout = self._idle_until - _monotonic()
+            if timeout > 0 and self.parks and self.served_by is not None and self._linger(timeout) is PARKED:
                 return PARKED
+            timeout = max(0.001, timeout)
         else:
             timeout, silent = self._request_wait()
             if timeout is None:
                 return None
         by_login = False
         if self._login_deadline is not None:
-            login_left = self._login_left()  # again: lingering or waiting for room in the budget took some of it
-            by_login = login_left < timeout
-            if by_login:
-                timeout = max(0.001, login_left)
+            timeout, by_login = self._login_bound(timeout)
         # The timeout becomes the socket's (its sends until the next read wait as long). A plain socket's is set only
-        # when it differs (a busy connection's is the whole idle time, read after read); one that ``_idle_wait`` saw
-        # readable is read at once on gevent's underlying non-blocking socket, and the waiting way when nothing is
+        # when it differs (a busy connection's is the whole idle time, read after read); one seen readable (a linger
+        # or a wake) is read at once on gevent's underlying non-blocking socket, and the waiting way when nothing is
         # there after all (a spurious wake).
         sock = self.sock
         try:
             if self.tls:
-                sock.settimeout(timeout)
-                data = sock.recv(nbytes if self.tls_bio else TLS_RECORD_BYTES)
+                data = self._tls_receive(timeout, nbytes)
             else:
                 if sock.timeout != timeout:
                     sock.settimeout(timeout)
@@ -630,39 +643,28 @@ class Connection:
         except OSError as exc:  # socket.timeout included
             return self._receive_failed(exc, nbytes, by_login, silent, in_request)
         self._idle_until = self.parked_key = None
-        if self.tls and data and not self.tls_bio:  # (a BioTls read takes every record already arrived)
-            data = self._more_tls(data, nbytes)
         if self.rates is not None and data and self.paces_receive and self.rates.acl.has_rates:
             self.pace("produce", len(data))
         return data
 
-    def _idle_wait(self):
-        """How long a receive between requests waits: until the idle deadline (at least 1 ms: past it, what already
-        arrived is still read, else the connection ends); PARKED when the connection parks instead (after
-        lingering ``park_after_s``, less what it has been idle so far). A request held before is whole now."""
-        self._request_deadline = None
-        if self._partial:  # the request it held is whole now
-            self._pool.partial_bytes -= self._partial
-            self._partial = 0
-        now = time.monotonic()
-        if self._idle_until is None:  # idle from here (until bytes arrive): the whole idle time (no arithmetic)
-            self._idle_until = now + self.idle_timeout
-            timeout = self.idle_timeout
-        else:
-            timeout = self._idle_until - now
-        if timeout > 0 and self.parks and self.served_by is not None:
-            if self.parked_key == _WOKEN:  # its watcher saw bytes (or the end)
-                self._readable = True
-                return max(0.001, timeout)
-            linger = self.park_after_s - (self.idle_timeout - timeout)  # less what it has been idle so far
-            # a plain socket's linger needs no look first: its wait returns at once when bytes are in the kernel
-            if not ((linger > 0 and not self.tls) or self._may_park()):
-                return max(0.001, timeout)
-            if linger <= 0 or not self._linger(min(linger, timeout)):
-                self.parked_key = _PARKING  # (the core's read watcher while parked is its linger watcher)
-                return PARKED
-            self._readable = True
-        return max(0.001, timeout)
+    def _login_bound(self, timeout):
+        """``(timeout, by_login)`` of a receive of a connection still to log in: ``timeout`` cut to the login
+        deadline when that comes first (``by_login``), as it stands now (lingering or waiting for room in the budget
+        took some of it)."""
+        login_left = self._login_left()
+        if login_left < timeout:
+            return max(0.001, login_left), True
+        return timeout, False
+
+    def _tls_receive(self, timeout, nbytes):
+        """A TLS socket's read within ``timeout``: one record, and the records already arrived after it (a BioTls
+        read takes every record already arrived itself); OSError as the socket raises it."""
+        sock = self.sock
+        sock.settimeout(timeout)
+        if self.tls_bio:
+            return sock.recv(nbytes)
+        data = sock.recv(TLS_RECORD_BYTES)
+        return self._more_tls(data, nbytes) if data else data
 
     def _request_wait(self):
         """``(timeout, silent)`` of a receive inside a request: until the request deadline, which each bit of
@@ -703,22 +705,38 @@ class Connection:
             log.info("%s %s: receive failed: %s", self.log_prefix, self.peer, exc)
         return None
 
-    def _linger(self, seconds):
-        """Wait up to ``seconds`` in this greenlet for bytes (or the end) from the peer: True when they came (the
-        receive reads them), False when none did (it parks). The connection's one read watcher for it
-        (``linger_watcher``) is made at its first linger and kept until it closes, the core's read watcher while it
-        is parked: a busy connection lingers between every two packets, a device's connection parks after each. Its
-        timer is kept as long (``linger_timer``, ``park_after_s`` long: the linger that begins as the connection goes
-        idle); a shorter linger (idle for a while already) has a timer of its own."""
+    def _linger(self, timeout):
+        """Between requests, a connection that ``parks`` (its idle deadline ``timeout`` seconds away, not passed):
+        PARKED when it parks now; else None, the receive reads (at once, ``_readable``, when its watcher saw bytes or
+        the end: a wake, or bytes within the linger), or waits as any read when it did not linger (TLS holding a
+        record, or bytes already in the kernel: ``_may_park``). It lingers ``park_after_s``, less what it has been
+        idle so far (at most until the idle deadline), in this greenlet, and parks when nothing came. The
+        connection's one read watcher for it (``linger_watcher``) is made at its first linger and kept until it
+        closes, the core's read watcher while it is parked: a busy connection lingers between every two packets, a
+        device's connection parks after each. Its timer is kept as long (``linger_timer``, ``park_after_s`` long:
+        the linger that begins as the connection goes idle); a shorter linger (idle for a while already) has a
+        timer of its own."""
+        if self.parked_key == _WOKEN:  # its watcher saw bytes (or the end)
+            self._readable = True
+            return None
+        seconds = self.park_after_s - (self.idle_timeout - timeout)  # less what it has been idle so far
+        # a plain socket's linger needs no look first: its wait returns at once when bytes are in the kernel
+        if not ((seconds > 0 and not self.tls) or self._may_park()):
+            return None
+        if seconds <= 0:
+            self.parked_key = _PARKING  # (the core's read watcher while parked is its linger watcher)
+            return PARKED
+        if seconds > timeout:
+            seconds = timeout
         watcher = self.linger_watcher
         timer = self.linger_timer
-        if watcher is None or (timer is None and seconds >= self.park_after_s - LINGER_SLACK_S):
+        kept = seconds >= self.park_after_s - LINGER_SLACK_S
+        if watcher is None or (timer is None and kept):
             loop = gevent.get_hub().loop
             if watcher is None:
                 watcher = self.linger_watcher = loop.io(self.sock.fileno(), 1)
             if timer is None:
                 timer = self.linger_timer = loop.timer(self.park_after_s, self.park_after_s)
-        kept = seconds >= self.park_after_s - LINGER_SLACK_S
         if not kept:
             timer = gevent.get_hub().loop.timer(seconds)
         switch = gevent.getcurrent().switch
@@ -738,7 +756,11 @@ class Connection:
                 timer.close()
             if self.closed:
                 self._close_linger_watcher()
-        return came is not False
+        if came is False:
+            self.parked_key = _PARKING
+            return PARKED
+        self._readable = True
+        return None
 
     def _close_linger_watcher(self):
         watcher, self.linger_watcher = self.linger_watcher, None

@@ -1,5 +1,5 @@
-"""The subscriber's turn (``Connection._ack_turn``): a read that begins with PUBACKs has them split in one step
-(``MqttParser.plain_acks``) and each ends its message in flight once, in order, as the general path would; whatever
+"""The subscriber's turn (``Subscriptions.read_pubacks``): a read that begins with PUBACKs has them split in one step
+(``MqttParser.end_acks``) and each ends its message in flight once, in order, as the general path would; whatever
 follows them in the read (a PINGREQ, a part of a packet) is handled in its place; a PUBACK of an unknown packet id
 is ignored; a persistent session's unacknowledged message is sent again after a reconnect (docs/mqtt.md)."""
 

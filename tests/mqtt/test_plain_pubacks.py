@@ -1,23 +1,30 @@
-"""A subscriber's read of PUBACKs split in one step (``wire.plain_pubacks_py`` and its C twin ``metaq._speedups``'s
-``mqtt_plain_pubacks``; ``MqttParser.plain_acks``): the two give the same answers on every input, and the parser
-takes exactly the PUBACKs ``next_event`` would have returned, in order, leaving the rest (another packet, a PUBACK the
-general decoder refuses, a part of one) to ``next_event``, whether the bytes come whole or split at any byte."""
+"""A subscriber's read of PUBACKs split and its messages in flight ended in one step (``wire.end_pubacks_py`` and its C
+twin ``metaq._speedups``'s ``mqtt_end_pubacks``; ``MqttParser.end_acks``): the two give the same answers and leave the
+same session state (an OrderedDict's order included) on every input, and the parser takes exactly the PUBACKs
+``next_event`` would have returned, ending each as ``MqttSession.acknowledged`` would, leaving the rest (another
+packet, a PUBACK the general decoder refuses, a part of one) to ``next_event``, whether the bytes come whole or split
+at any byte."""
 
 import random
+from collections import OrderedDict
 
 import pytest
 
 from metaq.mqtt import wire
+from metaq.mqtt.session import PUBLISH_SENT, PUBREL_SENT
 from metaq.mqtt.wire import MQTT_5, MQTT_311, MqttError, MqttParser, PubAck, encode
 
 try:
-    from metaq._speedups import mqtt_plain_pubacks
+    from metaq._speedups import mqtt_end_pubacks
 except ImportError:  # the C helper was not built
-    mqtt_plain_pubacks = None
+    mqtt_end_pubacks = None
 
-needs_c = pytest.mark.skipif(mqtt_plain_pubacks is None, reason="metaq._speedups was not built")
-TWINS = [pytest.param(wire.plain_pubacks_py, id="python"),
-         pytest.param(mqtt_plain_pubacks, id="c", marks=needs_c)]
+needs_c = pytest.mark.skipif(mqtt_end_pubacks is None, reason="metaq._speedups was not built")
+TWINS = [pytest.param(wire.end_pubacks_py, id="python"),
+         pytest.param(mqtt_end_pubacks, id="c", marks=needs_c)]
+
+#: The packet ids PIECES' PUBACKs carry.
+IDS = (1, 0xFFFF, 0x1234, 9, 7, 5, 3, 4)
 
 #: PUBACKs and their neighbours as a client may send them: taken ones, refused ones and other packets.
 PIECES = [
@@ -38,33 +45,67 @@ def _stream(rng):
     return b"".join(rng.choice(PIECES) for _ in range(rng.randrange(0, 8)))
 
 
+def _session(rng):
+    """A session's ``(inflight, where)``: some of ``IDS`` in flight, each as a PUBLISH or a PUBREL sent, in a random
+    order, ``where`` holding some of them."""
+    ids = list(IDS)
+    rng.shuffle(ids)
+    inflight = OrderedDict((i, rng.choice((PUBLISH_SENT, PUBREL_SENT))) for i in ids if rng.random() < 0.7)
+    where = {i: (1, "t", 0, i) for i in inflight if rng.random() < 0.8}
+    return inflight, where
+
+
 @needs_c
 def test_the_c_split_and_the_twin_answer_the_same():
     rng = random.Random(57)
     for _ in range(3000):
         buf = _stream(rng)
         cut = rng.randrange(0, len(buf) + 1)
+        inflight, where = _session(rng)
         for v5 in (False, True):
             for max_packet in (3, 4, 5, 6, 1 << 20):
                 for pos in (0, min(cut, len(buf))):
                     for data in (buf, buf[:cut], bytearray(buf)):
-                        assert mqtt_plain_pubacks(data, pos, v5, max_packet) == \
-                            wire.plain_pubacks_py(data, pos, v5, max_packet), (data, pos, v5, max_packet)
+                        c_state = (OrderedDict(inflight), dict(where))
+                        py_state = (OrderedDict(inflight), dict(where))
+                        assert mqtt_end_pubacks(data, pos, v5, max_packet, *c_state, PUBLISH_SENT) == \
+                            wire.end_pubacks_py(data, pos, v5, max_packet, *py_state, PUBLISH_SENT), \
+                            (data, pos, v5, max_packet)
+                        assert [list(d.items()) for d in c_state] == [list(d.items()) for d in py_state]
+                        c_state[0][0x7777] = PUBLISH_SENT  # the OrderedDict still whole after deletions
+                        assert list(c_state[0])[-1] == 0x7777
+
+
+def _ended(inflight, ids):
+    """``inflight``'s items after ``MqttSession.acknowledged`` of each of ``ids``, in order."""
+    for i in ids:
+        if inflight.get(i) == PUBLISH_SENT:
+            del inflight[i]
+    return list(inflight.items())
 
 
 def _general(data, version):
-    """What ``next_event`` returns for ``data``: the PUBACKs first, then the next event or the refusal."""
+    """What ``next_event`` returns for ``data``: how many PUBACKs first, the session they leave (each acknowledged
+    in turn), then the next event or the refusal."""
     parser = MqttParser(version, sender="client")
     parser.receive_data(data)
-    return _rest(parser, [])
+    ids, after = _rest(parser, [])
+    return len(ids), _ended(OrderedDict((i, PUBLISH_SENT) for i in IDS), ids), after
 
 
 def _taken(data, cut, version):
-    """``plain_acks`` of ``data`` in two reads cut at ``cut``, then ``next_event`` until it stops: (ids, next)."""
+    """``end_acks`` of ``data`` in two reads cut at ``cut``, then ``next_event`` until it stops: as ``_general``.
+    Each read's answer says whether bytes are left buffered as the parser's ``buffered`` does."""
     parser = MqttParser(version, sender="client")
-    ids = list(parser.plain_acks(data[:cut])) if cut else []
-    ids += parser.plain_acks(data[cut:]) if data[cut:] else []  # a read is never empty (b"": the end)
-    return _rest(parser, ids)
+    inflight, taken = OrderedDict((i, PUBLISH_SENT) for i in IDS), 0
+    for read in (data[:cut], data[cut:]):
+        if read:  # a read is never empty (b"": the end)
+            before = len(inflight)
+            got, ended, rest = parser.end_acks(read, inflight, {}, PUBLISH_SENT)
+            assert rest == (parser.buffered > 0) and ended == before - len(inflight)
+            taken += got
+    ids, after = _rest(parser, [])
+    return taken + len(ids), _ended(inflight, ids), after
 
 
 def _rest(parser, ids):
@@ -82,7 +123,7 @@ def _rest(parser, ids):
 @pytest.mark.parametrize("twin", TWINS)
 @pytest.mark.parametrize("version", [MQTT_5, MQTT_311], ids=["v5", "v311"])
 def test_the_parser_takes_what_next_event_would_split_at_every_byte(monkeypatch, twin, version):
-    monkeypatch.setattr(wire, "plain_pubacks", twin)
+    monkeypatch.setattr(wire, "end_pubacks", twin)
     rng = random.Random(version)
     streams = [b"".join(PIECES[:6]) + PIECES[11] + PIECES[0], encode(PubAck(3), version) + PIECES[11]]
     streams += [s for s in (_stream(rng) for _ in range(200)) if s]  # a read is never empty
@@ -94,8 +135,9 @@ def test_the_parser_takes_what_next_event_would_split_at_every_byte(monkeypatch,
 
 @pytest.mark.parametrize("twin", TWINS)
 def test_no_pubacks_before_the_version_is_known(monkeypatch, twin):
-    monkeypatch.setattr(wire, "plain_pubacks", twin)
+    monkeypatch.setattr(wire, "end_pubacks", twin)
     parser = MqttParser(sender="client")
-    assert list(parser.plain_acks(bytes([0x40, 2, 0, 1]))) == []
+    inflight = OrderedDict([(1, PUBLISH_SENT)])
+    assert parser.end_acks(bytes([0x40, 2, 0, 1]), inflight, {}, PUBLISH_SENT)[:2] == (0, 0) and 1 in inflight
     with pytest.raises(MqttError):
         parser.next_event()  # the first packet must be CONNECT

@@ -136,6 +136,7 @@ def _reads(data, version, cuts, plans, decided):
         got = p.plain_read(data[bounds[k]:bounds[k + 1]], plans, decided, 1 << 20, 1 << 20, 1 << 40)
         out += [e[4] for e in got[0]]
         assert got[3] == wire.encode_pubacks_py([e[4].packet_id for e in got[0] if e[4].qos])
+        assert got[4] == (p.buffered > 0)  # whether bytes are left buffered
         while True:
             got = p.plain_publishes(plans, decided, 1 << 20, 1 << 20, 1 << 40)[0]
             if got:

@@ -131,7 +131,7 @@ def test_a_connection_taken_over_mid_turn_handles_nothing_after(mqtt_broker):
 
 def _staged(b, client_id, name, version=wire.MQTT_5):
     """A connection that published once to ``name`` (its staging plan and write decision kept): its next reads of
-    plain PUBLISHes to it take the one-step turn (``Connection._publish_turn``)."""
+    plain PUBLISHes to it take the one-step turn (``Publishes.read``)."""
     raw = _connected(b, client_id, version)
     raw.send_bytes(_publish(name, b"first", 1, version))
     assert raw.read() == wire.PubAck(1)

@@ -541,11 +541,12 @@ class SpuriousWakeEcho(LingeringEcho):
 
     spurious = 0
 
-    def _linger(self, seconds):
+    def _linger(self, timeout):
         if self.spurious:
             self.spurious -= 1
-            return True
-        return super()._linger(seconds)
+            self._readable = True  # (what a linger that saw the socket readable leaves)
+            return None
+        return super()._linger(timeout)
 
 
 def test_a_read_that_finds_nothing_after_a_linger_woke_still_waits_and_reads():
