@@ -1,6 +1,7 @@
 """Permissions files for tests: a few users with known secrets, written where a broker reads them."""
 
 import os
+import time
 
 import yaml
 
@@ -34,6 +35,18 @@ def write_acl(path, users=None, roles=None, allow=None, quotas=None):
         yaml.safe_dump(doc, f)
     os.replace(tmp, str(path))
     return str(path)
+
+
+def reload_user(broker, tmp_path, user, **changes):
+    """Rewrite ``secured_config``'s permissions file with ``user``'s entry changed by ``changes`` and wait until the
+    broker has reloaded it (its log says so)."""
+    users = dict(DEFAULT_USERS)
+    users[user] = dict(users[user], **changes)
+    write_acl(tmp_path / "acl.yaml", users=users, roles=DEFAULT_ROLES)
+    wait = time.monotonic() + 10
+    while "reloaded: 4 users" not in broker.log_text() and time.monotonic() < wait:
+        time.sleep(0.05)
+    assert "reloaded: 4 users" in broker.log_text()
 
 
 def secured_config(tmp_path, users=None, **security):

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from metaq.mqtt import wire
 from metaq.mqtt.outbound import Outbound
 from metaq.mqtt.session import MqttSession
-from tests.harness.acl import DEFAULT_ROLES, DEFAULT_USERS, SECRETS, secured_config, write_acl
+from tests.harness.acl import SECRETS, reload_user, secured_config
 from tests.harness.mqtt import Paho, with_mqtt
 
 
@@ -101,21 +101,10 @@ def reader_and_admin(b):
     return reader, admin
 
 
-def reload_reader(b, tmp_path, **changes):
-    """Rewrite the permissions file with the reader's entry changed, and wait for the broker to reload it."""
-    users = dict(DEFAULT_USERS)
-    users["reader"] = dict(users["reader"], **changes)
-    write_acl(tmp_path / "acl.yaml", users=users, roles=DEFAULT_ROLES)
-    wait = time.monotonic() + 10
-    while "reloaded: 4 users" not in b.log_text() and time.monotonic() < wait:
-        time.sleep(0.05)
-    assert "reloaded: 4 users" in b.log_text()
-
-
 def test_a_permission_revoked_between_two_messages_stops_the_next_on_a_real_broker(broker_factory, tmp_path):
     b = broker_factory(secured_async(tmp_path))
     reader, admin = reader_and_admin(b)
-    reload_reader(b, tmp_path, topics={"payroll": "deny", "orders": "deny"})
+    reload_user(b, tmp_path, "reader", topics={"payroll": "deny", "orders": "deny"})
     admin.publish("orders/a", b"after", 1)
     time.sleep(1.0)
     assert [m.payload for m in reader.messages] == [b"before"]
@@ -126,7 +115,7 @@ def test_a_fetch_rate_given_between_two_messages_paces_the_next_on_a_real_broker
     its rate instead of all going out at once from the publishers' turns."""
     b = broker_factory(secured_async(tmp_path))
     reader, admin = reader_and_admin(b)
-    reload_reader(b, tmp_path, quotas={"fetch_bytes_per_s": 64})
+    reload_user(b, tmp_path, "reader", quotas={"fetch_bytes_per_s": 64})
     started = time.monotonic()
     for i in range(3):
         admin.publish("orders/a", b"x" * 100 + bytes([i]), 1)

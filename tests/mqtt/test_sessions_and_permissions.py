@@ -261,19 +261,14 @@ def test_a_takeover_publishes_the_old_connections_will_and_a_stopping_broker_the
 
 
 def test_a_reloaded_permissions_file_stops_a_delivery_at_once(broker_factory, tmp_path):
-    from tests.harness.acl import DEFAULT_ROLES, DEFAULT_USERS, write_acl
+    from tests.harness.acl import reload_user
     b = broker_factory(_secured(tmp_path))
     reader = Paho(b, "reader-2", user="reader", secret=SECRETS["reader"])
     assert reader.subscribe("orders/#", qos=1) == [1]
     admin = Paho(b, "admin-2", user="admin", secret=SECRETS["admin"])
     admin.publish("orders/a", b"before", 1)
     assert [m.payload for m in reader.wait_messages(1)] == [b"before"]
-    users = dict(DEFAULT_USERS)
-    users["reader"] = dict(users["reader"], topics={"payroll": "deny", "orders": "deny"})
-    write_acl(tmp_path / "acl.yaml", users=users, roles=DEFAULT_ROLES)
-    wait = time.monotonic() + 10
-    while "reloaded: 4 users" not in b.log_text() and time.monotonic() < wait:
-        time.sleep(0.05)
+    reload_user(b, tmp_path, "reader", topics={"payroll": "deny", "orders": "deny"})
     admin.publish("orders/a", b"after", 1)
     time.sleep(1.0)
     assert [m.payload for m in reader.messages] == [b"before"]

@@ -17,7 +17,7 @@ from metaq import limits
 from metaq.mqtt import wire
 from metaq.mqtt.connection import Connection
 from metaq.server.connections import ConnectionLimits
-from tests.harness.acl import DEFAULT_ROLES, DEFAULT_USERS, SECRETS, secured_config, write_acl
+from tests.harness.acl import SECRETS, reload_user, secured_config
 from tests.harness.mqtt import Raw, mqtt_config, with_mqtt
 
 
@@ -159,16 +159,6 @@ def test_a_bursts_pubacks_that_must_wait_are_queued_for_the_writer_not_written_a
     peer.close()
 
 
-def _reload_alice(b, tmp_path, **changes):
-    users = dict(DEFAULT_USERS)
-    users["alice"] = dict(users["alice"], **changes)
-    write_acl(tmp_path / "acl.yaml", users=users, roles=DEFAULT_ROLES)
-    wait = time.monotonic() + 10
-    while "reloaded: 4 users" not in b.log_text() and time.monotonic() < wait:
-        time.sleep(0.05)
-    assert "reloaded: 4 users" in b.log_text()
-
-
 @pytest.mark.integration
 def test_a_produce_rate_given_between_two_messages_paces_the_next_reads(broker_factory, tmp_path):
     """A publisher lingering between its PUBLISHes (the one-step turn, its reads at once after each linger): once a
@@ -181,7 +171,7 @@ def test_a_produce_rate_given_between_two_messages_paces_the_next_reads(broker_f
     for packet_id in (2, 3):  # a busy connection: read at once after its linger
         pub.send_bytes(_publish("orders/a", b"fast", 1, packet_id))
         assert pub.read() == wire.PubAck(packet_id)
-    _reload_alice(b, tmp_path, quotas={"produce_bytes_per_s": 64})
+    reload_user(b, tmp_path, "alice", quotas={"produce_bytes_per_s": 64})
     started = time.monotonic()
     for packet_id in (4, 5, 6):
         pub.send_bytes(_publish("orders/a", b"x" * 100, 1, packet_id))
