@@ -25,13 +25,19 @@ MAX_BATCH_MESSAGES = 10_000
 #: returned whole (no message can become unconsumable).
 MAX_TRANSFER_BYTES = 1024 * 1024
 
-#: File descriptors kept back from RLIMIT_NOFILE for segments, indexes,
-#: journals and outgoing connections when computing the connection cap.
-FD_RESERVE = 512
+#: File descriptors kept back from RLIMIT_NOFILE for what a broker holds besides connections: the store's files
+#: (the lock, the journals, the commit log segment being written; segment and index files are mapped and their
+#: descriptors closed, so their number costs none), what a put or a flush opens for a moment, the log, the
+#: listeners, the event loop's own, the ZooKeeper session and a slave's link to its master.
+FD_STORE_RESERVE = 448
 
 #: Connections the replication port may take past the connection cap (they come out of FD_RESERVE): clients
 #: that fill the cap never lock a slave or an MQTT cluster peer out of its master.
 REPLICATION_HEADROOM = 64
+
+#: File descriptors kept back from RLIMIT_NOFILE when computing the connection cap: the store's part and the
+#: replication port's headroom. A broker in an MQTT cluster keeps MQTT_CLUSTER_LINK_FDS more (``fd_reserve_for``).
+FD_RESERVE = FD_STORE_RESERVE + REPLICATION_HEADROOM
 
 #: Connections one address may hold on a port with headroom of its own, so that one host cannot take the whole
 #: headroom. On the replication port one host's brokers use one per slave of this master; the other masters of an
@@ -78,6 +84,13 @@ MAX_GROUP_RETRIES = 1000
 MAX_BROKER_ID = 1023
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.%-]+")
+
+
+def fd_reserve_for(mqtt_cluster):
+    """Descriptors a broker keeps back from its open-files limit for everything but its connections' own: FD_RESERVE,
+    and the outgoing links to its peers (MQTT_CLUSTER_LINK_FDS) when it is in an MQTT cluster. Its peers' incoming
+    links are connections (within the cap and the replication port's headroom)."""
+    return FD_RESERVE + (MQTT_CLUSTER_LINK_FDS if mqtt_cluster else 0)
 
 
 def max_connections_for(nofile_limit, reserve=FD_RESERVE):
@@ -1053,6 +1066,9 @@ MQTT_CLUSTER_MAX_PEERS = 64
 #: MQTT_CLUSTER_MAX_PEERS): a proved peer leaves its address's HEADROOM_PER_ADDRESS share for this one, so one host
 #: may run as many brokers of a cluster as it has cores. Past it the peer is refused and retries.
 MQTT_CLUSTER_PEERS_PER_ADDRESS = (1 + MQTT_CLUSTER_PEER_CONNECTIONS) * MQTT_CLUSTER_MAX_PEERS
+#: File descriptors a broker of an MQTT cluster keeps for its outgoing links at most (a follow link and
+#: MQTT_CLUSTER_PEER_CONNECTIONS call links to each of MQTT_CLUSTER_MAX_PEERS peers), on top of FD_RESERVE.
+MQTT_CLUSTER_LINK_FDS = (1 + MQTT_CLUSTER_PEER_CONNECTIONS) * MQTT_CLUSTER_MAX_PEERS
 #: Partitions of the inbox (``%MQTTIN%``), the internal topic a broker copies its peers' messages into.
 MQTT_CLUSTER_INBOX_PARTITIONS = 8
 #: (origin broker, topic, partition) resume positions a broker keeps at most (recovered from its inbox).

@@ -692,7 +692,12 @@ class ServerConfig(_Section):
         if self.limits.max_connections is not None:
             return self.limits.max_connections
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        return limits.max_connections_for(soft)
+        return limits.max_connections_for(soft, self.fd_reserve())
+
+    def fd_reserve(self):
+        """Descriptors this broker keeps back from its open-files limit (``limits.fd_reserve_for``): with an MQTT
+        port and ZooKeeper it is in an MQTT cluster (a slave too: it may be promoted) and keeps its links' too."""
+        return limits.fd_reserve_for(bool(self.mqtt.port) and self.zk.connect is not None)
 
     def max_connections_per_address(self):
         if self.limits.max_connections_per_address is not None:
@@ -730,24 +735,33 @@ def is_loopback(host):
 
 
 def check_fd_limit(config, source="(defaults)", nofile=None):
-    """Refuse a ``limits.max_connections`` this process could not hold open (ConfigError naming the limit).
+    """Refuse an open-files limit that cannot hold what this broker keeps back (``config.fd_reserve()``) plus its
+    connection cap (``limits.max_connections``; unset, it follows the limit and needs room for one): ConfigError,
+    one line naming the limit, each part of the reserve and what to change.
 
     Checked when a broker loads its file, not by the schema: a deploy host's open-files limit says
     nothing of the broker host's. ``nofile`` is RLIMIT_NOFILE's soft limit (default: this process's).
     """
-    wanted = config.limits.max_connections
-    if wanted is None:
-        return
     if nofile is None:
         nofile, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    most = limits.max_connections_for(nofile)
-    if wanted > most:
-        raise ConfigError(
-            "invalid configuration in %s: limits.max_connections is %d, more than this broker can hold open: "
-            "the open-files limit "
-            "(ulimit -n) is %d and %d descriptors are kept for the store (limits.FD_RESERVE), so at most %d; "
-            "lower the setting, raise the limit, or leave the setting out (it then follows the limit)"
-            % (source, wanted, nofile, limits.FD_RESERVE, most))
+    reserve = config.fd_reserve()
+    wanted = config.limits.max_connections
+    if nofile >= reserve + (wanted or 1):
+        return
+    cluster = reserve - limits.FD_RESERVE
+    parts = "the store's %d (limits.FD_STORE_RESERVE), the replication port's %d (limits.REPLICATION_HEADROOM)%s" % (
+        limits.FD_STORE_RESERVE, limits.REPLICATION_HEADROOM,
+        ", the MQTT cluster's links %d (limits.MQTT_CLUSTER_LINK_FDS)" % cluster if cluster else "")
+    if wanted is None:
+        change = "raise the limit to at least %d" % (reserve + 1)
+        cap = "room for one connection (limits.max_connections unset follows the limit)"
+    else:
+        change = "lower the setting (at most %d here), raise the limit to at least %d, or leave the setting out " \
+                 "(it then follows the limit)" % (max(0, nofile - reserve), reserve + wanted)
+        cap = "its connection cap (limits.max_connections is %d)" % wanted
+    raise ConfigError(
+        "invalid configuration in %s: the open-files limit (ulimit -n) is %d, too low for this broker: it needs %d "
+        "descriptors besides its connections (%s) plus %s; %s" % (source, nofile, reserve, parts, cap, change))
 
 
 def load_config(path=None, overrides=None, flags=None):

@@ -6,8 +6,8 @@ giving how to make one of its connections and how to turn one away. The core
 then applies the same rules to every accepted socket:
 
 * **One cap across all listeners**: ``max_connections`` (by default what the
-  open-files limit leaves after ``limits.FD_RESERVE`` descriptors kept for the
-  store's segments, indexes and journals: ``limits.max_connections_for``). The
+  open-files limit leaves after the descriptors kept for the store, the replication
+  port's headroom and an MQTT cluster's links: ``ServerConfig.fd_reserve``). The
   connection past the cap is refused in its listener's own words (the text port
   answers ``result 503``; the others just close) and closed. A listener may
   have headroom past the cap (the replication port: ``limits.REPLICATION_HEADROOM``),

@@ -167,7 +167,7 @@ class _UntrackedMap:
             log.debug("cannot find mmap's descriptor field: %s", exc)
         if cls.offset is None:
             log.warning("mmap objects keep a descriptor each here (their field was not found): every segment and "
-                        "index file then holds one, which limits.FD_RESERVE does not budget for")
+                        "index file then holds one, which limits.FD_STORE_RESERVE does not budget for")
 
     @classmethod
     def drop_fd(cls, mm, fd):

@@ -1,5 +1,8 @@
-"""Test helpers over a real broker: wait for a condition, a broker's URL, read a whole partition."""
+"""Test helpers over a real broker: wait for a condition, a broker's URL, read a whole partition, start one under
+a lower open-files limit."""
 
+import contextlib
+import resource
 import time
 
 from metaq.protocol import events as ev
@@ -39,3 +42,14 @@ def consume_all(client, topic, partition, start=0, max_size=1 << 20):
         assert recs, r
         out.extend(recs)
         offset += len(recs)
+
+
+@contextlib.contextmanager
+def child_nofile(soft):
+    """Processes started in the block inherit a soft RLIMIT_NOFILE of ``soft`` (restored after)."""
+    old = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, old[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, old)

@@ -3,9 +3,7 @@
 into the sticky "failed flush, restart the broker" state; writes keep working at the cap, a connection past it
 gets the clear refusal, and once the connections go everything is normal without a restart."""
 
-import contextlib
 import os
-import resource
 
 from metaq import limits
 from metaq.client.local import small_config
@@ -13,20 +11,9 @@ from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.stream import CLOSED
 from metaq.protocol.text import serialize
-from tests.harness.broker import wait_for
+from tests.harness.broker import child_nofile, wait_for
 
 NOFILE = 1024
-
-
-@contextlib.contextmanager
-def child_nofile(soft):
-    """Processes started in the block inherit a soft RLIMIT_NOFILE of ``soft`` (restored after)."""
-    old = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, old[1]))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, old)
 
 
 def open_fds(pid):

@@ -99,7 +99,19 @@ def test_the_fd_check_uses_the_limit_it_is_given():
     check_fd_limit(config, nofile=1000 + limits.FD_RESERVE)
     with pytest.raises(ConfigError, match=r"at most 999\b"):
         check_fd_limit(config, nofile=999 + limits.FD_RESERVE)
-    check_fd_limit(load_config(None), nofile=16)  # unset: it follows the limit, nothing to refuse
+    check_fd_limit(load_config(None), nofile=limits.FD_RESERVE + 1)  # unset: it follows the limit, one at least
+    with pytest.raises(ConfigError, match=r"at least %d\b" % (limits.FD_RESERVE + 1)):
+        check_fd_limit(load_config(None), nofile=limits.FD_RESERVE)
+
+
+def test_an_mqtt_cluster_broker_keeps_its_peer_links_out_of_the_limit_too():
+    """With an MQTT port and ZooKeeper a broker keeps MQTT_CLUSTER_LINK_FDS more; its default cap is that much lower."""
+    cluster = load_config(None, {"mqtt.port": 1883, "zk.connect": "127.0.0.1:2181", "limits.max_connections": 1000})
+    reserve = limits.FD_RESERVE + limits.MQTT_CLUSTER_LINK_FDS
+    assert cluster.fd_reserve() == reserve and load_config(None, {"mqtt.port": 1883}).fd_reserve() == limits.FD_RESERVE
+    check_fd_limit(cluster, nofile=reserve + 1000)
+    with pytest.raises(ConfigError, match=r"limits.MQTT_CLUSTER_LINK_FDS.*at most 999\b"):
+        check_fd_limit(cluster, nofile=reserve + 999)
 
 
 @pytest.mark.parametrize("content, words", [
