@@ -83,9 +83,10 @@ class Parts:
         self.stats = BrokerStats()
         self.waiters = PartitionWaiters()
         self.gate = WriteGate()
-        self.flusher = Flusher(self.store, self.store.config, self.waiters.notify, lambda: None)
+        self.store_lock = Semaphore()  # checkpoints vs a cut, as the broker's
+        self.flusher = Flusher(self.store, self.store.config, self.waiters.notify, lambda: None, self.store_lock)
         self.core = ConnectionCore(10, ConnectionLimits(60, 60))
-        self.roles = Roles(cfg, self.store, self.core, self.flusher, self.waiters, Semaphore())
+        self.roles = Roles(cfg, self.store, self.core, self.flusher, self.waiters, self.store_lock)
         self.tx = TxService(self.store, cfg, self.flusher, self.waiters, self.stats)
         self.delay = DelayScheduler(self.store, cfg, self.flusher, self.waiters, self.gate,
                                     is_master=self.roles.slave_link is None)
@@ -255,7 +256,8 @@ def test_a_put_acknowledged_later_than_its_write_is_refused_when_the_log_was_cut
         kept = p.path.append("orders", 0, 0, b"kept", now)
         gone = p.path.append("orders", 0, 0, b"the deposed master's", now)
         cuts = p.store.log_cuts
-        p.store.truncate_log(kept.log_end, now)
+        with p.store_lock:  # no checkpoint meanwhile, as the slave link's cut
+            p.store.truncate_log(kept.log_end, now)
         while p.store.written_position <= gone.log_end:
             p.store.put("orders", 0, 0, b"the new master's", now)
         with pytest.raises(Unavailable, match="cut back before position %d" % gone.log_end):
@@ -281,7 +283,8 @@ def test_a_delayed_message_delivered_in_a_cut_tail_is_delivered_again_once_the_b
             assert time.monotonic() < deadline, "not delivered"
             gevent.sleep(0.05)
         p.delay.role_changed(1)  # deposed: the scheduler stops and saves its offsets (the entry delivered)
-        report = p.store.truncate_log(agreed, now_ms())
+        with p.store_lock:  # no checkpoint meanwhile, as the slave link's cut
+            report = p.store.truncate_log(agreed, now_ms())
         p.delay.log_cut(report)  # what the slave link's handshake tells its listeners (Roles.on_cut)
         assert p.store.max_offset("orders", 0) == 0  # the delivery went with the cut tail
         p.delay.role_changed(None)  # leads again
