@@ -145,7 +145,7 @@ class Connection(core.Connection):
                     return 0
                 self._unsent = None
             try:
-                n = getattr(self.sock, "_sock", self.sock).send(data)  # (gevent's underlying non-blocking socket)
+                n = self.raw_sock.send(data)  # (gevent's underlying non-blocking socket)
             except BlockingIOError:
                 return 0
             if 0 < n < len(data):
@@ -162,7 +162,7 @@ class Connection(core.Connection):
         """Write what the socket takes now, never waiting: 0 when its buffer is full. On gevent's underlying
         non-blocking socket (what its wrapper's send with no timeout does, less a call)."""
         try:
-            return getattr(self.sock, "_sock", self.sock).send(data)
+            return self.raw_sock.send(data)
         except BlockingIOError:
             return 0
 

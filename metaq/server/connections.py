@@ -463,7 +463,7 @@ class Connection:
 
     #: Its attributes in slots, not a per-object dict: a broker holds tens of thousands of connections, most idle
     #: (a subclass adds its own ``__slots__`` to keep it so, or gets a dict for its own attributes).
-    __slots__ = ("sock", "address", "conn_id", "closed", "idle_timeout", "request_timeout", "replies",
+    __slots__ = ("sock", "raw_sock", "address", "conn_id", "closed", "idle_timeout", "request_timeout", "replies",
                  "session", "tls", "tls_bio", "_request_deadline", "_progress_seen", "_rules", "_pool", "_partial",
                  "_stranger", "_login_deadline", "rates", "_idle_until", "parked_key", "served_by", "share_key",
                  "read_watcher", "linger_watcher", "linger_timer", "_readable", "__weakref__")
@@ -500,6 +500,9 @@ class Connection:
         self.session = None  # the guard's Session (metaq.server.guard), set by the core once made
         self.tls = isinstance(sock, TLS_SOCKETS)  # the core finished a TLS handshake on it
         self.tls_bio = isinstance(sock, BioTls)
+        # a plain socket's underlying non-blocking one (gevent's ``_sock``), what a read or write that must not wait
+        # uses; None for TLS (an SSL socket is read and written through itself)
+        self.raw_sock = None if self.tls else getattr(sock, "_sock", sock)
         self._request_deadline = None  # monotonic time by which the request under way must be complete
         self._progress_seen = None  # ``progress`` when that deadline was set
         self._rules = rules
@@ -635,7 +638,7 @@ class Connection:
                 if self._readable:
                     self._readable = False
                     try:
-                        data = getattr(sock, "_sock", sock).recv(nbytes)
+                        data = self.raw_sock.recv(nbytes)
                     except BlockingIOError:
                         data = sock.recv(nbytes)
                 else:
