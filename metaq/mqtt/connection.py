@@ -45,6 +45,7 @@ class Connection(core.Connection):
 
     log_prefix = "mqtt"
     __slots__ = ("port", "settings", "parser", "version", "mqtt", "will", "expiry_s", "client_receive_max",
+                 "inflight_window",
                  "client_max_packet", "problem_information", "room", "outbound_aliases", "acks", "publishes",
                  "subscriptions", "_write_lock", "_unsent", "_handling", "_ended_cleanly", "_taken_over")
 
@@ -57,7 +58,7 @@ class Connection(core.Connection):
         self.mqtt = None  # the MqttSession, once connected
         self.will = None
         self.expiry_s = 0  # the session's expiry interval (MQTT 5): what a will's delay is bounded by
-        self.client_receive_max = 65535  # the client's Receive Maximum: our QoS 1/2 deliveries in flight
+        self.receive_maximum(65535)  # the client's Receive Maximum until its CONNECT says one
         self.client_max_packet = None  # the client's Maximum Packet Size: larger deliveries are dropped
         self.problem_information = True  # MQTT 5 Request Problem Information: refusals carry a Reason String
         self.room = None  # an Event once subscribed: set when an acknowledgement or a subscription lets it go on
@@ -210,11 +211,13 @@ class Connection(core.Connection):
             self.acks.send_in_order(encode(wire.Disconnect(code), MQTT_5))
         return False
 
-    @property
-    def inflight_window(self):
-        """Most QoS 1 and 2 messages in flight to this client at once: min(``mqtt.max_inflight``, its Receive
-        Maximum)."""
-        return min(self.settings.max_inflight, self.client_receive_max)
+    def receive_maximum(self, most):
+        """The client's Receive Maximum is ``most`` (fixed by its CONNECT): ``client_receive_max``, and
+        ``inflight_window``, the most QoS 1 and 2 messages in flight to it at once: min(``mqtt.max_inflight``, its
+        Receive Maximum), kept as an attribute since neither moves while the connection lives (the port's settings
+        are fixed at its start)."""
+        self.client_receive_max = most
+        self.inflight_window = min(self.settings.max_inflight, most)
 
     # -- reading ---------------------------------------------------------------
 
