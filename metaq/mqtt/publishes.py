@@ -21,7 +21,7 @@ import time
 from metaq import errors, limits
 from metaq.limits import MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES
 from metaq.mqtt import wire
-from metaq.mqtt.records import RecordRefusal, plain_plan, stored_message
+from metaq.mqtt.records import RecordRefusal, plain_plan
 from metaq.mqtt.wire import MQTT_5
 from metaq.server.clock import now_ms
 from metaq.server.putpath import ACK_NOW
@@ -270,9 +270,7 @@ class Publishes:
         if stored:
             client_id = self.conn.mqtt.client_id
             # visible now (flush async): its subscribers waiting for it get it from here
-            mode = port.burst_mode(keys, now, lambda: port.deliver_now(keys, burst, runs, lambda k: (
-                stored_message(burst[k][5], burst[k][4].payload, burst[k][4].qos, client_id, burst[k][4].properties,
-                               False, now))))
+            mode = port.burst_mode(keys, now, lambda: port.deliver_now(keys, burst, runs, client_id, now))
             if pubacks is None or exc is not None:
                 ids = [e[4].packet_id for e in (burst[:stored] if exc is not None else burst) if e[4].qos]
                 pubacks = wire.encode_pubacks(ids) if ids else None
