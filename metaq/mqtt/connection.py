@@ -236,7 +236,8 @@ class Connection(core.Connection):
         subscriber's common turn, goes to ``Subscriptions.read_pubacks``; one to a connection holding staging plans
         and write decisions, a device's, to ``Publishes.read``: each takes the plain packets the read begins with in
         one step and leaves what follows them, from the first other or partial packet on, to ``_process`` (None),
-        in order. Any other read goes to ``_process`` whole."""
+        in order; when they took it all (True) nothing is buffered, which the next ``receive`` is told (``whole``).
+        Any other read goes to ``_process`` whole."""
         parked = False
         try:
             data = self.receive()
@@ -261,6 +262,7 @@ class Connection(core.Connection):
                     else:
                         parser.receive_data(data)
                         went = None
+                    whole = went is True  # a one-step path took every byte: nothing buffered
                     if went is None:
                         went = self._process()
                     if not went:
@@ -269,7 +271,7 @@ class Connection(core.Connection):
                     self._handling = False
                 if ports.closing:
                     return
-                data = self.receive()
+                data = self.receive(whole=whole)
                 parked = data is core.PARKED
                 if parked:
                     return

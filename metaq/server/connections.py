@@ -587,9 +587,11 @@ class Connection:
         log.info("%s %s: not logged in within %.0f s; closing", self.log_prefix, self.peer,
                  self._rules.strangers.login_s)
 
-    def receive(self, nbytes=RECV_BYTES):
+    def receive(self, nbytes=RECV_BYTES, whole=False):
         """The next bytes from the peer, or None when the connection is over (closed, reset, a deadline passed);
         ``PARKED`` (a connection that ``parks``, idle): nothing yet, its ``serve`` returns (see the class doc).
+        ``whole``: the caller knows its parser holds no byte (it took every byte of its last read in whole frames),
+        so no frame is begun and the parser is not asked (``in_frame``).
 
         Between requests it waits until the idle deadline (at least 1 ms: past it, what already arrived is still
         read, else the connection ends), and a request held before is whole now; a connection that ``parks`` first
@@ -602,7 +604,7 @@ class Connection:
             self._log_login_deadline()
             return None
         parser = self.parser
-        in_request = parser is not None and parser.in_frame
+        in_request = not whole and parser is not None and parser.in_frame
         if not in_request:
             silent = False
             self._request_deadline = None
