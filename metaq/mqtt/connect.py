@@ -119,7 +119,7 @@ def _client_options(conn, p):
     """What the client allows the broker: its Receive Maximum, Maximum Packet Size, Request Problem Information and
     Topic Alias Maximum (within ``mqtt.max_outbound_aliases``; a table of its own, none kept across connections)."""
     props = p.properties
-    conn.client_receive_max = props.get("receive_maximum", 65535)
+    conn.receive_maximum(props.get("receive_maximum", 65535))
     conn.client_max_packet = props.get("maximum_packet_size")
     conn.problem_information = props.get("request_problem_information", 1) == 1
     bound = conn.settings.max_outbound_aliases

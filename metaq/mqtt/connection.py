@@ -45,6 +45,7 @@ class Connection(core.Connection):
 
     log_prefix = "mqtt"
     __slots__ = ("port", "settings", "parser", "version", "mqtt", "will", "expiry_s", "client_receive_max",
+                 "inflight_window",
                  "client_max_packet", "problem_information", "room", "outbound_aliases", "acks", "publishes",
                  "subscriptions", "_write_lock", "_unsent", "_handling", "_ended_cleanly", "_taken_over")
 
@@ -57,7 +58,7 @@ class Connection(core.Connection):
         self.mqtt = None  # the MqttSession, once connected
         self.will = None
         self.expiry_s = 0  # the session's expiry interval (MQTT 5): what a will's delay is bounded by
-        self.client_receive_max = 65535  # the client's Receive Maximum: our QoS 1/2 deliveries in flight
+        self.receive_maximum(65535)  # the client's Receive Maximum until its CONNECT says one
         self.client_max_packet = None  # the client's Maximum Packet Size: larger deliveries are dropped
         self.problem_information = True  # MQTT 5 Request Problem Information: refusals carry a Reason String
         self.room = None  # an Event once subscribed: set when an acknowledgement or a subscription lets it go on
@@ -145,7 +146,7 @@ class Connection(core.Connection):
                     return 0
                 self._unsent = None
             try:
-                n = getattr(self.sock, "_sock", self.sock).send(data)  # (gevent's underlying non-blocking socket)
+                n = self.raw_sock.send(data)  # (gevent's underlying non-blocking socket)
             except BlockingIOError:
                 return 0
             if 0 < n < len(data):
@@ -162,7 +163,7 @@ class Connection(core.Connection):
         """Write what the socket takes now, never waiting: 0 when its buffer is full. On gevent's underlying
         non-blocking socket (what its wrapper's send with no timeout does, less a call)."""
         try:
-            return getattr(self.sock, "_sock", self.sock).send(data)
+            return self.raw_sock.send(data)
         except BlockingIOError:
             return 0
 
@@ -210,11 +211,13 @@ class Connection(core.Connection):
             self.acks.send_in_order(encode(wire.Disconnect(code), MQTT_5))
         return False
 
-    @property
-    def inflight_window(self):
-        """Most QoS 1 and 2 messages in flight to this client at once: min(``mqtt.max_inflight``, its Receive
-        Maximum)."""
-        return min(self.settings.max_inflight, self.client_receive_max)
+    def receive_maximum(self, most):
+        """The client's Receive Maximum is ``most`` (fixed by its CONNECT): ``client_receive_max``, and
+        ``inflight_window``, the most QoS 1 and 2 messages in flight to it at once: min(``mqtt.max_inflight``, its
+        Receive Maximum), kept as an attribute since neither moves while the connection lives (the port's settings
+        are fixed at its start)."""
+        self.client_receive_max = most
+        self.inflight_window = min(self.settings.max_inflight, most)
 
     # -- reading ---------------------------------------------------------------
 
@@ -233,7 +236,8 @@ class Connection(core.Connection):
         subscriber's common turn, goes to ``Subscriptions.read_pubacks``; one to a connection holding staging plans
         and write decisions, a device's, to ``Publishes.read``: each takes the plain packets the read begins with in
         one step and leaves what follows them, from the first other or partial packet on, to ``_process`` (None),
-        in order. Any other read goes to ``_process`` whole."""
+        in order; when they took it all (True) nothing is buffered, which the next ``receive`` is told (``whole``).
+        Any other read goes to ``_process`` whole."""
         parked = False
         try:
             data = self.receive()
@@ -258,6 +262,7 @@ class Connection(core.Connection):
                     else:
                         parser.receive_data(data)
                         went = None
+                    whole = went is True  # a one-step path took every byte: nothing buffered
                     if went is None:
                         went = self._process()
                     if not went:
@@ -266,7 +271,7 @@ class Connection(core.Connection):
                     self._handling = False
                 if ports.closing:
                     return
-                data = self.receive()
+                data = self.receive(whole=whole)
                 parked = data is core.PARKED
                 if parked:
                     return

@@ -57,7 +57,7 @@ from metaq.mqtt.follow import (MQTT_JOURNAL, MQTT_LEARN_BATCH, MQTT_SESSIONS_TOP
                                encode, encode_carried, encode_end, encode_group, encode_group_end, encode_retained,
                                encode_unretained, encode_will, encode_will_end, replay)
 from metaq.mqtt.wire import Will
-from metaq.mqtt.records import partition_for, placement, record_data
+from metaq.mqtt.records import partition_for, placement, record_data, stored_message
 from metaq.mqtt.session import SharedGroup
 from metaq.mqtt.topics import TopicError, matches, split_shared
 from metaq.server.clock import now_ms
@@ -677,9 +677,10 @@ class MqttPort:
                 i += 1
         return n, log_end, keys, None
 
-    def deliver_now(self, keys, staged, runs, message):
+    def deliver_now(self, keys, staged, runs, client_id, now):
         """A burst just appended to partitions ``keys`` and made visible (``staged`` and ``runs``: ``write_burst``'s;
-        ``message(k)``: the ``MqttMessage`` of ``staged[k]``, ``records.stored_message``): the deliveries waiting
+        published by ``client_id`` at ``now``, each message made from its entry as ``records.stored_message`` makes
+        it): the deliveries waiting
         caught up on them (``waiting``: each one's greenlet waits between passes with nothing of its own to send
         first, ``Delivery._wait``) send what it brought from the publisher's turn (``direct.deliver_now``), at most
         ``limits.MQTT_DIRECT_DELIVERIES`` of them, from the messages the publisher's turn has, neither read back from
@@ -714,8 +715,12 @@ class MqttPort:
                     if records is None:
                         records = found[rkey] = []
                     for k in range(count):
-                        records.append((first_offset + k, (position, first_id + k), message(first + k)))
-                        position += overhead + len(staged[first + k][3])
+                        entry = staged[first + k]  # (topic, partition, flag, data, Publish, MQTT topic name)
+                        p = entry[4]
+                        records.append((first_offset + k, (position, first_id + k),
+                                        stored_message(entry[5], p.payload, p.qos, client_id, p.properties, False,
+                                                       now)))
+                        position += overhead + len(entry[3])
             records = found.get(key)
             served = 0
             for d in list(ds):

@@ -21,7 +21,7 @@ import time
 from metaq import errors, limits
 from metaq.limits import MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES
 from metaq.mqtt import wire
-from metaq.mqtt.records import RecordRefusal, plain_plan, stored_message
+from metaq.mqtt.records import RecordRefusal, plain_plan
 from metaq.mqtt.wire import MQTT_5
 from metaq.server.clock import now_ms
 from metaq.server.putpath import ACK_NOW
@@ -119,11 +119,12 @@ class Publishes:
         return True
 
     def _decisions(self):
-        """``decided``, emptied first unless the decisions in it still stand: made at the put path's decision version
-        of now (``PutPath.decision_stands``: nothing the write decision reads changed since, the clock's part still
-        yes) for the session's user of now. Holds at most ``limits.MQTT_KEPT_DECISIONS`` topics (past them it starts
-        again). A refusal is never kept (``MqttPort.put``). While a burst is staged they were asked at its first
-        PUBLISH and nothing yielded since (the burst is stored before the reader yields): not asked again."""
+        """``decided``, emptied first unless the decisions in it still stand: made at the put path's decision version of
+        now (``PutPath.decision_stands``: nothing the write decision reads changed since, the clock's part still yes;
+        not asked at its ``standing`` version, where no part moves with the clock) for the session's user of now.
+        Holds at most ``limits.MQTT_KEPT_DECISIONS`` topics (past them it starts again). A refusal is never kept
+        (``MqttPort.put``). While a burst is staged they were asked at its first PUBLISH and nothing yielded since
+        (the burst is stored before the reader yields): not asked again."""
         decided = self.decided
         if self._burst:
             return decided
@@ -131,7 +132,7 @@ class Publishes:
         user = session.user if session is not None else None
         at = self._decided_at
         path = self.port.put_path
-        if (at is None or at[1] != user or not path.decision_stands(at[0])
+        if (at is None or at[1] != user or (at[0] != path.standing and not path.decision_stands(at[0]))
                 or len(decided) >= limits.MQTT_KEPT_DECISIONS):
             decided.clear()
             self._decided_at = (path.version, user)
@@ -270,9 +271,7 @@ class Publishes:
         if stored:
             client_id = self.conn.mqtt.client_id
             # visible now (flush async): its subscribers waiting for it get it from here
-            mode = port.burst_mode(keys, now, lambda: port.deliver_now(keys, burst, runs, lambda k: (
-                stored_message(burst[k][5], burst[k][4].payload, burst[k][4].qos, client_id, burst[k][4].properties,
-                               False, now))))
+            mode = port.burst_mode(keys, now, lambda: port.deliver_now(keys, burst, runs, client_id, now))
             if pubacks is None or exc is not None:
                 ids = [e[4].packet_id for e in (burst[:stored] if exc is not None else burst) if e[4].qos]
                 pubacks = wire.encode_pubacks(ids) if ids else None

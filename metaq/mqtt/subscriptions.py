@@ -140,8 +140,7 @@ class Subscriptions:
         if ended:
             session.dirty = True  # (``MqttSession.acknowledged``'s)
             delivery = self.delivery
-            if delivery is not None and (session.shared or len(session.inflight) + ended >= min(
-                    conn.settings.max_inflight, conn.client_receive_max)):  # (``inflight_window``)
+            if delivery is not None and (session.shared or len(session.inflight) + ended >= conn.inflight_window):
                 delivery.wake()
         if conn.closed:
             return False

@@ -463,7 +463,7 @@ class Connection:
 
     #: Its attributes in slots, not a per-object dict: a broker holds tens of thousands of connections, most idle
     #: (a subclass adds its own ``__slots__`` to keep it so, or gets a dict for its own attributes).
-    __slots__ = ("sock", "address", "conn_id", "closed", "idle_timeout", "request_timeout", "replies",
+    __slots__ = ("sock", "raw_sock", "address", "conn_id", "closed", "idle_timeout", "request_timeout", "replies",
                  "session", "tls", "tls_bio", "_request_deadline", "_progress_seen", "_rules", "_pool", "_partial",
                  "_stranger", "_login_deadline", "rates", "_idle_until", "parked_key", "served_by", "share_key",
                  "read_watcher", "linger_watcher", "linger_timer", "_readable", "__weakref__")
@@ -500,6 +500,9 @@ class Connection:
         self.session = None  # the guard's Session (metaq.server.guard), set by the core once made
         self.tls = isinstance(sock, TLS_SOCKETS)  # the core finished a TLS handshake on it
         self.tls_bio = isinstance(sock, BioTls)
+        # a plain socket's underlying non-blocking one (gevent's ``_sock``), what a read or write that must not wait
+        # uses; None for TLS (an SSL socket is read and written through itself)
+        self.raw_sock = None if self.tls else getattr(sock, "_sock", sock)
         self._request_deadline = None  # monotonic time by which the request under way must be complete
         self._progress_seen = None  # ``progress`` when that deadline was set
         self._rules = rules
@@ -584,9 +587,11 @@ class Connection:
         log.info("%s %s: not logged in within %.0f s; closing", self.log_prefix, self.peer,
                  self._rules.strangers.login_s)
 
-    def receive(self, nbytes=RECV_BYTES):
+    def receive(self, nbytes=RECV_BYTES, whole=False):
         """The next bytes from the peer, or None when the connection is over (closed, reset, a deadline passed);
         ``PARKED`` (a connection that ``parks``, idle): nothing yet, its ``serve`` returns (see the class doc).
+        ``whole``: the caller knows its parser holds no byte (it took every byte of its last read in whole frames),
+        so no frame is begun and the parser is not asked (``in_frame``).
 
         Between requests it waits until the idle deadline (at least 1 ms: past it, what already arrived is still
         read, else the connection ends), and a request held before is whole now; a connection that ``parks`` first
@@ -599,7 +604,7 @@ class Connection:
             self._log_login_deadline()
             return None
         parser = self.parser
-        in_request = parser is not None and parser.in_frame
+        in_request = not whole and parser is not None and parser.in_frame
         if not in_request:
             silent = False
             self._request_deadline = None
@@ -635,7 +640,7 @@ class Connection:
                 if self._readable:
                     self._readable = False
                     try:
-                        data = getattr(sock, "_sock", sock).recv(nbytes)
+                        data = self.raw_sock.recv(nbytes)
                     except BlockingIOError:
                         data = sock.recv(nbytes)
                 else:

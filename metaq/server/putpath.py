@@ -157,6 +157,7 @@ class PutPath:
         self.sync_flush = sync_flush
         self.writes = BrokerWrites(store, waiters, flusher, sync_flush)  # the broker's own records, the one wake
         self.version = 0  # moves with every change of what ``write_refusal`` reads (``changed``)
+        self.standing = self._standing()
         # the calls that only forward, bound to where they go (neither the store, the stats nor the registry is
         # replaced while the broker runs): a burst's run reaches them with no frame of ours between
         if store is not None:
@@ -169,6 +170,15 @@ class PutPath:
         the replication role, the topic table. The broker wires every such change here; ``version`` moves, so
         every decision a front-end kept (``decision_stands``) is asked again."""
         self.version += 1
+        self.standing = self._standing()
+
+    def _standing(self):
+        """``standing``: the version at which a kept yes stands without asking ``decision_stands`` (no answer of
+        the broker's own moves with the clock: no replicating master, no election), else None. The roles change
+        only through their listeners, which call ``changed``, so it is made again there."""
+        roles = self.roles
+        steady = roles is not None and roles.replication is None and roles.election is None
+        return self.version if steady else None
 
     def decision_stands(self, version):
         """True while a yes of ``write_refusal`` given at ``version`` (for a writer whose session's user did not

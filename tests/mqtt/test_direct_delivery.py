@@ -281,3 +281,44 @@ def test_a_qos_2_subscriber_with_a_receive_maximum_of_one_gets_each_message_once
         held = p.packet_id
     assert got == want
     assert time.monotonic() - started < 10 * limits.MQTT_TOPIC_RESCAN_S
+
+
+def test_the_window_in_flight_is_each_connections_own_receive_maximum_under_mqtt_max_inflight(broker_factory,
+                                                                                              tmp_path):
+    """The window in flight (``Connection.inflight_window``) is made from each connection's own CONNECT: a session's
+    first connection with a Receive Maximum of 1 is sent one message unacknowledged, its next one with 3 (the
+    session resumed) three, a third with none said min(``mqtt.max_inflight``, 65535), here 4, both on the publisher's
+    turn (``direct``) and in the delivery's greenlet. A window kept from an earlier connection fails this."""
+    cfg = config(tmp_path)
+    cfg["mqtt"]["max_inflight"] = 4
+    b = broker_factory(cfg)
+    pub = Raw(b, wire.MQTT_5, timeout=30)
+    assert pub.connect("win-pub").reason_code == 0
+    n = 0
+    for window, want in ((1, 1), (3, 3), (None, 4)):
+        sub = Raw(b, wire.MQTT_5, timeout=30)
+        props = {"session_expiry_interval": 60}
+        if window:
+            props["receive_maximum"] = window
+        assert sub.connect("win-sub", clean_start=n == 0, properties=props).reason_code == 0
+        if n == 0:
+            sub.send(wire.Subscribe(1, (wire.Subscription("direct/t", 1),)))
+            assert isinstance(sub.read(), wire.Suback)
+        time.sleep(0.3)  # its delivery caught up, waiting
+        for _ in range(6):
+            n += 1
+            pub.send(wire.Publish("direct/t", b"%d" % n, 1, packet_id=n))
+            assert isinstance(pub.read(), wire.PubAck)
+        got = []
+        sub.sock.settimeout(1.0)
+        try:
+            while True:
+                p = sub.read()
+                if isinstance(p, wire.Publish):
+                    got.append(p)
+        except OSError:
+            pass
+        assert len(got) == want, (window, [p.payload for p in got])
+        sub.send(wire.Disconnect(0))
+        sub.close()
+        time.sleep(0.2)

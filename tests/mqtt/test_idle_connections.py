@@ -101,3 +101,48 @@ def test_a_parked_mqtt_connection_that_never_logs_in_is_closed_at_the_login_dead
     time.sleep(0.5)  # the logged-in one, parked past the login deadline, is held to its keep-alive only
     user.send(wire.PingReq())
     assert user.read() == wire.PingResp()
+
+
+def test_a_partial_packet_after_or_behind_a_one_step_turn_gets_the_request_deadline_not_the_idle_one(broker_factory,
+                                                                                                     tmp_path):
+    """A device's and a subscriber's one-step turns (``Publishes.read``, ``Subscriptions.read_pubacks``) tell the
+    next read nothing is buffered only when they took every byte (``Connection.receive``'s ``whole``): a partial
+    packet behind whole ones in one read, or sent alone after such a turn, is a request begun, closed at the
+    request deadline (1 s here), long before the idle one (60 s) or 1.5 x Keep Alive. A turn that said nothing
+    buffered with a partial packet left fails this: the idle deadline would run instead."""
+    cfg = mqtt_config(tmp_path)
+    cfg.setdefault("limits", {}).update(idle_timeout_s=60.0, request_timeout_s=1.0)
+    b = broker_factory(cfg)
+    sub = Raw(b, wire.MQTT_311)
+    assert sub.connect("sub-partial", keep_alive=60).reason_code == 0
+    sub.send(wire.Subscribe(1, (wire.Subscription("part/#", 1),)))
+    assert sub.read() == wire.Suback(1, (1,))
+    clock = CloseClock()
+    pubs = {}
+    for name in ("behind", "after"):
+        pub = pubs[name] = Raw(b, wire.MQTT_311)
+        assert pub.connect("pub-" + name, keep_alive=60).reason_code == 0
+        pub.send(wire.Publish("part/x", b"first", 1, packet_id=1))  # its plans and decisions made: one step next
+        assert pub.read() == wire.PubAck(1)
+    second = wire.encode(wire.Publish("part/x", b"second", 1, packet_id=2), wire.MQTT_311)
+    third = wire.encode(wire.Publish("part/x", b"never whole", 1, packet_id=3), wire.MQTT_311)
+    pubs["behind"].send_bytes(second + third[:5])  # a whole PUBLISH and a partial one in one write
+    assert pubs["behind"].read() == wire.PubAck(2)
+    pubs["after"].send_bytes(second)  # taken whole in one step, then a partial one alone
+    assert pubs["after"].read() == wire.PubAck(2)
+    time.sleep(0.2)
+    pubs["after"].send_bytes(third[:5])
+    got = []
+    while len(got) < 4:
+        p = sub.read()
+        assert isinstance(p, wire.Publish)
+        got.append(p)
+    # the subscriber acknowledges the first three whole and begins the fourth's PUBACK in one write
+    sub.send_bytes(b"".join(wire.encode(wire.PubAck(p.packet_id), wire.MQTT_311) for p in got[:3])
+                   + wire.encode(wire.PubAck(got[3].packet_id), wire.MQTT_311)[:2])
+    clock.watch("publisher, partial behind a whole PUBLISH", pubs["behind"].sock)
+    clock.watch("publisher, partial after a one-step turn", pubs["after"].sock)
+    clock.watch("subscriber, partial behind whole PUBACKs", sub.sock)
+    after = clock.join()
+    assert len(after) == 3 and all(seconds < LATE_S for seconds in after.values()), after  # (the watches begin
+    # after the partial packets arrived: no lower bound here, test_every_deadline_still_closes... has it)

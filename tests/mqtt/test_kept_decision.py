@@ -213,6 +213,30 @@ def test_kept_decisions_start_again_after_a_change_another_user_or_mqtt_kept_dec
         assert len(publishes._decisions()) == (limits.MQTT_KEPT_DECISIONS - 1 if not extra else 0)
 
 
+def test_a_kept_decision_skips_asking_only_while_no_answer_moves_with_the_clock():
+    """``PutPath.standing``: a decision kept at it stands without ``decision_stands`` being asked (no replicating
+    master, no election); once a promotion makes the broker a replicating master (the roles' listeners call
+    ``changed``) the standing version is gone, so a lease that runs out between two messages (no version move)
+    empties the kept decisions at the next turn. A standing version kept across the role change fails this."""
+    publishes, path = _publishes()
+    assert path.standing == path.version
+    publishes._decisions()["orders"] = 2
+    asked = []
+    stands = path.decision_stands
+    path.decision_stands = lambda version: asked.append(version) or stands(version)
+    assert publishes._decisions() == {"orders": 2} and asked == []  # at the standing version: not asked
+    path.roles.replication = object()  # promoted to a replicating master
+    path.changed()
+    assert path.standing is None
+    publishes._decisions()["orders"] = 2
+    assert publishes._decisions() == {"orders": 2} and asked  # asked: its lease still holds
+    path.roles.slave_refusal = "its lease ran out"  # moved by the clock alone: no version change
+    assert publishes._decisions() == {}
+    path.roles.replication, path.roles.slave_refusal = None, None  # back to a lone broker (the listeners again)
+    path.changed()
+    assert path.standing == path.version
+
+
 @pytest.mark.parametrize("extra", [0, 1], ids=["at", "past"])
 def test_a_parked_connection_keeps_at_most_mqtt_parked_plans_plans_and_decisions(extra):
     publishes, _path_ = _publishes()

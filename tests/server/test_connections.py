@@ -582,3 +582,25 @@ def test_a_connection_woken_spuriously_is_still_closed_at_its_idle_deadline(capl
     assert ours.recv(100) == b"ok\r\n"
     assert 0.3 < closed_after(ours) < 3.0 and time.monotonic() - started < 3.0
     assert "no request for" in caplog.text and core.count() == 0
+
+
+def test_the_raw_socket_a_read_or_write_that_must_not_wait_uses_is_gevents_underlying_one_and_none_for_tls():
+    """``Connection.raw_sock``, resolved once per connection: a plain socket's underlying non-blocking socket, the
+    one its reads after a linger and an MQTT connection's ``try_send`` use; None on a TLS socket, whose bytes are
+    encrypted by the SSL socket itself (a raw write there would put plaintext on the wire), so those fall back to
+    the TLS path. A TLS socket that resolved its raw socket fails this."""
+    import ssl as std_ssl
+
+    from gevent import ssl as gevent_ssl
+
+    ours, theirs = socket.socketpair()
+    plain = Echo(theirs, ("127.0.0.1", 40000), 1, ConnectionLimits(60, 60))
+    assert plain.raw_sock is theirs._sock and not plain.tls
+    ours.sendall(b"version\r\n")
+    plain._readable = True  # as after a linger saw it readable: read on the raw socket at once
+    assert plain.receive() == b"version\r\n"
+    wrapped = gevent_ssl.SSLContext(std_ssl.PROTOCOL_TLS_SERVER).wrap_socket(theirs, server_side=True,
+                                                                           do_handshake_on_connect=False)
+    secure = Echo(wrapped, ("127.0.0.1", 40000), 2, ConnectionLimits(60, 60))
+    assert secure.tls and secure.raw_sock is None
+    ours.close()

@@ -41,7 +41,7 @@ def test_the_frames_before_a_refused_topic_are_those_a_walk_frame_by_frame_finds
             if name == "secret":
                 raise errors.Forbidden("no")
 
-    roles = SimpleNamespace(slave_refusal=None, unconfirmable_refusal=None, replication=None,
+    roles = SimpleNamespace(slave_refusal=None, unconfirmable_refusal=None, replication=None, election=None,
                             isolation_refusal=lambda: None)
     path = PutPath(None, None, None, None, roles, WriteGate(), guard=Guard())
     interned = {}

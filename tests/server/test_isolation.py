@@ -137,6 +137,7 @@ def test_a_slave_or_a_standalone_broker_is_never_isolated(monkeypatch):
     monkeypatch.setattr("metaq.server.replication.roles.time.monotonic", lambda: T)
     assert path_of(heard_at=T - 9, slave_link=object()).isolation_refusal() is None
     standalone = PutPath(None, None, None, None, SimpleNamespace(slave_refusal=None, unconfirmable_refusal=None,
-                                                                 replication=None, isolation_refusal=lambda: None),
+                                                                 replication=None, election=None,
+                                                                 isolation_refusal=lambda: None),
                          WriteGate())
     assert standalone.write_refusal("orders", None) is None

@@ -19,7 +19,7 @@ REFUSED_NAMES = (SCHEDULE_TOPIC, TIMER_TOPIC, "%RESENT%billing", "orders%P1")
 
 
 def path_with(guard=None, slave=None, gate=None, unconfirmable=None):
-    roles = SimpleNamespace(slave_refusal=slave, unconfirmable_refusal=unconfirmable, replication=None,
+    roles = SimpleNamespace(slave_refusal=slave, unconfirmable_refusal=unconfirmable, replication=None, election=None,
                             isolation_refusal=lambda: None)
     return PutPath(None, None, None, None, roles, gate or WriteGate(), guard=guard)
 
