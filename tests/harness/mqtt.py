@@ -162,6 +162,15 @@ class SubscribedMosquittoSub:
         return "".join(line for line in lines if not line.startswith(debug)), err.decode(errors="replace")
 
 
+def next_publish(raw):
+    """The next PUBLISH ``raw`` (a ``Raw``) reads, other packets passed over, not acknowledged; fails on a close."""
+    while True:
+        p = raw.read()
+        assert p is not None, "closed"
+        if isinstance(p, wire.Publish):
+            return p
+
+
 class Raw:
     """Our codec over a plain socket: send any packet or bytes, read the broker's packets (its parser is a client's:
     ``sender="server"``), see the close."""

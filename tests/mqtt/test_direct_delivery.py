@@ -13,7 +13,7 @@ import pytest
 from metaq import limits
 from metaq.client.local import small_config
 from metaq.mqtt import wire
-from tests.harness.mqtt import Raw, mqtt_port, with_mqtt
+from tests.harness.mqtt import Raw, mqtt_port, next_publish, with_mqtt
 
 MESSAGES = 60
 
@@ -163,7 +163,7 @@ def test_a_subscriber_served_from_the_publishers_turn_gets_each_message_as_one_s
     acks = [pub.read() for _ in range(6)]
     assert [(a.packet_id, a.reason_code) for a in acks] == [(i, 0) for i in range(1, 7)]
 
-    got = [_next_publish(v5) for _ in range(7)]
+    got = [next_publish(v5) for _ in range(7)]
     assert [(p.payload, p.qos, p.retain) for p in got] == [
         (b"plain", 1, False), (b"props", 0, False), (b"expiry", 1, False), (b"alias", 1, False),
         (b"aliased", 0, False), (b"last", 1, False), (b"kept", 1, True)]  # BIG: past its Maximum Packet Size
@@ -177,21 +177,13 @@ def test_a_subscriber_served_from_the_publishers_turn_gets_each_message_as_one_s
     assert got[5].properties == {"user_property": (("n", "1"),)}
     assert all(p.properties == {} for p in (got[0], got[2], got[3], got[4], got[6]))
 
-    old = [_next_publish(v311) for _ in range(8)]
+    old = [next_publish(v311) for _ in range(8)]
     assert [(p.payload, p.qos, p.retain, p.properties) for p in old] == [
         (b"plain", 1, False, {}), (b"props", 0, False, {}), (b"expiry", 1, False, {}), (b"alias", 1, False, {}),
         (b"aliased", 0, False, {}), (BIG, 1, False, {}), (b"last", 1, False, {}), (b"kept", 1, False, {})]
 
     pub.send(wire.PingReq())
     assert isinstance(pub.read(), wire.PingResp)  # nothing of its own came before the answer
-
-
-def _next_publish(s):
-    while True:
-        p = s.read()
-        assert p is not None, "closed"
-        if isinstance(p, wire.Publish):
-            return p
 
 
 def test_a_session_subscribed_alone_and_in_a_shared_group_to_one_topic_gets_both_copies_at_once(broker_factory,
@@ -215,7 +207,7 @@ def test_a_session_subscribed_alone_and_in_a_shared_group_to_one_topic_gets_both
         payload = b"%05d" % i
         publish_one_at_a_time(pub, [payload])
         got = sorted((p.properties.get("subscription_identifier"), p.payload) for p in
-                     (_next_publish(s), _next_publish(s)))
+                     (next_publish(s), next_publish(s)))
         assert got == [((1,), payload), ((2,), payload)]
     # each copy waiting for the delivery's own timeout (limits.MQTT_TOPIC_RESCAN_S) would take about a second a round
     assert time.monotonic() - started < rounds * limits.MQTT_TOPIC_RESCAN_S / 2
@@ -240,7 +232,7 @@ def test_a_receive_maximum_of_one_gets_a_one_at_a_time_publishers_messages_in_or
         publish_one_at_a_time(pub, [payload])
         if held is not None:
             sub.send(wire.PubAck(held))
-        p = _next_publish(sub)
+        p = next_publish(sub)
         got.append(p.payload)
         if ack_first:
             sub.send(wire.PubAck(p.packet_id))
@@ -275,7 +267,7 @@ def test_a_qos_2_subscriber_with_a_receive_maximum_of_one_gets_each_message_once
             sub.send(wire.PubRec(held))
             assert sub.read() == wire.PubRel(held)
             sub.send(wire.PubComp(held))
-        p = _next_publish(sub)
+        p = next_publish(sub)
         assert p.qos == 2 and not p.dup
         got.append(p.payload)
         held = p.packet_id

@@ -17,7 +17,7 @@ from metaq.mqtt import direct, wire
 from metaq.mqtt.delivery import Delivery
 from metaq.mqtt.records import stored_message
 from metaq.mqtt.session import PUBLISH_SENT, MqttSession
-from tests.harness.mqtt import Raw, with_mqtt
+from tests.harness.mqtt import Raw, next_publish, with_mqtt
 
 
 def config(tmp_path, **mqtt):
@@ -43,14 +43,6 @@ def publish(pub, payload, packet_id=1, name="one/t"):
     pub.send(wire.Publish(name, payload, 1, packet_id=packet_id))
     ack = pub.read()
     assert isinstance(ack, wire.PubAck) and ack.reason_code == 0
-
-
-def next_publish(s):
-    while True:
-        p = s.read()
-        assert p is not None, "closed"
-        if isinstance(p, wire.Publish):
-            return p
 
 
 @pytest.mark.parametrize("version", [wire.MQTT_311, wire.MQTT_5])
