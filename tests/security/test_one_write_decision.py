@@ -32,7 +32,8 @@ INTERNAL = (SCHEDULE_TOPIC, TIMER_TOPIC, "%RESENT%billing", "orders%P1")
 def refusal_of(topic):
     """What the one decision says of ``topic`` for a writer it lets through otherwise."""
     path = PutPath(None, None, None, None, SimpleNamespace(slave_refusal=None, unconfirmable_refusal=None,
-                                                           replication=None, isolation_refusal=lambda: None),
+                                                           replication=None, election=None,
+                                                           isolation_refusal=lambda: None),
                    WriteGate())
     return str(path.write_refusal(topic, AUTHORIZED))
 
