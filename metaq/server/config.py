@@ -694,10 +694,18 @@ class ServerConfig(_Section):
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         return limits.max_connections_for(soft, self.fd_reserve())
 
+    def in_mqtt_cluster(self):
+        """With an MQTT port and ZooKeeper a broker is in an MQTT cluster (a slave too: it may be promoted): it
+        budgets for its peers' links to it and its own to them."""
+        return bool(self.mqtt.port) and self.zk.connect is not None
+
     def fd_reserve(self):
-        """Descriptors this broker keeps back from its open-files limit (``limits.fd_reserve_for``): with an MQTT
-        port and ZooKeeper it is in an MQTT cluster (a slave too: it may be promoted) and keeps its links' too."""
-        return limits.fd_reserve_for(bool(self.mqtt.port) and self.zk.connect is not None)
+        """Descriptors this broker keeps back from its open-files limit (``limits.fd_reserve_for``)."""
+        return limits.fd_reserve_for(self.in_mqtt_cluster())
+
+    def replication_headroom(self):
+        """Connections its replication port takes past the connection cap (``limits.replication_headroom_for``)."""
+        return limits.replication_headroom_for(self.in_mqtt_cluster())
 
     def max_connections_per_address(self):
         if self.limits.max_connections_per_address is not None:
@@ -748,10 +756,11 @@ def check_fd_limit(config, source="(defaults)", nofile=None):
     wanted = config.limits.max_connections
     if nofile >= reserve + (wanted or 1):
         return
-    cluster = reserve - limits.FD_RESERVE
     parts = "the store's %d (limits.FD_STORE_RESERVE), the replication port's %d (limits.REPLICATION_HEADROOM)%s" % (
         limits.FD_STORE_RESERVE, limits.REPLICATION_HEADROOM,
-        ", the MQTT cluster's links %d (limits.MQTT_CLUSTER_LINK_FDS)" % cluster if cluster else "")
+        ", the MQTT cluster's peers' links in %d (limits.MQTT_CLUSTER_PEER_HEADROOM) and its links out %d "
+        "(limits.MQTT_CLUSTER_LINK_FDS)" % (limits.MQTT_CLUSTER_PEER_HEADROOM, limits.MQTT_CLUSTER_LINK_FDS)
+        if config.in_mqtt_cluster() else "")
     if wanted is None:
         change = "raise the limit to at least %d" % (reserve + 1)
         cap = "room for one connection (limits.max_connections unset follows the limit)"
