@@ -747,8 +747,9 @@ def check_fd_limit(config, source="(defaults)", nofile=None):
     connection cap (``limits.max_connections``; unset, it follows the limit and needs room for one): ConfigError,
     one line naming the limit, each part of the reserve and what to change.
 
-    Checked when a broker loads its file, not by the schema: a deploy host's open-files limit says
-    nothing of the broker host's. ``nofile`` is RLIMIT_NOFILE's soft limit (default: this process's).
+    Checked when a broker loads its file (``load_config``), not by the schema nor by another process reading
+    it (``read_config``): a deploy host's or a deploy agent's open-files limit says nothing of the one the broker
+    runs with. ``nofile`` is RLIMIT_NOFILE's soft limit (default: this process's).
     """
     if nofile is None:
         nofile, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -774,7 +775,17 @@ def check_fd_limit(config, source="(defaults)", nofile=None):
 
 
 def load_config(path=None, overrides=None, flags=None):
-    """Read ``path`` (YAML; None = built-in defaults), apply ``overrides`` and validate.
+    """The configuration a broker starts with: ``read_config``'s, refused when this process's open-files limit
+    cannot hold it (``check_fd_limit``). Raises ConfigError (one line)."""
+    config = read_config(path, overrides, flags)
+    check_fd_limit(config, path or "(defaults)")
+    return config
+
+
+def read_config(path=None, overrides=None, flags=None):
+    """Read ``path`` (YAML; None = built-in defaults), apply ``overrides`` and validate, with no check of this
+    process's open-files limit: for a process that reads a broker's file without being that broker (the deploy
+    agent), whose own limit is not the one the broker runs with.
 
     ``overrides`` maps dotted names (``broker.port``) to values; ``flags`` maps the same names to the
     command-line flag that gave the value (``--port 70000``), which a problem with it then names.
@@ -802,5 +813,4 @@ def load_config(path=None, overrides=None, flags=None):
         config = ServerConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(format_errors(ServerConfig, source, exc, flags)) from None
-    check_fd_limit(config, source)
     return config
