@@ -6,6 +6,7 @@ is checked against one of these before memory is allocated for it.
 """
 
 import re
+import resource
 
 from metaq.errors import InvalidTopic, InvalidPartition
 
@@ -102,6 +103,26 @@ def fd_reserve_for(mqtt_cluster):
     is the limit less this, so a full headroom never runs the process out of descriptors."""
     return (FD_STORE_RESERVE + replication_headroom_for(mqtt_cluster)
             + (MQTT_CLUSTER_LINK_FDS if mqtt_cluster else 0))
+
+
+#: Connections a broker whose ``limits.max_connections`` is unset makes room for when it raises its soft open-files
+#: limit at start (``nofile_target_for``): Redis's default maxclients, thousands of clients on one broker. Not the
+#: hard limit itself (the JVM's way): an unset cap follows the limit, and a hard limit of a million would make the
+#: cap, and what is derived from it (the per-address and unauthenticated shares), no bound at all. A soft limit
+#: already higher is kept (the cap follows it); more room than this is ``limits.max_connections``.
+DEFAULT_CONNECTION_ROOM = 10_000
+
+
+def nofile_target_for(soft, hard, reserve, max_connections=None):
+    """The soft RLIMIT_NOFILE a broker raises its own to at start: room for what it keeps back (``reserve``) plus
+    its connection cap (``max_connections``; unset, DEFAULT_CONNECTION_ROOM), never above the ``hard`` limit and
+    never below the ``soft`` one it was given. ``resource.RLIM_INFINITY`` is no limit, for either."""
+    if soft == resource.RLIM_INFINITY:
+        return soft
+    wanted = reserve + (DEFAULT_CONNECTION_ROOM if max_connections is None else max_connections)
+    if hard != resource.RLIM_INFINITY:
+        wanted = min(wanted, hard)
+    return max(soft, wanted)
 
 
 def max_connections_for(nofile_limit, reserve=FD_RESERVE):
