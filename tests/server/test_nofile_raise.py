@@ -6,6 +6,7 @@ Unit tests: the decision on numbers, the raise with the process's limits stood i
 never changed). The real broker's raise: tests/integration/test_fd_budget.py."""
 
 import logging
+import os
 import resource
 
 import pytest
@@ -110,3 +111,25 @@ def test_a_refused_raise_is_a_warning_and_the_broker_goes_on_with_what_it_has(fa
     assert [r.levelname for r in caplog.records] == ["WARNING"]
     assert "cannot raise the open-files limit (ulimit -n) from 1024 to %d" % (PLAIN + ROOM) in caplog.text
     assert "going on with 1024" in caplog.text
+
+
+def test_reading_a_file_raises_nothing(tmp_path, monkeypatch):
+    """Only the broker's own start raises its limit: reading, validating and checking a file (``read_config``,
+    ``load_config``, ``check_fd_limit``, the deploy agent's checksum of it) never touch the limits of the process
+    that does it."""
+    from metaq.deploy import agent
+    from metaq.deploy.layout import Layout
+    from metaq.server.config import check_fd_limit, load_config
+
+    def setrlimit(*_args):
+        raise AssertionError("a process reading a broker's file changed its open-files limit")
+
+    monkeypatch.setattr(resource, "setrlimit", setrlimit)
+    layout = Layout(str(tmp_path / "install"))
+    os.makedirs(os.path.dirname(layout.config))
+    with open(layout.config, "w") as f:
+        f.write("mqtt: {port: 1883}\nzk: {connect: '127.0.0.1:2181'}\n")
+    config = read_config(layout.config)
+    check_fd_limit(config, layout.config, nofile=config.fd_reserve() + 1)
+    load_config(None)
+    assert agent._config_crc(layout) == config.checksum()
