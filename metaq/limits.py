@@ -6,6 +6,7 @@ is checked against one of these before memory is allocated for it.
 """
 
 import re
+import resource
 
 from metaq.errors import InvalidTopic, InvalidPartition
 
@@ -32,11 +33,13 @@ MAX_TRANSFER_BYTES = 1024 * 1024
 FD_STORE_RESERVE = 448
 
 #: Connections the replication port may take past the connection cap (they come out of FD_RESERVE): clients
-#: that fill the cap never lock a slave or an MQTT cluster peer out of its master.
+#: that fill the cap never lock a slave out of its master. A broker in an MQTT cluster takes its peers' links past
+#: it too (MQTT_CLUSTER_PEER_HEADROOM, ``replication_headroom_for``).
 REPLICATION_HEADROOM = 64
 
 #: File descriptors kept back from RLIMIT_NOFILE when computing the connection cap: the store's part and the
-#: replication port's headroom. A broker in an MQTT cluster keeps MQTT_CLUSTER_LINK_FDS more (``fd_reserve_for``).
+#: replication port's headroom. A broker in an MQTT cluster keeps its peers' links in and its own out too
+#: (MQTT_CLUSTER_PEER_HEADROOM and MQTT_CLUSTER_LINK_FDS: ``fd_reserve_for``).
 FD_RESERVE = FD_STORE_RESERVE + REPLICATION_HEADROOM
 
 #: Connections one address may hold on a port with headroom of its own, so that one host cannot take the whole
@@ -86,11 +89,40 @@ MAX_BROKER_ID = 1023
 _NAME_RE = re.compile(r"[A-Za-z0-9_.%-]+")
 
 
+def replication_headroom_for(mqtt_cluster):
+    """Connections the replication port takes past the connection cap: REPLICATION_HEADROOM (a master's slaves, and
+    peers not yet proved), and in an MQTT cluster MQTT_CLUSTER_PEER_HEADROOM more, every link its peers may open to
+    it, so that clients filling the cap never keep a peer out."""
+    return REPLICATION_HEADROOM + (MQTT_CLUSTER_PEER_HEADROOM if mqtt_cluster else 0)
+
+
 def fd_reserve_for(mqtt_cluster):
-    """Descriptors a broker keeps back from its open-files limit for everything but its connections' own: FD_RESERVE,
-    and the outgoing links to its peers (MQTT_CLUSTER_LINK_FDS) when it is in an MQTT cluster. Its peers' incoming
-    links are connections (within the cap and the replication port's headroom)."""
-    return FD_RESERVE + (MQTT_CLUSTER_LINK_FDS if mqtt_cluster else 0)
+    """Descriptors a broker keeps back from its open-files limit for everything but its clients' connections: the
+    store's part and the replication port's headroom (``replication_headroom_for``: in an MQTT cluster its peers'
+    links in), and in an MQTT cluster its own links out to its peers (MQTT_CLUSTER_LINK_FDS). The connection cap
+    is the limit less this, so a full headroom never runs the process out of descriptors."""
+    return (FD_STORE_RESERVE + replication_headroom_for(mqtt_cluster)
+            + (MQTT_CLUSTER_LINK_FDS if mqtt_cluster else 0))
+
+
+#: Connections a broker whose ``limits.max_connections`` is unset makes room for when it raises its soft open-files
+#: limit at start (``nofile_target_for``): Redis's default maxclients, thousands of clients on one broker. Not the
+#: hard limit itself (the JVM's way): an unset cap follows the limit, and a hard limit of a million would make the
+#: cap, and what is derived from it (the per-address and unauthenticated shares), no bound at all. A soft limit
+#: already higher is kept (the cap follows it); more room than this is ``limits.max_connections``.
+DEFAULT_CONNECTION_ROOM = 10_000
+
+
+def nofile_target_for(soft, hard, reserve, max_connections=None):
+    """The soft RLIMIT_NOFILE a broker raises its own to at start: room for what it keeps back (``reserve``) plus
+    its connection cap (``max_connections``; unset, DEFAULT_CONNECTION_ROOM), never above the ``hard`` limit and
+    never below the ``soft`` one it was given. ``resource.RLIM_INFINITY`` is no limit, for either."""
+    if soft == resource.RLIM_INFINITY:
+        return soft
+    wanted = reserve + (DEFAULT_CONNECTION_ROOM if max_connections is None else max_connections)
+    if hard != resource.RLIM_INFINITY:
+        wanted = min(wanted, hard)
+    return max(soft, wanted)
 
 
 def max_connections_for(nofile_limit, reserve=FD_RESERVE):
@@ -1069,6 +1101,12 @@ MQTT_CLUSTER_PEERS_PER_ADDRESS = (1 + MQTT_CLUSTER_PEER_CONNECTIONS) * MQTT_CLUS
 #: File descriptors a broker of an MQTT cluster keeps for its outgoing links at most (a follow link and
 #: MQTT_CLUSTER_PEER_CONNECTIONS call links to each of MQTT_CLUSTER_MAX_PEERS peers), on top of FD_RESERVE.
 MQTT_CLUSTER_LINK_FDS = (1 + MQTT_CLUSTER_PEER_CONNECTIONS) * MQTT_CLUSTER_MAX_PEERS
+#: Connections the replication port of a broker in an MQTT cluster takes past the connection cap besides
+#: REPLICATION_HEADROOM: its peers' links in, what each of up to MQTT_CLUSTER_MAX_PEERS peers opens to it (its own
+#: MQTT_CLUSTER_LINK_FDS seen from this side), so that clients filling the cap never keep a peer out. Kept back
+#: from the open-files limit too (``fd_reserve_for``); one host still holds at most HEADROOM_PER_ADDRESS of it
+#: unproved and MQTT_CLUSTER_PEERS_PER_ADDRESS proved.
+MQTT_CLUSTER_PEER_HEADROOM = MQTT_CLUSTER_LINK_FDS
 #: Partitions of the inbox (``%MQTTIN%``), the internal topic a broker copies its peers' messages into.
 MQTT_CLUSTER_INBOX_PARTITIONS = 8
 #: (origin broker, topic, partition) resume positions a broker keeps at most (recovered from its inbox).

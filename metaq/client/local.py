@@ -8,6 +8,7 @@ on its own PID. ``rmq_config`` adds a remoting port.
 import os
 import random
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -113,6 +114,9 @@ class BrokerProcess:
     #: A command prefix the broker runs under (e.g. ``["ip", "netns", "exec", NS]``); it must exec the broker in
     #: place, so that ``proc.pid`` stays the broker's own.
     prefix = ()
+    #: (soft, hard) RLIMIT_NOFILE the broker process starts under, set in the child before it runs the broker
+    #: (None: this process's). The broker raises its soft limit itself, up to the hard one (docs/limits.md).
+    nofile = None
 
     def __init__(self, workdir, config=None, extra_args=()):
         self.workdir = workdir
@@ -131,11 +135,15 @@ class BrokerProcess:
         self._log_offset = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
         log = open(self.log_path, "ab")
         cmd = list(self.prefix) + [sys.executable, "-m", "metaq.server", "-c", self.config_path] + self.extra_args
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(self.workdir))
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(self.workdir),
+                                     preexec_fn=self._child_limits if self.nofile else None)
         log.close()
         if expect_ready:
             self.port = self._wait_ready(timeout)
         return self
+
+    def _child_limits(self):
+        resource.setrlimit(resource.RLIMIT_NOFILE, self.nofile)
 
     def _wait_ready(self, timeout):
         deadline = time.monotonic() + timeout

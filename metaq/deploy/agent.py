@@ -230,13 +230,15 @@ def probe(address, timeout=PROBE_TIMEOUT_S, security=None):
 
 def _config_crc(layout):
     """The ``config_checksum`` the broker would show for server.yaml as it is now; None without a file, -1 (no
-    broker's) for a file the broker could not have started with."""
-    from metaq.server.config import load_config
+    broker's) for a file no broker could start with (unreadable, invalid). The agent's own open-files limit is not
+    checked against it (``read_config``): it is not the limit the broker runs with, and a running broker whose
+    file is unchanged started with it under its own; the broker's check at its start is the one that refuses."""
+    from metaq.server.config import read_config
 
     if not os.path.exists(layout.config):
         return None
     try:
-        return load_config(layout.config).checksum()
+        return read_config(layout.config).checksum()
     except (OSError, errors.ConfigError):
         return -1
 

@@ -8,8 +8,9 @@ its broker id: ``handshake.peer_proof``), then the first call; the callee answer
 first reply, and the caller acts on nothing it has not proved (``handshake.check_callee``). TLS as a slave's link
 (``security.tls.replication``). Every call is bounded by ``MQTT_CLUSTER_CALL_TIMEOUT_S`` (connection, handshake
 and answer): past it, or on any failure, the peer is unreachable for that call (``PeerUnreachable``). Idle links
-are kept, at most ``MQTT_CLUSTER_PEER_CONNECTIONS`` per peer (a proved peer's connections count apart on the
-replication port: ``MQTT_CLUSTER_PEERS_PER_ADDRESS``, but only once proved), each used by one call at a time, so
+are kept, at most ``MQTT_CLUSTER_PEER_CONNECTIONS`` per peer (on the peer's replication port they pass its
+connection cap within ``MQTT_CLUSTER_PEER_HEADROOM``, clients filling the cap or not, and a proved peer's connections
+count apart: ``MQTT_CLUSTER_PEERS_PER_ADDRESS``, but only once proved), each used by one call at a time, so
 that many calls to one peer go at once (a CONNECT's registration each); more wait their turn within their bound.
 Links to one peer are opened one at a time, so a caller holds at most one unproved connection on a peer's port
 (where the brokers of one host share ``HEADROOM_PER_ADDRESS`` until they prove the secret). An ``exclusive`` call

@@ -10,6 +10,7 @@ monkey.patch_all()
 import argparse  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
+import resource  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 
@@ -126,15 +127,17 @@ def overrides_from(args):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    from metaq.server.config import load_config
+    from metaq.server.config import check_fd_limit, raise_nofile_limit, read_config
 
+    source = args.config or "(defaults)"
     try:
         overrides = overrides_from(args)
-        config = load_config(args.config, overrides, flags_from(overrides))
+        config = read_config(args.config, overrides, flags_from(overrides))
         check_data_dir(config.broker.data_dir)
+        if args.check_config:  # judged by the limit a start would raise to, never raising this process's own
+            check_fd_limit(config, source, config.nofile_target(*resource.getrlimit(resource.RLIMIT_NOFILE)))
     except ConfigError as exc:
-        print("metaq-server: %s" % exc, file=sys.stderr)
-        return EXIT_USAGE
+        return refuse(exc)
     if args.check_config:
         print(config.redacted_text().decode("utf-8"), end="")
         return EXIT_OK
@@ -142,10 +145,21 @@ def main(argv=None):
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.verify:
         return verify(config.broker.data_dir)  # every line it prints matters: no flood filter
+    raise_nofile_limit(config)  # before the check and the connection cap read the limit
+    try:
+        check_fd_limit(config, source)
+    except ConfigError as exc:
+        return refuse(exc)
     for handler in logging.getLogger().handlers:
         logflood.install(handler)
     logflood.route_hub_errors(gevent.get_hub())
     return run(config)
+
+
+def refuse(exc):
+    """A configuration the broker cannot start with: its one line on stderr, and the exit code that says so."""
+    print("metaq-server: %s" % exc, file=sys.stderr)
+    return EXIT_USAGE
 
 
 def verify(data_dir):

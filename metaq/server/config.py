@@ -12,6 +12,7 @@ those two from this schema.
 
 import inspect
 import ipaddress
+import logging
 import os
 import resource
 import zlib
@@ -33,6 +34,8 @@ from metaq.transactions.config import FLUSH_POLICIES, TxConfig
 # import this module alone of the server) still take these names from here
 from metaq.server.configerrors import format_errors
 from metaq.server.yamlfile import DuplicateKey, UniqueKeyLoader, read_yaml  # noqa: F401
+
+log = logging.getLogger(__name__)
 
 
 def _defaults(container):
@@ -694,10 +697,23 @@ class ServerConfig(_Section):
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         return limits.max_connections_for(soft, self.fd_reserve())
 
+    def in_mqtt_cluster(self):
+        """With an MQTT port and ZooKeeper a broker is in an MQTT cluster (a slave too: it may be promoted): it
+        budgets for its peers' links to it and its own to them."""
+        return bool(self.mqtt.port) and self.zk.connect is not None
+
     def fd_reserve(self):
-        """Descriptors this broker keeps back from its open-files limit (``limits.fd_reserve_for``): with an MQTT
-        port and ZooKeeper it is in an MQTT cluster (a slave too: it may be promoted) and keeps its links' too."""
-        return limits.fd_reserve_for(bool(self.mqtt.port) and self.zk.connect is not None)
+        """Descriptors this broker keeps back from its open-files limit (``limits.fd_reserve_for``)."""
+        return limits.fd_reserve_for(self.in_mqtt_cluster())
+
+    def nofile_target(self, soft, hard):
+        """The soft open-files limit this broker raises its own to at start, given its ``soft`` and ``hard``
+        limits (``limits.nofile_target_for``: its reserve plus its connection cap, or DEFAULT_CONNECTION_ROOM)."""
+        return limits.nofile_target_for(soft, hard, self.fd_reserve(), self.limits.max_connections)
+
+    def replication_headroom(self):
+        """Connections its replication port takes past the connection cap (``limits.replication_headroom_for``)."""
+        return limits.replication_headroom_for(self.in_mqtt_cluster())
 
     def max_connections_per_address(self):
         if self.limits.max_connections_per_address is not None:
@@ -739,8 +755,10 @@ def check_fd_limit(config, source="(defaults)", nofile=None):
     connection cap (``limits.max_connections``; unset, it follows the limit and needs room for one): ConfigError,
     one line naming the limit, each part of the reserve and what to change.
 
-    Checked when a broker loads its file, not by the schema: a deploy host's open-files limit says
-    nothing of the broker host's. ``nofile`` is RLIMIT_NOFILE's soft limit (default: this process's).
+    Checked when a broker starts, after it raised its limit (``raise_nofile_limit``), and by ``--check-config``
+    against the limit that raise would give; not by the schema nor by another process reading the file
+    (``read_config``): a deploy host's or a deploy agent's open-files limit says nothing of the one the broker
+    runs with. ``nofile`` is RLIMIT_NOFILE's soft limit (default: this process's).
     """
     if nofile is None:
         nofile, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -748,24 +766,69 @@ def check_fd_limit(config, source="(defaults)", nofile=None):
     wanted = config.limits.max_connections
     if nofile >= reserve + (wanted or 1):
         return
-    cluster = reserve - limits.FD_RESERVE
     parts = "the store's %d (limits.FD_STORE_RESERVE), the replication port's %d (limits.REPLICATION_HEADROOM)%s" % (
         limits.FD_STORE_RESERVE, limits.REPLICATION_HEADROOM,
-        ", the MQTT cluster's links %d (limits.MQTT_CLUSTER_LINK_FDS)" % cluster if cluster else "")
+        ", the MQTT cluster's peers' links in %d (limits.MQTT_CLUSTER_PEER_HEADROOM) and its links out %d "
+        "(limits.MQTT_CLUSTER_LINK_FDS)" % (limits.MQTT_CLUSTER_PEER_HEADROOM, limits.MQTT_CLUSTER_LINK_FDS)
+        if config.in_mqtt_cluster() else "")
+    raise_to = "raise the hard limit (ulimit -Hn, systemd's LimitNOFILE; the broker raises its soft limit up to " \
+               "it) to at least %d"
     if wanted is None:
-        change = "raise the limit to at least %d" % (reserve + 1)
+        change = raise_to % (reserve + 1)
         cap = "room for one connection (limits.max_connections unset follows the limit)"
     else:
-        change = "lower the setting (at most %d here), raise the limit to at least %d, or leave the setting out " \
-                 "(it then follows the limit)" % (max(0, nofile - reserve), reserve + wanted)
+        change = "lower the setting (at most %d here), %s, or leave the setting out (it then follows the limit)" % (
+            max(0, nofile - reserve), raise_to % (reserve + wanted))
         cap = "its connection cap (limits.max_connections is %d)" % wanted
     raise ConfigError(
         "invalid configuration in %s: the open-files limit (ulimit -n) is %d, too low for this broker: it needs %d "
         "descriptors besides its connections (%s) plus %s; %s" % (source, nofile, reserve, parts, cap, change))
 
 
+def raise_nofile_limit(config):
+    """Raise this process's soft RLIMIT_NOFILE to what the broker of ``config`` needs (``ServerConfig.nofile_target``:
+    never lowered, never past the hard limit) and return the soft limit it then runs with, logging one line from
+    what to what and why. A login's or a service's soft limit is 1024 by default where the hard one allows far
+    more; the JVM raises its own to the hard limit at start, Redis to maxclients plus its reserve. A refused raise
+    is a warning, not a refusal: the broker goes on with the limit it has (``check_fd_limit`` refuses only one
+    that cannot hold it).
+
+    Called by the broker's process at its start (``metaq.server.__main__``), before ``check_fd_limit`` and the
+    connection cap read the limit; never by a process that only reads the file (``--check-config``, the deploy
+    agent)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = config.nofile_target(soft, hard)
+    if target == soft:
+        return soft
+    wanted = config.limits.max_connections
+    why = "%d descriptors kept back besides connections and %s" % (
+        config.fd_reserve(), "a connection cap of %d (limits.max_connections)" % wanted if wanted is not None else
+        "room for %d connections (limits.DEFAULT_CONNECTION_ROOM: limits.max_connections unset follows the "
+        "limit)" % limits.DEFAULT_CONNECTION_ROOM)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (OSError, ValueError) as exc:
+        log.warning("cannot raise the open-files limit (ulimit -n) from %d to %d for %s: %s; going on with %d",
+                    soft, target, why, exc, soft)
+        return soft
+    log.info("raised the open-files limit (ulimit -n) from %d to %d%s for %s", soft, target,
+             " (the hard limit)" if target == hard else "", why)
+    return target
+
+
 def load_config(path=None, overrides=None, flags=None):
-    """Read ``path`` (YAML; None = built-in defaults), apply ``overrides`` and validate.
+    """``read_config``'s configuration, refused when this process's open-files limit as it is cannot hold it
+    (``check_fd_limit``): for an in-process check of a file. A broker's start raises its limit first
+    (``raise_nofile_limit``). Raises ConfigError (one line)."""
+    config = read_config(path, overrides, flags)
+    check_fd_limit(config, path or "(defaults)")
+    return config
+
+
+def read_config(path=None, overrides=None, flags=None):
+    """Read ``path`` (YAML; None = built-in defaults), apply ``overrides`` and validate, with no check of this
+    process's open-files limit: for a process that reads a broker's file without being that broker (the deploy
+    agent), whose own limit is not the one the broker runs with.
 
     ``overrides`` maps dotted names (``broker.port``) to values; ``flags`` maps the same names to the
     command-line flag that gave the value (``--port 70000``), which a problem with it then names.
@@ -793,5 +856,4 @@ def load_config(path=None, overrides=None, flags=None):
         config = ServerConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(format_errors(ServerConfig, source, exc, flags)) from None
-    check_fd_limit(config, source)
     return config

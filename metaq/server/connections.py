@@ -10,8 +10,9 @@ then applies the same rules to every accepted socket:
   port's headroom and an MQTT cluster's links: ``ServerConfig.fd_reserve``). The
   connection past the cap is refused in its listener's own words (the text port
   answers ``result 503``; the others just close) and closed. A listener may
-  have headroom past the cap (the replication port: ``limits.REPLICATION_HEADROOM``),
-  so that clients filling the cap cannot lock a slave out.
+  have headroom past the cap (the replication port: ``ServerConfig.replication_headroom``,
+  an MQTT cluster's peers' links in included), so that clients filling the cap cannot
+  lock a slave or a peer out.
 * ``TCP_NODELAY`` (replies are small; no Nagle delay).
 * **TLS** (``security.tls``, ``metaq.server.tls``): with mode ``on`` or ``permissive`` the first byte of each
   accepted socket is peeked at; a TLS hello gets the handshake (within ``limits.TLS_HANDSHAKE_TIMEOUT_S``, or

@@ -1,14 +1,21 @@
-"""The deploy agent's process handling on this machine: pid files, zombies, SIGTERM and --force."""
+"""The deploy agent's process handling on this machine: pid files, zombies, SIGTERM and --force; its status of a
+real broker."""
 
+import json
 import os
+import resource
 import subprocess
 import sys
 import time
 
 import pytest
+import yaml
 
+from metaq import errors, limits
 from metaq.deploy import agent
 from metaq.deploy.layout import Layout
+from metaq.server.config import check_fd_limit, read_config
+from tests.harness.mqttcluster import cluster_config
 
 SLEEPER = "import signal, sys, time\nif sys.argv[2] == 'stubborn': signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" \
           "print('ready', flush=True)\ntime.sleep(float(sys.argv[1]))"
@@ -84,3 +91,33 @@ def test_stop_reports_a_process_that_ignores_sigterm_and_force_kills_it(layout):
 def test_start_without_a_deployed_release_says_so(layout):
     ok, report = agent.start(layout, timeout=1)
     assert not ok and report["message"] == "not deployed (no %s): run fab deploy" % layout.current
+
+
+def _agent_status(layout, nofile):
+    """``python -m metaq.deploy.agent status`` run under a soft open-files limit of ``nofile``: its report."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    out = subprocess.run([sys.executable, "-m", "metaq.deploy.agent", "status", "--home", layout.home],
+                         capture_output=True, text=True, timeout=60,
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard)))
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_an_agent_under_a_low_open_files_limit_finds_nothing_pending_for_a_cluster_broker_running_its_file(
+        broker_factory, tmp_path, zk_connect):
+    """The agent's own ``ulimit -n`` is not the broker's: under a limit that could not hold an MQTT cluster's
+    broker, its status of one (started under its own, higher limit) still finds server.yaml the config it runs
+    with, and a changed file still pending."""
+    layout = Layout(str(tmp_path / "install"))
+    b = broker_factory(cluster_config(tmp_path / "b", 0, zk_connect), workdir=os.path.dirname(layout.config))
+    assert b.config_path == layout.config
+    agent._write_pidfile(layout, b.proc.pid, ("127.0.0.1", b.port), "r1")
+    low = limits.FD_RESERVE
+    with pytest.raises(errors.ConfigError, match="too low for this broker"):  # what the broker would say under it
+        check_fd_limit(read_config(layout.config), layout.config, nofile=low)
+    report = _agent_status(layout, low)
+    assert report["ok"] and report["state"] == "up" and report["pid"] == b.proc.pid, report
+    assert report["pending"] == [], report
+    changed = dict(b.config, limits={"max_connections": 100})
+    with open(layout.config, "w") as f:
+        yaml.safe_dump(changed, f)
+    assert _agent_status(layout, low)["pending"] == ["config"]

@@ -1,7 +1,6 @@
 """Test helpers over a real broker: wait for a condition, a broker's URL, read a whole partition, start one under
 a lower open-files limit."""
 
-import contextlib
 import resource
 import time
 
@@ -44,12 +43,11 @@ def consume_all(client, topic, partition, start=0, max_size=1 << 20):
         offset += len(recs)
 
 
-@contextlib.contextmanager
-def child_nofile(soft):
-    """Processes started in the block inherit a soft RLIMIT_NOFILE of ``soft`` (restored after)."""
-    old = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, old[1]))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, old)
+def under_nofile(broker, soft, hard=None):
+    """``broker`` (a BrokerProcess), to be started under a soft RLIMIT_NOFILE of ``soft`` and a hard one of ``hard``
+    (None: this process's), set in the child only. A test that means "this machine allows only N" sets both: the
+    broker raises its soft limit up to the hard one at start."""
+    if hard is None:
+        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    broker.nofile = (soft, hard)
+    return broker

@@ -1,7 +1,8 @@
-"""Issue 15 point 3 against a real broker started under a low RLIMIT_NOFILE (1024: the connection cap is then
-1024 - FD_RESERVE = 512): idle connections up to the cap plus a burst of 600 new-topic puts never put the broker
-into the sticky "failed flush, restart the broker" state; writes keep working at the cap, a connection past it
-gets the clear refusal, and once the connections go everything is normal without a restart."""
+"""Issue 15 point 3 against a real broker started under a low RLIMIT_NOFILE (1024, soft and hard: the machine allows
+no more, and the connection cap is then 1024 - FD_RESERVE = 512): idle connections up to the cap plus a burst of 600
+new-topic puts never put the broker into the sticky "failed flush, restart the broker" state; writes keep working at
+the cap, a connection past it gets the clear refusal, and once the connections go everything is normal without a
+restart."""
 
 import os
 
@@ -11,7 +12,7 @@ from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.stream import CLOSED
 from metaq.protocol.text import serialize
-from tests.harness.broker import child_nofile, wait_for
+from tests.harness.broker import under_nofile, wait_for
 
 NOFILE = 1024
 
@@ -24,8 +25,7 @@ def test_idle_connections_to_the_cap_and_a_new_topic_burst_under_a_low_fd_limit(
     cap = NOFILE - limits.FD_RESERVE
     # every test connection comes from 127.0.0.1: let one address take the whole cap
     b = broker_factory(small_config(tmp_path / "data", limits={"max_connections_per_address": cap}), start=False)
-    with child_nofile(NOFILE):
-        b.start()
+    under_nofile(b, NOFILE, NOFILE).start()
     conns = []
     try:
         while True:  # idle connections until the broker refuses one

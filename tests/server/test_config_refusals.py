@@ -105,13 +105,28 @@ def test_the_fd_check_uses_the_limit_it_is_given():
 
 
 def test_an_mqtt_cluster_broker_keeps_its_peer_links_out_of_the_limit_too():
-    """With an MQTT port and ZooKeeper a broker keeps MQTT_CLUSTER_LINK_FDS more; its default cap is that much lower."""
+    """With an MQTT port and ZooKeeper a broker's replication port takes its peers' links in past the cap
+    (MQTT_CLUSTER_PEER_HEADROOM) and it keeps those and its own links out (MQTT_CLUSTER_LINK_FDS) back from the
+    limit: its default cap is that much lower, and a limit one short of them plus its cap is refused naming each."""
     cluster = load_config(None, {"mqtt.port": 1883, "zk.connect": "127.0.0.1:2181", "limits.max_connections": 1000})
-    reserve = limits.FD_RESERVE + limits.MQTT_CLUSTER_LINK_FDS
-    assert cluster.fd_reserve() == reserve and load_config(None, {"mqtt.port": 1883}).fd_reserve() == limits.FD_RESERVE
+    alone = load_config(None, {"mqtt.port": 1883})
+    headroom = limits.REPLICATION_HEADROOM + limits.MQTT_CLUSTER_PEER_HEADROOM
+    per_peer = 1 + limits.MQTT_CLUSTER_PEER_CONNECTIONS  # a follow link and the call links
+    assert limits.MQTT_CLUSTER_PEER_HEADROOM == per_peer * limits.MQTT_CLUSTER_MAX_PEERS
+    assert cluster.replication_headroom() == headroom and alone.replication_headroom() == limits.REPLICATION_HEADROOM
+    reserve = limits.FD_STORE_RESERVE + headroom + limits.MQTT_CLUSTER_LINK_FDS
+    assert cluster.fd_reserve() == reserve and alone.fd_reserve() == limits.FD_RESERVE
     check_fd_limit(cluster, nofile=reserve + 1000)
-    with pytest.raises(ConfigError, match=r"limits.MQTT_CLUSTER_LINK_FDS.*at most 999\b"):
+    with pytest.raises(ConfigError, match=r"the replication port's 64 \(limits.REPLICATION_HEADROOM\), the MQTT "
+                       r"cluster's peers' links in 320 \(limits.MQTT_CLUSTER_PEER_HEADROOM\) and its links out 320 "
+                       r"\(limits.MQTT_CLUSTER_LINK_FDS\).*at most 999\b"):
         check_fd_limit(cluster, nofile=reserve + 999)
+    unset = load_config(None, {"mqtt.port": 1883, "zk.connect": "127.0.0.1:2181"})
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert unset.max_connections() == max(1, soft - reserve)
+    check_fd_limit(unset, nofile=reserve + 1)
+    with pytest.raises(ConfigError, match=r"at least %d\b" % (reserve + 1)):
+        check_fd_limit(unset, nofile=reserve)
 
 
 @pytest.mark.parametrize("content, words", [

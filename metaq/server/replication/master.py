@@ -72,7 +72,7 @@ class ReplicationServer:
 
     def start(self):
         self.listener = self.core.listen("replication", self.host, self.port, self._connection, backlog=64,
-                                         headroom=limits.REPLICATION_HEADROOM, guarded=False, server_first=True)
+                                         headroom=self.config.replication_headroom(), guarded=False, server_first=True)
         self.port = self.listener.port
         log.info("replication (%s mode) listening on %s:%d, %s", self.mode, self.host, self.port,
                  "slaves must prove the replication secret" if self.secret is not None else
