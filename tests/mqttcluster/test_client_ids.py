@@ -7,7 +7,8 @@ delivered once, the ones it acknowledged not again (MQTT 5 and 3.1.1); its old c
 DISCONNECT 0x8E; Clean Start 1 elsewhere ends the old session; 20 connects of one id at once over three brokers
 end with one live session; a home's registry refuses an id past ``mqtt.cluster_max_ids`` (0x97) and takes it again
 once one ends; a broker killed with sessions is gone from the cluster, and back, ends its copies of the ids
-registered elsewhere meanwhile."""
+registered elsewhere meanwhile, even when it registers them first (a recovered copy gives way to a live one); of
+two recovered copies one is left."""
 
 import signal
 import threading
