@@ -131,6 +131,9 @@ class MqttPort:
         self.table = replay(store)  # the persistent sessions the log holds
         for saved in self.table.sessions.values():
             saved.connected = False  # their connections ended with the broker that wrote them
+        #: client ids whose sessions were loaded from the log at the start and no connection claimed since
+        #: (``recovered``): only shrinks, so bounded by the sessions the log held
+        self._recovered = set(self.table.sessions)
         self._live = {}  # client id -> the MqttSession of a connected persistent session
         self._handed = {}  # client id -> the SavedSession a taken-over connection left to the one taking it over
         self._groups = {}  # (share name, filter) -> SharedGroup
@@ -191,6 +194,7 @@ class MqttPort:
             return refusal
         self._take_from(conn, client_id, clean_start)
         self._clients[client_id] = conn
+        self._recovered.discard(client_id)
         return None
 
     def _take_from(self, conn, client_id, clean_start):
@@ -278,6 +282,12 @@ class MqttPort:
         """The client ids this broker holds: its connections' and the persistent sessions it keeps."""
         return set(self._clients) | set(self.table.sessions)
 
+    def recovered(self, client_id):
+        """True while what holds ``client_id`` here is a session loaded from the sessions' log at this broker's
+        start that no connection claimed since: in an MQTT cluster, a copy from before a restart, which gives way to
+        one another broker held live meanwhile (``metaq.mqttcluster.ids.HomeRegistry.hold``)."""
+        return client_id in self._recovered and client_id in self.table.sessions and client_id not in self._clients
+
     def holds(self, client_id):
         """True while a connection holds ``client_id``."""
         return client_id in self._clients
@@ -318,6 +328,7 @@ class MqttPort:
 
     def end_session(self, client_id):
         """End ``client_id``'s saved session (Clean Start, expiry, the offline bound)."""
+        self._recovered.discard(client_id)
         if client_id in self.table.sessions:
             self._write(client_id, encode_end(client_id))
             if self.client_ids is not None and client_id not in self._clients:

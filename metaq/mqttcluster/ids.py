@@ -11,6 +11,11 @@ member's move.
 session kept offline), at most ``max_ids`` (``mqtt.cluster_max_ids``). It lives in memory only: when the members
 change, each broker tells the ids it holds to their homes again (``hold``), so a home that restarts or takes ids
 over learns them back without a write to ZooKeeper per device.
+
+Which copy stands when two brokers re-register one id (``hold``) is a rule, not the order the holds arrive in: a
+copy the holder *recovered* (loaded from its log at its start, no connection claimed it since) gives way to one
+another broker holds live (connected there, or a session made there since), whichever told the home first; between
+two of the same kind, the first registered stands.
 """
 
 import hashlib
@@ -45,7 +50,7 @@ class HomeRegistry:
 
     def __init__(self, max_ids):
         self.max_ids = max_ids
-        self._holders = {}
+        self._holders = {}  # client id -> (broker id, generation, recovered: True for a copy from before a restart)
 
     def __len__(self):
         return len(self._holders)
@@ -61,25 +66,42 @@ class HomeRegistry:
         held = self._holders.get(client_id)
         return 0 if held is None else held[1]
 
-    def register(self, client_id, broker_id, generation=0):
-        """``broker_id`` holds ``client_id`` now (the home's ``generation`` of this registration); returns the
-        broker that held it before (None: none). Raises RegistryFull when the id is new and the registry is at its
-        bound: nothing changes then."""
+    def recovered(self, client_id):
+        """True when ``client_id``'s holder registered it as a copy recovered at its start (``hold``)."""
+        held = self._holders.get(client_id)
+        return held is not None and held[2]
+
+    def register(self, client_id, broker_id, generation=0, recovered=False):
+        """``broker_id`` holds ``client_id`` now (the home's ``generation`` of this registration; ``recovered``:
+        a copy from before the holder's restart, only ever by ``hold``); returns the broker that held it before
+        (None: none). Raises RegistryFull when the id is new and the registry is at its bound: nothing changes
+        then."""
         old = self.holder(client_id)
         if old is None and len(self._holders) >= self.max_ids:
             raise RegistryFull("%d client ids is this home broker's limit (mqtt.cluster_max_ids)" % self.max_ids)
-        self._holders[client_id] = (broker_id, generation)
+        self._holders[client_id] = (broker_id, generation, recovered)
         return old
 
-    def hold(self, client_id, broker_id):
-        """A re-registration: ``broker_id`` says it holds ``client_id``. True when that stands (the id was unknown,
-        or already that broker's); False when another broker registered it first (that one keeps it). Raises
-        RegistryFull as ``register``."""
-        old = self.holder(client_id)
-        if old is not None:
-            return old == broker_id
-        self.register(client_id, broker_id)
-        return True
+    def hold(self, client_id, broker_id, recovered=False):
+        """A re-registration: ``broker_id`` says it holds ``client_id`` (``recovered``: a copy it loaded from its
+        log at its start and no connection claimed since). Returns the broker that must end its copy: None when
+        nobody must (the id was unknown, or already that broker's); ``broker_id`` when the registered holder stands
+        (another broker registered it first, or holds it live while this copy is recovered); the registered holder
+        when its copy is recovered and ``broker_id``'s is live: ``broker_id`` holds it now. Raises RegistryFull as
+        ``register``."""
+        held = self._holders.get(client_id)
+        if held is None:
+            self.register(client_id, broker_id, recovered=recovered)
+            return None
+        old, generation, old_recovered = held
+        if old == broker_id:
+            if old_recovered and not recovered:  # connected there since: live from now on
+                self._holders[client_id] = (old, generation, False)
+            return None
+        if old_recovered and not recovered:
+            self._holders[client_id] = (broker_id, 0, False)
+            return old
+        return broker_id
 
     def release(self, client_id, broker_id):
         """``broker_id`` holds no session of ``client_id`` any more: forgotten unless another broker holds it now."""

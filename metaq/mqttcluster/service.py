@@ -20,7 +20,10 @@ unavailable, 3.1.1 0x03, rather than risk two live sessions; the device retries.
 ``HOLDER_TIMEOUT_S`` (half that) the home registers the new broker anyway, which goes on with what it has (its
 own last record of the session, or a new one); the home tells the old holder, once it answers, to end its copy
 (``drop``); one that left and comes back re-registers the ids it holds and is told to end those registered
-elsewhere meanwhile (``hold``). A member that leaves takes its ids out of its homes' registries.
+elsewhere meanwhile (``hold``). Which of two re-registered copies stands is a rule (``HomeRegistry.hold``), not
+the order the holds reach the home in: a copy its broker recovered from its log at its start, with no CONNECT
+since (``MqttPort.recovered``), gives way to one another broker holds live; that broker is told to end it
+(``drop``). A member that leaves takes its ids out of its homes' registries.
 
 **No ZooKeeper write per device**: registries live in memory on the homes; when the members change each broker
 tells the homes of the ids it holds (those whose home changed or restarted), ``MQTT_CLUSTER_ID_BATCH`` a call, and
@@ -211,29 +214,41 @@ class ClientIds:
         return {"session": handover.export(self.store, saved, self.max_transfer), "from": self.broker_id}
 
     def _hold(self, caller, request):
-        """A re-registration: ``caller`` holds these ids. Answers the ones another broker registered first: the
-        caller ends its copy of them."""
+        """A re-registration: ``caller`` holds these ids (``rec``: those of them it recovered at its start, no
+        connection claimed since). Answers the ones whose registered holder stands (``HomeRegistry.hold``): the
+        caller ends its copy of them. A holder whose recovered copy gives way to the caller's live one is told to
+        end it (``_drop`` at generation 0: not once a CONNECT there registered it again)."""
         drop = []
+        recovered = set(request.get("rec", ()))
         for client_id in request["ids"]:
             try:
-                if not self.registry.hold(client_id, caller):
-                    drop.append(client_id)
+                loser = self.registry.hold(client_id, caller, client_id in recovered)
             except RegistryFull:
                 log.warning("mqtt client %s: broker %d holds it and this home's registry is full "
                             "(mqtt.cluster_max_ids): a takeover from another broker will not find it", client_id,
                             caller)
+                continue
+            if loser == caller:
+                drop.append(client_id)
+            elif loser is not None:
+                log.info("mqtt client %s: broker %d holds it live; the copy broker %d recovered at its start ends",
+                         client_id, caller, loser)
+                if loser == self.broker_id:
+                    self._drop(self.broker_id, {"ids": [[client_id, 0]]})
+                else:
+                    self._owed.setdefault(loser, {})[client_id] = 0  # told by ``_settle_owed``
         return {"drop": drop}
 
     def _drop(self, caller, request):
-        """The home registered these ids elsewhere while this broker did not answer: each connection and session of
-        them here ends (MQTT 5: DISCONNECT 0x8E), unless the id was registered here again since (a later
-        generation answered here)."""
+        """The home registered these ids elsewhere while this broker did not answer, or over the copy this broker
+        recovered at its start (generation 0): each connection and session of them here ends (MQTT 5: DISCONNECT
+        0x8E), unless the id was registered here again since (a later generation answered here: a CONNECT)."""
         for client_id, generation in request["ids"]:
             if self._answered.get(client_id, 0) > generation:
                 continue
             if self.port.holds_any(client_id):
-                log.warning("mqtt client %s: registered on another broker while this one did not answer; its "
-                            "session here ends", client_id)
+                log.warning("mqtt client %s: registered on another broker while this one did not answer or held a "
+                            "copy from before its start; its session here ends", client_id)
                 self.port.give_up(client_id, True, None)
         return {}
 
@@ -315,14 +330,15 @@ class ClientIds:
     def _joining(self):
         """True for MQTT_CLUSTER_MEMBERS_POLL_S after this broker became a member: the others, who see it join
         at once, tell it (as a home) the ids they registered while it was away before it registers its own copies
-        of them with itself, so that an id registered elsewhere meanwhile stays there and its copy here ends."""
+        of them with itself. Which copy stands does not depend on it (a recovered copy gives way to a live one,
+        ``HomeRegistry.hold``); it saves the home registering a copy here that it then has to end."""
         now = time.monotonic()
         if self._joined_at is None:
             self._joined_at = now
         return now - self._joined_at < limits.MQTT_CLUSTER_MEMBERS_POLL_S
 
     def _tell_hold(self, home, ids):
-        request = {"op": "hold", "ids": ids}
+        request = {"op": "hold", "ids": ids, "rec": [c for c in ids if self.port.recovered(c)]}
         if home == self.broker_id:
             answer = self._hold(self.broker_id, request)
         else:

@@ -7,10 +7,12 @@ delivered once, the ones it acknowledged not again (MQTT 5 and 3.1.1); its old c
 DISCONNECT 0x8E; Clean Start 1 elsewhere ends the old session; 20 connects of one id at once over three brokers
 end with one live session; a home's registry refuses an id past ``mqtt.cluster_max_ids`` (0x97) and takes it again
 once one ends; a broker killed with sessions is gone from the cluster, and back, ends its copies of the ids
-registered elsewhere meanwhile."""
+registered elsewhere meanwhile, even when it registers them first (a recovered copy gives way to a live one); of
+two recovered copies one is left."""
 
 import signal
 import threading
+import time
 
 import pytest
 from paho.mqtt.packettypes import PacketTypes
@@ -29,14 +31,14 @@ from tests.harness.replication import stats
 QUIET_S = 1.0
 
 
-def _cluster(broker_factory, tmp_path, zk_connect, n=3, zk=None, **mqtt):
+def _cluster(broker_factory, tmp_path, zk_connect, n=3, zk=None, zk_of=None, **mqtt):
     """``n`` masters (broker ids 1..n) under one ZooKeeper root, each with an MQTT and a replication port; returned
-    once each sees all ``n`` as members."""
+    once each sees all ``n`` as members. ``zk_of``: broker id -> its own ``zk:`` settings over ``zk``."""
     brokers = []
     for i in range(n):
         cfg = mqtt_config(tmp_path / ("b%d" % i), **mqtt)
         cfg["broker"]["id"] = i + 1
-        cfg["zk"] = dict({"connect": zk_connect}, **(zk or {}))
+        cfg["zk"] = dict({"connect": zk_connect}, **dict(zk or {}, **(zk_of or {}).get(i + 1, {})))
         cfg["replication"] = {"port": free_port()}
         brokers.append(broker_factory(cfg, workdir=tmp_path / ("b%d" % i)))
     for b in brokers:  # (a broker that is no cluster has no such figure: the test then fails on what it checks)
@@ -204,6 +206,113 @@ def test_a_broker_killed_holding_sessions(broker_factory, tmp_path, zk_connect):
     wait_for(lambda: stats(b0).get("mqtt_cluster_members") == "3", 30, "the broker back")
     wait_for(lambda: stats(b0)["mqtt_sessions"] == "0", 30, "its copy of the session ended")
     assert stats(b2)["mqtt_connections"] == "0"
+
+
+def _sessions_persist(b, client_id):
+    """A raw MQTT 5 connection of ``client_id`` to ``b`` with Clean Start 0 and a session kept 600 s: ``(raw, ack)``,
+    or None when refused (the cluster still settling)."""
+    raw = Raw(b)
+    ack = raw.connect(client_id, clean_start=False, properties={"session_expiry_interval": 600})
+    if ack is None or ack.reason_code != 0:
+        raw.close()
+        return None
+    return raw, ack
+
+
+def _subscribe(raw, topic_filter):
+    raw.send(wire.Subscribe(1, (wire.Subscription(topic_filter, 1),)))
+    return raw.read()
+
+
+def _watch_live(brokers, stop, seen):
+    """Until ``stop`` is set: the most connections of the test's one device live at once over ``brokers``."""
+    while not stop.is_set():
+        try:
+            seen.append(sum(int(stats(b)["mqtt_connections"]) for b in brokers))
+        except Exception:  # noqa: BLE001 - a broker restarting
+            pass
+        stop.wait(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_a_restarted_brokers_copy_gives_way_to_the_live_one(broker_factory, tmp_path, zk_connect):
+    """The race of a restart: broker 2 holds the device's newer session and is paused (SIGSTOP) while broker 1,
+    the id's home, starts again with its copy from before its kill and registers it first. Once broker 2 answers,
+    its live session stands, whatever order the two copies reached the home in: broker 1's recovered copy ends."""
+    b1, b2, b3 = _cluster(broker_factory, tmp_path, zk_connect, zk={"session_timeout_ms": 4000},
+                          zk_of={2: {"session_timeout_ms": 30000}, 3: {"session_timeout_ms": 30000}})
+    client_id = _homed(1, 1, [1, 2, 3], "meter-paused")[0]
+    device = _device(b1, PAHO_V5, client_id)
+    device.subscribe("t/old", 1)
+    device.close()
+    b1.kill()
+    live, ack = wait_for(lambda: _sessions_persist(b2, client_id), 60, "a connect once broker 1 left the cluster")
+    assert not ack.session_present  # its session went with the broker: a new one here
+    assert _subscribe(live, "t/new") == wire.Suback(1, (1,))
+    wait_for(lambda: stats(b2).get("mqtt_cluster_members") == "2", 30, "broker 1 left")
+    stop, seen = threading.Event(), []
+    watcher = threading.Thread(target=_watch_live, args=([b1, b3], stop, seen), daemon=True)
+    watcher.start()
+    b2.proc.send_signal(signal.SIGSTOP)  # slow to see broker 1 come back: broker 1's hold reaches the home first
+    try:
+        b1.start()
+        wait_for(lambda: stats(b1).get("mqtt_cluster_members") == "3", 30, "broker 1 back")
+        wait_for(lambda: stats(b1)["mqtt_cluster_ids_homed"] == "1", 30, "broker 1's recovered copy registered")
+        assert stats(b1)["mqtt_sessions"] == "1"
+    finally:
+        b2.proc.send_signal(signal.SIGCONT)
+    wait_for(lambda: stats(b1)["mqtt_sessions"] == "0", 30, "broker 1's recovered copy ended")
+    stop.set()
+    watcher.join(10)
+    assert max(seen, default=0) == 0  # the device was never connected on broker 1 or 3 meanwhile
+    assert _open(live, QUIET_S)  # not taken over: its connection on broker 2 goes on
+    live.sock.settimeout(10)
+    Paho(b3, "publisher").publish("t/new", b"after", 1)
+    got = live.read()
+    assert isinstance(got, wire.Publish) and got.payload == b"after", got
+    assert stats(b2)["mqtt_sessions"] == "1"
+    live.send(wire.PubAck(got.packet_id))
+    live.send(wire.Disconnect())
+    live.close()
+    again, ack = _sessions_persist(b2, client_id)
+    assert ack.session_present  # its session on broker 2 stood
+    Paho(b3, "publisher-2").publish("t/new", b"later", 1)
+    got = again.read()
+    assert isinstance(got, wire.Publish) and got.payload == b"later", got
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_both_copies_recovered(broker_factory, tmp_path, zk_connect):
+    """Both brokers holding a copy of one device's session restart (kill -9): the first copy registered with the
+    home stands, the other ends; the device finds one session, never two."""
+    b1, b2, b3 = _cluster(broker_factory, tmp_path, zk_connect, zk={"session_timeout_ms": 4000})
+    client_id = _homed(1, 1, [1, 2, 3], "meter-twice")[0]
+    device = _device(b1, PAHO_V5, client_id)
+    device.subscribe("t/a", 1)
+    device.close()
+    b1.kill()
+    raw, _ack = wait_for(lambda: _sessions_persist(b2, client_id), 60, "a connect once broker 1 left the cluster")
+    assert _subscribe(raw, "t/a") == wire.Suback(1, (1,))
+    raw.send(wire.Disconnect())
+    raw.close()
+    wait_for(lambda: stats(b2)["mqtt_connections"] == "0", 10, "the device gone from broker 2")
+    b2.kill()
+    wait_for(lambda: stats(b3).get("mqtt_cluster_members") == "1", 30, "both left")
+    b1.start()
+    b2.start()
+    for b in (b1, b2, b3):
+        wait_for(lambda b=b: stats(b).get("mqtt_cluster_members") == "3", 30, "the two back")
+    wait_for(lambda: sorted(int(stats(b)["mqtt_sessions"]) for b in (b1, b2)) == [0, 1], 30, "one copy left")
+    time.sleep(QUIET_S)
+    assert sorted(int(stats(b)["mqtt_sessions"]) for b in (b1, b2)) == [0, 1]  # and it stays
+    again, ack = _sessions_persist(b3, client_id)
+    assert ack.session_present  # the copy that stood moved here
+    Paho(b3, "publisher").publish("t/a", b"after", 1)  # its subscription came with it
+    got = again.read()
+    assert isinstance(got, wire.Publish) and got.payload == b"after", got
+    wait_for(lambda: [stats(b)["mqtt_sessions"] for b in (b1, b2)] == ["0", "0"], 10, "no other copy")
 
 
 def test_messages_in_flight_move_with_the_session(broker_factory, tmp_path, zk_connect):

@@ -29,7 +29,7 @@ def test_the_registry_at_its_limit_and_past_it():
         r.register("c", 1)  # one past it: refused, nothing changed
     assert len(r) == 2 and r.holder("c") is None
     assert r.register("a", 3, 8) == 1 and r.generation("a") == 8  # a known id moves at the limit
-    assert r.hold("b", 2) and not r.hold("a", 2)  # a re-registration: the first holder keeps it
+    assert r.hold("b", 2) is None and r.hold("a", 2) == 2  # a re-registration: the first holder keeps it
     r.release("a", 2)  # not its holder: kept
     assert r.holder("a") == 3
     r.release("a", 3)
@@ -38,6 +38,41 @@ def test_the_registry_at_its_limit_and_past_it():
     assert r.holder("b") is None
     r.forget_unless(lambda c: c != "c")
     assert len(r) == 0
+
+
+def test_a_recovered_copy_gives_way_to_a_live_one():
+    """``hold``'s rule: a copy recovered at its holder's start gives way to one held live elsewhere, whichever told
+    the home first; between two of one kind the first registered stands. It returns who ends its copy."""
+    r = HomeRegistry(10)
+    assert r.hold("unknown", 1, recovered=True) is None and r.holder("unknown") == 1  # an unknown id: registered
+    assert r.recovered("unknown")
+    assert r.hold("unknown", 1, recovered=True) is None and r.hold("unknown", 1) is None  # the same broker again
+    assert not r.recovered("unknown")  # connected there since: live from now on
+    assert r.hold("unknown", 1, recovered=True) is None and not r.recovered("unknown")  # and stays so
+    assert r.hold("a", 1, recovered=True) is None
+    assert r.hold("a", 2) == 1  # recovered, then live: the live one holds it, the recovered one ends
+    assert r.holder("a") == 2 and not r.recovered("a") and r.generation("a") == 0
+    assert r.hold("a", 1, recovered=True) == 1  # told again: still the recovered one ends
+    assert r.hold("b", 2) is None
+    assert r.hold("b", 1, recovered=True) == 1 and r.holder("b") == 2  # live, then recovered: the live one stands
+    assert r.hold("c", 1, recovered=True) is None
+    assert r.hold("c", 2, recovered=True) == 2 and r.holder("c") == 1  # both recovered: the first stands
+    assert r.hold("d", 1) is None
+    assert r.hold("d", 2) == 2 and r.holder("d") == 1  # both live: the first stands
+    assert r.register("e", 3, 5) is None and not r.recovered("e")  # a CONNECT's registration is live
+    assert r.hold("e", 1, recovered=True) == 1 and r.holder("e") == 3
+    assert r.hold("f", 1, recovered=True) is None
+    assert r.register("f", 1, 6) == 1 and not r.recovered("f")  # a CONNECT to the recovered copy: live
+    assert r.hold("f", 2) == 2 and r.holder("f") == 1
+
+
+def test_a_recovered_copy_at_the_registry_limit():
+    r = HomeRegistry(1)
+    assert r.hold("a", 1, recovered=True) is None
+    with pytest.raises(RegistryFull):
+        r.hold("b", 2)  # one past it: refused, nothing changed
+    assert len(r) == 1 and r.holder("b") is None
+    assert r.hold("a", 2) == 1 and len(r) == 1  # a known id moves to its live holder at the limit
 
 
 def test_peer_frames_round_trip_and_their_bound():
