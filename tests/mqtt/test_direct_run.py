@@ -199,3 +199,37 @@ def test_a_clean_restart_after_a_one_step_delivery_sends_the_message_again_with_
     again.send(wire.PubAck(p.packet_id))
     again.send(wire.PingReq())
     assert isinstance(again.read(), wire.PingResp)  # m0 not again, nothing new
+
+
+def test_a_message_past_the_maximum_packet_size_within_a_run_is_skipped_and_the_run_goes_on(broker_factory,
+                                                                                             tmp_path):
+    b = broker_factory(config(tmp_path))
+    sub = subscriber(b, "small", properties={"maximum_packet_size": 300})
+    pub = publisher(b)
+    time.sleep(0.5)
+    burst(pub, [plain("one/t", b"warm", 1)])  # its name's match kept: the runs below go in one step
+    assert [p.payload for p in received(sub, 1)] == [b"warm"]
+    burst(pub, [plain("one/t", b"a", 2), plain("one/t", b"B" * 600, 3), plain("one/t", b"c", 4)])
+    assert [p.payload for p in received(sub, 2)] == [b"a", b"c"]
+    sub.send(wire.PingReq())
+    assert isinstance(sub.read(), wire.PingResp)
+
+
+@pytest.mark.slow
+def test_a_run_the_socket_takes_part_of_is_finished_whole_in_order_once_the_client_reads(broker_factory, tmp_path):
+    """A subscriber that does not read: the one step's write is cut inside a PUBLISH (its rest written first by the
+    connection, the PUBLISHes after it given back to the delivery); read at last, every message comes whole, once,
+    in order."""
+    b = broker_factory(config(tmp_path))
+    sub = subscriber(b, "slow")
+    pub = publisher(b)
+    time.sleep(0.5)
+    burst(pub, [plain("one/t", b"warm", 1)])
+    assert [p.payload for p in received(sub, 1)] == [b"warm"]
+    payloads = [bytes([65 + k]) * 200_000 for k in range(40)]  # past what the kernel holds of both sockets
+    for k in range(0, 40, 4):
+        burst(pub, [plain("one/t", payloads[j], 2 + j) for j in range(k, k + 4)])
+    got = received(sub, 40)
+    assert [p.payload for p in got] == payloads and not any(p.dup for p in got)
+    sub.send(wire.PingReq())
+    assert isinstance(sub.read(), wire.PingResp)
