@@ -41,8 +41,9 @@ def deliver_now(out, key, runs, staged, client_id, now, made):
     The caller (``MqttPort.deliver_now``) calls it only for a delivery whose greenlet waits with nothing of its own
     to send first (``Delivery._wait``). A run of plain QoS 1 messages (no properties; a name ``plain_names`` holds)
     to a connection without outbound topic aliases that may be written by descriptor now (``Connection.fan_fd``)
-    goes out in one step (``direct_publishes``); any other record, and every record on a connection that may not
-    be written so, through the general path (``_plain``, ``_send``), exactly as before."""
+    goes out in one step (``direct_publishes``); a record it does not take goes through the general path in its
+    place (``_one``: ``_plain``, ``_send``, exactly as before) and the one step goes on after it; on a connection
+    that may not be written so, every record goes that way."""
     conn, session = out.conn, out.session
     if conn.closed or conn.tls:
         return False
