@@ -20,6 +20,7 @@ def speedups_extension():
                                          "metaq/_mqttwire.c",
                                          "metaq/_mqttturn.c",
                                          "metaq/_mqttacks.c",
+                                         "metaq/_mqttdirect.c",
                                          "metaq/_burstrun.c",
                                          "metaq/_pbwrite.c",
                                          "metaq/_servedmsg.c"], depends=["metaq/_speedups.h"],

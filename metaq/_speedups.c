@@ -42,6 +42,8 @@
  *                                                 == metaq.mqtt.wire.read_publishes_py (_mqttturn.c)
  *   mqtt_end_pubacks(buf, pos, v5, max_packet, inflight, where, state)
  *                                                 == metaq.mqtt.wire.end_pubacks_py (_mqttacks.c)
+ *   mqtt_direct_publishes(fd, staged, i, stop, names, session, topic, partition, offset, window, v5, max_packet)
+ *                                                 == metaq.mqtt.direct.direct_publishes_py (_mqttdirect.c)
  *   mqtt_split, mqtt_publish_bytes, mqtt_pubacks  == metaq.mqtt.wire's split_py, publish_bytes_py and
  *                                                 encode_pubacks_py (_mqttwire.c)
  *
@@ -1117,6 +1119,9 @@ static PyMethodDef methods[] = {
     {"mqtt_end_pubacks", mqtt_end_pubacks, METH_VARARGS,
      "mqtt_end_pubacks(buf, pos, v5, max_packet, inflight, where, state) -> (taken, ended, pos): the plain PUBACKs "
      "next in buf, each ending its message in flight (_mqttacks.c)"},
+    {"mqtt_direct_publishes", (PyCFunction)(void (*)(void))mqtt_direct_publishes, METH_FASTCALL,
+     "mqtt_direct_publishes(fd, staged, i, stop, names, session, topic, partition, offset, window, v5, max_packet) "
+     "-> (went, state, rest, err): a run of plain QoS 1 messages sent to a waiting subscriber (_mqttdirect.c)"},
     {"mqtt_split", (PyCFunction)(void (*)(void))mqtt_split, METH_FASTCALL,
      "mqtt_split(buf, pos, max_packet, version, names, publish, puback) -> (packet, a, b): the next MQTT packet's "
      "bounds, a plain PUBLISH or PUBACK decoded (_mqttwire.c)"},

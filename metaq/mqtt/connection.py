@@ -174,7 +174,7 @@ class Connection(core.Connection):
         before it yields, so no other writer can come in between."""
         if self.closed or self.tls or self._unsent is not None or self._write_lock.locked():
             return None
-        fd = self.sock.fileno()
+        fd = self.raw_sock.fileno()  # (gevent's underlying socket: the same descriptor, no wrapper's call)
         return fd if fd >= 0 else None
 
     def keep_unsent(self, rest):

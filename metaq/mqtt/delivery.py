@@ -48,7 +48,8 @@ greenlet, which the append woke as before. The burst's messages are the publishe
 the message its record gives back), neither read back from the log nor decoded, and are kept in ``Decoded`` for
 the readers known to read them from the log after (a waiting delivery not served or not left caught up, the
 partition's fan-out reader); each is decided and encoded by what the greenlet uses (``Outbound.decision``,
-``Outbound.prepare``), so a subscriber gets it alike either way.
+``Outbound.prepare``), so a subscriber gets it alike either way; a run of plain QoS 1 ones, of names whose kept
+decision sends them as they are, goes out in one step from the publisher's entries (``direct.direct_publishes``).
 
 **Kept per name.** A delivery keeps the match of a topic name against its session's filters (``Outbound.decision``,
 at most ``limits.MQTT_KEPT_MATCHES`` names), dropped at any change of the session's subscriptions

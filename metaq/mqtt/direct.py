@@ -2,15 +2,26 @@
 a publisher's burst, once visible, has it send what the burst brought at once (``deliver_now``, called through
 ``MqttPort.deliver_now``): non-blocking writes only, the QoS 1 window respected, each
 message decided and encoded as the greenlet would (``outbound.Outbound``). What it cannot send so is left to the
-greenlet, which the append woke as before.
+greenlet, which the append woke as before. A run of plain QoS 1 messages goes out in one step
+(``direct_publishes``, in C when built): their packet ids, their place in flight, their PUBLISHes and one write.
 """
 
-from metaq import errors, limits
+import _socket
+
+from metaq import errors, limits, speedups
 from metaq.mqtt.outbound import DROPPED, HELD
+from metaq.mqtt.records import stored_message
+from metaq.mqtt.session import PUBLISH_SENT
 from metaq.mqtt.wire import MQTT_5, publish_bytes
+from metaq.store.record import FIXED_OVERHEAD
+
+#: ``direct_publishes``' states: every record up to ``stop`` went whole; it stopped before a record that is not one
+#: it takes (``deliver_now`` decides that one by the general path); the write took less than all, or the window in
+#: flight is full at a record it takes (the rest is the greenlet's).
+DONE, DECIDE, SHORT = 0, 1, 2
 
 
-def deliver_now(out, key, staged=None):
+def deliver_now(out, key, runs, staged, client_id, now, made):
     """Send what partition ``key`` holds past the cursor of ``out``'s session (an ``Outbound``), each record as the
     greenlet decides it (``Outbound.decision``, ``Outbound.prepare``: filters, No Local, Retain As Published,
     Subscription Identifiers, Message Expiry, the Maximum Packet Size, the window in flight), but only while that
@@ -18,50 +29,133 @@ def deliver_now(out, key, staged=None):
     write left of its packet, or takes nothing; a part taken is finished by the delivery's greenlet, which the append
     woke, before anything else), a QoS 1 one has room in flight. It stops,
     leaving the rest to the greenlet, at anything else (a QoS 2 message: its greenlet's); it does nothing on a TLS
-    connection or for a paced user. ``staged``: the publisher's burst in this partition, ``[(queue offset, key in
-    Decoded, MqttMessage)]``: from its first record on they are sent from it, nothing read from the log (a cursor
-    behind it reads the log as the greenlet would). Order is the cursor's, as the greenlet's. True when it sent
-    everything and left the cursor at the partition's end: the greenlet has nothing to do there (not so when a shared
-    group of the session reads the partition too: the group's copy is the greenlet's).
+    connection or for a paced user (``Outbound.plain_names``). ``runs``: the publisher's burst's ``BurstRun``s of
+    this partition, in order, of ``staged`` (``MqttPort.write_burst``'s entries, published by ``client_id`` at
+    ``now``); from their first record on they are sent from it, nothing read from the log (a cursor behind it reads
+    the log as the greenlet would). ``made``: ``{key: staged_messages(...)}``, the messages made for the general path,
+    shared by the partition's deliveries and the port. Order is the cursor's, as the greenlet's. True when it sent
+    everything and left the cursor at the partition's end, the last run's (nothing yielded since the append: no
+    other writer came after it): the greenlet has nothing to do there (not so when a shared group of the session
+    reads the partition too: the group's copy is the greenlet's).
 
     The caller (``MqttPort.deliver_now``) calls it only for a delivery whose greenlet waits with nothing of its own
-    to send first (``Delivery._wait``). A QoS 1 PUBLISH of a message without properties, expiry or Subscription
-    Identifiers to a connection without outbound topic aliases goes out in one step (``_plain``); every other one
-    through ``_send``."""
+    to send first (``Delivery._wait``). A run of plain QoS 1 messages (no properties; a name ``plain_names`` holds)
+    to a connection without outbound topic aliases that may be written by descriptor now (``Connection.fan_fd``)
+    goes out in one step (``direct_publishes``); a record it does not take goes through the general path in its
+    place (``_one``: ``_plain``, ``_send``, exactly as before) and the one step goes on after it; on a connection
+    that may not be written so, every record goes that way."""
     conn, session = out.conn, out.session
     if conn.closed or conn.tls:
         return False
     cursors = session.cursors
     offset = cursors.get(key)
+    if offset is None:
+        return False
     topic = key[0]
-    if offset is None or not out.sendable(topic):
+    names = out.plain_names(topic, (client_id or None) == session.client_id)
+    if names is None:
         return False  # a paced user's bytes wait in its own greenlet
-    if staged and offset >= staged[0][0]:  # a partition's offsets in one burst follow one another
-        records = staged[offset - staged[0][0]:] if offset > staged[0][0] else staged
-    else:
-        records = _records(out, key, offset)
-        if records is None:
-            return False
-    decision = out.decision
+    first = runs[0][4]  # BurstRun: (key, count, nbytes, first id, first offset, first entry, log end)
+    end = runs[-1][4] + runs[-1][1]
     plain = conn.outbound_aliases is None
-    for queue_offset, dkey, m in records:
-        granted, ids, retain = decision(topic, m)
-        if granted is None:
-            pass
-        elif plain and (granted == 1 and m.qos or m.qos == 1 and granted) and not ids and not m.properties \
-                and m.expires_ms is None:  # at QoS 1, min(granted, its QoS)
-            if not _plain(conn, session, key, queue_offset, m, retain):
-                return False
-        elif not _send(out, key, queue_offset, dkey, m, granted, ids, retain):
+    if offset < first:
+        if not _behind(out, key, offset, plain):
             return False
-        cursors[key] = queue_offset + 1
-        session.dirty = True
+    elif offset < end:
+        fd = conn.fan_fd() if plain else None
+        records = None
+        for run in runs:
+            start, count = run[4], run[1]
+            stop = start + count
+            while offset < stop:
+                if fd is not None:
+                    went, state, rest, err = direct_publishes(
+                        fd, staged, run[5] + offset - start, run[5] + count, names, session, topic, key[1], offset,
+                        conn.inflight_window, conn.version == MQTT_5, conn.client_max_packet)
+                    offset += went
+                    cursors[key] = offset
+                    if state == DONE:
+                        break
+                    if state == SHORT:
+                        return _short(conn, rest, err)
+                # DECIDE (or a connection not written by descriptor): this record by the general path
+                if records is None:
+                    records = _made(made, key, staged, runs, client_id, now)
+                queue_offset, dkey, m = records[offset - first]
+                if not _one(out, key, queue_offset, dkey, m, plain):
+                    return False
+                offset += 1
     if session.shared and any(key in group.cursors for group, _granted, _id in session.shared.values()):
         return False
-    try:
-        return cursors[key] >= out.store.max_offset(*key)
-    except errors.MetaqError:
+    return cursors[key] >= end
+
+
+def _behind(out, key, offset, plain):
+    """Send from the log what partition ``key`` holds from ``offset``, a cursor behind the burst (``_records``, each
+    record by ``_one``); True when all it read went."""
+    records = _records(out, key, offset)
+    if records is None:
         return False
+    for queue_offset, dkey, m in records:
+        if not _one(out, key, queue_offset, dkey, m, plain):
+            return False
+    return True
+
+
+def _short(conn, rest, err):
+    """What ``direct_publishes`` left when its write took less than all: the rest of the PUBLISH it began is the
+    connection's to write before anything else (``Connection.keep_unsent``); a failed send closes it
+    (``Connection.send_failed``). False: the rest is the greenlet's."""
+    if rest is not None:
+        conn.keep_unsent(rest)
+    elif err:
+        conn.send_failed(err)
+    return False
+
+
+def _made(made, key, staged, runs, client_id, now):
+    """``staged_messages`` of partition ``key``'s ``runs``, made once per burst (``made``)."""
+    records = made.get(key)
+    if records is None:
+        records = made[key] = staged_messages(staged, runs, client_id, now)
+    return records
+
+
+def _one(out, key, queue_offset, dkey, m, plain):
+    """Send record ``queue_offset`` of partition ``key`` (message ``m``, ``dkey`` in Decoded) by the general path,
+    as the greenlet decides it (``Outbound.decision``; ``plain``: the connection has no outbound topic aliases): not
+    matched, passed over; a QoS 1 one without properties, expiry or Subscription Identifiers by ``_plain``; any
+    other by ``_send``. True when the cursor moved past it."""
+    granted, ids, retain = out.decision(key[0], m)
+    if granted is None:
+        pass
+    elif plain and (granted == 1 and m.qos or m.qos == 1 and granted) and not ids and not m.properties \
+            and m.expires_ms is None:  # at QoS 1, min(granted, its QoS)
+        if not _plain(out.conn, out.session, key, queue_offset, m, retain):
+            return False
+    elif not _send(out, key, queue_offset, dkey, m, granted, ids, retain):
+        return False
+    out.session.cursors[key] = queue_offset + 1
+    out.session.dirty = True
+    return True
+
+
+def staged_messages(staged, runs, client_id, now):
+    """``[(queue offset, key in Decoded, MqttMessage)]`` of the records of ``runs`` (a partition's ``BurstRun``s of
+    the burst ``staged``, published by ``client_id`` at ``now``), each message as ``records.stored_message`` makes it
+    and its place in the log from its run's: a run's records lie one after the other in the log, ending at its log
+    end."""
+    out = []
+    for _key, count, nbytes, first_id, first_offset, first, end in runs:
+        overhead = FIXED_OVERHEAD + len(_key[0])  # metaq topic names are ASCII
+        position = end - nbytes - count * overhead
+        for k in range(count):
+            entry = staged[first + k]  # (topic, partition, flag, data, Publish, MQTT topic name)
+            p = entry[4]
+            out.append((first_offset + k, (position, first_id + k),
+                        stored_message(entry[5], p.payload, p.qos, client_id, p.properties, False, now)))
+            position += overhead + len(entry[3])
+    return out
 
 
 def _records(out, key, offset):
@@ -140,3 +234,106 @@ def _send(out, key, queue_offset, dkey, m, granted, ids, retain):
         out.session.dirty = True
         return False
     return True
+
+
+def direct_publishes_py(fd, staged, i, stop, names, session, topic, partition, offset, window, v5, max_packet):
+    """A run of plain QoS 1 messages of a publisher's burst written to a waiting subscriber in one step:
+    ``staged[i:stop]`` (``MqttPort.write_burst``'s entries, ``(topic, partition, flag, data, Publish, name)``, the
+    first at queue offset ``offset`` of partition ``(topic, partition)``), from the first while each is one it takes:
+    its PUBLISH at QoS 1 (``Publish.qos`` 1) without properties, its name in ``names`` (``Outbound.plain_names``),
+    and room in flight (fewer than ``window`` in ``session.inflight``). Each is given a packet id by the session's
+    rule (``MqttSession.next_packet_id``: the first after ``last_id`` not in flight) and recorded in flight as
+    ``MqttSession.sent_next`` records it (``inflight``, ``where``: ``(1, topic, partition, its offset)``); its PUBLISH
+    is ``wire.publish_bytes``'s (RETAIN 0; MQTT 5 when ``v5``: an empty property block). One past ``max_packet``
+    (None: no bound) is not sent, as if delivered, its id given back (``MqttSession.dropped``). Their PUBLISHes are
+    written together by one non-blocking ``send`` on socket descriptor ``fd`` (``Connection.fan_fd``: nothing of an
+    earlier packet unsent, no writer inside one). Those the write did not take whole are as if never begun, as the
+    one-at-a-time send leaves them (``direct._plain``): their ids given back and ``last_id`` the id of the first of
+    them; the one begun stays in flight and its unsent bytes are returned for the connection to write first.
+
+    Returns ``(went, state, rest, err)``: ``went`` the records the cursor moves past (sent, begun, or dropped as too
+    large); ``state`` ``DONE`` (all of ``staged[i:stop]`` went), ``DECIDE`` (``staged[i + went]`` is not one it
+    takes: for the general path) or ``SHORT`` (the write took less than all, or the window is full at a record it
+    takes: the rest is the greenlet's); ``rest`` the unsent bytes of the PUBLISH begun (None when none was);
+    ``err`` the errno of a failed send (0: none; nothing of it then went). ``session.dirty`` is set when an id was
+    taken. ``metaq._speedups``'s ``mqtt_direct_publishes`` is this function in C (the tests hold the two equal)."""
+    prop = b"\x00" if v5 else None
+    plan, state = _plan(staged, i, stop, names, window - len(session.inflight), prop, max_packet)
+    if not plan:
+        return 0, state, None, 0
+    inflight, where = session.inflight, session.where
+    ids, chunks = [], []
+    for j, (entry, large) in enumerate(plan):
+        packet_id = session.last_id % 65535 + 1
+        while packet_id in inflight:  # (room left: one is free)
+            packet_id = packet_id % 65535 + 1
+        session.last_id = packet_id
+        ids.append(packet_id)
+        if large:
+            chunks.append(b"")
+            continue
+        inflight[packet_id] = PUBLISH_SENT
+        where[packet_id] = (1, topic, partition, offset + j)
+        chunks.append(publish_bytes(0x32, entry[5], packet_id, prop, entry[4].payload))
+    session.dirty = True
+    n, err = _send_now(fd, b"".join(chunks))
+    went, pos, rest = 0, 0, None
+    for chunk in chunks:
+        after = pos + len(chunk)
+        if after <= n:
+            went += 1
+            pos = after
+            continue
+        if pos < n:  # begun: in flight, the cursor past it, its rest the connection's
+            rest = chunk[n - pos:]
+            went += 1
+        break
+    if went < len(plan) or rest is not None:
+        state = SHORT
+        session.last_id = ids[went - (rest is not None)]  # the first not written whole
+        for packet_id in ids[went:]:
+            if inflight.pop(packet_id, None) is not None:
+                where.pop(packet_id, None)
+    return went, state, rest, err
+
+
+def _plan(staged, i, stop, names, room, prop, max_packet):
+    """``direct_publishes_py``'s records taken, decided before anything changes: ``([(entry, past max_packet)],
+    state)``, the state ``DONE`` when it reached ``stop``."""
+    plan = []
+    for k in range(i, stop):
+        entry = staged[k]
+        p, name = entry[4], entry[5]
+        if p.qos != 1 or p.properties or name not in names:
+            return plan, DECIDE
+        size = len(publish_bytes(0x32, name, 1, prop, p.payload))
+        if room <= 0:
+            return plan, SHORT
+        large = max_packet is not None and size > max_packet
+        if not large:
+            room -= 1
+        plan.append((entry, large))
+    return plan, DONE
+
+
+def _send_now(fd, data):
+    """``(bytes taken, errno)`` of one non-blocking send of ``data`` on socket descriptor ``fd`` (nothing when
+    ``data`` is empty; 0 taken when its buffer is full)."""
+    if not data:
+        return 0, 0
+    try:
+        s = _socket.socket(fileno=fd)  # no duplicate: let go (detach) after the send
+    except OSError as exc:
+        return 0, exc.errno  # not an open socket: the C helper's send fails alike
+    try:
+        return s.send(data, _socket.MSG_DONTWAIT | _socket.MSG_NOSIGNAL), 0
+    except BlockingIOError:
+        return 0, 0
+    except OSError as exc:
+        return 0, exc.errno
+    finally:
+        s.detach()
+
+
+#: ``direct_publishes_py``, in C when built.
+direct_publishes = speedups.load("mqtt_direct_publishes", direct_publishes_py)

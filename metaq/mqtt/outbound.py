@@ -37,7 +37,7 @@ class Outbound:
     now; ``turn``: when its greenlet's turn on the loop began (``connections.share_loop``)."""
 
     __slots__ = ("conn", "session", "port", "store", "guard", "decoded", "max_transfer", "resume_at", "turn",
-                 "_matched", "_matched_at", "_sendable", "_sendable_at")
+                 "_matched", "_matched_at", "_sendable", "_sendable_at", "_plain")
 
     def __init__(self, conn, port):
         self.conn = conn
@@ -53,6 +53,7 @@ class Outbound:
         self._matched_at = self.session.changes  # the subscriptions' changes ``_matched`` was made at
         self._sendable = {}  # metaq topic -> ``sendable``'s answer
         self._sendable_at = None  # (put path version, user, subscriptions' changes) ``_sendable`` was made at
+        self._plain = {}  # (metaq topic, published by this client) -> ``plain_names``'s {name: True}
 
     def may_read(self, topic):
         """This session's user may read ``topic`` now (asked at every read: a reloaded permissions file applies at
@@ -71,6 +72,7 @@ class Outbound:
         kept = self._sendable
         if stamp != self._sendable_at:
             kept.clear()
+            self._plain.clear()
             self._sendable_at = stamp
         answer = kept.get(topic)
         if answer is None:
@@ -78,6 +80,34 @@ class Outbound:
             if topic not in self.port.cluster_topics:
                 kept[topic] = answer
         return answer
+
+    def plain_names(self, topic, own):
+        """The names of metaq topic ``topic`` whose plain messages (QoS 1, no properties, not retained; published by
+        this session's client when ``own``) a publisher's turn may send to this session as they are, in one step
+        (``direct.direct_publishes``): ``{name: True}``, each a name whose kept match (``decision``) is a granted QoS
+        of 1 or more without Subscription Identifiers; None when that turn may not send to it at all (``sendable``).
+        Both answers it holds are the kept ones, asked once per partition run instead of once per message: the
+        dict is ``sendable``'s (dropped with it when its stamp moves: permissions, quotas, topics, the user, the
+        subscriptions) and ``decision`` adds a name to it as it keeps that name's match (dropped with the kept
+        matches). A name not in it goes through ``decision``. The MQTT cluster's inbox is never plain: each of its
+        messages asks its own permission."""
+        stamp = (self.port.put_path.version, self.conn.session.user, self.session.changes)
+        if stamp == self._sendable_at:
+            names = self._plain.get((topic, own))
+            if names is not None:
+                return names
+        if not self.sendable(topic):  # (its stamp made current: what is kept below stands with it)
+            return None
+        if topic in self.port.cluster_topics:
+            return {}
+        if self._matched_at != self.session.changes:
+            self._matched.clear()
+            self._matched_at = self.session.changes
+        names = self._plain[(topic, own)] = {}
+        for (t, name, mine), match in self._matched.items():
+            if t == topic and mine == own and match[0] and not match[1]:
+                names[name] = True
+        return names
 
     def _may_read_copy(self, m):
         """A peer's message in the inbox: this session's user may read the metaq topic it was published to (a ``$``
@@ -105,6 +135,7 @@ class Outbound:
         matched = self._matched
         if self._matched_at != session.changes:
             matched.clear()
+            self._plain.clear()
             self._matched_at = session.changes
         name = m.topic
         key = (topic, name, m.client_id == session.client_id)
@@ -115,7 +146,12 @@ class Outbound:
             if len(name) <= limits.MQTT_KEPT_NAME:
                 if len(matched) >= limits.MQTT_KEPT_MATCHES:
                     matched.clear()
+                    self._plain.clear()
                 matched[key] = match
+                if granted and not ids and self._plain:
+                    names = self._plain.get(key[0::2])
+                    if names is not None:
+                        names[name] = True  # (``plain_names``: the cluster's inbox never has an entry)
         granted = match[0]
         if granted is None:
             return None, match[1], False

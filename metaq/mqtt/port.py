@@ -57,7 +57,7 @@ from metaq.mqtt.follow import (MQTT_JOURNAL, MQTT_LEARN_BATCH, MQTT_SESSIONS_TOP
                                encode, encode_carried, encode_end, encode_group, encode_group_end, encode_retained,
                                encode_unretained, encode_will, encode_will_end, replay)
 from metaq.mqtt.wire import Will
-from metaq.mqtt.records import partition_for, placement, record_data, stored_message
+from metaq.mqtt.records import partition_for, placement, record_data
 from metaq.mqtt.session import SharedGroup
 from metaq.mqtt.topics import TopicError, matches, split_shared
 from metaq.server.clock import now_ms
@@ -690,16 +690,17 @@ class MqttPort:
 
     def deliver_now(self, keys, staged, runs, client_id, now):
         """A burst just appended to partitions ``keys`` and made visible (``staged`` and ``runs``: ``write_burst``'s;
-        published by ``client_id`` at ``now``, each message made from its entry as ``records.stored_message`` makes
-        it): the deliveries waiting
-        caught up on them (``waiting``: each one's greenlet waits between passes with nothing of its own to send
-        first, ``Delivery._wait``) send what it brought from the publisher's turn (``direct.deliver_now``), at most
-        ``limits.MQTT_DIRECT_DELIVERIES`` of them, from the messages the publisher's turn has, neither read back from
-        the log nor decoded. A partition's messages are kept in ``decoded`` under their records' keys for the readers
-        known to read them from the log later (``_keep_decoded``): a waiting delivery it did not serve or leave
-        caught up, its fan-out reader. The others, and whatever one cannot send without waiting, are sent by their
-        own greenlets, woken by the append as before. Saves the subscriber's wake on the loop and the record's read
-        and decode. Returns ``{key: events}``: the waits (``Delivery.event``) of the deliveries it left caught up on
+        published by ``client_id`` at ``now``): the deliveries waiting caught up on them (``waiting``: each one's
+        greenlet waits between passes with nothing of its own to send first, ``Delivery._wait``) send what it brought
+        from the publisher's turn (``direct.deliver_now``), at most ``limits.MQTT_DIRECT_DELIVERIES`` of them, from
+        the entries the publisher's turn has, neither read back from the log nor decoded: a run of plain QoS 1
+        messages straight from them (``direct.direct_publishes``), any other as the message
+        ``records.stored_message`` makes of its entry (``direct.staged_messages``, made once per partition when one
+        needs them). A partition's messages are kept in ``decoded`` under their records' keys for the readers known
+        to read them from the log later (``_keep_decoded``): a waiting delivery it did not serve or leave caught up,
+        its fan-out reader. The others, and whatever one cannot send without waiting, are sent by their own
+        greenlets, woken by the append as before. Saves the subscriber's wake on the loop and the record's read and
+        decode. Returns ``{key: events}``: the waits (``Delivery.event``) of the deliveries it left caught up on
         ``key``, which the append's wake passes over (``PartitionWaiters.notify``'s ``quiet``)."""
         waiting = self.waiting
         caught_up = {}
@@ -708,48 +709,46 @@ class MqttPort:
         left = limits.MQTT_DIRECT_DELIVERIES
         deliver = direct.deliver_now
         found = None
+        made = {}  # (topic, partition) -> ``direct.staged_messages`` of its runs, once one needed them
         for key in keys:
             ds = waiting.get(key)
             if not ds:
                 continue
             if found is None:
-                # {(topic, partition): [(queue offset, (log position, msg id), MqttMessage), ...]} of the burst's
-                # records in the partitions some delivery waits on, in their order: a run's records lie one after
-                # the other in the log, ending at its ``log_end``
+                # {(topic, partition): [BurstRun, ...]} of the partitions some delivery waits on, in log order
                 found = {}
-                for rkey, count, nbytes, first_id, first_offset, first, end in runs:
-                    if rkey not in waiting:
-                        continue
-                    overhead = FIXED_OVERHEAD + len(rkey[0])  # metaq topic names are ASCII
-                    position = end - nbytes - count * overhead
-                    records = found.get(rkey)
-                    if records is None:
-                        records = found[rkey] = []
-                    for k in range(count):
-                        entry = staged[first + k]  # (topic, partition, flag, data, Publish, MQTT topic name)
-                        p = entry[4]
-                        records.append((first_offset + k, (position, first_id + k),
-                                        stored_message(entry[5], p.payload, p.qos, client_id, p.properties, False,
-                                                       now)))
-                        position += overhead + len(entry[3])
-            records = found.get(key)
+                for run in runs:
+                    rkey = run[0]
+                    if rkey in waiting:
+                        kruns = found.get(rkey)
+                        if kruns is None:
+                            found[rkey] = [run]
+                        else:
+                            kruns.append(run)
+            kruns = found.get(key)
+            if kruns is None:
+                continue
             served = 0
             for d in list(ds):
                 if left <= 0:
                     break
                 left -= 1
-                if deliver(d.out, key, records):
+                if deliver(d.out, key, kruns, staged, client_id, now, made):
                     if served:
                         caught_up[key].add(d.event)
                     else:
                         caught_up[key] = {d.event}
                     served += 1
-            if records and (served < len(ds) or key in self.fanouts.readers):
-                self._keep_decoded(records)
+            if served < len(ds) or key in self.fanouts.readers:
+                self._keep_decoded(key, kruns, staged, client_id, now, made)
         return caught_up
 
-    def _keep_decoded(self, records):
-        """Keep ``records`` (``deliver_now``'s of one partition) decoded for the readers of the log that come after."""
+    def _keep_decoded(self, key, kruns, staged, client_id, now, made):
+        """Keep the messages of partition ``key``'s runs ``kruns`` of the burst (``deliver_now``'s; ``made``: those
+        made already) decoded for the readers of the log that come after."""
+        records = made.get(key)
+        if records is None:
+            records = direct.staged_messages(staged, kruns, client_id, now)
         keep = self.decoded.keep
         for _offset, dkey, m in records:
             keep(dkey, m)

@@ -73,7 +73,7 @@ class MqttSession:
     slots: every connected client has one."""
 
     __slots__ = ("client_id", "version", "max_qos2", "subscriptions", "shared", "cursors", "qos2_received", "inflight",
-                 "where", "_next_id", "persistent", "expiry_s", "user", "dirty", "rejoin", "carried", "changes")
+                 "where", "last_id", "persistent", "expiry_s", "user", "dirty", "rejoin", "carried", "changes")
 
     def __init__(self, client_id, version, max_qos2):
         self.client_id = client_id
@@ -85,7 +85,7 @@ class MqttSession:
         self.qos2_received = set()  # inbound QoS 2 packet ids stored, waiting for their PUBREL
         self.inflight = OrderedDict()  # outbound packet id -> PUBLISH_SENT or PUBREL_SENT
         self.where = {}  # outbound packet id -> (qos, metaq topic, partition, offset) of the message in flight
-        self._next_id = 0
+        self.last_id = 0  # the outbound packet id given last (0: none yet): see ``next_packet_id``
         self.persistent = False  # kept past its connection (written to the sessions' log)
         self.expiry_s = None  # MQTT 5's Session Expiry Interval; None: MQTT 3.1.1
         self.user = None
@@ -201,11 +201,16 @@ class MqttSession:
     # -- outbound QoS 1 and 2 --------------------------------------------------
 
     def next_packet_id(self):
-        """A packet id no message in flight uses (1..65535, wrapping); None when all are in use."""
+        """A packet id no message in flight uses (1..65535, wrapping): the first after ``last_id`` not in
+        ``inflight``, which becomes ``last_id``; None when all are in use. The rule every writer of the session's
+        messages in flight takes ids by: ``sent_next``, and a publisher's turn writing a run of QoS 1 PUBLISHes in one
+        step (``direct.direct_publishes``, in C ``mqtt_direct_publishes``), which takes them, records them in
+        ``inflight`` and ``where`` and gives back those it did not write as ``sent_next`` and ``dropped`` do, and sets
+        ``last_id`` and ``dirty`` alike: the documented contract of those four attributes."""
         for _ in range(65535):
-            self._next_id = self._next_id % 65535 + 1
-            if self._next_id not in self.inflight:
-                return self._next_id
+            self.last_id = self.last_id % 65535 + 1
+            if self.last_id not in self.inflight:
+                return self.last_id
         return None
 
     def sent(self, packet_id, where=None):
@@ -219,14 +224,14 @@ class MqttSession:
         """A QoS 1 PUBLISH going out now (``where``: ``(qos, topic, partition, offset)`` of its message): its packet
         id (``next_packet_id``), recorded in flight at once (``sent``), in one step for a writer that sends it before
         it yields; one whose write took none of it gives the id back (``dropped``). None when every id is in use."""
-        packet_id = self._next_id % 65535 + 1
+        packet_id = self.last_id % 65535 + 1
         inflight = self.inflight
         if packet_id in inflight:
             packet_id = self.next_packet_id()
             if packet_id is None:
                 return None
         else:
-            self._next_id = packet_id
+            self.last_id = packet_id
         inflight[packet_id] = PUBLISH_SENT
         self.where[packet_id] = where
         self.dirty = True

@@ -121,3 +121,55 @@ def test_a_fetch_rate_given_between_two_messages_paces_the_next_on_a_real_broker
         admin.publish("orders/a", b"x" * 100 + bytes([i]), 1)
     assert len(reader.wait_messages(4, timeout=30)) == 4
     assert time.monotonic() - started >= 1.5  # 300 bytes and more at 64 a second, the first let through at once
+
+
+def _message(name, client_id="pub"):
+    from metaq.mqtt.records import stored_message
+    return stored_message(name, b"x", 1, client_id, None)
+
+
+def test_the_names_sent_in_one_step_are_those_matched_plainly_and_go_with_every_change():
+    """``plain_names``: the names whose kept match is a QoS of 1 or more without identifiers, filled by ``decision``
+    and kept with ``sendable``'s answer: a moved version, another user, a changed subscription drop them all, and a
+    topic its user may not read has none (None)."""
+    from metaq.mqtt.session import Subscribed
+    out, port, conn, guard = outbound()
+    session = out.session
+    session.subscriptions["a/+"] = Subscribed("a/+", 1, False, {"a"})
+    session.subscriptions["a/q/#"] = Subscribed("a/q/#", 0, False, {"a"})
+    session.subscriptions["a/id"] = Subscribed("a/id", 1, False, {"a"}, sub_id=5)
+    session.changed()
+    names = out.plain_names("a", False)
+    assert names == {}
+    for name in ("a/x", "a/q/z", "a/id", "b/x"):
+        out.decision("a", _message(name))
+    assert out.plain_names("a", False) == {"a/x": True} and out.plain_names("a", False) is names
+    assert out.plain_names("a", True) == {}  # published by the session's own client: its own kept matches
+    out.decision("a", _message("a/y"))
+    assert names == {"a/x": True, "a/y": True}
+    port.put_path.version += 1  # e.g. the permissions file reloaded
+    guard.readable["a"] = False
+    assert out.plain_names("a", False) is None
+    guard.readable["a"] = True
+    port.put_path.version += 1
+    assert out.plain_names("a", False) == {"a/x": True, "a/y": True}  # from the kept matches, which still stand
+    conn.session.user = "v"
+    assert out.plain_names("a", False) is not names
+    names = out.plain_names("a", False)
+    session.subscriptions["a/+"] = Subscribed("a/+", 0, False, {"a"})  # QoS 0 now
+    session.changed()
+    assert out.plain_names("a", False) == {}
+    out.decision("a", _message("a/x"))
+    assert out.plain_names("a", False) == {}
+
+
+def test_the_clusters_inbox_never_has_names_sent_in_one_step():
+    from metaq.mqtt.session import Subscribed
+    out, port, _conn, guard = outbound()
+    port.cluster_topics = ("inbox",)
+    guard.enabled = False  # (a copy's own permission: asked of the guard when it is on)
+    out.session.subscriptions["#"] = Subscribed("#", 1, False, {"inbox"})
+    out.session.changed()
+    assert out.plain_names("inbox", False) == {}
+    out.decision("inbox", _message("x/y"))
+    assert out.plain_names("inbox", False) == {}
