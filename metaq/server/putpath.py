@@ -83,16 +83,21 @@ class BrokerWrites:
         else:
             self.visible(keys, now)
 
-    def visible(self, keys, now, quiet=None):
+    def visible(self, keys, now, quiet=None, deliver=None, args=()):
         """Records of ``keys`` became readable: the one rule waking readers, for every writer. Every waiting reader
-        of ``keys`` is woken (``quiet``: ``PartitionWaiters.notify``'s) and the writer yields once when one was
+        of ``keys`` is woken (``quiet``: ``PartitionWaiters.notify``'s; ``deliver(*args)``, when given, runs first
+        and returns it: MQTT's deliveries sent from the publisher's turn) and the writer yields once when one was
         (its ``settle``): the woken readers answer before the writer's acknowledgement and its next frames, so a
         reader waits for one write, never for a writer's whole pipeline. A writer therefore holds no lock and no
         decision across it unless the decision's version says it stands (``PutPath.decision_stands``).
-        The flusher is woken when its policy says so."""
+        The flusher is woken when its policy says so. Returns ACK_NOW: a client's write visible now may be
+        acknowledged now unless a slave must have it (``PutPath.written``, which knows)."""
+        if deliver is not None:
+            quiet = deliver(*args)
         self.waiters.notify(keys, quiet, True)
         if self.store.should_flush(now):
             self.flusher.wake()
+        return ACK_NOW
 
 
 class WriteGate:
@@ -158,6 +163,7 @@ class PutPath:
         self.writes = BrokerWrites(store, waiters, flusher, sync_flush)  # the broker's own records, the one wake
         self.version = 0  # moves with every change of what ``write_refusal`` reads (``changed``)
         self.standing = self._standing()
+        self.burst_written = self._burst_written()
         # the calls that only forward, bound to where they go (neither the store, the stats nor the registry is
         # replaced while the broker runs): a burst's run reaches them with no frame of ours between
         if store is not None:
@@ -171,6 +177,7 @@ class PutPath:
         every decision a front-end kept (``decision_stands``) is asked again."""
         self.version += 1
         self.standing = self._standing()
+        self.burst_written = self._burst_written()
 
     def _standing(self):
         """``standing``: the version at which a kept yes stands without asking ``decision_stands`` (no answer of
@@ -179,6 +186,17 @@ class PutPath:
         roles = self.roles
         steady = roles is not None and roles.replication is None and roles.election is None
         return self.version if steady else None
+
+    def _burst_written(self):
+        """``burst_written(keys, now, deliver=None, args=())``: ``written`` as the broker's modes of now decide it,
+        kept with ``standing`` (made again by every change, ``changed``): with ``async`` flush on a master whose
+        roles move no answer (no replication server, so no ``sync`` replication; no election) it is
+        ``BrokerWrites.visible`` itself, which returns ACK_NOW (no frame of ``written`` between); in every other
+        mode (``sync`` flush, a master serving slaves, a slave, an election) ``written``."""
+        if (not self.sync_flush and self.standing is not None and self.store is not None
+                and self.roles.role == "master"):
+            return self.writes.visible
+        return self.written
 
     def decision_stands(self, version):
         """True while a yes of ``write_refusal`` given at ``version`` (for a writer whose session's user did not
@@ -413,22 +431,22 @@ class PutPath:
         if registry is not None and topic not in registry.registered_topics:
             registry.topic_created(topic)
 
-    def written(self, keys, now, deliver=None):
+    def written(self, keys, now, deliver=None, args=()):
         """What follows a client write of the partitions ``keys`` (each ``(topic, partition)``, its records
         counted by ``counted``), the same for every front-end and decided from the broker's modes of now: the
-        acknowledgement the caller then owes.
+        acknowledgement the caller then owes. ``burst_written`` is this, or what it does in the broker's mode of
+        now.
 
         The flush: with ``sync`` flush the flusher is woken (its flush makes the records visible and wakes their
-        readers); with ``async`` flush they are visible now (``visible``; ``deliver()``, when given, runs first and
-        returns ``visible``'s ``quiet``: MQTT's deliveries sent from the publisher's turn). The acknowledgement:
+        readers); with ``async`` flush they are visible now (``visible``; ``deliver(*args)``, when given, runs first
+        and returns ``visible``'s ``quiet``: MQTT's deliveries sent from the publisher's turn). The acknowledgement:
         ACK_AFTER_REPLICATION with ``sync`` replication (the replicator is told; the caller acknowledges after
         ``durable`` or ``settle``), else ACK_AFTER_FLUSH with ``sync`` flush (after ``settle``), else ACK_NOW."""
         if self.sync_flush:
             self.flusher.wake()
             ack = ACK_AFTER_FLUSH
         else:
-            self.writes.visible(keys, now, None if deliver is None else deliver())
-            ack = ACK_NOW
+            ack = self.writes.visible(keys, now, None, deliver, args)
         roles = self.roles
         if roles.sync_replication:
             roles.replication.notify()
