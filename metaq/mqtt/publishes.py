@@ -273,8 +273,8 @@ class Publishes:
             # put of the burst; visible now (flush async): its subscribers waiting for it get it from here
             # (``deliver_now``, called with ``args``: no function made per burst). The wake may yield: the write
             # decision is asked again after (``_decisions``).
-            mode = port.put_path.burst_written(keys, now, deliver=port.deliver_now,
-                                               args=(keys, burst, runs, self.conn.mqtt.client_id, now))
+            mode = port.put_path.burst_written(keys, now, None, port.deliver_now,
+                                               (keys, burst, runs, self.conn.mqtt.client_id, now))
             if pubacks is None or exc is not None:
                 ids = [e[4].packet_id for e in (burst[:stored] if exc is not None else burst) if e[4].qos]
                 pubacks = wire.encode_pubacks(ids) if ids else None

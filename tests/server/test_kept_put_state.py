@@ -104,7 +104,7 @@ def test_a_bursts_written_is_the_general_one_in_every_mode_but_a_lone_async_mast
             path, delivered = broker.put_path, []
             fast = path.burst_written == path.writes.visible
             assert fast is (mode == "fast") and (fast or path.burst_written == path.written), sections
-            assert path.burst_written(keys, now_ms(), deliver=delivered.append, args=("burst",)) == \
+            assert path.burst_written(keys, now_ms(), None, delivered.append, ("burst",)) == \
                 (ACK_NOW if fast else mode)
             assert delivered == ([] if mode == ACK_AFTER_FLUSH else ["burst"])
         finally:

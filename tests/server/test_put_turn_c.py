@@ -1,0 +1,109 @@
+"""The C helper's steps after a burst's append (``metaq/_putturn.c``) against their Python twins, seeded: the counts
+of ``BrokerStats.on_puts``, the async flush policy of ``MessageStore.should_flush`` and the wake of
+``BrokerWrites.visible`` (``putpath.visible_py``), state included."""
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from metaq import limits
+from metaq.server.putpath import ACK_NOW, visible_py
+from metaq.server.stats import BrokerStats
+from metaq.store.store import MessageStore
+
+try:
+    from metaq import _speedups as c
+except ImportError:
+    c = None
+
+needs_c = pytest.mark.skipif(c is None, reason="metaq._speedups was not built")
+
+
+def _figures(stats):
+    return (stats.cmd_put, {k: (v.count, v.value) for k, v in stats.realtime.items()},
+            {t: {k: (v.count, v.value) for k, v in d.items()} for t, d in stats.topic_realtime.items()},
+            {t: list(v) for t, v in stats.topic_totals.items()})
+
+
+@needs_c
+@pytest.mark.parametrize("seed", range(8))
+def test_c_on_puts_counts_as_its_twin(seed, monkeypatch):
+    """Topics past ``MAX_STATS_TOPICS`` (shared counters), ``stats reset`` between runs, sizes past 64 bits."""
+    monkeypatch.setattr(limits, "MAX_STATS_TOPICS", 5)
+    rnd = random.Random(seed)
+    ours, twin = BrokerStats(), BrokerStats()
+    for _ in range(300):
+        if rnd.random() < 0.05:
+            ours.reset_realtime()
+            twin.reset_realtime()
+        topic = "t%d" % rnd.randrange(9)
+        count = rnd.randrange(1, 50)
+        size = rnd.choice((rnd.randrange(0, 1 << 20), 1 << 70))
+        c.stats_on_puts(ours, topic, count, size)
+        BrokerStats.on_puts(twin, topic, count, size)
+        assert _figures(ours) == _figures(twin)
+
+
+def _store(rnd):
+    written = rnd.randrange(0, 1000)
+    return SimpleNamespace(_pos=SimpleNamespace(written=written, flushed=rnd.choice((written, rnd.randrange(0, 1000))),
+                                                unflushed_msgs=rnd.randrange(0, 20)),
+                           _async=rnd.random() < 0.8, _last_flush_ms=rnd.randrange(0, 1000),
+                           config=SimpleNamespace(flush_every_messages=rnd.randrange(1, 20),
+                                                  flush_interval_ms=rnd.randrange(1, 300)))
+
+
+@needs_c
+@pytest.mark.parametrize("seed", range(8))
+def test_c_should_flush_answers_and_moves_the_last_flush_as_its_twin(seed):
+    rnd = random.Random(seed)
+    for _ in range(500):
+        state = rnd.getstate()
+        ours = _store(rnd)
+        rnd.setstate(state)
+        twin = _store(rnd)
+        now = rnd.randrange(0, 1500)
+        assert c.store_should_flush(ours, now) is MessageStore.should_flush(twin, now)
+        assert ours == twin  # the last flush's time moved alike
+
+
+def _wake_of(rnd, calls, fail):
+    def notify(keys, quiet, settle):
+        calls.append(("notify", keys, quiet, settle))
+
+    def should_flush(now):
+        calls.append(("should_flush", now))
+        return rnd.random() < 0.5
+
+    def wake():
+        calls.append(("wake",))
+
+    def deliver(*args):
+        calls.append(("deliver", args))
+        if fail:
+            raise OSError("the delivery failed")
+        return {"k": {"ev"}}
+
+    return notify, should_flush, wake, deliver
+
+
+@needs_c
+@pytest.mark.parametrize("seed", range(8))
+def test_c_visible_wakes_delivers_and_flushes_as_its_twin(seed):
+    rnd = random.Random(seed)
+    for _ in range(200):
+        shape, fail, answers = rnd.randrange(4), rnd.random() < 0.1, rnd.randrange(1 << 30)
+        results = []
+        for visible in (c.put_visible, visible_py):
+            calls = []
+            state = random.Random(answers)  # the same answers of should_flush for both
+            notify, should_flush, wake, deliver = _wake_of(state, calls, fail)
+            tail = ((), ({"q": set()},), (None, deliver), (None, deliver, ("a", 1)))[shape]
+            try:
+                out = visible(notify, should_flush, wake, (("t", 0),), 5, *tail)
+            except OSError as exc:
+                out = str(exc)
+            results.append((out, calls))
+        assert results[0] == results[1]
+        assert results[0][0] == (ACK_NOW if not (fail and shape >= 2) else "the delivery failed")
