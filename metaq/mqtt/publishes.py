@@ -210,9 +210,15 @@ class Publishes:
         for the general path (``Connection._process``, with what is staged): the read began with no such PUBLISH,
         or other or partial packets follow them (all not taken is in the parser's buffer); else False when the
         connection must close."""
-        acks = self.acks
+        acks, conn, decided = self.acks, self.conn, self.decided
+        session = conn.session
+        # the kept decisions made at the put path's standing version for the session's user of now stand with no
+        # question asked (``_decisions``, which decides every other case: not called for this one)
+        if (self._decided_at != (self.port.put_path.standing, session.user if session is not None else None)
+                or len(decided) >= limits.MQTT_KEPT_DECISIONS):
+            decided = self._decisions()
         staged, qos1, nbytes, pubacks, rest = parser.plain_read(
-            data, self.plans, self._decisions(), self.conn.settings.receive_maximum - acks.unacked,
+            data, self.plans, decided, conn.settings.receive_maximum - acks.unacked,
             MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES)
         if not staged:
             return None
@@ -225,7 +231,7 @@ class Publishes:
             if len(staged) >= MQTT_PUBLISH_BURST or nbytes >= MQTT_PUBLISH_BURST_BYTES or not rest:
                 if not self.flush():
                     return False
-            return False if self.conn.closed else (None if rest else True)
+            return False if conn.closed else (None if rest else True)
         except BaseException:
             self.drop()  # not stored: the connection closes without acknowledging them
             raise
