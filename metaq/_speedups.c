@@ -44,8 +44,9 @@
  *                                                 == metaq.mqtt.wire.end_pubacks_py (_mqttacks.c)
  *   mqtt_split, mqtt_publish_bytes, mqtt_pubacks  == metaq.mqtt.wire's split_py, publish_bytes_py and
  *                                                 encode_pubacks_py (_mqttwire.c)
- *   stats_on_puts, store_should_flush, put_visible == BrokerStats.on_puts, MessageStore.should_flush,
- *                                                 putpath.visible_py (_putturn.c)
+ *   stats_on_puts, store_should_flush, put_visible, waiters_notify == BrokerStats.on_puts,
+ *                                                 MessageStore.should_flush, putpath.visible_py,
+ *                                                 PartitionWaiters.notify (_putturn.c)
  *
  *   crc32(data, value=0)                         == zlib.crc32 (metaq.protocol.checksum uses it)
  *   SyncWorker(notify_fd)                        fdatasync off the GIL (metaq/server/flusher.py;
@@ -1079,6 +1080,9 @@ static PyMethodDef methods[] = {
     {"put_visible", (PyCFunction)(void (*)(void))put_visible, METH_FASTCALL,
      "put_visible(notify, should_flush, wake, keys, now, quiet=None, deliver=None, args=()) -> 0: "
      "metaq.server.putpath.visible_py"},
+    {"waiters_notify", (PyCFunction)(void (*)(void))waiters_notify, METH_FASTCALL,
+     "waiters_notify(waiters, sleep, new_partition, keys, quiet=None, settle=False) -> bool: "
+     "metaq.server.longpoll.PartitionWaiters.notify"},
     {"append_run", append_run, METH_VARARGS,
      "append_run(runs, run_type, log, seg_start, rel, ready, src, frames, i, j, room, topic, partition, p, off, "
      "now_ms, ids, positions, index, unit_at, overhead) -> count: metaq.store.batch.append_run_py"},

@@ -107,3 +107,66 @@ def test_c_visible_wakes_delivers_and_flushes_as_its_twin(seed):
             results.append((out, calls))
         assert results[0] == results[1]
         assert results[0][0] == (ACK_NOW if not (fail and shape >= 2) else "the delivery failed")
+
+
+class _Ev:
+    """An Event stand-in that records its wake."""
+
+    def __init__(self, name, woken):
+        self.name, self.woken = name, woken
+
+    def set(self):
+        self.woken.append(self.name)
+
+    def __hash__(self):
+        return hash(self.name)
+
+    def __eq__(self, other):
+        return self.name == other.name
+
+    def __repr__(self):
+        return self.name
+
+
+def _waiters(rnd, woken):
+    from metaq.server.longpoll import NEW_PARTITION, PartitionWaiters
+    w = PartitionWaiters()
+    keys = [("t", p) for p in range(4)] + [NEW_PARTITION]
+    for key in rnd.sample(keys, rnd.randrange(len(keys) + 1)):
+        w._waits[key] = {_Ev("%s%d-%d" % (key[0], key[1], k), woken) for k in range(rnd.randrange(1, 4))}
+    w._made = rnd.random() < 0.3
+    return w, keys
+
+
+@needs_c
+@pytest.mark.parametrize("seed", range(8))
+def test_c_notify_wakes_and_leaves_the_waits_as_its_twin(seed, monkeypatch):
+    """Waits of each key, the quiet ones a delivery served (all of a key's, some, none, an empty set), a partition
+    made since the last wake, ``settle``'s yield only when one was woken; the waits left in the map alike."""
+    import gevent
+
+    from metaq.server import longpoll
+    rnd = random.Random(seed)
+    for _ in range(300):
+        state = rnd.getstate()
+        results = []
+        for twin in (False, True):
+            rnd.setstate(state)
+            woken, slept = [], []
+            w, keys = _waiters(rnd, woken)
+            named = rnd.sample(keys[:4], rnd.randrange(5))
+            quiet = None
+            if rnd.random() < 0.6:
+                quiet = {}
+                for key in named:
+                    held = sorted(w._waits.get(key, ()), key=repr)
+                    quiet[key] = set(rnd.sample(held, rnd.randrange(len(held) + 1))) if held else set()
+            settle = rnd.random() < 0.5
+            monkeypatch.setattr(gevent, "sleep", slept.append)
+            if twin:
+                out = longpoll.PartitionWaiters.notify(w, tuple(named), quiet, settle)
+            else:
+                out = c.waiters_notify(w, slept.append, longpoll.NEW_PARTITION, tuple(named), quiet, settle)
+            results.append((out, sorted(woken), slept, {k: sorted(map(repr, v)) for k, v in w._waits.items()},
+                            w._made))
+        assert results[0] == results[1]
