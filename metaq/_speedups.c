@@ -1073,6 +1073,9 @@ static PyMethodDef methods[] = {
     {"encode_timer_acks", encode_timer_acks, METH_VARARGS,
      "encode_timer_acks(items, start, count, first_id) -> the result 200 replies of taken put_ats, joined"},
     {"now_ms", now_ms, METH_NOARGS, "now_ms() -> milliseconds since the Unix epoch: metaq.server.clock.now_ms_py"},
+    {"mqtt_plain_read", (PyCFunction)(void (*)(void))mqtt_plain_read, METH_FASTCALL,
+     "mqtt_plain_read(parser, publish, data, plans, decided, room, count, nbytes) -> (entries, qos1, bytes, PUBACKs, "
+     "rest): metaq.mqtt.wire.MqttParser.plain_read"},
     {"stats_on_puts", (PyCFunction)(void (*)(void))stats_on_puts, METH_FASTCALL,
      "stats_on_puts(stats, topic, count, size): metaq.server.stats.BrokerStats.on_puts"},
     {"store_should_flush", (PyCFunction)(void (*)(void))store_should_flush, METH_FASTCALL,

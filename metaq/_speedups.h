@@ -28,6 +28,8 @@ PyObject *mqtt_pubacks(PyObject *self, PyObject *ids);
    the second with the PUBACKs of its QoS 1 PUBLISHes. */
 PyObject *mqtt_plain_publishes(PyObject *self, PyObject *args);
 PyObject *mqtt_read_publishes(PyObject *self, PyObject *args);
+/* mqtt_plain_read (_mqttturn.c): wire.MqttParser.plain_read's twin, bound to each parser. */
+PyObject *mqtt_plain_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* mqtt_end_pubacks (_mqttacks.c): the MQTT subscriber's read of PUBACKs split and its messages in flight ended in one
    step. */
 PyObject *mqtt_end_pubacks(PyObject *self, PyObject *args);
