@@ -739,7 +739,8 @@ class MqttPort:
 
     def burst_durable(self, keys, log_end, now, cuts=None):
         """Block (the acknowledgement writer's greenlet) until a burst ending at ``log_end``, which ``PutPath
-        .burst_written`` followed, may be acknowledged (``PutPath.settle``; ``cuts``: its ``since``); raises its MetaqError."""
+        .burst_written`` followed, may be acknowledged (``PutPath.settle``; ``cuts``: its ``since``); raises its
+        MetaqError."""
         self.put_path.settle(log_end, cuts)
 
     def _retained_refusal(self, name, size):

@@ -203,8 +203,8 @@ class PutPath:
         return self.version if steady else None
 
     def _burst_written(self):
-        """``burst_written(keys, now, quiet=None, deliver=None, args=())``, positional arguments only: ``written`` as the broker's modes of now decide it,
-        kept with ``standing`` (made again by every change, ``changed``): with ``async`` flush on a master whose
+        """``burst_written(keys, now, quiet=None, deliver=None, args=())``, positional arguments only: ``written``
+        as the broker's modes of now decide it, kept with ``standing`` (made again by every change, ``changed``): with ``async`` flush on a master whose
         roles move no answer (no replication server, so no ``sync`` replication; no election) it is
         ``BrokerWrites.visible`` itself, which returns ACK_NOW (no frame of ``written`` between); in every other
         mode (``sync`` flush, a master serving slaves, a slave, an election) ``written``."""

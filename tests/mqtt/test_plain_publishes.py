@@ -4,6 +4,7 @@ same byte, refusals included; the parser with the split gives the packets and re
 entry's record is ``record_data``'s, byte for byte, in the partition ``partition_for`` names."""
 
 import random
+from functools import partial
 
 import pytest
 
@@ -351,8 +352,8 @@ def test_the_parsers_c_plain_read_and_its_python_twin_answer_and_leave_the_parse
                 data = b""
             decided = {t: n for t, n in PARTITIONS.items() if rng.random() < 0.9}
             args = (data, plans, decided, rng.randrange(-1, 6), rng.randrange(1, 10), rng.choice([1, 100, 1 << 20]))
-            a = _answer(lambda: ours.plain_read(*args))
-            b = _answer(lambda: MqttParser.plain_read(twin, *args))
+            a = _answer(partial(ours.plain_read, *args))
+            b = _answer(partial(MqttParser.plain_read, twin, *args))
             assert a == b and _state(ours) == _state(twin)
             if rng.random() < 0.3:  # the general path takes a packet
                 assert _answer(ours.next_event) == _answer(twin.next_event)
