@@ -204,10 +204,11 @@ class PutPath:
 
     def _burst_written(self):
         """``burst_written(keys, now, quiet=None, deliver=None, args=())``, positional arguments only: ``written``
-        as the broker's modes of now decide it, kept with ``standing`` (made again by every change, ``changed``): with ``async`` flush on a master whose
-        roles move no answer (no replication server, so no ``sync`` replication; no election) it is
-        ``BrokerWrites.visible`` itself, which returns ACK_NOW (no frame of ``written`` between); in every other
-        mode (``sync`` flush, a master serving slaves, a slave, an election) ``written``."""
+        as the broker's modes of now decide it, kept with ``standing`` (made again by every change, ``changed``):
+        with ``async`` flush on a master whose roles move no answer (no replication server, so no ``sync``
+        replication; no election) it is ``BrokerWrites.visible`` itself, which returns ACK_NOW (no frame of
+        ``written`` between); in every other mode (``sync`` flush, a master serving slaves, a slave, an election)
+        ``written``."""
         if (not self.sync_flush and self.standing is not None and self.store is not None
                 and self.roles.role == "master"):
             return self.writes.visible
