@@ -331,7 +331,7 @@ def _answer(call):
         return type(exc).__name__
 
 
-@needs_c
+@pytest.mark.skipif(wire._plain_read is None, reason="metaq._speedups was not built or METAQ_PURE_PYTHON is set")
 @pytest.mark.parametrize("version", [None, MQTT_311, MQTT_5])
 def test_the_parsers_c_plain_read_and_its_python_twin_answer_and_leave_the_parser_alike(version):
     """``MqttParser.plain_read`` bound to the C helper's ``mqtt_plain_read`` and the method itself, given the same
