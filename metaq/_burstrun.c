@@ -10,6 +10,8 @@
  * a burst's run costs the put path one call instead of four.
  *
  *   now_ms() == metaq.server.clock.now_ms_py: the broker's wall clock, the stamp a burst is written with.
+ *
+ *   burst_append(writer, run_type, fixed_overhead, unit_size, frames, src, now_ms) == BurstWriter.append (below).
  */
 #define PY_SSIZE_T_CLEAN
 #include "_speedups.h"
@@ -192,4 +194,181 @@ PyObject *now_ms(PyObject *self, PyObject *unused) {
     if (clock_gettime(CLOCK_REALTIME, &ts) != 0)
         return PyErr_SetFromErrno(PyExc_OSError);
     return PyLong_FromLongLong((long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+}
+
+/* burst_append(writer, run_type, fixed_overhead, unit_size, frames, src, now_ms) == metaq.store.batch.BurstWriter
+ * .append(writer, frames, src, now_ms) (``run_type``: BurstRun; ``fixed_overhead``: record.FIXED_OVERHEAD;
+ * ``unit_size``: index.UNIT_SIZE): the burst writer's loop over its runs, each run through append_run, the writer's,
+ * its active segment's, the partitions' and their tails' fields read (and ``advance_ready`` called) as the method
+ * does. The store binds it as its ``put_burst``. */
+static PyObject *s_log, *s_active, *s_refusal, *s_writer, *s_ids, *s_positions, *s_view, *s_start, *s_size,
+    *s_ready, *s_advance_ready, *s_fast_end, *s_tail, *s_mm;
+
+static int interned_burst(void) {
+    if (s_mm != NULL)
+        return 1;
+#define INTERN(var, name)                                                                                             \
+    if ((var = PyUnicode_InternFromString(name)) == NULL)                                                              \
+        return 0;
+    INTERN(s_log, "log")
+    INTERN(s_active, "active")
+    INTERN(s_refusal, "refusal")
+    INTERN(s_writer, "writer")
+    INTERN(s_ids, "ids")
+    INTERN(s_positions, "positions")
+    INTERN(s_view, "view")
+    INTERN(s_start, "start")
+    INTERN(s_size, "size")
+    INTERN(s_ready, "ready")
+    INTERN(s_advance_ready, "advance_ready")
+    INTERN(s_fast_end, "fast_end")
+    INTERN(s_tail, "tail")
+    INTERN(s_mm, "mm")
+#undef INTERN
+    return 1;
+}
+
+/* frames[k][field] as a borrowed reference (frames a list of tuples, as burst_frames makes them); NULL with an
+   exception set. */
+static PyObject *frame_field(PyObject *frames, Py_ssize_t k, Py_ssize_t field) {
+    PyObject *frame = PyList_GET_ITEM(frames, k);
+    if (!PyTuple_Check(frame) || PyTuple_GET_SIZE(frame) <= field) {
+        PyErr_SetString(PyExc_TypeError, "a burst frame must be a tuple of at least 7 fields");
+        return NULL;
+    }
+    return PyTuple_GET_ITEM(frame, field);
+}
+
+PyObject *burst_append(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7)
+        return PyErr_Format(PyExc_TypeError, "burst_append takes 7 arguments (%zd given)", nargs);
+    if (!interned() || !interned_burst())
+        return NULL;
+    PyObject *bw = args[0], *run_type = args[1], *frames = args[4], *src = args[5], *now = args[6];
+    Py_ssize_t fixed = PyLong_AsSsize_t(args[2]), unit_size = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!PyList_Check(frames))
+        return PyErr_Format(PyExc_TypeError, "the burst's frames must be a list");
+    PyObject *runs = PyList_New(0), *log = NULL, *seg = NULL, *refusal = NULL, *writer = NULL, *ids = NULL,
+             *positions = NULL, *view = NULL, *result = NULL;
+    if (runs == NULL)
+        return NULL;
+    Py_ssize_t i = 0, n = PyList_GET_SIZE(frames);
+    if ((log = PyObject_GetAttr(bw, s_log)) == NULL || (seg = PyObject_GetAttr(log, s_active)) == NULL ||
+        (refusal = PyObject_GetAttr(bw, s_refusal)) == NULL)
+        goto done;
+    if (seg == Py_None || refusal != Py_None)
+        goto answer;
+    long long seg_start, size;
+    if ((writer = PyObject_GetAttr(bw, s_writer)) == NULL || (ids = PyObject_GetAttr(bw, s_ids)) == NULL ||
+        (positions = PyObject_GetAttr(bw, s_positions)) == NULL || (view = PyObject_GetAttr(seg, s_view)) == NULL ||
+        !get_ll(seg, s_start, &seg_start) || !get_ll(seg, s_size, &size))
+        goto done;
+    while (i < n) {
+        PyObject *topic = frame_field(frames, i, 0), *partition = frame_field(frames, i, 1);
+        if (topic == NULL || partition == NULL)
+            goto done;
+        if (!PyBytes_Check(topic)) {
+            PyErr_SetString(PyExc_TypeError, "a burst frame's topic must be bytes");
+            goto done;
+        }
+        Py_ssize_t j = i + 1;
+        while (j < n) {
+            PyObject *pj = frame_field(frames, j, 1), *tj = pj ? frame_field(frames, j, 0) : NULL;
+            if (tj == NULL)
+                goto done;
+            int same = PyObject_RichCompareBool(pj, partition, Py_EQ);
+            if (same < 0)
+                goto done;
+            if (!same || tj != topic)
+                break;
+            j++;
+        }
+        PyObject *name = PyUnicode_DecodeASCII(PyBytes_AS_STRING(topic), PyBytes_GET_SIZE(topic), NULL);
+        PyObject *key = name == NULL ? NULL : PyTuple_Pack(2, name, partition);
+        Py_XDECREF(name);
+        PyObject *p = key == NULL ? NULL : PyObject_CallOneArg(writer, key);
+        Py_XDECREF(key);
+        if (p == NULL)
+            goto done;
+        if (p == Py_None) {
+            Py_DECREF(p);
+            break;
+        }
+        long part = PyLong_AsLong(partition);
+        if (part == -1 && PyErr_Occurred()) {
+            Py_DECREF(p);
+            goto done;
+        }
+        Py_ssize_t overhead = fixed + PyBytes_GET_SIZE(topic);
+        while (i < j) {
+            long long off, fast_end, written, length, ready, tstart;
+            PyObject *len_obj = frame_field(frames, i, 5);
+            if (len_obj == NULL || !get_ll(p, s_max, &off) || !get_ll(p, s_fast_end, &fast_end) ||
+                !get_ll(positions, s_written, &written) || (length = PyLong_AsLongLong(len_obj), PyErr_Occurred())) {
+                Py_DECREF(p);
+                goto done;
+            }
+            long long room = fast_end - off, rel = written - seg_start, first = rel + overhead + length;
+            if (room <= 0 || first > size || rel < 0) {
+                Py_DECREF(p);
+                goto answer;
+            }
+            if (!get_ll(seg, s_ready, &ready)) {
+                Py_DECREF(p);
+                goto done;
+            }
+            if (first > ready) { /* as CommitLog.make_room does for a put (and then it writes the record anyway) */
+                PyObject *rel_obj = PyLong_FromLongLong(rel);
+                PyObject *r = rel_obj == NULL ? NULL : PyObject_CallMethodOneArg(seg, s_advance_ready, rel_obj);
+                Py_XDECREF(rel_obj);
+                Py_XDECREF(r);
+                if (r == NULL || !get_ll(seg, s_ready, &ready)) {
+                    Py_DECREF(p);
+                    goto done;
+                }
+                if (first > ready)
+                    ready = first;
+            }
+            PyObject *t = PyObject_GetAttr(p, s_tail), *mm = t ? PyObject_GetAttr(t, s_mm) : NULL;
+            int ok = mm != NULL && get_ll(t, s_start, &tstart);
+            Py_XDECREF(t);
+            if (!ok) {
+                Py_XDECREF(mm);
+                Py_DECREF(p);
+                goto done;
+            }
+            PyObject *call = Py_BuildValue("(OOOLLLOOnnLOlOLOOOOLn)", runs, run_type, view, seg_start, rel, ready, src,
+                                           frames, i, j, room, topic, part, p, off, now, ids, positions, mm,
+                                           (off - tstart) * (long long)unit_size, overhead);
+            Py_DECREF(mm);
+            PyObject *count = call == NULL ? NULL : append_run(self, call);
+            Py_XDECREF(call);
+            if (count == NULL) {
+                Py_DECREF(p);
+                goto done;
+            }
+            Py_ssize_t c = PyLong_AsSsize_t(count);
+            Py_DECREF(count);
+            if (c == -1 && PyErr_Occurred()) {
+                Py_DECREF(p);
+                goto done;
+            }
+            i += c;
+        }
+        Py_DECREF(p);
+    }
+answer:
+    result = Py_BuildValue("(nO)", i, runs);
+done:
+    Py_XDECREF(view);
+    Py_XDECREF(positions);
+    Py_XDECREF(ids);
+    Py_XDECREF(writer);
+    Py_XDECREF(refusal);
+    Py_XDECREF(seg);
+    Py_XDECREF(log);
+    Py_DECREF(runs);
+    return result;
 }

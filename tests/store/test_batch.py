@@ -201,3 +201,43 @@ def test_a_disk_check_refusing_between_two_bursts_stops_the_next_and_one_taking_
     assert s.put_burst(frames, buf, NOW)[0] == 1
     assert s.max_offset("test", 0) == 3
     s.close(NOW)
+
+
+@pytest.mark.skipif(write_run_c is None, reason="metaq._speedups was not built")
+@pytest.mark.parametrize("seed", range(6))
+def test_the_c_burst_writer_and_its_python_twin_take_write_and_stop_alike(tmp_path, monkeypatch, seed):
+    """``MessageStore.put_burst`` bound to the C helper's ``burst_append`` and to ``BurstWriter.append``, given the
+    same bursts (runs of several partitions, a partition never put to, index files filling, segments rolling, the
+    disk refusing between two bursts), the general put taking each frame a burst stops at: the same answers, and the
+    same segments and index units at the end."""
+    import random
+
+    from metaq.store import batch
+    rnd = random.Random(seed)
+    opts = dict(segment_size=rnd.choice([1 << 14, 1 << 16, 1 << 20]), index_file_units=rnd.choice([64, 256, 4096]))
+    ours = open_store(tmp_path / "c", **opts)
+    with monkeypatch.context() as m:
+        m.setattr(batch, "burst_append", None)
+        twin = open_store(tmp_path / "py", **opts)
+    assert ours.put_burst.func is batch.burst_append and twin.put_burst == twin._burst.append
+    for s in (ours, twin):
+        for p in range(3):
+            s.put("test", p, 0, b"first", NOW)
+    for step in range(40):
+        topics = [rnd.choice(["test", "test", "tb"]) for _ in range(rnd.randrange(1, 60))]
+        messages = [(t, rnd.randrange({"test": 4, "tb": 2}[t]), rnd.randbytes(rnd.choice([0, 9, 300, 3000])))
+                    for t in topics]
+        buf, frames = burst(messages)
+        refusing = rnd.random() < 0.1
+        answers = []
+        for s in (ours, twin):
+            s._burst.refusal = "the disk is full" if refusing else None
+            answers.append(s.put_burst(frames, buf, NOW + step))
+            s._burst.refusal = None
+            taken = answers[-1][0]
+            if taken < len(frames):
+                put_like_the_server(s, buf, frames[taken:], NOW + step)
+        assert answers[0] == answers[1]
+    for s in (ours, twin):
+        s.close(NOW + 100)
+    assert files_of(tmp_path / "c") == files_of(tmp_path / "py")
