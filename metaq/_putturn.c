@@ -1,8 +1,7 @@
 /* What follows a burst's append, each the twin of one Python method (the tests hold each pair equal, state
- * included); each is bound to its object with functools.partial where the object is made, so a burst's wake and
- * count cost no Python frame:
+ * included); each is bound to its object with functools.partial where the object is made, so a burst's wake costs
+ * no Python frame:
  *
- *   stats_on_puts(stats, topic, count, size) == metaq.server.stats.BrokerStats.on_puts(stats, topic, count, size)
  *   store_should_flush(store, now_ms)        == metaq.store.store.MessageStore.should_flush(store, now_ms)
  *   put_visible(notify, should_flush, wake, keys, now, quiet=None, deliver=None, args=())
  *                                            == metaq.server.putpath.visible_py(...): BrokerWrites.visible
@@ -14,8 +13,8 @@
 #define PY_SSIZE_T_CLEAN
 #include "_speedups.h"
 
-static PyObject *s_cmd_put, *s_put_counters, *s_counters_of, *s_count, *s_value, *s_pos, *s_written, *s_flushed,
-    *s_last_flush_ms, *s_async, *s_config, *s_unflushed, *s_every, *s_interval;
+static PyObject *s_pos, *s_written, *s_flushed, *s_last_flush_ms, *s_async, *s_config, *s_unflushed, *s_every,
+    *s_interval;
 
 static int interned(void) {
     if (s_interval != NULL)
@@ -23,11 +22,6 @@ static int interned(void) {
 #define INTERN(var, name)                                                                                             \
     if ((var = PyUnicode_InternFromString(name)) == NULL)                                                              \
         return 0;
-    INTERN(s_cmd_put, "cmd_put")
-    INTERN(s_put_counters, "_put_counters")
-    INTERN(s_counters_of, "_counters_of")
-    INTERN(s_count, "count")
-    INTERN(s_value, "value")
     INTERN(s_pos, "_pos")
     INTERN(s_written, "written")
     INTERN(s_flushed, "flushed")
@@ -39,65 +33,6 @@ static int interned(void) {
     INTERN(s_interval, "flush_interval_ms")
 #undef INTERN
     return 1;
-}
-
-/* obj.name += add (Python ints); 0 with an exception set. */
-static int add_attr(PyObject *obj, PyObject *name, PyObject *add) {
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL)
-        return 0;
-    PyObject *sum = PyNumber_Add(v, add);
-    Py_DECREF(v);
-    if (sum == NULL)
-        return 0;
-    int rc = PyObject_SetAttr(obj, name, sum);
-    Py_DECREF(sum);
-    return rc == 0;
-}
-
-/* list[i] += add; 0 with an exception set. */
-static int add_item(PyObject *list, Py_ssize_t i, PyObject *add) {
-    PyObject *sum = PyNumber_Add(PyList_GET_ITEM(list, i), add);
-    return sum != NULL && PyList_SetItem(list, i, sum) == 0;
-}
-
-PyObject *stats_on_puts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4)
-        return PyErr_Format(PyExc_TypeError, "stats_on_puts takes 4 arguments (%zd given)", nargs);
-    if (!interned())
-        return NULL;
-    PyObject *stats = args[0], *topic = args[1], *count = args[2], *size = args[3];
-    if (!add_attr(stats, s_cmd_put, count))
-        return NULL;
-    PyObject *kept = PyObject_GetAttr(stats, s_put_counters);
-    if (kept == NULL)
-        return NULL;
-    PyObject *c = PyDict_GetItemWithError(kept, topic); /* borrowed */
-    Py_XINCREF(c);
-    Py_DECREF(kept);
-    if (c == NULL) {
-        if (PyErr_Occurred())
-            return NULL;
-        c = PyObject_CallMethodOneArg(stats, s_counters_of, topic);
-        if (c == NULL)
-            return NULL;
-    }
-    if (!PyTuple_Check(c) || PyTuple_GET_SIZE(c) != 5 || !PyList_Check(PyTuple_GET_ITEM(c, 4)) ||
-        PyList_GET_SIZE(PyTuple_GET_ITEM(c, 4)) < 2) {
-        Py_DECREF(c);
-        return PyErr_Format(PyExc_TypeError, "a topic's put counters must be a 5-tuple ending with a list");
-    }
-    /* (broker put, broker message_size, topic put, topic message_size, topic totals) */
-    PyObject *totals = PyTuple_GET_ITEM(c, 4);
-    int ok = add_attr(PyTuple_GET_ITEM(c, 0), s_count, count) && add_attr(PyTuple_GET_ITEM(c, 0), s_value, count) &&
-             add_attr(PyTuple_GET_ITEM(c, 1), s_count, count) && add_attr(PyTuple_GET_ITEM(c, 1), s_value, size) &&
-             add_attr(PyTuple_GET_ITEM(c, 2), s_count, count) && add_attr(PyTuple_GET_ITEM(c, 2), s_value, count) &&
-             add_attr(PyTuple_GET_ITEM(c, 3), s_count, count) && add_attr(PyTuple_GET_ITEM(c, 3), s_value, size) &&
-             add_item(totals, 0, count) && add_item(totals, 1, size);
-    Py_DECREF(c);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
 }
 
 /* a < b (rich compare); -1 with an exception set. */

@@ -44,8 +44,7 @@
  *                                                 == metaq.mqtt.wire.end_pubacks_py (_mqttacks.c)
  *   mqtt_split, mqtt_publish_bytes, mqtt_pubacks  == metaq.mqtt.wire's split_py, publish_bytes_py and
  *                                                 encode_pubacks_py (_mqttwire.c)
- *   stats_on_puts, store_should_flush, put_visible, waiters_notify == BrokerStats.on_puts,
- *                                                 MessageStore.should_flush, putpath.visible_py,
+ *   store_should_flush, put_visible, waiters_notify == MessageStore.should_flush, putpath.visible_py,
  *                                                 PartitionWaiters.notify (_putturn.c)
  *
  *   crc32(data, value=0)                         == zlib.crc32 (metaq.protocol.checksum uses it)
@@ -1073,11 +1072,6 @@ static PyMethodDef methods[] = {
     {"encode_timer_acks", encode_timer_acks, METH_VARARGS,
      "encode_timer_acks(items, start, count, first_id) -> the result 200 replies of taken put_ats, joined"},
     {"now_ms", now_ms, METH_NOARGS, "now_ms() -> milliseconds since the Unix epoch: metaq.server.clock.now_ms_py"},
-    {"mqtt_plain_read", (PyCFunction)(void (*)(void))mqtt_plain_read, METH_FASTCALL,
-     "mqtt_plain_read(parser, publish, data, plans, decided, room, count, nbytes) -> (entries, qos1, bytes, PUBACKs, "
-     "rest): metaq.mqtt.wire.MqttParser.plain_read"},
-    {"stats_on_puts", (PyCFunction)(void (*)(void))stats_on_puts, METH_FASTCALL,
-     "stats_on_puts(stats, topic, count, size): metaq.server.stats.BrokerStats.on_puts"},
     {"store_should_flush", (PyCFunction)(void (*)(void))store_should_flush, METH_FASTCALL,
      "store_should_flush(store, now_ms) -> bool: metaq.store.store.MessageStore.should_flush"},
     {"put_visible", (PyCFunction)(void (*)(void))put_visible, METH_FASTCALL,

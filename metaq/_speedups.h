@@ -28,8 +28,6 @@ PyObject *mqtt_pubacks(PyObject *self, PyObject *ids);
    the second with the PUBACKs of its QoS 1 PUBLISHes. */
 PyObject *mqtt_plain_publishes(PyObject *self, PyObject *args);
 PyObject *mqtt_read_publishes(PyObject *self, PyObject *args);
-/* mqtt_plain_read (_mqttturn.c): wire.MqttParser.plain_read's twin, bound to each parser. */
-PyObject *mqtt_plain_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* mqtt_end_pubacks (_mqttacks.c): the MQTT subscriber's read of PUBACKs split and its messages in flight ended in one
    step. */
 PyObject *mqtt_end_pubacks(PyObject *self, PyObject *args);
@@ -44,9 +42,8 @@ PyObject *append_run(PyObject *self, PyObject *args);
 PyObject *burst_append(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* now_ms (_burstrun.c): the broker's wall clock in milliseconds (server/clock.py's twin). */
 PyObject *now_ms(PyObject *self, PyObject *unused);
-/* stats_on_puts, store_should_flush, put_visible and waiters_notify (_putturn.c): what follows a burst's append, each
-   the twin of a Python method (server/stats.py, store/store.py, server/putpath.py, server/longpoll.py). */
-PyObject *stats_on_puts(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* store_should_flush, put_visible and waiters_notify (_putturn.c): what follows a burst's append, each the twin of a
+   Python method (store/store.py, server/putpath.py, server/longpoll.py). */
 PyObject *store_should_flush(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *put_visible(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *waiters_notify(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

@@ -43,7 +43,6 @@ decoder they must agree with.
 
 import struct
 from dataclasses import dataclass, field
-from functools import partial
 
 from metaq.errors import RemoteProtocolError
 from metaq.limits import MQTT_MAX_PACKET_BYTES
@@ -978,8 +977,6 @@ class MqttParser(StreamParser):
         self.version = version
         self.max_packet = max_packet
         self.sender = sender
-        if _plain_read is not None:
-            self.plain_read = partial(_plain_read, self, Publish)
 
     def _next_event(self):
         buf, pos = self._buf, self._pos
@@ -1027,31 +1024,25 @@ class MqttParser(StreamParser):
         QoS 1 ones (``read_publishes``): ``(entries, how many at QoS 1, their records' bytes, PUBACKs, whether
         bytes are left buffered)``, as ``plain_publishes`` answers. When nothing is buffered before ``data`` (a
         device's read holding whole packets) they are split from ``data`` itself and only what follows them is
-        buffered (for ``next_event``); any other read goes through ``_plain_buffered``. The C helper's
-        ``mqtt_plain_read`` is its twin, bound to each parser when built (no Python frame for a device's read)."""
+        buffered (for ``next_event``)."""
         if self._pos < len(self._buf) or self._fatal is not None or self._eof or self.version is None or not data:
-            return self._plain_buffered(data, plans, decided, room, count, nbytes)
-        entries, pos, qos1, taken, acks = read_publishes(data, 0, self.version == MQTT_5, self.max_packet, plans,
+            self.receive_data(data)
+            if self._fatal is not None or self.version is None:
+                return (), 0, 0, b"", self._pos < len(self._buf)
+            data, start = self._buf, self._pos
+        else:
+            start = 0
+        entries, pos, qos1, taken, acks = read_publishes(data, start, self.version == MQTT_5, self.max_packet, plans,
                                                          decided, room, count, nbytes, Publish)
         if entries:
             self._completed += len(entries)
+        if data is self._buf:
+            self._pos = pos
+            return entries, qos1, taken, acks, pos < len(data)
         if pos < len(data):
             self.receive_data(data[pos:] if pos else data)
             return entries, qos1, taken, acks, True
         return entries, qos1, taken, acks, False
-
-    def _plain_buffered(self, data, plans, decided, room, count, nbytes):
-        """``plain_read`` of a read that follows bytes buffered before it (or reaches a parser that refused, saw the
-        end or has no version yet, or brings nothing): split from the buffer."""
-        self.receive_data(data)
-        if self._fatal is not None or self.version is None:
-            return (), 0, 0, b"", self._pos < len(self._buf)
-        entries, pos, qos1, taken, acks = read_publishes(self._buf, self._pos, self.version == MQTT_5, self.max_packet,
-                                                         plans, decided, room, count, nbytes, Publish)
-        if entries:
-            self._completed += len(entries)
-        self._pos = pos
-        return entries, qos1, taken, acks, pos < len(self._buf)
 
     def end_acks(self, data, inflight, where, state):
         """``receive_data(data)`` then the plain PUBACKs buffered next, each ending its message in flight
@@ -1121,7 +1112,6 @@ class MqttParser(StreamParser):
 
 plain_publishes = load("mqtt_plain_publishes", plain_publishes_py)
 read_publishes = load("mqtt_read_publishes", read_publishes_py)
-_plain_read = load("mqtt_plain_read", None)  # MqttParser.plain_read's twin, bound to each parser
 end_pubacks = load("mqtt_end_pubacks", end_pubacks_py)
 split = load("mqtt_split", split_py)
 

@@ -12,11 +12,11 @@ section that others own (``add_source``).
 import os
 import threading
 import time
-from functools import partial
+
 from typing import NamedTuple
 
 import metaq
-from metaq import limits, speedups
+from metaq import limits
 from metaq.errors import Forbidden, MetaqError
 from metaq.protocol import checksum
 from metaq.protocol import stats as codec
@@ -62,16 +62,11 @@ class RealtimeStat:
         return codec.format_realtime(self.count, self.value, duration_s)
 
 
-_on_puts = speedups.load("stats_on_puts", None)
-
-
 class BrokerStats:
     """Cumulative counters plus resettable realtime counters (global and per topic)."""
 
     def __init__(self):
         self.started = time.time()
-        if _on_puts is not None:  # ``on_puts`` in one C call, no Python frame (its twin is the method below)
-            self.on_puts = partial(_on_puts, self)
         self.cmd_put = self.cmd_get = self.cmd_offset = 0
         self.get_miss = self.put_failed = 0
         self.tx_begin = self.tx_xa_begin = self.tx_commit = self.tx_rollback = 0
@@ -111,8 +106,7 @@ class BrokerStats:
     def on_puts(self, topic, count, size):
         """Count ``count`` stored puts of ``size`` body bytes in all (a burst's run: as ``count`` on_put calls): the
         broker's and the topic's realtime ``put`` and ``message_size``, the topic's totals, ``cmd_put``. Every put
-        path counts here, once per run: the counters of a topic are found with one lookup (``_put_counters``). The C
-        helper's ``stats_on_puts`` is its twin, bound to each instance when built."""
+        path counts here, once per run: the counters of a topic are found with one lookup (``_put_counters``)."""
         self.cmd_put += count
         c = self._put_counters.get(topic)
         if c is None:

@@ -4,7 +4,6 @@ same byte, refusals included; the parser with the split gives the packets and re
 entry's record is ``record_data``'s, byte for byte, in the partition ``partition_for`` names."""
 
 import random
-from functools import partial
 
 import pytest
 
@@ -316,45 +315,3 @@ def test_a_record_at_the_largest_a_burst_takes_is_framed_and_one_past_left_to_th
     staged = [("ab", 0, 1, b"x" * 8), ("ab", 1, 1, b"y" * (8 + extra))]
     for frames in filter(None, (port.burst_frames_py, burst_frames_c)):
         assert frames(staged, 10)[2] == ([1] if extra else [])
-
-
-def _state(p):
-    return bytes(p._buf), p._pos, p._completed, p._eof, repr(p._fatal)
-
-
-def _answer(call):
-    try:
-        return call()
-    except MqttError as exc:
-        return repr(exc)
-    except Exception as exc:  # the stream's refusal of bytes after its end
-        return type(exc).__name__
-
-
-@pytest.mark.skipif(wire._plain_read is None, reason="metaq._speedups was not built or METAQ_PURE_PYTHON is set")
-@pytest.mark.parametrize("version", [None, MQTT_311, MQTT_5])
-def test_the_parsers_c_plain_read_and_its_python_twin_answer_and_leave_the_parser_alike(version):
-    """``MqttParser.plain_read`` bound to the C helper's ``mqtt_plain_read`` and the method itself, given the same
-    reads (whole packets, a part of one, nothing buffered before or a rest buffered, the stream's end, a parser that
-    refused one or has no version yet), with the general parser's steps between: the same answers and the same
-    buffer, position, count of completed packets and refusal after each."""
-    rng = random.Random(71 if version is None else version)
-    plans = _plans()
-    for _ in range(150):
-        ours, twin = MqttParser(version), MqttParser(version)
-        assert ours.plain_read is not twin.plain_read and type(ours.plain_read).__name__ == "partial"
-        v5 = version == MQTT_5
-        for _step in range(rng.randrange(1, 6)):
-            data = b"".join(_random_packet(rng, v5) for _ in range(rng.randrange(0, 4)))
-            if rng.random() < 0.3:
-                data = data[:rng.randrange(len(data) + 1)]
-            if rng.random() < 0.05:
-                data = b""
-            decided = {t: n for t, n in PARTITIONS.items() if rng.random() < 0.9}
-            args = (data, plans, decided, rng.randrange(-1, 6), rng.randrange(1, 10), rng.choice([1, 100, 1 << 20]))
-            a = _answer(partial(ours.plain_read, *args))
-            b = _answer(partial(MqttParser.plain_read, twin, *args))
-            assert a == b and _state(ours) == _state(twin)
-            if rng.random() < 0.3:  # the general path takes a packet
-                assert _answer(ours.next_event) == _answer(twin.next_event)
-                assert _state(ours) == _state(twin)

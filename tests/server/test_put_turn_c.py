@@ -1,15 +1,13 @@
-"""The C helper's steps after a burst's append (``metaq/_putturn.c``) against their Python twins, seeded: the counts
-of ``BrokerStats.on_puts``, the async flush policy of ``MessageStore.should_flush`` and the wake of
-``BrokerWrites.visible`` (``putpath.visible_py``), state included."""
+"""The C helper's steps after a burst's append (``metaq/_putturn.c``) against their Python twins, seeded: the async
+flush policy of ``MessageStore.should_flush``, the wake of ``BrokerWrites.visible`` (``putpath.visible_py``) and
+``PartitionWaiters.notify``, state included."""
 
 import random
 from types import SimpleNamespace
 
 import pytest
 
-from metaq import limits
 from metaq.server.putpath import ACK_NOW, visible_py
-from metaq.server.stats import BrokerStats
 from metaq.store.store import MessageStore
 
 try:
@@ -18,31 +16,6 @@ except ImportError:
     c = None
 
 needs_c = pytest.mark.skipif(c is None, reason="metaq._speedups was not built")
-
-
-def _figures(stats):
-    return (stats.cmd_put, {k: (v.count, v.value) for k, v in stats.realtime.items()},
-            {t: {k: (v.count, v.value) for k, v in d.items()} for t, d in stats.topic_realtime.items()},
-            {t: list(v) for t, v in stats.topic_totals.items()})
-
-
-@needs_c
-@pytest.mark.parametrize("seed", range(8))
-def test_c_on_puts_counts_as_its_twin(seed, monkeypatch):
-    """Topics past ``MAX_STATS_TOPICS`` (shared counters), ``stats reset`` between runs, sizes past 64 bits."""
-    monkeypatch.setattr(limits, "MAX_STATS_TOPICS", 5)
-    rnd = random.Random(seed)
-    ours, twin = BrokerStats(), BrokerStats()
-    for _ in range(300):
-        if rnd.random() < 0.05:
-            ours.reset_realtime()
-            twin.reset_realtime()
-        topic = "t%d" % rnd.randrange(9)
-        count = rnd.randrange(1, 50)
-        size = rnd.choice((rnd.randrange(0, 1 << 20), 1 << 70))
-        c.stats_on_puts(ours, topic, count, size)
-        BrokerStats.on_puts(twin, topic, count, size)
-        assert _figures(ours) == _figures(twin)
 
 
 def _store(rnd):
