@@ -1080,9 +1080,6 @@ static PyMethodDef methods[] = {
     {"waiters_notify", (PyCFunction)(void (*)(void))waiters_notify, METH_FASTCALL,
      "waiters_notify(waiters, sleep, new_partition, keys, quiet=None, settle=False) -> bool: "
      "metaq.server.longpoll.PartitionWaiters.notify"},
-    {"burst_append", (PyCFunction)(void (*)(void))burst_append, METH_FASTCALL,
-     "burst_append(writer, run_type, fixed_overhead, unit_size, frames, src, now_ms) -> (taken, runs): "
-     "metaq.store.batch.BurstWriter.append"},
     {"append_run", append_run, METH_VARARGS,
      "append_run(runs, run_type, log, seg_start, rel, ready, src, frames, i, j, room, topic, partition, p, off, "
      "now_ms, ids, positions, index, unit_at, overhead) -> count: metaq.store.batch.append_run_py"},

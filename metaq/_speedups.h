@@ -38,8 +38,6 @@ PyObject *served_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 /* append_run (_burstrun.c): a burst's run written with its ids taken and its positions advanced (store/batch.py). */
 PyObject *append_run(PyObject *self, PyObject *args);
-/* burst_append (_burstrun.c): BurstWriter.append's twin, each run through append_run (store/batch.py). */
-PyObject *burst_append(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* now_ms (_burstrun.c): the broker's wall clock in milliseconds (server/clock.py's twin). */
 PyObject *now_ms(PyObject *self, PyObject *unused);
 /* store_should_flush, put_visible and waiters_notify (_putturn.c): what follows a burst's append, each the twin of a

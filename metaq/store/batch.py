@@ -19,8 +19,8 @@ answers them exactly as always:
 * the record would not fit in the active segment (roll, disk check);
 * the store is refusing writes (disk: ``BurstWriter.refusal``, which the store sets).
 
-``metaq._speedups.write_run`` is ``write_run_py`` in C, ``append_run`` ``append_run_py``, ``burst_append``
-``BurstWriter.append`` (the tests hold each pair equal).
+``metaq._speedups.write_run`` is ``write_run_py`` in C, ``append_run`` ``append_run_py`` (the tests hold each
+pair equal).
 """
 
 import zlib
@@ -86,16 +86,12 @@ def append_run_py(runs, run_type, log, seg_start, rel, ready, src, frames, i, j,
 
 
 append_run = speedups.load("append_run", append_run_py)
-#: ``burst_append(writer, BurstRun, FIXED_OVERHEAD, UNIT_SIZE, frames, src, now_ms)``: ``BurstWriter.append``'s twin in
-#: the C helper (None when not built), each run through its ``append_run``; a store binds it as its ``put_burst``.
-burst_append = speedups.load("burst_append", None)
 
 
 class BurstWriter:
-    """A store's burst writer: ``append`` is ``MessageStore.put_burst`` (the store binds it, or its C twin
-    ``burst_append`` when built, so a burst's append is one call). ``log``: its CommitLog; ``writer((topic,
-    partition))``: the PartitionIndex of a partition already put to, else None (``Partitions.writer``); ``ids``: its
-    IdGenerator (set once the log is recovered);
+    """A store's burst writer: ``append`` is ``MessageStore.put_burst`` (the store binds it, so a burst's append is
+    one Python call). ``log``: its CommitLog; ``writer((topic, partition))``: the PartitionIndex of a partition
+    already put to, else None (``Partitions.writer``); ``ids``: its IdGenerator (set once the log is recovered);
     ``positions``: its LogPositions; ``refusal``: why the store refuses writes now (its disk check sets it at each
     measurement, the one place it is kept), None while it takes them."""
 

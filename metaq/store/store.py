@@ -38,7 +38,7 @@ from metaq.store.positions import LogPositions
 from metaq.store.quota import TopicQuota
 from metaq.store.readcount import ReadCounts
 from metaq.store.record import FIXED_OVERHEAD, TOPIC_START, RecordTooLarge, tag_hash, write_record
-from metaq.store.results import BurstRun, DiskState, PartitionStats, PutResult, ReadResult
+from metaq.store.results import DiskState, PartitionStats, PutResult, ReadResult
 from metaq.store.retention import apply_retention
 from metaq.topics.state import TopicOps
 from metaq.topics.retention import apply_topic_retention
@@ -76,10 +76,8 @@ class MessageStore:
         self._checkpoint_serial = self._checkpointed = self._ids = self._index_problem = None
         #: the burst path's writer; its ``refusal`` is the store's: why writes are refused now (``check_disk``)
         self._burst = batch.BurstWriter(self._log, self._parts.writer, self._pos)
-        #: ``put_burst(frames, src, now_ms)``: ``BurstWriter.append``, bound (one Python call a burst), or its C twin
-        #: (``batch.burst_append``) bound to the same writer when built (no Python frame)
-        self.put_burst = self._burst.append if batch.burst_append is None else \
-            partial(batch.burst_append, self._burst, BurstRun, FIXED_OVERHEAD, UNIT_SIZE)
+        #: ``put_burst(frames, src, now_ms)``: ``BurstWriter.append``, bound (one Python call a burst)
+        self.put_burst = self._burst.append
         self._last_flush_ms = 0
         if _should_flush is not None:  # ``should_flush`` in one C call, no Python frame (its twin: the method)
             self.should_flush = partial(_should_flush, self)

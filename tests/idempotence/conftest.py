@@ -11,5 +11,4 @@ def writer(request, monkeypatch):
     if request.param == "python":
         monkeypatch.setattr(batch, "write_run", batch.write_run_py)
         monkeypatch.setattr(batch, "append_run", batch.append_run_py)
-        monkeypatch.setattr(batch, "burst_append", None)  # a store opened now binds BurstWriter.append
     return request.param
