@@ -46,6 +46,8 @@
  *                                                 == metaq.mqtt.direct.direct_publishes_py (_mqttdirect.c)
  *   mqtt_split, mqtt_publish_bytes, mqtt_pubacks  == metaq.mqtt.wire's split_py, publish_bytes_py and
  *                                                 encode_pubacks_py (_mqttwire.c)
+ *   store_should_flush, put_visible, waiters_notify == MessageStore.should_flush, putpath.visible_py,
+ *                                                 PartitionWaiters.notify (_putturn.c)
  *
  *   crc32(data, value=0)                         == zlib.crc32 (metaq.protocol.checksum uses it)
  *   SyncWorker(notify_fd)                        fdatasync off the GIL (metaq/server/flusher.py;
@@ -1072,6 +1074,14 @@ static PyMethodDef methods[] = {
     {"encode_timer_acks", encode_timer_acks, METH_VARARGS,
      "encode_timer_acks(items, start, count, first_id) -> the result 200 replies of taken put_ats, joined"},
     {"now_ms", now_ms, METH_NOARGS, "now_ms() -> milliseconds since the Unix epoch: metaq.server.clock.now_ms_py"},
+    {"store_should_flush", (PyCFunction)(void (*)(void))store_should_flush, METH_FASTCALL,
+     "store_should_flush(store, now_ms) -> bool: metaq.store.store.MessageStore.should_flush"},
+    {"put_visible", (PyCFunction)(void (*)(void))put_visible, METH_FASTCALL,
+     "put_visible(notify, should_flush, wake, keys, now, quiet=None, deliver=None, args=()) -> 0: "
+     "metaq.server.putpath.visible_py"},
+    {"waiters_notify", (PyCFunction)(void (*)(void))waiters_notify, METH_FASTCALL,
+     "waiters_notify(waiters, sleep, new_partition, keys, quiet=None, settle=False) -> bool: "
+     "metaq.server.longpoll.PartitionWaiters.notify"},
     {"append_run", append_run, METH_VARARGS,
      "append_run(runs, run_type, log, seg_start, rel, ready, src, frames, i, j, room, topic, partition, p, off, "
      "now_ms, ids, positions, index, unit_at, overhead) -> count: metaq.store.batch.append_run_py"},

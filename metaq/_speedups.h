@@ -43,6 +43,11 @@ PyObject *served_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 PyObject *append_run(PyObject *self, PyObject *args);
 /* now_ms (_burstrun.c): the broker's wall clock in milliseconds (server/clock.py's twin). */
 PyObject *now_ms(PyObject *self, PyObject *unused);
+/* store_should_flush, put_visible and waiters_notify (_putturn.c): what follows a burst's append, each the twin of a
+   Python method (store/store.py, server/putpath.py, server/longpoll.py). */
+PyObject *store_should_flush(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *put_visible(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *waiters_notify(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* From _speedups.c: write_run's records written into held buffers, and those buffers taken (_burstrun.c's too). */
 Py_ssize_t metaq_write_records(const Py_buffer *lb, const Py_buffer *sb, const Py_buffer *ib, PyObject *frames,
                                Py_ssize_t i, Py_ssize_t j, PyObject *topic_obj, long partition, long long seg_start,

@@ -105,12 +105,6 @@ class MqttPort:
         self.settings = settings  # the ``mqtt:`` section
         self.store = store
         self.put_path = put_path
-        #: ``burst_mode(keys, now, deliver=None)``: what follows a stored burst of partitions ``keys``, the put path's
-        #: (``PutPath.written``, itself: no frame of ours: visible now with ``async`` flush, ``deliver()`` first when
-        #: given, which returns ``deliver_now``'s deliveries that need no wake; else the flush asked for); returns how
-        #: its acknowledgements wait (ACK_NOW, ACK_AFTER_FLUSH or ACK_AFTER_REPLICATION), the same for every put of
-        #: the burst. The wake may yield: the caller asks its write decision again after.
-        self.burst_mode = put_path.written
         self.guard = guard
         self.waiters = waiters
         self.max_transfer = max_transfer
@@ -638,7 +632,7 @@ class MqttPort:
         first ``stored`` are in the log; ``error`` (None: all stored) is the MetaqError of ``staged[stored]``, which
         and those after it are not stored. ``runs`` (a list, or None): given a ``BurstRun`` per run stored, in
         order (one of a record the general path stored), where ``deliver_now`` finds each record's place in the
-        log. What follows is ``burst_mode``'s."""
+        log. What follows is the put path's ``burst_written`` (``Publishes.flush``)."""
         path, store = self.put_path, self.store
         counted = path.counted
         # general: indexes of records the burst writer does not take (too large: ``put`` refuses them)
@@ -754,8 +748,9 @@ class MqttPort:
             keep(dkey, m)
 
     def burst_durable(self, keys, log_end, now, cuts=None):
-        """Block (the acknowledgement writer's greenlet) until a burst ending at ``log_end``, which ``burst_mode``
-        followed, may be acknowledged (``PutPath.settle``; ``cuts``: its ``since``); raises its MetaqError."""
+        """Block (the acknowledgement writer's greenlet) until a burst ending at ``log_end``, which ``PutPath
+        .burst_written`` followed, may be acknowledged (``PutPath.settle``; ``cuts``: its ``since``); raises its
+        MetaqError."""
         self.put_path.settle(log_end, cuts)
 
     def _retained_refusal(self, name, size):

@@ -210,9 +210,15 @@ class Publishes:
         for the general path (``Connection._process``, with what is staged): the read began with no such PUBLISH,
         or other or partial packets follow them (all not taken is in the parser's buffer); else False when the
         connection must close."""
-        acks = self.acks
+        acks, conn, decided = self.acks, self.conn, self.decided
+        session = conn.session
+        # the kept decisions made at the put path's standing version for the session's user of now stand with no
+        # question asked (``_decisions``, which decides every other case: not called for this one)
+        if (self._decided_at != (self.port.put_path.standing, session.user if session is not None else None)
+                or len(decided) >= limits.MQTT_KEPT_DECISIONS):
+            decided = self._decisions()
         staged, qos1, nbytes, pubacks, rest = parser.plain_read(
-            data, self.plans, self._decisions(), self.conn.settings.receive_maximum - acks.unacked,
+            data, self.plans, decided, conn.settings.receive_maximum - acks.unacked,
             MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES)
         if not staged:
             return None
@@ -225,7 +231,7 @@ class Publishes:
             if len(staged) >= MQTT_PUBLISH_BURST or nbytes >= MQTT_PUBLISH_BURST_BYTES or not rest:
                 if not self.flush():
                     return False
-            return False if self.conn.closed else (None if rest else True)
+            return False if conn.closed else (None if rest else True)
         except BaseException:
             self.drop()  # not stored: the connection closes without acknowledging them
             raise
@@ -269,9 +275,12 @@ class Publishes:
         stored, log_end, keys, exc = port.write_burst(burst, now, runs)
         cuts = port.store.log_cuts  # nothing yielded since the writes: their wait begins later
         if stored:
-            client_id = self.conn.mqtt.client_id
-            # visible now (flush async): its subscribers waiting for it get it from here
-            mode = port.burst_mode(keys, now, lambda: port.deliver_now(keys, burst, runs, client_id, now))
+            # how its acknowledgements wait (ACK_NOW, ACK_AFTER_FLUSH or ACK_AFTER_REPLICATION), the same for every
+            # put of the burst; visible now (flush async): its subscribers waiting for it get it from here
+            # (``deliver_now``, called with ``args``: no function made per burst). The wake may yield: the write
+            # decision is asked again after (``_decisions``).
+            mode = port.put_path.burst_written(keys, now, None, port.deliver_now,
+                                               (keys, burst, runs, self.conn.mqtt.client_id, now))
             if pubacks is None or exc is not None:
                 ids = [e[4].packet_id for e in (burst[:stored] if exc is not None else burst) if e[4].qos]
                 pubacks = wire.encode_pubacks(ids) if ids else None

@@ -15,8 +15,9 @@ the text server instead batches the flush waits of a burst (``ack_mode``).
 """
 
 import logging
+from functools import partial
 
-from metaq import errors
+from metaq import errors, speedups
 from metaq.auth.acl import PUB
 from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.journaltopic import is_journal, journal_refusal
@@ -42,6 +43,21 @@ def journal_append(store):
     return BrokerWrites(store).journal
 
 
+def visible_py(notify, should_flush, wake, keys, now, quiet=None, deliver=None, args=()):
+    """``BrokerWrites.visible`` of the broker's waiters (``notify``: ``PartitionWaiters.notify``), store
+    (``should_flush``: ``MessageStore.should_flush``) and flusher (``wake``): the C helper's ``put_visible`` is its
+    twin, bound to them where the broker's writes are made (no Python frame between a burst and its wake)."""
+    if deliver is not None:
+        quiet = deliver(*args)
+    notify(keys, quiet, True)
+    if should_flush(now):
+        wake()
+    return ACK_NOW
+
+
+_put_visible = speedups.load("put_visible", visible_py)
+
+
 class BrokerWrites:
     """The broker's own writes into the log, beside its clients': journal records (timers, delay levels, POP,
     transactions, MQTT sessions), the messages it stores on a client's behalf once their time comes (a timer's or
@@ -58,6 +74,8 @@ class BrokerWrites:
         self.waiters = waiters
         self.flusher = flusher
         self.sync_flush = sync_flush
+        if waiters is not None and flusher is not None:  # ``visible`` in one call (the C helper's, when built)
+            self.visible = partial(_put_visible, waiters.notify, store.should_flush, flusher.wake)
 
     def journal(self, topic, flag, data, now, partition=0):
         """One journal record in ``partition`` of the internal ``topic`` (its follower reads it): the PutResult."""
@@ -83,16 +101,18 @@ class BrokerWrites:
         else:
             self.visible(keys, now)
 
-    def visible(self, keys, now, quiet=None):
+    def visible(self, keys, now, quiet=None, deliver=None, args=()):
         """Records of ``keys`` became readable: the one rule waking readers, for every writer. Every waiting reader
-        of ``keys`` is woken (``quiet``: ``PartitionWaiters.notify``'s) and the writer yields once when one was
+        of ``keys`` is woken (``quiet``: ``PartitionWaiters.notify``'s; ``deliver(*args)``, when given, runs first
+        and returns it: MQTT's deliveries sent from the publisher's turn) and the writer yields once when one was
         (its ``settle``): the woken readers answer before the writer's acknowledgement and its next frames, so a
         reader waits for one write, never for a writer's whole pipeline. A writer therefore holds no lock and no
         decision across it unless the decision's version says it stands (``PutPath.decision_stands``).
-        The flusher is woken when its policy says so."""
-        self.waiters.notify(keys, quiet, True)
-        if self.store.should_flush(now):
-            self.flusher.wake()
+        The flusher is woken when its policy says so. Returns ACK_NOW: a client's write visible now may be
+        acknowledged now unless a slave must have it (``PutPath.written``, which knows). ``visible_py``; given
+        waiters and a flusher, the instance's ``visible`` is it (the C helper's twin when built) bound to them."""
+        return visible_py(self.waiters.notify, self.store.should_flush, self.flusher.wake, keys, now, quiet, deliver,
+                          args)
 
 
 class WriteGate:
@@ -158,6 +178,7 @@ class PutPath:
         self.writes = BrokerWrites(store, waiters, flusher, sync_flush)  # the broker's own records, the one wake
         self.version = 0  # moves with every change of what ``write_refusal`` reads (``changed``)
         self.standing = self._standing()
+        self.burst_written = self._burst_written()
         # the calls that only forward, bound to where they go (neither the store, the stats nor the registry is
         # replaced while the broker runs): a burst's run reaches them with no frame of ours between
         if store is not None:
@@ -171,6 +192,7 @@ class PutPath:
         every decision a front-end kept (``decision_stands``) is asked again."""
         self.version += 1
         self.standing = self._standing()
+        self.burst_written = self._burst_written()
 
     def _standing(self):
         """``standing``: the version at which a kept yes stands without asking ``decision_stands`` (no answer of
@@ -179,6 +201,18 @@ class PutPath:
         roles = self.roles
         steady = roles is not None and roles.replication is None and roles.election is None
         return self.version if steady else None
+
+    def _burst_written(self):
+        """``burst_written(keys, now, quiet=None, deliver=None, args=())``, positional arguments only: ``written``
+        as the broker's modes of now decide it, kept with ``standing`` (made again by every change, ``changed``):
+        with ``async`` flush on a master whose roles move no answer (no replication server, so no ``sync``
+        replication; no election) it is ``BrokerWrites.visible`` itself, which returns ACK_NOW (no frame of
+        ``written`` between); in every other mode (``sync`` flush, a master serving slaves, a slave, an election)
+        ``written``."""
+        if (not self.sync_flush and self.standing is not None and self.store is not None
+                and self.roles.role == "master"):
+            return self.writes.visible
+        return self.written
 
     def decision_stands(self, version):
         """True while a yes of ``write_refusal`` given at ``version`` (for a writer whose session's user did not
@@ -413,22 +447,23 @@ class PutPath:
         if registry is not None and topic not in registry.registered_topics:
             registry.topic_created(topic)
 
-    def written(self, keys, now, deliver=None):
+    def written(self, keys, now, quiet=None, deliver=None, args=()):
         """What follows a client write of the partitions ``keys`` (each ``(topic, partition)``, its records
         counted by ``counted``), the same for every front-end and decided from the broker's modes of now: the
-        acknowledgement the caller then owes.
+        acknowledgement the caller then owes. ``burst_written`` is this, or what it does in the broker's mode of
+        now.
 
         The flush: with ``sync`` flush the flusher is woken (its flush makes the records visible and wakes their
-        readers); with ``async`` flush they are visible now (``visible``; ``deliver()``, when given, runs first and
-        returns ``visible``'s ``quiet``: MQTT's deliveries sent from the publisher's turn). The acknowledgement:
+        readers); with ``async`` flush they are visible now (``visible``, given ``quiet``, ``deliver`` and ``args``:
+        ``deliver(*args)``, when given, runs first and returns the ``quiet``: MQTT's deliveries sent from the
+        publisher's turn). The acknowledgement:
         ACK_AFTER_REPLICATION with ``sync`` replication (the replicator is told; the caller acknowledges after
         ``durable`` or ``settle``), else ACK_AFTER_FLUSH with ``sync`` flush (after ``settle``), else ACK_NOW."""
         if self.sync_flush:
             self.flusher.wake()
             ack = ACK_AFTER_FLUSH
         else:
-            self.writes.visible(keys, now, None if deliver is None else deliver())
-            ack = ACK_NOW
+            ack = self.writes.visible(keys, now, quiet, deliver, args)
         roles = self.roles
         if roles.sync_replication:
             roles.replication.notify()

@@ -247,3 +247,40 @@ def test_a_parked_connection_keeps_at_most_mqtt_parked_plans_plans_and_decisions
     kept = limits.MQTT_PARKED_PLANS if not extra else 0
     assert len(publishes.plans or {}) == kept and len(publishes.decided) == kept
 
+
+
+def test_a_devices_read_passes_its_kept_decisions_only_while_they_stand_at_the_standing_version():
+    """``Publishes.read`` gives the split the kept decisions without asking ``_decisions`` only when they were made
+    at the put path's standing version for the session's user of now; another user, a change (``changed``), a
+    promotion to a replicating master whose lease runs out, or the bound of ``MQTT_KEPT_DECISIONS`` each start
+    them again, as ``_decisions`` decides. Each check left out of the shortcut fails one step here."""
+    publishes, path = _publishes()
+    publishes.conn.settings = SimpleNamespace(receive_maximum=10)
+    publishes.acks = SimpleNamespace(unacked=0)
+    given = []
+    parser = SimpleNamespace(plain_read=lambda data, plans, decided, *rest: given.append(dict(decided)) or
+                             ((), 0, 0, b"", False))
+
+    def read():
+        assert publishes.read(parser, b"\x30") is None
+        return given[-1]
+
+    publishes._decisions()["orders"] = 2
+    assert read() == {"orders": 2}
+    publishes.conn.session.user = "other"
+    assert read() == {}
+    publishes.decided["orders"] = 2
+    assert read() == {"orders": 2}
+    path.changed()
+    assert read() == {}
+    publishes.decided["orders"] = 2
+    path.roles.replication = object()  # promoted to a replicating master
+    path.changed()
+    publishes._decisions()["orders"] = 2
+    assert read() == {"orders": 2}  # asked: its lease still holds
+    path.roles.slave_refusal = "its lease ran out"  # moved by the clock alone: no version change
+    assert read() == {}
+    path.roles.replication, path.roles.slave_refusal = None, None
+    path.changed()
+    publishes._decisions().update(("t%d" % k, 1) for k in range(limits.MQTT_KEPT_DECISIONS))
+    assert read() == {}

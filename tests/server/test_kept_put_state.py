@@ -85,3 +85,52 @@ def test_a_put_path_with_a_registry_still_registers_each_counted_topic():
     assert bare.counted == stats.on_puts
     bare.counted("orders", 2, 20)
     assert stats.cmd_put == 5 and stats.topic_totals["orders"][:2] == [5, 50]
+
+
+def test_a_bursts_written_is_the_general_one_in_every_mode_but_a_lone_async_master(tmp_path):
+    """``PutPath.burst_written`` is ``BrokerWrites.visible`` itself only with ``async`` flush on a master with no
+    replication server and no election; in every other mode it is ``written``, whose answer proves it ran: the
+    flush's (ACK_AFTER_FLUSH), a slave's copy (ACK_AFTER_REPLICATION). The deliveries run where the records are
+    visible now (``async`` flush), before the wake; with ``sync`` flush the flusher's wake makes them visible."""
+    from metaq.server.putpath import ACK_AFTER_FLUSH
+    keys = (("orders", 0),)
+    for n, (sections, mode) in enumerate((
+            ({"store": {"flush": "async"}}, "fast"),
+            ({"store": {"flush": "sync"}}, ACK_AFTER_FLUSH),
+            ({"store": {"flush": "async"}, "replication": {"port": 1, "mode": "sync"}}, ACK_AFTER_REPLICATION),
+            ({"store": {"flush": "async"}, "replication": {"port": 1, "mode": "async"}}, ACK_NOW))):
+        broker = broker_of(tmp_path / str(n), **sections)
+        try:
+            path, delivered = broker.put_path, []
+            fast = path.burst_written == path.writes.visible
+            assert fast is (mode == "fast") and (fast or path.burst_written == path.written), sections
+            assert path.burst_written(keys, now_ms(), None, delivered.append, ("burst",)) == \
+                (ACK_NOW if fast else mode)
+            assert delivered == ([] if mode == ACK_AFTER_FLUSH else ["burst"])
+        finally:
+            broker.store.close(now_ms())
+
+
+def test_a_role_change_or_an_election_between_two_bursts_gives_them_the_general_written(tmp_path):
+    """The kept ``burst_written`` is made again by every change the roles' listeners report (``changed``): a lone
+    async master turned slave, then a master serving a ``sync`` slave, answers each next burst by its mode of then
+    (ACK_AFTER_REPLICATION: the slave must have it); an election attached makes it the general one too. A choice
+    kept across the change would acknowledge the replicating master's burst at once."""
+    broker = broker_of(tmp_path, store={"flush": "async"})
+    try:
+        path, roles, keys = broker.put_path, broker.roles, (("orders", 0),)
+        assert path.burst_written == path.writes.visible
+        roles.set_role("slave", None)
+        assert path.burst_written == path.written
+        roles.config.replication.port, roles.config.replication.mode = 1, "sync"
+        roles.set_role("master", None)
+        assert path.burst_written(keys, now_ms()) == ACK_AFTER_REPLICATION
+        roles.set_role("slave", None)
+        roles.config.replication.port = 0
+        roles.set_role("master", None)
+        assert path.burst_written == path.writes.visible
+        roles.election = SimpleNamespace(lease=None)  # what an election's listener reports as a change
+        path.changed()
+        assert path.burst_written == path.written
+    finally:
+        broker.store.close(now_ms())
