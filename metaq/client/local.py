@@ -19,7 +19,7 @@ import yaml
 
 from metaq.client.raw import TextClient
 
-__all__ = ["BrokerProcess", "small_config", "rmq_config", "ns_of", "free_port", "read_text"]
+__all__ = ["BrokerProcess", "small_config", "rmq_config", "ns_of", "free_port", "free_port_run", "read_text"]
 
 READY_RE = re.compile(r"ready on ([0-9.]+):(\d+)")
 
@@ -56,20 +56,32 @@ def free_port(host="127.0.0.1"):
     and is never handed out twice by this process. Processes of one test run side by side (pytest-xdist's
     ``PYTEST_XDIST_WORKER`` ``gwN`` of ``PYTEST_XDIST_WORKER_COUNT``) each take their own slice of that range: one
     process's check cannot see a port another has handed out and not yet bound."""
+    return free_port_run(1, host)
+
+
+def free_port_run(count, host="127.0.0.1"):
+    """The first of ``count`` consecutive ports each of which ``free_port`` could hand out (for a local cluster whose
+    members' ports follow a base port), all within this process's slice and all handed out at once: none was handed
+    out before (a server of an earlier test, down for a restart, comes back on its own port) and none is after."""
     low, high = _slice(FIXED_PORTS[0], min(FIXED_PORTS[1], _ephemeral_low()))
     rnd = random.Random()
     for _ in range(200):
-        port = rnd.randrange(low, high)
-        if port in _handed_out:
+        base = rnd.randrange(low, high - count + 1)
+        run = range(base, base + count)
+        if any(port in _handed_out for port in run) or not all(_bindable(host, port) for port in run):
             continue
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
-    raise RuntimeError("no free port in %d..%d after 200 tries" % (low, high))
+        _handed_out.update(run)
+        return base
+    raise RuntimeError("no free run of %d ports in %d..%d after 200 tries" % (count, low, high))
+
+
+def _bindable(host, port):
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 #: The ``store:`` settings small_config sets (small segments and index files, frequent checkpoints).

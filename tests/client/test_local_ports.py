@@ -24,3 +24,31 @@ def test_a_worker_hands_out_ports_only_from_its_slice(monkeypatch):
     low, high = local._slice(local.FIXED_PORTS[0], min(local.FIXED_PORTS[1], local._ephemeral_low()))
     ports = [local.free_port() for _ in range(20)]
     assert all(low <= p < high for p in ports) and len(set(ports)) == 20
+
+
+@pytest.mark.integration  # it binds each port it checks
+def test_a_run_of_ports_is_within_the_slice_and_shares_no_port_with_one_handed_out_before_or_after(monkeypatch):
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    low, high = local._slice(local.FIXED_PORTS[0], min(local.FIXED_PORTS[1], local._ephemeral_low()))
+    held = low + 1000  # handed to a server earlier, down for a restart now: free by any check, still not to be given
+    monkeypatch.setattr(local, "_handed_out", {held})
+    fixed = _Fixed([held - 5])  # the first run tried holds it
+    monkeypatch.setattr(local.random, "Random", lambda: fixed)
+    base = local.free_port_run(40)
+    assert not fixed.picks and base != held - 5  # tried and passed over
+    assert held not in range(base, base + 40) and low <= base and base + 40 <= high
+    after = [local.free_port() for _ in range(50)]
+    assert not set(after) & set(range(base, base + 40))
+
+
+class _Fixed:
+    """A Random whose randrange gives ``picks`` in order, then any port of the range."""
+
+    def __init__(self, picks):
+        self.picks = list(picks)
+
+    def randrange(self, low, high):
+        import random
+
+        return self.picks.pop(0) if self.picks else random.randrange(low, high)

@@ -5,7 +5,7 @@ import socket
 from types import SimpleNamespace
 
 from metaq.client import devcluster
-from metaq.client.local import free_port
+from metaq.client.local import free_port_run
 
 
 def listening(port):
@@ -15,13 +15,9 @@ def listening(port):
 
 
 def free_base(count):
-    """A base port whose ``count`` members' ports are all free now."""
-    span = devcluster.PORT_STRIDE * count
-    for _ in range(50):
-        base = free_port()
-        if base + span < 65536 and not any(listening(p) for p in range(base, base + span)):
-            return base
-    raise AssertionError("no free run of %d ports" % span)
+    """A base port whose ``count`` members' ports are all free now and handed out to no other server of this
+    process, before or after (``free_port_run``)."""
+    return free_port_run(devcluster.PORT_STRIDE * count)
 
 
 class LocalCluster:
