@@ -31,6 +31,7 @@ would block the handler); ``--stop-file PATH`` ends the run when PATH exists.
 """
 
 import argparse
+import glob
 import hashlib
 import json
 import os
@@ -204,8 +205,26 @@ def peer_env(home):
 
 def start_peer(home, *args):
     """Start this script with ``args`` (HOME: ``home``); returns the Popen (stdout: JSON lines)."""
-    return subprocess.Popen([sys.executable, PEER] + [str(a) for a in args], env=peer_env(home),
+    proc = subprocess.Popen([sys.executable, PEER] + [str(a) for a in args], env=peer_env(home),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.peer_home = str(home)
+    return proc
+
+
+#: A failed peer's report quotes at most this many of its client log's last warning and error lines.
+LOG_TAIL_LINES = 30
+
+
+def client_log_tail(home, lines=LOG_TAIL_LINES):
+    """The last ``lines`` warning and error lines of the C++ client's log under ``home``: the client names the
+    broker's refusal or its own timeout there, and reports only "No route info of this topic" to its caller."""
+    if not home:
+        return "(not kept: the peer was not started by start_peer)"
+    kept = []
+    for path in sorted(glob.glob(os.path.join(str(home), "logs", "rocketmq-cpp", "*"))):
+        with open(path, errors="replace") as f:
+            kept.extend(line.rstrip() for line in f if "(warning)" in line or "(error)" in line)
+    return "\n".join(kept[-lines:])
 
 
 def finish_peer(proc, timeout=90.0):
@@ -215,11 +234,13 @@ def finish_peer(proc, timeout=90.0):
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-        raise AssertionError("RocketMQ peer did not finish in %.0f s:\n%s\n%s"
-                             % (timeout, out[-2000:], err[-2000:])) from None
+        raise AssertionError("RocketMQ peer did not finish in %.0f s:\n%s\n%s\nits client's log:\n%s"
+                             % (timeout, out[-2000:], err[-2000:], client_log_tail(getattr(proc, "peer_home", ""))))\
+            from None
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     if proc.returncode != 0 and not _aborted_in_its_own_shutdown(proc.returncode, err, lines):
-        raise AssertionError("RocketMQ peer failed (%s):\n%s" % (proc.returncode, err[-4000:]))
+        raise AssertionError("RocketMQ peer failed (%s):\n%s\nits client's log:\n%s"
+                             % (proc.returncode, err[-4000:], client_log_tail(getattr(proc, "peer_home", ""))))
     return lines
 
 

@@ -33,3 +33,21 @@ def test_an_abort_in_shutdown_after_done_is_the_librarys_and_the_lines_are_retur
 def test_any_other_failure_fails_the_run(out, err, code):
     with pytest.raises(AssertionError, match="RocketMQ peer failed"):
         finish_peer(child(out, err, code), timeout=30)
+
+
+def test_a_failed_runs_report_quotes_the_client_logs_warnings_and_errors(tmp_path):
+    """The C++ client tells its caller only "No route info of this topic"; its reason is in its log, so the report
+    of a failed run quotes that log's last warning and error lines."""
+    logs = tmp_path / "logs" / "rocketmq-cpp"
+    logs.mkdir(parents=True)
+    (logs / "1_rocketmq-cpp.log.0").write_text(
+        "[t](info):connect[connect:172]\n"
+        "[t](warning):can not connect to server:127.0.0.1:9[CreateTransport:343]\n"
+        "[t](error):send message to broker timeout[invokeSync:9]\n")
+    proc = child("", "No route info of this topic: tC\n", 1)
+    proc.peer_home = str(tmp_path)
+    with pytest.raises(AssertionError) as failed:
+        finish_peer(proc, timeout=30)
+    report = str(failed.value)
+    assert "can not connect to server:127.0.0.1:9" in report and "send message to broker timeout" in report
+    assert "(info)" not in report
