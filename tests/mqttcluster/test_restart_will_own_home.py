@@ -1,9 +1,6 @@
-"""review58's finding (FAILS on main as merged): a restarted broker's recovered copy of a session that gives way to
-the device's live one elsewhere publishes the will its killed connection left, at once, although the device
-connected again (Clean Start 0) well within the Will Delay Interval. ``ClientIds._drop`` / ``_tell_hold`` end the
-copy with ``MqttPort.give_up(client_id, True, None)``: Clean Start 1, so ``_take_from`` publishes the delayed will
-(MQTT 5.0 3.1.3.2.2: the Server MUST NOT send it when a new Network Connection to the session is made before the
-delay passed). On one broker the same reconnect drops the will."""
+"""A restarted broker that is the client id's own home: its recovered copy of a session gives way to the device's
+live one elsewhere, and the will its killed connection left is not published, since the device connected again
+(Clean Start 0) within the Will Delay Interval (MQTT 5.0 3.1.3.2.2), as on one broker."""
 
 import time
 
@@ -18,7 +15,7 @@ from tests.mqttcluster.test_client_ids import _cluster, _homed, _sessions_persis
 
 @pytest.mark.slow
 @pytest.mark.fault
-def test_review58_a_recovered_copy_giving_way_publishes_no_will_the_client_reconnected_within(
+def test_a_recovered_copy_giving_way_publishes_no_will_the_client_reconnected_within(
         broker_factory, tmp_path, zk_connect):
     b1, b2, b3 = _cluster(broker_factory, tmp_path, zk_connect, zk={"session_timeout_ms": 4000})
     client_id = _homed(1, 1, [1, 2, 3], "meter-will")[0]
