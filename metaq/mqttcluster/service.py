@@ -201,10 +201,7 @@ class ClientIds:
     def _give_up(self, caller, request):
         client_id = request["c"]
         deadline = time.monotonic() + HOLDER_TIMEOUT_S / 2
-        generation = request.get("gen", 0)
-        while self._pending.get(client_id) and self._answered.get(client_id, 0) < generation and \
-                time.monotonic() < deadline:
-            gevent.sleep(0.005)  # the home's answer registering it here is on its way: the CONNECT goes live first
+        self._await_answer(client_id, request.get("gen", 0), deadline)
         event = self._finishing.get(client_id)
         if event is not None:
             event.wait(max(0.0, deadline - time.monotonic()))  # a CONNECT here going live: taken over once it is
@@ -216,6 +213,14 @@ class ClientIds:
             return {"from": self.broker_id}
         log.info("mqtt client %s: connected to broker %d; its session moves there", client_id, request.get("to"))
         return {"session": handover.export(self.store, saved, self.max_transfer), "from": self.broker_id}
+
+    def _await_answer(self, client_id, generation, deadline):
+        """Wait, until ``deadline`` at most, while a CONNECT of ``client_id`` here waits for its home's answer and
+        no registration here of ``generation`` or later was answered yet: that CONNECT goes live (or is refused)
+        before a call that would end what this broker holds of the id acts on it."""
+        while self._pending.get(client_id) and self._answered.get(client_id, 0) < generation and \
+                time.monotonic() < deadline:
+            gevent.sleep(0.005)
 
     def _hold(self, caller, request):
         """A re-registration: ``caller`` holds these ids (``rec``: those of them it recovered at its start, no
@@ -252,9 +257,12 @@ class ClientIds:
     def _drop(self, caller, request):
         """The home registered these ids elsewhere while this broker did not answer, or over the copy this broker
         recovered at its start (generation 0): each connection and session of them here ends (MQTT 5: DISCONNECT
-        0x8E), unless the id was registered here again since (a later generation answered here: a CONNECT). Each
-        entry is ``[client id, generation, continued]``: ``_end_copy`` says what becomes of its will."""
+        0x8E), unless the id was registered here again since (a later generation answered here: a CONNECT; one whose
+        answer is on its way is waited for, as ``_give_up`` does, all of a call's within one wait's bound). Each entry
+        is ``[client id, generation, continued]``: ``_end_copy`` says what becomes of its will."""
+        deadline = time.monotonic() + HOLDER_TIMEOUT_S / 2
         for client_id, generation, *rest in request["ids"]:
+            self._await_answer(client_id, generation + 1, deadline)
             if self._answered.get(client_id, 0) > generation:
                 continue
             if self.port.holds_any(client_id):

@@ -1,8 +1,8 @@
 """The will a killed broker's connection left, when the broker comes back and its recovered copy of the session gives
 way to the one the device made on another broker meanwhile (docs/mqtt.md "Which copy stands after a restart"): the
 copy ends as the device's CONNECT there would have ended it on one broker. Clean Start 0 within the Will Delay
-Interval: no will (MQTT 5.0 3.1.3.2.2; tests/mqttcluster/test_restart_will_own_home.py, and here with another broker as the
-id's home); Clean Start 1: the old session ended, the will is published once; a will with no delay was due when the
+Interval: no will (MQTT 5.0 3.1.3.2.2; test_restart_will_own_home.py, and here with another broker as the id's
+home); Clean Start 1: the old session ended, the will is published once; a will with no delay was due when the
 connection ended: the restarted broker publishes it once, whatever the device did since."""
 
 import time

@@ -537,3 +537,27 @@ def test_a_copy_that_gives_way_ends_as_the_connect_that_made_the_standing_one(mo
     ids._hold(3, {"ids": ["local"], "rec": ["local"], "clean": []})
     ids._hold(2, {"ids": ["local"], "rec": [], "clean": []})  # this broker's own recovered copy gives way at once
     assert ended[-1] == ("local", False)
+
+
+def test_a_drop_waits_for_a_connect_here_whose_registration_is_on_its_way():
+    """A drop (the id registered elsewhere while this broker held a copy) that comes while a CONNECT here waits for
+    its home's answer waits for it: a later registration answered here keeps the copy the CONNECT goes on with; a
+    CONNECT refused (no later answer) leaves the drop to end the copy."""
+    from metaq.mqttcluster.service import ClientIds
+    ended = []
+    port = SimpleNamespace(give_up=lambda c, clean, user: ended.append((c, clean)) or (None, None),
+                           holds_any=lambda c: True)
+    ids = ClientIds(port, None, None, 3, SimpleNamespace(close=lambda: None), 100, 0, lambda: True)
+
+    def answered(client_id, generation):
+        gevent.sleep(0.05)
+        if generation:
+            ids._answered[client_id] = generation
+        del ids._pending[client_id]
+
+    for client_id, generation in (("registered-here", 7), ("refused", 0)):
+        ids._pending[client_id] = 1
+        waiter = gevent.spawn(answered, client_id, generation)
+        ids._drop(1, {"ids": [[client_id, 3, True]]})
+        waiter.join()
+    assert ended == [("refused", False)]
