@@ -128,6 +128,9 @@ class MqttPort:
         #: client ids whose sessions were loaded from the log at the start and no connection claimed since
         #: (``recovered``): only shrinks, so bounded by the sessions the log held
         self._recovered = set(self.table.sessions)
+        #: client ids whose session here a Clean Start 1 CONNECT began (``began_clean``): each leaves when nothing
+        #: holds its id here any more (``release``, ``end_session``), so bounded by the ids held
+        self._began_clean = set()
         self._live = {}  # client id -> the MqttSession of a connected persistent session
         self._handed = {}  # client id -> the SavedSession a taken-over connection left to the one taking it over
         self._groups = {}  # (share name, filter) -> SharedGroup
@@ -187,6 +190,10 @@ class MqttPort:
                 self.client_ids.finished(client_id)
             return refusal
         self._take_from(conn, client_id, clean_start)
+        if clean_start:
+            self._began_clean.add(client_id)
+        elif client_id not in self._clients and client_id not in self.table.sessions:
+            self._began_clean.discard(client_id)  # a Clean Start 0 CONNECT holding nothing here begins a session
         self._clients[client_id] = conn
         self._recovered.discard(client_id)
         return None
@@ -209,7 +216,7 @@ class MqttPort:
                 self.publish_will(client_id, will, security)
         saved = self.table.wills.get(client_id)
         if saved is not None:  # dropped above, or left by the broker that held its connection: as if held here
-            if clean_start:
+            if clean_start or saved.delay_s <= 0:  # no delay: due when its connection ended, resumed or not
                 self.publish_will(client_id, *self._will_of(saved))
             else:
                 self.will_done(client_id)
@@ -282,6 +289,13 @@ class MqttPort:
         one another broker held live meanwhile (``metaq.mqttcluster.ids.HomeRegistry.hold``)."""
         return client_id in self._recovered and client_id in self.table.sessions and client_id not in self._clients
 
+    def began_clean(self, client_id):
+        """True while what holds ``client_id`` here was begun by a Clean Start 1 CONNECT to this broker (since its
+        start; later Clean Start 0 CONNECTs continued it): in an MQTT cluster, a copy elsewhere that gives way to it
+        ended when that CONNECT came, so its pending will is due (``ClientIds._drop``). False: begun by a Clean
+        Start 0 CONNECT, or taken over from another broker, or recovered (``recovered`` tells those apart)."""
+        return client_id in self._began_clean and self.holds_any(client_id)
+
     def holds(self, client_id):
         """True while a connection holds ``client_id``."""
         return client_id in self._clients
@@ -293,8 +307,10 @@ class MqttPort:
     def release(self, conn, client_id):
         if self._clients.get(client_id) is conn:
             del self._clients[client_id]
-            if self.client_ids is not None and client_id not in self.table.sessions:
-                self.client_ids.released(client_id)
+            if client_id not in self.table.sessions:
+                self._began_clean.discard(client_id)
+                if self.client_ids is not None:
+                    self.client_ids.released(client_id)
 
     # -- persistent sessions ---------------------------------------------------
 
@@ -323,6 +339,8 @@ class MqttPort:
     def end_session(self, client_id):
         """End ``client_id``'s saved session (Clean Start, expiry, the offline bound)."""
         self._recovered.discard(client_id)
+        if client_id not in self._clients:
+            self._began_clean.discard(client_id)
         if client_id in self.table.sessions:
             self._write(client_id, encode_end(client_id))
             if self.client_ids is not None and client_id not in self._clients:

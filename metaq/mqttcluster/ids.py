@@ -16,6 +16,12 @@ Which copy stands when two brokers re-register one id (``hold``) is a rule, not 
 copy the holder *recovered* (loaded from its log at its start, no connection claimed it since) gives way to one
 another broker holds live (connected there, or a session made there since), whichever told the home first; between
 two of the same kind, the first registered stands.
+
+With each holder the registry keeps how the device's CONNECT began the copy registered (``clean``): True for a
+Clean Start 1 CONNECT, False for Clean Start 0 (that copy continues the session), None when not known (a copy
+recovered at a restart). The copy that gives way is ended as that CONNECT would have ended it on one broker: its
+pending will dropped after a Clean Start 0 (MQTT 5.0 3.1.3.2.2: a new Network Connection to the session within the
+Will Delay Interval), published otherwise (``ClientIds._drop``).
 """
 
 import hashlib
@@ -50,7 +56,9 @@ class HomeRegistry:
 
     def __init__(self, max_ids):
         self.max_ids = max_ids
-        self._holders = {}  # client id -> (broker id, generation, recovered: True for a copy from before a restart)
+        #: client id -> (broker id, generation, recovered: True for a copy from before a restart, clean: how a
+        #: CONNECT began that copy, True / False / None: not known)
+        self._holders = {}
 
     def __len__(self):
         return len(self._holders)
@@ -71,35 +79,47 @@ class HomeRegistry:
         held = self._holders.get(client_id)
         return held is not None and held[2]
 
-    def register(self, client_id, broker_id, generation=0, recovered=False):
+    def clean(self, client_id):
+        """How a CONNECT began the registered holder's copy of ``client_id``: True (Clean Start 1), False (Clean
+        Start 0), None (not known, or no holder)."""
+        held = self._holders.get(client_id)
+        return None if held is None else held[3]
+
+    def register(self, client_id, broker_id, generation=0, recovered=False, clean=None):
         """``broker_id`` holds ``client_id`` now (the home's ``generation`` of this registration; ``recovered``:
-        a copy from before the holder's restart, only ever by ``hold``); returns the broker that held it before
-        (None: none). Raises RegistryFull when the id is new and the registry is at its bound: nothing changes
-        then."""
-        old = self.holder(client_id)
+        a copy from before the holder's restart, only ever by ``hold``; ``clean``: the Clean Start of the CONNECT,
+        None: not known); returns the broker that held it before (None: none). A Clean Start 0 CONNECT to the broker
+        already holding the id continues its copy: how that copy began stands. Raises RegistryFull when the id is
+        new and the registry is at its bound: nothing changes then."""
+        held = self._holders.get(client_id)
+        old = None if held is None else held[0]
         if old is None and len(self._holders) >= self.max_ids:
             raise RegistryFull("%d client ids is this home broker's limit (mqtt.cluster_max_ids)" % self.max_ids)
-        self._holders[client_id] = (broker_id, generation, recovered)
+        if old == broker_id and not clean and held[3] is not None:
+            clean = held[3]
+        self._holders[client_id] = (broker_id, generation, recovered, clean)
         return old
 
-    def hold(self, client_id, broker_id, recovered=False):
+    def hold(self, client_id, broker_id, recovered=False, clean=None):
         """A re-registration: ``broker_id`` says it holds ``client_id`` (``recovered``: a copy it loaded from its
-        log at its start and no connection claimed since). Returns the broker that must end its copy: None when
-        nobody must (the id was unknown, or already that broker's); ``broker_id`` when the registered holder stands
-        (another broker registered it first, or holds it live while this copy is recovered); the registered holder
-        when its copy is recovered and ``broker_id``'s is live: ``broker_id`` holds it now. Raises RegistryFull as
-        ``register``."""
+        log at its start and no connection claimed since; ``clean``: how a CONNECT there began it, None: not known;
+        the holder's word, newer than the home's, is kept with it). Returns the broker that must end its copy: None
+        when nobody must (the id was unknown, or already that broker's); ``broker_id`` when the registered holder
+        stands (another broker registered it first, or holds it live while this copy is recovered); the registered
+        holder when its copy is recovered and ``broker_id``'s is live: ``broker_id`` holds it now. Raises
+        RegistryFull as ``register``."""
         held = self._holders.get(client_id)
         if held is None:
-            self.register(client_id, broker_id, recovered=recovered)
+            self.register(client_id, broker_id, recovered=recovered, clean=clean)
             return None
-        old, generation, old_recovered = held
+        old, generation, old_recovered, old_clean = held
         if old == broker_id:
             if old_recovered and not recovered:  # connected there since: live from now on
-                self._holders[client_id] = (old, generation, False)
+                old_recovered = False
+            self._holders[client_id] = (old, generation, old_recovered, old_clean if clean is None else clean)
             return None
         if old_recovered and not recovered:
-            self._holders[client_id] = (broker_id, 0, False)
+            self._holders[client_id] = (broker_id, 0, False, clean)
             return old
         return broker_id
 

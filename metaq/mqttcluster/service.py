@@ -23,7 +23,9 @@ own last record of the session, or a new one); the home tells the old holder, on
 elsewhere meanwhile (``hold``). Which of two re-registered copies stands is a rule (``HomeRegistry.hold``), not
 the order the holds reach the home in: a copy its broker recovered from its log at its start, with no CONNECT
 since (``MqttPort.recovered``), gives way to one another broker holds live; that broker is told to end it
-(``drop``). A member that leaves takes its ids out of its homes' registries.
+(``drop``). A member that leaves takes its ids out of its homes' registries. A copy ended so goes as the device's
+CONNECT that made the standing copy would have ended it on one broker (``_drop``): after a Clean Start 0 one its
+pending will is dropped, else published.
 
 **No ZooKeeper write per device**: registries live in memory on the homes; when the members change each broker
 tells the homes of the ids it holds (those whose home changed or restarted), ``MQTT_CLUSTER_ID_BATCH`` a call, and
@@ -72,7 +74,9 @@ class ClientIds:
         self._answered = {}  # client id -> the generation of the last registration answered here
         self._generations = itertools.count(1)  # the home's: each registration of an id gets the next
         self._released = set()  # client ids whose sessions ended here, not yet told to their homes
-        self._owed = {}  # broker id -> {client id: generation}: ids it held when it did not answer, to end there
+        #: broker id -> {client id: (generation, continued)}: ids it held when it did not answer (or a recovered
+        #: copy of), to end there; continued: the standing copy was made by a Clean Start 0 CONNECT (``_drop``)
+        self._owed = {}
         #: the calls this broker answers as a home or a holder (op -> ``fn(caller, request) -> answer``), served on
         #: the replication port by the cluster's ``serve.PeerServer``
         self.calls = {"register": self._register, "give_up": self._give_up, "hold": self._hold,
@@ -167,11 +171,11 @@ class ClientIds:
             answer = got
         generation = next(self._generations)
         try:
-            self.registry.register(client_id, caller, generation)
+            self.registry.register(client_id, caller, generation, clean=bool(request["clean"]))
         except RegistryFull as exc:
             return {"error": str(exc), "full": True}
         if answer.pop("unreached", False):  # told to end its copy once it answers: never two live sessions
-            self._owed.setdefault(old, {})[client_id] = generation
+            self._owed.setdefault(old, {})[client_id] = (generation, not request["clean"])
         answer["gen"] = generation
         return answer
 
@@ -197,10 +201,7 @@ class ClientIds:
     def _give_up(self, caller, request):
         client_id = request["c"]
         deadline = time.monotonic() + HOLDER_TIMEOUT_S / 2
-        generation = request.get("gen", 0)
-        while self._pending.get(client_id) and self._answered.get(client_id, 0) < generation and \
-                time.monotonic() < deadline:
-            gevent.sleep(0.005)  # the home's answer registering it here is on its way: the CONNECT goes live first
+        self._await_answer(client_id, request.get("gen", 0), deadline)
         event = self._finishing.get(client_id)
         if event is not None:
             event.wait(max(0.0, deadline - time.monotonic()))  # a CONNECT here going live: taken over once it is
@@ -213,16 +214,28 @@ class ClientIds:
         log.info("mqtt client %s: connected to broker %d; its session moves there", client_id, request.get("to"))
         return {"session": handover.export(self.store, saved, self.max_transfer), "from": self.broker_id}
 
+    def _await_answer(self, client_id, generation, deadline):
+        """Wait, until ``deadline`` at most, while a CONNECT of ``client_id`` here waits for its home's answer and
+        no registration here of ``generation`` or later was answered yet: that CONNECT goes live (or is refused)
+        before a call that would end what this broker holds of the id acts on it."""
+        while self._pending.get(client_id) and self._answered.get(client_id, 0) < generation and \
+                time.monotonic() < deadline:
+            gevent.sleep(0.005)
+
     def _hold(self, caller, request):
         """A re-registration: ``caller`` holds these ids (``rec``: those of them it recovered at its start, no
-        connection claimed since). Answers the ones whose registered holder stands (``HomeRegistry.hold``): the
-        caller ends its copy of them. A holder whose recovered copy gives way to the caller's live one is told to
-        end it (``_drop`` at generation 0: not once a CONNECT there registered it again)."""
-        drop = []
+        connection claimed since; ``clean``: those of the others a Clean Start 1 CONNECT began there, absent: not
+        known). Answers the ones whose registered holder stands (``HomeRegistry.hold``): the caller ends its copy of
+        them (``cont``: those whose standing copy a Clean Start 0 CONNECT made, as ``_drop``). A holder whose
+        recovered copy gives way to the caller's live one is told to end it (``_drop`` at generation 0: not once a
+        CONNECT there registered it again)."""
+        drop, cont = [], []
         recovered = set(request.get("rec", ()))
+        began_clean = set(request["clean"]) if "clean" in request else None
         for client_id in request["ids"]:
+            clean = None if client_id in recovered or began_clean is None else client_id in began_clean
             try:
-                loser = self.registry.hold(client_id, caller, client_id in recovered)
+                loser = self.registry.hold(client_id, caller, client_id in recovered, clean)
             except RegistryFull:
                 log.warning("mqtt client %s: broker %d holds it and this home's registry is full "
                             "(mqtt.cluster_max_ids): a takeover from another broker will not find it", client_id,
@@ -230,27 +243,45 @@ class ClientIds:
                 continue
             if loser == caller:
                 drop.append(client_id)
+                if self.registry.clean(client_id) is False:
+                    cont.append(client_id)
             elif loser is not None:
                 log.info("mqtt client %s: broker %d holds it live; the copy broker %d recovered at its start ends",
                          client_id, caller, loser)
                 if loser == self.broker_id:
-                    self._drop(self.broker_id, {"ids": [[client_id, 0]]})
+                    self._drop(self.broker_id, {"ids": [[client_id, 0, clean is False]]})
                 else:
-                    self._owed.setdefault(loser, {})[client_id] = 0  # told by ``_settle_owed``
-        return {"drop": drop}
+                    self._owed.setdefault(loser, {})[client_id] = (0, clean is False)  # told by ``_settle_owed``
+        return {"drop": drop, "cont": cont}
 
     def _drop(self, caller, request):
         """The home registered these ids elsewhere while this broker did not answer, or over the copy this broker
         recovered at its start (generation 0): each connection and session of them here ends (MQTT 5: DISCONNECT
-        0x8E), unless the id was registered here again since (a later generation answered here: a CONNECT)."""
-        for client_id, generation in request["ids"]:
+        0x8E), unless the id was registered here again since (a later generation answered here: a CONNECT; one whose
+        answer is on its way is waited for, as ``_give_up`` does, all of a call's within one wait's bound). Each entry
+        is ``[client id, generation, continued]``: ``_end_copy`` says what becomes of its will."""
+        deadline = time.monotonic() + HOLDER_TIMEOUT_S / 2
+        for client_id, generation, *rest in request["ids"]:
+            self._await_answer(client_id, generation + 1, deadline)
             if self._answered.get(client_id, 0) > generation:
                 continue
             if self.port.holds_any(client_id):
                 log.warning("mqtt client %s: registered on another broker while this one did not answer or held a "
                             "copy from before its start; its session here ends", client_id)
-                self.port.give_up(client_id, True, None)
+                self._end_copy(client_id, bool(rest and rest[0]))
         return {}
+
+    def _end_copy(self, client_id, continued):
+        """End this broker's copy of ``client_id``, which gives way to another broker's, as the CONNECT that made
+        that copy would have ended it here (``MqttPort.give_up``, nothing handed on): ``continued`` (a Clean Start 0
+        CONNECT) drops a will still held for its delay (MQTT 5.0 3.1.3.2.2: a new Network Connection to the session
+        came within the Will Delay Interval) and publishes one with no delay (due when its connection ended); else
+        (Clean Start 1: the session ended, 3.1.2.5) the will is published now. When how that copy began is not
+        known (a copy recovered at a restart, a peer that does not say), the will is published: MQTT 5.0 3.1.2.5
+        makes it a MUST once the connection closed and the delay passed or the session ended, and not sending it is
+        the exception that only a Clean Start 0 CONNECT seen within the delay earns; the session here ends either
+        way."""
+        self.port.give_up(client_id, not continued, None)
 
     def _settle_owed(self):
         """Tell each broker that did not answer a takeover, once it does, to end the sessions it still holds of
@@ -260,7 +291,7 @@ class ClientIds:
             if holder not in self.members:
                 del self._owed[holder]  # it left: its sessions went with it (back, it re-registers: ``_hold``)
                 continue
-            ids = [[c, g] for c, g in owed.items() if self.registry.holder(c) != holder]
+            ids = [[c, g, cont] for c, (g, cont) in owed.items() if self.registry.holder(c) != holder]
             try:
                 for i in range(0, len(ids), limits.MQTT_CLUSTER_ID_BATCH):
                     request = {"op": "drop", "ids": ids[i:i + limits.MQTT_CLUSTER_ID_BATCH]}
@@ -338,7 +369,8 @@ class ClientIds:
         return now - self._joined_at < limits.MQTT_CLUSTER_MEMBERS_POLL_S
 
     def _tell_hold(self, home, ids):
-        request = {"op": "hold", "ids": ids, "rec": [c for c in ids if self.port.recovered(c)]}
+        request = {"op": "hold", "ids": ids, "rec": [c for c in ids if self.port.recovered(c)],
+                   "clean": [c for c in ids if self.port.began_clean(c)]}
         if home == self.broker_id:
             answer = self._hold(self.broker_id, request)
         else:
@@ -349,10 +381,11 @@ class ClientIds:
                             "told again at the next look at the members", home, len(ids), exc)
                 self._told_all = False
                 return
+        continued = set(answer.get("cont", ()))
         for client_id in answer.get("drop", ()):
             log.warning("mqtt client %s: registered on another broker while this one was apart; its session here "
                         "ends", client_id)
-            self.port.give_up(client_id, True, None)
+            self._end_copy(client_id, client_id in continued)
 
     def _release_loop(self):
         while True:

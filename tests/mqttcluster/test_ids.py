@@ -88,3 +88,25 @@ def test_peer_frames_round_trip_and_their_bound():
     bad.receive_data(bytes(frame))
     with pytest.raises(RemoteProtocolError):
         bad.next_event()
+
+
+def test_the_registry_keeps_how_a_connect_began_each_holders_copy():
+    """``clean``: True (Clean Start 1), False (Clean Start 0), None (not known: a recovered copy). A Clean Start 0
+    CONNECT to the broker already holding the id continues its copy: how it began stands; a hold from the holder
+    says it anew; a copy that moves takes what its new holder says."""
+    r = HomeRegistry(10)
+    assert r.clean("none") is None
+    r.register("a", 1, 1, clean=True)
+    assert r.clean("a") is True
+    r.register("a", 1, 2, clean=False)  # the same broker, Clean Start 0: the copy begun by Clean Start 1 goes on
+    assert r.clean("a") is True and r.generation("a") == 2
+    r.register("a", 2, 3, clean=False)  # taken over elsewhere with Clean Start 0
+    assert r.clean("a") is False
+    r.register("a", 2, 4, clean=True)
+    assert r.clean("a") is True
+    assert r.hold("b", 1, recovered=True) is None and r.clean("b") is None  # recovered: not known
+    assert r.hold("b", 2, clean=False) == 1 and r.clean("b") is False  # the live copy stands, as it says
+    assert r.hold("b", 1, recovered=True) == 1 and r.clean("b") is False  # the standing copy's, unchanged
+    assert r.hold("b", 2) is None and r.clean("b") is False  # its holder again, saying nothing: kept
+    assert r.hold("b", 2, clean=True) is None and r.clean("b") is True  # its holder's word is newer
+    assert r.hold("c", 3, clean=True) is None and r.clean("c") is True

@@ -472,3 +472,92 @@ def test_a_handover_is_adopted_in_turns_of_the_loop():
     with Ticker() as ticker:
         saved, adopting = ticker.during(handover.adopt, port, FakeStore({}), state, None)
     assert len(saved.carried) == 2000 and written[0] == b"x" and adopting > 0
+
+
+def _port_state():
+    """The parts of an MqttPort that ``claim``, ``release`` and ``end_session`` keep ``began_clean`` with."""
+    from metaq.mqtt.port import MqttPort
+    port = SimpleNamespace(_clients={}, _recovered=set(), _began_clean=set(), client_ids=None,
+                           table=SimpleNamespace(sessions={}, wills={}),
+                           _held_by_another=lambda user, client_id: None, _take_from=lambda *a: None,
+                           _write=lambda *a: None)
+    for name in ("claim", "release", "end_session", "holds_any", "began_clean"):
+        setattr(port, name, getattr(MqttPort, name).__get__(port))
+    return port
+
+
+def test_a_port_knows_which_copies_a_clean_start_1_connect_began_while_it_holds_them():
+    """``MqttPort.began_clean``: set by a Clean Start 1 CONNECT, kept by a Clean Start 0 one that continues the
+    copy, gone with the last thing holding the id (so bounded by the ids held); a Clean Start 0 CONNECT holding
+    nothing here begins a copy that is not."""
+    port = _port_state()
+    conn = SimpleNamespace(session=SimpleNamespace(user=None))
+    assert port.claim(conn, "a", True) is None and port.began_clean("a")
+    again = SimpleNamespace(session=SimpleNamespace(user=None))
+    port.claim(again, "a", False)  # continues it
+    assert port.began_clean("a")
+    port.table.sessions["a"] = object()  # its session kept offline once the connection ends
+    port.release(again, "a")
+    assert port.began_clean("a")
+    port.end_session("a")  # the session ends (expiry, a takeover): nothing holds the id
+    del port.table.sessions["a"]
+    assert not port.began_clean("a") and port._began_clean == set()
+    port.claim(conn, "b", False)
+    assert not port.began_clean("b")
+    port.claim(conn, "c", True)
+    port.release(conn, "c")  # no session kept: gone with the connection
+    assert not port.began_clean("c") and port._began_clean == set()
+
+
+def test_a_copy_that_gives_way_ends_as_the_connect_that_made_the_standing_one(monkeypatch):
+    """The home answers a hold with the ids to end and, of them, those whose standing copy a Clean Start 0 CONNECT
+    made (``cont``); a drop carries it per id; the holder ends its copy with ``give_up(id, not continued)``: Clean
+    Start 0 drops a delayed will, 1 (or not known) publishes it."""
+    from metaq.mqttcluster.service import ClientIds
+    ended = []
+    port = SimpleNamespace(give_up=lambda c, clean, user: ended.append((c, clean)) or (None, None),
+                           holds_any=lambda c: True)
+    ids = ClientIds(port, None, None, 3, SimpleNamespace(close=lambda: None), 100, 0, lambda: True)
+    ids.members = {1: "h:1", 2: "h:2", 3: "h:3"}
+    ids._register_one(2, "kept", {"c": "kept", "clean": False})
+    ids._register_one(2, "ended", {"c": "ended", "clean": True})
+    ids._hold(2, {"ids": ["live-clean", "live"], "rec": [], "clean": ["live-clean"]})
+    ids._hold(2, {"ids": ["older"]})  # a peer that does not say how its copies began
+    answer = ids._hold(1, {"ids": ["rec-kept", "rec-ended"], "rec": ["rec-kept", "rec-ended"], "clean": []})
+    assert answer == {"drop": [], "cont": []}  # new ids: registered
+    answer = ids._hold(1, {"ids": ["kept", "ended", "live-clean", "live", "older"],
+                           "rec": ["kept", "ended", "live-clean", "live", "older"], "clean": []})
+    assert answer == {"drop": ["kept", "ended", "live-clean", "live", "older"], "cont": ["kept", "live"]}
+    ids._hold(2, {"ids": ["rec-kept", "rec-ended"], "rec": [], "clean": ["rec-ended"]})
+    # broker 1's recovered copies end once it is told (``_settle_owed``)
+    assert ids._owed == {1: {"rec-kept": (0, True), "rec-ended": (0, False)}}
+    ids._drop(1, {"ids": [["rec-kept", 0, True], ["x", 0, False], ["y", 0]]})  # and an older home's entry
+    assert ended == [("rec-kept", False), ("x", True), ("y", True)]
+    ids._owed.clear()
+    ids._hold(3, {"ids": ["local"], "rec": ["local"], "clean": []})
+    ids._hold(2, {"ids": ["local"], "rec": [], "clean": []})  # this broker's own recovered copy gives way at once
+    assert ended[-1] == ("local", False)
+
+
+def test_a_drop_waits_for_a_connect_here_whose_registration_is_on_its_way():
+    """A drop (the id registered elsewhere while this broker held a copy) that comes while a CONNECT here waits for
+    its home's answer waits for it: a later registration answered here keeps the copy the CONNECT goes on with; a
+    CONNECT refused (no later answer) leaves the drop to end the copy."""
+    from metaq.mqttcluster.service import ClientIds
+    ended = []
+    port = SimpleNamespace(give_up=lambda c, clean, user: ended.append((c, clean)) or (None, None),
+                           holds_any=lambda c: True)
+    ids = ClientIds(port, None, None, 3, SimpleNamespace(close=lambda: None), 100, 0, lambda: True)
+
+    def answered(client_id, generation):
+        gevent.sleep(0.05)
+        if generation:
+            ids._answered[client_id] = generation
+        del ids._pending[client_id]
+
+    for client_id, generation in (("registered-here", 7), ("refused", 0)):
+        ids._pending[client_id] = 1
+        waiter = gevent.spawn(answered, client_id, generation)
+        ids._drop(1, {"ids": [[client_id, 3, True]]})
+        waiter.join()
+    assert ended == [("refused", False)]
