@@ -6,7 +6,6 @@ makes it this broker's own; none counts as begun by a Clean Start 1 CONNECT."""
 
 from types import SimpleNamespace
 
-import gevent
 import pytest
 
 from metaq.mqtt.follow import SavedSession
@@ -112,5 +111,4 @@ def test_a_master_keeps_its_own_recovered_set_when_told_it_is_master(parts):
     master.adopt(_session("meter-1"))
     assert not master.recovered("meter-1")  # written by this broker as master: not recovered
     master.role_changed(None)
-    gevent.sleep(0)
     assert not master.recovered("meter-1")
