@@ -125,8 +125,10 @@ class MqttPort:
         self.table = replay(store)  # the persistent sessions the log holds
         for saved in self.table.sessions.values():
             saved.connected = False  # their connections ended with the broker that wrote them
-        #: client ids whose sessions were loaded from the log at the start and no connection claimed since
-        #: (``recovered``): only shrinks, so bounded by the sessions the log held
+        #: client ids whose sessions this broker did not get from a CONNECT to itself since it began serving as
+        #: master (``recovered``): those loaded from the log at the start, made again at a promotion from the table
+        #: the slave learned (``role_changed``); a CONNECT claiming one removes it. Only shrinks between the two, so
+        #: bounded by the sessions the table held at the start or the last promotion
         self._recovered = set(self.table.sessions)
         #: client ids whose session here a Clean Start 1 CONNECT began (``began_clean``): each leaves when nothing
         #: holds its id here any more (``release``, ``end_session``), so bounded by the ids held
@@ -285,8 +287,9 @@ class MqttPort:
 
     def recovered(self, client_id):
         """True while what holds ``client_id`` here is a session loaded from the sessions' log at this broker's
-        start that no connection claimed since: in an MQTT cluster, a copy from before a restart, which gives way to
-        one another broker held live meanwhile (``metaq.mqttcluster.ids.HomeRegistry.hold``)."""
+        start, or learned as a slave and taken over at its promotion, that no connection claimed since: in an MQTT
+        cluster, a copy from before a restart or a failover, which gives way to one another broker held live
+        meanwhile (``metaq.mqttcluster.ids.HomeRegistry.hold``)."""
         return client_id in self._recovered and client_id in self.table.sessions and client_id not in self._clients
 
     def began_clean(self, client_id):
@@ -563,14 +566,19 @@ class MqttPort:
         self.follow.replicating = not self.is_master()
 
     def role_changed(self, slave_id):
-        """A slave made master takes the sessions it learned as its own (every record it holds learned first); a
-        master made slave follows the master's records from the log."""
+        """A slave made master takes the sessions it learned as its own (every record it holds learned first), each
+        ``recovered`` as one loaded at a start is: learned by following or reloaded after a cut, no CONNECT to this
+        broker made it, so in an MQTT cluster it gives way to a copy another broker holds live. Only a connection
+        still open here began with a Clean Start 1 (``began_clean``): a slave keeps no session, so one its ended
+        connection began is not the learned one. A master made slave follows the master's records from the log."""
         if slave_id is None:
             if self.follow.replicating:
                 self.store.follow_now(self.follow)
                 self.follow.replicating = False
                 for saved in self.table.sessions.values():
                     saved.connected = saved.client_id in self._live  # the old master's connections ended with it
+                self._recovered = set(self.table.sessions)
+                self._began_clean.intersection_update(self._clients)
             return
         if not self.follow.replicating:
             self.table = replay(self.store)

@@ -13,9 +13,9 @@ change, each broker tells the ids it holds to their homes again (``hold``), so a
 over learns them back without a write to ZooKeeper per device.
 
 Which copy stands when two brokers re-register one id (``hold``) is a rule, not the order the holds arrive in: a
-copy the holder *recovered* (loaded from its log at its start, no connection claimed it since) gives way to one
-another broker holds live (connected there, or a session made there since), whichever told the home first; between
-two of the same kind, the first registered stands.
+copy the holder *recovered* (loaded from its log at its start, or learned as a slave before its promotion, no
+connection claimed it since) gives way to one another broker holds live (connected there, or a session made there
+since), whichever told the home first; between two of the same kind, the first registered stands.
 
 With each holder the registry keeps how the device's CONNECT began the copy registered (``clean``): True for a
 Clean Start 1 CONNECT, False for Clean Start 0 (that copy continues the session), None when not known (a copy

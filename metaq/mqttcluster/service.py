@@ -21,11 +21,11 @@ unavailable, 3.1.1 0x03, rather than risk two live sessions; the device retries.
 own last record of the session, or a new one); the home tells the old holder, once it answers, to end its copy
 (``drop``); one that left and comes back re-registers the ids it holds and is told to end those registered
 elsewhere meanwhile (``hold``). Which of two re-registered copies stands is a rule (``HomeRegistry.hold``), not
-the order the holds reach the home in: a copy its broker recovered from its log at its start, with no CONNECT
-since (``MqttPort.recovered``), gives way to one another broker holds live; that broker is told to end it
-(``drop``). A member that leaves takes its ids out of its homes' registries. A copy ended so goes as the device's
-CONNECT that made the standing copy would have ended it on one broker (``_drop``): after a Clean Start 0 one its
-pending will is dropped, else published.
+the order the holds reach the home in: a copy its broker recovered from its log at its start (or learned as a
+slave before its promotion), with no CONNECT since (``MqttPort.recovered``), gives way to one another broker
+holds live; that broker is told to end it (``drop``). A member that leaves takes its ids out of its homes'
+registries. A copy ended so goes as the device's CONNECT that made the standing copy would have ended it on one
+broker (``_drop``): after a Clean Start 0 one its pending will is dropped, else published.
 
 **No ZooKeeper write per device**: registries live in memory on the homes; when the members change each broker
 tells the homes of the ids it holds (those whose home changed or restarted), ``MQTT_CLUSTER_ID_BATCH`` a call, and
