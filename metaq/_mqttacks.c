@@ -57,6 +57,26 @@ static int acks_end(PyObject *inflight, PyObject *where, PyObject *state, long p
     return ended;
 }
 
+Py_ssize_t metaq_end_acks(const unsigned char *buf, Py_ssize_t end, Py_ssize_t pos, int v5, Py_ssize_t max_packet,
+                          PyObject *inflight, PyObject *where, PyObject *state, Py_ssize_t *taken_out,
+                          Py_ssize_t *ended_out) {
+    Py_ssize_t taken = 0, ended = 0, size = 0;
+    if (pos < 0)
+        pos = 0;
+    long packet_id;
+    while ((packet_id = acks_at(buf, end, pos, v5, max_packet, &size)) != 0) {
+        int one = acks_end(inflight, where, state, packet_id);
+        if (one < 0)
+            return -1;
+        ended += one;
+        taken++;
+        pos += size;
+    }
+    *taken_out = taken;
+    *ended_out = ended;
+    return pos;
+}
+
 PyObject *mqtt_end_pubacks(PyObject *self, PyObject *args) {
     PyObject *data, *inflight, *where, *state;
     Py_ssize_t pos, max_packet;
