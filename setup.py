@@ -21,6 +21,7 @@ def speedups_extension():
                                          "metaq/_mqttturn.c",
                                          "metaq/_mqttacks.c",
                                          "metaq/_mqttdirect.c",
+                                         "metaq/_mqttdeliver.c",
                                          "metaq/_burstrun.c",
                                          "metaq/_putturn.c",
                                          "metaq/_pbwrite.c",

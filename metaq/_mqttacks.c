@@ -57,6 +57,26 @@ static int acks_end(PyObject *inflight, PyObject *where, PyObject *state, long p
     return ended;
 }
 
+Py_ssize_t metaq_end_acks(const unsigned char *buf, Py_ssize_t end, Py_ssize_t pos, int v5, Py_ssize_t max_packet,
+                          PyObject *inflight, PyObject *where, PyObject *state, Py_ssize_t *taken_out,
+                          Py_ssize_t *ended_out) {
+    Py_ssize_t taken = 0, ended = 0, size = 0;
+    if (pos < 0)
+        pos = 0;
+    long packet_id;
+    while ((packet_id = acks_at(buf, end, pos, v5, max_packet, &size)) != 0) {
+        int one = acks_end(inflight, where, state, packet_id);
+        if (one < 0)
+            return -1;
+        ended += one;
+        taken++;
+        pos += size;
+    }
+    *taken_out = taken;
+    *ended_out = ended;
+    return pos;
+}
+
 PyObject *mqtt_end_pubacks(PyObject *self, PyObject *args) {
     PyObject *data, *inflight, *where, *state;
     Py_ssize_t pos, max_packet;
@@ -67,21 +87,11 @@ PyObject *mqtt_end_pubacks(PyObject *self, PyObject *args) {
     Py_buffer b;
     if (PyObject_GetBuffer(data, &b, PyBUF_SIMPLE) < 0)
         return NULL;
-    const unsigned char *buf = (const unsigned char *)b.buf;
-    Py_ssize_t end = b.len, taken = 0, ended = 0, size = 0;
-    if (pos < 0)
-        pos = 0;
-    long packet_id;
-    while ((packet_id = acks_at(buf, end, pos, v5, max_packet, &size)) != 0) {
-        int one = acks_end(inflight, where, state, packet_id);
-        if (one < 0) {
-            PyBuffer_Release(&b);
-            return NULL;
-        }
-        ended += one;
-        taken++;
-        pos += size;
-    }
+    Py_ssize_t taken = 0, ended = 0;
+    pos = metaq_end_acks((const unsigned char *)b.buf, b.len, pos, v5, max_packet, inflight, where, state, &taken,
+                         &ended);
     PyBuffer_Release(&b);
+    if (pos < 0)
+        return NULL;
     return Py_BuildValue("(nnn)", taken, ended, pos);
 }

@@ -184,47 +184,26 @@ static int direct_set_last(PyObject *session, long last) {
     return r;
 }
 
-PyObject *mqtt_direct_publishes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 12) {
-        PyErr_Format(PyExc_TypeError, "mqtt_direct_publishes takes 12 arguments (%zd given)", nargs);
-        return NULL;
-    }
+/* The run's work (mqtt_direct_publishes' and MqttDirectPath's): inflight and where the session's dicts; the answer in
+ * *went, *state, *rest (a new reference or NULL) and *err. 0, or -1 with an error set. */
+int metaq_direct_run(long fd, PyObject *staged, Py_ssize_t i, Py_ssize_t stop, PyObject *names, PyObject *session,
+                     PyObject *inflight, PyObject *where, PyObject *topic, PyObject *partition, long long offset,
+                     Py_ssize_t window, int v5, Py_ssize_t max_packet, Py_ssize_t *went_out, int *state_out,
+                     PyObject **rest_out, int *err_out) {
     if (direct_ready() < 0)
-        return NULL;
-    PyObject *staged = args[1], *names = args[4], *session = args[5], *topic = args[6], *partition = args[7];
-    long fd = PyLong_AsLong(args[0]);
-    Py_ssize_t i = PyLong_AsSsize_t(args[2]), stop = PyLong_AsSsize_t(args[3]);
-    long long offset = PyLong_AsLongLong(args[8]);
-    Py_ssize_t window = PyLong_AsSsize_t(args[9]);
-    int v5 = PyObject_IsTrue(args[10]);
-    Py_ssize_t max_packet = -1;
-    if (args[11] != Py_None)
-        max_packet = PyLong_AsSsize_t(args[11]);
-    if (PyErr_Occurred() || v5 < 0)
-        return NULL;
-    if (!PyList_Check(staged) || !PyDict_Check(names)) {
-        PyErr_SetString(PyExc_TypeError, "mqtt_direct_publishes: staged must be a list, names a dict");
-        return NULL;
+        return -1;
+    PyObject *data = NULL, *rest = NULL;
+    direct_item *items = NULL;
+    Py_ssize_t planned = 0, held = 0, went = 0;
+    int state = DIRECT_DONE, err = 0, r = -1;
+    if (!PyList_Check(staged) || !PyDict_Check(names) || !PyDict_Check(inflight) || !PyDict_Check(where)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "mqtt_direct_publishes: staged must be a list, names and the session's inflight and where dicts");
+        return -1;
     }
     if (fd < 0 || fd > 0x7FFFFFFF) {
         PyErr_Format(PyExc_ValueError, "mqtt_direct_publishes: bad file descriptor %ld", fd);
-        return NULL;
-    }
-    PyObject *inflight = PyObject_GetAttr(session, direct_keys[D_INFLIGHT]);
-    if (inflight == NULL)
-        return NULL;
-    PyObject *where = PyObject_GetAttr(session, direct_keys[D_WHERE]);
-    if (where == NULL) {
-        Py_DECREF(inflight);
-        return NULL;
-    }
-    PyObject *result = NULL, *data = NULL, *rest = NULL;
-    direct_item *items = NULL;
-    Py_ssize_t planned = 0, held = 0;
-    int state = DIRECT_DONE, err = 0;
-    if (!PyDict_Check(inflight) || !PyDict_Check(where)) {
-        PyErr_SetString(PyExc_TypeError, "mqtt_direct_publishes: the session's inflight and where must be dicts");
-        goto done;
+        return -1;
     }
     if (i < 0)
         i = 0;
@@ -317,7 +296,7 @@ PyObject *mqtt_direct_publishes(PyObject *self, PyObject *const *args, Py_ssize_
         n = sent < 0 ? 0 : (Py_ssize_t)sent;
     }
     /* what went: whole, begun (kept in flight, its rest returned), or not (given back) */
-    Py_ssize_t went = 0, pos = 0;
+    Py_ssize_t pos = 0;
     for (Py_ssize_t j = 0; j < planned; j++) {
         Py_ssize_t size = items[j].large ? 0 : items[j].size;
         if (pos + size <= n) {
@@ -343,15 +322,54 @@ PyObject *mqtt_direct_publishes(PyObject *self, PyObject *const *args, Py_ssize_
                 goto done;
         }
     }
-    result = Py_BuildValue("(niOi)", went, state, rest != NULL ? rest : Py_None, err);
-    goto done;
 answer:
-    result = Py_BuildValue("(iiOi)", 0, state, Py_None, 0);
+    *went_out = went;
+    *state_out = state;
+    *rest_out = rest;
+    rest = NULL;
+    *err_out = err;
+    r = 0;
 done:
     for (Py_ssize_t k = 0; k < held; k++)
         PyBuffer_Release(&items[k].payload);
     PyMem_Free(items);
     Py_XDECREF(data);
+    Py_XDECREF(rest);
+    return r;
+}
+
+PyObject *mqtt_direct_publishes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 12) {
+        PyErr_Format(PyExc_TypeError, "mqtt_direct_publishes takes 12 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (direct_ready() < 0)
+        return NULL;
+    PyObject *staged = args[1], *names = args[4], *session = args[5], *topic = args[6], *partition = args[7];
+    long fd = PyLong_AsLong(args[0]);
+    Py_ssize_t i = PyLong_AsSsize_t(args[2]), stop = PyLong_AsSsize_t(args[3]);
+    long long offset = PyLong_AsLongLong(args[8]);
+    Py_ssize_t window = PyLong_AsSsize_t(args[9]);
+    int v5 = PyObject_IsTrue(args[10]);
+    Py_ssize_t max_packet = -1;
+    if (args[11] != Py_None)
+        max_packet = PyLong_AsSsize_t(args[11]);
+    if (PyErr_Occurred() || v5 < 0)
+        return NULL;
+    PyObject *inflight = PyObject_GetAttr(session, direct_keys[D_INFLIGHT]);
+    if (inflight == NULL)
+        return NULL;
+    PyObject *where = PyObject_GetAttr(session, direct_keys[D_WHERE]);
+    if (where == NULL) {
+        Py_DECREF(inflight);
+        return NULL;
+    }
+    Py_ssize_t went = 0;
+    int state = 0, err = 0;
+    PyObject *rest = NULL, *result = NULL;
+    if (metaq_direct_run(fd, staged, i, stop, names, session, inflight, where, topic, partition, offset, window, v5,
+                         max_packet, &went, &state, &rest, &err) == 0)
+        result = Py_BuildValue("(niOi)", went, state, rest != NULL ? rest : Py_None, err);
     Py_XDECREF(rest);
     Py_DECREF(inflight);
     Py_DECREF(where);

@@ -1154,6 +1154,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "metaq._speedups",
 PyMODINIT_FUNC PyInit__speedups(void) {
     if (PyType_Ready(&SyncWorkerType) < 0)
         return NULL;
+    if (PyType_Ready(&MqttDirectPathType) < 0 || PyType_Ready(&MqttAckTurnType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
@@ -1161,6 +1163,13 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     if (PyModule_AddStringConstant(m, "CRC32_IMPL", CRC32_IMPL_NAME) < 0 ||
         PyModule_AddObject(m, "SyncWorker", (PyObject *)&SyncWorkerType) < 0) {
         Py_DECREF(&SyncWorkerType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&MqttDirectPathType);
+    Py_INCREF(&MqttAckTurnType);
+    if (PyModule_AddObject(m, "MqttDirectPath", (PyObject *)&MqttDirectPathType) < 0 ||
+        PyModule_AddObject(m, "MqttAckTurn", (PyObject *)&MqttAckTurnType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

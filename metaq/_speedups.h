@@ -31,9 +31,22 @@ PyObject *mqtt_read_publishes(PyObject *self, PyObject *args);
 /* mqtt_end_pubacks (_mqttacks.c): the MQTT subscriber's read of PUBACKs split and its messages in flight ended in one
    step. */
 PyObject *mqtt_end_pubacks(PyObject *self, PyObject *args);
+/* metaq_end_acks (_mqttacks.c): mqtt_end_pubacks' loop over buf[pos:end): the next pos, or -1 with an error set. */
+Py_ssize_t metaq_end_acks(const unsigned char *buf, Py_ssize_t end, Py_ssize_t pos, int v5, Py_ssize_t max_packet,
+                          PyObject *inflight, PyObject *where, PyObject *state, Py_ssize_t *taken_out,
+                          Py_ssize_t *ended_out);
 /* mqtt_direct_publishes (_mqttdirect.c): a run of plain QoS 1 messages sent from a publisher's turn to a waiting
    subscriber in one step (packet ids, in flight, PUBLISHes, one send). */
 PyObject *mqtt_direct_publishes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* metaq_direct_run (_mqttdirect.c): mqtt_direct_publishes' work, the session's inflight and where given. */
+int metaq_direct_run(long fd, PyObject *staged, Py_ssize_t i, Py_ssize_t stop, PyObject *names, PyObject *session,
+                     PyObject *inflight, PyObject *where, PyObject *topic, PyObject *partition, long long offset,
+                     Py_ssize_t window, int v5, Py_ssize_t max_packet, Py_ssize_t *went_out, int *state_out,
+                     PyObject **rest_out, int *err_out);
+/* The MqttDirectPath and MqttAckTurn types (_mqttdeliver.c), registered by the module's init (_speedups.c): a
+   waiting subscriber's delivery from the publisher's turn, and its PUBACK turn, each one C call. */
+extern PyTypeObject MqttDirectPathType;
+extern PyTypeObject MqttAckTurnType;
 /* encode_fields (_pbwrite.c): protobuf fields written from (field number, value) pairs; metaq/rmq5/messagebytes.py. */
 PyObject *encode_fields(PyObject *self, PyObject *args);
 /* served_record (_servedmsg.c): a served RocketMQ 5 message's bytes from its log record; metaq/rmq5/messagebytes.py. */

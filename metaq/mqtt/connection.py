@@ -47,7 +47,8 @@ class Connection(core.Connection):
     __slots__ = ("port", "settings", "parser", "version", "mqtt", "will", "expiry_s", "client_receive_max",
                  "inflight_window",
                  "client_max_packet", "problem_information", "room", "outbound_aliases", "acks", "publishes",
-                 "subscriptions", "_write_lock", "_unsent", "_handling", "_ended_cleanly", "_taken_over")
+                 "subscriptions", "_write_lock", "_unsent", "_handling", "_ended_cleanly", "_taken_over",
+                 "direct_fd", "_fd")
 
     def __init__(self, sock, address, conn_id, port):
         super().__init__(sock, address, conn_id, port.core.rules)
@@ -68,6 +69,11 @@ class Connection(core.Connection):
         self.subscriptions = Subscriptions(self, port, self.acks)
         self._write_lock = Semaphore()
         self._unsent = None  # what a try_send left of its packet: written before anything else
+        self._fd = self.raw_sock.fileno() if self.raw_sock is not None else -1  # (TLS: never written by descriptor)
+        #: ``fan_fd``'s answer kept as it changes, for the C helper's delivery (``direct.DirectPathPy``): the socket's
+        #: descriptor while packets may be written to it by descriptor, else -1 (TLS, a writer inside a packet,
+        #: something unsent, closed). Set wherever the write lock is held across a wait or ``_unsent`` changes.
+        self.direct_fd = self._fd
         self._handling = False
         self._ended_cleanly = False  # DISCONNECT 0x00: no will
         self._taken_over = False
@@ -100,7 +106,11 @@ class Connection(core.Connection):
         if self.closed:
             return False
         with self._write_lock:
-            return self._write_all(data)
+            self.direct_fd = -1
+            try:
+                return self._write_all(data)
+            finally:
+                self.direct_fd = self._fd if self._unsent is None and not self.closed else -1
 
     def send_made(self, make):
         """``send_bytes`` of the packet ``make()`` returns, made under the write lock: what it decides (the topic alias
@@ -109,7 +119,11 @@ class Connection(core.Connection):
         if self.closed:
             return False
         with self._write_lock:
-            return self._write_all(make())
+            self.direct_fd = -1
+            try:
+                return self._write_all(make())
+            finally:
+                self.direct_fd = self._fd if self._unsent is None and not self.closed else -1
 
     def _write_all(self, data):
         """``send_bytes``'s write, the write lock held."""
@@ -145,12 +159,14 @@ class Connection(core.Connection):
                     self._unsent = rest[n:]
                     return 0
                 self._unsent = None
+                self.direct_fd = self._fd
             try:
                 n = self.raw_sock.send(data)  # (gevent's underlying non-blocking socket)
             except BlockingIOError:
                 return 0
             if 0 < n < len(data):
                 self._unsent = data[n:]
+                self.direct_fd = -1
             return n
         except OSError as exc:
             log.info("mqtt %s: send failed (%s); closing", self.peer, exc)
@@ -181,6 +197,7 @@ class Connection(core.Connection):
         """What a write by descriptor (``fan_fd``, no yield since) left of its last packet: written before anything
         else, as what a ``try_send`` leaves."""
         self._unsent = rest
+        self.direct_fd = -1
 
     def send_failed(self, err):
         """A write by descriptor failed with errno ``err``: the connection closes, as when ``try_send`` fails."""
@@ -431,6 +448,7 @@ class Connection(core.Connection):
                 self.port.connection_lost(self.mqtt.client_id, will, self.session, self.will_delay(will))
 
     def close(self):
+        self.direct_fd = -1
         super().close()
         self.subscriptions.wake()  # the delivery sees it at once
 

@@ -70,6 +70,7 @@ import gevent
 
 from metaq import errors, limits
 from metaq.auth.acl import SUB
+from metaq.mqtt.direct import DirectPath
 from metaq.mqtt.fanplan import FanMember
 from metaq.mqtt.outbound import Outbound
 from metaq.mqtt.records import message_of
@@ -89,8 +90,8 @@ class Delivery:
     its part in the fan-out readers (``FanMember``) and its greenlet's loop. The greenlet runs while it has work
     (``wake`` starts it, ``stop`` ends it); its attributes are in slots: every subscribed client has one."""
 
-    __slots__ = ("conn", "port", "waiters", "out", "subs", "fan", "event", "_retained", "_deferred", "_greenlet",
-                 "_resent", "_window_full")
+    __slots__ = ("conn", "port", "waiters", "out", "subs", "fan", "event", "path", "_retained", "_deferred",
+                 "_greenlet", "_resent", "_window_full")
 
     def __init__(self, conn, port):
         self.conn = conn
@@ -102,6 +103,9 @@ class Delivery:
         #: What its greenlet waits on between passes (the connection's ``room``, made before its delivery and never
         #: replaced): set by ``wake`` and by appends to the partitions it reads.
         self.event = conn.room
+        #: The publisher's turn's one call for this delivery's common case (``direct.DirectPath``; None from it:
+        #: ``direct.deliver_now`` decides), made once its connection's CONNECT fixed what it keeps.
+        self.path = self.out.path = DirectPath(self.out)
         self._retained = []  # (filter, granted QoS) of subscriptions whose retained messages are to be sent
         self._deferred = None  # (topic, partition) -> (SharedGroup, offset) this member left to another member's turn
         self._window_full = False  # the last pass left a shared group's message for want of room in flight

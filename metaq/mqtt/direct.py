@@ -90,6 +90,88 @@ def deliver_now(out, key, runs, staged, client_id, now, made):
     return cursors[key] >= end
 
 
+class DirectPathPy:
+    """A waiting subscriber's share of a publisher's burst in one call, the common case of ``deliver_now`` kept per
+    subscriber (``Delivery.path``, made once its CONNECT fixed the connection's version, Maximum Packet Size, topic
+    aliases and TLS): ``path(key, runs, staged, client_id)`` sends the plain QoS 1 runs of partition ``key`` from the
+    cursor on in one step each (``direct_publishes``) and answers as ``deliver_now`` does: True (all went, the cursor
+    at the partition's end), False (a write took less than all, or the window is full: the greenlet's; what it
+    left is handled as ``_short`` handles it). None whenever the general path is to decide, from the cursor as it is
+    left: the connection is closed, TLS, has outbound topic aliases or may not be written by descriptor now
+    (``Connection.direct_fd``, ``fan_fd``'s answer kept as it changes); the cursor is behind the burst, past it or
+    unknown; the topic is not ``sendable``; a record is not one ``direct_publishes`` takes; the session is in a
+    shared group. The plain names it passes are those ``Outbound.plain_names`` answered, kept (one topic and
+    publisher at a time) while the stamp ``plain_names`` keeps them by stands (the put path's version, the user, the
+    subscriptions' changes), and dropped when the outbound drops its own (``drop``). ``metaq._speedups``'s
+    ``MqttDirectPath`` is this class in C (the tests hold the two equal)."""
+
+    __slots__ = ("out", "conn", "session", "put_path", "client_id", "usable", "v5", "max_packet", "kept")
+
+    def __init__(self, out):
+        conn = self.conn = out.conn
+        self.out = out
+        self.session = out.session
+        self.put_path = out.port.put_path
+        self.client_id = out.session.client_id
+        self.usable = not conn.tls and conn.outbound_aliases is None
+        self.v5 = conn.version == MQTT_5
+        self.max_packet = conn.client_max_packet
+        self.kept = None  # (topic, own, names, (version, user, changes))
+
+    def drop(self):
+        """Forget the plain names kept (the outbound dropped its own)."""
+        self.kept = None
+
+    def _names(self, topic, own):
+        stamp = (self.put_path.version, self.conn.session.user, self.session.changes)
+        kept = self.kept
+        if kept is not None and kept[1] == own and kept[0] == topic and kept[3] == stamp:
+            return kept[2]
+        self.kept = None
+        names = self.out.plain_names(topic, own)
+        if names is None:
+            return None
+        self.kept = (topic, own, names, (self.put_path.version, self.conn.session.user, self.session.changes))
+        return names
+
+    def __call__(self, key, runs, staged, client_id):
+        conn = self.conn
+        if not self.usable or conn.closed:
+            return None
+        fd = conn.direct_fd
+        if fd < 0:
+            return None
+        session = self.session
+        cursors = session.cursors
+        offset = cursors.get(key)
+        if offset is None:
+            return None
+        first = runs[0][4]
+        end = runs[-1][4] + runs[-1][1]
+        if offset < first or offset >= end:
+            return None
+        topic = key[0]
+        names = self._names(topic, (client_id or None) == self.client_id)
+        if names is None:
+            return None
+        window = conn.inflight_window
+        for run in runs:
+            start, count = run[4], run[1]
+            if offset >= start + count:
+                continue
+            went, state, rest, err = direct_publishes(
+                fd, staged, run[5] + offset - start, run[5] + count, names, session, topic, key[1], offset, window,
+                self.v5, self.max_packet)
+            offset += went
+            cursors[key] = offset
+            if state == DONE:
+                continue
+            if state == SHORT:
+                return _short(conn, rest, err)
+            return None  # DECIDE: the general path takes that record, from the cursor
+        return None if session.shared else True
+
+
 def _behind(out, key, offset, plain):
     """Send from the log what partition ``key`` holds from ``offset``, a cursor behind the burst (``_records``, each
     record by ``_one``); True when all it read went."""
@@ -337,3 +419,6 @@ def _send_now(fd, data):
 
 #: ``direct_publishes_py``, in C when built.
 direct_publishes = speedups.load("mqtt_direct_publishes", direct_publishes_py)
+
+#: ``DirectPathPy``, in C when built.
+DirectPath = speedups.load("MqttDirectPath", DirectPathPy)

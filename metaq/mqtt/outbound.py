@@ -37,7 +37,7 @@ class Outbound:
     now; ``turn``: when its greenlet's turn on the loop began (``connections.share_loop``)."""
 
     __slots__ = ("conn", "session", "port", "store", "guard", "decoded", "max_transfer", "resume_at", "turn",
-                 "_matched", "_matched_at", "_sendable", "_sendable_at", "_plain")
+                 "_matched", "_matched_at", "_sendable", "_sendable_at", "_plain", "path")
 
     def __init__(self, conn, port):
         self.conn = conn
@@ -54,6 +54,9 @@ class Outbound:
         self._sendable = {}  # metaq topic -> ``sendable``'s answer
         self._sendable_at = None  # (put path version, user, subscriptions' changes) ``_sendable`` was made at
         self._plain = {}  # (metaq topic, published by this client) -> ``plain_names``'s {name: True}
+        #: The delivery's ``direct.DirectPath``, which keeps what ``plain_names`` answers: told (``drop``) whenever
+        #: the names kept here are dropped (None: no path).
+        self.path = None
 
     def may_read(self, topic):
         """This session's user may read ``topic`` now (asked at every read: a reloaded permissions file applies at
@@ -72,7 +75,7 @@ class Outbound:
         kept = self._sendable
         if stamp != self._sendable_at:
             kept.clear()
-            self._plain.clear()
+            self._drop_plain()
             self._sendable_at = stamp
         answer = kept.get(topic)
         if answer is None:
@@ -109,6 +112,12 @@ class Outbound:
                 names[name] = True
         return names
 
+    def _drop_plain(self):
+        """The plain names kept are dropped, here and by the delivery's path (``direct.DirectPath``)."""
+        self._plain.clear()
+        if self.path is not None:
+            self.path.drop()
+
     def _may_read_copy(self, m):
         """A peer's message in the inbox: this session's user may read the metaq topic it was published to (a ``$``
         name is the cluster's own marker, never a message)."""
@@ -135,7 +144,7 @@ class Outbound:
         matched = self._matched
         if self._matched_at != session.changes:
             matched.clear()
-            self._plain.clear()
+            self._drop_plain()
             self._matched_at = session.changes
         name = m.topic
         key = (topic, name, m.client_id == session.client_id)
@@ -146,7 +155,7 @@ class Outbound:
             if len(name) <= limits.MQTT_KEPT_NAME:
                 if len(matched) >= limits.MQTT_KEPT_MATCHES:
                     matched.clear()
-                    self._plain.clear()
+                    self._drop_plain()
                 matched[key] = match
                 if granted and not ids and self._plain:
                     names = self._plain.get(key[0::2])

@@ -712,9 +712,10 @@ class MqttPort:
         """A burst just appended to partitions ``keys`` and made visible (``staged`` and ``runs``: ``write_burst``'s;
         published by ``client_id`` at ``now``): the deliveries waiting caught up on them (``waiting``: each one's
         greenlet waits between passes with nothing of its own to send first, ``Delivery._wait``) send what it brought
-        from the publisher's turn (``direct.deliver_now``), at most ``limits.MQTT_DIRECT_DELIVERIES`` of them, from
-        the entries the publisher's turn has, neither read back from the log nor decoded: a run of plain QoS 1
-        messages straight from them (``direct.direct_publishes``), any other as the message
+        from the publisher's turn (``Delivery.path``, ``direct.DirectPath``: plain QoS 1 runs in one call; when it
+        does not decide, ``direct.deliver_now`` from the cursor it left), at most ``limits.MQTT_DIRECT_DELIVERIES`` of
+        them, from the entries the publisher's turn has, neither read back from the log nor decoded: a run of plain
+        QoS 1 messages straight from them (``direct.direct_publishes``), any other as the message
         ``records.stored_message`` makes of its entry (``direct.staged_messages``, made once per partition when one
         needs them). A partition's messages are kept in ``decoded`` under their records' keys for the readers known
         to read them from the log later (``_keep_decoded``): a waiting delivery it did not serve or leave caught up,
@@ -753,7 +754,10 @@ class MqttPort:
                 if left <= 0:
                     break
                 left -= 1
-                if deliver(d.out, key, kruns, staged, client_id, now, made):
+                went = d.path(key, kruns, staged, client_id)  # the common case in one call; None: not decided
+                if went is None:
+                    went = deliver(d.out, key, kruns, staged, client_id, now, made)
+                if went:
                     if served:
                         caught_up[key].add(d.event)
                     else:
