@@ -34,6 +34,9 @@ PyObject *mqtt_end_pubacks(PyObject *self, PyObject *args);
 /* mqtt_direct_publishes (_mqttdirect.c): a run of plain QoS 1 messages sent from a publisher's turn to a waiting
    subscriber in one step (packet ids, in flight, PUBLISHes, one send). */
 PyObject *mqtt_direct_publishes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* mqtt_plain_turn (_pubturn.c): a device's plain read split, appended, counted, made visible and acknowledged in one
+   step (metaq/mqtt/publishes.py). */
+PyObject *mqtt_plain_turn(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* encode_fields (_pbwrite.c): protobuf fields written from (field number, value) pairs; metaq/rmq5/messagebytes.py. */
 PyObject *encode_fields(PyObject *self, PyObject *args);
 /* served_record (_servedmsg.c): a served RocketMQ 5 message's bytes from its log record; metaq/rmq5/messagebytes.py. */
