@@ -47,6 +47,9 @@ int metaq_direct_run(long fd, PyObject *staged, Py_ssize_t i, Py_ssize_t stop, P
    waiting subscriber's delivery from the publisher's turn, and its PUBACK turn, each one C call. */
 extern PyTypeObject MqttDirectPathType;
 extern PyTypeObject MqttAckTurnType;
+/* mqtt_plain_turn (_pubturn.c): a device's plain read split, appended, counted, made visible and acknowledged in one
+   step (metaq/mqtt/publishes.py). */
+PyObject *mqtt_plain_turn(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* encode_fields (_pbwrite.c): protobuf fields written from (field number, value) pairs; metaq/rmq5/messagebytes.py. */
 PyObject *encode_fields(PyObject *self, PyObject *args);
 /* served_record (_servedmsg.c): a served RocketMQ 5 message's bytes from its log record; metaq/rmq5/messagebytes.py. */

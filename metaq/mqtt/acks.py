@@ -27,7 +27,9 @@ class Acknowledgements:
     ``burst_durable`` (``MqttPort.burst_durable``). ``unacked`` is the client's QoS 1/2 PUBLISHes not yet
     acknowledged (QoS 2: until its PUBREL), counted by ``publishes.Publishes`` as it takes, refuses and releases
     them, set by a resumed session (``connect``) and counted down here as their acknowledgements go; ``pending``
-    the acknowledgements queued and not yet written."""
+    the acknowledgements queued and not yet written (0: none queued and no writer running, so a burst's PUBACKs
+    acknowledged at once may be written from the reader's turn: ``pubacks``, or the reader's one-step turn,
+    ``publishes.plain_turn``, which writes them as ``pubacks`` does)."""
 
     __slots__ = ("conn", "put_path", "burst_durable", "unacked", "pending", "_queue", "_sent", "_writer")
 
@@ -38,7 +40,7 @@ class Acknowledgements:
         self.unacked = 0
         self.pending = 0
         self._queue = None  # (packet, wait, counted) in the order of their packets: a deque once one is queued
-        self._sent = None  # an Event once waited on (``wait_for_room``): set after each acknowledgement written
+        self._sent = None  # an Event once waited on (``wait_for_room``, the reader's): set after each written here
         self._writer = None  # the writer's greenlet while acknowledgements wait
 
     @property

@@ -253,11 +253,13 @@ class Connection(core.Connection):
         subscriber's common turn, goes to ``Subscriptions.read_pubacks``; one to a connection holding staging plans
         and write decisions, a device's, to ``Publishes.read``: each takes the plain packets the read begins with in
         one step and leaves what follows them, from the first other or partial packet on, to ``_process`` (None),
-        in order; when they took it all (True) nothing is buffered, which the next ``receive`` is told (``whole``).
-        Any other read goes to ``_process`` whole."""
+        in order; when they took it all (True) nothing is buffered, which the next ``receive`` and ``Publishes.read``
+        are told (``whole``, asked of the parser once at the turn's start). Any other read goes to ``_process``
+        whole."""
         parked = False
         try:
-            data = self.receive()
+            whole = not self.parser.in_frame
+            data = self.receive(whole=whole)
             parked = data is core.PARKED
             if parked or (data is not None and self.version is None and not self.parser.buffered
                           and self.tls_hello(data)):  # its first bytes: nothing parsed before them
@@ -275,7 +277,7 @@ class Connection(core.Connection):
                     if data[0] == PUBACK_FIRST and self.mqtt is not None:
                         went = self.subscriptions.read_pubacks(parser, data)
                     elif publishes.plans and publishes.decided:
-                        went = publishes.read(parser, data)
+                        went = publishes.read(parser, data, whole)
                     else:
                         parser.receive_data(data)
                         went = None

@@ -99,6 +99,10 @@ burst_frames = load("mqtt_burst_frames", burst_frames_py)
 class MqttPort:
     """See the module doc."""
 
+    #: ``burst_frames``: the store's burst frames of staged PUBLISHes (``write_burst``'s first step; a connection's
+    #: one-step turn makes them itself, ``publishes.plain_turn``).
+    frames_of = staticmethod(burst_frames)
+
     def __init__(self, core, settings, store, put_path, guard, waiters, max_transfer, is_master=lambda: True,
                  master_reference=lambda: None, master_refusal=lambda: None):
         self.core = core
@@ -648,7 +652,13 @@ class MqttPort:
         flag, data = record_data(name, payload, qos, client_id, properties, False, now)
         return topic, crc % partitions, flag, data
 
-    def write_burst(self, staged, now, runs=None):
+    @property
+    def burst_largest(self):
+        """A record's most bytes of data and topic the burst writer takes (``burst_frames``' ``largest``: a larger
+        one goes through ``PutPath.append``, which refuses it)."""
+        return self.store.config.segment_size - FIXED_OVERHEAD
+
+    def write_burst(self, staged, now, runs=None, taken=None):
         """Append ``staged`` (``stage``'s results in the order their PUBLISHes came, each perhaps with fields of the
         caller's after its four; the write decision asked for each since the caller last yielded) as one burst: the
         put path's burst writer (``PutPath.append_burst``: the records ``put`` writes, the positions advanced once
@@ -658,16 +668,25 @@ class MqttPort:
         first ``stored`` are in the log; ``error`` (None: all stored) is the MetaqError of ``staged[stored]``, which
         and those after it are not stored. ``runs`` (a list, or None): given a ``BurstRun`` per run stored, in
         order (one of a record the general path stored), where ``deliver_now`` finds each record's place in the
-        log. What follows is the put path's ``burst_written`` (``Publishes.flush``)."""
-        path, store = self.put_path, self.store
-        counted = path.counted
-        # general: indexes of records the burst writer does not take (too large: ``put`` refuses them)
-        frames, src, general, _names = burst_frames(staged, store.config.segment_size - FIXED_OVERHEAD)
-        n = len(frames)
-        keys = set()
-        log_end = i = 0
+        log. ``taken``: the burst writer's first call made and counted already, where it stopped short
+        (``publishes.plain_turn``'s ``(frames, src, frames written, log end, keys, runs)``): the burst resumes
+        from there. What follows is the put path's ``burst_written`` (``Publishes.flush``)."""
+        path = self.put_path
+        if taken is not None:  # the burst writer's first call made: it stopped short of the end
+            frames, src, i, log_end, keys, written = taken
+            n = len(frames)
+            if runs is not None:
+                runs.extend(written)
+            general = [i]
+        else:
+            # general: indexes of records the burst writer does not take (too large: ``put`` refuses them)
+            frames, src, general, _names = burst_frames(staged, self.burst_largest)
+            n = len(frames)
+            keys = set()
+            log_end = i = 0
         if not general:  # the common turn: one call of the burst writer, which mostly takes it whole
             i, written = path.append_burst(frames, src, now)
+            counted = path.counted
             for run in written:
                 counted(run[0][0], run[1], run[2])
                 keys.add(run[0])
@@ -678,6 +697,15 @@ class MqttPort:
             if i == n:
                 return n, log_end, keys, None
             general = [i]  # it stopped short: this record through the general path, then the burst goes on
+        return self._burst_rest(staged, now, runs, frames, src, general, i, log_end, keys)
+
+    def _burst_rest(self, staged, now, runs, frames, src, general, i, log_end, keys):
+        """``write_burst`` from ``frames[i]`` on, a record the burst writer does not take or stopped short at: each of
+        ``general`` (and ``frames[i]``) through ``PutPath.append``, the burst writer between them; ``log_end`` and
+        ``keys`` what is stored before ``i``. Returns what ``write_burst`` returns."""
+        path = self.put_path
+        counted = path.counted
+        n = len(frames)
         for stop in general + [n]:  # each a record the burst writer does not take, or the end
             while i <= stop < n or i < stop:
                 if i < stop:

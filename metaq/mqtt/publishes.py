@@ -17,6 +17,7 @@ PUBACK/PUBREC, MQTT 5 QoS 0 is dropped (logged), MQTT 3.1.1 (which has no negati
 
 import logging
 import time
+from functools import partial
 
 from metaq import errors, limits
 from metaq.limits import MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES
@@ -25,6 +26,7 @@ from metaq.mqtt.records import RecordRefusal, plain_plan
 from metaq.mqtt.wire import MQTT_5
 from metaq.server.clock import now_ms
 from metaq.server.putpath import ACK_NOW
+from metaq.speedups import load
 
 log = logging.getLogger(__name__)
 _time = time.time
@@ -65,6 +67,57 @@ def remember_plan(plans, topics, name, client_id):
         plans[key] = plain_plan(topics, name, client_id)
 
 
+def plain_turn_py(append, counted, path, store, deliver, client_id, acks, conn, largest, frames_of, publish, most,
+                  most_bytes, data, v5, max_packet, plans, decided, room, now):
+    """A device's read ``data``, holding whole packets with nothing buffered before it, stored and acknowledged in one
+    step when it is all plain PUBLISHes (``Publishes.read``; bound once per connection with ``functools.partial``):
+    split and staged with their PUBACKs (``wire.read_publishes``, at most ``most`` of them and ``most_bytes``), the
+    QoS 1 ones added to ``acks.unacked``; when they are the whole read, their burst frames (``frames_of``:
+    ``port.burst_frames``) appended by the store's burst writer (``append``: ``PutPath.append_burst``), each run
+    counted (``counted``), the put path's ``burst_written`` of now called with the delivery (``deliver``:
+    ``MqttPort.deliver_now``) and the PUBACKs written at once when they may be (the mode ACK_NOW and
+    ``acks.pending`` 0: ``conn.try_send``, as ``Acknowledgements.pubacks`` writes them), else handed to
+    ``acks.pubacks`` with the wait the mode asks (the log's ``log_cuts`` read before the wake, which may yield):
+    True. None: the read does not begin with a plain PUBLISH (nothing taken). Else ``(entries, how many at QoS 1,
+    their records' bytes, PUBACKs, next pos, taken)`` for the caller's general path: other bytes follow from ``next
+    pos``, a record is one the burst writer does not take, or the burst writer stopped short (``taken``: ``(frames,
+    src, frames written, log end, keys, runs)``, the runs counted; else None). ``metaq._speedups``'s
+    ``mqtt_plain_turn`` is this function in C (the tests hold the two equal)."""
+    entries, pos, qos1, nbytes, pubacks = wire.read_publishes(data, 0, v5, max_packet, plans, decided, room, most,
+                                                              most_bytes, publish)
+    if not entries:
+        return None
+    acks.unacked += qos1
+    if pos < len(data):
+        return entries, qos1, nbytes, pubacks, pos, None
+    frames, src, general, _names = frames_of(entries, largest)
+    if general:
+        return entries, qos1, nbytes, pubacks, pos, None
+    took, runs = append(frames, src, now)
+    keys = set()
+    for run in runs:
+        counted(run[0][0], run[1], run[2])
+        keys.add(run[0])
+    log_end = runs[-1][6] if runs else 0
+    if took < len(entries):
+        return entries, qos1, nbytes, pubacks, pos, (frames, src, took, log_end, keys, runs)
+    cuts = store.log_cuts
+    mode = path.burst_written(keys, now, None, deliver, (keys, entries, runs, client_id, now))
+    if pubacks:
+        if mode == ACK_NOW and not acks.pending:
+            sent = conn.try_send(pubacks)
+            if sent:
+                acks.unacked -= len(pubacks) >> 2
+                if sent < len(pubacks):
+                    acks.queue(b"")  # the writer writes what ``try_send`` left first
+                return True
+        acks.pubacks(pubacks, None if mode == ACK_NOW else (keys, log_end, now, cuts))
+    return True
+
+
+plain_turn = load("mqtt_plain_turn", plain_turn_py)
+
+
 class Publishes:
     """One connection's PUBLISHes and PUBRELs (see the module doc): read from ``conn`` (its session, version,
     settings, ``disconnect``), stored through ``port`` (``stage``, ``write_burst``, ``put``, ``save``, the fan-out's
@@ -73,7 +126,7 @@ class Publishes:
     the decision reads changed, ``PutPath.decision_stands``, or the session's user did)."""
 
     __slots__ = ("conn", "port", "acks", "decided", "plans", "_decided_at", "_aliases", "_burst", "_burst_bytes",
-                 "_burst_now", "_pubacks")
+                 "_burst_now", "_pubacks", "_turn")
 
     def __init__(self, conn, port, acks):
         self.conn = conn
@@ -87,6 +140,7 @@ class Publishes:
         self._burst_bytes = 0
         self._burst_now = 0  # the burst's time (epoch ms): its records' store time
         self._pubacks = None  # the burst's PUBACKs as one read's split made them (``read``), while it is all of it
+        self._turn = None  # ``plain_turn`` bound to this connection's objects, once a whole read came (``read``)
 
     def publish(self, p):
         """A PUBLISH: staged in the burst, or stored alone (QoS 2, retained); False when the connection must close."""
@@ -202,14 +256,16 @@ class Publishes:
         self._pubacks = None
         return self._add(staged, qos1, nbytes)
 
-    def read(self, parser, data):
+    def read(self, parser, data, whole=False):
         """The bytes a read brought (``data``, not empty) to the reader's turn, which begins with no burst staged:
-        the plain PUBLISHes they begin with are split and staged in one step (``wire.MqttParser.plain_read``: from
-        ``data`` itself when nothing was buffered before it, their PUBACKs made in the same step) and, when nothing
-        follows them, stored and acknowledged at once (``flush``: the PUBACKs sent as made). None when the rest is
-        for the general path (``Connection._process``, with what is staged): the read began with no such PUBLISH,
-        or other or partial packets follow them (all not taken is in the parser's buffer); else False when the
-        connection must close."""
+        the plain PUBLISHes they begin with are split and staged in one step and, when nothing follows them, stored
+        and acknowledged at once (the PUBACKs sent as made). ``whole``: nothing was buffered before ``data`` (the
+        reader's last read was taken whole, or its parser holds nothing): then the whole step is one call
+        (``plain_turn``, bound to this connection's objects at its first such read), which hands back what it does
+        not end itself; else the parser splits (``wire.MqttParser.plain_read``) and ``flush`` stores. None when
+        the rest is for the general path (``Connection._process``, with what is staged): the read began with no
+        such PUBLISH, or other or partial packets follow them (all not taken is in the parser's buffer); else False
+        when the connection must close."""
         acks, conn, decided = self.acks, self.conn, self.decided
         session = conn.session
         # the kept decisions made at the put path's standing version for the session's user of now stand with no
@@ -217,24 +273,50 @@ class Publishes:
         if (self._decided_at != (self.port.put_path.standing, session.user if session is not None else None)
                 or len(decided) >= limits.MQTT_KEPT_DECISIONS):
             decided = self._decisions()
-        staged, qos1, nbytes, pubacks, rest = parser.plain_read(
-            data, self.plans, decided, conn.settings.receive_maximum - acks.unacked,
-            MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES)
-        if not staged:
-            return None
-        self._burst = staged
-        self._burst_now = int(_time() * 1000)  # (``clock.now_ms``)
-        self._burst_bytes = nbytes
-        self._pubacks = pubacks
-        acks.unacked += qos1
+        room = conn.settings.receive_maximum - acks.unacked
+        now = int(_time() * 1000)  # (``clock.now_ms``)
+        taken = None
         try:
+            if whole:
+                turn = self._turn
+                if turn is None:
+                    turn = self._turn = self._bind_turn()
+                went = turn(data, parser.version == MQTT_5, parser.max_packet, self.plans, decided, room, now)
+                if went is True:
+                    return False if conn.closed else True
+                if went is None:
+                    parser.receive_data(data)
+                    return None
+                staged, qos1, nbytes, pubacks, pos, taken = went  # (its QoS 1 ones counted in ``acks.unacked``)
+                rest = pos < len(data)
+                if rest:
+                    parser.receive_data(data[pos:])
+            else:
+                staged, qos1, nbytes, pubacks, rest = parser.plain_read(
+                    data, self.plans, decided, room, MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES)
+                if not staged:
+                    return None
+                acks.unacked += qos1
+            self._burst = staged
+            self._burst_now = now
+            self._burst_bytes = nbytes
+            self._pubacks = pubacks
             if len(staged) >= MQTT_PUBLISH_BURST or nbytes >= MQTT_PUBLISH_BURST_BYTES or not rest:
-                if not self.flush():
+                if not self.flush(taken):
                     return False
             return False if conn.closed else (None if rest else True)
         except BaseException:
             self.drop()  # not stored: the connection closes without acknowledging them
             raise
+
+    def _bind_turn(self):
+        """``plain_turn`` bound to this connection's objects (none replaced while it lives: the port's store, put path
+        and delivery, the session's client id, the acknowledgements)."""
+        port = self.port
+        path = port.put_path
+        return partial(plain_turn, path.append_burst, path.counted, path, port.store, port.deliver_now,
+                       self.conn.mqtt.client_id, self.acks, self.conn, port.burst_largest, port.frames_of, wire.Publish,
+                       MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES)
 
     def _add(self, staged, qos1, nbytes):
         """Add ``staged`` (split and staged entries, ``qos1`` of them at QoS 1, their records' ``nbytes``) to the
@@ -259,10 +341,11 @@ class Publishes:
         self._burst = []
         self._pubacks = None
 
-    def flush(self):
-        """Store the staged PUBLISHes (``MqttPort.write_burst``), in order, and queue the PUBACKs of its QoS 1 ones as
-        one run, sent once the burst may be acknowledged. Where the store refuses one, it is answered as a refused
-        PUBLISH and those after it are put one by one. False when the connection must close."""
+    def flush(self, taken=None):
+        """Store the staged PUBLISHes (``MqttPort.write_burst``, given ``taken``: what ``plain_turn`` appended of
+        them already), in order, and queue the PUBACKs of its QoS 1 ones as one run, sent once the burst may be
+        acknowledged. Where the store refuses one, it is answered as a refused PUBLISH and those after it are put one
+        by one. False when the connection must close."""
         burst = self._burst
         if not burst:
             return True
@@ -272,7 +355,7 @@ class Publishes:
         now = self._burst_now
         runs = []
         port = self.port
-        stored, log_end, keys, exc = port.write_burst(burst, now, runs)
+        stored, log_end, keys, exc = port.write_burst(burst, now, runs, taken)
         cuts = port.store.log_cuts  # nothing yielded since the writes: their wait begins later
         if stored:
             # how its acknowledgements wait (ACK_NOW, ACK_AFTER_FLUSH or ACK_AFTER_REPLICATION), the same for every

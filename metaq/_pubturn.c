@@ -1,0 +1,254 @@
+/* The MQTT publisher's plain read stored and acknowledged in one C call (metaq.mqtt.publishes.plain_turn_py in C;
+ * the tests hold the two equal, seeded):
+ *
+ *   mqtt_plain_turn(append, counted, path, store, deliver, client_id, acks, conn, largest, frames_of, publish,
+ *                   most, most_bytes, data, v5, max_packet, plans, decided, room, now)
+ *       -> None | True | (entries, how many at QoS 1, their records' bytes, PUBACKs, next pos, taken)
+ *
+ * A device's read holding whole packets, nothing buffered before it: the plain PUBLISHes it begins with split and
+ * staged with their PUBACKs (mqtt_read_publishes, _mqttturn.c), the client's unacknowledged count raised by the QoS
+ * 1 ones (``acks.unacked``); when they are the whole read their burst frames made (``frames_of``, the C helper's
+ * mqtt_burst_frames), appended by the store's burst writer (``append``), each run counted (``counted``), the put
+ * path's ``burst_written`` of now called with the delivery (``deliver(keys, entries, runs, client_id, now)``) and
+ * the PUBACKs written at once when they may be (``acks.pending`` 0 and the mode ACK_NOW: ``conn.try_send``, as
+ * ``Acknowledgements.pubacks`` writes them), else handed to ``acks.pubacks`` with the wait the mode asks (the store's
+ * ``log_cuts`` read before the wake): True. None: the read does not begin with one (nothing taken). The tuple: what the caller goes on with, as the
+ * general path (other bytes follow from ``next pos``, a record the burst writer does not take, or the burst writer
+ * stopped short: then ``taken`` is ``(frames, src, frames written, log end, keys, runs)``, else None). The objects
+ * are the caller's, called through their public methods and attributes; bound with functools.partial once per
+ * connection (metaq/mqtt/publishes.py), so the turn costs its caller one call. */
+#define PY_SSIZE_T_CLEAN
+#include "_speedups.h"
+
+static PyObject *s_log_cuts, *s_burst_written, *s_unacked, *s_pubacks, *s_pending, *s_try_send, *s_queue, *s_empty;
+
+static int interned(void) {
+    if (s_empty != NULL)
+        return 1;
+#define INTERN(var, name)                                                                                             \
+    if ((var = PyUnicode_InternFromString(name)) == NULL)                                                              \
+        return 0;
+    INTERN(s_log_cuts, "log_cuts")
+    INTERN(s_burst_written, "burst_written")
+    INTERN(s_unacked, "unacked")
+    INTERN(s_pending, "pending")
+    INTERN(s_try_send, "try_send")
+    INTERN(s_queue, "queue")
+    INTERN(s_pubacks, "pubacks")
+#undef INTERN
+    if ((s_empty = PyBytes_FromStringAndSize(NULL, 0)) == NULL)
+        return 0;
+    return 1;
+}
+
+/* acks.unacked += qos1; -1 with an exception set. */
+static int add_unacked(PyObject *acks, PyObject *qos1) {
+    PyObject *had = PyObject_GetAttr(acks, s_unacked);
+    if (had == NULL)
+        return -1;
+    PyObject *now = PyNumber_Add(had, qos1);
+    Py_DECREF(had);
+    if (now == NULL)
+        return -1;
+    int r = PyObject_SetAttr(acks, s_unacked, now);
+    Py_DECREF(now);
+    return r;
+}
+
+/* The PUBACKs ``data`` written from the reader's turn when they may go at once (``acks.pending`` 0: nothing queued,
+ * no writer) and the socket takes them now (``conn.try_send``), as ``Acknowledgements.pubacks`` writes them: 1
+ * written (a part: the rest queued, ``acks.queue(b"")``), 0 not (the caller hands them to ``acks.pubacks``), -1 with
+ * an exception set. */
+static int sent_at_once(PyObject *acks, PyObject *conn, PyObject *data) {
+    PyObject *pending = PyObject_GetAttr(acks, s_pending);
+    if (pending == NULL)
+        return -1;
+    int idle = PyLong_Check(pending) && PyLong_AsLong(pending) == 0;
+    Py_DECREF(pending);
+    if (!idle)
+        return 0;
+    PyObject *sent = PyObject_CallMethodObjArgs(conn, s_try_send, data, NULL);
+    if (sent == NULL)
+        return -1;
+    Py_ssize_t n = PyLong_Check(sent) ? PyLong_AsSsize_t(sent) : 0;
+    Py_DECREF(sent);
+    if (n == -1 && PyErr_Occurred())
+        return -1;
+    if (n <= 0)
+        return 0;
+    PyObject *count = PyLong_FromSsize_t(-(PyBytes_GET_SIZE(data) >> 2));
+    if (count == NULL)
+        return -1;
+    int r = add_unacked(acks, count);
+    Py_DECREF(count);
+    if (r < 0)
+        return -1;
+    if (n < PyBytes_GET_SIZE(data)) { /* the writer writes what try_send left first */
+        PyObject *q = PyObject_CallMethodObjArgs(acks, s_queue, s_empty, NULL);
+        if (q == NULL)
+            return -1;
+        Py_DECREF(q);
+    }
+    return 1;
+}
+
+/* The hand-back tuple: (entries, qos1, nbytes, pubacks, pos, taken). */
+static PyObject *handed_back(PyObject *split, PyObject *taken) {
+    return PyTuple_Pack(6, PyTuple_GET_ITEM(split, 0), PyTuple_GET_ITEM(split, 2), PyTuple_GET_ITEM(split, 3),
+                        PyTuple_GET_ITEM(split, 4), PyTuple_GET_ITEM(split, 1), taken);
+}
+
+PyObject *mqtt_plain_turn(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 20)
+        return PyErr_Format(PyExc_TypeError, "mqtt_plain_turn takes 20 arguments (%zd given)", nargs);
+    if (!interned())
+        return NULL;
+    PyObject *append = args[0], *counted = args[1], *path = args[2], *store = args[3], *deliver = args[4],
+             *client_id = args[5], *acks = args[6], *conn = args[7], *largest = args[8], *frames_of = args[9],
+             *publish = args[10], *most = args[11], *most_bytes = args[12], *data = args[13], *v5 = args[14],
+             *max_packet = args[15], *plans = args[16], *decided = args[17], *room = args[18], *now = args[19];
+    PyObject *zero = PyLong_FromLong(0);
+    if (zero == NULL)
+        return NULL;
+    PyObject *sargs = PyTuple_Pack(10, data, zero, v5, max_packet, plans, decided, room, most, most_bytes, publish);
+    Py_DECREF(zero);
+    if (sargs == NULL)
+        return NULL;
+    PyObject *split = mqtt_read_publishes(self, sargs);
+    Py_DECREF(sargs);
+    if (split == NULL)
+        return NULL;
+    PyObject *entries = PyTuple_GET_ITEM(split, 0);
+    Py_ssize_t n = PyList_Check(entries) ? PyList_GET_SIZE(entries) : PyObject_Length(entries);
+    if (n <= 0) {
+        Py_DECREF(split);
+        if (n < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *result = NULL, *fr = NULL, *appended = NULL, *keys = NULL, *cuts = NULL, *written_fn = NULL;
+    if (add_unacked(acks, PyTuple_GET_ITEM(split, 2)) < 0)
+        goto done;
+    Py_ssize_t pos = PyLong_AsSsize_t(PyTuple_GET_ITEM(split, 1));
+    Py_ssize_t size = PyObject_Length(data);
+    if ((pos == -1 || size == -1) && PyErr_Occurred())
+        goto done;
+    if (pos < size) { /* other bytes follow them: the caller's */
+        result = handed_back(split, Py_None);
+        goto done;
+    }
+    fr = PyObject_CallFunctionObjArgs(frames_of, entries, largest, NULL);
+    if (fr == NULL)
+        goto done;
+    if (!PyTuple_Check(fr) || PyTuple_GET_SIZE(fr) != 4) {
+        PyErr_SetString(PyExc_TypeError, "frames_of must return (frames, src, general, names)");
+        goto done;
+    }
+    int general = PyObject_IsTrue(PyTuple_GET_ITEM(fr, 2));
+    if (general < 0)
+        goto done;
+    if (general) { /* a record the burst writer does not take: the general path's */
+        result = handed_back(split, Py_None);
+        goto done;
+    }
+    PyObject *frames = PyTuple_GET_ITEM(fr, 0), *src = PyTuple_GET_ITEM(fr, 1);
+    appended = PyObject_CallFunctionObjArgs(append, frames, src, now, NULL);
+    if (appended == NULL)
+        goto done;
+    if (!PyTuple_Check(appended) || PyTuple_GET_SIZE(appended) != 2 || !PyList_Check(PyTuple_GET_ITEM(appended, 1))) {
+        PyErr_SetString(PyExc_TypeError, "append must return (taken, [runs])");
+        goto done;
+    }
+    Py_ssize_t took = PyLong_AsSsize_t(PyTuple_GET_ITEM(appended, 0));
+    if (took == -1 && PyErr_Occurred())
+        goto done;
+    PyObject *runs = PyTuple_GET_ITEM(appended, 1);
+    keys = PySet_New(NULL);
+    if (keys == NULL)
+        goto done;
+    Py_ssize_t nruns = PyList_GET_SIZE(runs);
+    for (Py_ssize_t k = 0; k < nruns; k++) {
+        PyObject *run = PyList_GET_ITEM(runs, k);
+        if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) < 7 || !PyTuple_Check(PyTuple_GET_ITEM(run, 0)) ||
+            PyTuple_GET_SIZE(PyTuple_GET_ITEM(run, 0)) < 1) {
+            PyErr_SetString(PyExc_TypeError, "a run must be a BurstRun");
+            goto done;
+        }
+        PyObject *key = PyTuple_GET_ITEM(run, 0);
+        PyObject *c = PyObject_CallFunctionObjArgs(counted, PyTuple_GET_ITEM(key, 0), PyTuple_GET_ITEM(run, 1),
+                                                   PyTuple_GET_ITEM(run, 2), NULL);
+        if (c == NULL)
+            goto done;
+        Py_DECREF(c);
+        if (PySet_Add(keys, key) < 0)
+            goto done;
+    }
+    PyObject *log_end = nruns ? PyTuple_GET_ITEM(PyList_GET_ITEM(runs, nruns - 1), 6) : NULL;
+    if (took < n) { /* the burst writer stopped short: the rest through the general path */
+        PyObject *zero_end = log_end ? NULL : PyLong_FromLong(0);
+        if (!log_end && zero_end == NULL)
+            goto done;
+        PyObject *taken = PyTuple_Pack(6, frames, src, PyTuple_GET_ITEM(appended, 0), log_end ? log_end : zero_end,
+                                       keys, runs);
+        Py_XDECREF(zero_end);
+        if (taken == NULL)
+            goto done;
+        result = handed_back(split, taken);
+        Py_DECREF(taken);
+        goto done;
+    }
+    /* all stored: nothing yielded since the writes, so the log's cuts are read now (the wake may yield) */
+    cuts = PyObject_GetAttr(store, s_log_cuts);
+    if (cuts == NULL)
+        goto done;
+    written_fn = PyObject_GetAttr(path, s_burst_written);
+    if (written_fn == NULL)
+        goto done;
+    PyObject *dargs = PyTuple_Pack(5, keys, entries, runs, client_id, now);
+    if (dargs == NULL)
+        goto done;
+    PyObject *mode = PyObject_CallFunctionObjArgs(written_fn, keys, now, Py_None, deliver, dargs, NULL);
+    Py_DECREF(dargs);
+    if (mode == NULL)
+        goto done;
+    int ack_now = PyLong_Check(mode) && PyLong_AsLong(mode) == 0;
+    Py_DECREF(mode);
+    PyObject *pubacks = PyTuple_GET_ITEM(split, 4);
+    if (PyBytes_Check(pubacks) && PyBytes_GET_SIZE(pubacks) > 0) {
+        if (ack_now) {
+            int sent = sent_at_once(acks, conn, pubacks);
+            if (sent < 0)
+                goto done;
+            if (sent) {
+                result = Py_NewRef(Py_True);
+                goto done;
+            }
+        }
+        PyObject *wait;
+        if (ack_now) {
+            wait = Py_NewRef(Py_None);
+        } else {
+            PyObject *zero_end = log_end ? NULL : PyLong_FromLong(0);
+            if (!log_end && zero_end == NULL)
+                goto done;
+            wait = PyTuple_Pack(4, keys, log_end ? log_end : zero_end, now, cuts);
+            Py_XDECREF(zero_end);
+            if (wait == NULL)
+                goto done;
+        }
+        PyObject *r = PyObject_CallMethodObjArgs(acks, s_pubacks, pubacks, wait, NULL);
+        Py_DECREF(wait);
+        if (r == NULL)
+            goto done;
+        Py_DECREF(r);
+    }
+    result = Py_NewRef(Py_True);
+done:
+    Py_XDECREF(written_fn);
+    Py_XDECREF(cuts);
+    Py_XDECREF(keys);
+    Py_XDECREF(appended);
+    Py_XDECREF(fr);
+    Py_DECREF(split);
+    return result;
+}

@@ -1,0 +1,197 @@
+"""A device's plain read stored and acknowledged in one step (``publishes.plain_turn``, in C as
+``metaq._speedups.mqtt_plain_turn``): the C function and its Python twin make the same calls with the same arguments
+and hand back the same rest (seeded); on a real broker, a turn the burst writer stops short of (a segment roll, the
+next index file) goes on through the general path with every message stored once, in order, and acknowledged, and
+a read that is not wholly plain PUBLISHes is left to the general path (docs/mqtt.md)."""
+
+import os
+import random
+import time
+
+import pytest
+
+from metaq.client.consumer import Consumer
+from metaq.limits import MQTT_MAX_PACKET_BYTES, MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES
+from metaq.mqtt import port, publishes, wire
+from metaq.mqtt.records import partition_for
+from metaq.mqtt.wire import Publish
+from metaq.store.results import BurstRun
+from tests.harness.broker import url_of
+from tests.harness.mqtt import Raw, mqtt_config
+from tests.mqtt.test_plain_publishes import NAMES, PARTITIONS, _plans, _random_packet
+
+try:
+    from metaq._speedups import mqtt_plain_turn as plain_turn_c
+except ImportError:  # the C helper was not built
+    plain_turn_c = None
+
+needs_c = pytest.mark.skipif(plain_turn_c is None, reason="metaq._speedups was not built")
+
+
+class _World:
+    """The objects a turn is bound to, recording every call made of them in one log."""
+
+    def __init__(self, rng, unacked):
+        self.log = []
+        self.rng = rng
+        self.unacked = unacked
+        self.mode = rng.choice([0, 0, 1, 2])
+        self.log_cuts = rng.randrange(5)
+        self.fail = rng.random() < 0.05
+        self.pending = rng.choice([0, 0, 0, 1])
+        self.takes = rng.choice([None, 0, 1, 2, 1 << 20, 1 << 20])  # the socket's answer: closed/TLS, full, a part, all
+
+    # the burst writer: takes a random number of the frames, one run a frame
+    def append(self, frames, src, now):
+        self.log.append(("append", list(frames), bytes(src), now))
+        if self.fail:
+            raise OSError("the disk went away")
+        took = self.rng.randrange(len(frames) + 1) if self.rng.random() < 0.3 else len(frames)
+        runs = [BurstRun((f[0].decode(), f[1]), 1, f[5], 1000 + k, 50 + k, k, 4096 + 100 * k)
+                for k, f in enumerate(frames[:took])]
+        return took, runs
+
+    def counted(self, topic, count, nbytes):
+        self.log.append(("counted", topic, count, nbytes))
+
+    def burst_written(self, keys, now, quiet, deliver, args):
+        self.log.append(("written", sorted(keys), now, quiet, deliver, args))
+        return self.mode
+
+    def pubacks(self, data, wait=None):
+        self.log.append(("pubacks", data, wait, self.unacked))
+
+    def queue(self, packet):
+        self.log.append(("queue", packet, self.unacked))
+
+    def try_send(self, data):
+        self.log.append(("try_send", data, self.unacked))
+        return self.takes if self.takes is None else min(self.takes, len(data))
+
+
+def _deliver(*args):
+    raise AssertionError("the put path calls it, not the turn")
+
+
+def _turn(turn, world, data, v5, max_packet, plans, decided, room, largest, now):
+    try:
+        went = turn(world.append, world.counted, world, world, _deliver, "dev-1", world, world, largest,
+                    port.burst_frames, Publish, MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES, data, v5, max_packet,
+                    plans, decided, room, now)
+    except OSError as exc:
+        went = ("raised", str(exc))
+    return went, world.log, world.unacked
+
+
+@needs_c
+@pytest.mark.parametrize("v5", [False, True], ids=["v311", "v5"])
+def test_the_c_turn_and_its_python_twin_make_the_same_calls_and_hand_back_the_same_rest(v5):
+    """Seeded reads (plain PUBLISHes most often, odd ones and other packets among them, cut short sometimes), the burst
+    writer taking all or some of them, records too large for it, each mode of the put path: the two turns return the
+    same, call the burst writer, the count, the put path and the acknowledgements with the same arguments in the same
+    order, and leave the same unacknowledged count."""
+    rng = random.Random(5957 + v5)
+    plans = _plans()
+    kinds, sends = set(), set()
+    for k in range(800):
+        if rng.random() < 0.5:  # a device's common read: plain QoS 1 PUBLISHes of names staged before
+            data = b"".join(wire.encode(Publish(rng.choice(NAMES), rng.randbytes(rng.randrange(200)), 1, False, False,
+                                                rng.randrange(1, 65536)), wire.MQTT_5 if v5 else wire.MQTT_311)
+                            for _ in range(rng.randrange(1, 4)))
+        else:
+            data = b"".join(_random_packet(rng, v5) for _ in range(rng.randrange(1, 6)))
+        if rng.random() < 0.2:
+            data = data[:rng.randrange(1, len(data) + 1)]
+        decided = {t: n for t, n in PARTITIONS.items() if rng.random() < 0.9}
+        args = (data, v5, rng.choice([MQTT_MAX_PACKET_BYTES, 150]), plans, decided, rng.randrange(0, 6),
+                rng.choice([1 << 20, 1 << 20, 100]), 1_700_000_000_000 + k)
+        seed = rng.random()
+        unacked = rng.randrange(3)
+        py = _turn(publishes.plain_turn_py, _World(random.Random(seed), unacked), *args)
+        world = _World(random.Random(seed), unacked)
+        c = _turn(plain_turn_c, world, *args)
+        assert c == py
+        if any(call[0] == "try_send" for call in c[1]):
+            sends.add(world.takes)
+        went = c[0]
+        kinds.add("none" if went is None else "done" if went is True else "raised" if went[0] == "raised"
+                  else "rest" if went[5] is None else "taken")
+    assert kinds == {"none", "done", "rest", "taken", "raised"}  # every way out was met
+    assert sends == {None, 0, 1, 2, 1 << 20}  # and every answer of the socket to the PUBACKs
+
+
+# -- on a real broker --------------------------------------------------------------------------------------------------
+
+BROKER_PARTITIONS = 2  # small_config's "*" topics
+
+
+@pytest.fixture(scope="module", params=["sync", "async"])
+def mqtt_broker(tmp_path_factory, request):
+    """A broker with each flush: ``sync`` (the turn's PUBACKs wait for the flush: ``acks.pubacks``) and ``async`` (they
+    go at once from the turn, ``conn.try_send``)."""
+    from metaq.client.local import BrokerProcess
+    wd = tmp_path_factory.mktemp("mqtt-plain-turn")
+    config = mqtt_config(wd)
+    # the smallest segments, short index files
+    config["store"].update(segment_size=64 << 10, index_file_units=16, flush=request.param)
+    config["limits"]["max_body_bytes"] = 32 << 10
+    b = BrokerProcess(wd, config).start()
+    yield b
+    b.kill()
+
+
+def _stored(b, name, count):
+    """The bodies of MQTT topic ``name``'s messages in the order of the log, once ``count`` are there (or 10 s on)."""
+    topic = name.split("/", 1)[0]
+    partition = "%d-%d" % (b.config["broker"]["id"], partition_for(name, BROKER_PARTITIONS))
+    deadline = time.monotonic() + 10
+    got, offset = [], 0
+    with Consumer("g", brokers=[url_of(b)]) as consumer:
+        while len(got) < count and time.monotonic() < deadline:
+            messages = consumer.fetch(topic, partition, offset, max_size=1 << 20)
+            got += [m.body for m in messages if m.properties.get("MQTT_TOPIC") == name]
+            offset = messages[-1].offset + 1 if messages else offset
+            if not messages:
+                time.sleep(0.05)
+    return got
+
+
+def _segments(b):
+    return len(os.listdir(os.path.join(b.data_dir, "commitlog")))
+
+
+@pytest.mark.integration
+def test_a_device_publishing_across_segment_rolls_and_index_files_has_each_message_stored_once_in_order(mqtt_broker):
+    """A device publishing QoS 1 messages one a read (each waits for its PUBACK, so each read is whole and takes the
+    one-step turn) past several 64 KiB segments and 16-unit index files: at each roll and each next index file the
+    burst writer stops short, the turn hands the message to the general path (``write_burst`` resumed from where the
+    writer stopped), which rolls and stores it; every message is acknowledged and stored once, in order. The rolls
+    counted in the log's files prove the hand-back ran: a message the turn dropped or stored twice there would show."""
+    name = "rolls/dev"
+    before = _segments(mqtt_broker)
+    raw = Raw(mqtt_broker)
+    assert raw.connect("roll-dev").reason_code == 0
+    bodies = [b"m%03d-" % i + b"x" * 2000 for i in range(150)]
+    for i, body in enumerate(bodies, 1):
+        raw.send(wire.Publish(name, body, 1, False, False, i))
+        assert raw.read() == wire.PubAck(i)
+    assert _segments(mqtt_broker) >= before + 3  # 150 records of ~2 KiB: several rolls met by the turn
+    assert _stored(mqtt_broker, name, len(bodies)) == bodies
+
+
+@pytest.mark.integration
+def test_a_read_with_a_pingreq_after_plain_publishes_is_answered_in_order_by_the_general_path(mqtt_broker):
+    """A whole read of plain PUBLISHes followed by a PINGREQ: the turn takes the PUBLISHes and hands the rest back;
+    the PUBACKs come before the PINGRESP, and the messages are stored once."""
+    name = "rest/dev"
+    raw = Raw(mqtt_broker)
+    assert raw.connect("rest-dev").reason_code == 0
+    raw.send(wire.Publish(name, b"first", 1, False, False, 1))
+    assert raw.read() == wire.PubAck(1)
+    for round_ in range(5):
+        ids = [10 * round_ + 2, 10 * round_ + 3]
+        raw.send_bytes(b"".join(wire.encode(wire.Publish(name, b"r%d-%d" % (round_, i), 1, False, False, i),
+                                            wire.MQTT_5) for i in ids) + wire.encode(wire.PingReq(), wire.MQTT_5))
+        assert [raw.read() for _ in range(3)] == [wire.PubAck(ids[0]), wire.PubAck(ids[1]), wire.PingResp()]
+    want = [b"first"] + [b"r%d-%d" % (r, 10 * r + k) for r in range(5) for k in (2, 3)]
+    assert _stored(mqtt_broker, name, len(want)) == want
