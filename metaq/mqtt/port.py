@@ -235,8 +235,12 @@ class MqttPort:
         return None
 
     def join_cluster(self, client_id, clean_start, user):
-        """Before ``claim``: in an MQTT cluster, ``client_id`` registered with its home broker and its session
-        brought from the broker holding it (``ClientIds.join``). None: go on; else ``(reason code, why)``."""
+        """Before ``claim``: in an MQTT cluster, once this broker's peers follow it (``MqttCluster.wait_followed``:
+        what the client publishes then reaches their subscribers), ``client_id`` registered with its home broker and
+        its session brought from the broker holding it (``ClientIds.join``). None: go on; else ``(reason code,
+        why)``."""
+        if self.cluster is not None:
+            self.cluster.wait_followed()
         return None if self.client_ids is None else self.client_ids.join(client_id, clean_start, user)
 
     def give_up(self, client_id, clean_start, user):
@@ -446,7 +450,9 @@ class MqttPort:
             return False
         if self._fenced is not False:
             self._fenced = False
-            self._adopt_wills()
+            if self.cluster is not None:
+                self.cluster.hold()  # until the peers follow this broker again (``MqttCluster.hold``)
+            gevent.spawn(self._adopt_wills)  # each waits for the hold (``publish_will``), the keeper goes on
         return True
 
     def _move_away(self, refusal):
@@ -938,7 +944,10 @@ class MqttPort:
     def publish_will(self, client_id, will, security):
         """Store ``will`` as its client's PUBLISH would be (its user's permission asked); a refusal is logged. Then
         its record says it is done. While this broker keeps no session (``session_refusal``), a will the log holds
-        is left there: the master that takes over publishes it."""
+        is left there: the master that takes over publishes it. In an MQTT cluster it waits until this broker's
+        peers follow it (``MqttCluster.wait_followed``), so that it reaches their subscribers."""
+        if self.cluster is not None:
+            self.cluster.wait_followed()
         refusal = self.session_refusal() if client_id in self.table.wills else None
         if refusal is not None:
             log.info("mqtt client %s: its will to %s is left to the master to publish: %s", client_id, will.topic,

@@ -602,7 +602,7 @@ def mqtt_cluster(config, store, put_path, port, members, roles, waiters, calls):
     cluster = MqttCluster(config, store, put_path, port, members, lambda: roles.is_master, secret=roles.secret,
                           tls=client_context(tls) if tls.mode != "off" and tls.replication else None)
     roles.serve_peers(PeerServer(store, waiters, port.topics, cluster.shares, roles.confirmed_end,
-                                 roles.wait_confirmed, calls).serve)
+                                 roles.wait_confirmed, calls, cluster.followed).serve)
     port.cluster = cluster
     port.cluster_topics = (INBOX,)
     return cluster
