@@ -62,9 +62,10 @@ def unfollowed(peers, followers):
 
 class MqttCluster:
     """See the module doc. ``port``: the broker's MqttPort; ``members``: the cluster's ``members.Members``;
-    ``is_master()``."""
+    ``is_master()``; ``hold_s``: the start hold's bound (``mqtt.cluster_start_hold_s``; None:
+    MQTT_CLUSTER_START_HOLD_S)."""
 
-    def __init__(self, config, store, put_path, port, members, is_master, secret=None, tls=None):
+    def __init__(self, config, store, put_path, port, members, is_master, secret=None, tls=None, hold_s=None):
         self.config = config
         self.broker_id = config.broker.id
         self.store = store
@@ -87,7 +88,7 @@ class MqttCluster:
         self._tasks = []
         self._stopping = False
         self._recovered_as_master = False
-        self.hold_s = config.mqtt.cluster_start_hold_s
+        self.hold_s = limits.MQTT_CLUSTER_START_HOLD_S if hold_s is None else hold_s
         self._followers = {}  # broker id -> how many of its follows of this broker are live now
         self._followed = Event()  # set: no hold (``wait_followed`` returns at once); a master holds from its start
         self._hold_wake = Event()

@@ -4,6 +4,7 @@ the broker was killed, published as it starts again, and a device's QoS 1 PUBLIS
 port accepts. Their topics are new on the restarted broker (the other brokers hold no position in them), the case
 where a message published before the other brokers' follows of it are back would be sent to none of them."""
 
+import signal
 import threading
 import time
 
@@ -13,7 +14,7 @@ from metaq.mqtt import wire
 from tests.harness.broker import wait_for
 from tests.harness.mqtt import Paho, Raw
 from tests.harness.replication import stats
-from tests.mqttcluster.test_client_ids import _cluster
+from tests.mqttcluster.test_client_ids import _cluster, _homed
 
 #: How long a watcher that got its message is watched for a second copy of it.
 QUIET_S = 2.0
@@ -100,3 +101,41 @@ def test_a_publish_acknowledged_right_after_a_restart_reaches_the_other_brokers_
     _got_once(watchers, "fresh/1", b"early")
     starting.join(30)
     device.close()
+
+
+#: ``mqtt.cluster_start_hold_s`` of the test of a member that does not follow.
+HOLD_S = 3.0
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_a_restarted_broker_holds_its_connacks_for_a_member_that_does_not_follow_it_at_most_its_bound(
+        broker_factory, tmp_path, zk_connect):
+    """Broker 3 is paused (SIGSTOP: still a member in ZooKeeper, following nobody) while broker 1 starts again: a
+    device that connects to broker 1 as soon as its port accepts gets its CONNACK once ``mqtt.cluster_start_hold_s``
+    passed since broker 1's start, not before (broker 3 might still follow) and not much later; what it publishes
+    then reaches the subscribers on broker 2, which follows broker 1 again within the bound; the log names broker 3."""
+    b1, b2, b3 = _cluster(broker_factory, tmp_path, zk_connect, zk={"session_timeout_ms": 4000},
+                          zk_of={3: {"session_timeout_ms": 30000}}, cluster_start_hold_s=HOLD_S)
+    watchers = _watchers(b1, (b2,), "fresh/#")
+    client_id = _homed(1, 1, [1, 2, 3], "early")[0]  # its home is broker 1: the paused broker is not asked
+    b3.proc.send_signal(signal.SIGSTOP)
+    try:
+        b1.kill()
+        starting = threading.Thread(target=b1.start, daemon=True)
+        starting.start()
+        device = _accepting(b1, time.monotonic() + 30)
+        accepted = time.monotonic()  # at or after the listener opened: before broker 1's hold began
+        ack = device.connect(client_id)
+        waited = time.monotonic() - accepted
+        assert ack is not None and ack.reason_code == 0, ack
+        assert HOLD_S - 0.1 <= waited < HOLD_S + 15, waited
+        assert "peer brokers [3] do not follow this broker" in b1.log_text(since_start=True)
+        device.send(wire.Publish("fresh/1", b"held", 1, packet_id=1))
+        puback = device.read()
+        assert isinstance(puback, wire.PubAck) and puback.reason_code == 0, puback
+        _got_once(watchers, "fresh/1", b"held")
+        starting.join(30)
+        device.close()
+    finally:
+        b3.proc.send_signal(signal.SIGCONT)

@@ -1,9 +1,9 @@
 """The will a killed broker's connection left, when the broker comes back and its recovered copy of the session gives
 way to the one the device made on another broker meanwhile (docs/mqtt.md "Which copy stands after a restart"): the
 copy ends as the device's CONNECT there would have ended it on one broker. Clean Start 0 within the Will Delay
-Interval: no will (MQTT 5.0 3.1.3.2.2; tests/mqttcluster/test_restart_will_own_home.py, and here with another broker as the
-id's home); Clean Start 1: the old session ended, the will is published once; a will with no delay was due when the
-connection ended: the restarted broker publishes it once, whatever the device did since."""
+Interval: no will (MQTT 5.0 3.1.3.2.2; tests/mqttcluster/test_restart_will_own_home.py, and here with another broker
+as the id's home); Clean Start 1: the old session ended, the will is published once; a will with no delay was due
+when the connection ended: the restarted broker publishes it once, whatever the device did since."""
 
 import time
 
@@ -59,9 +59,8 @@ def _will_after_restart(broker_factory, tmp_path, zk_connect, home, version, del
 
 
 def _once(client_id, published, got):
-    """The will was published once in the cluster, and no watcher got it twice. (Whether the watchers on the
-    other brokers get a message published on broker 1 in the first moments after its start depends on their links
-    to it, which is not what is tested here.)"""
+    """The will was published once in the cluster, and no watcher got it twice. (That the watchers on the other
+    brokers get what broker 1 publishes as it starts is tests/mqttcluster/test_restart_routes.py's.)"""
     assert published == 1, (published, got)
     assert all(topic == "will/" + client_id and payload == b"gone" for _w, topic, payload in got), got
     assert len({w for w, _t, _p in got}) == len(got), "a watcher got the will twice: %r" % got

@@ -537,3 +537,37 @@ def test_a_copy_that_gives_way_ends_as_the_connect_that_made_the_standing_one(mo
     ids._hold(3, {"ids": ["local"], "rec": ["local"], "clean": []})
     ids._hold(2, {"ids": ["local"], "rec": [], "clean": []})  # this broker's own recovered copy gives way at once
     assert ended[-1] == ("local", False)
+
+
+def test_a_master_holds_its_mqtt_traffic_until_every_peer_follows_it_at_most_its_bound():
+    """``MqttCluster.hold``: ``wait_followed`` (before a CONNACK, a will) returns once each other member follows this
+    broker (its follow's route in), within the bound; at the bound it returns without the peers still away, and no
+    sooner while one is."""
+    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta"))
+    members = Members(FakeZk([0, 1, 2]), "/meta")
+    members.current = members.read()
+    cluster = MqttCluster(config, None, None, None, members, lambda: True, hold_s=0.5)
+    waiter = gevent.spawn(cluster.wait_followed)
+    cluster.hold()
+    cluster.followed(1, True)
+    gevent.sleep(0.05)
+    assert not waiter.dead  # broker 2 does not follow yet
+    cluster.followed(2, True)
+    waiter.join(0.2)
+    assert waiter.dead  # both follow, well within the bound: at once
+    cluster.followed(2, False)  # broker 2's follow ends, and a promotion holds again: until it follows, at most 0.5 s
+    started = time.monotonic()
+    cluster.hold()
+    waiter = gevent.spawn(cluster.wait_followed)
+    waiter.join(0.4)
+    assert not waiter.dead  # within the bound
+    waiter.join(1.0)
+    assert waiter.dead and time.monotonic() - started < 1.0  # past it: goes on without broker 2
+    cluster.followed(1, False)
+    cluster.hold()
+    cluster.hold()  # a hold already running goes on (its bound from the first)
+    members.current = {0: members.current[0]}  # alone: nobody to wait for
+    cluster._members_changed()  # (its listener of the members)
+    waiter = gevent.spawn(cluster.wait_followed)
+    waiter.join(0.2)
+    assert waiter.dead
