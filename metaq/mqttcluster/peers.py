@@ -256,8 +256,11 @@ class MqttCluster:
 
     def hold(self):
         """This master begins keeping sessions (its start, a promotion, the end of a fencing: ``MqttPort``): MQTT
-        traffic waits (``wait_followed``) until each peer follows it, at most ``hold_s`` from now. A hold already
-        running goes on."""
+        traffic waits (``wait_followed``) until each peer follows it, at most ``hold_s`` from now (0: no hold). A hold
+        already running goes on."""
+        if self.hold_s <= 0:
+            self._followed.set()
+            return
         if self._holding is not None and not self._holding.dead:
             return
         self._followed.clear()

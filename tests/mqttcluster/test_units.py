@@ -571,3 +571,14 @@ def test_a_master_holds_its_mqtt_traffic_until_every_peer_follows_it_at_most_its
     waiter = gevent.spawn(cluster.wait_followed)
     waiter.join(0.2)
     assert waiter.dead
+
+
+def test_a_start_hold_of_0_holds_nothing():
+    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta"))
+    members = Members(FakeZk([0, 1]), "/meta")
+    members.current = members.read()
+    cluster = MqttCluster(config, None, None, None, members, lambda: True, hold_s=0)
+    cluster.hold()
+    waiter = gevent.spawn(cluster.wait_followed)
+    waiter.join(0.05)
+    assert waiter.dead
