@@ -140,6 +140,7 @@ class MqttPort:
         self.follow.replicating = not is_master()
         store.follower.add(self.follow, store.written_position)
         self._keeper = None
+        self._adopting = None  # the greenlet publishing the wills left in the log (``_adopt_wills``)
         self.sessions_expired = 0
         self.records_written = 0  # %MQTT% records this broker wrote since its start
         #: the MQTT cluster (``metaq.mqttcluster.peers.MqttCluster``) when this broker is part of one, else None: its
@@ -452,7 +453,8 @@ class MqttPort:
             self._fenced = False
             if self.cluster is not None:
                 self.cluster.hold()  # until the peers follow this broker again (``MqttCluster.hold``)
-            gevent.spawn(self._adopt_wills)  # each waits for the hold (``publish_will``), the keeper goes on
+            if self._adopting is None or self._adopting.dead:  # one at a time: none published twice
+                self._adopting = gevent.spawn(self._adopt_wills)  # the keeper goes on meanwhile
         return True
 
     def _move_away(self, refusal):
@@ -914,7 +916,10 @@ class MqttPort:
     def _adopt_wills(self):
         """This broker keeps sessions again (or for the first time): the wills the log holds of connections not held
         here ended with the broker that held them (a killed or deposed master, this one before a kill -9 or while
-        it was fenced): each is published now or after its delay, as if its connection had just ended here."""
+        it was fenced): each is published now or after its delay, as if its connection had just ended here. In an
+        MQTT cluster, once the peers follow this broker (``MqttCluster.wait_followed``)."""
+        if self.cluster is not None:
+            self.cluster.wait_followed()
         turn = time.monotonic()
         for saved in list(self.table.wills.values()):
             if saved.client_id in self._clients or saved.client_id in self._delayed or \
@@ -982,6 +987,8 @@ class MqttPort:
         for their delay are published now (a will's delay does not outlive the broker)."""
         if self._keeper is not None:
             self._keeper.kill(block=False)
+        if self._adopting is not None:  # the wills it did not publish stay in the log, pending
+            self._adopting.kill(block=False)
         close_with_grace(list(self.core.connections("mqtt")), grace_s)
         deadline = time.monotonic() + grace_s
         while self.core.count("mqtt") and time.monotonic() < deadline:  # their ends: wills and sessions written
