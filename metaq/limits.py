@@ -816,6 +816,11 @@ MQTT_CLUSTER_RELEASE_S = 0.5
 #: Connections one broker opens to another for its calls, and so its calls to it that go at once (each connection
 #: takes one call at a time; more wait their turn, in order, within MQTT_CLUSTER_CALL_TIMEOUT_S).
 MQTT_CLUSTER_PEER_CONNECTIONS = 4
+#: Seconds a master of an MQTT cluster that begins keeping sessions (its start, a promotion) holds its CONNACKs and
+#: wills until every other member follows it again, its route in (``mqtt.cluster_start_hold_s``): a message published
+#: before then on a topic new here since a peer last followed would reach none of that peer's subscribers. Past it
+#: the broker goes on without the peers still away (logged); they bound how long a restart keeps devices waiting.
+MQTT_CLUSTER_START_HOLD_S = 10.0
 
 # -- the gRPC port (metaq/rmq5/: RocketMQ 5's MessagingService; docs/rocketmq5.md) --------------------------------
 

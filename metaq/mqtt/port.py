@@ -146,6 +146,7 @@ class MqttPort:
         self.follow.replicating = not is_master()
         store.follower.add(self.follow, store.written_position)
         self._keeper = None
+        self._adopting = None  # the greenlet publishing the wills left in the log (``_adopt_wills``)
         self.sessions_expired = 0
         self.records_written = 0  # %MQTT% records this broker wrote since its start
         #: the MQTT cluster (``metaq.mqttcluster.peers.MqttCluster``) when this broker is part of one, else None: its
@@ -241,8 +242,12 @@ class MqttPort:
         return None
 
     def join_cluster(self, client_id, clean_start, user):
-        """Before ``claim``: in an MQTT cluster, ``client_id`` registered with its home broker and its session
-        brought from the broker holding it (``ClientIds.join``). None: go on; else ``(reason code, why)``."""
+        """Before ``claim``: in an MQTT cluster, once this broker's peers follow it (``MqttCluster.wait_followed``:
+        what the client publishes then reaches their subscribers), ``client_id`` registered with its home broker and
+        its session brought from the broker holding it (``ClientIds.join``). None: go on; else ``(reason code,
+        why)``."""
+        if self.cluster is not None:
+            self.cluster.wait_followed()
         return None if self.client_ids is None else self.client_ids.join(client_id, clean_start, user)
 
     def give_up(self, client_id, clean_start, user):
@@ -453,7 +458,10 @@ class MqttPort:
             return False
         if self._fenced is not False:
             self._fenced = False
-            self._adopt_wills()
+            if self.cluster is not None:
+                self.cluster.hold()  # until the peers follow this broker again (``MqttCluster.hold``)
+            if self._adopting is None or self._adopting.dead:  # one at a time: none published twice
+                self._adopting = gevent.spawn(self._adopt_wills)  # the keeper goes on meanwhile
         return True
 
     def _move_away(self, refusal):
@@ -948,7 +956,10 @@ class MqttPort:
     def _adopt_wills(self):
         """This broker keeps sessions again (or for the first time): the wills the log holds of connections not held
         here ended with the broker that held them (a killed or deposed master, this one before a kill -9 or while
-        it was fenced): each is published now or after its delay, as if its connection had just ended here."""
+        it was fenced): each is published now or after its delay, as if its connection had just ended here. In an
+        MQTT cluster, once the peers follow this broker (``MqttCluster.wait_followed``)."""
+        if self.cluster is not None:
+            self.cluster.wait_followed()
         turn = time.monotonic()
         for saved in list(self.table.wills.values()):
             if saved.client_id in self._clients or saved.client_id in self._delayed or \
@@ -978,7 +989,10 @@ class MqttPort:
     def publish_will(self, client_id, will, security):
         """Store ``will`` as its client's PUBLISH would be (its user's permission asked); a refusal is logged. Then
         its record says it is done. While this broker keeps no session (``session_refusal``), a will the log holds
-        is left there: the master that takes over publishes it."""
+        is left there: the master that takes over publishes it. In an MQTT cluster it waits until this broker's
+        peers follow it (``MqttCluster.wait_followed``), so that it reaches their subscribers."""
+        if self.cluster is not None:
+            self.cluster.wait_followed()
         refusal = self.session_refusal() if client_id in self.table.wills else None
         if refusal is not None:
             log.info("mqtt client %s: its will to %s is left to the master to publish: %s", client_id, will.topic,
@@ -1013,6 +1027,8 @@ class MqttPort:
         for their delay are published now (a will's delay does not outlive the broker)."""
         if self._keeper is not None:
             self._keeper.kill(block=False)
+        if self._adopting is not None:  # the wills it did not publish stay in the log, pending
+            self._adopting.kill(block=False)
         close_with_grace(list(self.core.connections("mqtt")), grace_s)
         deadline = time.monotonic() + grace_s
         while self.core.count("mqtt") and time.monotonic() < deadline:  # their ends: wills and sessions written

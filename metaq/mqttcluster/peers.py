@@ -15,12 +15,21 @@ on decides which broker's group takes it (``share.py``): its own group reads onl
 (``MqttPort.group_takes``), a peer's link sends a SHARED entry for what is assigned there, copied with the groups
 marked (only they take the copy).
 
+**The start hold.** A peer follows this broker from where its resume positions say, and a partition it holds no
+position in from this broker's end when its route comes (``serve.PeerFollow``): what this broker wrote there before
+the peer's follow came back (the first message of a topic new here since the peer last followed) would reach none of
+the peer's subscribers. So a master that begins keeping sessions (its start, a promotion: ``hold``) lets no MQTT
+traffic in until each of its peers follows it again (``followed``: the peer server, once a peer's route came):
+CONNACKs and wills wait (``wait_followed``), at most MQTT_CLUSTER_START_HOLD_S from the hold's start
+(``mqtt.cluster_start_hold_s``); past it the broker goes on without the peers still away, logged.
+
 **Retained messages.** Each link follows the peer's ``%MQTT%`` journal's ``R``/``U`` records from its start
 (kept in memory here, at most MQTT_CLUSTER_MAX_RETAINED names, rebuilt at each start and after a promotion the same
 way), with this broker's own clears; for a name the newest by (time, broker id) wins against the local table.
 """
 
 import logging
+import time
 
 import gevent
 from gevent.event import Event
@@ -43,11 +52,20 @@ MEMBERS_S = 2.0
 ROUTE_REFRESH_S = 5.0
 
 
+def unfollowed(peers, followers):
+    """The peers of ``peers`` (``MqttCluster.peers_of``: broker ids, or None while the members are not known) that do
+    not follow this broker now (``followers``: broker ids): a sorted list, None when the members are not known."""
+    if peers is None:
+        return None
+    return sorted(b for b in peers if b not in followers)
+
+
 class MqttCluster:
     """See the module doc. ``port``: the broker's MqttPort; ``members``: the cluster's ``members.Members``;
-    ``is_master()``."""
+    ``is_master()``; ``hold_s``: the start hold's bound (``mqtt.cluster_start_hold_s``; None:
+    MQTT_CLUSTER_START_HOLD_S)."""
 
-    def __init__(self, config, store, put_path, port, members, is_master, secret=None, tls=None):
+    def __init__(self, config, store, put_path, port, members, is_master, secret=None, tls=None, hold_s=None):
         self.config = config
         self.broker_id = config.broker.id
         self.store = store
@@ -70,6 +88,11 @@ class MqttCluster:
         self._tasks = []
         self._stopping = False
         self._recovered_as_master = False
+        self.hold_s = limits.MQTT_CLUSTER_START_HOLD_S if hold_s is None else hold_s
+        self._followers = {}  # broker id -> how many of its follows of this broker are live now
+        self._followed = Event()  # set: no hold (``wait_followed`` returns at once); a master holds from its start
+        self._hold_wake = Event()
+        self._holding = None  # the greenlet that ends the hold (``_hold``)
         self.copied = 0
         self.recovered = 0
         self.peers_refused = 0
@@ -78,6 +101,10 @@ class MqttCluster:
 
     def start(self):
         self._recover()
+        if self.is_master():
+            self.hold()
+        else:
+            self._followed.set()  # a slave publishes nothing of its own (a promotion holds: ``MqttPort``)
         self.refresh_route()
         self.members.on_change(self._members_changed)
         self._tasks = [gevent.spawn(self._members), gevent.spawn(self._routes)]
@@ -94,6 +121,7 @@ class MqttCluster:
     def stop(self):
         self._stopping = True
         self._members_wake.set()
+        self._followed.set()
         for link in list(self.links.values()):
             link.stop()
         self.links.clear()
@@ -178,6 +206,7 @@ class MqttCluster:
 
     def _members_changed(self):
         self._members_wake.set()  # a listener of the members: record and wake, nothing else
+        self._hold_wake.set()
 
     def _members(self):
         while not self._stopping:
@@ -222,6 +251,53 @@ class MqttCluster:
             if bid not in self.links:
                 link = self.links[bid] = PeerLink(self, bid, address)
                 link.start()
+
+    # -- the start hold ------------------------------------------------------------
+
+    def hold(self):
+        """This master begins keeping sessions (its start, a promotion, the end of a fencing: ``MqttPort``): MQTT
+        traffic waits (``wait_followed``) until each peer follows it, at most ``hold_s`` from now (0: no hold). A hold
+        already running goes on."""
+        if self.hold_s <= 0:
+            self._followed.set()
+            return
+        if self._holding is not None and not self._holding.dead:
+            return
+        self._followed.clear()
+        self._holding = gevent.spawn(self._hold, time.monotonic() + self.hold_s)
+
+    def followed(self, broker_id, live):
+        """Peer ``broker_id``'s follow of this broker began, its route in (``live``), or ended (the peer server's)."""
+        count = self._followers.get(broker_id, 0) + (1 if live else -1)
+        if count > 0:
+            self._followers[broker_id] = count
+        else:
+            self._followers.pop(broker_id, None)
+        self._hold_wake.set()
+
+    def wait_followed(self):
+        """Return once no hold runs: before a CONNACK and a will (``MqttPort``), so that what this broker's clients
+        publish reaches every peer's subscribers. At most ``hold_s``."""
+        self._followed.wait(self.hold_s)
+
+    def _hold(self, deadline):
+        missing = None
+        while not self._stopping:
+            self._hold_wake.clear()
+            missing = unfollowed(self.peers_of(self.members.current), self._followers)
+            left = deadline - time.monotonic()
+            if missing == [] or left <= 0:
+                break
+            self._hold_wake.wait(left)
+        if missing == []:
+            log.info("mqtt cluster: every peer follows this broker: MQTT traffic goes on")
+        elif not self._stopping:
+            log.warning("mqtt cluster: %s %.1f s after this broker began keeping sessions "
+                        "(mqtt.cluster_start_hold_s): MQTT traffic goes on; what is published here on a topic new "
+                        "since a peer last followed it reaches the peer's subscribers only from its follow on",
+                        "the members unknown (ZooKeeper not read)" if missing is None
+                        else "peer brokers %s do not follow this broker" % missing, self.hold_s)
+        self._followed.set()
 
     # -- copies --------------------------------------------------------------------
 

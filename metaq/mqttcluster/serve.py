@@ -301,10 +301,12 @@ class PeerServer:
     broker and their calls; counts for stats."""
 
     def __init__(self, store, waiters, topics=DEFAULT_MAP, shares=None, confirmed_end=lambda: None,
-                 wait_confirmed=None, calls=None):
+                 wait_confirmed=None, calls=None, followed=lambda _broker_id, _live: None):
         """``shares``: the cluster's ``share.Shares``; ``confirmed_end()``/``wait_confirmed(timeout)``: ``Roles``'
         (what may leave this broker, and a wait for more of it); ``calls``: op -> handler of the calls answered
-        (``ClientIds.calls``; None: none, a call is answered as unknown)."""
+        (``ClientIds.calls``; None: none, a call is answered as unknown); ``followed(broker_id, live)``: told when a
+        peer's follow begins (its route in, its partitions' cursors set) and ends (``MqttCluster.followed``)."""
+        self.followed = followed
         self.calls = calls if calls is not None else {}
         self.store = store
         self.waiters = waiters
@@ -333,6 +335,7 @@ class PeerServer:
             return
         follow = PeerFollow(self.store, routes, self.topicmap, self.shares)
         self.follows[id(follow)] = follow
+        self.followed(routes.broker_id, True)
         wake = Event()
         log.info("mqtt cluster: peer broker %d (%s) follows this broker: %d filters, %d partitions", routes.broker_id,
                  peer, len(follow.filters.filters), len(follow.cursors))
@@ -368,6 +371,7 @@ class PeerServer:
             reader.kill(block=False)
             self.follows.pop(id(follow), None)
             follow.ended()
+            self.followed(routes.broker_id, False)
 
     @staticmethod
     def _read(sock, parser, follow, wake):

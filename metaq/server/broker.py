@@ -600,9 +600,10 @@ def mqtt_cluster(config, store, put_path, port, members, roles, waiters, calls):
     handlers); the port reads the inbox and merges retained."""
     tls = config.security.tls
     cluster = MqttCluster(config, store, put_path, port, members, lambda: roles.is_master, secret=roles.secret,
-                          tls=client_context(tls) if tls.mode != "off" and tls.replication else None)
+                          tls=client_context(tls) if tls.mode != "off" and tls.replication else None,
+                          hold_s=config.mqtt.cluster_start_hold_s)
     roles.serve_peers(PeerServer(store, waiters, port.topics, cluster.shares, roles.confirmed_end,
-                                 roles.wait_confirmed, calls).serve)
+                                 roles.wait_confirmed, calls, cluster.followed).serve)
     port.cluster = cluster
     port.cluster_topics = (INBOX,)
     return cluster

@@ -465,6 +465,8 @@ class MqttSection(_Section):
     topic_map: List[Dict[str, str]] = []
     fallback_topic: str = DEFAULT_FALLBACK
     cluster_max_ids: int = Field(limits.MQTT_CLUSTER_MAX_IDS, ge=1)  # a home broker's client ids (mqttcluster)
+    # how long a master beginning to keep sessions holds CONNACKs and wills until its peers follow it (mqttcluster)
+    cluster_start_hold_s: float = Field(limits.MQTT_CLUSTER_START_HOLD_S, ge=0)
 
     @field_validator("host")
     @classmethod

@@ -59,9 +59,8 @@ def _will_after_restart(broker_factory, tmp_path, zk_connect, home, version, del
 
 
 def _once(client_id, published, got):
-    """The will was published once in the cluster, and no watcher got it twice. (Whether the watchers on the
-    other brokers get a message published on broker 1 in the first moments after its start depends on their links
-    to it, which is not what is tested here.)"""
+    """The will was published once in the cluster, and no watcher got it twice. (That the watchers on the other
+    brokers get what broker 1 publishes as it starts is tests/mqttcluster/test_restart_routes.py's.)"""
     assert published == 1, (published, got)
     assert all(topic == "will/" + client_id and payload == b"gone" for _w, topic, payload in got), got
     assert len({w for w, _t, _p in got}) == len(got), "a watcher got the will twice: %r" % got

@@ -561,3 +561,48 @@ def test_a_drop_waits_for_a_connect_here_whose_registration_is_on_its_way():
         ids._drop(1, {"ids": [[client_id, 3, True]]})
         waiter.join()
     assert ended == [("refused", False)]
+
+
+def test_a_master_holds_its_mqtt_traffic_until_every_peer_follows_it_at_most_its_bound():
+    """``MqttCluster.hold``: ``wait_followed`` (before a CONNACK, a will) returns once each other member follows this
+    broker (its follow's route in), within the bound; at the bound it returns without the peers still away, and no
+    sooner while one is."""
+    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta"))
+    members = Members(FakeZk([0, 1, 2]), "/meta")
+    members.current = members.read()
+    cluster = MqttCluster(config, None, None, None, members, lambda: True, hold_s=0.5)
+    waiter = gevent.spawn(cluster.wait_followed)
+    cluster.hold()
+    cluster.followed(1, True)
+    gevent.sleep(0.05)
+    assert not waiter.dead  # broker 2 does not follow yet
+    cluster.followed(2, True)
+    waiter.join(0.2)
+    assert waiter.dead  # both follow, well within the bound: at once
+    cluster.followed(2, False)  # broker 2's follow ends, and a promotion holds again: until it follows, at most 0.5 s
+    started = time.monotonic()
+    cluster.hold()
+    waiter = gevent.spawn(cluster.wait_followed)
+    waiter.join(0.4)
+    assert not waiter.dead  # within the bound
+    waiter.join(1.0)
+    assert waiter.dead and time.monotonic() - started < 1.0  # past it: goes on without broker 2
+    cluster.followed(1, False)
+    cluster.hold()
+    cluster.hold()  # a hold already running goes on (its bound from the first)
+    members.current = {0: members.current[0]}  # alone: nobody to wait for
+    cluster._members_changed()  # (its listener of the members)
+    waiter = gevent.spawn(cluster.wait_followed)
+    waiter.join(0.2)
+    assert waiter.dead
+
+
+def test_a_start_hold_of_0_holds_nothing():
+    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta"))
+    members = Members(FakeZk([0, 1]), "/meta")
+    members.current = members.read()
+    cluster = MqttCluster(config, None, None, None, members, lambda: True, hold_s=0)
+    cluster.hold()
+    waiter = gevent.spawn(cluster.wait_followed)
+    waiter.join(0.05)
+    assert waiter.dead
