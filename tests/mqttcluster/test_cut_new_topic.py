@@ -15,9 +15,7 @@ from tests.harness.mqtt import V311, Paho
 from tests.harness.mqttcluster import cluster_config, wait_routed
 from tests.harness.replication import stats
 
-pytestmark = [pytest.mark.slow, pytest.mark.fault,
-              pytest.mark.xfail(strict=True, reason="a follow that comes back starts a partition it holds no position "
-                                "in at its end: a topic made on the peer meanwhile is skipped")]
+pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
 
 def homed_on(broker_id, prefix):
