@@ -345,7 +345,7 @@ class PeerServer:
         self.confirmed_end = confirmed_end
         self.wait_confirmed = wait_confirmed
         self.follows = {}  # id(PeerFollow) -> PeerFollow
-        self.ended = {}  # peer broker id -> (log end, its follow's ``started``) when its last follow ended
+        self.ended = {}  # peer broker id -> (``scanned_at``, ``started``) of its follows, once they ended (``since``)
         self.sent_records = 0
 
     def serve(self, sock, parser, hello, peer):
