@@ -1094,9 +1094,11 @@ MQTT_CLUSTER_BATCH_BYTES = 1024 * 1024
 #: Bytes of one RECORDS frame at most (checked from its header before it is buffered).
 MQTT_CLUSTER_FRAME_BYTES = 16 * 1024 * 1024
 #: (topic, partition) pairs a peer's link follows at most; past it the topics that do not fit are not followed (the
-#: serving broker logs it).
+#: serving broker logs it). Also the partitions a serving broker remembers of a peer's ended follow (where it started
+#: those the peer sent no position for: ``serve.PeerServer.since``).
 MQTT_CLUSTER_MAX_FOLLOWED = 65_536
 #: Peers (other masters) a broker keeps a link to at most; past it the lowest broker ids are kept and it logs it.
+#: Also the peers whose ended follows a serving broker remembers (the oldest forgotten past it).
 MQTT_CLUSTER_MAX_PEERS = 64
 #: Connections the other masters of an MQTT cluster on one host may hold on a broker's replication port once each
 #: proved the replication secret (a follow link and MQTT_CLUSTER_PEER_CONNECTIONS call links from each of up to

@@ -16,9 +16,10 @@ on decides which broker's group takes it (``share.py``): its own group reads onl
 marked (only they take the copy).
 
 **The start hold.** A peer follows this broker from where its resume positions say, and a partition it holds no
-position in from this broker's end when its route comes (``serve.PeerFollow``): what this broker wrote there before
-the peer's follow came back (the first message of a topic new here since the peer last followed) would reach none of
-the peer's subscribers. So a master that begins keeping sessions (its start, a promotion: ``hold``) lets no MQTT
+position in from this broker's end when its route comes, unless this process saw the peer follow it before
+(``serve.PeerServer.since``: a cut link, a restart of the peer): after this broker's own start, what it wrote there
+before the peer's follow came back (the first message of a topic new here since the peer last followed) would reach
+none of the peer's subscribers. So a master that begins keeping sessions (its start, a promotion: ``hold``) lets no MQTT
 traffic in until each of its peers follows it again (``followed``: the peer server, once a peer's route came):
 CONNACKs and wills wait (``wait_followed``), at most MQTT_CLUSTER_START_HOLD_S from the hold's start
 (``mqtt.cluster_start_hold_s``); past it the broker goes on without the peers still away, logged.

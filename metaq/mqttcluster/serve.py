@@ -4,9 +4,12 @@
 
 **The follow.** The peer's filters say which metaq topics are followed (``TopicMap.topics_for``, the rule a
 subscription's reads use; internal topics never: a peer's inbox is not followed, so a copy is never copied again);
-each followed partition is read from the peer's resume position, or from this broker's end when it has none (a
+each followed partition is read from the peer's resume position, or, when it has none, from this broker's end (a
 topic that only appears later: from its start, followed from the wake of its first write, ``NEW_PARTITION``; a
-topic deleted stops being followed at that same wake, which its deletion gives at once). A
+topic deleted stops being followed at that same wake, which its deletion gives at once). A peer that followed this
+broker before (since its start) is resumed without a gap where it has no position (``PeerServer.since``,
+``PeerFollow.start_of``): a partition an earlier follow started is started there again, one of a topic made here
+after the earlier follows last looked (made during a cut, or while the peer was down) from its start. A
 record goes in a RECORDS frame when its MQTT topic name (``records.message_of``, as local delivery sees it) matches
 a filter; a POSITION entry says how far each partition was read. With a retained offset the ``R``/``U`` records of
 the ``%MQTT%`` journal go too. At most MQTT_CLUSTER_BATCH_BYTES of records per frame; an empty RECORDS each
@@ -88,7 +91,9 @@ class FilterSet:
 class PeerFollow:
     """What one peer follows here: its filters, the read position of each followed partition, its retained offset."""
 
-    def __init__(self, store, routes, topics=DEFAULT_MAP, shares=None):
+    def __init__(self, store, routes, topics=DEFAULT_MAP, shares=None, since=None):
+        """``since``: what this broker's earlier follows of the same peer left (``PeerServer.since``:
+        ``(log position, {(topic, partition): start offset})``), None: none (``start_of``)."""
         self.store = store
         self.topicmap = topics
         self.shares = shares
@@ -104,7 +109,11 @@ class PeerFollow:
         self.held = False  # the last batch stopped at a record past the confirmed end
         self.rewound = set()  # partitions resumed before the peer's position (``proved``), said at their announce
         self.made = None  # the store's ``partitions_made()`` at the last rescan
+        self.started = {}  # (topic, partition) -> where it was started without a position of the peer
+        self.scanned_at = 0  # the log end when the last rescan began: a topic made before it was looked at
+        self.since = since  # for the first route's partitions only (``start_of``)
         self.set_filters(routes.filters, routes.groups)
+        self.since = None
 
     def set_filters(self, filters, groups=()):
         """The peer's filters and ``$share`` groups are these now (their topics are followed)."""
@@ -126,6 +135,7 @@ class PeerFollow:
         gone (deleted) is no longer known at the route: made again, it is followed from its start."""
         store = self.store
         self.made = store.partitions_made()
+        self.scanned_at = store.written_position
         known = store.known_topics()
         self.known_at_route.intersection_update(known)
         topics = self._read_set.topics(known)
@@ -139,6 +149,7 @@ class PeerFollow:
         keep = set(wanted)
         for key in [k for k in self.cursors if k not in keep]:
             del self.cursors[key]
+            self.started.pop(key, None)
         for key in wanted:
             if key in self.cursors:
                 continue
@@ -151,10 +162,29 @@ class PeerFollow:
             resume = self.resume.pop(key, None)
             if resume is not None:
                 start = self.proved(key, *resume)
-            else:  # a topic known when the route came: from now on; one that appeared since: all of it
-                start = store.max_offset(*key) if key[0] in self.known_at_route else store.min_offset(*key)
+            else:
+                start = self.started[key] = self.start_of(key)
             self.cursors[key] = start
             self.announce.append(key)
+
+    def start_of(self, key):
+        """Where partition ``key``, which the peer sent no position for, is followed from. A topic that appeared
+        since the route came: all of it. With ``since`` (the peer followed this broker before: a cut link, a
+        restart of the peer): where an earlier follow started it (the peer never said it got that far); a partition
+        whose first record is past where the earlier follows last looked (its topic made here while the peer was away):
+        all of it. Else from now on (a topic a new subscription of the peer reads: what is published from now)."""
+        store = self.store
+        if key[0] not in self.known_at_route:
+            return store.min_offset(*key)
+        if self.since is not None:
+            ended, starts = self.since
+            first = store.min_offset(*key)
+            if key in starts:
+                return min(max(starts[key], first), store.max_offset(*key))
+            position = store.record_position(key[0], key[1], first)
+            if position is not None and position >= ended:
+                return first
+        return store.max_offset(*key)
 
     def batch(self, confirmed=None):
         """The next RECORDS entries (empty: nothing new), at most MQTT_CLUSTER_BATCH_BYTES of data, none of a record
@@ -315,6 +345,7 @@ class PeerServer:
         self.confirmed_end = confirmed_end
         self.wait_confirmed = wait_confirmed
         self.follows = {}  # id(PeerFollow) -> PeerFollow
+        self.ended = {}  # peer broker id -> (``scanned_at``, ``started``) of its follows, once they ended (``since``)
         self.sent_records = 0
 
     def serve(self, sock, parser, hello, peer):
@@ -333,7 +364,7 @@ class PeerServer:
             log.info("mqtt cluster: peer broker %d (%s) link ended before its route came: %s", routes.broker_id,
                      peer, exc)
             return
-        follow = PeerFollow(self.store, routes, self.topicmap, self.shares)
+        follow = PeerFollow(self.store, routes, self.topicmap, self.shares, self.since(routes.broker_id))
         self.follows[id(follow)] = follow
         self.followed(routes.broker_id, True)
         wake = Event()
@@ -370,8 +401,40 @@ class PeerServer:
         finally:
             reader.kill(block=False)
             self.follows.pop(id(follow), None)
+            self.follow_ended(follow)
             follow.ended()
             self.followed(routes.broker_id, False)
+
+    def since(self, broker_id):
+        """What a new follow of peer ``broker_id`` starts its partitions without a position from
+        (``PeerFollow.start_of``): the log end when its follows last looked for partitions (``scanned_at``: a
+        follow whose link is gone may not see it at once, nor a topic made meanwhile) and where they started
+        partitions the peer sent no position for (an older follow still running included: a cut not seen here
+        yet). None: no follow of it since this broker started (the start hold covers a restart here)."""
+        live = [f for f in self.follows.values() if f.broker_id == broker_id]
+        ended = self.ended.get(broker_id)
+        if not live and ended is None:
+            return None
+        marker, starts = ended if ended is not None else (0, {})
+        starts = dict(starts)
+        for f in live:
+            starts.update(f.started)
+            marker = max(marker, f.scanned_at)
+        return (marker, starts)
+
+    def follow_ended(self, follow):
+        """Keep what ``since`` needs of ``follow``, which ended (a newer follow's, ended first, wins): at most
+        MQTT_CLUSTER_MAX_PEERS peers (the oldest dropped), each at most MQTT_CLUSTER_MAX_FOLLOWED partitions (its
+        cursors' bound)."""
+        marker, starts = follow.scanned_at, dict(follow.started)
+        old = self.ended.pop(follow.broker_id, None)
+        if old is not None and old[0] > marker:
+            marker, starts = old[0], {**starts, **old[1]}
+            while len(starts) > limits.MQTT_CLUSTER_MAX_FOLLOWED:
+                del starts[next(iter(starts))]
+        self.ended[follow.broker_id] = (marker, starts)
+        while len(self.ended) > limits.MQTT_CLUSTER_MAX_PEERS:
+            del self.ended[next(iter(self.ended))]
 
     @staticmethod
     def _read(sock, parser, follow, wake):

@@ -15,7 +15,7 @@ from metaq.mqttcluster import calls, handover, inbox
 from metaq.mqttcluster.routes import aggregate
 from metaq.mqttcluster.peers import MqttCluster
 from metaq.mqttcluster.members import Members
-from metaq.mqttcluster.serve import FilterSet, PeerFollow
+from metaq.mqttcluster.serve import FilterSet, PeerFollow, PeerServer
 from metaq.protocol import replication as rp
 from metaq.protocol.replication_mqtt import (MESSAGE, POSITION, RESUMED, RETAINED, Entry, decode_routes, join_routes,
                                              record_check, split_routes)
@@ -202,6 +202,11 @@ class FakeStore:
     def partitions_made(self):
         return sum(self.topics.values())
 
+    written_position = 0
+
+    def record_position(self, topic, partition, offset):
+        return None
+
 
 def test_a_peer_follows_at_most_max_followed_partitions(monkeypatch):
     monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_FOLLOWED", 4)
@@ -213,6 +218,49 @@ def test_a_peer_follows_at_most_max_followed_partitions(monkeypatch):
     assert ("c", 0) not in follow.cursors and follow.refused_logged
     follow.set_filters(("c/#",))  # the others dropped: room again; a topic known when the route came starts at its end
     assert follow.cursors == {("c", 0): 10}
+
+
+class MadeStore(FakeStore):
+    """A FakeStore whose partitions end at ``ends`` (else 10), their first records at log positions ``firsts``."""
+
+    def __init__(self, topics, firsts):
+        super().__init__(topics)
+        self.firsts, self.ends, self.written_position = firsts, {}, 1000
+
+    def max_offset(self, topic, partition):
+        return self.ends.get((topic, partition), 10)
+
+    def record_position(self, topic, partition, offset):
+        return self.firsts.get((topic, partition))
+
+
+def test_a_follow_resumed_starts_a_partition_without_a_position_where_the_earlier_follow_left_it(monkeypatch):
+    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_PEERS", 2)
+    store = MadeStore({"a": 1, "c": 1}, {("a", 0): 0, ("c", 0): 500})
+    server = PeerServer(store, None)
+    assert server.since(1) is None  # never followed since this broker's start: as before, from the end
+    first = PeerFollow(store, rp.Routes(1, ("a/#", "b/#")), since=server.since(1))
+    assert first.cursors == {("a", 0): 10} and first.started == {("a", 0): 10} and first.scanned_at == 1000
+    server.follows[id(first)] = first
+    store.ends[("a", 0)] = 20  # the link cut, unseen here: messages of a, and topic b made (its first record at 1500)
+    store.topics["b"], store.firsts[("b", 0)], store.written_position = 1, 1500, 2000
+    again = PeerFollow(store, rp.Routes(1, ("a/#", "b/#", "c/#")), since=server.since(1))
+    # a: where the first follow left it (the peer never said it got it); b: all of it (made since the first follow
+    # looked); c: made before and not read by the earlier route: a new subscription's, from now on
+    assert again.cursors == {("a", 0): 10, ("b", 0): 0, ("c", 0): 10}
+    assert again.since is None  # for the first route only
+    del server.follows[id(first)]
+    server.follow_ended(first)
+    server.follow_ended(again)  # the newer follow ended too; the older, ended later, does not set it back
+    server.follow_ended(first)
+    assert server.since(1) == (2000, {("a", 0): 10, ("b", 0): 0, ("c", 0): 10})
+    later = PeerFollow(store, rp.Routes(1, ("a/#", "b/#", "c/#"), (("a", 0, 15),)), since=server.since(1))
+    assert later.cursors == {("a", 0): 15, ("b", 0): 0, ("c", 0): 10}  # a position the peer sent wins
+    two, three = (PeerFollow(store, rp.Routes(b, ("a/#",))) for b in (2, 3))
+    server.follow_ended(two)  # at MQTT_CLUSTER_MAX_PEERS peers: all kept
+    assert sorted(server.ended) == [1, 2]
+    server.follow_ended(three)  # one past it: the oldest forgotten (its next follow starts as before)
+    assert sorted(server.ended) == [2, 3] and server.since(1) is None
 
 
 def test_peers_retained_messages_newest_wins_within_their_limit(monkeypatch):
