@@ -22,6 +22,7 @@ from metaq.mqtt.session import PUBLISH_SENT, PUBREL_SENT, MqttSession
 from metaq.mqtt.subscriptions import Subscriptions
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from tests.harness.mqtt import Raw, next_publish, with_mqtt
+from tests.mqtt.test_direct_publishes import _drain
 
 try:
     from metaq._speedups import MqttAckTurn, MqttDirectPath
@@ -126,18 +127,6 @@ def _pair():
     ours.setblocking(False)
     theirs.setblocking(False)
     return ours, theirs
-
-
-def _drain(theirs):
-    got = bytearray()
-    while True:
-        try:
-            chunk = theirs.recv(1 << 20)
-        except BlockingIOError:
-            return bytes(got)
-        if not chunk:
-            return bytes(got)
-        got += chunk
 
 
 def _play(make, world, steps):

@@ -1,9 +1,9 @@
 """The will a killed broker's connection left, when the broker comes back and its recovered copy of the session gives
 way to the one the device made on another broker meanwhile (docs/mqtt.md "Which copy stands after a restart"): the
 copy ends as the device's CONNECT there would have ended it on one broker. Clean Start 0 within the Will Delay
-Interval: no will (MQTT 5.0 3.1.3.2.2; test_restart_will_own_home.py, and here with another broker as the id's
-home); Clean Start 1: the old session ended, the will is published once; a will with no delay was due when the
-connection ended: the restarted broker publishes it once, whatever the device did since."""
+Interval: no will (MQTT 5.0 3.1.3.2.2; broker 1 the id's home, or another); Clean Start 1: the old session ended,
+the will is published once; a will with no delay was due when the connection ended: the restarted broker publishes
+it once, whatever the device did since."""
 
 import time
 
@@ -68,12 +68,13 @@ def _once(client_id, published, got):
 
 @pytest.mark.slow
 @pytest.mark.fault
-def test_a_recovered_copy_giving_way_to_a_clean_start_0_session_elsewhere_publishes_no_will_another_home(
-        broker_factory, tmp_path, zk_connect):
-    """The home is broker 3: broker 2's live copy is registered there (Clean Start 0), and broker 1 is told by the
-    home (its drop once broker 1 answers, or the answer to broker 1's hold) to end its copy as a continued session:
-    its delayed will is dropped."""
-    _client_id, published, got = _will_after_restart(broker_factory, tmp_path, zk_connect, 3, wire.MQTT_5, 120,
+@pytest.mark.parametrize("home", [1, 3])
+def test_a_recovered_copy_giving_way_to_a_clean_start_0_session_elsewhere_publishes_no_will(
+        broker_factory, tmp_path, zk_connect, home):
+    """Broker 2's live copy is registered with the home (Clean Start 0): broker 1 itself (the live holder's hold
+    answers it there) or broker 3 (broker 1 is told by its drop once it answers, or the answer to its hold) ends
+    broker 1's copy as a continued session: its delayed will is dropped."""
+    _client_id, published, got = _will_after_restart(broker_factory, tmp_path, zk_connect, home, wire.MQTT_5, 120,
                                                      False)
     assert (published, got) == (0, []), "the will of a device that reconnected within its delay was published"
 
