@@ -95,12 +95,17 @@ def test_a_publish_acknowledged_right_after_a_restart_reaches_the_other_brokers_
     device = _accepting(b1, time.monotonic() + 30)
     ack = device.connect("early-publisher")
     assert ack is not None and ack.reason_code == 0, ack
-    device.send(wire.Publish("fresh/1", b"early", 1, packet_id=1))
-    puback = device.read()
-    assert isinstance(puback, wire.PubAck) and puback.reason_code == 0, puback
-    _got_once(watchers, "fresh/1", b"early")
+    _published_once(device, watchers, b"early")
     starting.join(30)
     device.close()
+
+
+def _published_once(device, watchers, payload):
+    """``device`` publishes ``payload`` on fresh/1 at QoS 1: acknowledged (0), each watcher gets it once."""
+    device.send(wire.Publish("fresh/1", payload, 1, packet_id=1))
+    puback = device.read()
+    assert isinstance(puback, wire.PubAck) and puback.reason_code == 0, puback
+    _got_once(watchers, "fresh/1", payload)
 
 
 #: ``mqtt.cluster_start_hold_s`` of the test of a member that does not follow.
@@ -132,10 +137,7 @@ def test_a_restarted_broker_holds_its_connacks_for_a_member_that_does_not_follow
         assert HOLD_S - 0.1 <= waited < HOLD_S + 15, waited
         wait_for(lambda: "peer brokers [3] do not follow this broker" in b1.log_text(since_start=True), 10,
                  "the log naming broker 3")  # (written as the hold ends: maybe a moment after the CONNACK went)
-        device.send(wire.Publish("fresh/1", b"held", 1, packet_id=1))
-        puback = device.read()
-        assert isinstance(puback, wire.PubAck) and puback.reason_code == 0, puback
-        _got_once(watchers, "fresh/1", b"held")
+        _published_once(device, watchers, b"held")
         starting.join(30)
         device.close()
     finally:
