@@ -101,13 +101,15 @@ PARKED = object()
 #: How finely the idle wheel tells deadlines apart: a parked connection closes at most this late.
 WHEEL_TICK_S = 0.1
 
-#: A linger this much shorter than ``park_after_s`` still waits on the connection's kept timer (``_linger``): the
-#: linger that begins as a connection goes idle is ``park_after_s`` less the microseconds since its last read.
+#: A linger this much shorter than ``park_after_s`` still waits on the connection's kept timer (``_linger_timer``):
+#: the linger that begins as a connection goes idle is ``park_after_s`` less the microseconds since its last read.
 LINGER_SLACK_S = 0.001
 
 _PARKING = -1  # Connection.parked_key: receive() returned PARKED, the core has not armed its watcher yet
 _WOKEN = -2  # Connection.parked_key: its watcher saw bytes (or the end): the next receive reads, it does not park
 _monotonic = time.monotonic
+_getcurrent = gevent.getcurrent
+_get_hub = gevent.get_hub
 
 
 class IdleWheel:
@@ -588,7 +590,7 @@ class Connection:
         log.info("%s %s: not logged in within %.0f s; closing", self.log_prefix, self.peer,
                  self._rules.strangers.login_s)
 
-    def receive(self, nbytes=RECV_BYTES, whole=False):
+    def receive(self, nbytes=RECV_BYTES, whole=False):  # noqa: C901 - every read of a busy connection, one call
         """The next bytes from the peer, or None when the connection is over (closed, reset, a deadline passed);
         ``PARKED`` (a connection that ``parks``, idle): nothing yet, its ``serve`` returns (see the class doc).
         ``whole``: the caller knows its parser holds no byte (it took every byte of its last read in whole frames),
@@ -598,7 +600,7 @@ class Connection:
         read, else the connection ends), and a request held before is whole now; a connection that ``parks`` first
         lingers ``park_after_s`` (less what it has been idle so far) and parks when nothing came. Inside a request
         it waits until the request deadline (``_request_wait``). Each of a busy connection's reads is one call:
-        the wait between requests is worked out here, not in a function of its own."""
+        the wait between requests, and the common linger's, is worked out here, not in a function of its own."""
         if self.closed:
             return None
         if self._login_deadline is not None and self._login_left() <= 0:
@@ -617,9 +619,41 @@ class Connection:
                 self._idle_until = _monotonic() + timeout
             else:
                 timeout = self._idle_until - _monotonic()
-            if timeout > 0 and self.parks and self.served_by is not None and self._linger(timeout) is PARKED:
-                return PARKED
-            timeout = max(0.001, timeout)
+            if timeout > 0 and self.parks and self.served_by is not None:
+                # the linger (``_linger_timer``); its common case, a busy connection gone idle just now on a plain
+                # socket, waits on its kept timer with no question asked
+                timer = self.linger_timer
+                if not (timer is not None and timeout == self.idle_timeout and self.parked_key is None
+                        and not self.tls and self.park_after_s < timeout):
+                    timer = self._linger_timer(timeout)
+                    if timer is PARKED:
+                        return PARKED
+                if timer is not None:
+                    watcher = self.linger_watcher
+                    kept = timer is self.linger_timer
+                    switch = _getcurrent().switch
+                    try:
+                        watcher.start(switch, True)
+                        if kept:
+                            timer.again(switch, False)  # (from now: the loop's time is brought up to date first)
+                        else:
+                            timer.start(switch, False)
+                        came = _get_hub().switch()  # True: readable (or the end); False: the time passed
+                    except OSError:  # closed meanwhile: the read meets it
+                        came = True
+                    finally:
+                        watcher.stop()
+                        timer.stop()
+                        if not kept:
+                            timer.close()
+                        if self.closed:
+                            self._close_linger_watcher()
+                    if came is False:
+                        self.parked_key = _PARKING
+                        return PARKED
+                    self._readable = True
+            if timeout < 0.001:
+                timeout = 0.001
         else:
             timeout, silent = self._request_wait()
             if timeout is None:
@@ -711,17 +745,18 @@ class Connection:
             log.info("%s %s: receive failed: %s", self.log_prefix, self.peer, exc)
         return None
 
-    def _linger(self, timeout):
+    def _linger_timer(self, timeout):
         """Between requests, a connection that ``parks`` (its idle deadline ``timeout`` seconds away, not passed):
-        PARKED when it parks now; else None, the receive reads (at once, ``_readable``, when its watcher saw bytes or
-        the end: a wake, or bytes within the linger), or waits as any read when it did not linger (TLS holding a
-        record, or bytes already in the kernel: ``_may_park``). It lingers ``park_after_s``, less what it has been
-        idle so far (at most until the idle deadline), in this greenlet, and parks when nothing came. The
-        connection's one read watcher for it (``linger_watcher``) is made at its first linger and kept until it
-        closes, the core's read watcher while it is parked: a busy connection lingers between every two packets, a
-        device's connection parks after each. Its timer is kept as long (``linger_timer``, ``park_after_s`` long:
-        the linger that begins as the connection goes idle); a shorter linger (idle for a while already) has a
-        timer of its own."""
+        the timer its linger waits on (the receive's wait, with ``linger_watcher``); PARKED when it parks now; None
+        when it does not linger: the receive reads (at once, ``_readable``, when its watcher saw bytes or the end: a
+        wake), or waits as any read (TLS holding a record, or bytes already in the kernel: ``_may_park``). It
+        lingers ``park_after_s``, less what it has been idle so far (at most until the idle deadline), in its
+        greenlet, and parks when nothing came. The connection's one read watcher for it (``linger_watcher``) is made
+        at its first linger and kept until it closes, the core's read watcher while it is parked: a busy connection
+        lingers between every two packets, a device's connection parks after each. Its timer is kept as long
+        (``linger_timer``, ``park_after_s`` long: the linger that begins as the connection goes idle, the receive's
+        common case, which does not call this); a shorter linger (idle for a while already) has a timer of its own,
+        which the receive closes after its wait."""
         if self.parked_key == _WOKEN:  # its watcher saw bytes (or the end)
             self._readable = True
             return None
@@ -734,39 +769,15 @@ class Connection:
             return PARKED
         if seconds > timeout:
             seconds = timeout
-        watcher = self.linger_watcher
         timer = self.linger_timer
         kept = seconds >= self.park_after_s - LINGER_SLACK_S
-        if watcher is None or (timer is None and kept):
+        if self.linger_watcher is None or (timer is None and kept):
             loop = gevent.get_hub().loop
-            if watcher is None:
-                watcher = self.linger_watcher = loop.io(self.sock.fileno(), 1)
+            if self.linger_watcher is None:
+                self.linger_watcher = loop.io(self.sock.fileno(), 1)
             if timer is None:
                 timer = self.linger_timer = loop.timer(self.park_after_s, self.park_after_s)
-        if not kept:
-            timer = gevent.get_hub().loop.timer(seconds)
-        switch = gevent.getcurrent().switch
-        try:
-            watcher.start(switch, True)
-            if kept:
-                timer.again(switch, False)  # (from now: the loop's time is brought up to date first)
-            else:
-                timer.start(switch, False)
-            came = gevent.get_hub().switch()  # True: readable (or the end); False: the time passed
-        except OSError:  # closed meanwhile: the receive meets it
-            came = True
-        finally:
-            watcher.stop()
-            timer.stop()
-            if not kept:
-                timer.close()
-            if self.closed:
-                self._close_linger_watcher()
-        if came is False:
-            self.parked_key = _PARKING
-            return PARKED
-        self._readable = True
-        return None
+        return timer if kept else gevent.get_hub().loop.timer(seconds)
 
     def _close_linger_watcher(self):
         watcher, self.linger_watcher = self.linger_watcher, None

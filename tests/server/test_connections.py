@@ -8,7 +8,7 @@ from gevent import socket
 
 from metaq.protocol.text import TextParser
 from metaq import limits
-from metaq.server.connections import (PARKED, WHEEL_TICK_S, Connection, ConnectionCore, ConnectionLimits,
+from metaq.server.connections import (PARKED, RECV_BYTES, WHEEL_TICK_S, Connection, ConnectionCore, ConnectionLimits,
                                       HandshakeRate, Listener, ReplyBudget, Strangers)
 
 
@@ -541,12 +541,18 @@ class SpuriousWakeEcho(LingeringEcho):
 
     spurious = 0
 
-    def _linger(self, timeout):
+    def receive(self, nbytes=RECV_BYTES, whole=False):
+        if self.spurious and self.linger_timer is not None:  # (so this linger asks ``_linger_timer``)
+            self.linger_timer.close()
+            self.linger_timer = None
+        return super().receive(nbytes, whole)
+
+    def _linger_timer(self, timeout):
         if self.spurious:
             self.spurious -= 1
             self._readable = True  # (what a linger that saw the socket readable leaves)
             return None
-        return super()._linger(timeout)
+        return super()._linger_timer(timeout)
 
 
 def test_a_read_that_finds_nothing_after_a_linger_woke_still_waits_and_reads():
