@@ -45,6 +45,8 @@
  *   mqtt_plain_turn(append, counted, path, store, deliver, client_id, acks, conn, largest, frames_of, publish,
  *                   most, most_bytes, data, v5, max_packet, plans, decided, room, now)
  *                                                 == metaq.mqtt.publishes.plain_turn_py (_pubturn.c)
+ *   mqtt_serve_waiting(waiting, readers, keep_decoded, deliver, most, keys, staged, runs, client_id, now)
+ *                                                 == metaq.mqtt.direct.serve_waiting_py (_mqttwaiting.c)
  *   mqtt_direct_publishes(fd, staged, i, stop, names, session, topic, partition, offset, window, v5, max_packet)
  *                                                 == metaq.mqtt.direct.direct_publishes_py (_mqttdirect.c)
  *   mqtt_split, mqtt_publish_bytes, mqtt_pubacks  == metaq.mqtt.wire's split_py, publish_bytes_py and
@@ -1132,6 +1134,9 @@ static PyMethodDef methods[] = {
     {"mqtt_end_pubacks", mqtt_end_pubacks, METH_VARARGS,
      "mqtt_end_pubacks(buf, pos, v5, max_packet, inflight, where, state) -> (taken, ended, pos): the plain PUBACKs "
      "next in buf, each ending its message in flight (_mqttacks.c)"},
+    {"mqtt_serve_waiting", (PyCFunction)(void (*)(void))mqtt_serve_waiting, METH_FASTCALL,
+     "mqtt_serve_waiting(waiting, readers, keep_decoded, deliver, most, keys, staged, runs, client_id, now) -> "
+     "{key: {events}}: metaq.mqtt.direct.serve_waiting_py (_mqttwaiting.c)"},
     {"mqtt_plain_turn", (PyCFunction)(void (*)(void))mqtt_plain_turn, METH_FASTCALL,
      "mqtt_plain_turn(append, counted, path, store, deliver, client_id, acks, conn, largest, frames_of, publish, "
      "most, most_bytes, data, v5, max_packet, plans, decided, room, now) -> None, True or the rest for the caller "

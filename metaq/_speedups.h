@@ -50,6 +50,9 @@ extern PyTypeObject MqttAckTurnType;
 /* mqtt_plain_turn (_pubturn.c): a device's plain read split, appended, counted, made visible and acknowledged in one
    step (metaq/mqtt/publishes.py). */
 PyObject *mqtt_plain_turn(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* mqtt_serve_waiting (_mqttwaiting.c): the deliveries waiting on a publisher's burst served from its turn
+   (metaq/mqtt/direct.py, MqttPort.deliver_now). */
+PyObject *mqtt_serve_waiting(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* encode_fields (_pbwrite.c): protobuf fields written from (field number, value) pairs; metaq/rmq5/messagebytes.py. */
 PyObject *encode_fields(PyObject *self, PyObject *args);
 /* served_record (_servedmsg.c): a served RocketMQ 5 message's bytes from its log record; metaq/rmq5/messagebytes.py. */

@@ -21,6 +21,54 @@ from metaq.store.record import FIXED_OVERHEAD
 DONE, DECIDE, SHORT = 0, 1, 2
 
 
+def serve_waiting_py(waiting, readers, keep_decoded, deliver, most, keys, staged, runs, client_id, now):
+    """A burst just appended to partitions ``keys`` and made visible (``staged`` and ``runs``: ``MqttPort
+    .write_burst``'s; published by ``client_id`` at ``now``): the deliveries in ``waiting`` (``{key: {Delivery:
+    None}}``, each one's greenlet waiting between passes with nothing of its own to send first) send what it
+    brought, at most ``most`` of them: each one's ``path`` (``DirectPath``: plain QoS 1 runs in one call), and when
+    that does not decide, ``deliver`` (``deliver_now``) from the cursor it left, given ``made`` (the partition's
+    ``staged_messages``, made once when one needs them). A partition that a waiting delivery was not served or left
+    caught up on, or that a fan-out reader reads (``readers``), has its messages kept decoded for them
+    (``keep_decoded(key, kruns, staged, client_id, now, made)``). Returns ``{key: events}``: the waits
+    (``Delivery.event``) of the deliveries it left caught up on ``key``, which the append's wake passes over.
+    ``metaq._speedups``'s ``mqtt_serve_waiting`` is this function in C (the tests hold the two equal)."""
+    caught_up = {}
+    if not waiting:
+        return caught_up
+    left = most
+    found = None
+    made = {}
+    for key in keys:
+        ds = waiting.get(key)
+        if not ds:
+            continue
+        if found is None:  # {key: [BurstRun, ...]} of the partitions some delivery waits on, in log order
+            found = {}
+            for run in runs:
+                if run[0] in waiting:
+                    found.setdefault(run[0], []).append(run)
+        kruns = found.get(key)
+        if kruns is None:
+            continue
+        served = 0
+        for d in list(ds):  # (a path may take its delivery out of ``waiting``)
+            if left <= 0:
+                break
+            left -= 1
+            went = d.path(key, kruns, staged, client_id)
+            if went is None:
+                went = deliver(d.out, key, kruns, staged, client_id, now, made)
+            if went:
+                caught_up.setdefault(key, set()).add(d.event)
+                served += 1
+        if served < len(ds) or key in readers:
+            keep_decoded(key, kruns, staged, client_id, now, made)
+    return caught_up
+
+
+serve_waiting = speedups.load("mqtt_serve_waiting", serve_waiting_py)
+
+
 def deliver_now(out, key, runs, staged, client_id, now, made):
     """Send what partition ``key`` holds past the cursor of ``out``'s session (an ``Outbound``), each record as the
     greenlet decides it (``Outbound.decision``, ``Outbound.prepare``: filters, No Local, Retain As Published,

@@ -45,6 +45,7 @@ import logging
 import os
 import time
 import zlib
+from functools import partial
 
 import gevent
 
@@ -117,6 +118,13 @@ class MqttPort:
         self.decoded = Decoded(self.topics)  # records decoded, QoS 0 PUBLISHes encoded, once for all their subscribers
         self.fanouts = Fanouts(store, waiters, self.decoded, max_transfer)  # one reader per partition for many
         self.waiting = {}  # (topic, partition) -> the Deliveries waiting on it now (``deliver_now``)
+        #: ``deliver_now(keys, staged, runs, client_id, now)``: a burst just appended to partitions ``keys`` and made
+        #: visible (``staged`` and ``runs``: ``write_burst``'s) served from the publisher's turn to the deliveries
+        #: waiting on it (``direct.serve_waiting``, at most ``limits.MQTT_DIRECT_DELIVERIES``): the messages neither
+        #: read back from the log nor decoded, the subscriber's wake saved; the others are kept decoded for their
+        #: readers (``_keep_decoded``). Returns ``{key: events}``, the waits the append's wake passes over.
+        self.deliver_now = partial(direct.serve_waiting, self.waiting, self.fanouts.readers, self._keep_decoded,
+                                   direct.deliver_now, limits.MQTT_DIRECT_DELIVERIES)
         self._clients = {}  # client id -> its Connection
         self._delayed = {}  # client id -> (the greenlet holding its will for its delay, the will, its guard session)
         self._ids = itertools.count(1)
@@ -743,65 +751,6 @@ class MqttPort:
                     runs.append(BurstRun((topic, partition), 1, len(data), r.msg_id, r.offset, i, r.log_end))
                 i += 1
         return n, log_end, keys, None
-
-    def deliver_now(self, keys, staged, runs, client_id, now):
-        """A burst just appended to partitions ``keys`` and made visible (``staged`` and ``runs``: ``write_burst``'s;
-        published by ``client_id`` at ``now``): the deliveries waiting caught up on them (``waiting``: each one's
-        greenlet waits between passes with nothing of its own to send first, ``Delivery._wait``) send what it brought
-        from the publisher's turn (``Delivery.path``, ``direct.DirectPath``: plain QoS 1 runs in one call; when it
-        does not decide, ``direct.deliver_now`` from the cursor it left), at most ``limits.MQTT_DIRECT_DELIVERIES`` of
-        them, from the entries the publisher's turn has, neither read back from the log nor decoded: a run of plain
-        QoS 1 messages straight from them (``direct.direct_publishes``), any other as the message
-        ``records.stored_message`` makes of its entry (``direct.staged_messages``, made once per partition when one
-        needs them). A partition's messages are kept in ``decoded`` under their records' keys for the readers known
-        to read them from the log later (``_keep_decoded``): a waiting delivery it did not serve or leave caught up,
-        its fan-out reader. The others, and whatever one cannot send without waiting, are sent by their own
-        greenlets, woken by the append as before. Saves the subscriber's wake on the loop and the record's read and
-        decode. Returns ``{key: events}``: the waits (``Delivery.event``) of the deliveries it left caught up on
-        ``key``, which the append's wake passes over (``PartitionWaiters.notify``'s ``quiet``)."""
-        waiting = self.waiting
-        caught_up = {}
-        if not waiting:
-            return caught_up
-        left = limits.MQTT_DIRECT_DELIVERIES
-        deliver = direct.deliver_now
-        found = None
-        made = {}  # (topic, partition) -> ``direct.staged_messages`` of its runs, once one needed them
-        for key in keys:
-            ds = waiting.get(key)
-            if not ds:
-                continue
-            if found is None:
-                # {(topic, partition): [BurstRun, ...]} of the partitions some delivery waits on, in log order
-                found = {}
-                for run in runs:
-                    rkey = run[0]
-                    if rkey in waiting:
-                        kruns = found.get(rkey)
-                        if kruns is None:
-                            found[rkey] = [run]
-                        else:
-                            kruns.append(run)
-            kruns = found.get(key)
-            if kruns is None:
-                continue
-            served = 0
-            for d in list(ds):
-                if left <= 0:
-                    break
-                left -= 1
-                went = d.path(key, kruns, staged, client_id)  # the common case in one call; None: not decided
-                if went is None:
-                    went = deliver(d.out, key, kruns, staged, client_id, now, made)
-                if went:
-                    if served:
-                        caught_up[key].add(d.event)
-                    else:
-                        caught_up[key] = {d.event}
-                    served += 1
-            if served < len(ds) or key in self.fanouts.readers:
-                self._keep_decoded(key, kruns, staged, client_id, now, made)
-        return caught_up
 
     def _keep_decoded(self, key, kruns, staged, client_id, now, made):
         """Keep the messages of partition ``key``'s runs ``kruns`` of the burst (``deliver_now``'s; ``made``: those
