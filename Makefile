@@ -59,7 +59,7 @@ builddeps:
 # (protoc from PyPI) generates the gRPC port's Python code from metaq/rmq5/messages.proto (tools/protos.py);
 # nothing generated is committed.
 GRPC_TOOLS := 'grpcio-tools>=1.62'
-$(VENV)/.core: setup.py metaq/_speedups.c metaq/_syncworker.c metaq/_idemscan.c metaq/_timerscan.c metaq/_recoveryscan.c metaq/_speedups.h metaq/rmq5/messages.proto tools/protos.py | builddeps
+$(VENV)/.core: setup.py $(wildcard metaq/_*.c) metaq/_speedups.h metaq/rmq5/messages.proto tools/protos.py | builddeps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -e . $(GRPC_TOOLS)
 	$(PY) tools/protos.py --force
