@@ -26,6 +26,7 @@ def speedups_extension():
                                          "metaq/_putturn.c",
                                          "metaq/_pubturn.c",
                                          "metaq/_mqttwaiting.c",
+                                         "metaq/_slots.c",
                                          "metaq/_pbwrite.c",
                                          "metaq/_servedmsg.c"], depends=["metaq/_speedups.h"],
                      include_dirs=["metaq"], libraries=libraries, define_macros=macros, optional=True)

@@ -52,7 +52,7 @@ static int dv_ready(void) {
 
 /* obj.name truthy: 1, 0, or -1 with an error set. */
 static int dv_truthy(PyObject *obj, PyObject *name) {
-    PyObject *v = PyObject_GetAttr(obj, name);
+    PyObject *v = metaq_getattr(obj, name);
     if (v == NULL)
         return -1;
     int r = PyObject_IsTrue(v);
@@ -62,7 +62,7 @@ static int dv_truthy(PyObject *obj, PyObject *name) {
 
 /* obj.name as a C long (-1 with an error set when it is not an int). */
 static long dv_long(PyObject *obj, PyObject *name) {
-    PyObject *v = PyObject_GetAttr(obj, name);
+    PyObject *v = metaq_getattr(obj, name);
     if (v == NULL)
         return -1;
     long r = PyLong_AsLong(v);
@@ -131,16 +131,16 @@ static void dp_dealloc(DirectPath *p) {
 /* The current stamp's parts (new references); -1 with an error set. */
 static int dp_stamp(DirectPath *p, PyObject **version, PyObject **user, PyObject **changes) {
     *version = *user = *changes = NULL;
-    if ((*version = PyObject_GetAttr(p->put_path, dv_keys[K_VERSION])) == NULL)
+    if ((*version = metaq_getattr(p->put_path, dv_keys[K_VERSION])) == NULL)
         return -1;
-    PyObject *core = PyObject_GetAttr(p->conn, dv_keys[K_SESSION]);
+    PyObject *core = metaq_getattr(p->conn, dv_keys[K_SESSION]);
     if (core == NULL)
         goto fail;
-    *user = PyObject_GetAttr(core, dv_keys[K_USER]);
+    *user = metaq_getattr(core, dv_keys[K_USER]);
     Py_DECREF(core);
     if (*user == NULL)
         goto fail;
-    if ((*changes = PyObject_GetAttr(p->session, dv_keys[K_CHANGES])) == NULL)
+    if ((*changes = metaq_getattr(p->session, dv_keys[K_CHANGES])) == NULL)
         goto fail;
     return 0;
 fail:
@@ -350,30 +350,30 @@ static PyObject *dp_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     p->vectorcall = dp_call;
     p->max_packet = -1;
     PyObject *port = NULL, *v = NULL;
-    if ((p->out = Py_NewRef(out)) == NULL || (p->conn = PyObject_GetAttr(out, dv_keys[K_CONN])) == NULL ||
-        (p->session = PyObject_GetAttr(out, dv_keys[K_SESSION])) == NULL ||
-        (port = PyObject_GetAttr(out, dv_keys[K_PORT])) == NULL ||
-        (p->put_path = PyObject_GetAttr(port, dv_keys[K_PUT_PATH])) == NULL ||
-        (p->client_id = PyObject_GetAttr(p->session, dv_keys[K_CLIENT_ID])) == NULL ||
-        (p->cursors = PyObject_GetAttr(p->session, dv_keys[K_CURSORS])) == NULL ||
-        (p->inflight = PyObject_GetAttr(p->session, dv_keys[K_INFLIGHT])) == NULL ||
-        (p->where = PyObject_GetAttr(p->session, dv_keys[K_WHERE])) == NULL)
+    if ((p->out = Py_NewRef(out)) == NULL || (p->conn = metaq_getattr(out, dv_keys[K_CONN])) == NULL ||
+        (p->session = metaq_getattr(out, dv_keys[K_SESSION])) == NULL ||
+        (port = metaq_getattr(out, dv_keys[K_PORT])) == NULL ||
+        (p->put_path = metaq_getattr(port, dv_keys[K_PUT_PATH])) == NULL ||
+        (p->client_id = metaq_getattr(p->session, dv_keys[K_CLIENT_ID])) == NULL ||
+        (p->cursors = metaq_getattr(p->session, dv_keys[K_CURSORS])) == NULL ||
+        (p->inflight = metaq_getattr(p->session, dv_keys[K_INFLIGHT])) == NULL ||
+        (p->where = metaq_getattr(p->session, dv_keys[K_WHERE])) == NULL)
         goto fail;
     if (!PyDict_Check(p->cursors) || !PyDict_Check(p->inflight) || !PyDict_Check(p->where)) {
         PyErr_SetString(PyExc_TypeError, "MqttDirectPath: the session's cursors, inflight and where must be dicts");
         goto fail;
     }
-    if ((v = PyObject_GetAttr(p->conn, dv_keys[K_VERSION])) == NULL)
+    if ((v = metaq_getattr(p->conn, dv_keys[K_VERSION])) == NULL)
         goto fail;
     p->v5 = PyLong_Check(v) && PyLong_AsLong(v) == 5;
     Py_CLEAR(v);
-    if ((v = PyObject_GetAttr(p->conn, dv_keys[K_CLIENT_MAX_PACKET])) == NULL)
+    if ((v = metaq_getattr(p->conn, dv_keys[K_CLIENT_MAX_PACKET])) == NULL)
         goto fail;
     if (v != Py_None && (p->max_packet = PyLong_AsSsize_t(v)) == -1 && PyErr_Occurred())
         goto fail;
     Py_CLEAR(v);
     int tls = dv_truthy(p->conn, dv_keys[K_TLS]);
-    if (tls < 0 || (v = PyObject_GetAttr(p->conn, dv_keys[K_OUTBOUND_ALIASES])) == NULL)
+    if (tls < 0 || (v = metaq_getattr(p->conn, dv_keys[K_OUTBOUND_ALIASES])) == NULL)
         goto fail;
     p->usable = !tls && v == Py_None;
     Py_CLEAR(v);
@@ -449,12 +449,12 @@ static PyObject *at_call(PyObject *self, PyObject *const *args, size_t nargsf, P
     PyObject *parser = args[0], *data = args[1];
     if (a->subs == NULL || !PyBytes_CheckExact(data) || PyBytes_GET_SIZE(data) == 0)
         return at_general(a, parser, data);
-    PyObject *session = PyObject_GetAttr(a->conn, dv_keys[K_MQTT]);
+    PyObject *session = metaq_getattr(a->conn, dv_keys[K_MQTT]);
     if (session == NULL)
         return NULL;
     if (session != a->session) {
-        PyObject *inflight = PyObject_GetAttr(session, dv_keys[K_INFLIGHT]), *where = NULL;
-        if (inflight == NULL || (where = PyObject_GetAttr(session, dv_keys[K_WHERE])) == NULL ||
+        PyObject *inflight = metaq_getattr(session, dv_keys[K_INFLIGHT]), *where = NULL;
+        if (inflight == NULL || (where = metaq_getattr(session, dv_keys[K_WHERE])) == NULL ||
             !PyDict_Check(inflight) || !PyDict_Check(where)) {
             Py_XDECREF(inflight);
             Py_XDECREF(where);
@@ -468,7 +468,7 @@ static PyObject *at_call(PyObject *self, PyObject *const *args, size_t nargsf, P
     Py_DECREF(session);
     session = a->session;
     /* MqttParser.end_acks' test: nothing buffered before data, no refusal, not at the end, the version known */
-    PyObject *buf = PyObject_GetAttr(parser, dv_buf);
+    PyObject *buf = metaq_getattr(parser, dv_buf);
     if (buf == NULL)
         return NULL;
     Py_ssize_t buffered = PyObject_Length(buf);
@@ -476,7 +476,7 @@ static PyObject *at_call(PyObject *self, PyObject *const *args, size_t nargsf, P
     long pos0 = dv_long(parser, dv_pos);
     if (buffered < 0 || (pos0 == -1 && PyErr_Occurred()))
         return NULL;
-    PyObject *fatal = PyObject_GetAttr(parser, dv_fatal);
+    PyObject *fatal = metaq_getattr(parser, dv_fatal);
     if (fatal == NULL)
         return NULL;
     int refused = fatal != Py_None;
@@ -484,7 +484,7 @@ static PyObject *at_call(PyObject *self, PyObject *const *args, size_t nargsf, P
     int eof = dv_truthy(parser, dv_eof);
     if (eof < 0)
         return NULL;
-    PyObject *version = PyObject_GetAttr(parser, dv_keys[K_VERSION]);
+    PyObject *version = metaq_getattr(parser, dv_keys[K_VERSION]);
     if (version == NULL)
         return NULL;
     long level = version == Py_None ? -1 : PyLong_AsLong(version);
@@ -506,7 +506,7 @@ static PyObject *at_call(PyObject *self, PyObject *const *args, size_t nargsf, P
         if (completed == -1 && PyErr_Occurred())
             return NULL;
         PyObject *c = PyLong_FromLong(completed + (long)taken);
-        if (c == NULL || PyObject_SetAttr(parser, dv_completed, c) < 0) {
+        if (c == NULL || metaq_setattr(parser, dv_completed, c) < 0) {
             Py_XDECREF(c);
             return NULL;
         }
@@ -526,9 +526,9 @@ static PyObject *at_call(PyObject *self, PyObject *const *args, size_t nargsf, P
     if (!taken)
         Py_RETURN_NONE;
     if (ended) {
-        if (PyObject_SetAttr(session, dv_keys[K_DIRTY], Py_True) < 0)
+        if (metaq_setattr(session, dv_keys[K_DIRTY], Py_True) < 0)
             return NULL;
-        PyObject *delivery = PyObject_GetAttr(a->subs, dv_keys[K_DELIVERY]);
+        PyObject *delivery = metaq_getattr(a->subs, dv_keys[K_DELIVERY]);
         if (delivery == NULL)
             return NULL;
         if (delivery != Py_None) {

@@ -140,7 +140,7 @@ PyObject *mqtt_serve_waiting(PyObject *self, PyObject *const *args, Py_ssize_t n
                 break;
             left--;
             PyObject *d = PyList_GET_ITEM(listed, k);
-            PyObject *path = PyObject_GetAttr(d, s_path);
+            PyObject *path = metaq_getattr(d, s_path);
             if (path == NULL) {
                 bad = 1;
                 break;
@@ -154,7 +154,7 @@ PyObject *mqtt_serve_waiting(PyObject *self, PyObject *const *args, Py_ssize_t n
                     bad = 1;
                     break;
                 }
-                PyObject *out = PyObject_GetAttr(d, s_out);
+                PyObject *out = metaq_getattr(d, s_out);
                 if (out == NULL) {
                     bad = 1;
                     break;
@@ -174,7 +174,7 @@ PyObject *mqtt_serve_waiting(PyObject *self, PyObject *const *args, Py_ssize_t n
                 break;
             }
             if (yes) {
-                PyObject *event = PyObject_GetAttr(d, s_event);
+                PyObject *event = metaq_getattr(d, s_event);
                 if (event == NULL || add_caught_up(caught_up, key, event) < 0)
                     bad = 1;
                 Py_XDECREF(event);

@@ -46,10 +46,10 @@ PyObject *store_should_flush(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (!interned())
         return NULL;
     PyObject *store = args[0], *now = args[1];
-    PyObject *pos = PyObject_GetAttr(store, s_pos);
+    PyObject *pos = metaq_getattr(store, s_pos);
     if (pos == NULL)
         return NULL;
-    PyObject *written = PyObject_GetAttr(pos, s_written), *flushed = written ? PyObject_GetAttr(pos, s_flushed) : NULL;
+    PyObject *written = metaq_getattr(pos, s_written), *flushed = written ? metaq_getattr(pos, s_flushed) : NULL;
     int behind = flushed ? less(flushed, written) : -1; /* not (written <= flushed) */
     Py_XDECREF(written);
     Py_XDECREF(flushed);
@@ -59,11 +59,11 @@ PyObject *store_should_flush(PyObject *self, PyObject *const *args, Py_ssize_t n
     }
     if (!behind) {
         Py_DECREF(pos);
-        if (PyObject_SetAttr(store, s_last_flush_ms, now) < 0)
+        if (metaq_setattr(store, s_last_flush_ms, now) < 0)
             return NULL;
         Py_RETURN_FALSE;
     }
-    PyObject *is_async = PyObject_GetAttr(store, s_async);
+    PyObject *is_async = metaq_getattr(store, s_async);
     int a = is_async ? PyObject_IsTrue(is_async) : -1;
     Py_XDECREF(is_async);
     if (a <= 0) {
@@ -72,19 +72,19 @@ PyObject *store_should_flush(PyObject *self, PyObject *const *args, Py_ssize_t n
             return NULL;
         Py_RETURN_TRUE;
     }
-    PyObject *cfg = PyObject_GetAttr(store, s_config);
-    PyObject *unflushed = cfg ? PyObject_GetAttr(pos, s_unflushed) : NULL;
+    PyObject *cfg = metaq_getattr(store, s_config);
+    PyObject *unflushed = cfg ? metaq_getattr(pos, s_unflushed) : NULL;
     Py_DECREF(pos);
-    PyObject *every = unflushed ? PyObject_GetAttr(cfg, s_every) : NULL;
+    PyObject *every = unflushed ? metaq_getattr(cfg, s_every) : NULL;
     int due = every ? less(unflushed, every) : -1; /* due: not (unflushed < every) */
     Py_XDECREF(unflushed);
     Py_XDECREF(every);
     if (due >= 0)
         due = !due;
     if (due == 0) { /* or now - last >= interval */
-        PyObject *last = PyObject_GetAttr(store, s_last_flush_ms);
+        PyObject *last = metaq_getattr(store, s_last_flush_ms);
         PyObject *since = last ? PyNumber_Subtract(now, last) : NULL;
-        PyObject *interval = since ? PyObject_GetAttr(cfg, s_interval) : NULL;
+        PyObject *interval = since ? metaq_getattr(cfg, s_interval) : NULL;
         due = interval ? less(since, interval) : -1;
         if (due >= 0)
             due = !due;
@@ -97,7 +97,7 @@ PyObject *store_should_flush(PyObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     if (!due)
         Py_RETURN_FALSE;
-    if (PyObject_SetAttr(store, s_last_flush_ms, now) < 0)
+    if (metaq_setattr(store, s_last_flush_ms, now) < 0)
         return NULL;
     Py_RETURN_TRUE;
 }
@@ -259,7 +259,7 @@ PyObject *waiters_notify(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     int settle = 0;
     if (nargs > 5 && (settle = PyObject_IsTrue(args[5])) < 0)
         return NULL;
-    PyObject *waits = PyObject_GetAttr(waiters, s_waits);
+    PyObject *waits = metaq_getattr(waiters, s_waits);
     if (waits == NULL)
         return NULL;
     if (!PyDict_Check(waits)) {
@@ -271,9 +271,9 @@ PyObject *waiters_notify(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         Py_RETURN_FALSE;
     }
     int made = 0, has_quiet = 0, woke = 0, w;
-    PyObject *made_obj = PyObject_GetAttr(waiters, s_made);
+    PyObject *made_obj = metaq_getattr(waiters, s_made);
     if (made_obj == NULL || (made = PyObject_IsTrue(made_obj)) < 0 ||
-        (made && PyObject_SetAttr(waiters, s_made, Py_False) < 0) ||
+        (made && metaq_setattr(waiters, s_made, Py_False) < 0) ||
         (has_quiet = quiet == Py_None ? 0 : PyObject_IsTrue(quiet)) < 0) {
         Py_XDECREF(made_obj);
         Py_DECREF(waits);

@@ -45,6 +45,8 @@
  *   mqtt_plain_turn(append, counted, path, store, deliver, client_id, acks, conn, largest, frames_of, publish,
  *                   most, most_bytes, data, v5, max_packet, plans, decided, room, now)
  *                                                 == metaq.mqtt.publishes.plain_turn_py (_pubturn.c)
+ *   slot_getattr(obj, name), slot_setattr(obj, name, value)
+ *                                                 == getattr and setattr (_slots.c: the C hot paths' attributes)
  *   mqtt_serve_waiting(waiting, readers, keep_decoded, deliver, most, keys, staged, runs, client_id, now)
  *                                                 == metaq.mqtt.direct.serve_waiting_py (_mqttwaiting.c)
  *   mqtt_direct_publishes(fd, staged, i, stop, names, session, topic, partition, offset, window, v5, max_packet)
@@ -1134,6 +1136,10 @@ static PyMethodDef methods[] = {
     {"mqtt_end_pubacks", mqtt_end_pubacks, METH_VARARGS,
      "mqtt_end_pubacks(buf, pos, v5, max_packet, inflight, where, state) -> (taken, ended, pos): the plain PUBACKs "
      "next in buf, each ending its message in flight (_mqttacks.c)"},
+    {"slot_getattr", (PyCFunction)(void (*)(void))slot_getattr, METH_FASTCALL,
+     "slot_getattr(obj, name) -> getattr(obj, name), an object slot read at its offset (_slots.c)"},
+    {"slot_setattr", (PyCFunction)(void (*)(void))slot_setattr, METH_FASTCALL,
+     "slot_setattr(obj, name, value) -> setattr(obj, name, value), an object slot written at its offset (_slots.c)"},
     {"mqtt_serve_waiting", (PyCFunction)(void (*)(void))mqtt_serve_waiting, METH_FASTCALL,
      "mqtt_serve_waiting(waiting, readers, keep_decoded, deliver, most, keys, staged, runs, client_id, now) -> "
      "{key: {events}}: metaq.mqtt.direct.serve_waiting_py (_mqttwaiting.c)"},

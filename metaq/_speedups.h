@@ -50,6 +50,15 @@ extern PyTypeObject MqttAckTurnType;
 /* mqtt_plain_turn (_pubturn.c): a device's plain read split, appended, counted, made visible and acknowledged in one
    step (metaq/mqtt/publishes.py). */
 PyObject *mqtt_plain_turn(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* metaq_getattr and metaq_setattr (_slots.c): PyObject_GetAttr and PyObject_SetAttr, an object slot of the object's
+   type read or written at its offset, found once per type and name (the hot paths' attributes). ``name``: any str;
+   the interned names the C files keep are found by identity. */
+PyObject *metaq_getattr(PyObject *obj, PyObject *name);
+int metaq_setattr(PyObject *obj, PyObject *name, PyObject *value);
+/* slot_getattr and slot_setattr (_slots.c): the two above as module functions, held to getattr and setattr by the
+   tests. */
+PyObject *slot_getattr(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *slot_setattr(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* mqtt_serve_waiting (_mqttwaiting.c): the deliveries waiting on a publisher's burst served from its turn
    (metaq/mqtt/direct.py, MqttPort.deliver_now). */
 PyObject *mqtt_serve_waiting(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
