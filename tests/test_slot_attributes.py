@@ -64,7 +64,7 @@ def test_a_class_attribute_set_over_a_kept_slot_is_what_is_read_after():
     o.v = 1
     assert C(o, "v") == 1
     Changing.v = property(lambda self: "property")
-    assert C(o, "v") == "property" == getattr(o, "v")
+    assert C(o, "v") == "property" == o.v
     with pytest.raises(AttributeError):
         SET(o, "v", 2)  # a property without a setter: as setattr
 

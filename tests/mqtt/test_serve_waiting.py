@@ -89,7 +89,7 @@ def test_a_burst_serves_at_most_its_limit_of_deliveries_and_keeps_the_rest_decod
         log = []
         waiting = {key: {Delivery(n, True, log): None for n in "abc"}}
         kept = []
-        out = fn(waiting, {}, lambda *a: kept.append(a[0]), None, most, {key}, [], runs, "pub", 0)
+        out = fn(waiting, {}, lambda *a, kept=kept: kept.append(a[0]), None, most, {key}, [], runs, "pub", 0)
         assert [e[1] for e in log] == served
         assert out == {key: {"event-" + n for n in served}}
         assert kept == ([key] if most == 2 else [])
