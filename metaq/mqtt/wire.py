@@ -968,6 +968,8 @@ class MqttParser(StreamParser):
     module's docstring).
     """
 
+    __slots__ = ("version", "max_packet", "sender")
+
     def __init__(self, version=None, max_packet=MQTT_MAX_PACKET_BYTES, sender=None):
         super().__init__()
         if version is not None and version not in VERSIONS:

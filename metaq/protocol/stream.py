@@ -41,6 +41,10 @@ class StreamParser:
     ``_buf``; consumed bytes are dropped when more arrive (``_compact``).
     """
 
+    #: In slots (a broker holds a parser per connection, and the C helper reads these at their offsets); a subclass
+    #: adds its own ``__slots__`` to keep that, or gets a dict for its attributes.
+    __slots__ = ("_buf", "_pos", "_completed", "_eof", "_fatal")
+
     def __init__(self):
         self._buf = bytearray()
         self._pos = 0
