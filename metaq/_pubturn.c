@@ -1,26 +1,32 @@
 /* The MQTT publisher's plain read stored and acknowledged in one C call (metaq.mqtt.publishes.plain_turn_py in C;
- * the tests hold the two equal, seeded):
+ * the tests hold the two equal, seeded), and the write of a burst's PUBACKs from the reader's turn that it and
+ * metaq.mqtt.acks.Acknowledgements.pubacks share (metaq.mqtt.acks.pubacks_now_py in C):
  *
  *   mqtt_plain_turn(append, counted, path, store, deliver, client_id, acks, conn, largest, frames_of, publish,
  *                   most, most_bytes, data, v5, max_packet, plans, decided, room, now)
  *       -> None | True | (entries, how many at QoS 1, their records' bytes, PUBACKs, next pos, taken)
+ *   mqtt_pubacks_now(acks, conn, data) -> True (written, all or a part) | False (the caller queues them)
  *
  * A device's read holding whole packets, nothing buffered before it: the plain PUBLISHes it begins with split and
  * staged with their PUBACKs (mqtt_read_publishes, _mqttturn.c), the client's unacknowledged count raised by the QoS
  * 1 ones (``acks.unacked``); when they are the whole read their burst frames made (``frames_of``, the C helper's
  * mqtt_burst_frames), appended by the store's burst writer (``append``), each run counted (``counted``), the put
  * path's ``burst_written`` of now called with the delivery (``deliver(keys, entries, runs, client_id, now)``) and
- * the PUBACKs written at once when they may be (``acks.pending`` 0 and the mode ACK_NOW: ``conn.try_send``, as
- * ``Acknowledgements.pubacks`` writes them), else handed to ``acks.pubacks`` with the wait the mode asks (the store's
- * ``log_cuts`` read before the wake): True. None: the read does not begin with one (nothing taken). The tuple: what the caller goes on with, as the
- * general path (other bytes follow from ``next pos``, a record the burst writer does not take, or the burst writer
- * stopped short: then ``taken`` is ``(frames, src, frames written, log end, keys, runs)``, else None). The objects
- * are the caller's, called through their public methods and attributes; bound with functools.partial once per
- * connection (metaq/mqtt/publishes.py), so the turn costs its caller one call. */
+ * the PUBACKs written at once when they may be (the mode ACK_NOW: pubacks_now below, C to C), else queued
+ * (``acks.queue_pubacks``) with the wait the mode asks (the store's ``log_cuts`` read before the wake): True. None:
+ * the read does not begin with one (nothing taken). The tuple: what the caller goes on with, as the general path
+ * (other bytes follow from ``next pos``, a record the burst writer does not take, or the burst writer stopped
+ * short: then ``taken`` is ``(frames, src, frames written, log end, keys, runs)``, else None). The objects are the
+ * caller's, called through their public methods and attributes; bound with functools.partial once per connection
+ * (metaq/mqtt/publishes.py), so the turn costs its caller one call. */
 #define PY_SSIZE_T_CLEAN
+#include <errno.h>
+#include <sys/socket.h>
+
 #include "_speedups.h"
 
-static PyObject *s_log_cuts, *s_burst_written, *s_unacked, *s_pubacks, *s_pending, *s_try_send, *s_queue, *s_empty;
+static PyObject *s_log_cuts, *s_burst_written, *s_unacked, *s_queue_pubacks, *s_pending, *s_try_send, *s_queue,
+    *s_direct_fd, *s_keep_unsent, *s_send_failed, *s_sent, *s_set, *s_empty;
 
 static int interned(void) {
     if (s_empty != NULL)
@@ -34,7 +40,12 @@ static int interned(void) {
     INTERN(s_pending, "pending")
     INTERN(s_try_send, "try_send")
     INTERN(s_queue, "queue")
-    INTERN(s_pubacks, "pubacks")
+    INTERN(s_queue_pubacks, "queue_pubacks")
+    INTERN(s_direct_fd, "direct_fd")
+    INTERN(s_keep_unsent, "keep_unsent")
+    INTERN(s_send_failed, "send_failed")
+    INTERN(s_sent, "sent")
+    INTERN(s_set, "set")
 #undef INTERN
     if ((s_empty = PyBytes_FromStringAndSize(NULL, 0)) == NULL)
         return 0;
@@ -55,41 +66,112 @@ static int add_unacked(PyObject *acks, PyObject *qos1) {
     return r;
 }
 
-/* The PUBACKs ``data`` written from the reader's turn when they may go at once (``acks.pending`` 0: nothing queued,
- * no writer) and the socket takes them now (``conn.try_send``), as ``Acknowledgements.pubacks`` writes them: 1
- * written (a part: the rest queued, ``acks.queue(b"")``), 0 not (the caller hands them to ``acks.pubacks``), -1 with
- * an exception set. */
-static int sent_at_once(PyObject *acks, PyObject *conn, PyObject *data) {
+/* metaq.mqtt.acks.pubacks_now_py in C: a burst's PUBACKs ``data`` (bytes) written from the reader's turn when they
+ * may go now (``acks.pending`` 0: nothing queued before them, no writer), by the socket's descriptor while it may be
+ * written that way (``conn.direct_fd`` >= 0: one send, MSG_DONTWAIT | MSG_NOSIGNAL, as the delivery's; a part
+ * written: the rest kept by ``conn.keep_unsent`` and ``acks.queue(b"")`` for the writer to finish it; a full buffer:
+ * nothing; another error: ``conn.send_failed(errno)``), else by ``conn.try_send``. Some written: ``acks.unacked``
+ * lowered by the PUBACKs, ``acks.sent`` set when there is one, 1. None written: 0 (the caller queues them). -1 with an
+ * exception set. */
+static int pubacks_now(PyObject *acks, PyObject *conn, PyObject *data) {
+    if (!interned())
+        return -1;
+    if (!PyBytes_Check(data)) {
+        PyErr_SetString(PyExc_TypeError, "the PUBACKs must be bytes");
+        return -1;
+    }
     PyObject *pending = PyObject_GetAttr(acks, s_pending);
     if (pending == NULL)
         return -1;
-    int idle = PyLong_Check(pending) && PyLong_AsLong(pending) == 0;
+    int busy = PyObject_IsTrue(pending);
     Py_DECREF(pending);
-    if (!idle)
-        return 0;
-    PyObject *sent = PyObject_CallMethodObjArgs(conn, s_try_send, data, NULL);
-    if (sent == NULL)
+    if (busy)
+        return busy < 0 ? -1 : 0;
+    PyObject *fd_obj = PyObject_GetAttr(conn, s_direct_fd);
+    if (fd_obj == NULL)
         return -1;
-    Py_ssize_t n = PyLong_Check(sent) ? PyLong_AsSsize_t(sent) : 0;
-    Py_DECREF(sent);
-    if (n == -1 && PyErr_Occurred())
+    long fd = PyLong_AsLong(fd_obj);
+    Py_DECREF(fd_obj);
+    if (fd == -1 && PyErr_Occurred())
         return -1;
+    const char *buf = PyBytes_AS_STRING(data);
+    Py_ssize_t size = PyBytes_GET_SIZE(data), n;
+    if (fd >= 0) {
+        ssize_t sent;
+        do {
+            sent = send((int)fd, buf, (size_t)size, MSG_DONTWAIT | MSG_NOSIGNAL);
+        } while (sent < 0 && errno == EINTR);
+        if (sent < 0) {
+            int err = errno;
+            if (err == EAGAIN || err == EWOULDBLOCK)
+                return 0;
+            PyObject *e = PyLong_FromLong(err);
+            if (e == NULL)
+                return -1;
+            PyObject *r = PyObject_CallMethodOneArg(conn, s_send_failed, e);
+            Py_DECREF(e);
+            if (r == NULL)
+                return -1;
+            Py_DECREF(r);
+            return 0;
+        }
+        n = (Py_ssize_t)sent;
+        if (n > 0 && n < size) {
+            PyObject *rest = PyBytes_FromStringAndSize(buf + n, size - n);
+            if (rest == NULL)
+                return -1;
+            PyObject *r = PyObject_CallMethodOneArg(conn, s_keep_unsent, rest);
+            Py_DECREF(rest);
+            if (r == NULL)
+                return -1;
+            Py_DECREF(r);
+        }
+    } else {
+        PyObject *sent = PyObject_CallMethodOneArg(conn, s_try_send, data);
+        if (sent == NULL)
+            return -1;
+        n = PyLong_Check(sent) ? PyLong_AsSsize_t(sent) : 0;
+        Py_DECREF(sent);
+        if (n == -1 && PyErr_Occurred())
+            return -1;
+    }
     if (n <= 0)
         return 0;
-    PyObject *count = PyLong_FromSsize_t(-(PyBytes_GET_SIZE(data) >> 2));
+    PyObject *count = PyLong_FromSsize_t(-(size >> 2));
     if (count == NULL)
         return -1;
     int r = add_unacked(acks, count);
     Py_DECREF(count);
     if (r < 0)
         return -1;
-    if (n < PyBytes_GET_SIZE(data)) { /* the writer writes what try_send left first */
-        PyObject *q = PyObject_CallMethodObjArgs(acks, s_queue, s_empty, NULL);
+    if (n < size) { /* the writer writes what the connection keeps first */
+        PyObject *q = PyObject_CallMethodOneArg(acks, s_queue, s_empty);
         if (q == NULL)
             return -1;
         Py_DECREF(q);
     }
+    PyObject *event = PyObject_GetAttr(acks, s_sent);
+    if (event == NULL)
+        return -1;
+    if (event != Py_None) {
+        PyObject *q = PyObject_CallMethodNoArgs(event, s_set);
+        Py_DECREF(event);
+        if (q == NULL)
+            return -1;
+        Py_DECREF(q);
+    } else {
+        Py_DECREF(event);
+    }
     return 1;
+}
+
+PyObject *mqtt_pubacks_now(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3)
+        return PyErr_Format(PyExc_TypeError, "mqtt_pubacks_now takes 3 arguments (%zd given)", nargs);
+    int r = pubacks_now(args[0], args[1], args[2]);
+    if (r < 0)
+        return NULL;
+    return Py_NewRef(r ? Py_True : Py_False);
 }
 
 /* The hand-back tuple: (entries, qos1, nbytes, pubacks, pos, taken). */
@@ -215,17 +297,15 @@ PyObject *mqtt_plain_turn(PyObject *self, PyObject *const *args, Py_ssize_t narg
     Py_DECREF(mode);
     PyObject *pubacks = PyTuple_GET_ITEM(split, 4);
     if (PyBytes_Check(pubacks) && PyBytes_GET_SIZE(pubacks) > 0) {
+        PyObject *wait;
         if (ack_now) {
-            int sent = sent_at_once(acks, conn, pubacks);
+            int sent = pubacks_now(acks, conn, pubacks);
             if (sent < 0)
                 goto done;
             if (sent) {
                 result = Py_NewRef(Py_True);
                 goto done;
             }
-        }
-        PyObject *wait;
-        if (ack_now) {
             wait = Py_NewRef(Py_None);
         } else {
             PyObject *zero_end = log_end ? NULL : PyLong_FromLong(0);
@@ -236,7 +316,7 @@ PyObject *mqtt_plain_turn(PyObject *self, PyObject *const *args, Py_ssize_t narg
             if (wait == NULL)
                 goto done;
         }
-        PyObject *r = PyObject_CallMethodObjArgs(acks, s_pubacks, pubacks, wait, NULL);
+        PyObject *r = PyObject_CallMethodObjArgs(acks, s_queue_pubacks, pubacks, wait, NULL);
         Py_DECREF(wait);
         if (r == NULL)
             goto done;

@@ -62,6 +62,9 @@ PyObject *slot_setattr(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* mqtt_serve_waiting (_mqttwaiting.c): the deliveries waiting on a publisher's burst served from its turn
    (metaq/mqtt/direct.py, MqttPort.deliver_now). */
 PyObject *mqtt_serve_waiting(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* mqtt_pubacks_now (_pubturn.c): a burst's PUBACKs written from the reader's turn when they may go at once
+   (metaq/mqtt/acks.py); mqtt_plain_turn uses it too. */
+PyObject *mqtt_pubacks_now(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* encode_fields (_pbwrite.c): protobuf fields written from (field number, value) pairs; metaq/rmq5/messagebytes.py. */
 PyObject *encode_fields(PyObject *self, PyObject *args);
 /* served_record (_servedmsg.c): a served RocketMQ 5 message's bytes from its log record; metaq/rmq5/messagebytes.py. */

@@ -3,8 +3,10 @@ PUBREL of a delivery's first PUBREC in a persistent session), in the order the p
 be acknowledged as a text ``put`` would be (``PutPath.durable``, ``MqttPort.burst_durable``), and the count of the
 client's QoS 1/2 PUBLISHes not yet acknowledged that ``mqtt.receive_maximum`` bounds (docs/mqtt.md).
 
-An acknowledgement that may go at once and finds nothing queued before it is written from the reader's turn; the
-others are queued for a writer greenlet that exists only while some wait, so an idle connection holds none.
+A burst's PUBACKs that may go at once and find nothing queued before them are written from the reader's turn
+(``pubacks_now``: by the socket's descriptor when it may be written that way, ``Connection.direct_fd``, else
+``Connection.try_send``); the others are queued for a writer greenlet that exists only while some wait, so an idle
+connection holds none.
 """
 
 import logging
@@ -16,22 +18,25 @@ from gevent.event import Event
 
 from metaq import errors
 from metaq.mqtt import wire
+from metaq.mqtt.direct import send_now
 from metaq.mqtt.wire import MQTT_5, encode
+from metaq.speedups import load
 
 log = logging.getLogger(__name__)
 
 
 class Acknowledgements:
     """One connection's acknowledgements (see the module doc), written to ``conn`` (its ``send``, ``send_bytes``,
-    ``try_send``, ``close``, its version, peer and session), waiting on ``put_path`` (``durable``) and
-    ``burst_durable`` (``MqttPort.burst_durable``). ``unacked`` is the client's QoS 1/2 PUBLISHes not yet
+    ``try_send``, ``direct_fd``, ``close``, its version, peer and session), waiting on ``put_path`` (``durable``)
+    and ``burst_durable`` (``MqttPort.burst_durable``). ``unacked`` is the client's QoS 1/2 PUBLISHes not yet
     acknowledged (QoS 2: until its PUBREL), counted by ``publishes.Publishes`` as it takes, refuses and releases
-    them, set by a resumed session (``connect``) and counted down here as their acknowledgements go; ``pending``
-    the acknowledgements queued and not yet written (0: none queued and no writer running, so a burst's PUBACKs
-    acknowledged at once may be written from the reader's turn: ``pubacks``, or the reader's one-step turn,
-    ``publishes.plain_turn``, which writes them as ``pubacks`` does)."""
+    them, set by a resumed session (``connect``) and counted down as their acknowledgements go; ``pending`` the
+    acknowledgements queued and not yet written (0: none queued and no writer running, so a burst's PUBACKs
+    acknowledged at once may be written from the reader's turn: ``pubacks_now``, which ``pubacks`` and the
+    reader's one-step turn, ``publishes.plain_turn``, both use); ``sent`` an Event once waited on
+    (``wait_for_room``, the reader's), set after each acknowledgement written, here or by ``pubacks_now``."""
 
-    __slots__ = ("conn", "put_path", "burst_durable", "unacked", "pending", "_queue", "_sent", "_writer")
+    __slots__ = ("conn", "put_path", "burst_durable", "unacked", "pending", "sent", "_queue", "_writer")
 
     def __init__(self, conn, put_path, burst_durable):
         self.conn = conn
@@ -39,8 +44,8 @@ class Acknowledgements:
         self.burst_durable = burst_durable
         self.unacked = 0
         self.pending = 0
+        self.sent = None
         self._queue = None  # (packet, wait, counted) in the order of their packets: a deque once one is queued
-        self._sent = None  # an Event once waited on (``wait_for_room``, the reader's): set after each written here
         self._writer = None  # the writer's greenlet while acknowledgements wait
 
     @property
@@ -59,22 +64,19 @@ class Acknowledgements:
         self._append((packet, wait, counted))
 
     def pubacks(self, data, wait=None, run=None):
-        """Send a burst's PUBACKs, ``data`` their bytes (4 a PUBACK, in order, ``wire.encode_pubacks``'s), as one
-        ``PubAckRun`` (``run`` when made already) after every acknowledgement queued before it, once the burst may be
-        acknowledged (``wait``: ``burst_durable``'s arguments; None: at once). Acknowledged at once with nothing queued
-        before them, the common case of a burst with ``flush: async``, they are written from the reader's turn when
-        the socket takes them without waiting (``try_send``): no entry, no writer greenlet. A part written: the
-        writer finishes it before anything else. Else (TLS, the socket's buffer full, another writer inside a
-        packet) they are queued."""
-        if wait is None and self._writer is None and not self._queue:
-            sent = self.conn.try_send(data)
-            if sent:
-                self.unacked -= len(data) >> 2
-                if sent < len(data):
-                    self._append((b"", None, False))  # ``send_bytes`` writes what ``try_send`` left first
-                if self._sent is not None:
-                    self._sent.set()
-                return
+        """Send a burst's PUBACKs, ``data`` their bytes (4 a PUBACK, in order, ``wire.encode_pubacks``'s), after every
+        acknowledgement queued before it, once the burst may be acknowledged (``wait``: ``burst_durable``'s
+        arguments; None: at once). Acknowledged at once, the common case of a burst with ``flush: async``, they are
+        written from the reader's turn when nothing is queued before them and the socket takes them without waiting
+        (``pubacks_now``): no entry, no writer greenlet. Else they are queued (``queue_pubacks``)."""
+        if wait is None and pubacks_now(self, self.conn, data):
+            return
+        self.queue_pubacks(data, wait, run)
+
+    def queue_pubacks(self, data, wait=None, run=None):
+        """Queue a burst's PUBACKs (``pubacks``' arguments) as one ``PubAckRun`` (``run`` when made already) for the
+        writer, behind every acknowledgement queued before it: what ``pubacks`` does with those it does not write at
+        once (TLS, the socket's buffer full, another writer inside a packet, acknowledgements queued before them)."""
         self._append((PubAckRun(encoded=data) if run is None else run, wait, False))
 
     def _append(self, entry):
@@ -100,14 +102,14 @@ class Acknowledgements:
         it, and waits in its socket instead of being closed (at most ``deadline_s`` seconds). True when it waited
         (it yielded)."""
         deadline = time.monotonic() + deadline_s
-        if self._sent is None:
-            self._sent = Event()
+        if self.sent is None:
+            self.sent = Event()
         waited = False
         while self.unacked >= receive_maximum and self.pending and not self.conn.closed \
                 and time.monotonic() < deadline:
             waited = True
-            self._sent.clear()
-            self._sent.wait(0.5)
+            self.sent.clear()
+            self.sent.wait(0.5)
         return waited
 
     def finish(self, deadline_s):
@@ -141,8 +143,8 @@ class Acknowledgements:
                 self._write_one(packet, wait, counted)
         finally:
             self.pending -= 1
-            if self._sent is not None:
-                self._sent.set()
+            if self.sent is not None:
+                self.sent.set()
 
     def _write_one(self, packet, wait, counted):
         if wait is not None:
@@ -190,6 +192,42 @@ class Acknowledgements:
             return type(packet)(packet.packet_id, wire.UNSPECIFIED_ERROR)
         conn.close()
         return None
+
+
+def pubacks_now_py(acks, conn, data):
+    """Write a burst's PUBACKs ``data`` (``Acknowledgements.pubacks``' bytes, acknowledged at once) from the reader's
+    turn when they may go now: nothing queued before them and no writer (``acks.pending`` 0), so they keep their
+    place. By the socket's descriptor while packets may be written that way (``conn.direct_fd``), one non-blocking
+    send: a part written leaves the rest to the connection (``conn.keep_unsent``: written before anything else) and
+    an empty entry queued (``acks.queue(b"")``) so the writer finishes it; a full buffer writes nothing; a failed
+    send closes the connection (``conn.send_failed``). Otherwise (TLS, a writer inside a packet, something unsent,
+    closed) through ``conn.try_send``. When some went, ``acks.unacked`` is lowered by the PUBACKs and ``acks.sent``
+    set: True. False: none went, the caller queues them (``acks.queue_pubacks``). ``metaq._speedups``'
+    ``mqtt_pubacks_now`` is this function in C (the tests hold the two equal)."""
+    if acks.pending:
+        return False
+    fd = conn.direct_fd
+    if fd >= 0:
+        n, err = send_now(fd, data)
+        if err:
+            conn.send_failed(err)
+            return False
+        if 0 < n < len(data):
+            conn.keep_unsent(data[n:])
+    else:
+        n = conn.try_send(data) or 0
+    if n <= 0:
+        return False
+    acks.unacked -= len(data) >> 2
+    if n < len(data):
+        acks.queue(b"")  # the writer writes what the connection keeps first
+    if acks.sent is not None:
+        acks.sent.set()
+    return True
+
+
+#: ``pubacks_now_py``, in C when built: the reader's turn (``publishes.plain_turn``) calls the C one from C.
+pubacks_now = load("mqtt_pubacks_now", pubacks_now_py)
 
 
 class PubAckRun:

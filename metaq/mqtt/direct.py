@@ -406,7 +406,7 @@ def direct_publishes_py(fd, staged, i, stop, names, session, topic, partition, o
         where[packet_id] = (1, topic, partition, offset + j)
         chunks.append(publish_bytes(0x32, entry[5], packet_id, prop, entry[4].payload))
     session.dirty = True
-    n, err = _send_now(fd, b"".join(chunks))
+    n, err = send_now(fd, b"".join(chunks))
     went, pos, rest = 0, 0, None
     for chunk in chunks:
         after = pos + len(chunk)
@@ -446,9 +446,10 @@ def _plan(staged, i, stop, names, room, prop, max_packet):
     return plan, DONE
 
 
-def _send_now(fd, data):
+def send_now(fd, data):
     """``(bytes taken, errno)`` of one non-blocking send of ``data`` on socket descriptor ``fd`` (nothing when
-    ``data`` is empty; 0 taken when its buffer is full)."""
+    ``data`` is empty; 0 taken when its buffer is full): the Python twins' write by descriptor (here and
+    ``acks.pubacks_now_py``)."""
     if not data:
         return 0, 0
     try:

@@ -22,6 +22,7 @@ from functools import partial
 from metaq import errors, limits
 from metaq.limits import MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES
 from metaq.mqtt import wire
+from metaq.mqtt.acks import pubacks_now
 from metaq.mqtt.records import RecordRefusal, plain_plan
 from metaq.mqtt.wire import MQTT_5
 from metaq.server.clock import now_ms
@@ -75,13 +76,13 @@ def plain_turn_py(append, counted, path, store, deliver, client_id, acks, conn, 
     QoS 1 ones added to ``acks.unacked``; when they are the whole read, their burst frames (``frames_of``:
     ``port.burst_frames``) appended by the store's burst writer (``append``: ``PutPath.append_burst``), each run
     counted (``counted``), the put path's ``burst_written`` of now called with the delivery (``deliver``:
-    ``MqttPort.deliver_now``) and the PUBACKs written at once when they may be (the mode ACK_NOW and
-    ``acks.pending`` 0: ``conn.try_send``, as ``Acknowledgements.pubacks`` writes them), else handed to
-    ``acks.pubacks`` with the wait the mode asks (the log's ``log_cuts`` read before the wake, which may yield):
-    True. None: the read does not begin with a plain PUBLISH (nothing taken). Else ``(entries, how many at QoS 1,
-    their records' bytes, PUBACKs, next pos, taken)`` for the caller's general path: other bytes follow from ``next
-    pos``, a record is one the burst writer does not take, or the burst writer stopped short (``taken``: ``(frames,
-    src, frames written, log end, keys, runs)``, the runs counted; else None). ``metaq._speedups``'s
+    ``MqttPort.deliver_now``) and the PUBACKs written at once when they may be (the mode ACK_NOW:
+    ``pubacks_now``, metaq/mqtt/acks.py: the decision and the write ``Acknowledgements.pubacks`` makes), else queued
+    (``acks.queue_pubacks``) with the wait the mode asks (the log's ``log_cuts`` read before the wake, which may
+    yield): True. None: the read does not begin with a plain PUBLISH (nothing taken). Else ``(entries, how many at
+    QoS 1, their records' bytes, PUBACKs, next pos, taken)`` for the caller's general path: other bytes follow from
+    ``next pos``, a record is one the burst writer does not take, or the burst writer stopped short (``taken``:
+    ``(frames, src, frames written, log end, keys, runs)``, the runs counted; else None). ``metaq._speedups``'s
     ``mqtt_plain_turn`` is this function in C (the tests hold the two equal)."""
     entries, pos, qos1, nbytes, pubacks = wire.read_publishes(data, 0, v5, max_packet, plans, decided, room, most,
                                                               most_bytes, publish)
@@ -104,14 +105,11 @@ def plain_turn_py(append, counted, path, store, deliver, client_id, acks, conn, 
     cuts = store.log_cuts
     mode = path.burst_written(keys, now, None, deliver, (keys, entries, runs, client_id, now))
     if pubacks:
-        if mode == ACK_NOW and not acks.pending:
-            sent = conn.try_send(pubacks)
-            if sent:
-                acks.unacked -= len(pubacks) >> 2
-                if sent < len(pubacks):
-                    acks.queue(b"")  # the writer writes what ``try_send`` left first
-                return True
-        acks.pubacks(pubacks, None if mode == ACK_NOW else (keys, log_end, now, cuts))
+        if mode == ACK_NOW:
+            if not pubacks_now(acks, conn, pubacks):
+                acks.queue_pubacks(pubacks)
+        else:
+            acks.queue_pubacks(pubacks, (keys, log_end, now, cuts))
     return True
 
 

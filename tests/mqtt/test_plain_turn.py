@@ -40,6 +40,8 @@ class _World:
         self.fail = rng.random() < 0.05
         self.pending = rng.choice([0, 0, 0, 1])
         self.takes = rng.choice([None, 0, 1, 2, 1 << 20, 1 << 20])  # the socket's answer: closed/TLS, full, a part, all
+        self.direct_fd = -1  # (written by descriptor: tests/mqtt/test_pubacks_now.py)
+        self.sent = _Event(self.log) if rng.random() < 0.3 else None  # ``wait_for_room`` waited once
 
     # the burst writer: takes a random number of the frames, one run a frame
     def append(self, frames, src, now):
@@ -58,8 +60,8 @@ class _World:
         self.log.append(("written", sorted(keys), now, quiet, deliver, args))
         return self.mode
 
-    def pubacks(self, data, wait=None):
-        self.log.append(("pubacks", data, wait, self.unacked))
+    def queue_pubacks(self, data, wait=None):
+        self.log.append(("queue_pubacks", data, wait, self.unacked))
 
     def queue(self, packet):
         self.log.append(("queue", packet, self.unacked))
@@ -67,6 +69,14 @@ class _World:
     def try_send(self, data):
         self.log.append(("try_send", data, self.unacked))
         return self.takes if self.takes is None else min(self.takes, len(data))
+
+
+class _Event:
+    def __init__(self, log):
+        self.log = log
+
+    def set(self):
+        self.log.append(("sent",))
 
 
 def _deliver(*args):
@@ -92,7 +102,7 @@ def test_the_c_turn_and_its_python_twin_make_the_same_calls_and_hand_back_the_sa
     order, and leave the same unacknowledged count."""
     rng = random.Random(5957 + v5)
     plans = _plans()
-    kinds, sends = set(), set()
+    kinds, sends, calls = set(), set(), set()
     for k in range(800):
         if rng.random() < 0.5:  # a device's common read: plain QoS 1 PUBLISHes of names staged before
             data = b"".join(wire.encode(Publish(rng.choice(NAMES), rng.randbytes(rng.randrange(200)), 1, False, False,
@@ -113,11 +123,13 @@ def test_the_c_turn_and_its_python_twin_make_the_same_calls_and_hand_back_the_sa
         assert c == py
         if any(call[0] == "try_send" for call in c[1]):
             sends.add(world.takes)
+        calls.update(call[0] for call in c[1])
         went = c[0]
         kinds.add("none" if went is None else "done" if went is True else "raised" if went[0] == "raised"
                   else "rest" if went[5] is None else "taken")
     assert kinds == {"none", "done", "rest", "taken", "raised"}  # every way out was met
     assert sends == {None, 0, 1, 2, 1 << 20}  # and every answer of the socket to the PUBACKs
+    assert {"sent", "queue", "queue_pubacks"} <= calls  # some set the waiter's event, finished by the writer, queued
 
 
 # -- on a real broker --------------------------------------------------------------------------------------------------
