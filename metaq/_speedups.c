@@ -1085,7 +1085,7 @@ static PyMethodDef methods[] = {
     {"waiters_notify", (PyCFunction)(void (*)(void))waiters_notify, METH_FASTCALL,
      "waiters_notify(waiters, sleep, new_partition, keys, quiet=None, settle=False) -> bool: "
      "metaq.server.longpoll.PartitionWaiters.notify"},
-    {"append_run", append_run, METH_VARARGS,
+    {"append_run", (PyCFunction)(void (*)(void))append_run, METH_FASTCALL,
      "append_run(runs, run_type, log, seg_start, rel, ready, src, frames, i, j, room, topic, partition, p, off, "
      "now_ms, ids, positions, index, unit_at, overhead) -> count: metaq.store.batch.append_run_py"},
     {"write_run", write_run, METH_VARARGS,
