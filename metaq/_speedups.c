@@ -61,7 +61,7 @@
  * (crc32_gzip_refl: carry-less multiply folding, about 4x zlib's speed here)
  * and from zlib otherwise; CRC32_IMPL says which. Each body's CRC is computed
  * once; the record CRC is the header's CRC combined with it (zlib's
- * crc32_combine_op, with the operator for the body length cached per run).
+ * crc32_combine_op, with the operator for each body length kept across calls).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -328,6 +328,25 @@ static int frame_fields(PyObject *t, long long *flag, Py_ssize_t *start, Py_ssiz
     return 1;
 }
 
+/* zlib's operator that shifts a CRC past n bytes (crc32_combine_gen64(n)), remembered for the last lengths seen
+   across calls: a publisher's bodies mostly share a few lengths and a run is often one record, so generating it per
+   run costs more than the record's own CRC. Direct-mapped by length; a slot holds n + 1 (0: empty). Every caller
+   holds the GIL, which is what keeps the static table consistent. */
+#define CRC_OPS 16
+static struct {
+    Py_ssize_t len1;
+    uLong op;
+} crc_ops[CRC_OPS];
+
+static uLong crc_shift_op(Py_ssize_t n) {
+    unsigned slot = (unsigned)(((size_t)n * 0x9E3779B1u) >> 16) % CRC_OPS;
+    if (crc_ops[slot].len1 != n + 1) {
+        crc_ops[slot].op = crc32_combine_gen64((z_off64_t)n);
+        crc_ops[slot].len1 = n + 1;
+    }
+    return crc_ops[slot].op;
+}
+
 /* write_run's records written into held buffers (log[rel:], index[unit_at:]); the count, *rel moved past them; -1 with
    an exception set on bad input. Shared with append_run (_burstrun.c). */
 Py_ssize_t metaq_write_records(const Py_buffer *lb, const Py_buffer *sb, const Py_buffer *ib, PyObject *frames,
@@ -386,8 +405,8 @@ Py_ssize_t metaq_write_records(const Py_buffer *lb, const Py_buffer *sb, const P
         put32(h + 16, (uint32_t)flag);
         memcpy(r + hsize, src + start, n);
         unsigned long hcrc = crc_of(r + CRC_START, hsize - CRC_START, 0);
-        if (n != op_len) { /* the operator that shifts a CRC past n bytes: once per body length */
-            op = crc32_combine_gen64((z_off64_t)n);
+        if (n != op_len) {
+            op = crc_shift_op(n);
             op_len = n;
         }
         put32(r + 8, (uint32_t)crc32_combine_op(hcrc, crc, op));
