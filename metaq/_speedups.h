@@ -36,7 +36,8 @@ static inline int metaq_arg_ssize(PyObject *o, Py_ssize_t *out) { /* 'n' */
 static inline int metaq_arg_type(int at, PyObject *o, PyTypeObject *type) { /* 'O!' and 'S' (at: from 1) */
     if (PyObject_TypeCheck(o, type))
         return 1;
-    PyErr_Format(PyExc_TypeError, "argument %d must be %.50s, not %.50s", at, type->tp_name, Py_TYPE(o)->tp_name);
+    PyErr_Format(PyExc_TypeError, "argument %d must be %.50s, not %.50s", at, type->tp_name,
+                 o == Py_None ? "None" : Py_TYPE(o)->tp_name);
     return 0;
 }
 
@@ -62,8 +63,25 @@ PyObject *mqtt_publish_bytes(PyObject *self, PyObject *args);
 PyObject *mqtt_pubacks(PyObject *self, PyObject *ids);
 /* mqtt_plain_publishes (_speedups.c) and mqtt_read_publishes (_mqttturn.c): the MQTT publisher's read split and staged,
    the second with the PUBACKs of its QoS 1 PUBLISHes. */
-PyObject *mqtt_plain_publishes(PyObject *self, PyObject *args);
-PyObject *mqtt_read_publishes(PyObject *self, PyObject *args);
+PyObject *mqtt_plain_publishes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *mqtt_read_publishes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* Their arguments (buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish) checked as
+   PyArg_ParseTuple's "y*npLO!O!LnLO!" checked them, the buffer held (released with PyBuffer_Release(&in->b)). */
+typedef struct {
+    Py_buffer b;
+    Py_ssize_t pos, count;
+    long long max_packet, room, nbytes;
+    int v5;
+    PyObject *plans, *decided, *cls;
+} metaq_publishes_in;
+int metaq_publishes_args(PyObject *const *args, Py_ssize_t nargs, metaq_publishes_in *in);
+/* The split (_speedups.c): its entries (a new list), in->pos moved to the next pos, how many at QoS 1 and their
+   records' bytes; NULL with an exception set. */
+PyObject *metaq_plain_split(metaq_publishes_in *in, Py_ssize_t *qos1, Py_ssize_t *taken);
+/* The read (_mqttturn.c): the split and the PUBACKs of its QoS 1 PUBLISHes (*acks, new bytes). */
+PyObject *metaq_read_publishes(metaq_publishes_in *in, Py_ssize_t *qos1, Py_ssize_t *taken, PyObject **acks);
+/* A tuple of n new references, stolen; NULL (and none kept) when one is NULL or the tuple cannot be made. */
+PyObject *metaq_tuple_of(Py_ssize_t n, PyObject **items);
 /* mqtt_end_pubacks (_mqttacks.c): the MQTT subscriber's read of PUBACKs split and its messages in flight ended in one
    step. */
 PyObject *mqtt_end_pubacks(PyObject *self, PyObject *args);
