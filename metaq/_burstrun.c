@@ -73,15 +73,20 @@ static int add_ll(PyObject *obj, PyObject *name, long long add) {
     return get_ll(obj, name, &v) && set_ll(obj, name, v + add);
 }
 
-PyObject *append_run(PyObject *self, PyObject *args) {
+PyObject *append_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *runs, *run_type, *log_obj, *src_obj, *frames, *topic_obj, *p, *ids, *positions, *index_obj;
     long long seg_start, off, now_ms;
     Py_ssize_t rel, ready, i, j, room, unit_at, overhead;
     long partition;
-    if (!PyArg_ParseTuple(args, "O!OOLnnOOnnnSlOLLOOOnn", &PyList_Type, &runs, &run_type, &log_obj, &seg_start, &rel,
-                          &ready, &src_obj, &frames, &i, &j, &room, &topic_obj, &partition, &p, &off, &now_ms, &ids,
-                          &positions, &index_obj, &unit_at, &overhead))
+    if (!metaq_nargs(nargs, 21) || !metaq_arg_type(1, args[0], &PyList_Type) || !metaq_arg_ll(args[3], &seg_start) ||
+        !metaq_arg_ssize(args[4], &rel) || !metaq_arg_ssize(args[5], &ready) || !metaq_arg_ssize(args[8], &i) ||
+        !metaq_arg_ssize(args[9], &j) || !metaq_arg_ssize(args[10], &room) ||
+        !metaq_arg_type(12, args[11], &PyBytes_Type) || !metaq_arg_long(args[12], &partition) ||
+        !metaq_arg_ll(args[14], &off) || !metaq_arg_ll(args[15], &now_ms) || !metaq_arg_ssize(args[19], &unit_at) ||
+        !metaq_arg_ssize(args[20], &overhead))
         return NULL;
+    runs = args[0], run_type = args[1], log_obj = args[2], src_obj = args[6], frames = args[7], topic_obj = args[11];
+    p = args[13], ids = args[16], positions = args[17], index_obj = args[18];
     if (!interned())
         return NULL;
     if (!PyType_Check(run_type) || !PyType_IsSubtype((PyTypeObject *)run_type, &PyTuple_Type))
@@ -151,7 +156,10 @@ PyObject *append_run(PyObject *self, PyObject *args) {
         PyObject *pending = PyObject_GetAttr(positions, s_pending);
         if (pending == NULL)
             return NULL;
-        PyObject *entry = Py_BuildValue("(LOL)", end, p, vis);
+        PyObject *end_obj = PyLong_FromLongLong(end), *vis_obj = PyLong_FromLongLong(vis);
+        PyObject *entry = end_obj != NULL && vis_obj != NULL ? PyTuple_Pack(3, end_obj, p, vis_obj) : NULL;
+        Py_XDECREF(end_obj);
+        Py_XDECREF(vis_obj);
         PyObject *r = entry == NULL ? NULL : PyObject_CallMethodOneArg(pending, s_append, entry);
         Py_XDECREF(entry);
         Py_DECREF(pending);
@@ -172,14 +180,27 @@ PyObject *append_run(PyObject *self, PyObject *args) {
     PyObject *key = PyObject_GetAttr(p, s_key);
     if (key == NULL)
         return NULL;
-    PyObject *fields = Py_BuildValue("((NnLLLnL))", key, count, nbytes - (long long)count * overhead, first_id, off,
-                                     i, end);
-    if (fields == NULL)
+    /* made as tuple.__new__(run_type, fields) makes it: a tuple subtype's instance is allocated by the type and its
+       items set (the type's tp_alloc tracks it for the collector) */
+    PyTypeObject *rt = (PyTypeObject *)run_type;
+    PyObject *run = rt == &PyTuple_Type ? PyTuple_New(7) : rt->tp_alloc(rt, 7);
+    if (run == NULL) {
+        Py_DECREF(key);
         return NULL;
-    PyObject *run = PyTuple_Type.tp_new((PyTypeObject *)run_type, fields, NULL);
-    Py_DECREF(fields);
-    if (run == NULL)
+    }
+    PyTuple_SET_ITEM(run, 0, key);
+    PyObject *v[6] = {PyLong_FromSsize_t(count), PyLong_FromLongLong(nbytes - (long long)count * overhead),
+                      PyLong_FromLongLong(first_id), PyLong_FromLongLong(off), PyLong_FromSsize_t(i),
+                      PyLong_FromLongLong(end)};
+    int bad = 0;
+    for (int k = 0; k < 6; k++) {
+        bad |= v[k] == NULL;
+        PyTuple_SET_ITEM(run, k + 1, v[k]); /* a NULL item is one the tuple's dealloc skips */
+    }
+    if (bad) {
+        Py_DECREF(run);
         return NULL;
+    }
     int rc = PyList_Append(runs, run);
     Py_DECREF(run);
     return rc < 0 ? NULL : PyLong_FromSsize_t(count);

@@ -147,7 +147,8 @@ static int direct_record(PyObject *inflight, PyObject *where, long packet_id, Py
     PyObject *key = PyLong_FromLong(packet_id);
     if (key == NULL)
         return -1;
-    PyObject *place = Py_BuildValue("(iOOL)", 1, topic, partition, offset);
+    PyObject *fields[4] = {PyLong_FromLong(1), Py_NewRef(topic), Py_NewRef(partition), PyLong_FromLongLong(offset)};
+    PyObject *place = metaq_tuple_of(4, fields);
     int r = -1;
     if (place != NULL && PyObject_SetItem(inflight, key, direct_keys[D_PUBLISH_SENT]) == 0 &&
         PyObject_SetItem(where, key, place) == 0)
@@ -368,8 +369,11 @@ PyObject *mqtt_direct_publishes(PyObject *self, PyObject *const *args, Py_ssize_
     int state = 0, err = 0;
     PyObject *rest = NULL, *result = NULL;
     if (metaq_direct_run(fd, staged, i, stop, names, session, inflight, where, topic, partition, offset, window, v5,
-                         max_packet, &went, &state, &rest, &err) == 0)
-        result = Py_BuildValue("(niOi)", went, state, rest != NULL ? rest : Py_None, err);
+                         max_packet, &went, &state, &rest, &err) == 0) {
+        PyObject *fields[4] = {PyLong_FromSsize_t(went), PyLong_FromLong(state),
+                               Py_NewRef(rest != NULL ? rest : Py_None), PyLong_FromLong(err)};
+        result = metaq_tuple_of(4, fields);
+    }
     Py_XDECREF(rest);
     Py_DECREF(inflight);
     Py_DECREF(where);

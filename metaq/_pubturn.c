@@ -53,11 +53,13 @@ static int interned(void) {
 }
 
 /* acks.unacked += qos1; -1 with an exception set. */
-static int add_unacked(PyObject *acks, PyObject *qos1) {
+static int add_unacked(PyObject *acks, Py_ssize_t qos1) {
     PyObject *had = PyObject_GetAttr(acks, s_unacked);
     if (had == NULL)
         return -1;
-    PyObject *now = PyNumber_Add(had, qos1);
+    PyObject *add = PyLong_FromSsize_t(qos1);
+    PyObject *now = add == NULL ? NULL : PyNumber_Add(had, add);
+    Py_XDECREF(add);
     Py_DECREF(had);
     if (now == NULL)
         return -1;
@@ -137,12 +139,7 @@ static int pubacks_now(PyObject *acks, PyObject *conn, PyObject *data) {
     }
     if (n <= 0)
         return 0;
-    PyObject *count = PyLong_FromSsize_t(-(size >> 2));
-    if (count == NULL)
-        return -1;
-    int r = add_unacked(acks, count);
-    Py_DECREF(count);
-    if (r < 0)
+    if (add_unacked(acks, -(size >> 2)) < 0)
         return -1;
     if (n < size) { /* the writer writes what the connection keeps first */
         PyObject *q = PyObject_CallMethodOneArg(acks, s_queue, s_empty);
@@ -174,10 +171,17 @@ PyObject *mqtt_pubacks_now(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return Py_NewRef(r ? Py_True : Py_False);
 }
 
+/* The read's split: its entries, next pos, how many at QoS 1, their records' bytes and PUBACKs. */
+typedef struct {
+    PyObject *entries, *pubacks;
+    Py_ssize_t pos, qos1, nbytes;
+} turn_split;
+
 /* The hand-back tuple: (entries, qos1, nbytes, pubacks, pos, taken). */
-static PyObject *handed_back(PyObject *split, PyObject *taken) {
-    return PyTuple_Pack(6, PyTuple_GET_ITEM(split, 0), PyTuple_GET_ITEM(split, 2), PyTuple_GET_ITEM(split, 3),
-                        PyTuple_GET_ITEM(split, 4), PyTuple_GET_ITEM(split, 1), taken);
+static PyObject *handed_back(const turn_split *sp, PyObject *taken) {
+    PyObject *items[6] = {Py_NewRef(sp->entries), PyLong_FromSsize_t(sp->qos1), PyLong_FromSsize_t(sp->nbytes),
+                          Py_NewRef(sp->pubacks), PyLong_FromSsize_t(sp->pos), Py_NewRef(taken)};
+    return metaq_tuple_of(6, items);
 }
 
 PyObject *mqtt_plain_turn(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -192,34 +196,35 @@ PyObject *mqtt_plain_turn(PyObject *self, PyObject *const *args, Py_ssize_t narg
     PyObject *zero = PyLong_FromLong(0);
     if (zero == NULL)
         return NULL;
-    PyObject *sargs = PyTuple_Pack(10, data, zero, v5, max_packet, plans, decided, room, most, most_bytes, publish);
+    PyObject *sargs[10] = {data, zero, v5, max_packet, plans, decided, room, most, most_bytes, publish};
+    metaq_publishes_in in;
+    turn_split sp;
+    int parsed = metaq_publishes_args(sargs, 10, &in);
     Py_DECREF(zero);
-    if (sargs == NULL)
+    if (!parsed)
         return NULL;
-    PyObject *split = mqtt_read_publishes(self, sargs);
-    Py_DECREF(sargs);
-    if (split == NULL)
+    Py_ssize_t size = in.b.len;
+    sp.entries = metaq_read_publishes(&in, &sp.qos1, &sp.nbytes, &sp.pubacks);
+    PyBuffer_Release(&in.b);
+    if (sp.entries == NULL)
         return NULL;
-    PyObject *entries = PyTuple_GET_ITEM(split, 0);
-    Py_ssize_t n = PyList_Check(entries) ? PyList_GET_SIZE(entries) : PyObject_Length(entries);
-    if (n <= 0) {
-        Py_DECREF(split);
-        if (n < 0)
-            return NULL;
+    sp.pos = in.pos;
+    PyObject *entries = sp.entries;
+    Py_ssize_t n = PyList_GET_SIZE(entries);
+    if (n == 0) {
+        Py_DECREF(sp.entries);
+        Py_DECREF(sp.pubacks);
         Py_RETURN_NONE;
     }
     PyObject *result = NULL, *fr = NULL, *appended = NULL, *keys = NULL, *cuts = NULL, *written_fn = NULL;
-    if (add_unacked(acks, PyTuple_GET_ITEM(split, 2)) < 0)
+    if (add_unacked(acks, sp.qos1) < 0)
         goto done;
-    Py_ssize_t pos = PyLong_AsSsize_t(PyTuple_GET_ITEM(split, 1));
-    Py_ssize_t size = PyObject_Length(data);
-    if ((pos == -1 || size == -1) && PyErr_Occurred())
-        goto done;
-    if (pos < size) { /* other bytes follow them: the caller's */
-        result = handed_back(split, Py_None);
+    if (sp.pos < size) { /* other bytes follow them: the caller's */
+        result = handed_back(&sp, Py_None);
         goto done;
     }
-    fr = PyObject_CallFunctionObjArgs(frames_of, entries, largest, NULL);
+    PyObject *fr_args[2] = {entries, largest};
+    fr = PyObject_Vectorcall(frames_of, fr_args, 2, NULL);
     if (fr == NULL)
         goto done;
     if (!PyTuple_Check(fr) || PyTuple_GET_SIZE(fr) != 4) {
@@ -230,11 +235,12 @@ PyObject *mqtt_plain_turn(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if (general < 0)
         goto done;
     if (general) { /* a record the burst writer does not take: the general path's */
-        result = handed_back(split, Py_None);
+        result = handed_back(&sp, Py_None);
         goto done;
     }
     PyObject *frames = PyTuple_GET_ITEM(fr, 0), *src = PyTuple_GET_ITEM(fr, 1);
-    appended = PyObject_CallFunctionObjArgs(append, frames, src, now, NULL);
+    PyObject *append_args[3] = {frames, src, now};
+    appended = PyObject_Vectorcall(append, append_args, 3, NULL);
     if (appended == NULL)
         goto done;
     if (!PyTuple_Check(appended) || PyTuple_GET_SIZE(appended) != 2 || !PyList_Check(PyTuple_GET_ITEM(appended, 1))) {
@@ -257,8 +263,8 @@ PyObject *mqtt_plain_turn(PyObject *self, PyObject *const *args, Py_ssize_t narg
             goto done;
         }
         PyObject *key = PyTuple_GET_ITEM(run, 0);
-        PyObject *c = PyObject_CallFunctionObjArgs(counted, PyTuple_GET_ITEM(key, 0), PyTuple_GET_ITEM(run, 1),
-                                                   PyTuple_GET_ITEM(run, 2), NULL);
+        PyObject *counted_args[3] = {PyTuple_GET_ITEM(key, 0), PyTuple_GET_ITEM(run, 1), PyTuple_GET_ITEM(run, 2)};
+        PyObject *c = PyObject_Vectorcall(counted, counted_args, 3, NULL);
         if (c == NULL)
             goto done;
         Py_DECREF(c);
@@ -275,7 +281,7 @@ PyObject *mqtt_plain_turn(PyObject *self, PyObject *const *args, Py_ssize_t narg
         Py_XDECREF(zero_end);
         if (taken == NULL)
             goto done;
-        result = handed_back(split, taken);
+        result = handed_back(&sp, taken);
         Py_DECREF(taken);
         goto done;
     }
@@ -295,7 +301,7 @@ PyObject *mqtt_plain_turn(PyObject *self, PyObject *const *args, Py_ssize_t narg
         goto done;
     int ack_now = PyLong_Check(mode) && PyLong_AsLong(mode) == 0;
     Py_DECREF(mode);
-    PyObject *pubacks = PyTuple_GET_ITEM(split, 4);
+    PyObject *pubacks = sp.pubacks;
     if (PyBytes_Check(pubacks) && PyBytes_GET_SIZE(pubacks) > 0) {
         PyObject *wait;
         if (ack_now) {
@@ -329,6 +335,7 @@ done:
     Py_XDECREF(keys);
     Py_XDECREF(appended);
     Py_XDECREF(fr);
-    Py_DECREF(split);
+    Py_DECREF(sp.entries);
+    Py_DECREF(sp.pubacks);
     return result;
 }

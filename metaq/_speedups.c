@@ -66,7 +66,7 @@
  * (crc32_gzip_refl: carry-less multiply folding, about 4x zlib's speed here)
  * and from zlib otherwise; CRC32_IMPL says which. Each body's CRC is computed
  * once; the record CRC is the header's CRC combined with it (zlib's
- * crc32_combine_op, with the operator for the body length cached per run).
+ * crc32_combine_op, with the operator for each body length kept across calls).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -333,6 +333,25 @@ static int frame_fields(PyObject *t, long long *flag, Py_ssize_t *start, Py_ssiz
     return 1;
 }
 
+/* zlib's operator that shifts a CRC past n bytes (crc32_combine_gen64(n)), remembered for the last lengths seen
+   across calls: a publisher's bodies mostly share a few lengths and a run is often one record, so generating it per
+   run costs more than the record's own CRC. Direct-mapped by length; a slot holds n + 1 (0: empty). Every caller
+   holds the GIL, which is what keeps the static table consistent. */
+#define CRC_OPS 16
+static struct {
+    Py_ssize_t len1;
+    uLong op;
+} crc_ops[CRC_OPS];
+
+static uLong crc_shift_op(Py_ssize_t n) {
+    unsigned slot = (unsigned)(((size_t)n * 0x9E3779B1u) >> 16) % CRC_OPS;
+    if (crc_ops[slot].len1 != n + 1) {
+        crc_ops[slot].op = crc32_combine_gen64((z_off64_t)n);
+        crc_ops[slot].len1 = n + 1;
+    }
+    return crc_ops[slot].op;
+}
+
 /* write_run's records written into held buffers (log[rel:], index[unit_at:]); the count, *rel moved past them; -1 with
    an exception set on bad input. Shared with append_run (_burstrun.c). */
 Py_ssize_t metaq_write_records(const Py_buffer *lb, const Py_buffer *sb, const Py_buffer *ib, PyObject *frames,
@@ -391,8 +410,8 @@ Py_ssize_t metaq_write_records(const Py_buffer *lb, const Py_buffer *sb, const P
         put32(h + 16, (uint32_t)flag);
         memcpy(r + hsize, src + start, n);
         unsigned long hcrc = crc_of(r + CRC_START, hsize - CRC_START, 0);
-        if (n != op_len) { /* the operator that shifts a CRC past n bytes: once per body length */
-            op = crc32_combine_gen64((z_off64_t)n);
+        if (n != op_len) {
+            op = crc_shift_op(n);
             op_len = n;
         }
         put32(r + 8, (uint32_t)crc32_combine_op(hcrc, crc, op));
@@ -1067,8 +1086,7 @@ int metaq_decimal(char *p, long long v) {
     return put_decimal(p, v);
 }
 
-PyObject *mqtt_plain_publishes(PyObject *self, PyObject *args); /* at the end of this file */
-static PyObject *mqtt_burst_frames(PyObject *self, PyObject *args);    /* likewise */
+static PyObject *mqtt_burst_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs); /* at the end */
 
 static PyMethodDef methods[] = {
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, value=0) -> the unsigned CRC-32 of data (as zlib.crc32)"},
@@ -1090,7 +1108,7 @@ static PyMethodDef methods[] = {
     {"waiters_notify", (PyCFunction)(void (*)(void))waiters_notify, METH_FASTCALL,
      "waiters_notify(waiters, sleep, new_partition, keys, quiet=None, settle=False) -> bool: "
      "metaq.server.longpoll.PartitionWaiters.notify"},
-    {"append_run", append_run, METH_VARARGS,
+    {"append_run", (PyCFunction)(void (*)(void))append_run, METH_FASTCALL,
      "append_run(runs, run_type, log, seg_start, rel, ready, src, frames, i, j, room, topic, partition, p, off, "
      "now_ms, ids, positions, index, unit_at, overhead) -> count: metaq.store.batch.append_run_py"},
     {"write_run", write_run, METH_VARARGS,
@@ -1128,10 +1146,10 @@ static PyMethodDef methods[] = {
      "nonzero_end(buf, start, end) -> one past the last non-zero byte of buf[start:end], or start if none"},
     {"keyed_records", keyed_records, METH_VARARGS,
      "keyed_records(buf, rel, stop, end) -> (where the walk stopped, [rel of each record with attributes])"},
-    {"mqtt_plain_publishes", mqtt_plain_publishes, METH_VARARGS,
+    {"mqtt_plain_publishes", (PyCFunction)(void (*)(void))mqtt_plain_publishes, METH_FASTCALL,
      "mqtt_plain_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish) -> (entries, pos, "
      "qos1, nbytes)"},
-    {"mqtt_read_publishes", mqtt_read_publishes, METH_VARARGS,
+    {"mqtt_read_publishes", (PyCFunction)(void (*)(void))mqtt_read_publishes, METH_FASTCALL,
      "mqtt_read_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish) -> (entries, pos, "
      "qos1, nbytes, pubacks): mqtt_plain_publishes and the PUBACKs of the QoS 1 ones (_mqttturn.c)"},
     {"mqtt_end_pubacks", mqtt_end_pubacks, METH_VARARGS,
@@ -1160,7 +1178,7 @@ static PyMethodDef methods[] = {
     {"mqtt_publish_bytes", mqtt_publish_bytes, METH_VARARGS,
      "mqtt_publish_bytes(first, topic, packet_id, props, payload) -> an encoded PUBLISH (_mqttwire.c)"},
     {"mqtt_pubacks", mqtt_pubacks, METH_O, "mqtt_pubacks(packet_ids) -> the successful PUBACKs, joined (_mqttwire.c)"},
-    {"mqtt_burst_frames", mqtt_burst_frames, METH_VARARGS,
+    {"mqtt_burst_frames", (PyCFunction)(void (*)(void))mqtt_burst_frames, METH_FASTCALL,
      "mqtt_burst_frames(staged, largest) -> (frames, src, general, names): the store's burst frames of staged puts"},
     {"encode_fields", encode_fields, METH_VARARGS,
      "encode_fields(fields) -> protobuf bytes of (field number, value, ...) pairs (rmq5.messagebytes)"},
@@ -1345,31 +1363,39 @@ static PyObject *mqtt_publish_of(PyTypeObject *cls, PyObject *name, PyObject *pa
     return p;
 }
 
-PyObject *mqtt_plain_publishes(PyObject *self, PyObject *args) {
-    Py_buffer b;
-    Py_ssize_t pos, count, qos1 = 0, taken = 0;
-    long long max_packet, room, nbytes;
-    int v5;
-    PyObject *plans, *decided, *cls;
-    if (!PyArg_ParseTuple(args, "y*npLO!O!LnLO!", &b, &pos, &v5, &max_packet, &PyDict_Type, &plans, &PyDict_Type,
-                          &decided, &room, &count, &nbytes, &PyType_Type, &cls))
-        return NULL;
+int metaq_publishes_args(PyObject *const *args, Py_ssize_t nargs, metaq_publishes_in *in) {
+    if (!metaq_nargs(nargs, 10) || PyObject_GetBuffer(args[0], &in->b, PyBUF_SIMPLE) < 0)
+        return 0;
+    if (metaq_arg_ssize(args[1], &in->pos) && (in->v5 = PyObject_IsTrue(args[2])) >= 0 &&
+        metaq_arg_ll(args[3], &in->max_packet) && metaq_arg_type(5, args[4], &PyDict_Type) &&
+        metaq_arg_type(6, args[5], &PyDict_Type) && metaq_arg_ll(args[6], &in->room) &&
+        metaq_arg_ssize(args[7], &in->count) && metaq_arg_ll(args[8], &in->nbytes) &&
+        metaq_arg_type(10, args[9], &PyType_Type)) {
+        in->plans = args[4];
+        in->decided = args[5];
+        in->cls = args[9];
+        return 1;
+    }
+    PyBuffer_Release(&in->b);
+    return 0;
+}
+
+PyObject *metaq_plain_split(metaq_publishes_in *in, Py_ssize_t *qos1_out, Py_ssize_t *taken_out) {
+    Py_ssize_t pos = in->pos, count = in->count, qos1 = 0, taken = 0;
+    long long max_packet = in->max_packet, room = in->room, nbytes = in->nbytes;
+    int v5 = in->v5;
+    PyObject *plans = in->plans, *decided = in->decided, *cls = in->cls;
     if (mqtt_keys[0] == NULL) {
         for (int k = 0; k < 7; k++) {
-            mqtt_keys[k] = PyUnicode_InternFromString(MQTT_KEY_NAMES[k]);
-            if (mqtt_keys[k] == NULL) {
-                PyBuffer_Release(&b);
+            if ((mqtt_keys[k] = PyUnicode_InternFromString(MQTT_KEY_NAMES[k])) == NULL)
                 return NULL;
-            }
         }
     }
     PyObject *out = PyList_New(0);
-    if (out == NULL) {
-        PyBuffer_Release(&b);
+    if (out == NULL)
         return NULL;
-    }
-    const unsigned char *buf = (const unsigned char *)b.buf;
-    Py_ssize_t end = b.len;
+    const unsigned char *buf = (const unsigned char *)in->b.buf;
+    Py_ssize_t end = in->b.len;
     if (pos < 0 || pos > end) {
         PyErr_Format(PyExc_ValueError, "mqtt_plain_publishes: pos %zd is outside the %zd-byte buffer", pos, end);
         goto fail;
@@ -1487,22 +1513,53 @@ PyObject *mqtt_plain_publishes(PyObject *self, PyObject *args) {
         room -= qos;
         qos1 += qos;
     }
-    PyBuffer_Release(&b);
-    return Py_BuildValue("(Nnnn)", out, pos, qos1, taken);
+    in->pos = pos;
+    *qos1_out = qos1;
+    *taken_out = taken;
+    return out;
 fail:
-    PyBuffer_Release(&b);
     Py_DECREF(out);
     return NULL;
+}
+
+/* A tuple of n new references, stolen (NULL ones too: then none is kept and NULL is returned). */
+PyObject *metaq_tuple_of(Py_ssize_t n, PyObject **items) {
+    PyObject *t = NULL;
+    int bad = 0;
+    for (Py_ssize_t k = 0; k < n; k++)
+        bad |= items[k] == NULL;
+    if (!bad)
+        t = PyTuple_New(n);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (t != NULL)
+            PyTuple_SET_ITEM(t, k, items[k]);
+        else
+            Py_XDECREF(items[k]);
+    }
+    return t;
+}
+
+PyObject *mqtt_plain_publishes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    metaq_publishes_in in;
+    Py_ssize_t qos1, taken;
+    if (!metaq_publishes_args(args, nargs, &in))
+        return NULL;
+    PyObject *out = metaq_plain_split(&in, &qos1, &taken);
+    PyBuffer_Release(&in.b);
+    if (out == NULL)
+        return NULL;
+    PyObject *items[4] = {out, PyLong_FromSsize_t(in.pos), PyLong_FromSsize_t(qos1), PyLong_FromSsize_t(taken)};
+    return metaq_tuple_of(4, items);
 }
 
 /* mqtt_burst_frames(staged, largest) -> (frames, src, general, names): metaq.mqtt.port.burst_frames_py in C (see its
    docstring; the tests hold the two equal): a frame (topic bytes, partition, flag, 0, start, length, CRC-32) per
    staged entry over src, their data back to back. */
-static PyObject *mqtt_burst_frames(PyObject *self, PyObject *args) {
-    PyObject *staged;
+static PyObject *mqtt_burst_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     long long largest;
-    if (!PyArg_ParseTuple(args, "OL", &staged, &largest))
+    if (!metaq_nargs(nargs, 2) || !metaq_arg_ll(args[1], &largest))
         return NULL;
+    PyObject *staged = args[0];
     PyObject *seq = PySequence_Fast(staged, "staged must be a sequence of entries");
     if (seq == NULL)
         return NULL;
@@ -1567,8 +1624,10 @@ static PyObject *mqtt_burst_frames(PyObject *self, PyObject *args) {
                 goto fail;
         }
         const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(data);
-        PyObject *frame = Py_BuildValue("(OOOinnk)", tb, PyTuple_GET_ITEM(e, 1), PyTuple_GET_ITEM(e, 2), 0, at, n,
-                                        crc_of(d, n, 0) & 0xFFFFFFFFul);
+        PyObject *fields[7] = {Py_NewRef(tb), Py_NewRef(PyTuple_GET_ITEM(e, 1)), Py_NewRef(PyTuple_GET_ITEM(e, 2)),
+                               PyLong_FromLong(0), PyLong_FromSsize_t(at), PyLong_FromSsize_t(n),
+                               PyLong_FromUnsignedLong(crc_of(d, n, 0) & 0xFFFFFFFFul)};
+        PyObject *frame = metaq_tuple_of(7, fields);
         if (frame == NULL)
             goto fail;
         PyList_SET_ITEM(frames, k, frame);
@@ -1576,7 +1635,8 @@ static PyObject *mqtt_burst_frames(PyObject *self, PyObject *args) {
         at += n;
     }
     Py_DECREF(seq);
-    return Py_BuildValue("(NNNN)", frames, src, general, names);
+    PyObject *out[4] = {frames, src, general, names};
+    return metaq_tuple_of(4, out);
 fail:
     Py_DECREF(seq);
     Py_XDECREF(names);

@@ -4,6 +4,43 @@
 
 #include <Python.h>
 
+/* METH_FASTCALL arguments checked one by one as PyArg_ParseTuple's format codes check them (the same exceptions for
+   bad types), without parsing a format string each call: the per-message entry points' (append_run,
+   mqtt_plain_publishes, mqtt_read_publishes, mqtt_burst_frames). Each is 1, or 0 with an exception set. */
+static inline int metaq_nargs(Py_ssize_t nargs, Py_ssize_t want) {
+    if (nargs == want)
+        return 1;
+    PyErr_Format(PyExc_TypeError, "function takes exactly %zd arguments (%zd given)", want, nargs);
+    return 0;
+}
+static inline int metaq_arg_ll(PyObject *o, long long *out) { /* 'L' */
+    *out = PyLong_AsLongLong(o);
+    return !(*out == -1 && PyErr_Occurred());
+}
+static inline int metaq_arg_long(PyObject *o, long *out) { /* 'l' */
+    *out = PyLong_AsLong(o);
+    return !(*out == -1 && PyErr_Occurred());
+}
+static inline int metaq_arg_ssize(PyObject *o, Py_ssize_t *out) { /* 'n' */
+    if (PyLong_Check(o)) {
+        *out = PyLong_AsSsize_t(o);
+        return !(*out == -1 && PyErr_Occurred());
+    }
+    PyObject *ix = PyNumber_Index(o);
+    if (ix == NULL)
+        return 0;
+    *out = PyLong_AsSsize_t(ix);
+    Py_DECREF(ix);
+    return !(*out == -1 && PyErr_Occurred());
+}
+static inline int metaq_arg_type(int at, PyObject *o, PyTypeObject *type) { /* 'O!' and 'S' (at: from 1) */
+    if (PyObject_TypeCheck(o, type))
+        return 1;
+    PyErr_Format(PyExc_TypeError, "argument %d must be %.50s, not %.50s", at, type->tp_name,
+                 o == Py_None ? "None" : Py_TYPE(o)->tp_name);
+    return 0;
+}
+
 /* The SyncWorker type (_syncworker.c), registered by the module's init (_speedups.c). */
 extern PyTypeObject SyncWorkerType;
 
@@ -26,8 +63,25 @@ PyObject *mqtt_publish_bytes(PyObject *self, PyObject *args);
 PyObject *mqtt_pubacks(PyObject *self, PyObject *ids);
 /* mqtt_plain_publishes (_speedups.c) and mqtt_read_publishes (_mqttturn.c): the MQTT publisher's read split and staged,
    the second with the PUBACKs of its QoS 1 PUBLISHes. */
-PyObject *mqtt_plain_publishes(PyObject *self, PyObject *args);
-PyObject *mqtt_read_publishes(PyObject *self, PyObject *args);
+PyObject *mqtt_plain_publishes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *mqtt_read_publishes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* Their arguments (buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish) checked as
+   PyArg_ParseTuple's "y*npLO!O!LnLO!" checked them, the buffer held (released with PyBuffer_Release(&in->b)). */
+typedef struct {
+    Py_buffer b;
+    Py_ssize_t pos, count;
+    long long max_packet, room, nbytes;
+    int v5;
+    PyObject *plans, *decided, *cls;
+} metaq_publishes_in;
+int metaq_publishes_args(PyObject *const *args, Py_ssize_t nargs, metaq_publishes_in *in);
+/* The split (_speedups.c): its entries (a new list), in->pos moved to the next pos, how many at QoS 1 and their
+   records' bytes; NULL with an exception set. */
+PyObject *metaq_plain_split(metaq_publishes_in *in, Py_ssize_t *qos1, Py_ssize_t *taken);
+/* The read (_mqttturn.c): the split and the PUBACKs of its QoS 1 PUBLISHes (*acks, new bytes). */
+PyObject *metaq_read_publishes(metaq_publishes_in *in, Py_ssize_t *qos1, Py_ssize_t *taken, PyObject **acks);
+/* A tuple of n new references, stolen; NULL (and none kept) when one is NULL or the tuple cannot be made. */
+PyObject *metaq_tuple_of(Py_ssize_t n, PyObject **items);
 /* mqtt_end_pubacks (_mqttacks.c): the MQTT subscriber's read of PUBACKs split and its messages in flight ended in one
    step. */
 PyObject *mqtt_end_pubacks(PyObject *self, PyObject *args);
@@ -71,7 +125,7 @@ PyObject *encode_fields(PyObject *self, PyObject *args);
 PyObject *served_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* append_run (_burstrun.c): a burst's run written with its ids taken and its positions advanced (store/batch.py). */
-PyObject *append_run(PyObject *self, PyObject *args);
+PyObject *append_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* now_ms (_burstrun.c): the broker's wall clock in milliseconds (server/clock.py's twin). */
 PyObject *now_ms(PyObject *self, PyObject *unused);
 /* store_should_flush, put_visible and waiters_notify (_putturn.c): what follows a burst's append, each the twin of a

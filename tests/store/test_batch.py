@@ -17,7 +17,7 @@ from metaq.store.batch import write_run_py
 from metaq.store.index import INITIAL_UNITS
 from metaq.store.msgid import IdGenerator
 from metaq.store.positions import LogPositions
-from metaq.store.record import FIXED_OVERHEAD
+from metaq.store.record import FIXED_OVERHEAD, scan_records_py
 from tests.harness.store import NOW, files_of, open_store, payload_of, read_all
 
 try:
@@ -201,3 +201,21 @@ def test_a_disk_check_refusing_between_two_bursts_stops_the_next_and_one_taking_
     assert s.put_burst(frames, buf, NOW)[0] == 1
     assert s.max_offset("test", 0) == 3
     s.close(NOW)
+
+
+def test_one_record_bursts_of_lengths_that_come_back_each_carry_their_crc(data_dir, writer):
+    """A record's CRC is its header's combined with its body's through an operator that depends on the body's
+    length, which the C writer keeps from one call to the next: one-record bursts whose lengths come back after
+    others (more lengths than it keeps) still leave every record on disk with the CRC of its bytes."""
+    s = open_store(data_dir, segment_size=1 << 20, index_file_units=4096)
+    s.put("test", 0, 0, b"first", NOW)
+    lengths = [(k * 37) % 41 * 13 for k in range(120)]  # 41 lengths, 0 among them, each back after the others
+    for k, n in enumerate(lengths):
+        buf, frames = burst([("test", 0, bytes([k % 251]) * n)])
+        assert s.put_burst(frames, buf, NOW)[0] == 1
+    assert [payload_of(m) for m in read_all(s, "test", 0)][1:] == [bytes([k % 251]) * n for k, n in enumerate(lengths)]
+    s.close(NOW)
+    logs = [b for name, b in files_of(data_dir).items() if name.startswith("commitlog")]
+    assert len(logs) == 1
+    stop, count = scan_records_py(logs[0], 0, len(logs[0]))
+    assert count == 1 + len(lengths) and not any(logs[0][stop:])
