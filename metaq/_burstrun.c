@@ -49,7 +49,7 @@ static int interned(void) {
 
 /* obj.name as a long long; 0 with an exception set. */
 static int get_ll(PyObject *obj, PyObject *name, long long *out) {
-    PyObject *v = PyObject_GetAttr(obj, name);
+    PyObject *v = metaq_getattr(obj, name);
     if (v == NULL)
         return 0;
     *out = PyLong_AsLongLong(v);
@@ -62,7 +62,7 @@ static int set_ll(PyObject *obj, PyObject *name, long long value) {
     PyObject *v = PyLong_FromLongLong(value);
     if (v == NULL)
         return 0;
-    int rc = PyObject_SetAttr(obj, name, v);
+    int rc = metaq_setattr(obj, name, v);
     Py_DECREF(v);
     return rc == 0;
 }
@@ -93,7 +93,7 @@ PyObject *append_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         return PyErr_Format(PyExc_TypeError, "run_type must be a tuple type");
     /* IdGenerator.take(now_ms, min(j - i, room)) */
     long long want = j - i < room ? j - i : room, ts = now_ms - TWEPOCH, seq = 0, cur, bits;
-    PyObject *ts_obj = PyObject_GetAttr(ids, s_ts);
+    PyObject *ts_obj = metaq_getattr(ids, s_ts);
     if (ts_obj == NULL)
         return NULL;
     if (ts_obj != Py_None) {
@@ -140,9 +140,9 @@ PyObject *append_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         return NULL;
     /* LogPositions.advance(p, off, seg_start + rel_after, nbytes, count) */
     long long nbytes = rel_after - rel, end = seg_start + rel_after, vis = off + count;
-    if (!set_ll(positions, s_written, end) || !set_ll(p, s_max, vis) || PyObject_SetAttr(p, s_dirty, Py_True) < 0)
+    if (!set_ll(positions, s_written, end) || !set_ll(p, s_max, vis) || metaq_setattr(p, s_dirty, Py_True) < 0)
         return NULL;
-    PyObject *async_visible = PyObject_GetAttr(positions, s_async_visible);
+    PyObject *async_visible = metaq_getattr(positions, s_async_visible);
     if (async_visible == NULL)
         return NULL;
     int is_async = PyObject_IsTrue(async_visible);
@@ -153,7 +153,7 @@ PyObject *append_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         if (!set_ll(p, s_visible, vis))
             return NULL;
     } else {
-        PyObject *pending = PyObject_GetAttr(positions, s_pending);
+        PyObject *pending = metaq_getattr(positions, s_pending);
         if (pending == NULL)
             return NULL;
         PyObject *end_obj = PyLong_FromLongLong(end), *vis_obj = PyLong_FromLongLong(vis);
@@ -167,7 +167,7 @@ PyObject *append_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             return NULL;
         Py_DECREF(r);
     }
-    PyObject *log_bytes = PyObject_GetAttr(p, s_log_bytes);
+    PyObject *log_bytes = metaq_getattr(p, s_log_bytes);
     if (log_bytes == NULL)
         return NULL;
     int has_bytes = log_bytes != Py_None;
@@ -177,7 +177,7 @@ PyObject *append_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (!add_ll(positions, s_unflushed, count) || !add_ll(positions, s_appended, count))
         return NULL;
     /* the run's BurstRun: (key, count, body bytes, first id, first offset, first frame, log end) */
-    PyObject *key = PyObject_GetAttr(p, s_key);
+    PyObject *key = metaq_getattr(p, s_key);
     if (key == NULL)
         return NULL;
     /* made as tuple.__new__(run_type, fields) makes it: a tuple subtype's instance is allocated by the type and its

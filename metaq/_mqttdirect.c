@@ -71,14 +71,14 @@ static int direct_take(PyObject *entry, PyObject *names, int v5, direct_item *it
     if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) < 6)
         return 0;
     PyObject *p = PyTuple_GET_ITEM(entry, 4), *name = PyTuple_GET_ITEM(entry, 5);
-    PyObject *qos = PyObject_GetAttr(p, direct_keys[D_QOS]);
+    PyObject *qos = metaq_getattr(p, direct_keys[D_QOS]);
     if (qos == NULL)
         return -1;
     int one = PyLong_Check(qos) && PyLong_AsLong(qos) == 1;
     Py_DECREF(qos);
     if (!one)
         return 0;
-    PyObject *props = PyObject_GetAttr(p, direct_keys[D_PROPERTIES]);
+    PyObject *props = metaq_getattr(p, direct_keys[D_PROPERTIES]);
     if (props == NULL)
         return -1;
     int some = PyObject_IsTrue(props);
@@ -105,7 +105,7 @@ static int direct_take(PyObject *entry, PyObject *names, int v5, direct_item *it
         PyErr_Format(PyExc_ValueError, "binary data of %zd bytes is past 65,535", it->name_len);
         return -1;
     }
-    PyObject *payload = PyObject_GetAttr(p, direct_keys[D_PAYLOAD]);
+    PyObject *payload = metaq_getattr(p, direct_keys[D_PAYLOAD]);
     if (payload == NULL)
         return -1;
     int got = PyObject_GetBuffer(payload, &it->payload, PyBUF_SIMPLE);
@@ -180,7 +180,7 @@ static int direct_set_last(PyObject *session, long last) {
     PyObject *v = PyLong_FromLong(last);
     if (v == NULL)
         return -1;
-    int r = PyObject_SetAttr(session, direct_keys[D_LAST_ID], v);
+    int r = metaq_setattr(session, direct_keys[D_LAST_ID], v);
     Py_DECREF(v);
     return r;
 }
@@ -243,7 +243,7 @@ int metaq_direct_run(long fd, PyObject *staged, Py_ssize_t i, Py_ssize_t stop, P
     if (!planned)
         goto answer;
     /* the ids taken and recorded in flight, the PUBLISHes written into one buffer */
-    PyObject *last_obj = PyObject_GetAttr(session, direct_keys[D_LAST_ID]);
+    PyObject *last_obj = metaq_getattr(session, direct_keys[D_LAST_ID]);
     if (last_obj == NULL)
         goto done;
     long last = PyLong_AsLong(last_obj);
@@ -280,7 +280,7 @@ int metaq_direct_run(long fd, PyObject *staged, Py_ssize_t i, Py_ssize_t stop, P
         memcpy(w, it->payload.buf, (size_t)it->payload.len);
         w += it->payload.len;
     }
-    if (PyObject_SetAttr(session, direct_keys[D_DIRTY], Py_True) < 0)
+    if (metaq_setattr(session, direct_keys[D_DIRTY], Py_True) < 0)
         goto done;
     /* one non-blocking send of them all */
     Py_ssize_t n = 0;
@@ -357,10 +357,10 @@ PyObject *mqtt_direct_publishes(PyObject *self, PyObject *const *args, Py_ssize_
         max_packet = PyLong_AsSsize_t(args[11]);
     if (PyErr_Occurred() || v5 < 0)
         return NULL;
-    PyObject *inflight = PyObject_GetAttr(session, direct_keys[D_INFLIGHT]);
+    PyObject *inflight = metaq_getattr(session, direct_keys[D_INFLIGHT]);
     if (inflight == NULL)
         return NULL;
-    PyObject *where = PyObject_GetAttr(session, direct_keys[D_WHERE]);
+    PyObject *where = metaq_getattr(session, direct_keys[D_WHERE]);
     if (where == NULL) {
         Py_DECREF(inflight);
         return NULL;

@@ -54,7 +54,7 @@ static int interned(void) {
 
 /* acks.unacked += qos1; -1 with an exception set. */
 static int add_unacked(PyObject *acks, Py_ssize_t qos1) {
-    PyObject *had = PyObject_GetAttr(acks, s_unacked);
+    PyObject *had = metaq_getattr(acks, s_unacked);
     if (had == NULL)
         return -1;
     PyObject *add = PyLong_FromSsize_t(qos1);
@@ -63,7 +63,7 @@ static int add_unacked(PyObject *acks, Py_ssize_t qos1) {
     Py_DECREF(had);
     if (now == NULL)
         return -1;
-    int r = PyObject_SetAttr(acks, s_unacked, now);
+    int r = metaq_setattr(acks, s_unacked, now);
     Py_DECREF(now);
     return r;
 }
@@ -82,14 +82,14 @@ static int pubacks_now(PyObject *acks, PyObject *conn, PyObject *data) {
         PyErr_SetString(PyExc_TypeError, "the PUBACKs must be bytes");
         return -1;
     }
-    PyObject *pending = PyObject_GetAttr(acks, s_pending);
+    PyObject *pending = metaq_getattr(acks, s_pending);
     if (pending == NULL)
         return -1;
     int busy = PyObject_IsTrue(pending);
     Py_DECREF(pending);
     if (busy)
         return busy < 0 ? -1 : 0;
-    PyObject *fd_obj = PyObject_GetAttr(conn, s_direct_fd);
+    PyObject *fd_obj = metaq_getattr(conn, s_direct_fd);
     if (fd_obj == NULL)
         return -1;
     long fd = PyLong_AsLong(fd_obj);
@@ -147,7 +147,7 @@ static int pubacks_now(PyObject *acks, PyObject *conn, PyObject *data) {
             return -1;
         Py_DECREF(q);
     }
-    PyObject *event = PyObject_GetAttr(acks, s_sent);
+    PyObject *event = metaq_getattr(acks, s_sent);
     if (event == NULL)
         return -1;
     if (event != Py_None) {
@@ -286,10 +286,10 @@ PyObject *mqtt_plain_turn(PyObject *self, PyObject *const *args, Py_ssize_t narg
         goto done;
     }
     /* all stored: nothing yielded since the writes, so the log's cuts are read now (the wake may yield) */
-    cuts = PyObject_GetAttr(store, s_log_cuts);
+    cuts = metaq_getattr(store, s_log_cuts);
     if (cuts == NULL)
         goto done;
-    written_fn = PyObject_GetAttr(path, s_burst_written);
+    written_fn = metaq_getattr(path, s_burst_written);
     if (written_fn == NULL)
         goto done;
     PyObject *dargs = PyTuple_Pack(5, keys, entries, runs, client_id, now);
