@@ -89,6 +89,8 @@ static int pubacks_now(PyObject *acks, PyObject *conn, PyObject *data) {
     Py_DECREF(pending);
     if (busy)
         return busy < 0 ? -1 : 0;
+    if (PyBytes_GET_SIZE(data) == 0) /* nothing to write (as the twin's send_now) */
+        return 0;
     PyObject *fd_obj = metaq_getattr(conn, s_direct_fd);
     if (fd_obj == NULL)
         return -1;
@@ -216,7 +218,8 @@ PyObject *mqtt_plain_turn(PyObject *self, PyObject *const *args, Py_ssize_t narg
         Py_DECREF(sp.pubacks);
         Py_RETURN_NONE;
     }
-    PyObject *result = NULL, *fr = NULL, *appended = NULL, *keys = NULL, *cuts = NULL, *written_fn = NULL;
+    PyObject *result = NULL, *fr = NULL, *appended = NULL, *keys = NULL, *cuts = NULL, *written_fn = NULL,
+             *log_end = NULL; /* held: the runs go to Python with the wake */
     if (add_unacked(acks, sp.qos1) < 0)
         goto done;
     if (sp.pos < size) { /* other bytes follow them: the caller's */
@@ -271,7 +274,7 @@ PyObject *mqtt_plain_turn(PyObject *self, PyObject *const *args, Py_ssize_t narg
         if (PySet_Add(keys, key) < 0)
             goto done;
     }
-    PyObject *log_end = nruns ? PyTuple_GET_ITEM(PyList_GET_ITEM(runs, nruns - 1), 6) : NULL;
+    log_end = nruns ? Py_NewRef(PyTuple_GET_ITEM(PyList_GET_ITEM(runs, nruns - 1), 6)) : NULL;
     if (took < n) { /* the burst writer stopped short: the rest through the general path */
         PyObject *zero_end = log_end ? NULL : PyLong_FromLong(0);
         if (!log_end && zero_end == NULL)
@@ -330,6 +333,7 @@ PyObject *mqtt_plain_turn(PyObject *self, PyObject *const *args, Py_ssize_t narg
     }
     result = Py_NewRef(Py_True);
 done:
+    Py_XDECREF(log_end);
     Py_XDECREF(written_fn);
     Py_XDECREF(cuts);
     Py_XDECREF(keys);

@@ -6,8 +6,8 @@
  *
  * An entry is good while the type's version tag is the one it was found at: any change to the type or its bases
  * (a class attribute set or deleted) clears or changes the tag, and a type freed and another made at its address gets
- * a new tag. Anything else (an instance dict, a property, a read-only member, an unset slot: the AttributeError)
- * goes to the generic call. The table is used with the GIL held. */
+ * a new tag. Anything else (an instance dict, a property, a read-only member, an unset slot: the AttributeError; a
+ * type whose attribute access is its own, __getattribute__ or __setattr__) goes to the generic call. The table is used with the GIL held. */
 #define PY_SSIZE_T_CLEAN
 #include "_speedups.h"
 #include <structmember.h>
@@ -19,7 +19,7 @@ typedef struct {
     PyTypeObject *type; /* not a reference: the version tag below says whether it is still the same type */
     PyObject *name;     /* a reference (so no other string takes its address while it is here): compared by identity */
     unsigned int version;
-    int writable;
+    int readable, writable; /* the type reads / writes attributes the generic way (no __getattribute__, __setattr__) */
     Py_ssize_t offset;
 } SlotEntry;
 
@@ -45,7 +45,8 @@ static SlotEntry *slot_of(PyTypeObject *tp, PyObject *name) {
         PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
         if (m->type == T_OBJECT_EX && m->offset > 0) {
             e->offset = m->offset;
-            e->writable = !(m->flags & READONLY);
+            e->readable = tp->tp_getattro == PyObject_GenericGetAttr;
+            e->writable = tp->tp_setattro == PyObject_GenericSetAttr && !(m->flags & READONLY);
         }
     }
     return e->offset > 0 ? e : NULL;
@@ -53,7 +54,7 @@ static SlotEntry *slot_of(PyTypeObject *tp, PyObject *name) {
 
 PyObject *metaq_getattr(PyObject *obj, PyObject *name) {
     SlotEntry *e = slot_of(Py_TYPE(obj), name);
-    if (e != NULL) {
+    if (e != NULL && e->readable) {
         PyObject *v = *(PyObject **)((char *)obj + e->offset);
         if (v != NULL)
             return Py_NewRef(v);

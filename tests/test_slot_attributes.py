@@ -76,10 +76,40 @@ def test_objects_with_a_dict_and_names_made_at_run_time_answer_as_getattr():
     assert p.ab == 3 and C(p, "".join(["a", "b"])) == 3
 
 
-def test_a_read_only_member_is_not_written():
+def test_a_read_only_member_is_read_and_not_written():
     """A member its type marks read-only (a slice's ``start``) is read, and refused as setattr refuses it."""
     s = slice(1, 2, 3)
     assert C(s, "start") == 1
     with pytest.raises(AttributeError):
         SET(s, "start", 5)
     assert s.start == 1
+
+
+def test_a_class_with_its_own_attribute_access_is_asked_as_getattr_and_setattr_ask_it():
+    """A slotted class whose ``__getattribute__`` or ``__setattr__`` is its own (or its base's) is not read or written
+    at the slot's offset behind its back."""
+
+    class Hooked:
+        __slots__ = ("x",)
+
+        def __getattribute__(self, name):
+            return "hooked" if name == "x" else object.__getattribute__(self, name)
+
+    class Guarded:
+        __slots__ = ("x",)
+
+        def __setattr__(self, name, value):
+            raise AttributeError("read-only by its class")
+
+    class GuardedSub(Guarded):
+        __slots__ = ("y",)
+
+    h = Hooked()
+    object.__setattr__(h, "x", 1)
+    assert C(h, "x") == "hooked" == h.x
+    for g in (Guarded(), GuardedSub()):
+        object.__setattr__(g, "x", 1)
+        assert C(g, "x") == 1
+        with pytest.raises(AttributeError, match="read-only by its class"):
+            SET(g, "x", 2)
+        assert g.x == 1

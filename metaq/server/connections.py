@@ -520,8 +520,8 @@ class Connection:
         self.served_by = None  # the ConnectionCore serving it
         self.share_key = None  # what it counts under in the core's per-address share
         self.read_watcher = None  # while parked: the loop's read watcher on its socket
-        self.linger_watcher = None  # ``_linger``'s read watcher, from its first linger until it closes
-        self.linger_timer = None  # ``_linger``'s timer, from its first linger until it closes
+        self.linger_watcher = None  # its lingers' read watcher (``_linger_timer``), from its first until it closes
+        self.linger_timer = None  # its lingers' kept timer (``_linger_timer``), from its first until it closes
         self._readable = False  # ``receive`` saw the socket readable (a linger or a wake): it reads at once
 
     @property
@@ -624,7 +624,7 @@ class Connection:
                 # socket, waits on its kept timer with no question asked
                 timer = self.linger_timer
                 if not (timer is not None and timeout == self.idle_timeout and self.parked_key is None
-                        and not self.tls and self.park_after_s < timeout):
+                        and not self.tls and self.park_after_s < timeout and self.linger_watcher is not None):
                     timer = self._linger_timer(timeout)
                     if timer is PARKED:
                         return PARKED

@@ -160,6 +160,14 @@ def test_a_failed_send_closes_the_connection_and_raises_nothing(pubacks_now):
     assert (acks.pending, acks.writing) == (0, False)
 
 
+def test_no_pubacks_write_nothing_even_to_a_peer_gone(pubacks_now):
+    """Nothing to write is not a send: a connection whose client left is not closed by it (it ends by its read)."""
+    conn, peer = _connection()
+    peer.close()
+    assert pubacks_now(conn.acks, conn, b"") is False
+    assert not conn.closed and conn.direct_fd >= 0
+
+
 def test_pubacks_behind_queued_acknowledgements_wait_for_them(pubacks_now):
     conn, peer = _connection()
     acks = conn.acks
