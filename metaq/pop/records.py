@@ -49,9 +49,14 @@ class InvalidHandle(ClientError):
     """A receipt handle that names no message in flight now (malformed, expired, or of an older delivery)."""
 
 
+#: The records' one encoder (``json.dumps`` would make one a call); a record is plain lists and dicts built here,
+#: never a cycle, so it is not checked for one.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
+
+
 def encode(rec):
     """``rec`` (a dict with ``k``) as the bytes of one journal message."""
-    return json.dumps(rec, separators=(",", ":")).encode("utf-8")
+    return _ENCODER.encode(rec).encode("utf-8")
 
 
 def decode(data):
