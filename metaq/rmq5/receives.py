@@ -226,7 +226,7 @@ class Receives:
         pop = self._pop_service()
         group, topic = request.group.name, request.topic.name
         self._may_consume(call, group, topic)
-        entries = [(e.message_id, e.receipt_handle) for e in request.entries]
+        entries = [(e.message_id, e.receipt_handle) for e in request.entries[:]]  # a list: see sends.py
         if not entries:
             raise Refusal("BAD_REQUEST", "an AckMessage request without entries")
         handles = [h for _m, h in entries]

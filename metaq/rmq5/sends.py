@@ -76,13 +76,14 @@ class Sends:
         the service's to weigh (``MessagingService.call``)."""
         if rpc != "SendMessage" or self.path.acks_wait:
             return True
-        return any(m.system_properties.message_type == TRANSACTION for m in request.messages)
+        return any(m.system_properties.message_type == TRANSACTION for m in request.messages[:])
 
     def send_message(self, request, call):
         """Each message checked, stored through the put path (a delivery time: metaq's timers), then one wait
         for the last put's durability covers them all; one entry per message, in order. Answered as the response's
         bytes (``response_bytes``)."""
-        messages = request.messages
+        # a repeated field's slice is a list: iterating the field itself ends by an IndexError raised and caught
+        messages = request.messages[:]
         if not messages:
             raise Refusal("MESSAGE_CORRUPTED", "a SendMessage request without messages")
         topic = messages[0].topic.name
@@ -130,7 +131,7 @@ class Sends:
             raise Refusal("MESSAGE_BODY_TOO_LARGE", "a body of %d bytes: the limit is %d (limits.max_body_bytes)"
                           % (len(body), self.max_body))
         deliver = ms_of(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else None
-        checked = check_message(topic, sp.tag if sp.HasField("tag") else None, list(sp.keys), sp.message_id,
+        checked = check_message(topic, sp.tag if sp.HasField("tag") else None, sp.keys[:], sp.message_id,
                                 sp.message_group if sp.HasField("message_group") else None, deliver,
                                 dict(m.user_properties), sp.message_type)
         now = now_ms()
