@@ -28,7 +28,8 @@ def speedups_extension():
                                          "metaq/_mqttwaiting.c",
                                          "metaq/_slots.c",
                                          "metaq/_pbwrite.c",
-                                         "metaq/_servedmsg.c"], depends=["metaq/_speedups.h"],
+                                         "metaq/_servedmsg.c",
+                                         "metaq/_pophandles.c"], depends=["metaq/_speedups.h"],
                      include_dirs=["metaq"], libraries=libraries, define_macros=macros, optional=True)
 
 

@@ -121,6 +121,8 @@ PyObject *mqtt_serve_waiting(PyObject *self, PyObject *const *args, Py_ssize_t n
 PyObject *mqtt_pubacks_now(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* encode_fields (_pbwrite.c): protobuf fields written from (field number, value) pairs; metaq/rmq5/messagebytes.py. */
 PyObject *encode_fields(PyObject *self, PyObject *args);
+/* pop_parse_handles (_pophandles.c): an ack's receipt handles read in one call; metaq/pop/records.py. */
+PyObject *pop_parse_handles(PyObject *self, PyObject *handles);
 /* served_record (_servedmsg.c): a served RocketMQ 5 message's bytes from its log record; metaq/rmq5/messagebytes.py. */
 PyObject *served_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 

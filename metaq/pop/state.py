@@ -27,7 +27,7 @@ messages go out one at a time, in log order; a redelivery keeps its place ahead 
 import heapq
 
 from metaq import errors, limits
-from metaq.pop.records import InvalidHandle, handle, handle_match, parse_handle
+from metaq.pop.records import InvalidHandle, handle, parse_handle, parse_handles
 
 __all__ = ["Flight", "Cursor", "PopState", "Plan"]
 
@@ -266,15 +266,14 @@ class PopState:
         g = self.groups.get((group, topic))
         cursors = g.cursors if g is not None else {}
         out = []
-        for text in handles:
-            m = handle_match(text)
-            if m is None:
+        for text, parsed in zip(handles, parse_handles(handles), strict=True):
+            if parsed is None:
                 try:
                     parse_handle(text)  # raises, saying why
                 except InvalidHandle as exc:
                     out.append(exc)
                 continue
-            p, o, attempt, deadline = map(int, m.groups())
+            p, o, attempt, deadline = parsed
             c = cursors.get(p)
             if c is None:
                 f = None
