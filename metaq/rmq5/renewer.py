@@ -30,7 +30,7 @@ import logging
 import gevent
 
 from metaq import errors, limits
-from metaq.pop.records import InvalidHandle, parse_handle
+from metaq.pop.records import parse_handles
 from metaq.server.clock import now_ms
 
 log = logging.getLogger(__name__)
@@ -259,12 +259,9 @@ class Renewer:
         look up while nothing is renewed)."""
         if not self.renewals:
             return
-        for h in handles:
-            try:
-                p, o, _a, _d = parse_handle(h)
-            except InvalidHandle:
-                continue
-            self.renewals.release(group, topic, p, o)
+        for parsed in parse_handles(list(handles)):
+            if parsed is not None:  # not a handle: nothing it could name is renewed
+                self.renewals.release(group, topic, parsed[0], parsed[1])
 
     def heard(self, client):
         if client.id:
