@@ -1,5 +1,5 @@
-/* pop_parse_handles: an ack's receipt handles read in one call (metaq/pop/records.py's parse_handles_py is its
-   twin). A handle is "<partition>:<offset>:<attempt>:<deadline_ms>", four runs of ASCII digits, at most
+/* pop_handle: a receipt handle's text (metaq/pop/records.py's handle_py is its twin); pop_parse_handles: an ack's
+   receipt handles read in one call (parse_handles_py is its twin). A handle is "<partition>:<offset>:<attempt>:<deadline_ms>", four runs of ASCII digits, at most
    HANDLE_MAX characters (records._MAX_HANDLE); anything else (not a str, longer, another form) is None, for the
    caller to say why. */
 #include "_speedups.h"
@@ -77,4 +77,49 @@ PyObject *pop_parse_handles(PyObject *self, PyObject *handles) {
         PyList_SET_ITEM(out, i, one);
     }
     return out;
+}
+
+/* The text of one int for a handle, a new reference (an int past 64 bits as str() writes it). */
+static int handle_part(PyObject *o, char *buf, size_t room, PyObject **big) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow) {
+        *big = PyObject_Str(o);
+        return *big == NULL ? -1 : 0;
+    }
+    return snprintf(buf, room, "%lld", v);
+}
+
+PyObject *pop_handle(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!metaq_nargs(nargs, 4))
+        return NULL;
+    char buf[4 * 24];
+    size_t at = 0;
+    for (int k = 0; k < 4; k++) {
+        if (!PyLong_Check(args[k])) {
+            PyErr_Format(PyExc_TypeError, "pop_handle: an int expected, not %.50s", Py_TYPE(args[k])->tp_name);
+            return NULL;
+        }
+        PyObject *big = NULL;
+        int n = handle_part(args[k], buf + at, sizeof(buf) - at, &big);
+        if (n < 0)
+            return NULL;
+        if (big != NULL) { /* past 64 bits: the general format, as the twin writes it */
+            Py_DECREF(big);
+            PyObject *t = PyTuple_Pack(4, args[0], args[1], args[2], args[3]);
+            if (t == NULL)
+                return NULL;
+            PyObject *fmt = PyUnicode_FromString("%d:%d:%d:%d");
+            PyObject *out = fmt == NULL ? NULL : PyUnicode_Format(fmt, t);
+            Py_XDECREF(fmt);
+            Py_DECREF(t);
+            return out;
+        }
+        at += (size_t)n;
+        if (k < 3)
+            buf[at++] = ':';
+    }
+    return PyUnicode_FromStringAndSize(buf, (Py_ssize_t)at);
 }

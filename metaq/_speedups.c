@@ -1182,6 +1182,8 @@ static PyMethodDef methods[] = {
      "mqtt_burst_frames(staged, largest) -> (frames, src, general, names): the store's burst frames of staged puts"},
     {"encode_fields", encode_fields, METH_VARARGS,
      "encode_fields(fields) -> protobuf bytes of (field number, value, ...) pairs (rmq5.messagebytes)"},
+    {"pop_handle", (PyCFunction)(void (*)(void))pop_handle, METH_FASTCALL,
+     "pop_handle(partition, offset, attempt, deadline_ms) -> a receipt handle's text (_pophandles.c)"},
     {"pop_parse_handles", pop_parse_handles, METH_O,
      "pop_parse_handles(handles) -> (partition, offset, attempt, deadline_ms) or None a handle (_pophandles.c)"},
     {"served_record", (PyCFunction)(void (*)(void))served_record, METH_FASTCALL,

@@ -123,6 +123,8 @@ PyObject *mqtt_pubacks_now(PyObject *self, PyObject *const *args, Py_ssize_t nar
 PyObject *encode_fields(PyObject *self, PyObject *args);
 /* pop_parse_handles (_pophandles.c): an ack's receipt handles read in one call; metaq/pop/records.py. */
 PyObject *pop_parse_handles(PyObject *self, PyObject *handles);
+/* pop_handle (_pophandles.c): a receipt handle's text; metaq/pop/records.py. */
+PyObject *pop_handle(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* served_record (_servedmsg.c): a served RocketMQ 5 message's bytes from its log record; metaq/rmq5/messagebytes.py. */
 PyObject *served_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 

@@ -43,7 +43,7 @@ from gevent.event import AsyncResult, Event
 from metaq import errors, limits
 from metaq.groups import policy as group_policy
 from metaq.pop.follow import POP_JOURNAL, POP_LEARN_BATCH, PopLog, replay
-from metaq.pop.records import HANDLE_TEXT, InvalidHandle, RecordError, handle
+from metaq.pop.records import InvalidHandle, RecordError, handle
 from metaq.pop.state import PopState
 from metaq.protocol.compression import COMPRESSION_BITS
 from metaq.protocol.journaltopic import DLQ_PREFIX
@@ -204,7 +204,7 @@ class PopService:
             if rec is None:  # deleted by retention since its last delivery: nothing to hand out again
                 gone.append([p, o])
                 continue
-            out.append(_received_of((topic, p, o, attempt, HANDLE_TEXT % (p, o, attempt, deadline), deadline, rec)))
+            out.append(_received_of((topic, p, o, attempt, handle(p, o, attempt, deadline), deadline, rec)))
         if gone:
             self._write([{"k": "a", "g": group, "t": topic, "e": gone}], now)
         self._maybe_snapshot(now)

@@ -1,5 +1,6 @@
-"""An ack's receipt handles read in one call: the C helper's ``pop_parse_handles`` against its Python twin, and both
-against the one-handle ``parse_handle`` (what a handle is: four runs of ASCII digits, at most 96 characters)."""
+"""Receipt handles in C: an ack's handles read in one call (``pop_parse_handles`` against its Python twin, and both
+against the one-handle ``parse_handle``: four runs of ASCII digits, at most 96 characters), and a handle's text
+written (``pop_handle`` against ``handle_py``)."""
 
 import random
 
@@ -57,3 +58,21 @@ def test_a_list_is_required():
     with pytest.raises(TypeError, match="a list expected"):
         pop_parse_handles(("1:2:3:4",))
     assert pop_parse_handles([]) == []
+
+
+def test_handle_text_as_the_twin_writes_it():
+    from metaq._speedups import pop_handle
+    from metaq.pop.records import handle_py
+    rnd = random.Random(61)
+    cases = [(0, 0, 1, 1764300000000), (3, 2 ** 63 - 1, 2, -(2 ** 63)), (True, False, 1, 0), (1, 2 ** 64, 3, 4),
+             (-(2 ** 70), 0, 0, 0)]
+    cases += [tuple(rnd.choice((rnd.randint(-10, 10), rnd.randint(0, 2 ** 63 - 1), rnd.randint(-2 ** 80, 2 ** 80)))
+                    for _ in range(4)) for _ in range(5000)]
+    for c in cases:
+        assert pop_handle(*c) == handle_py(*c)
+    texts = [pop_handle(p, o, a, d) for p, o, a, d in [(1, 2, 3, 4), (0, 2 ** 40, 1, 1764300000000)]]
+    assert pop_parse_handles(texts) == [(1, 2, 3, 4), (0, 2 ** 40, 1, 1764300000000)]
+    with pytest.raises(TypeError, match="an int expected"):
+        pop_handle(1, 2, 3, 4.0)
+    with pytest.raises(TypeError):
+        pop_handle(1, 2, 3)
