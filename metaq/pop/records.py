@@ -28,6 +28,8 @@ and expires at the renewed one). Opaque to clients.
 import json
 import re
 
+import orjson
+
 from metaq import speedups
 from metaq.errors import ClientError
 
@@ -50,14 +52,18 @@ class InvalidHandle(ClientError):
     """A receipt handle that names no message in flight now (malformed, expired, or of an older delivery)."""
 
 
-#: The records' one encoder (``json.dumps`` would make one a call); a record is plain lists and dicts built here,
-#: never a cycle, so it is not checked for one.
+#: The encoder of what orjson will not write (a string with a lone surrogate, an int past 64 bits); a record is
+#: plain lists and dicts built here, never a cycle, so it is not checked for one.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
 
 
 def encode(rec):
-    """``rec`` (a dict with ``k``) as the bytes of one journal message."""
-    return _ENCODER.encode(rec).encode("utf-8")
+    """``rec`` (a dict with ``k``) as the bytes of one journal message: compact JSON, as orjson writes it (UTF-8, not
+    ``\\u`` escapes: never longer than the json module's), else as the json module does; ``decode`` reads both."""
+    try:
+        return orjson.dumps(rec)
+    except TypeError:  # orjson's JSONEncodeError: a lone surrogate (a message group's text), an int past 64 bits
+        return _ENCODER.encode(rec).encode("utf-8")
 
 
 def decode(data):
