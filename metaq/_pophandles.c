@@ -79,7 +79,8 @@ PyObject *pop_parse_handles(PyObject *self, PyObject *handles) {
     return out;
 }
 
-/* The text of one int for a handle, a new reference (an int past 64 bits as str() writes it). */
+/* One int of a handle written at buf (at most room bytes: its length), or, past 64 bits, *big set to its str() (0);
+   -1 with an exception set. */
 static int handle_part(PyObject *o, char *buf, size_t room, PyObject **big) {
     int overflow = 0;
     long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
@@ -89,7 +90,24 @@ static int handle_part(PyObject *o, char *buf, size_t room, PyObject **big) {
         *big = PyObject_Str(o);
         return *big == NULL ? -1 : 0;
     }
-    return snprintf(buf, room, "%lld", v);
+    char tmp[24];
+    int n = 0;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    do {
+        tmp[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    int len = n + (v < 0);
+    if ((size_t)len > room) { /* not reached: four parts of at most 20 characters and their colons fit */
+        PyErr_SetString(PyExc_SystemError, "pop_handle: the text does not fit");
+        return -1;
+    }
+    char *w = buf;
+    if (v < 0)
+        *w++ = '-';
+    while (n)
+        *w++ = tmp[--n];
+    return len;
 }
 
 PyObject *pop_handle(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
