@@ -11,6 +11,10 @@
 #include <string.h>
 
 #include "_speedups.h"
+#ifdef METAQ_HAVE_OPENSSL
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#endif
 
 /* The names the pass looks for: the first item of the context (messagebytes._CONTEXT), in this order. */
 enum { N_UNIQ, N_KEYS, N_TAGS, N_GROUP, N_DELIVER, N_BORNHOST, N_SYSFLAG, N_NAMES };
@@ -180,6 +184,84 @@ static int require_text(PyObject *o, const char *what) {
     return -1;
 }
 
+#ifdef METAQ_HAVE_OPENSSL
+/* MD5 from OpenSSL's libcrypto, fetched once, and one digest context reused (the GIL is held); none where the
+   library has no MD5 (a FIPS-only configuration): the context's digest function serves then. */
+static EVP_MD *md5_md;
+static EVP_MD_CTX *md5_ctx;
+static int md5_tried;
+
+/* The MD5 digest of p[0:n] in upper-case hex into out (32 bytes): 1, or 0 when libcrypto cannot give it. */
+static int md5_upper_hex(const char *p, Py_ssize_t n, unsigned char *out) {
+    static const char hex[] = "0123456789ABCDEF";
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    if (!md5_tried) {
+        md5_tried = 1;
+#if OPENSSL_VERSION_NUMBER >= 0x30000000L
+        md5_md = EVP_MD_fetch(NULL, "MD5", NULL);
+#else
+        md5_md = (EVP_MD *)EVP_md5();
+#endif
+        md5_ctx = md5_md != NULL ? EVP_MD_CTX_new() : NULL;
+    }
+    if (md5_ctx == NULL || !EVP_DigestInit_ex(md5_ctx, md5_md, NULL) || !EVP_DigestUpdate(md5_ctx, p, (size_t)n) ||
+        !EVP_DigestFinal_ex(md5_ctx, md, &len) || len != 16) {
+        ERR_clear_error(); /* none of ours left in the thread's queue, where Python's ssl and hashlib read theirs */
+        return 0;
+    }
+    for (int i = 0; i < 16; i++) {
+        out[2 * i] = (unsigned char)hex[md[i] >> 4];
+        out[2 * i + 1] = (unsigned char)hex[md[i] & 15];
+    }
+    return 1;
+}
+#endif
+
+/* The body's digest (DigestType MD5, its upper-case hex) as system property 4: from libcrypto when the helper was
+   built with it, else (or where it has no MD5) by the context's digest function. */
+static int digest_field(growable *sys, const char *body, Py_ssize_t body_n, PyObject *ctx) {
+    if (grow(sys, 32 + 30) < 0)
+        return -1;
+#ifdef METAQ_HAVE_OPENSSL
+    if (md5_upper_hex(body, body_n, sys->p + sys->len + 6)) { /* after the 6 bytes of tags and lengths below */
+        put_v(sys, 4 << 3 | 2);
+        put_v(sys, 2 + 2 + 32);
+        put_v(sys, 1 << 3);
+        put_v(sys, DIGEST_MD5);
+        put_v(sys, 2 << 3 | 2);
+        put_v(sys, 32);
+        sys->len += 32;
+        return 0;
+    }
+#endif
+    PyObject *copy = PyBytes_FromStringAndSize(body, body_n); /* the digest function's own: it may keep it */
+    if (copy == NULL)
+        return -1;
+    PyObject *dig = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, 5), copy);
+    Py_DECREF(copy);
+    if (dig == NULL || require_text(dig, "a digest") < 0) {
+        Py_XDECREF(dig);
+        return -1;
+    }
+    Py_ssize_t dn;
+    const char *digest = PyUnicode_AsUTF8AndSize(dig, &dn);
+    if (digest == NULL || grow(sys, dn + 30) < 0) {
+        Py_DECREF(dig);
+        return -1;
+    }
+    put_v(sys, 4 << 3 | 2);
+    put_v(sys, (uint64_t)(2 + 1 + vsize((uint64_t)dn) + dn));
+    put_v(sys, 1 << 3);
+    put_v(sys, DIGEST_MD5);
+    put_v(sys, 2 << 3 | 2);
+    put_v(sys, (uint64_t)dn);
+    memcpy(sys->p + sys->len, digest, (size_t)dn);
+    sys->len += dn;
+    Py_DECREF(dig);
+    return 0;
+}
+
 static int served(growable *g, const char *data, Py_ssize_t size, long long flag, PyObject *topic,
                   long long queue_id, long long queue_offset, long long born_ms, long long store_ms, PyObject *msg_id,
                   PyObject *endpoint, PyObject *handle, long long attempt, long long invisible_ms, PyObject *ctx) {
@@ -293,7 +375,7 @@ static int served(growable *g, const char *data, Py_ssize_t size, long long flag
     /* system properties */
     growable sys = {NULL, 0, 0};
     int ok = -1;
-    PyObject *id = NULL, *dig = NULL, *bornstr = NULL, *borntext = NULL;
+    PyObject *id = NULL, *bornstr = NULL, *borntext = NULL;
     if (tag.n > 0 && bytes_field(&sys, 1, tag.p, tag.n) < 0)
         goto done;
     if (keys.n > 0) {
@@ -315,25 +397,8 @@ static int served(growable *g, const char *data, Py_ssize_t size, long long flag
         if (id == NULL || require_text(id, "a message id") < 0 || str_field(&sys, 3, id) < 0)
             goto done;
     }
-    PyObject *copy = PyBytes_FromStringAndSize(body, body_n); /* the digest function's own: it may keep it */
-    if (copy == NULL)
+    if (digest_field(&sys, body, body_n, ctx) < 0)
         goto done;
-    dig = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, 5), copy);
-    Py_DECREF(copy);
-    if (dig == NULL || require_text(dig, "a digest") < 0)
-        goto done;
-    Py_ssize_t dn;
-    const char *digest = PyUnicode_AsUTF8AndSize(dig, &dn);
-    if (digest == NULL || grow(&sys, dn + 30) < 0)
-        goto done;
-    put_v(&sys, 4 << 3 | 2);
-    put_v(&sys, (uint64_t)(2 + 1 + vsize((uint64_t)dn) + dn));
-    put_v(&sys, 1 << 3);
-    put_v(&sys, DIGEST_MD5);
-    put_v(&sys, 2 << 3 | 2);
-    put_v(&sys, (uint64_t)dn);
-    memcpy(sys.p + sys.len, digest, (size_t)dn);
-    sys.len += dn;
     if (int_field(&sys, 5, ENCODING_IDENTITY) < 0 || int_field(&sys, 6, (uint64_t)kind) < 0 ||
         time_field(&sys, 7, born_ms) < 0)
         goto done;
@@ -412,7 +477,6 @@ static int served(growable *g, const char *data, Py_ssize_t size, long long flag
 done:
     PyMem_Free(sys.p);
     Py_XDECREF(id);
-    Py_XDECREF(dig);
     Py_XDECREF(bornstr);
     Py_XDECREF(borntext);
     return ok;

@@ -218,7 +218,8 @@ def _in_range(ms):
 
 #: What ``served_record`` is given besides a record: the property names it looks for (as bytes, in the C helper's
 #: order), the most characters of properties served untrimmed, the most user properties it sorts out itself (the
-#: proxy's bound), the names no user property may take, and the message id, digest and born host functions.
+#: proxy's bound), the names no user property may take, and the message id, digest and born host functions (the C
+#: helper digests the body with OpenSSL's libcrypto when it was built with it, the digest function otherwise).
 _CONTEXT = (tuple(name.encode() for name in (PROP_UNIQ_KEY, PROP_KEYS, PROP_TAGS, PROP_SHARDING_KEY, PROP_DELIVER_MS,
                                              PROP_BORNHOST, PROP_SYSFLAG)),
             UNTRIMMED_CHARS, MAX_USER_PROPERTIES, RESERVED_PROPERTIES, _message_id, _digest, _born_text)

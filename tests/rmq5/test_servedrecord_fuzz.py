@@ -151,3 +151,16 @@ def test_served_record_twins_fail_alike_when_a_part_fails(data, topic, endpoint,
     out = answer(served_record_c, exact(data), *args)
     assert isinstance(out, type) and issubclass(out, Exception)
     assert out is answer(messagebytes.served_record_py, data, *args)
+
+
+def test_served_record_twins_give_hashlibs_md5_on_every_length_around_the_block_and_padding_edges():
+    import hashlib
+    rng = random.Random(57)
+    args = (1, "t", 2, 77, 1700000000123, 1700000000456, 0xABCDEF, ENDPOINT, SERVED[1], messagebytes._CONTEXT)
+    for n in list(range(0, 200)) + [1023, 1024, 1025, 4096, 65535, 65536, 1 << 20]:
+        body = rng.randbytes(n)
+        attribute = b"\x02u\x01v"
+        data = struct.pack(">i", len(attribute)) + attribute + body
+        out = served_record_c(exact(data), *args)
+        assert out == messagebytes.served_record_py(data, *args), n
+        assert hashlib.md5(body).hexdigest().upper().encode() in out, n
