@@ -262,6 +262,40 @@ static int digest_field(growable *sys, const char *body, Py_ssize_t body_n, PyOb
     return 0;
 }
 
+/* The last born host text of at most BORN_KEPT bytes, the function asked and its answer: a receive's messages
+   mostly share a producer, and the function (the context's) is pure, so the same text of the same function is
+   answered without a call. */
+#define BORN_KEPT 64
+static char born_in[BORN_KEPT];
+static Py_ssize_t born_in_n = -1;
+static PyObject *born_fn, *born_out;
+
+/* The born host function fn's answer for the text born (valid UTF-8): a str or None (new references), NULL with
+   an error set. */
+static PyObject *born_text(span born, PyObject *fn) {
+    if (fn == born_fn && born.n == born_in_n && memcmp(born.p, born_in, (size_t)born.n) == 0)
+        return Py_NewRef(born_out);
+    PyObject *in = text(born);
+    if (in == NULL)
+        return NULL;
+    PyObject *out = PyObject_CallOneArg(fn, in);
+    Py_DECREF(in);
+    if (out == NULL || (out != Py_None && require_text(out, "a host") < 0)) {
+        Py_XDECREF(out);
+        return NULL;
+    }
+    if (born.n <= BORN_KEPT) { /* the old references let go last: their release may run any code */
+        PyObject *old_fn = born_fn, *old_out = born_out;
+        born_fn = Py_NewRef(fn);
+        born_out = Py_NewRef(out);
+        memcpy(born_in, born.p, (size_t)born.n);
+        born_in_n = born.n;
+        Py_XDECREF(old_fn);
+        Py_XDECREF(old_out);
+    }
+    return out;
+}
+
 static int served(growable *g, const char *data, Py_ssize_t size, long long flag, PyObject *topic,
                   long long queue_id, long long queue_offset, long long born_ms, long long store_ms, PyObject *msg_id,
                   PyObject *endpoint, PyObject *handle, long long attempt, long long invisible_ms, PyObject *ctx) {
@@ -375,7 +409,7 @@ static int served(growable *g, const char *data, Py_ssize_t size, long long flag
     /* system properties */
     growable sys = {NULL, 0, 0};
     int ok = -1;
-    PyObject *id = NULL, *bornstr = NULL, *borntext = NULL;
+    PyObject *id = NULL, *borntext = NULL;
     if (tag.n > 0 && bytes_field(&sys, 1, tag.p, tag.n) < 0)
         goto done;
     if (keys.n > 0) {
@@ -403,11 +437,8 @@ static int served(growable *g, const char *data, Py_ssize_t size, long long flag
         time_field(&sys, 7, born_ms) < 0)
         goto done;
     if (born.n > 0) {
-        bornstr = text(born);
-        if (bornstr == NULL)
-            goto done;
-        borntext = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, 6), bornstr);
-        if (borntext == NULL || (borntext != Py_None && require_text(borntext, "a host") < 0))
+        borntext = born_text(born, PyTuple_GET_ITEM(ctx, 6));
+        if (borntext == NULL)
             goto done;
     }
     if (str_field(&sys, 8, borntext != NULL && borntext != Py_None ? borntext : endpoint) < 0 ||
@@ -477,7 +508,6 @@ static int served(growable *g, const char *data, Py_ssize_t size, long long flag
 done:
     PyMem_Free(sys.p);
     Py_XDECREF(id);
-    Py_XDECREF(bornstr);
     Py_XDECREF(borntext);
     return ok;
 }

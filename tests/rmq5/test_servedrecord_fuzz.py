@@ -164,3 +164,28 @@ def test_served_record_twins_give_hashlibs_md5_on_every_length_around_the_block_
         out = served_record_c(exact(data), *args)
         assert out == messagebytes.served_record_py(data, *args), n
         assert hashlib.md5(body).hexdigest().upper().encode() in out, n
+
+
+def test_a_born_host_answer_is_reused_only_for_the_same_function_and_text():
+    calls = []
+
+    def born(text):
+        calls.append(text)
+        return "10.0.0.%d:1" % len(calls)
+
+    context = _context(6, born)
+    args = (1, "t", 2, 77, 1700000000123, 1700000000456, 0xABCDEF, ENDPOINT, None)
+
+    def served(born_text, ctx=context):
+        return served_record_c(exact(_record([b"@BORNHOST\x01" + born_text])), *args, ctx)
+
+    first = served(b"1.2.3.4:5")
+    assert served(b"1.2.3.4:5") == first and b"10.0.0.1:1" in first and calls == ["1.2.3.4:5"]
+    assert b"10.0.0.2:1" in served(b"1.2.3.4:6") and calls == ["1.2.3.4:5", "1.2.3.4:6"]
+    assert b"1.2.3.4:6" in served(b"1.2.3.4:6", messagebytes._CONTEXT)  # another function: asked, its answer
+    assert b"10.0.0.3:1" in served(b"1.2.3.4:6") and calls[2:] == ["1.2.3.4:6"]  # and asked again after it
+    assert b"10.0.0.4:1" in served(b"1.2.3.4:") and calls[3:] == ["1.2.3.4:"]  # a prefix of the kept text
+    long_text = b"1" * 100 + b":5"  # past the kept length: asked each time
+    served(long_text)
+    served(long_text)
+    assert calls[4:] == [long_text.decode()] * 2
