@@ -218,6 +218,37 @@ static int md5_upper_hex(const char *p, Py_ssize_t n, unsigned char *out) {
 }
 #endif
 
+/* The message id of a message whose client gave none, "%X" % msg_id (its metaq id in upper-case hex), as system
+   property 3: an int of 64 bits written here, anything else formatted as Python formats it. */
+static int id_field(growable *sys, PyObject *msg_id) {
+    static const char hex[] = "0123456789ABCDEF";
+    if (PyLong_CheckExact(msg_id)) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(msg_id, &overflow);
+        if (v == -1 && PyErr_Occurred())
+            return -1;
+        if (!overflow) {
+            char buf[17], *p = buf + sizeof buf;
+            unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+            do {
+                *--p = hex[u & 15];
+                u >>= 4;
+            } while (u);
+            if (v < 0)
+                *--p = '-';
+            return bytes_field(sys, 3, p, buf + sizeof buf - p);
+        }
+    }
+    PyObject *fmt = PyUnicode_FromString("%X");
+    if (fmt == NULL)
+        return -1;
+    PyObject *id = PyUnicode_Format(fmt, msg_id);
+    Py_DECREF(fmt);
+    int r = id == NULL ? -1 : str_field(sys, 3, id);
+    Py_XDECREF(id);
+    return r;
+}
+
 /* The body's digest (DigestType MD5, its upper-case hex) as system property 4: from libcrypto when the helper was
    built with it, else (or where it has no MD5) by the context's digest function. */
 static int digest_field(growable *sys, const char *body, Py_ssize_t body_n, PyObject *ctx) {
@@ -238,7 +269,7 @@ static int digest_field(growable *sys, const char *body, Py_ssize_t body_n, PyOb
     PyObject *copy = PyBytes_FromStringAndSize(body, body_n); /* the digest function's own: it may keep it */
     if (copy == NULL)
         return -1;
-    PyObject *dig = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, 5), copy);
+    PyObject *dig = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, 4), copy);
     Py_DECREF(copy);
     if (dig == NULL || require_text(dig, "a digest") < 0) {
         Py_XDECREF(dig);
@@ -409,7 +440,7 @@ static int served(growable *g, const char *data, Py_ssize_t size, long long flag
     /* system properties */
     growable sys = {NULL, 0, 0};
     int ok = -1;
-    PyObject *id = NULL, *borntext = NULL;
+    PyObject *borntext = NULL;
     if (tag.n > 0 && bytes_field(&sys, 1, tag.p, tag.n) < 0)
         goto done;
     if (keys.n > 0) {
@@ -426,10 +457,8 @@ static int served(growable *g, const char *data, Py_ssize_t size, long long flag
     if (uniq.n > 0) {
         if (bytes_field(&sys, 3, uniq.p, uniq.n) < 0)
             goto done;
-    } else {
-        id = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, 4), msg_id);
-        if (id == NULL || require_text(id, "a message id") < 0 || str_field(&sys, 3, id) < 0)
-            goto done;
+    } else if (id_field(&sys, msg_id) < 0) {
+        goto done;
     }
     if (digest_field(&sys, body, body_n, ctx) < 0)
         goto done;
@@ -437,7 +466,7 @@ static int served(growable *g, const char *data, Py_ssize_t size, long long flag
         time_field(&sys, 7, born_ms) < 0)
         goto done;
     if (born.n > 0) {
-        borntext = born_text(born, PyTuple_GET_ITEM(ctx, 6));
+        borntext = born_text(born, PyTuple_GET_ITEM(ctx, 5));
         if (borntext == NULL)
             goto done;
     }
@@ -507,7 +536,6 @@ static int served(growable *g, const char *data, Py_ssize_t size, long long flag
     ok = 1;
 done:
     PyMem_Free(sys.p);
-    Py_XDECREF(id);
     Py_XDECREF(borntext);
     return ok;
 }
@@ -534,7 +562,7 @@ PyObject *served_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *handle = NULL;
     long long v[5], attempt = 0, invisible_ms = 0;
     int wide = 0;
-    if (!PyTuple_Check(ctx) || PyTuple_GET_SIZE(ctx) != 7 || !PyTuple_Check(PyTuple_GET_ITEM(ctx, 0)) ||
+    if (!PyTuple_Check(ctx) || PyTuple_GET_SIZE(ctx) != 6 || !PyTuple_Check(PyTuple_GET_ITEM(ctx, 0)) ||
         PyTuple_GET_SIZE(PyTuple_GET_ITEM(ctx, 0)) != N_NAMES || !PyAnySet_Check(PyTuple_GET_ITEM(ctx, 3))) {
         PyErr_SetString(PyExc_TypeError, "served_record: a context as messagebytes makes it");
         return NULL;
