@@ -123,6 +123,8 @@ PyObject *mqtt_pubacks_now(PyObject *self, PyObject *const *args, Py_ssize_t nar
 PyObject *encode_fields(PyObject *self, PyObject *args);
 /* served_record (_servedmsg.c): a served RocketMQ 5 message's bytes from its log record; metaq/rmq5/messagebytes.py. */
 PyObject *served_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* grpc_frames (_pbwrite.c): gRPC messages length-prefixed and joined; metaq/rmq5/wire.py. */
+PyObject *grpc_frames(PyObject *self, PyObject *items);
 
 /* append_run (_burstrun.c): a burst's run written with its ids taken and its positions advanced (store/batch.py). */
 PyObject *append_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

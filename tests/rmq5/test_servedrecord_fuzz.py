@@ -212,3 +212,20 @@ def test_served_record_twins_refuse_a_metaq_id_that_is_no_int_alike(msg_id):
         served_record_c(exact(data), *args)
     with pytest.raises(TypeError):
         messagebytes.served_record_py(data, *args)
+
+
+def test_grpc_frames_twins_join_length_prefixed_messages_alike():
+    from metaq._speedups import grpc_frames
+    from metaq.rmq5 import wire
+    rng = random.Random(58)
+    for _ in range(200):
+        items = [rng.randbytes(rng.choice([0, 1, 5, 300, 1100, 70000])) for _ in range(rng.randrange(40))]
+        items = [exact(b) if rng.random() < 0.5 else b for b in items]
+        out = grpc_frames(items)
+        assert out == wire.frames_py(items) == b"".join(wire.frame(bytes(b)) for b in items)
+        assert grpc_frames(tuple(items)) == out
+    for bad in ([b"x", "text"], [None], 5):
+        with pytest.raises(TypeError):
+            grpc_frames(bad)
+        with pytest.raises(TypeError):
+            wire.frames_py(bad)
