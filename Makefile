@@ -1,6 +1,6 @@
 # metaq: `make run` starts a standalone broker, `make test` runs the whole suite.
 # Both set up what they need (idempotently) on a fresh Debian machine as root:
-# `make run` only the broker's own packages (and libisal-dev for the C helper), `make test`
+# `make run` only the broker's own packages (and libisal-dev, libssl-dev for the C helper), `make test`
 # the test, deploy and Spark extras and the servers the tests start as well.
 
 PYTHON ?= python3
@@ -48,12 +48,13 @@ sysdeps:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-# Intel's ISA-L for the C helper's CRC-32 (about 4x zlib's). Optional: where it cannot be
-# installed the helper is built with zlib's CRC-32 (stats: crc32).
-BUILD_SYSDEPS := libisal-dev
+# Intel's ISA-L for the C helper's CRC-32 (about 4x zlib's); OpenSSL's libcrypto for a served gRPC
+# message's MD5 digest, computed in C (no Python call a message). Optional: where one cannot be
+# installed the helper is built with zlib's CRC-32 (stats: crc32) or calls hashlib's MD5.
+BUILD_SYSDEPS := libisal-dev libssl-dev
 builddeps:
 	@$(MAKE) --no-print-directory sysdeps SYSDEPS="$(BUILD_SYSDEPS)" || \
-	  echo "warning: could not install $(BUILD_SYSDEPS); the C helper will use zlib's CRC-32"
+	  echo "warning: could not install $(BUILD_SYSDEPS); the C helper will use zlib's CRC-32 and hashlib's MD5"
 
 # The broker alone (`make run`): metaq and its install_requires, the C helper built; no extras. grpcio-tools
 # (protoc from PyPI) generates the gRPC port's Python code from metaq/rmq5/messages.proto (tools/protos.py);

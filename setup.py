@@ -8,13 +8,25 @@ with open("metaq/__init__.py") as f:
 
 
 
+def _headers(path):
+    return any(os.path.exists(os.path.join(d, path)) for d in ("/usr/include", "/usr/local/include"))
+
+
+def _wanted(name):
+    return os.environ.get(name, "") in ("", "0")
+
+
 def speedups_extension():
-    """metaq._speedups, with Intel's ISA-L CRC-32 when its headers are installed (Debian: libisal-dev)."""
+    """metaq._speedups, with Intel's ISA-L CRC-32 when its headers are installed (Debian: libisal-dev), and
+    OpenSSL's libcrypto for a served message's MD5 digest when its headers are (Debian: libssl-dev); without
+    one, zlib's CRC-32 and hashlib's MD5 (called back) serve. METAQ_NO_ISAL=1 or METAQ_NO_OPENSSL=1 leaves one out."""
     libraries, macros = ["z"], []
-    if os.environ.get("METAQ_NO_ISAL", "") in ("", "0") and any(
-            os.path.exists(os.path.join(d, "isa-l", "crc.h")) for d in ("/usr/include", "/usr/local/include")):
+    if _wanted("METAQ_NO_ISAL") and _headers("isa-l/crc.h"):
         libraries.append("isal")
         macros.append(("METAQ_HAVE_ISAL", "1"))
+    if _wanted("METAQ_NO_OPENSSL") and _headers("openssl/evp.h"):
+        libraries.append("crypto")
+        macros.append(("METAQ_HAVE_OPENSSL", "1"))
     return Extension("metaq._speedups", ["metaq/_speedups.c", "metaq/_syncworker.c", "metaq/_idemscan.c",
                                          "metaq/_timerscan.c", "metaq/_recoveryscan.c",
                                          "metaq/_mqttwire.c",

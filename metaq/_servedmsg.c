@@ -11,6 +11,10 @@
 #include <string.h>
 
 #include "_speedups.h"
+#ifdef METAQ_HAVE_OPENSSL
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#endif
 
 /* The names the pass looks for: the first item of the context (messagebytes._CONTEXT), in this order. */
 enum { N_UNIQ, N_KEYS, N_TAGS, N_GROUP, N_DELIVER, N_BORNHOST, N_SYSFLAG, N_NAMES };
@@ -180,6 +184,149 @@ static int require_text(PyObject *o, const char *what) {
     return -1;
 }
 
+#ifdef METAQ_HAVE_OPENSSL
+/* MD5 from OpenSSL's libcrypto, fetched once, and one digest context reused (the GIL is held); none where the
+   library has no MD5 (a FIPS-only configuration): the context's digest function serves then. */
+static EVP_MD *md5_md;
+static EVP_MD_CTX *md5_ctx;
+static int md5_tried;
+
+/* The MD5 digest of p[0:n] in upper-case hex into out (32 bytes): 1, or 0 when libcrypto cannot give it. */
+static int md5_upper_hex(const char *p, Py_ssize_t n, unsigned char *out) {
+    static const char hex[] = "0123456789ABCDEF";
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    if (!md5_tried) {
+        md5_tried = 1;
+#if OPENSSL_VERSION_NUMBER >= 0x30000000L
+        md5_md = EVP_MD_fetch(NULL, "MD5", NULL);
+#else
+        md5_md = (EVP_MD *)EVP_md5();
+#endif
+        md5_ctx = md5_md != NULL ? EVP_MD_CTX_new() : NULL;
+    }
+    if (md5_ctx == NULL || !EVP_DigestInit_ex(md5_ctx, md5_md, NULL) || !EVP_DigestUpdate(md5_ctx, p, (size_t)n) ||
+        !EVP_DigestFinal_ex(md5_ctx, md, &len) || len != 16) {
+        ERR_clear_error(); /* none of ours left in the thread's queue, where Python's ssl and hashlib read theirs */
+        return 0;
+    }
+    for (int i = 0; i < 16; i++) {
+        out[2 * i] = (unsigned char)hex[md[i] >> 4];
+        out[2 * i + 1] = (unsigned char)hex[md[i] & 15];
+    }
+    return 1;
+}
+#endif
+
+/* The message id of a message whose client gave none, "%X" % msg_id (its metaq id in upper-case hex), as system
+   property 3: an int of 64 bits written here, anything else formatted as Python formats it. */
+static int id_field(growable *sys, PyObject *msg_id) {
+    static const char hex[] = "0123456789ABCDEF";
+    if (PyLong_CheckExact(msg_id)) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(msg_id, &overflow);
+        if (v == -1 && PyErr_Occurred())
+            return -1;
+        if (!overflow) {
+            char buf[17], *p = buf + sizeof buf;
+            unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+            do {
+                *--p = hex[u & 15];
+                u >>= 4;
+            } while (u);
+            if (v < 0)
+                *--p = '-';
+            return bytes_field(sys, 3, p, buf + sizeof buf - p);
+        }
+    }
+    PyObject *fmt = PyUnicode_FromString("%X");
+    if (fmt == NULL)
+        return -1;
+    PyObject *id = PyUnicode_Format(fmt, msg_id);
+    Py_DECREF(fmt);
+    int r = id == NULL ? -1 : str_field(sys, 3, id);
+    Py_XDECREF(id);
+    return r;
+}
+
+/* The body's digest (DigestType MD5, its upper-case hex) as system property 4: from libcrypto when the helper was
+   built with it, else (or where it has no MD5) by the context's digest function. */
+static int digest_field(growable *sys, const char *body, Py_ssize_t body_n, PyObject *ctx) {
+    if (grow(sys, 32 + 30) < 0)
+        return -1;
+#ifdef METAQ_HAVE_OPENSSL
+    if (md5_upper_hex(body, body_n, sys->p + sys->len + 6)) { /* after the 6 bytes of tags and lengths below */
+        put_v(sys, 4 << 3 | 2);
+        put_v(sys, 2 + 2 + 32);
+        put_v(sys, 1 << 3);
+        put_v(sys, DIGEST_MD5);
+        put_v(sys, 2 << 3 | 2);
+        put_v(sys, 32);
+        sys->len += 32;
+        return 0;
+    }
+#endif
+    PyObject *copy = PyBytes_FromStringAndSize(body, body_n); /* the digest function's own: it may keep it */
+    if (copy == NULL)
+        return -1;
+    PyObject *dig = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, 4), copy);
+    Py_DECREF(copy);
+    if (dig == NULL || require_text(dig, "a digest") < 0) {
+        Py_XDECREF(dig);
+        return -1;
+    }
+    Py_ssize_t dn;
+    const char *digest = PyUnicode_AsUTF8AndSize(dig, &dn);
+    if (digest == NULL || grow(sys, dn + 30) < 0) {
+        Py_DECREF(dig);
+        return -1;
+    }
+    put_v(sys, 4 << 3 | 2);
+    put_v(sys, (uint64_t)(2 + 1 + vsize((uint64_t)dn) + dn));
+    put_v(sys, 1 << 3);
+    put_v(sys, DIGEST_MD5);
+    put_v(sys, 2 << 3 | 2);
+    put_v(sys, (uint64_t)dn);
+    memcpy(sys->p + sys->len, digest, (size_t)dn);
+    sys->len += dn;
+    Py_DECREF(dig);
+    return 0;
+}
+
+/* The last born host text of at most BORN_KEPT bytes, the function asked and its answer: a receive's messages
+   mostly share a producer, and the function (the context's) is pure, so the same text of the same function is
+   answered without a call. */
+#define BORN_KEPT 64
+static char born_in[BORN_KEPT];
+static Py_ssize_t born_in_n = -1;
+static PyObject *born_fn, *born_out;
+
+/* The born host function fn's answer for the text born (valid UTF-8): a str or None (new references), NULL with
+   an error set. */
+static PyObject *born_text(span born, PyObject *fn) {
+    if (fn == born_fn && born.n == born_in_n && memcmp(born.p, born_in, (size_t)born.n) == 0)
+        return Py_NewRef(born_out);
+    PyObject *in = text(born);
+    if (in == NULL)
+        return NULL;
+    PyObject *out = PyObject_CallOneArg(fn, in);
+    Py_DECREF(in);
+    if (out == NULL || (out != Py_None && require_text(out, "a host") < 0)) {
+        Py_XDECREF(out);
+        return NULL;
+    }
+    if (born.n <= BORN_KEPT) { /* the old references let go last: their release may run any code */
+        PyObject *old_fn = born_fn, *old_out = born_out;
+        born_fn = Py_NewRef(fn);
+        born_out = Py_NewRef(out);
+        memcpy(born_in, born.p, (size_t)born.n);
+        born_in_n = born.n;
+        Py_XDECREF(old_fn);
+        Py_XDECREF(old_out);
+    }
+    return out;
+}
+
 static int served(growable *g, const char *data, Py_ssize_t size, long long flag, PyObject *topic,
                   long long queue_id, long long queue_offset, long long born_ms, long long store_ms, PyObject *msg_id,
                   PyObject *endpoint, PyObject *handle, long long attempt, long long invisible_ms, PyObject *ctx) {
@@ -293,7 +440,7 @@ static int served(growable *g, const char *data, Py_ssize_t size, long long flag
     /* system properties */
     growable sys = {NULL, 0, 0};
     int ok = -1;
-    PyObject *id = NULL, *dig = NULL, *bornstr = NULL, *borntext = NULL;
+    PyObject *borntext = NULL;
     if (tag.n > 0 && bytes_field(&sys, 1, tag.p, tag.n) < 0)
         goto done;
     if (keys.n > 0) {
@@ -310,39 +457,17 @@ static int served(growable *g, const char *data, Py_ssize_t size, long long flag
     if (uniq.n > 0) {
         if (bytes_field(&sys, 3, uniq.p, uniq.n) < 0)
             goto done;
-    } else {
-        id = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, 4), msg_id);
-        if (id == NULL || require_text(id, "a message id") < 0 || str_field(&sys, 3, id) < 0)
-            goto done;
+    } else if (id_field(&sys, msg_id) < 0) {
+        goto done;
     }
-    PyObject *copy = PyBytes_FromStringAndSize(body, body_n); /* the digest function's own: it may keep it */
-    if (copy == NULL)
+    if (digest_field(&sys, body, body_n, ctx) < 0)
         goto done;
-    dig = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, 5), copy);
-    Py_DECREF(copy);
-    if (dig == NULL || require_text(dig, "a digest") < 0)
-        goto done;
-    Py_ssize_t dn;
-    const char *digest = PyUnicode_AsUTF8AndSize(dig, &dn);
-    if (digest == NULL || grow(&sys, dn + 30) < 0)
-        goto done;
-    put_v(&sys, 4 << 3 | 2);
-    put_v(&sys, (uint64_t)(2 + 1 + vsize((uint64_t)dn) + dn));
-    put_v(&sys, 1 << 3);
-    put_v(&sys, DIGEST_MD5);
-    put_v(&sys, 2 << 3 | 2);
-    put_v(&sys, (uint64_t)dn);
-    memcpy(sys.p + sys.len, digest, (size_t)dn);
-    sys.len += dn;
     if (int_field(&sys, 5, ENCODING_IDENTITY) < 0 || int_field(&sys, 6, (uint64_t)kind) < 0 ||
         time_field(&sys, 7, born_ms) < 0)
         goto done;
     if (born.n > 0) {
-        bornstr = text(born);
-        if (bornstr == NULL)
-            goto done;
-        borntext = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, 6), bornstr);
-        if (borntext == NULL || (borntext != Py_None && require_text(borntext, "a host") < 0))
+        borntext = born_text(born, PyTuple_GET_ITEM(ctx, 5));
+        if (borntext == NULL)
             goto done;
     }
     if (str_field(&sys, 8, borntext != NULL && borntext != Py_None ? borntext : endpoint) < 0 ||
@@ -411,9 +536,6 @@ static int served(growable *g, const char *data, Py_ssize_t size, long long flag
     ok = 1;
 done:
     PyMem_Free(sys.p);
-    Py_XDECREF(id);
-    Py_XDECREF(dig);
-    Py_XDECREF(bornstr);
     Py_XDECREF(borntext);
     return ok;
 }
@@ -440,7 +562,7 @@ PyObject *served_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *handle = NULL;
     long long v[5], attempt = 0, invisible_ms = 0;
     int wide = 0;
-    if (!PyTuple_Check(ctx) || PyTuple_GET_SIZE(ctx) != 7 || !PyTuple_Check(PyTuple_GET_ITEM(ctx, 0)) ||
+    if (!PyTuple_Check(ctx) || PyTuple_GET_SIZE(ctx) != 6 || !PyTuple_Check(PyTuple_GET_ITEM(ctx, 0)) ||
         PyTuple_GET_SIZE(PyTuple_GET_ITEM(ctx, 0)) != N_NAMES || !PyAnySet_Check(PyTuple_GET_ITEM(ctx, 3))) {
         PyErr_SetString(PyExc_TypeError, "served_record: a context as messagebytes makes it");
         return NULL;

@@ -1189,6 +1189,8 @@ static PyMethodDef methods[] = {
     {"served_record", (PyCFunction)(void (*)(void))served_record, METH_FASTCALL,
      "served_record(data, flag, topic, queue_id, queue_offset, born_ms, store_ms, msg_id, endpoint, served, context) "
      "-> a served message's response bytes, or None (_servedmsg.c; rmq5.messagebytes)"},
+    {"grpc_frames", grpc_frames, METH_O,
+     "grpc_frames(items) -> the gRPC messages items, each length-prefixed, joined (_pbwrite.c; rmq5.wire)"},
     {NULL, NULL, 0, NULL},
 };
 

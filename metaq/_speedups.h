@@ -127,6 +127,8 @@ PyObject *pop_parse_handles(PyObject *self, PyObject *handles);
 PyObject *pop_handle(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* served_record (_servedmsg.c): a served RocketMQ 5 message's bytes from its log record; metaq/rmq5/messagebytes.py. */
 PyObject *served_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* grpc_frames (_pbwrite.c): gRPC messages length-prefixed and joined; metaq/rmq5/wire.py. */
+PyObject *grpc_frames(PyObject *self, PyObject *items);
 
 /* append_run (_burstrun.c): a burst's run written with its ids taken and its positions advanced (store/batch.py). */
 PyObject *append_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

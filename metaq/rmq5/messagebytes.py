@@ -218,24 +218,26 @@ def _in_range(ms):
 
 #: What ``served_record`` is given besides a record: the property names it looks for (as bytes, in the C helper's
 #: order), the most characters of properties served untrimmed, the most user properties it sorts out itself (the
-#: proxy's bound), the names no user property may take, and the message id, digest and born host functions.
+#: proxy's bound), the names no user property may take, and the digest and born host functions (the C helper
+#: digests the body with OpenSSL's libcrypto when it was built with it, the digest function otherwise).
 _CONTEXT = (tuple(name.encode() for name in (PROP_UNIQ_KEY, PROP_KEYS, PROP_TAGS, PROP_SHARDING_KEY, PROP_DELIVER_MS,
                                              PROP_BORNHOST, PROP_SYSFLAG)),
-            UNTRIMMED_CHARS, MAX_USER_PROPERTIES, RESERVED_PROPERTIES, _message_id, _digest, _born_text)
+            UNTRIMMED_CHARS, MAX_USER_PROPERTIES, RESERVED_PROPERTIES, _digest, _born_text)
 _INT64 = range(-2 ** 63, 2 ** 63)
 
 
 def served_record_py(data, flag, topic, queue_id, queue_offset, born_ms, store_ms, msg_id, endpoint, served, context):
     """A received or pulled message's response bytes (``response_bytes``') written straight from a log record a
     RocketMQ or gRPC producer wrote, in one pass over its properties, each read into its field: the record's
-    ``data`` and ``flag``, its topic, queue, offset, times and metaq id; ``endpoint`` the store host's ``ip:port``;
+    ``data`` and ``flag``, its topic, queue, offset, times and metaq id (the message id when the record has no
+    ``UNIQ_KEY``, in hex as ``_message_id`` writes it); ``endpoint`` the store host's ``ip:port``;
     ``served`` a receive's ``Served`` or None; ``context`` the module's ``_CONTEXT``. None for any other record,
     which the general mapping serves: no attribute block or a malformed one, attribute bytes not UTF-8, no property
     part (a text put's), properties that could be trimmed (more than ``UNTRIMMED_CHARS`` characters with the tags'
     key), ``@SYSFLAG`` (a body to inflate), more user properties than the context's bound, a delivery time (without
     a message group) not in ASCII or past 18 digits, a timestamp outside protobuf's range, an int past 64 bits. The
     C helper's ``served_record`` is its twin."""
-    _names, room, user_max, reserved, message_id, _digest_of, born_text = context
+    _names, room, user_max, reserved, _digest_of, born_text = context
     ints = (flag, queue_id, queue_offset, born_ms, store_ms) if served is None else \
         (flag, served.queue_id, served.queue_offset, born_ms, store_ms, served.attempt, served.invisible_ms)
     if not all(v in _INT64 for v in ints) or not flag & 1 or len(data) < 4:
@@ -260,7 +262,7 @@ def served_record_py(data, flag, topic, queue_id, queue_offset, born_ms, store_m
     shown = shown_tags(tags or None)
     born = born_text(born) if born else None
     return encode_fields((2, _layout(topic, queue_id, queue_offset, tag if shown is None else shown, keys,
-                                     uniq or message_id(msg_id), group, deliver, born_ms, born or endpoint, store_ms,
+                                     uniq or _message_id(msg_id), group, deliver, born_ms, born or endpoint, store_ms,
                                      endpoint, user.items(), bytes(data[4 + size:]), served)))
 
 

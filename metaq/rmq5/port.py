@@ -62,7 +62,7 @@ from metaq.rmq5.http2 import (CONTINUATION, END_HEADERS, HEADERS, WINDOW_UPDATE,
                               ServerConnection, StreamClosed, is_control)
 from metaq.rmq5.headercache import CachedDecoder, CachedEncoder, CheckedHeaders
 from metaq.rmq5.wire import (OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW, WAITS, GrpcError, MessageReader, Status, frame,
-                             is_grpc_content_type, parse_timeout, rpc_name, trailers, trailers_only)
+                             frames, is_grpc_content_type, parse_timeout, rpc_name, trailers, trailers_only)
 from metaq.server.connections import Connection, share_loop
 
 log = logging.getLogger(__name__)
@@ -483,7 +483,7 @@ class GrpcConnection(Connection):
         else:
             if response is WAITS:
                 return False
-            framed = frame(response) if type(response) is bytes else b"".join(map(frame, response))
+            framed = frame(response) if type(response) is bytes else frames(response)
             if not self._fits(call, len(framed)):
                 call.greenlet = gevent.spawn(self._unary, call, response)
                 return True

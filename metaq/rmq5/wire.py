@@ -11,7 +11,7 @@ than its maximum before keeping a byte of it.
 import enum
 import struct
 
-from metaq import limits
+from metaq import limits, speedups
 
 #: HTTP/2 ``:path`` of every RPC: this, then the RPC's name (case-sensitive).
 SERVICE = "apache.rocketmq.v2.MessagingService"
@@ -77,6 +77,15 @@ def is_grpc_content_type(value):
 def frame(payload):
     """One length-prefixed, uncompressed gRPC message."""
     return _PREFIX.pack(0, len(payload)) + payload
+
+
+def frames_py(payloads):
+    """``frame`` of each of ``payloads`` (bytes-like, each under 4 GiB), joined. The C helper's ``grpc_frames`` is
+    its twin (one copy, no call a message)."""
+    return b"".join(map(frame, payloads))
+
+
+frames = speedups.load("grpc_frames", frames_py)
 
 
 class MessageReader:

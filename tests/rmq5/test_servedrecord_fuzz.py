@@ -77,12 +77,13 @@ def test_served_record_twins_agree_on_random_truncated_and_bit_flipped_records()
         served = rng.choice(SERVED)
         if served is not None and rng.random() < 0.2:
             served = served._replace(attempt=rng.choice(INTS), invisible_ms=rng.choice(INTS))
-        args = (flag, "t", ints[0], ints[1], ints[2], ints[3], 0xABCDEF, ENDPOINT, served, messagebytes._CONTEXT)
+        msg_id = rng.choice(INTS) if rng.random() < 0.1 else 0xABCDEF
+        args = (flag, "t", ints[0], ints[1], ints[2], ints[3], msg_id, ENDPOINT, served, messagebytes._CONTEXT)
         out = answer(served_record_c, exact(data), *args)
         assert out == answer(messagebytes.served_record_py, data, *args), (data, args)
         if isinstance(out, bytes):
             taken += 1
-            rec = LogRecord(1000, 0, "t", ints[0], ints[1], ints[3], ints[2], 0xABCDEF, flag, data)
+            rec = LogRecord(1000, 0, "t", ints[0], ints[1], ints[3], ints[2], msg_id, flag, data)
             want = messagebytes.response_bytes(message_of_record(rec, HOST), HOST, 1 << 20, rec.msg_id, served)
             assert out == want, data
     assert taken > 1000  # the one pass was exercised, not only its refusals
@@ -140,14 +141,91 @@ def _context(i, value):
 
 
 @pytest.mark.parametrize("data, topic, endpoint, served, context", [
-    (_record([b"u\x01v"]), "t", ENDPOINT, None, _context(4, _raises)),  # the message id's function fails
-    (_record([b"@BORNHOST\x011.2.3.4:5"]), "t", ENDPOINT, None, _context(6, _raises)),  # the born host's
+    (_record([b"@BORNHOST\x011.2.3.4:5"]), "t", ENDPOINT, None, _context(5, _raises)),  # the born host's
     (_record([b"u\x01v"]), "\ud800", ENDPOINT, None, messagebytes._CONTEXT),  # a topic not encodable
     (_record([b"u\x01v"]), "t", "\udc00", None, messagebytes._CONTEXT),  # an endpoint not encodable
     (_record([b"u\x01v"]), "t", ENDPOINT, SERVED[1]._replace(receipt_handle="\udc00"), messagebytes._CONTEXT),
-], ids=["message id", "born host", "topic", "endpoint", "receipt handle"])
+], ids=["born host", "topic", "endpoint", "receipt handle"])
 def test_served_record_twins_fail_alike_when_a_part_fails(data, topic, endpoint, served, context):
     args = (1, topic, 2, 77, 1700000000123, 1700000000456, 0xABCDEF, endpoint, served, context)
     out = answer(served_record_c, exact(data), *args)
     assert isinstance(out, type) and issubclass(out, Exception)
     assert out is answer(messagebytes.served_record_py, data, *args)
+
+
+def test_served_record_twins_give_hashlibs_md5_on_every_length_around_the_block_and_padding_edges():
+    import hashlib
+    rng = random.Random(57)
+    args = (1, "t", 2, 77, 1700000000123, 1700000000456, 0xABCDEF, ENDPOINT, SERVED[1], messagebytes._CONTEXT)
+    for n in list(range(0, 200)) + [1023, 1024, 1025, 4096, 65535, 65536, 1 << 20]:
+        body = rng.randbytes(n)
+        attribute = b"\x02u\x01v"
+        data = struct.pack(">i", len(attribute)) + attribute + body
+        out = served_record_c(exact(data), *args)
+        assert out == messagebytes.served_record_py(data, *args), n
+        assert hashlib.md5(body).hexdigest().upper().encode() in out, n
+
+
+def test_a_born_host_answer_is_reused_only_for_the_same_function_and_text():
+    calls = []
+
+    def born(text):
+        calls.append(text)
+        return "10.0.0.%d:1" % len(calls)
+
+    context = _context(5, born)
+    args = (1, "t", 2, 77, 1700000000123, 1700000000456, 0xABCDEF, ENDPOINT, None)
+
+    def served(born_text, ctx=context):
+        return served_record_c(exact(_record([b"@BORNHOST\x01" + born_text])), *args, ctx)
+
+    first = served(b"1.2.3.4:5")
+    assert served(b"1.2.3.4:5") == first and b"10.0.0.1:1" in first and calls == ["1.2.3.4:5"]
+    assert b"10.0.0.2:1" in served(b"1.2.3.4:6") and calls == ["1.2.3.4:5", "1.2.3.4:6"]
+    assert b"1.2.3.4:6" in served(b"1.2.3.4:6", messagebytes._CONTEXT)  # another function: asked, its answer
+    assert b"10.0.0.3:1" in served(b"1.2.3.4:6") and calls[2:] == ["1.2.3.4:6"]  # and asked again after it
+    assert b"10.0.0.4:1" in served(b"1.2.3.4:") and calls[3:] == ["1.2.3.4:"]  # a prefix of the kept text
+    long_text = b"1" * 100 + b":5"  # past the kept length: asked each time
+    served(long_text)
+    served(long_text)
+    assert calls[4:] == [long_text.decode()] * 2
+
+
+@pytest.mark.parametrize("msg_id", [0, 1, 0xABCDEF, 2 ** 63 - 1, -1, -2 ** 63, 2 ** 63, 2 ** 64 - 1, 2 ** 64, 2 ** 100,
+                                    -2 ** 100, True])
+def test_served_record_twins_write_a_records_metaq_id_in_hex_when_its_client_gave_no_message_id(msg_id):
+    data = _record([b"u\x01v"])
+    args = (1, "t", 2, 77, 1700000000123, 1700000000456, msg_id, ENDPOINT, None, messagebytes._CONTEXT)
+    out = served_record_c(exact(data), *args)
+    assert out == messagebytes.served_record_py(data, *args)
+    rec = LogRecord(1000, 0, "t", 2, 77, 1700000000456, 1700000000123, msg_id, 1, data)
+    assert out == messagebytes.response_bytes(message_of_record(rec, HOST), HOST, 1 << 20, rec.msg_id, None)
+    message_id = ("%X" % msg_id).encode()
+    assert bytes((3 << 3 | 2, len(message_id))) + message_id in out
+
+
+@pytest.mark.parametrize("msg_id", [1.5, "7", None])
+def test_served_record_twins_refuse_a_metaq_id_that_is_no_int_alike(msg_id):
+    data = _record([b"u\x01v"])
+    args = (1, "t", 2, 77, 1700000000123, 1700000000456, msg_id, ENDPOINT, None, messagebytes._CONTEXT)
+    with pytest.raises(TypeError):
+        served_record_c(exact(data), *args)
+    with pytest.raises(TypeError):
+        messagebytes.served_record_py(data, *args)
+
+
+def test_grpc_frames_twins_join_length_prefixed_messages_alike():
+    from metaq._speedups import grpc_frames
+    from metaq.rmq5 import wire
+    rng = random.Random(58)
+    for _ in range(200):
+        items = [rng.randbytes(rng.choice([0, 1, 5, 300, 1100, 70000])) for _ in range(rng.randrange(40))]
+        items = [exact(b) if rng.random() < 0.5 else b for b in items]
+        out = grpc_frames(items)
+        assert out == wire.frames_py(items) == b"".join(wire.frame(bytes(b)) for b in items)
+        assert grpc_frames(tuple(items)) == out
+    for bad in ([b"x", "text"], [None], 5):
+        with pytest.raises(TypeError):
+            grpc_frames(bad)
+        with pytest.raises(TypeError):
+            wire.frames_py(bad)
