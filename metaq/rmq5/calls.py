@@ -14,7 +14,7 @@ import gevent
 
 from metaq import errors
 from metaq.rmq5 import messages_pb2 as pb
-from metaq.rmq5.messagebytes import message_bytes
+from metaq.rmq5.messagebytes import encode_fields, message_bytes
 from metaq.server.clock import now_ms
 
 #: What a long poll keeps of the call's deadline to answer in: the poll ends this much before the client gives up.
@@ -47,7 +47,7 @@ def paced_wait(guard, call, last, kind="fetch"):
 def status(code, message=None):
     """An ``apache.rocketmq.v2.Status`` with ``code`` (a Code name) and a message (the code's name by default, as
     the proxy always fills it)."""
-    return pb.Status(code=pb.Code.Value(code), message=message or code)
+    return pb.Status(code=_CODES[code], message=message or code)
 
 
 def status_fields(code, message=None):
@@ -120,7 +120,7 @@ def duration_ms(d):
 
 
 def delivered_now():
-    """A receive stream's last response: the time it was answered."""
-    r = pb.ReceiveMessageResponse()
-    r.delivery_timestamp.FromMilliseconds(now_ms())
-    return r
+    """A receive stream's last response, as its bytes: the time it was answered (its ``delivery_timestamp``, a
+    Timestamp of the broker's clock in milliseconds, as protobuf writes it: no field of a zero)."""
+    ms = now_ms()
+    return encode_fields((3, (1, ms // 1000 or None, 2, ms % 1000 * 1_000_000 or None)))

@@ -142,7 +142,7 @@ class Receives:
         rounds, kept = 0, []
         cancel = getattr(call, "cancelled", None)  # set when the client resets the call or its connection ends
         if not paced_wait(self.guard, call, last):  # its user's fetch rate: the receive waits before it takes
-            return [pb.ReceiveMessageResponse(status=status("MESSAGE_NOT_FOUND", "no new message")), delivered_now()]
+            return [_NOT_FOUND, delivered_now()]
         try:
             while not (cancel is not None and cancel.is_set()):  # a call reset before it ran takes nothing
                 rounds += 1
@@ -168,20 +168,20 @@ class Receives:
         if self.renewer is not None:
             self.renewer.heard(client_of(call))
         if not kept:
-            return [pb.ReceiveMessageResponse(status=status("MESSAGE_NOT_FOUND", "no new message")), delivered_now()]
+            return [_NOT_FOUND, delivered_now()]
         if renewer is not None and not getattr(call, "reset", False):  # kept invisible while the client lives
             # (renewer.py); a call the client gave up on never brings them to it: they come back at their deadline
             renewer.delivered(client_of(call), group, topic, kept)
         if self.guard is not None:  # the bytes it answers with, charged to its user's fetch rate (paced_wait)
             self.guard.pace(call, "fetch", sum([len(r.record.data) for r in kept]))
-        host, max_transfer = self.endpoint(), self.store.config.max_transfer_size
+        max_transfer = self.store.config.max_transfer_size
         if mapped is None:
             served = received_response_bytes(kept, host, max_transfer, invisible)
         else:  # mapped for the filter already: served from that mapping
             served = [response_bytes(msg, host, max_transfer, r.record.msg_id,
                                      Served(r.topic, r.partition, r.offset, r.handle, r.attempt, invisible))
                       for r, msg in zip(kept, mapped, strict=True)]
-        return [pb.ReceiveMessageResponse(status=status("OK"))] + served + [delivered_now()]
+        return [_OK_RECEIVE, *served, delivered_now()]
 
     def _receive_unsent(self, group, topic, received):
         """A receive's answer did not reach the client (it reset the call, the connection ended or its window stayed
@@ -279,6 +279,9 @@ class Receives:
 
 
 _OK = status_fields("OK")
+#: A receive stream's first response, as its bytes (the same for every call): messages follow, or none came.
+_OK_RECEIVE = pb.ReceiveMessageResponse(status=status("OK")).SerializeToString()
+_NOT_FOUND = pb.ReceiveMessageResponse(status=status("MESSAGE_NOT_FOUND", "no new message")).SerializeToString()
 
 
 def _filtered(got, wanted, host):
