@@ -199,19 +199,53 @@ class ServerConnection:
     def send_headers(self, stream_id, headers, end_stream=False):
         """A header block on ``stream_id`` (HEADERS, and CONTINUATIONs past the client's maximum frame size)."""
         stream = self._stream_to_send(stream_id)
-        block = self.encoder.encode(headers)
-        size = self.max_outbound_frame_size
-        end = END_STREAM if end_stream else 0
-        if len(block) <= size:
-            self._out.append(frame_head(len(block), HEADERS, end | END_HEADERS, stream_id) + block)
-        else:
-            chunks = [block[i:i + size] for i in range(0, len(block), size)]
-            self._out.append(frame_head(len(chunks[0]), HEADERS, end, stream_id) + chunks[0])
-            for i, chunk in enumerate(chunks[1:], 2):
-                self._out.append(frame_head(len(chunk), CONTINUATION, END_HEADERS if i == len(chunks) else 0,
-                                            stream_id) + chunk)
+        self._out.append(self._header_frames(stream_id, headers, END_STREAM if end_stream else 0))
         if end_stream:
             self._end_local(stream_id, stream)
+
+    def _header_frames(self, stream_id, headers, end):
+        """The frames of a header block of ``headers``: HEADERS (flags ``end``), and CONTINUATIONs past the client's
+        maximum frame size."""
+        block = self.encoder.encode(headers)
+        size = self.max_outbound_frame_size
+        if len(block) <= size:
+            return frame_head(len(block), HEADERS, end | END_HEADERS, stream_id) + block
+        chunks = [block[i:i + size] for i in range(0, len(block), size)]
+        out = [frame_head(len(chunks[0]), HEADERS, end, stream_id) + chunks[0]]
+        for i, chunk in enumerate(chunks[1:], 2):
+            out.append(frame_head(len(chunk), CONTINUATION, END_HEADERS if i == len(chunks) else 0, stream_id) + chunk)
+        return b"".join(out)
+
+    def send_answer(self, stream_id, headers, data, trailers):
+        """A whole answer on ``stream_id`` at once, or nothing: a header block of ``headers``, ``data`` (bytes) in
+        DATA frames of at most the client's maximum frame size, and a header block of ``trailers`` that ends the
+        stream. None, nothing queued, when ``data`` does not fit the send windows now; else the DATA frames
+        queued."""
+        stream = self._stream_to_send(stream_id)
+        size = len(data)
+        if size > self.outbound or size > stream.outbound:
+            return None
+        out = self._out
+        out.append(self._header_frames(stream_id, headers, 0))
+        step = self.max_outbound_frame_size
+        if not size:
+            frames = 0
+        elif size <= step:
+            out.append(frame_head(size, DATA, 0, stream_id))
+            out.append(data)
+            frames = 1
+        else:
+            view, frames = memoryview(data), 0
+            for at in range(0, size, step):
+                chunk = view[at:at + step]
+                out.append(frame_head(len(chunk), DATA, 0, stream_id))
+                out.append(chunk)
+                frames += 1
+        self.outbound -= size
+        stream.outbound -= size
+        out.append(self._header_frames(stream_id, trailers, END_STREAM))
+        self._end_local(stream_id, stream)
+        return frames
 
     def send_data(self, stream_id, data, end_stream=False):
         """One DATA frame; ``data`` (bytes or a memoryview of bytes that do not change) must fit the windows
