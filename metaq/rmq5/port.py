@@ -283,8 +283,17 @@ class GrpcConnection(Connection):
             return False
         self._reading = gevent.getcurrent()  # calls answered on it are flushed with this read's answers, after it
         try:
-            for event in events:
-                self._event(event)
+            for kind, stream_id, a, b in events:  # each ``http2`` event, by its kind
+                if kind == http2.REQUEST:
+                    self._request(stream_id, a)
+                elif kind == http2.DATA_RECEIVED:
+                    self._data(stream_id, a, b)
+                elif kind == http2.ENDED:
+                    self._ended(stream_id)
+                elif kind == http2.WINDOW:  # a call waiting for the client's window looks again
+                    self._window.set()
+                else:
+                    self._event(kind, stream_id, a)
         except ProtocolError as exc:  # headers that fail HTTP/2's checks (``CheckedHeaders``)
             return self._refuse(ErrorCode.PROTOCOL_ERROR, "headers that fail HTTP/2's checks: %s" % exc)
         finally:
@@ -365,16 +374,9 @@ class GrpcConnection(Connection):
         except OSError:
             pass
 
-    def _event(self, event):
-        """One ``http2`` event: ``(kind, stream id, a, b)``."""
-        kind, stream_id, a, b = event
-        if kind == http2.REQUEST:
-            self._request(stream_id, a)
-        elif kind == http2.DATA_RECEIVED:
-            self._data(stream_id, a, b)
-        elif kind == http2.ENDED:
-            self._ended(stream_id)
-        elif kind == http2.TRAILERS:
+    def _event(self, kind, stream_id, a):
+        """One ``http2`` event of the rarer kinds (``_read`` serves a request, its data, its end and a window)."""
+        if kind == http2.TRAILERS:
             self.checked.trailers(a)
         elif kind == http2.RESET:
             call = self.calls.pop(stream_id, None)
@@ -384,7 +386,7 @@ class GrpcConnection(Connection):
                 self._window.set()
                 if call.kind == "telemetry":
                     self.service.telemetry_closed(call)
-        elif kind == http2.WINDOW or kind == http2.SETTINGS_CHANGED:
+        elif kind == http2.SETTINGS_CHANGED:  # a new initial window: as a WINDOW_UPDATE
             self._window.set()
         elif kind == http2.GOAWAY:  # the client is leaving: its streams go on to their end (RFC 9113 section 6.8)
             self.goaway = True
