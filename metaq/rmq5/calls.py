@@ -7,6 +7,7 @@ As RocketMQ's proxy does, business errors travel in-band: grpc-status 0 and the 
 Telemetry's are out of band (INVALID_ARGUMENT for the 4xxxx codes, INTERNAL otherwise).
 """
 
+import functools
 import time
 from typing import NamedTuple
 
@@ -91,12 +92,16 @@ class ClientKey(NamedTuple):
         return "%s/%s" % (self.user, self.id) if self.user else self.id
 
 
+#: ``ClientKey`` made from a tuple of its fields without namedtuple's ``__new__`` (a Python frame a call).
+_client_key = functools.partial(tuple.__new__, ClientKey)
+
+
 def client_of(call):
     """Which client ``call`` is: the one decision every per-client map of the port (consumers' Settings, producers'
     streams, the renewer's clients, the admin's client streams) keys its entries by. A client id is whatever the
     caller sets, so with authentication on it is the signed-in user's: one user naming another's client id names a
     client of its own, never reads, replaces or ends the other's. Read after the call's login (``call.user``)."""
-    return ClientKey(getattr(call, "user", "") or "", call.metadata.get("x-mq-client-id") or "")
+    return _client_key((getattr(call, "user", "") or "", call.metadata.get("x-mq-client-id") or ""))
 
 
 def message_of(msg, endpoint, max_transfer, msg_id, into=None):
