@@ -87,6 +87,10 @@ MAX_GROUP_RETRIES = 1000
 MAX_BROKER_ID = 1023
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.%-]+")
+#: Names ``validate_topic`` found legal, so that a name a client gives on every call is looked up, not matched
+#: again (the rule never changes: a legal name stays legal); emptied when it holds ``_LEGAL_NAMES_KEPT``.
+_legal_names = set()
+_LEGAL_NAMES_KEPT = 4096
 
 
 def replication_headroom_for(mqtt_cluster):
@@ -229,17 +233,25 @@ def validate_topic(topic):
     ``.`` or ``..``. No path separator can pass, so a topic never reaches
     outside the data directory.
     """
+    if topic.__class__ is str and topic in _legal_names:
+        return topic
     if not isinstance(topic, str):
         raise InvalidTopic("topic must be text, got %r" % (topic,))
     if not topic or len(topic.encode("utf-8")) > MAX_NAME_BYTES:
         raise InvalidTopic("topic name must be 1..%d bytes, got %d" % (MAX_NAME_BYTES, len(topic.encode("utf-8"))))
     if not _NAME_RE.fullmatch(topic) or topic in (".", ".."):
         raise InvalidTopic("illegal topic name %r: use letters, digits, '_', '-', '.', '%%'" % (topic,))
+    if topic.__class__ is str:  # (a subclass may compare as it likes: never kept)
+        if len(_legal_names) >= _LEGAL_NAMES_KEPT:
+            _legal_names.clear()
+        _legal_names.add(topic)
     return topic
 
 
 def validate_group(group):
     """Return ``group`` if it is a legal consumer group name (same alphabet as topics)."""
+    if group.__class__ is str and group in _legal_names:  # found legal by ``validate_topic`` already
+        return group
     try:
         return validate_topic(group)
     except InvalidTopic as exc:
@@ -605,6 +617,9 @@ MAX_HEARTBEAT_SQL_SUBSCRIPTIONS = 16
 #: Compiled SQL92 expressions the broker keeps by their text (filters/sql.py ``compiled``; RocketMQ's parser
 #: keeps 100): a pull consumer's every pull, and a text consumer's every get_sql, carry the same expression.
 SQL_FILTER_CACHE = 256
+#: Parsed tag expressions the broker keeps by their text (filters/wire.py ``parse_tag_expression``): a consumer's
+#: every receive or pull carries the same expression.
+TAG_FILTER_CACHE = 256
 
 # -- the key index (keys/index.py; docs/messaging.md "Key index") --------------------------------------------------
 #: Keys of one message the key index takes (RocketMQ's space-separated ``KEYS`` words, then ``UNIQ_KEY``); the

@@ -13,6 +13,7 @@ compared (two tags may share a hash), so a collision never serves a wrong
 tag.
 """
 
+import functools
 import struct
 from typing import FrozenSet, NamedTuple
 
@@ -47,8 +48,11 @@ class TagFilter(NamedTuple):
         return tags in self.tags
 
 
+@functools.lru_cache(maxsize=limits.TAG_FILTER_CACHE)
 def parse_tag_expression(expression, max_bytes=limits.MAX_TAG_EXPRESSION_BYTES, max_tags=limits.MAX_FILTER_TAGS):
-    """The ``TagFilter`` of ``expression`` (str), or None when it wants every record (``*``, empty, None).
+    """The ``TagFilter`` of ``expression`` (str), or None when it wants every record (``*``, empty, None); kept for
+    the ``limits.TAG_FILTER_CACHE`` expressions parsed last (a ``TagFilter`` is immutable: any request may share
+    it), errors raised, never kept.
 
     Names are split on ``||`` and stripped of spaces; empty names are ignored (RocketMQ does the same). A name
     holding ``\\x01`` or ``\\x02`` can never be a record's tags and is refused, as is an expression longer than

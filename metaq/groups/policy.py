@@ -26,11 +26,15 @@ class Decision(NamedTuple):
     slave_when_slow: Optional[int]
 
 
+#: The Decision of a group without settings (the same for every such group).
+_UNSET = Decision(None, None, None)
+
+
 def decide(settings, group, broadcasting=False):
     """The Decision for ``group`` with ``settings`` (None: no entry, everything as without the table);
     ``broadcasting``: the reader is a RocketMQ consumer in BROADCASTING mode."""
     if settings is None:
-        return Decision(None, None, None)
+        return _UNSET
     refusal = None
     if not settings.consumption_enabled:
         # RocketMQ's broker: NO_PERMISSION, "subscription group no permission, <group>"

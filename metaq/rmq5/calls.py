@@ -7,6 +7,7 @@ As RocketMQ's proxy does, business errors travel in-band: grpc-status 0 and the 
 Telemetry's are out of band (INVALID_ARGUMENT for the 4xxxx codes, INTERNAL otherwise).
 """
 
+import functools
 import time
 from typing import NamedTuple
 
@@ -14,7 +15,7 @@ import gevent
 
 from metaq import errors
 from metaq.rmq5 import messages_pb2 as pb
-from metaq.rmq5.messagebytes import message_bytes
+from metaq.rmq5.messagebytes import encode_fields, message_bytes
 from metaq.server.clock import now_ms
 
 #: What a long poll keeps of the call's deadline to answer in: the poll ends this much before the client gives up.
@@ -47,7 +48,7 @@ def paced_wait(guard, call, last, kind="fetch"):
 def status(code, message=None):
     """An ``apache.rocketmq.v2.Status`` with ``code`` (a Code name) and a message (the code's name by default, as
     the proxy always fills it)."""
-    return pb.Status(code=pb.Code.Value(code), message=message or code)
+    return pb.Status(code=_CODES[code], message=message or code)
 
 
 def status_fields(code, message=None):
@@ -91,12 +92,16 @@ class ClientKey(NamedTuple):
         return "%s/%s" % (self.user, self.id) if self.user else self.id
 
 
+#: ``ClientKey`` made from a tuple of its fields without namedtuple's ``__new__`` (a Python frame a call).
+_client_key = functools.partial(tuple.__new__, ClientKey)
+
+
 def client_of(call):
     """Which client ``call`` is: the one decision every per-client map of the port (consumers' Settings, producers'
     streams, the renewer's clients, the admin's client streams) keys its entries by. A client id is whatever the
     caller sets, so with authentication on it is the signed-in user's: one user naming another's client id names a
     client of its own, never reads, replaces or ends the other's. Read after the call's login (``call.user``)."""
-    return ClientKey(getattr(call, "user", "") or "", call.metadata.get("x-mq-client-id") or "")
+    return _client_key((getattr(call, "user", "") or "", call.metadata.get("x-mq-client-id") or ""))
 
 
 def message_of(msg, endpoint, max_transfer, msg_id, into=None):
@@ -120,7 +125,7 @@ def duration_ms(d):
 
 
 def delivered_now():
-    """A receive stream's last response: the time it was answered."""
-    r = pb.ReceiveMessageResponse()
-    r.delivery_timestamp.FromMilliseconds(now_ms())
-    return r
+    """A receive stream's last response, as its bytes: the time it was answered (its ``delivery_timestamp``, a
+    Timestamp of the broker's clock in milliseconds, as protobuf writes it: no field of a zero)."""
+    ms = now_ms()
+    return encode_fields((3, (1, ms // 1000 or None, 2, ms % 1000 * 1_000_000 or None)))

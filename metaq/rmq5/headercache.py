@@ -11,14 +11,14 @@ a connection alternates the blocks of the few methods it calls). Nothing else ch
 table, resizes it or meets another size limit is coded by hpack as before, and every decoded header list is still
 checked (``CheckedHeaders``).
 
-The table counts as unchanged while its newest entry is the same object, its entry count and size limits are the
-same and no size change waits to be sent: hpack only ever inserts a new tuple at the front (evicting from the back),
-so any insertion since replaced that object.
+The table counts as unchanged while its count of changes (``CountedTable``: every entry added, every size limit
+set) is the same and no size change waits to be sent.
 """
 
 import re
 
 from hpack import Decoder, Encoder
+from hpack.table import HeaderTable
 
 from metaq import limits
 from metaq.rmq5.http2 import ProtocolError
@@ -32,15 +32,26 @@ _CONNECTION = frozenset((b"connection", b"proxy-connection", b"keep-alive", b"tr
 _REQUEST_PSEUDO = frozenset((b":method", b":scheme", b":authority", b":path", b":protocol"))
 
 
-def _table_mark(table):
-    """What tells a dynamic table changed: its newest entry (the object itself: an equal entry inserted again is
-    another object), entry count and maximum size. Compare marks with ``_same``."""
-    entries = table.dynamic_entries
-    return entries[0] if entries else None, len(entries), table.maxsize
+class CountedTable(HeaderTable):
+    """hpack's dynamic table, counting its changes (``changes``): every entry added (and what it evicted) and every
+    maximum size set. hpack changes a table through these two alone, so the same count is the same table."""
 
+    def __init__(self):
+        super().__init__()
+        self.changes = 0
 
-def _same(a, b):
-    return a[0] is b[0] and a[1] == b[1] and a[2] == b[2]
+    def add(self, name, value):
+        self.changes += 1
+        super().add(name, value)
+
+    @property
+    def maxsize(self):
+        return self._maxsize
+
+    @maxsize.setter
+    def maxsize(self, newmax):
+        self.changes += 1
+        HeaderTable.maxsize.fset(self, newmax)
 
 
 class CachedEncoder(Encoder):
@@ -50,21 +61,22 @@ class CachedEncoder(Encoder):
 
     def __init__(self, constant):
         super().__init__()
+        self.header_table = CountedTable()
         self._constant = frozenset(constant)
-        self._blocks = {}  # header list (a tuple) -> (the table's mark, huffman, its block)
+        self._blocks = {}  # header list (a tuple) -> (the table's changes, huffman, its block)
 
     def encode(self, headers, huffman=True):
         table = self.header_table
         key = tuple(headers)
         if key not in self._constant or table.resized:
             return super().encode(key, huffman)
-        mark = _table_mark(table)
+        changes = table.changes
         hit = self._blocks.get(key)
-        if hit is not None and _same(hit[0], mark) and hit[1] == huffman:
+        if hit is not None and hit[0] == changes and hit[1] == huffman:
             return hit[2]
         block = super().encode(key, huffman)
-        if _same(_table_mark(table), mark):  # nothing inserted: the same block for as long as the table stands
-            self._blocks[key] = (mark, huffman, block)
+        if table.changes == changes:  # nothing inserted: the same block for as long as the table stands
+            self._blocks[key] = (changes, huffman, block)
         else:
             self._blocks.pop(key, None)
         return block
@@ -81,17 +93,17 @@ class CachedDecoder(Decoder):
 
     def __init__(self, *args, blocks=limits.GRPC_CACHED_HEADER_BLOCKS, **kwargs):
         super().__init__(*args, **kwargs)
+        self.header_table = CountedTable()
         self._blocks = blocks
-        self._state = None  # (the table's mark, limits) every kept list was decoded under
+        self._state = None  # (the table's changes, limits) every kept list was decoded under
         self._lists = {}  # (block, raw) -> its header list (a tuple), oldest first
 
     def decode(self, data, raw=False):
-        table = self.header_table
-        mark = _table_mark(table)
-        limits_now = (self.max_header_list_size, self.max_allowed_table_size)
+        changes = self.header_table.changes
         key = (bytes(data), raw)
         state = self._state
-        if state is not None and _same(state[0], mark) and state[1] == limits_now:
+        if (state is not None and state[0] == changes and state[1] == self.max_header_list_size
+                and state[2] == self.max_allowed_table_size):
             hit = self._lists.get(key)
             if hit is not None:
                 return list(hit)
@@ -99,14 +111,14 @@ class CachedDecoder(Decoder):
             self._lists.clear()
         self._state = None
         headers = super().decode(data, raw)
-        if not _same(_table_mark(table), mark):  # it inserted or resized: nothing kept stands any more
+        if self.header_table.changes != changes:  # it inserted or resized: nothing kept stands any more
             self._lists.clear()
             return headers
         lists = self._lists
         if len(lists) >= self._blocks:
             del lists[next(iter(lists))]
         lists[key] = tuple(headers)
-        self._state = (mark, limits_now)
+        self._state = (changes, self.max_header_list_size, self.max_allowed_table_size)
         return headers
 
 

@@ -199,19 +199,53 @@ class ServerConnection:
     def send_headers(self, stream_id, headers, end_stream=False):
         """A header block on ``stream_id`` (HEADERS, and CONTINUATIONs past the client's maximum frame size)."""
         stream = self._stream_to_send(stream_id)
-        block = self.encoder.encode(headers)
-        size = self.max_outbound_frame_size
-        end = END_STREAM if end_stream else 0
-        if len(block) <= size:
-            self._out.append(frame_head(len(block), HEADERS, end | END_HEADERS, stream_id) + block)
-        else:
-            chunks = [block[i:i + size] for i in range(0, len(block), size)]
-            self._out.append(frame_head(len(chunks[0]), HEADERS, end, stream_id) + chunks[0])
-            for i, chunk in enumerate(chunks[1:], 2):
-                self._out.append(frame_head(len(chunk), CONTINUATION, END_HEADERS if i == len(chunks) else 0,
-                                            stream_id) + chunk)
+        self._out.append(self._header_frames(stream_id, headers, END_STREAM if end_stream else 0))
         if end_stream:
             self._end_local(stream_id, stream)
+
+    def _header_frames(self, stream_id, headers, end):
+        """The frames of a header block of ``headers``: HEADERS (flags ``end``), and CONTINUATIONs past the client's
+        maximum frame size."""
+        block = self.encoder.encode(headers)
+        size = self.max_outbound_frame_size
+        if len(block) <= size:
+            return frame_head(len(block), HEADERS, end | END_HEADERS, stream_id) + block
+        chunks = [block[i:i + size] for i in range(0, len(block), size)]
+        out = [frame_head(len(chunks[0]), HEADERS, end, stream_id) + chunks[0]]
+        for i, chunk in enumerate(chunks[1:], 2):
+            out.append(frame_head(len(chunk), CONTINUATION, END_HEADERS if i == len(chunks) else 0, stream_id) + chunk)
+        return b"".join(out)
+
+    def send_answer(self, stream_id, headers, data, trailers):
+        """A whole answer on ``stream_id`` at once, or nothing: a header block of ``headers``, ``data`` (bytes) in
+        DATA frames of at most the client's maximum frame size, and a header block of ``trailers`` that ends the
+        stream. None, nothing queued, when ``data`` does not fit the send windows now; else the DATA frames
+        queued."""
+        stream = self._stream_to_send(stream_id)
+        size = len(data)
+        if size > self.outbound or size > stream.outbound:
+            return None
+        out = self._out
+        out.append(self._header_frames(stream_id, headers, 0))
+        step = self.max_outbound_frame_size
+        if not size:
+            frames = 0
+        elif size <= step:
+            out.append(frame_head(size, DATA, 0, stream_id))
+            out.append(data)
+            frames = 1
+        else:
+            view, frames = memoryview(data), 0
+            for at in range(0, size, step):
+                chunk = view[at:at + step]
+                out.append(frame_head(len(chunk), DATA, 0, stream_id))
+                out.append(chunk)
+                frames += 1
+        self.outbound -= size
+        stream.outbound -= size
+        out.append(self._header_frames(stream_id, trailers, END_STREAM))
+        self._end_local(stream_id, stream)
+        return frames
 
     def send_data(self, stream_id, data, end_stream=False):
         """One DATA frame; ``data`` (bytes or a memoryview of bytes that do not change) must fit the windows
@@ -294,22 +328,19 @@ class ServerConnection:
         events = []
         try:
             if self._preface < 24:
-                take = min(24 - self._preface, end)
-                if buf[:take] != PREFACE[self._preface:self._preface + take]:
-                    raise ProtocolError("the client's connection preface is wrong")
-                self._preface += take
-                pos = take
+                pos = self._take_preface(buf, end)
             on_frame = self.on_frame
             while end - pos >= 9:
-                hi, lo, ftype, flags, stream_id = _HEAD.unpack_from(buf, pos)
+                hi, lo, ftype, flags, sid = _HEAD.unpack_from(buf, pos)
                 length = hi << 8 | lo
+                sid &= 0x7FFFFFFF
                 if length > self.max_inbound_frame_size:
                     raise ProtocolError("a frame of %d bytes: the advertised SETTINGS_MAX_FRAME_SIZE is %d" % (
                         length, self.max_inbound_frame_size), ErrorCode.FRAME_SIZE_ERROR)
                 if self._shown:
                     self._shown = False
                 elif on_frame is not None:
-                    excess = on_frame(ftype, flags, length, stream_id & 0x7FFFFFFF)
+                    excess = on_frame(ftype, flags, length, sid)
                     if excess is not None:
                         raise ProtocolError(excess, ErrorCode.ENHANCE_YOUR_CALM)
                 if end - pos - 9 < length:
@@ -317,26 +348,32 @@ class ServerConnection:
                     break
                 payload = buf[pos + 9:pos + 9 + length]
                 pos += 9 + length
-                self._frame(ftype, flags, stream_id & 0x7FFFFFFF, payload, events)
+                # the frame, by its type
+                if self._block is not None and ftype != CONTINUATION:
+                    raise ProtocolError("a frame inside a header block (CONTINUATION expected)")
+                if ftype == DATA:
+                    self._data(flags, sid, payload, events)
+                elif ftype == HEADERS:
+                    self._headers(flags, sid, payload, events)
+                elif ftype == WINDOW_UPDATE:
+                    self._window_update(sid, payload, events)
+                elif ftype == SETTINGS:
+                    self._settings(flags, sid, payload, events)
+                else:
+                    self._other(ftype, flags, sid, payload, events)
         except ProtocolError as exc:
             self.close(exc.code, str(exc).encode()[:200])
             raise
         self._buf = buf[pos:] if pos < end else b""
         return events
 
-    def _frame(self, ftype, flags, sid, payload, events):
-        if self._block is not None and ftype != CONTINUATION:
-            raise ProtocolError("a frame inside a header block (CONTINUATION expected)")
-        if ftype == DATA:
-            self._data(flags, sid, payload, events)
-        elif ftype == HEADERS:
-            self._headers(flags, sid, payload, events)
-        elif ftype == WINDOW_UPDATE:
-            self._window_update(sid, payload, events)
-        elif ftype == SETTINGS:
-            self._settings(flags, sid, payload, events)
-        else:
-            self._other(ftype, flags, sid, payload, events)
+    def _take_preface(self, buf, end):
+        """The bytes of the client's preface at ``buf``'s start (ProtocolError when they are not)."""
+        take = min(24 - self._preface, end)
+        if buf[:take] != PREFACE[self._preface:self._preface + take]:
+            raise ProtocolError("the client's connection preface is wrong")
+        self._preface += take
+        return take
 
     def _other(self, ftype, flags, sid, payload, events):
         """The rarer frames: PING, RST_STREAM, CONTINUATION, PRIORITY, GOAWAY, PUSH_PROMISE, unknown types."""
@@ -373,9 +410,8 @@ class ServerConnection:
         if self.streams.pop(sid, None) is not None:
             events.append((RESET, sid, code, None))
 
-    def _unpad(self, flags, payload, ftype_name):
-        if not flags & PADDED:
-            return 0, len(payload)
+    def _unpad(self, payload, ftype_name):
+        """``(start, stop)`` of a PADDED frame's payload without its padding."""
         if not payload or payload[0] >= len(payload):
             raise ProtocolError("%s whose padding is not shorter than its payload" % ftype_name)
         return 1, len(payload) - payload[0]
@@ -387,7 +423,7 @@ class ServerConnection:
         if flow > self.inbound:
             raise ProtocolError("DATA past the connection's receive window", ErrorCode.FLOW_CONTROL_ERROR)
         self.inbound -= flow
-        start, stop = self._unpad(flags, payload, "DATA")
+        start, stop = self._unpad(payload, "DATA") if flags & PADDED else (0, flow)
         stream = self.streams.get(sid)
         if stream is None or not stream.remote_open:
             if sid > self.highest_inbound_stream_id:
@@ -414,7 +450,7 @@ class ServerConnection:
     def _headers(self, flags, sid, payload, events):
         if not sid:
             raise ProtocolError("HEADERS on stream 0")
-        start, stop = self._unpad(flags, payload, "HEADERS")
+        start, stop = self._unpad(payload, "HEADERS") if flags & PADDED else (0, len(payload))
         self_dependent = False
         if flags & PRIORITY_FLAG:
             if stop - start < 5:

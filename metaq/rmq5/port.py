@@ -115,9 +115,9 @@ class FloodBudget:
         self.credit = 0  # WINDOW_UPDATEs the client may send free (GRPC_WINDOW_UPDATES_PER_DATA a DATA frame sent)
         self._since = None
 
-    def sent_data(self):
-        """The port sent the client a DATA frame: room for the window updates it answers with."""
-        self.credit = min(self.credit + limits.GRPC_WINDOW_UPDATES_PER_DATA, self.limits.max_control_frames)
+    def sent_data(self, frames=1):
+        """The port sent the client ``frames`` DATA frames: room for the window updates it answers with."""
+        self.credit = min(self.credit + frames * limits.GRPC_WINDOW_UPDATES_PER_DATA, self.limits.max_control_frames)
 
     def tick(self, now):
         """The time of a read: a window past ``flood_window_s`` starts again."""
@@ -208,6 +208,7 @@ class GrpcConnection(Connection):
         self.goaway = False  # the client sent GOAWAY: its open streams end, then the connection
         self.draining = None  # the last stream id the port's GOAWAY named (``drain``): newer ones are refused
         self.ended = False  # the port sent its last GOAWAY and shut its side (``_end_cleanly``)
+        self.call_peer = self.peer  # every call's ``peer``, made once
 
     # -- what Connection.receive asks --------------------------------------------------------------------------
 
@@ -282,8 +283,17 @@ class GrpcConnection(Connection):
             return False
         self._reading = gevent.getcurrent()  # calls answered on it are flushed with this read's answers, after it
         try:
-            for event in events:
-                self._event(event)
+            for kind, stream_id, a, b in events:  # each ``http2`` event, by its kind
+                if kind == http2.REQUEST:
+                    self._request(stream_id, a)
+                elif kind == http2.DATA_RECEIVED:
+                    self._data(stream_id, a, b)
+                elif kind == http2.ENDED:
+                    self._ended(stream_id)
+                elif kind == http2.WINDOW:  # a call waiting for the client's window looks again
+                    self._window.set()
+                else:
+                    self._event(kind, stream_id, a)
         except ProtocolError as exc:  # headers that fail HTTP/2's checks (``CheckedHeaders``)
             return self._refuse(ErrorCode.PROTOCOL_ERROR, "headers that fail HTTP/2's checks: %s" % exc)
         finally:
@@ -364,16 +374,9 @@ class GrpcConnection(Connection):
         except OSError:
             pass
 
-    def _event(self, event):
-        """One ``http2`` event: ``(kind, stream id, a, b)``."""
-        kind, stream_id, a, b = event
-        if kind == http2.REQUEST:
-            self._request(stream_id, a)
-        elif kind == http2.DATA_RECEIVED:
-            self._data(stream_id, a, b)
-        elif kind == http2.ENDED:
-            self._ended(stream_id)
-        elif kind == http2.TRAILERS:
+    def _event(self, kind, stream_id, a):
+        """One ``http2`` event of the rarer kinds (``_read`` serves a request, its data, its end and a window)."""
+        if kind == http2.TRAILERS:
             self.checked.trailers(a)
         elif kind == http2.RESET:
             call = self.calls.pop(stream_id, None)
@@ -383,7 +386,7 @@ class GrpcConnection(Connection):
                 self._window.set()
                 if call.kind == "telemetry":
                     self.service.telemetry_closed(call)
-        elif kind == http2.WINDOW or kind == http2.SETTINGS_CHANGED:
+        elif kind == http2.SETTINGS_CHANGED:  # a new initial window: as a WINDOW_UPDATE
             self._window.set()
         elif kind == http2.GOAWAY:  # the client is leaving: its streams go on to their end (RFC 9113 section 6.8)
             self.goaway = True
@@ -422,7 +425,7 @@ class GrpcConnection(Connection):
         cap = self.limits.max_call_s
         timeout = cap if timeout is None else min(timeout, cap)
         call = self.calls[stream_id] = Call(stream_id, rpc, kind, metadata, timeout,
-                                            MessageReader(self.limits.max_message_bytes), self.session, self.peer)
+                                            MessageReader(self.limits.max_message_bytes), self.session, self.call_peer)
         if kind == "telemetry":
             call.push = lambda payload: self._send_message(call, payload)
 
@@ -484,26 +487,40 @@ class GrpcConnection(Connection):
             if response is WAITS:
                 return False
             framed = frame(response) if type(response) is bytes else frames(response)
-            if not self._fits(call, len(framed)):
+            answered = self._answer(call, framed)
+            if answered is None:  # the windows cannot take it whole now: its own greenlet waits for them
                 call.greenlet = gevent.spawn(self._unary, call, response)
                 return True
             status = message = None
         try:
             if status is not None:
                 self._finish(call, status, message)
-            elif not (self._send_framed(call, framed, flush=False) and self._finish(call, Status.OK)):
+            elif not answered:
                 _unsent(call)
         finally:
             self._unary_done()
         return True
 
-    def _fits(self, call, size):
-        """True when ``size`` bytes of DATA go on ``call``'s stream now without waiting for a window (in frames of
-        the peer's maximum frame size, as ``_send_framed`` cuts them)."""
-        try:
-            return size <= self.http2.local_flow_control_window(call.stream_id)
-        except StreamClosed:
+    def _answer(self, call, framed):
+        """Queue a unary call's whole answer at once (``http2.send_answer``): the response headers, its messages
+        (``framed``) and the OK trailers, the call done. True when queued; False when the call or the connection
+        ended first (nothing more reaches the client); None, nothing queued, when the flow-control windows cannot
+        take ``framed`` now."""
+        if not self._open(call):
+            self.calls.pop(call.stream_id, None)
             return False
+        try:
+            sent = self.http2.send_answer(call.stream_id, RESPONSE_HEADERS_RAW, framed, OK_TRAILERS_RAW)
+        except StreamClosed:
+            self.calls.pop(call.stream_id, None)
+            return False
+        if sent is None:
+            return None
+        self.budget.sent_data(sent)
+        call.headers_sent = call.done = True
+        self.calls.pop(call.stream_id, None)
+        self._flush_soon()
+        return True
 
     def _unary(self, call, response=WAITS):
         """Answer one unary call (its own greenlet): the service's response, or the status it ended with;

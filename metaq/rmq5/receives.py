@@ -142,7 +142,7 @@ class Receives:
         rounds, kept = 0, []
         cancel = getattr(call, "cancelled", None)  # set when the client resets the call or its connection ends
         if not paced_wait(self.guard, call, last):  # its user's fetch rate: the receive waits before it takes
-            return [pb.ReceiveMessageResponse(status=status("MESSAGE_NOT_FOUND", "no new message")), delivered_now()]
+            return [_NOT_FOUND, delivered_now()]
         try:
             while not (cancel is not None and cancel.is_set()):  # a call reset before it ran takes nothing
                 rounds += 1
@@ -165,23 +165,25 @@ class Receives:
                 call.unsent = None
                 self._receive_unsent(group, topic, kept)
             raise Refusal(code_of(exc), str(exc)) from None
+        client = None
         if self.renewer is not None:
-            self.renewer.heard(client_of(call))
+            client = client_of(call)
+            self.renewer.heard(client)
         if not kept:
-            return [pb.ReceiveMessageResponse(status=status("MESSAGE_NOT_FOUND", "no new message")), delivered_now()]
+            return [_NOT_FOUND, delivered_now()]
         if renewer is not None and not getattr(call, "reset", False):  # kept invisible while the client lives
             # (renewer.py); a call the client gave up on never brings them to it: they come back at their deadline
-            renewer.delivered(client_of(call), group, topic, kept)
+            renewer.delivered(client, group, topic, kept)
         if self.guard is not None:  # the bytes it answers with, charged to its user's fetch rate (paced_wait)
             self.guard.pace(call, "fetch", sum([len(r.record.data) for r in kept]))
-        host, max_transfer = self.endpoint(), self.store.config.max_transfer_size
+        max_transfer = self.store.config.max_transfer_size
         if mapped is None:
             served = received_response_bytes(kept, host, max_transfer, invisible)
         else:  # mapped for the filter already: served from that mapping
             served = [response_bytes(msg, host, max_transfer, r.record.msg_id,
                                      Served(r.topic, r.partition, r.offset, r.handle, r.attempt, invisible))
                       for r, msg in zip(kept, mapped, strict=True)]
-        return [pb.ReceiveMessageResponse(status=status("OK"))] + served + [delivered_now()]
+        return [_OK_RECEIVE, *served, delivered_now()]
 
     def _receive_unsent(self, group, topic, received):
         """A receive's answer did not reach the client (it reset the call, the connection ended or its window stayed
@@ -236,8 +238,8 @@ class Receives:
                 results += pop.ack(group, topic, handles[i:i + limits.POP_MAX_ACK_HANDLES], wait)
         except errors.MetaqError as exc:
             raise Refusal(code_of(exc), str(exc)) from None
-        if self.renewer is not None:
-            self.renewer.settled(group, topic, [h for h, r in zip(handles, results, strict=True) if r is None])
+        if self.renewer is not None:  # (read only while it renews something)
+            self.renewer.settled(group, topic, (h for h, r in zip(handles, results, strict=True) if r is None))
         return ack_response_bytes(entries, results)
 
     def change_invisible_duration(self, request, call):
@@ -279,6 +281,10 @@ class Receives:
 
 
 _OK = status_fields("OK")
+_OK_BYTES = encode_fields(_OK)  # an entry's OK status, written once (a nested message's bytes)
+#: A receive stream's first response, as its bytes (the same for every call): messages follow, or none came.
+_OK_RECEIVE = pb.ReceiveMessageResponse(status=status("OK")).SerializeToString()
+_NOT_FOUND = pb.ReceiveMessageResponse(status=status("MESSAGE_NOT_FOUND", "no new message")).SerializeToString()
 
 
 def _filtered(got, wanted, host):
@@ -299,16 +305,22 @@ def ack_response_bytes(entries, results):
     """An AckMessageResponse's bytes (``messagebytes.encode_fields``): an entry per ``(message id, receipt handle)``
     of ``entries``, OK for a None result, else INVALID_RECEIPT_HANDLE saying why; the top status OK when every
     entry is, the entries' status when they share one code, MULTIPLE_RESULTS otherwise."""
+    if len(entries) != len(results):
+        raise ValueError("%d entries, %d results" % (len(entries), len(results)))
+    out = [1, _OK]
+    add = out.append
     if results.count(None) == len(results):  # every entry OK (an ack's usual answer): no status to compare
-        statuses, top = [_OK] * len(results), _OK
-    else:
-        statuses = [_OK if r is None else status_fields("INVALID_RECEIPT_HANDLE", str(r)) for r in results]
-        first = statuses[0]
-        top = first if all(s[1] == first[1] for s in statuses) else \
-            status_fields("MULTIPLE_RESULTS", "the entries' results differ")
-    out = [1, top]
+        for message_id, handle in entries:
+            add(2)
+            add((1, message_id or None, 2, handle or None, 3, _OK_BYTES))
+        return encode_fields(out)
+    statuses = [_OK if r is None else status_fields("INVALID_RECEIPT_HANDLE", str(r)) for r in results]
+    first = statuses[0]
+    out[1] = first if all(s[1] == first[1] for s in statuses) else \
+        status_fields("MULTIPLE_RESULTS", "the entries' results differ")
     for (message_id, handle), s in zip(entries, statuses, strict=True):
-        out += (2, (1, message_id or None, 2, handle or None, 3, s))
+        add(2)
+        add((1, message_id or None, 2, handle or None, 3, _OK_BYTES if s is _OK else encode_fields(s)))
     return encode_fields(out)
 
 

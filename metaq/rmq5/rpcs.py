@@ -53,8 +53,9 @@ LATER = {
     "SyncLiteSubscription": "lite topics are not served",
 }
 
-#: The RPCs answered with a stream of responses (their handler returns a list), and what follows a refusal's status
-#: (ReceiveMessage's: a delivery timestamp; PullMessage's: nothing, as the proxy's pull writer answers an error).
+#: The RPCs answered with a stream of responses (their handler returns a list), and what follows a refusal's status,
+#: as bytes (ReceiveMessage's: a delivery timestamp; PullMessage's: nothing, as the proxy's pull writer answers an
+#: error).
 STREAMING = {"ReceiveMessage": lambda: [delivered_now()], "PullMessage": lambda: []}
 
 
@@ -153,7 +154,6 @@ class MessagingService:
                 return WAITS
             handler = self._now.get(rpc, handler)
         self._counts["calls"] += 1
-        response_type = getattr(pb, request_type.__name__[:-len("Request")] + "Response")
         try:
             if not call.metadata.get("x-mq-client-id"):
                 raise Refusal("CLIENT_ID_REQUIRED", "x-mq-client-id is missing from the call's metadata")
@@ -164,10 +164,11 @@ class MessagingService:
                 return WAITS
         except Refusal as exc:
             self._counts["refused"] += 1
-            refused = response_type(status=status(exc.code, exc.message))
+            response_type = getattr(pb, request_type.__name__[:-len("Request")] + "Response")
+            refused = response_type(status=status(exc.code, exc.message)).SerializeToString()
             if rpc in STREAMING:
-                return [r.SerializeToString() for r in [refused] + STREAMING[rpc]()]
-            return refused.SerializeToString()
+                return [refused] + STREAMING[rpc]()
+            return refused
         if rpc in STREAMING:  # a served message comes as its bytes already (messagebytes.py)
             return [r if type(r) is bytes else r.SerializeToString() for r in response]
         return response if type(response) is bytes else response.SerializeToString()

@@ -177,6 +177,7 @@ class PutPath:
         self.sync_flush = sync_flush
         self.writes = BrokerWrites(store, waiters, flusher, sync_flush)  # the broker's own records, the one wake
         self.version = 0  # moves with every change of what ``write_refusal`` reads (``changed``)
+        self._writable_at = None  # the ``standing`` at which ``check_writable`` last said yes
         self.standing = self._standing()
         self.burst_written = self._burst_written()
         # the calls that only forward, bound to where they go (neither the store, the stats nor the registry is
@@ -281,10 +282,16 @@ class PutPath:
         return self.roles.isolation_refusal()
 
     def check_writable(self):
-        """Raise ``writable_refusal``'s error, if any (a write that names no client topic: a commit, a cancel)."""
+        """Raise ``writable_refusal``'s error, if any (a write that names no client topic: a commit, a cancel). A
+        yes is kept while it stands without asking (``standing``: nothing it reads changed and no part of it moves
+        with the clock); a no is asked again each time."""
+        standing = self.standing
+        if standing is not None and self._writable_at == standing:
+            return
         exc = self.writable_refusal()
         if exc is not None:
             raise exc
+        self._writable_at = standing
 
     def write_refusal(self, topic, session, internal=False):
         """May this writer put to ``topic`` now? None, or the MetaqError its front-end answers. Every put path asks.

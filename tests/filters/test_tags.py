@@ -110,3 +110,15 @@ def test_decode_tagged_reply_with_the_passed_id():
     assert decode_tagged_reply(OFFSET_FIELD.pack(4), False) == (4, None, [])
     with pytest.raises(RemoteProtocolError, match="id before it"):
         decode_tagged_reply(OFFSET_FIELD.pack(4), True)  # an older broker's reply read as a new one's
+
+
+def test_an_expression_parses_the_same_however_often_it_is_given():
+    too_long = "A" * (limits.MAX_TAG_EXPRESSION_BYTES + 1)
+    for _ in range(3):  # the later parses are answered as the first, and a refusal is refused again
+        assert parse_tag_expression("A || B").tags == {b"A", b"B"}
+        assert parse_tag_expression("*") is None and parse_tag_expression("") is None
+        with pytest.raises(ClientError, match="too long"):
+            parse_tag_expression(too_long)
+        with pytest.raises(ClientError, match="names 3 tags"):
+            parse_tag_expression("A||B||C", max_tags=2)
+    assert parse_tag_expression("A||B||C").tags == {b"A", b"B", b"C"}  # the default limits, not those of the last call

@@ -32,6 +32,8 @@ class Broker:
         self.roles = Roles(cfg, self.store, ConnectionCore(10, ConnectionLimits(60, 60)), flusher, waiters,
                            Semaphore())
         self.path = PutPath(self.store, BrokerStats(), flusher, waiters, self.roles, gate)
+        gate.on_change = self.path.changed
+        self.roles.on_change(self.path.changed)
         self.pop = PopService(self.store, self.path)
         self.roles.on_change(self.pop.role_changed)
 

@@ -4,7 +4,7 @@ import random
 
 import pytest
 from hpack import Decoder, Encoder
-from hpack.exceptions import OversizedHeaderListError
+from hpack.exceptions import HPACKDecodingError, OversizedHeaderListError
 
 from metaq.rmq5.headercache import CachedDecoder, CachedEncoder
 from metaq.rmq5.wire import OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW, Status, trailers, trailers_only
@@ -228,6 +228,18 @@ def test_decoder_keeps_no_block_past_a_table_change(monkeypatch):
     again = enc.encode(lists[1])
     assert cached.decode(again, raw=True) == plain.decode(again, raw=True) == lists[1]
     assert calls == [again]
+
+
+def test_decoder_refuses_a_kept_block_once_a_size_update_evicted_what_it_names():
+    """A block of indexes only, kept, then a dynamic table size update to 0 (every entry evicted, nothing inserted):
+    the same block names entries no longer there, and is refused as hpack refuses it."""
+    enc, plain, cached = Encoder(), Decoder(), CachedDecoder()
+    first, again = enc.encode([(b"x-a", b"1")]), enc.encode([(b"x-a", b"1")])  # inserted, then indexed
+    for dec in (plain, cached):
+        assert dec.decode(first, raw=True) == dec.decode(again, raw=True) == [(b"x-a", b"1")]
+        assert dec.decode(b"\x20", raw=True) == []  # the size update to 0
+        with pytest.raises(HPACKDecodingError):
+            dec.decode(again, raw=True)
 
 
 def test_checked_headers_keep_the_limits_lists_and_one_past_drops_the_oldest(monkeypatch):

@@ -391,6 +391,30 @@ def test_max_frame_size_and_header_table_size_change_what_is_sent():
     assert len(c.out()[0][3]) == 20000
 
 
+def test_a_whole_answer_goes_at_once_or_not_at_all():
+    c = Client()
+    c.open(1, end=True)
+    c.open(3, end=True)
+    c.out()
+    assert c.server.send_answer(1, [(":status", "200")], b"x" * 100, [("grpc-status", "0")]) == 1
+    out = c.out()
+    assert [(f[0], f[1], f[2]) for f in out] == [(HEADERS, END_HEADERS, 1), (DATA, 0, 1),
+                                                 (HEADERS, END_HEADERS | END_STREAM, 1)]
+    assert c.decoder.decode(out[0][3]) == [(":status", "200")] and out[1][3] == b"x" * 100
+    assert c.decoder.decode(out[2][3]) == [("grpc-status", "0")]
+    assert 1 not in c.server.streams  # both sides over: closed
+    with pytest.raises(StreamClosed):
+        c.server.send_answer(1, [(":status", "200")], b"x", [("grpc-status", "0")])
+    # past the client's frame size: DATA frames of that size; past a send window: nothing sent
+    assert c.server.send_answer(3, [(":status", "200")], b"y" * 65536, [("grpc-status", "0")]) is None
+    assert c.out() == [] and c.server.local_flow_control_window(3) == 65535 - 100  # (the connection's is the smaller)
+    assert c.server.send_answer(3, [(":status", "200")], b"y" * 40000, [("grpc-status", "0")]) == 3
+    out = c.out()
+    assert [(f[0], len(f[3])) for f in out[1:4]] == [(DATA, 16384), (DATA, 16384), (DATA, 40000 - 2 * 16384)]
+    assert b"".join(f[3] for f in out[1:4]) == b"y" * 40000 and out[4][1] == END_HEADERS | END_STREAM
+    assert c.server.outbound == 65535 - 40100  # the connection's window spent
+
+
 def test_header_blocks_past_the_list_size_or_not_decoding_are_refused():
     c = Client(max_header_bytes=200)
     c.error(frame(HEADERS, END_HEADERS, 1, c.block(REQUEST_HEADERS + [("x-pad", "p" * 200)])),

@@ -43,3 +43,22 @@ def test_the_service_answers_a_call_through_its_group_and_counts_it():
     assert refused.status.code == pb.CLIENT_ID_REQUIRED
     assert service.counts == {"calls": 2, "refused": 1, "sent": 0, "checks_sent": 0, "checks_unsent": 0,
                               "given_up": 0}
+
+
+def test_a_refused_receive_is_a_status_then_a_delivery_timestamp(monkeypatch):
+    monkeypatch.setattr("metaq.rmq5.calls.now_ms", lambda: 1_700_000_000_123)
+    service = _service()
+    status, stamp = [pb.ReceiveMessageResponse.FromString(r) for r in
+                     service.call("ReceiveMessage", SimpleNamespace(metadata={}), b"")]
+    assert status.WhichOneof("content") == "status" and status.status.code == pb.CLIENT_ID_REQUIRED
+    assert stamp.WhichOneof("content") == "delivery_timestamp"
+    assert stamp.delivery_timestamp.ToMilliseconds() == 1_700_000_000_123
+
+
+def test_a_delivery_timestamp_is_written_as_protobuf_writes_it(monkeypatch):
+    from metaq.rmq5.calls import delivered_now
+    for ms in (1_700_000_000_000, 1_700_000_000_001, 1_700_000_000_999, 1_000, 1):
+        monkeypatch.setattr("metaq.rmq5.calls.now_ms", lambda ms=ms: ms)
+        expected = pb.ReceiveMessageResponse()
+        expected.delivery_timestamp.FromMilliseconds(ms)
+        assert delivered_now() == expected.SerializeToString(), ms

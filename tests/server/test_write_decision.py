@@ -109,3 +109,34 @@ def test_a_sync_master_no_slave_could_confirm_for_refuses_before_writing_after_t
     assert str(path_with(slave="a slave", unconfirmable=alone).write_refusal("orders", None)) == "a slave"
     alice = login(guard, guard.session("127.0.0.1"), "alice")
     assert isinstance(path_with(guard, unconfirmable=alone).write_refusal("payroll", alice), errors.Forbidden)
+
+
+def test_a_write_without_a_topic_is_refused_from_the_moment_the_broker_refuses():
+    gate = WriteGate()
+    roles = SimpleNamespace(slave_refusal=None, unconfirmable_refusal=None, replication=None, election=None,
+                            isolation_refusal=lambda: None)
+    path = PutPath(None, None, None, None, roles, gate)
+    gate.on_change = path.changed  # as the broker wires them
+    path.check_writable()
+    path.check_writable()
+    gate.disk_full("the disk is full")
+    with pytest.raises(errors.DiskFull):
+        path.check_writable()
+    gate.refresh()  # space again
+    path.check_writable()
+    roles.slave_refusal = "this broker is a slave now"
+    path.changed()  # what the roles' listeners are told at a deposition
+    with pytest.raises(errors.Unavailable, match="slave now"):
+        path.check_writable()
+    with pytest.raises(errors.Unavailable, match="slave now"):
+        path.check_writable()
+
+
+def test_an_elected_master_s_writes_without_a_topic_ask_its_lease_each_time():
+    roles = SimpleNamespace(slave_refusal=None, unconfirmable_refusal=None, replication=None,
+                            election=SimpleNamespace(), isolation_refusal=lambda: None)
+    path = PutPath(None, None, None, None, roles, WriteGate())
+    path.check_writable()
+    roles.slave_refusal = "its lease ran out"  # moves with the clock: nobody is told
+    with pytest.raises(errors.Unavailable, match="lease ran out"):
+        path.check_writable()
