@@ -1,6 +1,6 @@
 """RocketMQ 5 gRPC benchmark: sends, POP receives and offset pulls over gRPC beside the remoting port's.
 
-    python -m bench.bench_grpc [--runs 3] [--messages 20000] [--in-flight 16] [--receivers 8]
+    python -m bench.bench_grpc [--runs 3] [--messages 20000] [--in-flight 16] [--receivers 8] [--shared-cores]
 
 One real broker process per run on 127.0.0.1 (``async`` flush, so the figures are protocol and broker costs, not
 fsync latency), with its gRPC and remoting ports, topics of 4 partitions, 1 KiB messages, medians of ``--runs``
@@ -16,11 +16,14 @@ runs, every row of a run against the same broker:
   above, and text ``get``s of 32 KiB, one at a time over the 4 partitions;
 * POP beside offset pulls over gRPC itself: ReceiveMessage + AckMessage against PullMessage.
 
-The client is one Python process on the same two shared cores as the broker: the ``client µs/msg`` columns are its
-CPU time (all threads, grpcio's included) per message, and a last line gives the broker process's too, to tell a
-client-bound row from a broker-bound one. The ``target:`` lines put the broker's CPU per message of a gRPC row
-against its remoting peer's in the same run, beside issue 57's bound (``TARGETS``). Not a test: nothing here
-asserts.
+The client is one Python process on the same machine: the ``client µs/msg`` columns are its CPU time (all threads,
+grpcio's included) per message, and a last line gives the broker process's too, to tell a client-bound row from a
+broker-bound one. With two cores or more the broker runs on one of its own (the last this process may use) and the
+client on the others, so that the client's threads (grpcio's, busy in the gRPC rows and nearly idle in the remoting
+ones) neither preempt nor displace the broker: its CPU per message is its own work in every row alike.
+``--shared-cores`` lets both run on every core, the client's load then weighing on the broker's figures. The
+``target:`` lines put the broker's CPU per message of a gRPC row against its remoting peer's in the same run, beside
+issue 57's bound (``TARGETS``). Not a test: nothing here asserts.
 """
 
 import argparse
@@ -249,7 +252,28 @@ TARGETS = (
 )
 
 
+def pin(pid, cpus):
+    """Every thread of process ``pid`` on ``cpus`` (threads made later inherit their maker's)."""
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:  # a thread that ended meanwhile
+            pass
+
+
+def cores(shared):
+    """``(broker's cores, client's cores)``: the last core for the broker, the others for the client; None when
+    ``shared`` or with one core."""
+    mine = sorted(os.sched_getaffinity(0))
+    if shared or len(mine) < 2:
+        return None
+    return {mine[-1]}, set(mine[:-1])
+
+
 def run(args):
+    split = cores(args.shared_cores)
+    if split is not None:  # before grpcio's threads exist: they inherit it
+        pin(os.getpid(), split[1])
     root = tempfile.mkdtemp(prefix="metaq-bench-grpc-", dir=args.dir)
     rates = {k: [] for k in ("gsend", "rsend", "gpop", "gpull", "rpull", "tget")}
     cpu = {k: [] for k in rates}
@@ -257,6 +281,8 @@ def run(args):
     try:
         for run_no in range(args.runs):
             b = start(root, "r%d" % run_no)
+            if split is not None:
+                pin(b.proc.pid, split[0])
             g = Grpc(b.config["grpc"]["port"])
             n = args.messages
             try:
@@ -284,7 +310,9 @@ def run(args):
     med_bcpu = {k: statistics.median(v) for k, v in bcpu.items()}
     print()
     print("metaq gRPC benchmark: %d x 1 KiB messages, 4 partitions, async flush, median of %d runs, broker and "
-          "client on 127.0.0.1" % (args.messages, args.runs))
+          "client on 127.0.0.1, %s" % (args.messages, args.runs, "sharing every core" if split is None else
+                                       "the broker on core %s, the client on %s" % (
+                                           min(split[0]), ",".join(map(str, sorted(split[1]))))))
     head = "%-50s %10s  %-6s %9s  %-40s %10s %9s %7s" % ("measurement", "metaq", "unit", "client", "peer", "peer",
                                                         "client", "ratio")
     print(head)
@@ -312,6 +340,8 @@ def main():
     ap.add_argument("--messages", type=int, default=20000)
     ap.add_argument("--in-flight", type=int, default=16, help="sends outstanding at once (both protocols)")
     ap.add_argument("--receivers", type=int, default=8, help="gRPC ReceiveMessage threads")
+    ap.add_argument("--shared-cores", action="store_true",
+                    help="broker and client on every core (default: the broker on a core of its own)")
     ap.add_argument("--dir", default=None, help="where the data dirs go (default: the temp dir)")
     run(ap.parse_args())
 
