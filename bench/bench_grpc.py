@@ -1,6 +1,6 @@
 """RocketMQ 5 gRPC benchmark: sends, POP receives and offset pulls over gRPC beside the remoting port's.
 
-    python -m bench.bench_grpc [--runs 3] [--messages 20000] [--in-flight 16] [--receivers 8] [--shared-cores]
+    python -m bench.bench_grpc [--runs 3] [--messages 20000] [--in-flight 16] [--receivers 8] [--own-core]
 
 One real broker process per run on 127.0.0.1 (``async`` flush, so the figures are protocol and broker costs, not
 fsync latency), with its gRPC and remoting ports, topics of 4 partitions, 1 KiB messages, medians of ``--runs``
@@ -18,10 +18,9 @@ runs, every row of a run against the same broker:
 
 The client is one Python process on the same machine: the ``client µs/msg`` columns are its CPU time (all threads,
 grpcio's included) per message, and a last line gives the broker process's too, to tell a client-bound row from a
-broker-bound one. With two cores or more the broker runs on one of its own (the last this process may use) and the
-client on the others, so that the client's threads (grpcio's, busy in the gRPC rows and nearly idle in the remoting
-ones) neither preempt nor displace the broker: its CPU per message is its own work in every row alike.
-``--shared-cores`` lets both run on every core, the client's load then weighing on the broker's figures. The
+broker-bound one. Both run on every core this process may use, so a busy client (grpcio's threads in the gRPC rows,
+far busier than the remoting rows' clients) preempts the broker it measures; ``--own-core`` runs the broker on a
+core of its own (the last this process may use) and the client on the others, as on machines of their own. The
 ``target:`` lines put the broker's CPU per message of a gRPC row against its remoting peer's in the same run, beside
 issue 57's bound (``TARGETS``). Not a test: nothing here asserts.
 """
@@ -261,17 +260,17 @@ def pin(pid, cpus):
             pass
 
 
-def cores(shared):
-    """``(broker's cores, client's cores)``: the last core for the broker, the others for the client; None when
-    ``shared`` or with one core."""
+def cores(own):
+    """``(broker's cores, client's cores)`` when ``own`` (and two cores or more): the last core for the broker, the
+    others for the client; else None, both on every core."""
     mine = sorted(os.sched_getaffinity(0))
-    if shared or len(mine) < 2:
+    if not own or len(mine) < 2:
         return None
     return {mine[-1]}, set(mine[:-1])
 
 
 def run(args):
-    split = cores(args.shared_cores)
+    split = cores(args.own_core)
     if split is not None:  # before grpcio's threads exist: they inherit it
         pin(os.getpid(), split[1])
     root = tempfile.mkdtemp(prefix="metaq-bench-grpc-", dir=args.dir)
@@ -340,8 +339,8 @@ def main():
     ap.add_argument("--messages", type=int, default=20000)
     ap.add_argument("--in-flight", type=int, default=16, help="sends outstanding at once (both protocols)")
     ap.add_argument("--receivers", type=int, default=8, help="gRPC ReceiveMessage threads")
-    ap.add_argument("--shared-cores", action="store_true",
-                    help="broker and client on every core (default: the broker on a core of its own)")
+    ap.add_argument("--own-core", action="store_true",
+                    help="the broker on a core of its own, the client on the others (default: both on every core)")
     ap.add_argument("--dir", default=None, help="where the data dirs go (default: the temp dir)")
     run(ap.parse_args())
 
