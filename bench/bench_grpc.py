@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench.configs import full_size_store  # noqa: E402
+from bench.run import pin  # noqa: E402
 from metaq.client.local import BrokerProcess, free_port, rmq_config  # noqa: E402
 from metaq.client.raw import RemotingClient, TextClient, pull_fields  # noqa: E402
 from metaq.protocol import events as ev  # noqa: E402
@@ -251,15 +252,6 @@ TARGETS = (
 )
 
 
-def pin(pid, cpus):
-    """Every thread of process ``pid`` on ``cpus`` (threads made later inherit their maker's)."""
-    for tid in os.listdir("/proc/%d/task" % pid):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except OSError:  # a thread that ended meanwhile
-            pass
-
-
 def cores(own):
     """``(broker's cores, client's cores)`` when ``own`` (and two cores or more): the last core for the broker, the
     others for the client; else None, both on every core."""
@@ -271,7 +263,7 @@ def cores(own):
 
 def run(args):
     split = cores(args.own_core)
-    if split is not None:  # before grpcio's threads exist: they inherit it
+    if split is not None:  # before grpcio's threads exist: threads made later inherit their maker's cores
         pin(os.getpid(), split[1])
     root = tempfile.mkdtemp(prefix="metaq-bench-grpc-", dir=args.dir)
     rates = {k: [] for k in ("gsend", "rsend", "gpop", "gpull", "rpull", "tget")}
