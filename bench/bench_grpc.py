@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench.configs import full_size_store  # noqa: E402
-from bench.run import pin  # noqa: E402
+from bench.run import cpu_seconds, pin  # noqa: E402
 from metaq.client.local import BrokerProcess, free_port, rmq_config  # noqa: E402
 from metaq.client.raw import RemotingClient, TextClient, pull_fields  # noqa: E402
 from metaq.protocol import events as ev  # noqa: E402
@@ -93,21 +93,6 @@ class Grpc:
 
     def close(self):
         self.channel.close()
-
-
-def cpu_seconds(pid):
-    """CPU seconds (user + system) of process ``pid``'s threads so far, from the scheduler's nanosecond counts
-    (Linux ``/proc/<pid>/task/*/schedstat``): ``/proc/<pid>/stat`` counts in clock ticks of 10 ms, coarse against a
-    row of a fraction of a second. A thread that ended during a row takes its time with it (the broker's threads
-    live as long as it does)."""
-    total = 0
-    for tid in os.listdir("/proc/%d/task" % pid):
-        try:
-            with open("/proc/%d/task/%s/schedstat" % (pid, tid)) as f:
-                total += int(f.read().split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            pass
-    return total / 1e9
 
 
 def timed(broker_pid, fn, *args):

@@ -30,23 +30,10 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench.configs import full_size_store  # noqa: E402
-from bench.run import pipelined_puts, sequential_reads  # noqa: E402
+from bench.run import cpu_seconds, pipelined_puts, sequential_reads  # noqa: E402
 from metaq.client.local import BrokerProcess, small_config  # noqa: E402
 
 CHUNK = 1 << 20
-
-
-def cpu_seconds(pid):
-    """CPU seconds process ``pid`` has run so far, its threads together (``/proc/<pid>/task/*/schedstat``:
-    nanoseconds, where ``/proc/<pid>/stat`` counts 10 ms ticks)."""
-    total = 0
-    for tid in os.listdir("/proc/%d/task" % pid):
-        try:
-            with open("/proc/%d/task/%s/schedstat" % (pid, tid)) as f:
-                total += int(f.read().split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            pass  # a thread that ended meanwhile
-    return total / 1e9
 
 
 def loopback_ceiling(total_bytes):

@@ -74,6 +74,20 @@ def sequential_put_latencies(port, n, **conn):
     return lat[len(lat) // 2] * 1e3, lat[int(len(lat) * 0.99)] * 1e3
 
 
+def cpu_seconds(pid):
+    """CPU seconds process ``pid`` has run so far, its threads together (``/proc/<pid>/task/*/schedstat``:
+    nanoseconds, where ``/proc/<pid>/stat`` counts 10 ms ticks). A thread that ended meanwhile takes its time
+    with it (a broker's threads live as long as it does)."""
+    total = 0
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/schedstat" % (pid, tid)) as f:
+                total += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # a thread that ended meanwhile
+    return total / 1e9
+
+
 def pin(pid, cpus):
     """Every thread of process ``pid`` on ``cpus`` only (``sched_setaffinity`` on each of /proc/<pid>/task)."""
     for tid in os.listdir("/proc/%d/task" % pid):
