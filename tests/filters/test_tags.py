@@ -122,3 +122,12 @@ def test_an_expression_parses_the_same_however_often_it_is_given():
         with pytest.raises(ClientError, match="names 3 tags"):
             parse_tag_expression("A||B||C", max_tags=2)
     assert parse_tag_expression("A||B||C").tags == {b"A", b"B", b"C"}  # the default limits, not those of the last call
+
+
+def test_the_parsed_expressions_kept_stay_within_their_bound():
+    parse_tag_expression.cache_clear()
+    expressions = ["T%d || U%d" % (i, i) for i in range(limits.TAG_FILTER_CACHE + 1)]  # one past the bound
+    for e in expressions:
+        assert parse_tag_expression(e).tags == {e.split(" || ")[0].encode(), e.split(" || ")[1].encode()}
+    assert parse_tag_expression.cache_info().currsize == limits.TAG_FILTER_CACHE
+    assert parse_tag_expression(expressions[0]).tags == {b"T0", b"U0"}  # the oldest went, and is parsed again
