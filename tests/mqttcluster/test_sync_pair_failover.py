@@ -57,11 +57,16 @@ def test_the_wills_of_a_killed_sync_master_with_one_slave_are_published_once_it_
         assert ack.reason_code == 0, ack
         devices.append(d)
     caught_up(old, new)  # the wills' records are on the slave
+    assert (stats(old)["replication_writable"], stats(new)["replication_writable"]) == ("yes", "no (slave)")
     old.kill()
     for d in devices:
         d.close()
     group.master(40, exclude=(first,))
     wait_for(lambda: stats(new)["replication_writable"] == NO_INSYNC, 10, "the new master writes nothing")
+    device = Raw(new)  # told the truth: its session could not be saved there
+    ack = device.connect("dev-kept", clean_start=False, properties=dict(HOUR))
+    assert (ack.reason_code, ack.session_present) == (wire.SERVER_UNAVAILABLE, False), ack
+    assert "no slave is in sync" in ack.properties["reason_string"]
     time.sleep(2.0)
     assert _wills(watcher) == [] and stats(new)["mqtt_wills_published"] == "0"  # not yet: it may not write
     old.start()  # rejoins as the new master's slave; once in sync, the new master may write
@@ -74,30 +79,37 @@ def test_the_wills_of_a_killed_sync_master_with_one_slave_are_published_once_it_
     assert (stats(new)["mqtt_wills_published"], stats(old)["mqtt_wills_published"]) == ("3", "0")
 
 
-def test_a_sync_master_with_no_in_sync_member_refuses_devices_and_says_why(broker_factory, tmp_path, zk_connect,
-                                                                            capsys):
+def test_a_sync_master_whose_only_slave_is_gone_refuses_devices_and_says_why(broker_factory, tmp_path, zk_connect,
+                                                                               capsys):
+    """The other half of the shape: the slave is killed; once it has been gone ``insync_lag_ms`` the master has no
+    in-sync member, closes the connections holding a session (MQTT 5: DISCONNECT 0x9C) and refuses every CONNECT
+    until the slave is back in sync."""
     group, first, second = _sync_pair(broker_factory, tmp_path, zk_connect)
-    old, new = group.members[first], group.members[second]
-    old.kill()
-    group.master(40, exclude=(first,))
-    wait_for(lambda: stats(new)["replication_writable"] == NO_INSYNC, 10, "the new master writes nothing")
-    kept = Raw(new)  # a persistent session it could not save
+    master, slave = group.members[first], group.members[second]
+    device = Raw(master)
+    ack = device.connect("dev", clean_start=False, properties=dict(HOUR))
+    assert ack.reason_code == 0, ack
+    slave.kill()
+    wait_for(lambda: stats(master)["replication_writable"] == NO_INSYNC, 20, "the master writes nothing")
+    device.sock.settimeout(5.0)
+    assert device.read() == wire.Disconnect(wire.USE_ANOTHER_SERVER)  # its session could not be saved
+    kept = Raw(master)  # nor that of a new connection
     ack = kept.connect("dev", clean_start=False, properties=dict(HOUR))
     assert (ack.reason_code, ack.session_present) == (wire.SERVER_UNAVAILABLE, False), ack
     assert "no slave is in sync" in ack.properties["reason_string"]
     assert kept.closed()
-    clean = Raw(new)  # a clean one would get nothing: nothing may be written here, its peers' copies neither
+    clean = Raw(master)  # a clean one would get nothing: nothing may be written here, its peers' copies neither
     assert clean.connect("reader").reason_code == wire.SERVER_UNAVAILABLE
-    v311 = Raw(new, wire.MQTT_311)
+    v311 = Raw(master, wire.MQTT_311)
     assert v311.connect("reader-311").reason_code == 0x03  # Server unavailable
     assert v311.closed()
     capsys.readouterr()
-    assert admin.main(["--zk", zk_connect, "--json", "cluster"]) == admin.EXIT_OK
+    admin.main(["--zk", zk_connect, "--json", "cluster"])  # exit status 1 while the dead slave is registered
     rows = json.loads(capsys.readouterr().out)
     assert [r["writable"] for r in rows if r["role"] == "master"] == [NO_INSYNC], rows
-    old.start()
-    wait_for(lambda: stats(new)["replication_writable"] == "yes", 60, "the old member back in sync")
-    again = Raw(new)
+    slave.start()
+    wait_for(lambda: stats(master)["replication_writable"] == "yes", 60, "the slave back in sync")
+    again = Raw(master)
     ack = again.connect("dev", clean_start=False, properties=dict(HOUR))
-    assert ack.reason_code == 0, ack
+    assert (ack.reason_code, ack.session_present) == (0, True), ack
     again.close()
