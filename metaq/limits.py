@@ -783,6 +783,9 @@ MQTT_SESSION_SAVE_INTERVAL_S = 1.0
 #: being one (deposed, its lease run out, isolated) closes the connections holding them within this much, and one
 #: that becomes master publishes the wills left in the sessions' log as soon.
 MQTT_ROLE_CHECK_S = 0.1
+#: How often a will whose publish a passing refusal stopped (a full disk, a write no slave could confirm) is tried
+#: again while its broker keeps sessions (seconds); it stays in the sessions' log until published.
+MQTT_WILL_RETRY_S = 1.0
 #: Sessions kept for clients that are not connected (``mqtt.max_offline_sessions``): when one more goes offline, the
 #: one offline longest is ended (its client's next CONNECT gets Session Present 0).
 MQTT_MAX_OFFLINE_SESSIONS = 10_000

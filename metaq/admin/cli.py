@@ -341,7 +341,8 @@ ROUTE_KEYS_PREFIX = "mqtt_cluster_"
 
 def cmd_cluster(view, args):
     """The cluster at a glance (needs --zk): one row per registered member (``cmd_brokers``'s, master then slaves)
-    with the role it plays now (its stats), the topics it holds (``stats topics``, internal ones left out), its MQTT
+    with the role it plays now and whether it may acknowledge writes (its stats: ``replication_writable``, ``yes``
+    or ``no (why)``), the topics it holds (``stats topics``, internal ones left out), its MQTT
     connections and sessions (online and offline), and its routes: what it follows of the other brokers for MQTT,
     its ``mqtt_cluster_*`` stats keys as ``key=value`` (``-`` for a broker that reports none). A member that does
     not answer keeps its row from ZooKeeper, ``-`` elsewhere, and is named on stderr."""
@@ -361,6 +362,7 @@ def cluster_rows(view, members):
                           if k.startswith(ROUTE_KEYS_PREFIX))
         rows.append({"broker": m["broker"], "member": m["role"], "role": s.get("replication_role", "-" if not s
                                                                              else "standalone"),
+                     "writable": s.get("replication_writable"),
                      "url": m["url"], "mqtt": m["mqtt"], "remoting": m["remoting"], "grpc": m["grpc"],
                      "http": m["http"],
                      "topics": ",".join(topics) or None,
@@ -368,8 +370,8 @@ def cluster_rows(view, members):
                      "mqtt_sessions": _int_or_none(s.get("mqtt_sessions")),
                      "mqtt_offline": _int_or_none(s.get("mqtt_sessions_offline")),
                      "routes": routes or None})
-    return rows, ["broker", "member", "role", "url", "mqtt", "remoting", "grpc", "http", "topics", "mqtt_connections",
-                  "mqtt_sessions", "mqtt_offline", "routes"]
+    return rows, ["broker", "member", "role", "writable", "url", "mqtt", "remoting", "grpc", "http", "topics",
+                  "mqtt_connections", "mqtt_sessions", "mqtt_offline", "routes"]
 
 
 def _int_or_none(value):

@@ -10,13 +10,16 @@ its table of aliases the broker sends (``topics.OutboundAliases``, within ``mqtt
 Alive past ``mqtt.max_keep_alive_s`` (or none) is answered Server Keep Alive (MQTT 5) or refused 0x02 (MQTT 3.1.1).
 A slave refuses a CONNECT that needs a persistent session (one that outlives the connection, or resumes one): it
 writes no session records, so the session would be lost; MQTT 5 gets 0x9C Use another server with the master's
-address as Server Reference when it is known, MQTT 3.1.1 0x03 Server unavailable.
+address as Server Reference when it is known, MQTT 3.1.1 0x03 Server unavailable. A master that may write nothing
+for want of a member to confirm it (``sync``, no in-sync member: ``MqttPort.unavailable``) refuses every CONNECT:
+MQTT 5 0x88 Server unavailable (0x9C with a Server Reference where another broker is known), 3.1.1 0x03.
 """
 
 import logging
 
 from metaq import errors
 from metaq.mqtt import wire
+from metaq.mqtt.publishes import MAX_REASON_CHARS
 from metaq.mqtt.records import RecordRefusal, placement
 from metaq.mqtt.session import MqttSession
 from metaq.mqtt.topics import OutboundAliases
@@ -38,6 +41,9 @@ def connect(conn, port, p):
     if client_id is None or not _login(conn, port.guard, p) or not _will(conn, port.topics, p.will):
         return False
     conn.expiry_s = p.properties.get("session_expiry_interval", 0) if v5 else 0
+    down = port.unavailable()
+    if down is not None:
+        return _unavailable(conn, port.master_reference(), client_id, down)
     refusal = port.session_refusal()
     if refusal is not None and ((conn.expiry_s if v5 else not p.clean_start) or
                                 (not p.clean_start and client_id in port.table.sessions)):
@@ -149,6 +155,17 @@ def _use_another_server(conn, master, client_id, refusal):
     return refuse(conn, wire.USE_ANOTHER_SERVER, "client %s asks for a persistent session and this broker keeps none "
                   "now (%s): connect to the master%s" % (client_id, refusal, " (%s)" % master if master else ""),
                   props)
+
+
+def _unavailable(conn, other, client_id, refusal):
+    """A master that may write nothing now (``MqttPort.unavailable``) serves no device: refused with Server
+    unavailable, or Use another server naming ``other`` (an MQTT address, or None) when one is known."""
+    if other:
+        return refuse(conn, wire.USE_ANOTHER_SERVER, "client %s: this broker may write nothing now (%s): connect "
+                      "to %s" % (client_id, refusal, other), {"server_reference": other})
+    return refuse(conn, wire.SERVER_UNAVAILABLE, "client %s: this broker may write nothing now (%s): its session "
+                  "could not be saved, nor anything published to it" % (client_id, refusal),
+                  {"reason_string": refusal[:MAX_REASON_CHARS]})
 
 
 def _open_session(conn, port, client_id, p):

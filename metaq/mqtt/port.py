@@ -105,7 +105,7 @@ class MqttPort:
     frames_of = staticmethod(burst_frames)
 
     def __init__(self, core, settings, store, put_path, guard, waiters, max_transfer, is_master=lambda: True,
-                 master_reference=lambda: None, master_refusal=lambda: None):
+                 master_reference=lambda: None, master_refusal=lambda: None, unconfirmable=lambda: None):
         self.core = core
         self.settings = settings  # the ``mqtt:`` section
         self.store = store
@@ -132,7 +132,10 @@ class MqttPort:
         self.wills_published = 0
         self.is_master = is_master
         self.master_reference = master_reference  # the master's MQTT address when known (ha: auto), else None
-        self.master_refusal = master_refusal  # why this master may not acknowledge writes now (lease, isolation)
+        self.master_refusal = master_refusal  # why this master may not acknowledge writes now (lease, isolation, sync)
+        #: why this master may write nothing now for want of a member to confirm it (``sync``: no in-sync member), or
+        #: None: no other member serves in its place, so it serves no CONNECT at all (``unavailable``)
+        self.unconfirmable = unconfirmable
         self._fenced = None  # True: keeps no session or will now (session_refusal); None: not looked yet
         self.table = replay(store)  # the persistent sessions the log holds
         for saved in self.table.sessions.values():
@@ -155,6 +158,15 @@ class MqttPort:
         store.follower.add(self.follow, store.written_position)
         self._keeper = None
         self._adopting = None  # the greenlet publishing the wills left in the log (``_adopt_wills``)
+        #: client ids whose will the log holds and whose publish a passing refusal stopped (``publish_will``): tried
+        #: again every ``limits.MQTT_WILL_RETRY_S`` while this broker keeps sessions (``_retry_wills``); each leaves
+        #: once its will's end is written, or the log holds no such will any more: bounded by the log's wills
+        self._unpublished = set()
+        #: client id -> the SavedWill of the log this broker published but whose end it could not write yet: its end
+        #: is written again, it is not published again (``_adopt_wills``, ``_retry_wills``); bounded as above
+        self._published = {}
+        self._retried_at = 0.0
+        self._adopt_due = False  # this broker began keeping sessions: ``_adopt_wills`` is due (``_wills_due``)
         self.sessions_expired = 0
         self.records_written = 0  # %MQTT% records this broker wrote since its start
         #: the MQTT cluster (``metaq.mqttcluster.peers.MqttCluster``) when this broker is part of one, else None: its
@@ -438,7 +450,10 @@ class MqttPort:
         while not self.closing:
             gevent.sleep(limits.MQTT_ROLE_CHECK_S)
             try:
-                if not self._check_role() or time.monotonic() - saved_at < limits.MQTT_SESSION_SAVE_INTERVAL_S:
+                if not self._check_role():
+                    continue
+                self._wills_due()
+                if time.monotonic() - saved_at < limits.MQTT_SESSION_SAVE_INTERVAL_S:
                     continue
                 saved_at = time.monotonic()
                 self._keep_once()
@@ -448,10 +463,18 @@ class MqttPort:
     def session_refusal(self):
         """Why this broker may not keep MQTT sessions and wills now, or None: only a master that may acknowledge
         writes does (a slave writes no session record; a master whose lease ran out or that is isolated could not
-        save them, and the member elected in its place goes on from what it last saved)."""
+        save them, and the member elected in its place goes on from what it last saved; a ``sync`` master with no
+        member to confirm a write could save nothing either)."""
         if not self.is_master():
             return "this broker is a replication slave"
         return self.master_refusal()
+
+    def unavailable(self):
+        """Why this broker serves no CONNECT at all now, or None: a master that may write nothing for want of a
+        member to confirm it (``sync``, no in-sync member). No other member serves in its place, and nothing
+        reaches its devices (its peers' copies are writes too), so a device is told Server unavailable rather
+        than served a session that is not saved and a subscription that gets nothing."""
+        return self.unconfirmable() if self.is_master() else None
 
     def _check_role(self):
         """One look at ``session_refusal``: when this broker stops keeping sessions, the connections holding a
@@ -468,8 +491,7 @@ class MqttPort:
             self._fenced = False
             if self.cluster is not None:
                 self.cluster.hold()  # until the peers follow this broker again (``MqttCluster.hold``)
-            if self._adopting is None or self._adopting.dead:  # one at a time: none published twice
-                self._adopting = gevent.spawn(self._adopt_wills)  # the keeper goes on meanwhile
+            self._adopt_due = True
         return True
 
     def _move_away(self, refusal):
@@ -896,6 +918,9 @@ class MqttPort:
         """``client_id``'s will was published or dropped: written, so that no master publishes it again."""
         if client_id in self.table.wills:
             self._write(client_id, encode_will_end(client_id))
+        if client_id not in self.table.wills:
+            self._published.pop(client_id, None)
+            self._unpublished.discard(client_id)
 
     def _will_of(self, saved):
         """``(Will, guard session)`` of a will the log holds: published as its user, from its client's address."""
@@ -914,11 +939,49 @@ class MqttPort:
             if saved.client_id in self._clients or saved.client_id in self._delayed or \
                     self.table.wills.get(saved.client_id) is not saved:
                 continue
+            if self._published.get(saved.client_id) is saved:  # published here, its end not written yet
+                self.will_done(saved.client_id)
+                continue
             log.info("mqtt client %s: its connection ended with the broker that held it; its will to %s is "
                      "published%s", saved.client_id, saved.topic,
                      " after its delay (%d s)" % saved.delay_s if saved.delay_s > 0 else "")
             self.connection_lost(saved.client_id, *self._will_of(saved), saved.delay_s)
             turn = share_loop(turn)
+
+    def _retry_wills(self):
+        """The wills ``publish_will`` could not publish for a passing refusal (the log holds them) published now, at
+        once (their delay ran already), and the ends this broker could not write after publishing written."""
+        if self.cluster is not None:
+            self.cluster.wait_followed()
+        turn = time.monotonic()
+        for client_id, w in list(self._published.items()):
+            if self.table.wills.get(client_id) is w:
+                self.will_done(client_id)
+            else:
+                self._published.pop(client_id, None)
+            turn = share_loop(turn)
+        for client_id in list(self._unpublished):
+            saved = self.table.wills.get(client_id)
+            self._unpublished.discard(client_id)
+            if saved is None or client_id in self._clients or client_id in self._delayed:
+                continue
+            log.info("mqtt client %s: its will to %s is tried again", client_id, saved.topic)
+            self.publish_will(client_id, *self._will_of(saved))
+            turn = share_loop(turn)
+
+    def _wills_due(self):
+        """While this broker keeps sessions, one pass over the wills at a time (none published twice), the keeper
+        going on meanwhile: ``_adopt_wills`` once it begins keeping them (``_check_role``), else ``_retry_wills``
+        every ``limits.MQTT_WILL_RETRY_S`` while a will waits for it."""
+        if self._adopting is not None and not self._adopting.dead:
+            return
+        if self._adopt_due:
+            self._adopt_due = False
+            self._adopting = gevent.spawn(self._adopt_wills)
+        elif (self._unpublished or self._published) and \
+                time.monotonic() - self._retried_at >= limits.MQTT_WILL_RETRY_S:
+            self._retried_at = time.monotonic()
+            self._adopting = gevent.spawn(self._retry_wills)
 
     def connection_lost(self, client_id, will, security, delay_s):
         """A connection with a will ended without a normal DISCONNECT: publish it now, or after ``delay_s``."""
@@ -937,9 +1000,12 @@ class MqttPort:
 
     def publish_will(self, client_id, will, security):
         """Store ``will`` as its client's PUBLISH would be (its user's permission asked); a refusal is logged. Then
-        its record says it is done. While this broker keeps no session (``session_refusal``), a will the log holds
-        is left there: the master that takes over publishes it. In an MQTT cluster it waits until this broker's
-        peers follow it (``MqttCluster.wait_followed``), so that it reaches their subscribers."""
+        its record says it is done. While this broker keeps no session (``session_refusal``: a slave, a master that
+        may not acknowledge, a ``sync`` one with no member to confirm), a will the log holds is left there: the
+        master that may write next publishes it (this one again, ``_adopt_wills``). A passing refusal of the put
+        itself (Unavailable: a full disk, a lost slave) leaves it there too, tried again (``_retry_wills``): a
+        will is published once its broker may write, never dropped for that. In an MQTT cluster it waits until
+        this broker's peers follow it (``MqttCluster.wait_followed``), so that it reaches their subscribers."""
         if self.cluster is not None:
             self.cluster.wait_followed()
         refusal = self.session_refusal() if client_id in self.table.wills else None
@@ -950,11 +1016,21 @@ class MqttPort:
         try:
             topic, r, now = self.put(will.topic, will.payload, will.qos, client_id, will.properties, security,
                                      will.retain)
+        except errors.Unavailable as exc:
+            if client_id in self.table.wills:
+                self._unpublished.add(client_id)
+                log.warning("mqtt client %s: its will to %s is not published yet: %s; tried again every %.0f s "
+                            "while this broker may write", client_id, will.topic, exc, limits.MQTT_WILL_RETRY_S)
+                return
+            log.warning("mqtt client %s: its will to %s was not published: %s", client_id, will.topic, exc)
         except (errors.MetaqError, ValueError) as exc:
             log.warning("mqtt client %s: its will to %s was not published: %s", client_id, will.topic, exc)
         else:
             self.wills_published += 1
             self.made_visible(topic, r, now)
+            saved = self.table.wills.get(client_id)
+            if saved is not None:
+                self._published[client_id] = saved  # until its end is written (``will_done``)
         self.will_done(client_id)
 
     def summary_values(self):

@@ -190,7 +190,7 @@ class Broker:
             self.mqtt = MqttPort(self.core, config.mqtt, self.store, self.put_path, self.guard, self.waiters,
                                  config.store.max_transfer_size, lambda: self.roles.is_master,
                                  lambda: self.election.master_mqtt() if self.election is not None else None,
-                                 lambda: self.roles.slave_refusal or self.roles.isolation_refusal())
+                                 self.roles.acknowledge_refusal, lambda: self.roles.unconfirmable_refusal)
             self.roles.on_change(self.mqtt.role_changed)  # a promoted slave's sessions are its own
         self.mqtt_cluster = self.cluster_members = None
         if self.mqtt is not None and self.registry is not None:  # MQTT across the cluster (metaq/mqttcluster)

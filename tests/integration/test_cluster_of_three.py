@@ -162,8 +162,9 @@ def test_admin_cluster_shows_each_brokers_role_addresses_topics_and_mqtt_load(th
         assert TOPIC in r["topics"].split(",")
         assert "peers=" in r["routes"] and "peers_up=" in r["routes"], r  # the broker's MQTT cluster links
     assert [(r["mqtt_connections"], r["mqtt_sessions"]) for r in rows] == [(0, 0), (0, 0), (1, 1)]
+    assert [r["writable"] for r in rows] == ["yes"] * len(IDS)  # masters with no slave: nothing to wait for
     table = _admin(capsys, "--zk", three.zk_connect, "cluster")
-    assert table.splitlines()[0].split()[:4] == ["BROKER", "MEMBER", "ROLE", "URL"]
+    assert table.splitlines()[0].split()[:5] == ["BROKER", "MEMBER", "ROLE", "WRITABLE", "URL"]
 
 
 def test_cluster_routes_column_shows_the_brokers_mqtt_cluster_stats():

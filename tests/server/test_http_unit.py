@@ -198,7 +198,7 @@ def test_the_collector_reads_the_figures_at_scrape_time():
                                                ("timers_pending", 3), ("pop_in_flight", 5)],
                                 lambda: topics, lambda: groups,
                                 lambda: [("replication_role", "slave"), ("replication_epoch", 4),
-                                         ("replication_lag_messages", 2)],
+                                         ("replication_lag_messages", 2), ("replication_writable", "no (slave)")],
                                 lambda: {"text": 2, "http": 1}, lambda: [TxInfo("prepared"), TxInfo("prepared")])
     metrics = Metrics(collector)
     metrics.observe_flush(0.003)
@@ -206,6 +206,7 @@ def test_the_collector_reads_the_figures_at_scrape_time():
     for line in ('metaq_topic_puts_total{topic="orders"} 12.0', 'metaq_topic_gets_total{topic="orders"} 3.0',
                  'metaq_group_lag_messages{group="billing",partition="1",topic="orders"} 6.0',
                  'metaq_replication_role{role="slave"} 1.0', "metaq_replication_epoch 4.0",
+                 "metaq_replication_writable 0.0",
                  "metaq_writes_refused 1.0", "metaq_disk_usage_ratio 0.5", 'metaq_connections{listener="http"} 1.0',
                  'metaq_transactions{state="prepared"} 2.0', "metaq_delay_pending_messages 7.0",
                  "metaq_timers_pending_messages 3.0", "metaq_pop_in_flight_messages 5.0",

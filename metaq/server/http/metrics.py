@@ -150,6 +150,9 @@ class BrokerCollector:
         for name in ("master", "slave", "none"):
             role.add_metric([name], 1 if r.get("replication_role") == name else 0)
         yield role
+        yield GaugeMetricFamily("metaq_replication_writable", "1 while this broker may acknowledge writes; 0 on a "
+                                "slave or a master that may not (stats replication_writable says why).",
+                                value=1 if r.get("replication_writable") == "yes" else 0)
         yield GaugeMetricFamily("metaq_replication_epoch", "The replication epoch (a new one per promotion).",
                                 value=_number(r.get("replication_epoch")))
         yield GaugeMetricFamily("metaq_replication_lag_messages", "A slave's lag behind its master, in messages "

@@ -142,6 +142,12 @@ class ReplicationServer:
         return ("SLAVE_NOT_AVAILABLE: replication mode is sync and no slave is connected: nothing was stored; retry "
                 "once a slave is connected")
 
+    def no_slave_short(self):
+        """``no_slave_refusal`` in a few words (``Roles.writable``), or None when a sync put may be confirmed."""
+        if self.no_slave_refusal() is None:
+            return None
+        return "sync: no in-sync member" if self.insync is not None else "sync: no slave connected"
+
     def wait_replicated(self, pos):
         """Block this greenlet until a slave's ACK covers ``pos`` (with an in-sync set: every member's);
         Unavailable otherwise."""

@@ -168,6 +168,26 @@ class Roles:
         server = self.replication
         return server.no_slave_refusal() if server is not None else None
 
+    def acknowledge_refusal(self):
+        """Why this broker may acknowledge no write now, or None: a slave or a master whose lease ran out
+        (``slave_refusal``), an isolated ``async`` master (``isolation_refusal``), a ``sync`` master no slave could
+        confirm a put for (``unconfirmable_refusal``). What the MQTT port reads to keep sessions and wills."""
+        return self.slave_refusal or self.isolation_refusal() or self.unconfirmable_refusal
+
+    def writable(self):
+        """``"yes"``, or ``"no (why)"`` in a few words: whether this broker may acknowledge writes now (stats
+        ``replication_writable``, ``metaq-admin cluster``). A ``sync`` master with no in-sync member is the case
+        an operator must see: it is the master, and it serves nothing until a member is back in sync."""
+        if self.role != "master":
+            return "no (slave)" if self.slave_link is not None else "no (no elected master)"
+        if self.election is not None and self.election.lease.refusal() is not None:
+            return "no (lease not confirmed by ZooKeeper)"
+        if self.isolation_refusal() is not None:
+            return "no (isolated from its slaves and ZooKeeper)"
+        server = self.replication
+        short = server.no_slave_short() if server is not None else None
+        return "yes" if short is None else "no (%s)" % short
+
     def isolation_refusal(self):
         """Why this ``async`` master may be cut off and must acknowledge nothing (``replication/isolation.py``: no
         slave's ACK and no ZooKeeper confirmation within ``replication.max_isolation_ms``), or None."""
@@ -461,4 +481,5 @@ class Roles:
         return [("replication_role", role), ("replication_epoch", store.epochs.epoch),
                 ("replication_epoch_start", store.epochs.latest[1]),
                 ("replication_epoch_origin", origin_text(store.epochs.latest[2])), ("replication_promoted", promoted),
-                ("replication_reads_refused", bool(self.read_refusal))] + more
+                ("replication_reads_refused", bool(self.read_refusal)), ("replication_writable", self.writable())] \
+            + more
