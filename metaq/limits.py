@@ -734,10 +734,11 @@ MQTT_MAX_CLIENT_ID_BYTES = 128
 #: alias past it is refused (DISCONNECT 0x94).
 MQTT_TOPIC_ALIAS_MAXIMUM = 16
 #: Topic aliases the broker sends one MQTT 5 connection at most (``mqtt.max_outbound_aliases``; never past the Topic
-#: Alias Maximum of the client's CONNECT, 0 there: none), and topic names delivered once it remembers per connection
-#: until their second delivery (the policy's threshold): each a reference to a name, so a connection holds at most
-#: twice this many. Past it the alias least recently used goes to a name delivered again, sent with it again, when
-#: that alias was not used since the name's previous delivery (``mqtt.topics.OutboundAliases``).
+#: Alias Maximum of the client's CONNECT, 0 there: none): a name's first delivery takes a free one. Past them the
+#: alias least recently used goes to a name delivered again, sent with it again, when that alias was not used since
+#: the name's previous delivery; the topic names delivered without an alias it remembers per connection until then
+#: are bounded by this too (each a reference to a name, so a connection holds at most twice this many)
+#: (``mqtt.topics.OutboundAliases``).
 MQTT_MAX_OUTBOUND_ALIASES = 64
 #: The longest Keep Alive the broker accepts, in seconds (``mqtt.max_keep_alive_s``; 0: no bound, the default). An
 #: MQTT 5 client asking for more, or for none (0), is told this one in the CONNACK (Server Keep Alive) and held to
