@@ -161,6 +161,11 @@ def test_a_pubrel_of_an_id_not_held_is_answered_packet_identifier_not_found(brok
     assert old.connect("releaser-311").reason_code == 0
     old.send(wire.PubRel(3))
     assert old.read() == wire.PubComp(3)
+    done = []  # paho-mqtt 2 ignores the PUBREC's reason and tells the application the PUBCOMP's
+    client = Paho(b, "releaser-paho")
+    client.c.on_publish = lambda c, u, mid, reason, props: done.append(reason.value)
+    client.c.publish("rel/also-past", b"3", 2, retain=True).wait_for_publish(10)  # one past: refused at PUBREC
+    assert done == [0x92]
 
 
 def test_paho_v5_subscriber_gets_the_publishers_properties(broker_factory, tmp_path):
