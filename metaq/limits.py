@@ -734,10 +734,11 @@ MQTT_MAX_CLIENT_ID_BYTES = 128
 #: alias past it is refused (DISCONNECT 0x94).
 MQTT_TOPIC_ALIAS_MAXIMUM = 16
 #: Topic aliases the broker sends one MQTT 5 connection at most (``mqtt.max_outbound_aliases``; never past the Topic
-#: Alias Maximum of the client's CONNECT, 0 there: none), and topic names delivered once it remembers per connection
-#: until their second delivery (the policy's threshold): each a reference to a name, so a connection holds at most
-#: twice this many. Past it the alias least recently used goes to a name delivered again, sent with it again, when
-#: that alias was not used since the name's previous delivery (``mqtt.topics.OutboundAliases``).
+#: Alias Maximum of the client's CONNECT, 0 there: none): a name's first delivery takes a free one. Past them the
+#: alias least recently used goes to a name delivered again, sent with it again, when that alias was not used since
+#: the name's previous delivery; the topic names delivered without an alias it remembers per connection until then
+#: are bounded by this too (each a reference to a name, so a connection holds at most twice this many)
+#: (``mqtt.topics.OutboundAliases``).
 MQTT_MAX_OUTBOUND_ALIASES = 64
 #: The longest Keep Alive the broker accepts, in seconds (``mqtt.max_keep_alive_s``; 0: no bound, the default). An
 #: MQTT 5 client asking for more, or for none (0), is told this one in the CONNACK (Server Keep Alive) and held to
@@ -1141,7 +1142,7 @@ MQTT_CLUSTER_MAX_RETAINED = 100_000
 #: ``$share`` groups (share name, filter) one broker's route carries at most; past it the others are not sent (their
 #: members on this broker receive only what is published here) and it logs it. A decoded ROUTES holds at most as many.
 MQTT_CLUSTER_MAX_GROUPS = 10_000
-#: Membership changes of one ``$share`` group a broker remembers (when, which brokers had members): a message is
-#: assigned by the brokers of the change before its store time; past it the oldest is forgotten, and messages older
-#: than the oldest kept are assigned as by it.
+#: Membership changes of one ``$share`` group a broker remembers, in its sessions' log (from which log position on,
+#: which brokers had members): a message is assigned by the brokers of the last change at or before its place in the
+#: log; past it the oldest is forgotten, and messages older than the oldest kept are assigned as by it.
 MQTT_CLUSTER_SHARE_HISTORY = 16

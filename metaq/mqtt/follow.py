@@ -16,6 +16,10 @@ slave, by the code that keeps messages.
   shared subscription group's read positions (and the topics it reads), kept while some session that holds one
   of its subscriptions exists, so the group goes on from there when a member comes back; ``{"k": "gd", ...}``
   ends it. The last record of a (name, filter) is its group.
+* **Shared groups' assignment** (``encode_share_history`` / ``encode_share_history_end``): ``{"k": "b", "n": name,
+  "f": filter, "h": [[since, [broker ids]], ...]}`` is the history by which this log's master assigns its messages
+  of a ``$share`` group to the brokers of an MQTT cluster (``metaq.mqttcluster.share``): from log position ``since``
+  on, among those brokers; ``{"k": "bd", ...}`` ends it. The last record of a (name, filter) is its history.
 * **Wills** (``encode_will`` / ``encode_will_end``): ``{"k": "w", ...}`` is the will of a connection the master
   holds (or one waiting for its delay): its client id, user and address, topic, payload, QoS, retain, MQTT 5
   properties and Will Delay; ``{"k": "wd", "c": id}`` says it was published or dropped (a DISCONNECT 0x00, a
@@ -28,7 +32,8 @@ slave, by the code that keeps messages.
   record's flag) then the stored record's data: a message a session brought along when it was taken over from
   another broker of the cluster (``metaq.mqttcluster``), which that session's ``carried`` list and messages in
   flight name by their place in ``%MQTT%``. The table passes over them: they are messages, not state.
-* **Retention**: the log must keep each live session's, shared group's and retained message's last record (``floor``:
+* **Retention**: the log must keep each live session's, shared group's, assignment history's, will's and retained
+  message's last record (``floor``:
   the lowest of them); the port writes one again at the end when its record falls ``MQTT_SESSION_REWRITE_BYTES``
   (or a segment) behind, so retention is never held back by more than that.
 * **Following** (a slave): ``learn`` applies every ``%MQTT%`` record replicated, at most ``MQTT_LEARN_BATCH`` a
@@ -52,7 +57,8 @@ MQTT_LEARN_BATCH = 1024
 
 __all__ = ["SavedSession", "SavedGroup", "SavedWill", "Retained", "SessionTable", "MQTT_JOURNAL", "MQTT_LEARN_BATCH",
            "encode", "decode", "encode_retained", "encode_unretained", "encode_group", "encode_group_end",
-           "encode_will", "encode_will_end", "encode_carried", "decode_carried", "RecordError"]
+           "encode_will", "encode_will_end", "encode_carried", "decode_carried", "RecordError", "ShareHistory",
+           "encode_share_history", "encode_share_history_end"]
 
 
 class RecordError(ValueError):
@@ -148,6 +154,44 @@ def decode_group(data):
         return key, SavedGroup(d["n"], d["f"], d["t"], {(t, p): o for t, p, o in d["cur"]}, d["at"])
     except (ValueError, KeyError, TypeError) as exc:
         raise RecordError("a shared group's record that does not decode: %s" % exc) from exc
+
+
+class ShareHistory:
+    """A ``$share`` group's assignment history as its last record says (``share.Shares``): ``key`` (name, filter),
+    ``changes`` ((since log position, sorted broker ids), ...), oldest first; ``position``: where that record is."""
+
+    __slots__ = ("key", "changes", "position")
+
+    def __init__(self, key, changes, position=None):
+        self.key, self.changes, self.position = key, tuple(changes), position
+
+
+def encode_share_history(key, changes):
+    """A group's assignment history's record (bytes)."""
+    return json.dumps({"k": "b", "n": key[0], "f": key[1], "h": [[since, list(brokers)] for since, brokers in changes]},
+                      separators=(",", ":")).encode("utf-8")
+
+
+def encode_share_history_end(key):
+    """The record that ends a group's assignment history (no member anywhere)."""
+    return json.dumps({"k": "bd", "n": key[0], "f": key[1]}, separators=(",", ":")).encode("utf-8")
+
+
+def decode_share_history(data):
+    """``((name, filter), ShareHistory or None)`` of a history's record (None: ended). Raises RecordError."""
+    try:
+        d = json.loads(bytes(data).decode("utf-8"))
+        key = (d["n"], d["f"])
+        if d["k"] == "bd":
+            return key, None
+        changes = [(int(since), tuple(sorted(int(b) for b in brokers))) for since, brokers in d["h"]]
+        if not changes:
+            raise RecordError("an assignment history with no change")
+        return key, ShareHistory(key, changes)
+    except RecordError:
+        raise
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RecordError("a shared group's assignment history that does not decode: %s" % exc) from exc
 
 
 class SavedWill:
@@ -296,32 +340,23 @@ class SessionTable:
         self.retained_bytes = 0  # the payload bytes of the retained messages' records
         self.groups = {}  # (share name, filter) -> SavedGroup
         self.wills = {}  # client id -> SavedWill: wills not yet published or dropped
+        self.shares = {}  # (share name, filter) -> ShareHistory
 
     def apply(self, position, data):
         """One record at log ``position``; a record that does not decode is logged and passed over."""
-        if bytes(data[:7]) == b'{"k":"w':
+        keyed = self._keyed(bytes(data[:7]))
+        if keyed is not None:
+            kept, decoder = keyed
             try:
-                client_id, w = decode_will(data)
+                key, value = decoder(data)
             except RecordError as exc:
                 log.error("mqtt: the sessions' record at log position %d is passed over: %s", position, exc)
                 return
-            if w is None:
-                self.wills.pop(client_id, None)
+            if value is None:
+                kept.pop(key, None)
             else:
-                w.position = position
-                self.wills[client_id] = w
-            return
-        if bytes(data[:7]) == b'{"k":"g':
-            try:
-                key, g = decode_group(data)
-            except RecordError as exc:
-                log.error("mqtt: the sessions' record at log position %d is passed over: %s", position, exc)
-                return
-            if g is None:
-                self.groups.pop(key, None)
-            else:
-                g.position = position
-                self.groups[key] = g
+                value.position = position
+                kept[key] = value
             return
         if bytes(data[:1]) == b"Q":
             return  # a carried message: named by the session that carries it, no state of its own
@@ -350,6 +385,17 @@ class SessionTable:
             saved.position = position
             self.sessions[client_id] = saved
 
+    def _keyed(self, head):
+        """``(the table's dict, the decoder)`` of a record kind whose last record of a key is that key's state (a
+        will, a shared group, an assignment history), by its first bytes ``head``; None: another kind."""
+        if head == b'{"k":"w':
+            return self.wills, decode_will
+        if head == b'{"k":"g':
+            return self.groups, decode_group
+        if head == b'{"k":"b':
+            return self.shares, decode_share_history
+        return None
+
     def offline(self):
         """The sessions whose client is not connected, offline longest first."""
         return sorted((s for s in self.sessions.values() if not s.connected), key=lambda s: s.at_ms)
@@ -363,7 +409,8 @@ class SessionTable:
         return min([s.position for s in self.sessions.values() if s.position is not None]
                    + [r.position for r in self.retained.values() if r.position is not None]
                    + [g.position for g in self.groups.values() if g.position is not None]
-                   + [w.position for w in self.wills.values() if w.position is not None], default=None)
+                   + [w.position for w in self.wills.values() if w.position is not None]
+                   + [h.position for h in self.shares.values() if h.position is not None], default=None)
 
 
 def replay(store, upto=None):

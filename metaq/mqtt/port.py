@@ -56,7 +56,8 @@ from metaq.mqtt.decoded import Decoded
 from metaq.mqtt.fanout import Fanouts
 from metaq.mqtt.follow import (MQTT_JOURNAL, MQTT_LEARN_BATCH, MQTT_SESSIONS_TOPIC, Retained, SavedGroup, SavedWill,
                                encode, encode_carried, encode_end, encode_group, encode_group_end, encode_retained,
-                               encode_unretained, encode_will, encode_will_end, replay)
+                               encode_share_history, encode_share_history_end, encode_unretained, encode_will,
+                               encode_will_end, replay)
 from metaq.mqtt.wire import Will
 from metaq.mqtt.records import partition_for, placement, record_data
 from metaq.mqtt.session import SharedGroup
@@ -516,6 +517,7 @@ class MqttPort:
         behind = self.store.written_position - min(limits.MQTT_SESSION_REWRITE_BYTES,
                                                    self.store.config.segment_size)
         turn = self._rewrite_groups(behind, turn)
+        turn = self._rewrite_share_histories(behind, turn)
         turn = self._rewrite_retained(behind, turn)
         turn = self._rewrite_wills(behind, turn)
         self._rewrite_sessions(behind, turn)
@@ -567,6 +569,16 @@ class MqttPort:
                     self._save_group(live_group)
                 else:
                     self._write("$share/%s/%s" % saved_group.key, encode_group(saved_group))
+                turn = share_loop(turn)
+        return turn
+
+    def _rewrite_share_histories(self, behind, turn):
+        """The groups' assignment histories written before ``behind`` written again (the positions they hold are
+        the messages', not their own: a history means the same wherever its record is)."""
+        table = self.table
+        for h in list(table.shares.values()):
+            if h.position < behind and table.shares.get(h.key) is h:
+                self._write("$share/%s/%s" % h.key, encode_share_history(h.key, h.changes))
                 turn = share_loop(turn)
         return turn
 
@@ -845,8 +857,8 @@ class MqttPort:
     def group_takes(self, group, topic, partition, rec, m):
         """True when ``group``'s member here takes record ``rec`` (message ``m``) of ``topic``-``partition``: its
         name matches the group's filter and, in a cluster, the group takes it here: a record of this broker when
-        the cluster assigns that partition here (``Shares.takes``, by the record's store time), a copy in the inbox
-        when the peer assigned it to this group (``inbox.groups_of``)."""
+        the cluster assigns that partition here (``Shares.takes``, by the record's place in the log), a copy in the
+        inbox when the peer assigned it to this group (``inbox.groups_of``)."""
         if not matches(group.topic_filter, m.topic):
             return False
         if self.cluster is None:
@@ -854,7 +866,18 @@ class MqttPort:
         key = (group.name, group.topic_filter)
         if topic in self.cluster_topics:
             return key in self.cluster.copy_groups(rec.flag, rec.data)
-        return self.cluster.shares.takes(key, topic, partition, rec.store_ts_ms)
+        return self.cluster.shares.takes(key, topic, partition, rec.position)
+
+    def share_histories(self):
+        """The ``$share`` groups' assignment histories the sessions' log holds ((share name, filter) ->
+        ``ShareHistory``; a slave's: its master's, as copied): what ``metaq.mqttcluster.share.Shares`` assigns by."""
+        return self.table.shares
+
+    def record_share_history(self, key, changes):
+        """Write group ``key``'s assignment history ``changes`` (None: it ends) to the sessions' log, at once (before
+        any message it assigns); True when written (only a master that may write)."""
+        data = encode_share_history_end(key) if changes is None else encode_share_history(key, changes)
+        return self._write("$share/%s/%s" % key, data) is not None
 
     def _save_group(self, group):
         g = SavedGroup(group.name, group.topic_filter, group.topics, group.cursors, now_ms())

@@ -438,12 +438,18 @@ class Publishes:
 
     def release(self, p):
         """The client's PUBREL of a QoS 2 PUBLISH: released (a persistent session saves it before the PUBCOMP: the
-        client may use the id again), then PUBCOMP; an unknown id still gets PUBCOMP: it may be a resend after the
-        PUBCOMP was lost."""
-        session = self.conn.mqtt
+        client may use the id again), then PUBCOMP. An id the broker does not hold (never stored: a PUBLISH refused
+        at its PUBREC; or released already, a resend after the PUBCOMP was lost) still gets PUBCOMP, in MQTT 5 with
+        0x92 Packet Identifier not found (MQTT 5.0 §3.7.2.1), so a client that ignored the PUBREC's reason is told
+        nothing was delivered; MQTT 3.1.1 has no reason code."""
+        conn = self.conn
+        session = conn.mqtt
+        code = wire.SUCCESS
         if session.qos2_released(p.packet_id):
             self.acks.unacked -= 1
             if session.persistent:
                 self.port.save(session)
-        self.acks.queue(wire.PubComp(p.packet_id))
+        elif conn.version == MQTT_5:
+            code = wire.PACKET_IDENTIFIER_NOT_FOUND
+        self.acks.queue(wire.PubComp(p.packet_id, code))
         return True

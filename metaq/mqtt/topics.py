@@ -122,13 +122,14 @@ class OutboundAliases:
     """The Topic Aliases (MQTT 5.0 §3.3.2.3.4) the broker sends one connection, pure: ``most`` of them at most (the
     client's Topic Alias Maximum and ``mqtt.max_outbound_aliases``, the smaller; 0 is never made: no table at all).
 
-    The policy, one decision (``choose``): a topic name is given an alias at its second delivery on the connection
-    (a name delivered once costs nothing more than its name); the PUBLISH that sets it carries the name and the
-    alias, those after it the alias and an empty name. When every alias is taken, the least recently used one goes
-    to the name, its PUBLISH carrying the name again, only if that alias was not used since the name's previous
-    delivery: a name busier than the least busy alias takes it, while names delivered in turn, more of them than
-    aliases, leave the aliases where they are (instead of moving each one on before it is used). Names delivered
-    without an alias are remembered, ``remember`` at most (the one seen longest ago forgotten first: the broker's
+    The policy, one decision (``choose``): while an alias is free, a topic name is given one at its first delivery on
+    the connection (a free alias costs nothing; clients and Paho's interoperability suite expect it); the PUBLISH
+    that sets it carries the name and the alias, those after it the alias and an empty name. When every alias is
+    taken, a name gets one at its second delivery at the soonest: the least recently used alias goes to the name,
+    its PUBLISH carrying the name again, only if that alias was not used since the name's previous delivery: a name
+    busier than the least busy alias takes it, while names delivered in turn, more of them than aliases, leave the
+    aliases where they are (instead of moving each one on before it is used). Names delivered without an alias are
+    remembered, ``remember`` at most (the one seen longest ago forgotten first: the broker's
     ``mqtt.max_outbound_aliases``, so that a client allowing few aliases still has its busiest names found among
     many), so what one connection remembers is bounded, whatever it is sent.
 
@@ -169,17 +170,18 @@ class OutboundAliases:
         seen = self._seen
         before = seen.pop(name, None)
         old = None
-        if before is not None and len(names) >= self.most:
-            old = next(iter(names))
-            if names[old][1] > before:
-                before = None  # the least recently used alias was used since: it stays
-        if before is None:
-            seen[name] = now
-            if len(seen) > self.remember:
-                del seen[next(iter(seen))]
-            return None
+        if len(names) >= self.most:
+            if before is not None:
+                old = next(iter(names))
+                if names[old][1] > before:
+                    before = None  # the least recently used alias was used since: it stays
+            if before is None:
+                seen[name] = now
+                if len(seen) > self.remember:
+                    del seen[next(iter(seen))]
+                return None
         if old is None:
-            alias, entry = len(names) + 1, None  # aliases are only ever reassigned: 1..len are taken
+            alias, entry = len(names) + 1, None  # a free one: aliases are only ever reassigned, 1..len are taken
         else:
             entry = names.pop(old)
             alias = entry[0]

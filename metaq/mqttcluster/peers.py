@@ -44,6 +44,7 @@ from metaq.mqttcluster.routes import aggregate
 from metaq.mqttcluster.share import Shares
 from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RESUMED, RETAINED, SHARED, record_check, split_shared
 from metaq.server.clock import now_ms
+from metaq.server.connections import share_loop
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,9 @@ class MqttCluster:
         self.secret = secret
         self.tls = tls
         self.positions = inbox.Positions()
-        self.shares = Shares(self.broker_id, now_ms)  # who takes what of each $share group (peers' ROUTES, ours)
+        #: who takes what of each $share group (peers' ROUTES, ours), by the history the sessions' log holds
+        self.shares = Shares(self.broker_id, lambda: store.written_position, lambda: port.share_histories(),
+                             lambda key, changes: port.record_share_history(key, changes))
         self._groups = ()  # this broker's $share groups with members, as its route carries them
         self.links = {}  # broker id -> PeerLink
         self.retained = {}  # MQTT topic name -> (at ms, broker id, Retained or None)
@@ -202,6 +205,10 @@ class MqttCluster:
         while not self._stopping:
             gevent.sleep(ROUTE_REFRESH_S)
             self.routes_changed()
+            if self.is_master() and self._followed.is_set():  # the view whole: every peer follows (or the hold's bound)
+                turn = time.monotonic()
+                for _group in self.shares.refresh():  # a change its log could not take when it came
+                    turn = share_loop(turn)
 
     # -- membership ----------------------------------------------------------------
 

@@ -282,7 +282,7 @@ class PeerFollow:
         if self.groups:
             shares, here = self.shares, self.shares.broker_id
             owned = [g for g in self.groups if matches(g[1], name)
-                     and shares.owner(g, here, topic, partition, rec.store_ts_ms) == self.broker_id]
+                     and shares.owner(g, here, topic, partition, rec.position) == self.broker_id]
         if owned:
             return Entry(SHARED, topic, partition, rec.queue_offset, rec.flag, rec.store_ts_ms,
                          shared_data(owned, bytes(rec.data)))

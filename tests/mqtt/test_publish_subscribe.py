@@ -143,6 +143,31 @@ def test_qos1_and_qos2_are_acknowledged_and_a_qos2_resend_is_stored_once(broker_
     assert len(bodies) == 3 and all(x.endswith(y) for x, y in zip(bodies, (b"one", b"two", b"three"), strict=True))
 
 
+def test_a_pubrel_of_an_id_not_held_is_answered_packet_identifier_not_found(broker_factory, tmp_path):
+    """A PUBREL for a packet id the broker does not hold (never stored: its PUBLISH refused at the PUBREC; never
+    sent; released already) gets PUBCOMP 0x92 in MQTT 5, so a client that ignores the PUBREC's reason is not told it
+    was delivered; a held one 0x00; MQTT 3.1.1 has no reason code."""
+    b = broker_factory(mqtt_config(tmp_path, max_retained=1))
+    raw = Raw(b)
+    assert raw.connect("releaser").reason_code == 0
+    raw.send(wire.Publish("rel/kept", b"1", 2, retain=True, packet_id=1))
+    assert raw.read() == wire.PubRec(1)
+    raw.send(wire.Publish("rel/past", b"2", 2, retain=True, packet_id=2))  # one past mqtt.max_retained
+    assert raw.read().reason_code == wire.QUOTA_EXCEEDED
+    for pid, code in ((2, 0x92), (9, 0x92), (1, wire.SUCCESS), (1, 0x92)):  # refused, never sent, held, released
+        raw.send(wire.PubRel(pid))
+        assert raw.read() == wire.PubComp(pid, code), pid
+    old = Raw(b, wire.MQTT_311)
+    assert old.connect("releaser-311").reason_code == 0
+    old.send(wire.PubRel(3))
+    assert old.read() == wire.PubComp(3)
+    done = []  # paho-mqtt 2 ignores the PUBREC's reason and tells the application the PUBCOMP's
+    client = Paho(b, "releaser-paho")
+    client.c.on_publish = lambda c, u, mid, reason, props: done.append(reason.value)
+    client.c.publish("rel/also-past", b"3", 2, retain=True).wait_for_publish(10)  # one past: refused at PUBREC
+    assert done == [0x92]
+
+
 def test_paho_v5_subscriber_gets_the_publishers_properties(broker_factory, tmp_path):
     b = broker_factory(mqtt_config(tmp_path))
     sub = Paho(b, "props-sub", version=V5)

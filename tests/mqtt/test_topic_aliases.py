@@ -1,6 +1,7 @@
 """Topic aliases from the broker (MQTT 5.0 §3.3.2.3.4; docs/mqtt.md "Topic aliases"): a client whose CONNECT allows
-them (Topic Alias Maximum > 0) is sent an alias for a topic name at its second delivery, within its maximum and
-``mqtt.max_outbound_aliases``, the least recently used reassigned (its name sent again) when all are taken; a
+them (Topic Alias Maximum > 0) is sent an alias for a topic name at its first delivery while one is free, within its
+maximum and ``mqtt.max_outbound_aliases``, the least recently used reassigned (its name sent again) when all are
+taken, from a name's second delivery; a
 client that allows none never gets one; aliases are per connection. And the broker's keep-alive bound
 (``mqtt.max_keep_alive_s``): MQTT 5 told a Server Keep Alive, MQTT 3.1.1 refused past it."""
 
@@ -75,10 +76,10 @@ def form(p):
 
 
 #: One delivery at a time of these names, and how each must come with two aliases at most: a name's first delivery
-#: has no alias, its second sets one (name and alias), the next use it alone; the third name to get one takes the
-#: least recently used one's, its name sent with it; a name whose alias was taken starts over.
-STEPS = [("al/a", ("al/a", None)), ("al/a", ("al/a", 1)), ("al/a", ("", 1)),
-         ("al/b", ("al/b", None)), ("al/b", ("al/b", 2)), ("al/b", ("", 2)),
+#: sets a free alias (name and alias), the next use it alone; a name past the two gets none at its first delivery,
+#: and at its second the least recently used one's, its name sent with it; a name whose alias was taken starts over.
+STEPS = [("al/a", ("al/a", 1)), ("al/a", ("", 1)), ("al/a", ("", 1)),
+         ("al/b", ("al/b", 2)), ("al/b", ("", 2)),
          ("al/a", ("", 1)),  # al/a used last: al/b is now the least recently used
          ("al/c", ("al/c", None)), ("al/c", ("al/c", 2)),  # one past the maximum: al/b's alias goes to al/c
          ("al/c", ("", 2)), ("al/b", ("al/b", None)), ("al/a", ("", 1)),
@@ -87,7 +88,7 @@ STEPS = [("al/a", ("al/a", None)), ("al/a", ("al/a", 1)), ("al/a", ("", 1)),
 
 
 @pytest.mark.parametrize("client_most, broker_most", [(2, 64), (100, 2)], ids=["client-maximum", "broker-limit"])
-def test_a_name_gets_an_alias_at_its_second_delivery_and_the_least_recently_used_is_reassigned(
+def test_a_name_gets_a_free_alias_at_its_first_delivery_and_the_least_recently_used_is_reassigned(
         broker_factory, tmp_path, client_most, broker_most):
     b = broker_factory(mqtt_config(tmp_path, max_outbound_aliases=broker_most))
     sub = subscriber(b, "aliased", "al/#", most=client_most, qos=1)
@@ -127,7 +128,7 @@ def test_aliases_are_per_connection_and_start_empty_after_a_resume(b):
     pub = subscriber(b, "rs-pub", "nothing/here")
     for i in range(3):
         pub.send(wire.Publish("rs/x", b"%d" % i, 1, packet_id=i + 1))
-        assert form(next_publish(sub)) == [("rs/x", None), ("rs/x", 1), ("", 1)][i]
+        assert form(next_publish(sub)) == [("rs/x", 1), ("", 1), ("", 1)][i]
     sub.send(wire.Disconnect(wire.SUCCESS))
     sub.close()
     again = Raw(b, timeout=30)
@@ -138,10 +139,10 @@ def test_aliases_are_per_connection_and_start_empty_after_a_resume(b):
         pub.send(wire.Publish("rs/x", b"%d" % i, 1, packet_id=i + 1))
         p = next_publish(again)
         assert p.payload == b"%d" % i
-        assert form(p) == [("rs/x", None), ("rs/x", 1), ("", 1)][i - 3]  # the new connection starts empty
+        assert form(p) == [("rs/x", 1), ("", 1), ("", 1)][i - 3]  # the new connection starts empty
     other = subscriber(b, "other", "rs/#", most=4)  # another connection's table is its own
     pub.send(wire.Publish("rs/x", b"6", 1, packet_id=7))
-    assert form(next_publish(other)) == ("rs/x", None)
+    assert form(next_publish(other)) == ("rs/x", 1)
     assert form(next_publish(again)) == ("", 1)
 
 
@@ -243,8 +244,8 @@ def _read_all(stuck, n, resolver):
 def test_stuck_subscribers_with_aliases_catch_up_with_every_topic_right(broker_factory, tmp_path):
     """Their sockets full, the PUBLISHes not written have their alias decisions taken back: once they read again,
     each alias sent alone was set before, by a PUBLISH they got, to the name it stands for. Each name is delivered
-    three times in a row (its name, its alias set, its alias alone: a third of the PUBLISHes set an alias, past the
-    16 the aliases are reassigned), so where a socket fills, decisions are among those not written."""
+    three times in a row (past the 16 free aliases: its name, its alias set, its alias alone, a third of the
+    PUBLISHes reassigning an alias), so where a socket fills, decisions are among those not written."""
     b = broker_factory(mqtt_config(tmp_path))
     stuck = [_stuck(b, "stuck%d" % i, "st/#", 16) for i in range(6)]
     readers = [subscriber(b, "reader%d" % i, "st/#", most=16) for i in range(2)]

@@ -140,12 +140,13 @@ def test_limits_may_be_tightened_by_the_caller():
 
 
 def test_outbound_aliases_policy_bound_and_undo():
-    """The policy of the aliases the broker sends (docs/mqtt.md "Topic aliases"): a name's second delivery sets
-    one, at most ``most``; the least recently used goes to a name delivered again only when unused since that
-    name's previous delivery; at most ``remember`` names delivered once are remembered; a decision undone."""
+    """The policy of the aliases the broker sends (docs/mqtt.md "Topic aliases"): a name's first delivery sets one
+    while one is free, at most ``most``; past them the least recently used goes to a name delivered again only when
+    unused since that name's previous delivery; at most ``remember`` names delivered once are remembered; a decision
+    undone, a free alias's too."""
     t = OutboundAliases(2, 3)
-    assert [t.choose("a"), t.choose("a"), t.choose("a")] == [None, (1, True), (1, False)]
-    assert [t.choose("b"), t.choose("b")] == [None, (2, True)]  # at the maximum
+    assert [t.choose("a"), t.choose("a"), t.choose("a")] == [(1, True), (1, False), (1, False)]
+    assert [t.choose("b"), t.choose("b")] == [(2, True), (2, False)]  # at the maximum
     assert [t.choose("c"), t.choose("a"), t.choose("c")] == [None, (1, False), (2, True)]  # b unused since: c's
     assert t.choose("b") is None and len(t) == 2  # one past the maximum: b starts over
     for _ in range(2):  # names in turn, more of them than aliases: a and c keep theirs
@@ -160,6 +161,13 @@ def test_outbound_aliases_policy_bound_and_undo():
     t.undo(mark)  # its PUBLISH was not written
     t.settle()
     assert (t.alias_of("c"), t.alias_of("d"), t.alias_of("b")) == (2, None, 1)
+    free = OutboundAliases(3, 3)
+    assert free.choose("e") == (1, True)
+    mark = free.mark()
+    assert [free.choose("f"), free.choose("g")] == [(2, True), (3, True)]
+    free.undo(mark)  # not written: both free again, the next names take them in order
+    assert (free.alias_of("f"), free.alias_of("g"), free.choose("g"), free.choose("f")) == (None, None, (2, True),
+                                                                                           (3, True))
     with pytest.raises(ValueError):
         OutboundAliases(0, 3)
     with pytest.raises(ValueError):

@@ -5,6 +5,7 @@ import pytest
 
 from metaq import limits
 from metaq.errors import RemoteProtocolError
+from metaq.mqtt.follow import SessionTable, encode_share_history, encode_share_history_end
 from metaq.mqtt.records import record_data
 from metaq.mqttcluster import inbox
 from metaq.mqttcluster.share import Shares, owner_of
@@ -15,12 +16,32 @@ from metaq.protocol.stream import NEED_DATA
 G = ("g", "jobs/#")
 
 
-class Clock:
-    def __init__(self):
-        self.now = 1000
+class Log:
+    """The sessions' log as ``Shares`` sees it: the position its next record gets, the histories its table holds
+    (each record written through the real codec and applied as a slave's table applies it), a write that a slave
+    (``writable`` False) refuses."""
 
-    def __call__(self):
-        return self.now
+    def __init__(self):
+        self.end = 1000
+        self.table = SessionTable()
+        self.writable = True
+
+    def position(self):
+        return self.end
+
+    def histories(self):
+        return self.table.shares
+
+    def record(self, key, changes):
+        if not self.writable:
+            return False
+        self.table.apply(self.end, encode_share_history_end(key) if changes is None
+                         else encode_share_history(key, changes))
+        self.end += 100
+        return True
+
+    def shares(self, **bounds):
+        return Shares(0, self.position, self.histories, self.record, **bounds)
 
 
 def round_trip(event):
@@ -40,39 +61,82 @@ def test_the_origin_assigns_each_partition_to_one_broker_and_spreads_them():
 
 
 def test_a_change_applies_to_what_is_stored_after_it():
-    clock = Clock()
-    shares = Shares(0, clock)
+    log = Log()
+    shares = log.shares()
     shares.set_local([G])
     shares.set_peer(1, "link-1", [G])
     both = {p: shares.owner(G, 0, "jobs", p, 1500) for p in range(32)}
     assert set(both.values()) == {0, 1}
-    clock.now = 2000
+    log.end = 2000  # messages stored meanwhile
     shares.set_peer(1, "link-1", [])
-    assert {p: shares.owner(G, 0, "jobs", p, 1500) for p in range(32)} == both  # stored before: as decided
-    assert {shares.owner(G, 0, "jobs", p, 2001) for p in range(32)} == {0}
+    assert {p: shares.owner(G, 0, "jobs", p, 1999) for p in range(32)} == both  # stored before: as decided
+    assert {shares.owner(G, 0, "jobs", p, 2000) for p in range(32)} == {0}  # the next record on: the new brokers
     assert all(shares.takes(G, "jobs", p, 2001) for p in range(32))
     shares.drop_peer(1, "an older link")  # an ended link that is not the peer's current one changes nothing
     assert shares.brokers(G) == (0,)
-    shares.set_local([])
-    assert len(shares) == 0 and shares.owner(G, 0, "jobs", 0, 3000) is None  # no member anywhere: not tracked
-    assert shares.takes(G, "jobs", 0, 3000)
+    shares.set_local([])  # no member anywhere: each broker's own members take its messages from here on
+    assert shares.owner(G, 0, "jobs", 0, log.end) is None and shares.takes(G, "jobs", 0, log.end)
+    assert {p: shares.owner(G, 0, "jobs", p, 1999) for p in range(32)} == both  # what came before keeps its owner
+
+
+def test_a_promoted_slave_assigns_by_the_history_its_master_wrote():
+    """The history is the log's: a slave's table holds its master's as copied, so a slave promoted (a new view of
+    its own, nothing of the peers yet) assigns what was stored before as its master did, its own changes apply
+    after them; a change the log does not take (a slave) is not made, and ``refresh`` makes it once it may write."""
+    log = Log()
+    master = log.shares()
+    master.set_local([G])
+    master.set_peer(1, "link-1", [G])
+    master.set_peer(2, "link-2", [G])
+    log.end = 5000
+    decided = {p: master.owner(G, 0, "jobs", p, 4999) for p in range(64)}
+    assert set(decided.values()) == {0, 1, 2}
+    log.writable = False
+    promoted = log.shares()  # the slave: nothing of its own written
+    promoted.set_peer(1, "link-1b", [G])
+    assert log.table.shares[G].changes[-1][1] == (0, 1, 2)  # not made
+    log.writable = True  # promoted
+    list(promoted.refresh())
+    assert log.table.shares[G].changes[-1] == (5000, (1,))
+    promoted.set_peer(2, "link-2b", [G])
+    promoted.set_local([G])
+    assert {p: promoted.owner(G, 0, "jobs", p, 4999) for p in range(64)} == decided  # what the master stored
+    assert {promoted.owner(G, 0, "jobs", p, 5000) for p in range(64)} == {1}  # stored when only 1 was known
+    assert {p: promoted.owner(G, 0, "jobs", p, log.end) for p in range(64)} == decided  # the same brokers again
 
 
 def test_the_history_and_the_groups_kept_at_and_past_their_limits():
-    clock = Clock()
-    shares = Shares(0, clock, most=2, history=3)
+    log = Log()
+    shares = log.shares(most=2, history=3)
     for i in range(5):
-        clock.now += 10
         shares.set_peer(1 + i % 2, "l", [G])
         shares.set_peer(2 - i % 2, "l", [])
-    assert len(shares._changes[G]) == 3  # noqa: SLF001 - the bound itself is what is tested
+    assert len(log.table.shares[G].changes) == 3
     shares.set_local([("a", "x"), G])
     assert len(shares) == 2 and shares.refused == 0
     shares.set_local([("a", "x"), ("b", "y"), G])
     assert len(shares) == 2 and shares.refused == 1
-    assert shares.owner(("b", "y"), 0, "y", 0, clock.now + 5) is None  # not shared: its local members take it
-    defaults = Shares(0, clock)
+    list(shares.refresh())
+    assert shares.refused == 1  # looked at again, not counted again
+    assert shares.owner(("b", "y"), 0, "y", 0, log.end) is None  # not shared: its local members take it
+    shares.set_local([G])  # ("a", "x") has no member anywhere: its history stays, and gives way to a new group
+    list(shares.refresh())
+    assert set(log.table.shares) == {("a", "x"), G} and log.table.shares[("a", "x")].changes[-1][1] == ()
+    shares.set_local([("b", "y"), G])
+    assert set(log.table.shares) == {("b", "y"), G} and shares.refused == 1
+    defaults = log.shares()
     assert defaults.most == limits.MQTT_CLUSTER_MAX_GROUPS and defaults.history == limits.MQTT_CLUSTER_SHARE_HISTORY
+
+
+def test_an_assignment_historys_record_round_trips_ends_holds_retention_and_a_bad_one_is_passed_over():
+    table = SessionTable()
+    table.apply(10, encode_share_history(G, [(5, (0, 2)), (9, (2,))]))
+    assert table.shares[G].changes == ((5, (0, 2)), (9, (2,))) and table.floor() == 10
+    table.apply(20, b'{"k":"b","n":"g"}')  # passed over, logged
+    table.apply(21, b'{"k":"b","n":"g","f":"jobs/#","h":[]}')
+    assert table.shares[G].position == 10
+    table.apply(30, encode_share_history_end(G))
+    assert G not in table.shares and table.floor() is None
 
 
 def test_shared_entries_and_route_groups_round_trip_and_are_bounded():
@@ -106,7 +170,9 @@ def test_a_brokers_route_carries_its_groups_with_members_at_most_max_groups(monk
     from metaq.mqttcluster.peers import MqttCluster
     monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_GROUPS", 2)
     config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta"))
-    cluster = MqttCluster(config, None, None, None, None, lambda: True)
+    log = Log()
+    port = SimpleNamespace(share_histories=log.histories, record_share_history=log.record)
+    cluster = MqttCluster(config, SimpleNamespace(written_position=0), None, port, None, lambda: True)
     event = cluster.route_changed
     cluster.groups_changed([G, ("a", "x")])  # at the limit: both
     assert cluster.groups() == (("a", "x"), G) and event.is_set() and cluster.route()[0] == 1

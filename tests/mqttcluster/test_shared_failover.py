@@ -1,0 +1,103 @@
+"""A ``$share`` group across a failover and a kill -9 (docs/mqtt.md "Shared subscriptions", "What survives what"):
+the broker a message is published on assigns it to one broker's members, and that assignment is kept in the
+sessions' log, so the slave promoted in its place, or the broker started again, assigns what it reads again as
+before: a message goes again only to where it was assigned, never to a member of another broker, and nothing
+assigned is lost."""
+
+import socket
+import time
+
+import pytest
+
+from metaq.mqtt import wire
+from metaq.mqtt.records import partition_for
+from metaq.mqttcluster.share import owner_of
+from tests.harness.broker import wait_for
+from tests.harness.mqtt import Paho, Raw
+from tests.harness.mqttcluster import Cluster, FollowedGroup
+from tests.harness.replication import caught_up, stats
+
+pytestmark = [pytest.mark.slow, pytest.mark.fault]
+
+HOUR = {"session_expiry_interval": 3600}
+
+
+def split_group():
+    """A group whose two ``jobs`` partitions (small_config's two) broker 1 assigns one to each broker."""
+    for i in range(64):
+        group = ("g%d" % i, "jobs/#")
+        if {owner_of(group, 1, "jobs", p, (0, 1)) for p in (0, 1)} == {0, 1}:
+            return group
+    raise AssertionError("no group name splits the partitions")
+
+
+def read_acking(raw, quiet_s):
+    """The PUBLISHes ``raw`` gets until none came for ``quiet_s``, each acknowledged: ``[(payload, dup)]``."""
+    raw.sock.settimeout(quiet_s)
+    got = []
+    while True:
+        try:
+            p = raw.read()
+        except (TimeoutError, socket.timeout):
+            return got
+        assert p is not None, "closed"
+        if isinstance(p, wire.Publish):
+            got.append((p.payload, p.dup))
+            raw.send(wire.PubAck(p.packet_id))
+
+
+def assignment_kept(b0, b1, fail):
+    """Broker 1 (``b1``) assigns its partitions of a group's topic one to its own member, one to broker 0's. Its
+    member takes one message and stops acknowledging (its window full), so the rest of its share waits in the log;
+    then ``fail()`` (returning broker 1's master after it). The member resumes there and gets its share, each once
+    but the one in flight (again, as DUP); broker 0's member gets nothing again."""
+    name, topic_filter = split_group()
+    share = "$share/%s/%s" % (name, topic_filter)
+    a = Paho(b0, "member-a")
+    assert a.subscribe(share, 1) == [1]
+    stuck = Raw(b1)
+    ack = stuck.connect("member-b", clean_start=False, properties=dict(HOUR, receive_maximum=1))
+    assert ack.reason_code == 0
+    stuck.send(wire.Subscribe(1, (wire.Subscription(share, 1),)))
+    assert isinstance(stuck.read(), wire.Suback)
+    for b in (b0, b1):
+        wait_for(lambda b=b: stats(b).get("mqtt_cluster_peer_groups") == "1", 20, "the group reached the peers")
+    names = ["jobs/%d" % i for i in range(40)]
+    theirs = {n.encode() for n in names if owner_of((name, topic_filter), 1, "jobs", partition_for(n, 2), (0, 1)) == 1}
+    pub = Paho(b1, "pub")
+    for n in names:
+        pub.publish(n, n.encode(), 1)
+    pub.close()
+    ours = {n.encode() for n in names} - theirs
+    assert {m.payload for m in a.wait_messages(len(ours), 20)} == ours
+    first = stuck.read()
+    assert isinstance(first, wire.Publish) and first.payload in theirs  # then its window is full: no more
+    a.settle()
+    time.sleep(1.5)  # the session (its message in flight) and the group's read positions saved (once a second)
+    master = fail()
+    stuck.close()
+    again = Raw(master, timeout=30)
+    ack = again.connect("member-b", clean_start=False, properties=HOUR)
+    assert ack.reason_code == 0 and ack.session_present
+    got = read_acking(again, 5.0)
+    assert got and got[0] == (first.payload, True)  # in flight: again, as DUP
+    assert sorted(p for p, _dup in got) == sorted(theirs), (len(got), len(theirs))
+    assert len(a.messages) == len(ours), "broker 0's member got messages again"
+
+
+def test_a_promoted_slave_keeps_the_assignment_of_what_its_master_published(broker_factory, tmp_path, zk_connect,
+                                                                               capsys):
+    group = FollowedGroup(broker_factory, tmp_path, zk_connect)
+
+    def fail():
+        caught_up(group.m1, group.s1)
+        group.m1.kill()
+        group.promote_slave(capsys)
+        return group.s1
+
+    assignment_kept(group.b0, group.m1, fail)
+
+
+def test_a_broker_started_again_after_a_kill_keeps_the_assignment(broker_factory, tmp_path, zk_connect):
+    cluster = Cluster(broker_factory, tmp_path, zk_connect, 2).start()
+    assignment_kept(cluster[0], cluster[1], lambda: cluster.restart(1, kill=True))
