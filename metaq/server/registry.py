@@ -389,14 +389,24 @@ class ZkRegistry:
                 pass
         raise IdClaimedElsewhere("could not claim %s" % path)
 
+    def member_url(self):
+        """Our ``meta://`` URL: as registered, or before the text port listens, as the configuration gives it."""
+        return self.url or advertised_url(self.config.broker.host, self.config.broker.port)
+
+    def replication_address(self, port=None):
+        """Where slaves dial us while we serve them on ``port`` (None: the port we serve on now):
+        ``replication.advertised_address``, else the advertised host (as in our url) and the port; None without."""
+        port = self.replication_port() if port is None else port
+        if port is None:
+            return None
+        return self.config.replication.advertised_address or "%s:%d" % (
+            self.member_url()[len("meta://"):].rsplit(":", 1)[0], port)
+
     def _replication_json(self):
-        port, epochs = self.replication_port(), self.store.epochs
-        address = None
-        if port is not None:  # replication.advertised_address, else the advertised host (as in our url) and the port
-            address = self.config.replication.advertised_address or "%s:%d" % (
-                self.url[len("meta://"):].rsplit(":", 1)[0], port)
-        return json.dumps({"address": address, "epoch": epochs.epoch, "epoch_start": epochs.latest[1],
-                           "epoch_origin": epochs.latest[2], "url": self.url}, separators=(",", ":"), sort_keys=True)
+        epochs = self.store.epochs
+        return json.dumps({"address": self.replication_address(), "epoch": epochs.epoch,
+                           "epoch_start": epochs.latest[1], "epoch_origin": epochs.latest[2], "url": self.url},
+                          separators=(",", ":"), sort_keys=True)
 
     def _unregister_nodes(self, node, slave_id, topics, topics_only=False):
         brokers = "%s/brokers" % self.root

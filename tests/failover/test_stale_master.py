@@ -1,0 +1,92 @@
+"""Issue 66 point 8: a member whose log is behind a later epoch never becomes master again. Master killed -9, its
+slave made master (``metaq-admin promote`` with ha: manual, the election with ha: auto), a message acknowledged by
+it, the whole group stopped and started again in either order: the group's master is the member that took the
+acknowledged message, and it serves that message (the epochs outlive the ephemeral nodes: ``ids/<id>/epochs``)."""
+
+import os
+
+import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from metaq.admin import cli as admin
+from metaq.client.local import free_port, small_config
+from tests.harness.broker import wait_for
+from tests.harness.ha import Group, put_until_ok
+from tests.harness.replication import caught_up, master_config, stats
+
+pytestmark = [pytest.mark.fault, pytest.mark.slow]
+
+TOPIC = "t-a"
+IDS = "/meta/brokers/ids/7"
+
+
+def served(broker, offset, body):
+    """Whether ``broker`` answers a get at ``offset`` of partition 0 with ``body`` in it."""
+    with broker.client() as c:
+        r = c.get(TOPIC, 0, offset)
+    return getattr(r, "code", 200) == 200 and body in r.body  # data comes as a Value, a refusal as a Result
+
+
+def zk_master(zk):
+    try:
+        return zk.get(IDS + "/master")[0].decode()
+    except NoNodeError:
+        return None
+
+
+@pytest.mark.parametrize("stale_first", [True, False], ids=["stale-first", "promoted-first"])
+def test_manual_a_stale_master_restarted_follows_the_promoted_one(broker_factory, tmp_path, zk_connect, capsys,
+                                                                  stale_first):
+    rport, srport = free_port(), free_port()
+    zkcfg = {"connect": zk_connect, "session_timeout_ms": 4000}
+    mcfg = dict(master_config(tmp_path / "m", rport), zk=dict(zkcfg))
+    scfg = small_config(os.path.join(str(tmp_path / "s"), "data"), zk=dict(zkcfg))
+    m = broker_factory(mcfg, workdir=tmp_path / "m")
+    s = broker_factory(scfg, workdir=tmp_path / "s", extra_args=[
+        "--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1", "--replication-port", str(srport)])
+    put_until_ok(m, TOPIC, b"before")
+    caught_up(m, s)
+    m.kill()
+    wait_for(lambda: stats(s)["replication_link"] == "down", 10, "the slave sees its master gone")
+    assert admin.main(["promote", "127.0.0.1:%d" % s.port]) == admin.EXIT_OK, capsys.readouterr()
+    _id, _part, offset = put_until_ok(s, TOPIC, b"acknowledged-by-the-promoted")
+    s.stop()
+    for b in (m, s) if stale_first else (s, m):
+        b.start()
+    zk = KazooClient(hosts=zk_connect)
+    zk.start()
+    try:
+        wait_for(lambda: zk_master(zk) == "meta://127.0.0.1:%d" % s.port, 20,
+                 lambda: "the promoted member registered as master (master node: %s)" % zk_master(zk))
+        wait_for(lambda: zk.exists(IDS + "/slave0"), 10, "the old master registered as a slave")
+    finally:
+        zk.stop()
+        zk.close()
+    assert stats(s)["replication_role"] == "master" and stats(m)["replication_role"] == "slave"
+    assert served(s, offset, b"acknowledged-by-the-promoted")
+    caught_up(s, m)  # the old master copies the promoted one's log
+    assert served(m, offset, b"acknowledged-by-the-promoted")
+    with m.client() as c:
+        assert c.put(TOPIC, b"to the old master").code == 503
+
+
+@pytest.mark.parametrize("stale_first", [True, False], ids=["stale-first", "elected-first"])
+def test_auto_a_stale_member_restarted_is_never_elected(broker_factory, tmp_path, zk_connect, stale_first):
+    group = Group(broker_factory, tmp_path, zk_connect, n=2, mode="async")
+    old = group.healthy()
+    new = 1 - old
+    put_until_ok(group.members[old], TOPIC, b"before")
+    caught_up(group.members[old], group.members[new])
+    group.members[old].kill()
+    assert group.master(exclude=(old,)) == new
+    _id, _part, offset = put_until_ok(group.members[new], TOPIC, b"acknowledged-by-the-elected")
+    group.members[new].stop()
+    first, second = (old, new) if stale_first else (new, old)
+    group.members[first].start()
+    if stale_first:  # alone, the stale member would have won its election by now
+        wait_for(lambda: "may not be elected" in group.members[old].log_text(since_start=True)
+                 or stats(group.members[old])["replication_role"] == "master", 20, "the stale member's election")
+    group.members[second].start()
+    assert group.healthy() == new
+    assert served(group.members[new], offset, b"acknowledged-by-the-elected")
