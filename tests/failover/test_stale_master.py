@@ -90,3 +90,34 @@ def test_auto_a_stale_member_restarted_is_never_elected(broker_factory, tmp_path
     group.members[second].start()
     assert group.healthy() == new
     assert served(group.members[new], offset, b"acknowledged-by-the-elected")
+
+
+def test_manual_a_master_holding_the_master_node_yields_to_a_later_recorded_epoch(broker_factory, tmp_path,
+                                                                                  zk_connect, capsys):
+    """A promotion by force while the old master lives: the old master holds ZooKeeper's master node, and the
+    promoted member could register only once it is gone. The old master finds the later epoch recorded, stops
+    acknowledging and follows the promoted member, which then registers."""
+    rport, srport = free_port(), free_port()
+    zkcfg = {"connect": zk_connect, "session_timeout_ms": 4000}
+    m = broker_factory(dict(master_config(tmp_path / "m", rport), zk=dict(zkcfg)), workdir=tmp_path / "m")
+    s = broker_factory(small_config(os.path.join(str(tmp_path / "s"), "data"), zk=dict(zkcfg)), workdir=tmp_path / "s",
+                       extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1", "--replication-port",
+                                   str(srport)])
+    put_until_ok(m, TOPIC, b"before")
+    caught_up(m, s)
+    assert admin.main(["promote", "--force", "127.0.0.1:%d" % s.port]) == admin.EXIT_OK, capsys.readouterr()
+    zk = KazooClient(hosts=zk_connect)
+    zk.start()
+    try:
+        wait_for(lambda: zk_master(zk) == "meta://127.0.0.1:%d" % s.port, 20,
+                 lambda: "the promoted member registered as master (master node: %s)" % zk_master(zk))
+    finally:
+        zk.stop()
+        zk.close()
+    assert "this broker is behind it and follows it as slave" in m.log_text()
+    wait_for(lambda: stats(m).get("replication_link") == "connected", 10, "the old master follows")
+    with m.client() as c:
+        assert c.put(TOPIC, b"to the old master").code == 503
+    _id, _part, offset = put_until_ok(s, TOPIC, b"after")
+    caught_up(s, m)
+    assert served(m, offset, b"after")
