@@ -45,7 +45,7 @@ import socket
 import gevent
 from gevent.event import Event
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, NotEmptyError
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError, NotEmptyError
 from kazoo.handlers.gevent import SequentialGeventHandler
 
 from metaq.errors import MetaqError
@@ -422,6 +422,31 @@ class ZkRegistry:
             return
         for name in ("replication", "master_config_checksum", "master"):
             self._delete_ours(self.ids_path + "/" + name)
+        self._delete_previous_master()
+
+    def _delete_previous_master(self):
+        """We are master no more: a ``master`` node naming our url in another session (our previous incarnation,
+        killed before its session expired) goes too, with that session's ``replication`` and checksum nodes, so that
+        the member that is master now registers at once instead of waiting out that session."""
+        path = self.ids_path + "/master"
+        try:
+            data, stat = self.zk.get(path)
+        except NoNodeError:
+            return
+        if data.decode("utf-8", "replace") != self.member_url() or stat.ephemeralOwner == self.zk.client_id[0]:
+            return
+        for name in ("replication", "master_config_checksum"):  # the replication node first: members.py
+            try:
+                _data, other = self.zk.get(self.ids_path + "/" + name)
+                if other.ephemeralOwner == stat.ephemeralOwner:
+                    self.zk.delete(self.ids_path + "/" + name, version=other.version)
+            except (NoNodeError, BadVersionError):
+                pass
+        try:
+            self.zk.delete(path, version=stat.version)
+            log.info("removed the master node our previous incarnation left in ZooKeeper (we are no longer master)")
+        except (NoNodeError, BadVersionError):
+            pass
 
     def _unregister(self):
         zk = self.zk

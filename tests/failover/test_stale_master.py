@@ -3,15 +3,20 @@ slave made master (``metaq-admin promote`` with ha: manual, the election with ha
 it, the whole group stopped and started again in either order: the group's master is the member that took the
 acknowledged message, and it serves that message (the epochs outlive the ephemeral nodes: ``ids/<id>/epochs``)."""
 
+import json
 import os
+import signal
 
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from metaq.admin import cli as admin
+from metaq.client import devcluster
+from metaq.client.raw import TextClient
 from metaq.client.local import free_port, small_config
 from tests.harness.broker import wait_for
+from tests.harness.devcluster import free_base
 from tests.harness.ha import Group, put_until_ok
 from tests.harness.replication import caught_up, master_config, stats
 
@@ -19,6 +24,16 @@ pytestmark = [pytest.mark.fault, pytest.mark.slow]
 
 TOPIC = "t-a"
 IDS = "/meta/brokers/ids/7"
+
+
+class At:
+    """A broker known by its text port (a ``metaq-cluster`` member): what ``put_until_ok`` and ``served`` use."""
+
+    def __init__(self, port):
+        self.port = port
+
+    def client(self):
+        return TextClient("127.0.0.1", self.port)
 
 
 def served(broker, offset, body):
@@ -121,3 +136,30 @@ def test_manual_a_master_holding_the_master_node_yields_to_a_later_recorded_epoc
     _id, _part, offset = put_until_ok(s, TOPIC, b"after")
     caught_up(s, m)
     assert served(m, offset, b"after")
+
+
+def test_make_cluster_after_a_promotion_and_a_restart_serves_the_acknowledged_message(tmp_path, zk_connect, capsys):
+    """As a new user tries it: ``metaq-cluster start -n 1 --slaves 1``, kill -9 of broker 0's master, ``metaq-admin
+    promote`` of its slave, a put to it acknowledged, the cluster stopped and started again (masters first)."""
+    root, base = str(tmp_path / "cluster"), free_base(2)
+    state = devcluster.start(root, 1, 1, base, zk_connect=zk_connect, say=lambda text: None)
+    old, promoted = [b for b in state["brokers"] if b["broker_id"] == 0]
+    member = At(promoted["ports"]["text"])
+    try:
+        os.kill(old["pid"], signal.SIGKILL)
+        wait_for(lambda: admin.main(["promote", "127.0.0.1:%d" % member.port]) == admin.EXIT_OK, 20,
+                 "the slave promoted once it sees its master gone")
+        _id, _part, offset = put_until_ok(member, TOPIC, b"acknowledged-by-the-promoted")
+        devcluster.stop(root, say=lambda text: None)
+        devcluster.start(root, 1, 1, base, zk_connect=zk_connect, say=lambda text: None)
+
+        def masters():
+            capsys.readouterr()
+            assert admin.main(["--zk", zk_connect, "--json", "cluster"]) == admin.EXIT_OK
+            rows = json.loads(capsys.readouterr().out)
+            return [r["url"] for r in rows if r["member"] == "master" and r["role"] == "master"]
+        wait_for(lambda: masters() == ["meta://127.0.0.1:%d" % member.port], 40,
+                 lambda: "the promoted member is broker 0's master after the restart: %s" % masters())
+        assert served(member, offset, b"acknowledged-by-the-promoted")
+    finally:
+        devcluster.stop(root, say=lambda text: None)
