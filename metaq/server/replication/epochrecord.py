@@ -41,7 +41,7 @@ def key(entry):
     return None if entry is None else (entry["epoch"], entry["start"], entry["origin"])
 
 
-def _int(value):
+def _json_integer(value):
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
@@ -58,8 +58,8 @@ def parse(data):
         raise ValueError("no list of epochs")
     out = []
     for item in items[-limits.MAX_RECORDED_EPOCHS:]:
-        if not isinstance(item, dict) or None in (_int(item.get("epoch")), _int(item.get("start")),
-                                                  _int(item.get("origin"))):
+        if not isinstance(item, dict) or None in (_json_integer(item.get("epoch")), _json_integer(item.get("start")),
+                                                  _json_integer(item.get("origin"))):
             raise ValueError("an entry is not {epoch, start, origin, ...}: %r" % (item,))
         replication = item.get("replication")
         member = item.get("member")
