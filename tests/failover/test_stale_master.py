@@ -163,3 +163,31 @@ def test_make_cluster_after_a_promotion_and_a_restart_serves_the_acknowledged_me
         assert served(member, offset, b"acknowledged-by-the-promoted")
     finally:
         devcluster.stop(root, say=lambda text: None)
+
+
+def test_manual_a_master_whose_data_dir_lost_its_recorded_epoch_takes_no_writes_until_told(broker_factory, tmp_path,
+                                                                                           zk_connect):
+    """Its disk emptied, a master whose epoch ZooKeeper recorded is behind that epoch: it says so, names the node
+    that lets it start afresh, and takes no writes; with the node deleted it is master again."""
+    import shutil
+
+    cfg = dict(master_config(tmp_path / "m", free_port()), zk={"connect": zk_connect, "session_timeout_ms": 4000})
+    m = broker_factory(cfg, workdir=tmp_path / "m")
+    put_until_ok(m, TOPIC, b"before")
+    m.stop()
+    shutil.rmtree(m.data_dir)
+    m.start()
+    with m.client() as c:
+        r = c.put(TOPIC, b"on an empty disk")
+    assert r.code == 503 and b"its data dir no longer holds it" in r.body and IDS.encode() + b"/epochs" in r.body, r
+    m.stop()
+    zk = KazooClient(hosts=zk_connect)
+    zk.start()
+    try:
+        zk.delete(IDS + "/epochs")
+    finally:
+        zk.stop()
+        zk.close()
+    m.start()
+    put_until_ok(m, TOPIC, b"afresh")
+    assert stats(m)["replication_role"] == "master"

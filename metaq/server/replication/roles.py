@@ -417,9 +417,16 @@ class Roles:
         text = ("broker %d's latest epoch is %d, begun by %s from log position %d (ZooKeeper's epoch record), "
                 "after this broker's epoch %d" % (self.config.broker.id, latest["epoch"], latest.get("member"),
                                                   latest["start"], store.epochs.epoch))
-        if address is None or address == own:
+        self.behind = None
+        if latest.get("member") == self.registry.member_url() or (address is not None and address == own):
+            self.behind = ("%s: this broker began that epoch, but its data dir no longer holds it (emptied or "
+                           "replaced), so it takes no writes: a slave of it may hold what it lost (promote that "
+                           "one), or, to start this broker afresh as master, delete the ZooKeeper node %s"
+                           % (text, self.record.path))
+        elif address is None:
             self.behind = ("%s; it has no replication address to follow: this broker takes no writes. Start that "
                            "member (or promote a slave of it)" % text)
+        if self.behind is not None:
             self._follow_id = slave_id
             log.warning("%s", self.behind)
             self.set_role("slave", None)
