@@ -4,11 +4,15 @@
 except that a data dir holding a ``promoted`` marker (written by a promotion)
 starts as master whatever the configuration says (logged as a warning; delete
 the file while the broker is stopped to make it follow its configuration
-again). With ZooKeeper, a broker about to start as master first looks at
-``ids/<id>/master``: when another live broker holds it and publishes, in
-``ids/<id>/replication``, an epoch higher than ours, we were superseded (a
-slave was promoted while we were down): we start as that master's slave
-instead (``Roles.rejoin_if_superseded``). A master then begins a new epoch at its log
+again). With ZooKeeper, a broker about to start as master first reads the group's
+epoch record (``epochrecord.py``): when its latest epoch is another member's, we
+were superseded (a slave was promoted while we were down) and start as that
+member's slave (``Roles.follow_record``); while it is master, the ``Keeper``
+records its epoch and yields the same way to a later one (``Roles.yield_to``).
+A group without a record falls back on ``ids/<id>/master``: when another live
+broker holds it and publishes, in ``ids/<id>/replication``, an epoch higher than
+ours, we start as that master's slave (``Roles.rejoin_if_superseded``). A master
+begins a new epoch, numbered above the record's latest, at its log
 end (``Roles.begin_master_epoch``; on the first start of a fresh data dir,
 epoch 1 from position 0), with a fresh random origin (``metaq.store.epochs``).
 
