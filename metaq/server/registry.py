@@ -390,8 +390,11 @@ class ZkRegistry:
         raise IdClaimedElsewhere("could not claim %s" % path)
 
     def member_url(self):
-        """Our ``meta://`` URL: as registered, or before the text port listens, as the configuration gives it."""
-        return self.url or advertised_url(self.config.broker.host, self.config.broker.port)
+        """Our ``meta://`` URL: as registered, or before the text port listens, as the configuration gives it (None
+        when that is port 0: the port is known once it listens)."""
+        if self.url or not self.config.broker.port:
+            return self.url
+        return advertised_url(self.config.broker.host, self.config.broker.port)
 
     def replication_address(self, port=None):
         """Where slaves dial us while we serve them on ``port`` (None: the port we serve on now):
@@ -399,8 +402,8 @@ class ZkRegistry:
         port = self.replication_port() if port is None else port
         if port is None:
             return None
-        return self.config.replication.advertised_address or "%s:%d" % (
-            self.member_url()[len("meta://"):].rsplit(":", 1)[0], port)
+        url = self.member_url() or advertised_url(self.config.broker.host, 0)
+        return self.config.replication.advertised_address or "%s:%d" % (url[len("meta://"):].rsplit(":", 1)[0], port)
 
     def _replication_json(self):
         epochs = self.store.epochs

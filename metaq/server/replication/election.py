@@ -54,7 +54,7 @@ from kazoo.protocol.states import KazooState
 
 from metaq import limits
 from metaq.server.replication import leadership
-from metaq.server.replication.epochrecord import EpochRecord, key as record_key
+from metaq.server.replication.epochrecord import EpochRecord, key as record_key, who
 from metaq.server.replication.leadership import TICK_S, Lease, Term, dump as _dump
 from metaq.store.epochs import took_part
 
@@ -252,7 +252,7 @@ class Election:
             self._once("behind", "election: member %d of broker %d may not be elected: the group's latest epoch %d "
                        "(from log position %d, begun by %s) is one it did not take part in (its own latest: %d); "
                        "waiting for a member that did, to follow it", self.member, self.broker_id, latest["epoch"],
-                       latest["start"], latest.get("member"), epochs.epoch)
+                       latest["start"], who(latest), epochs.epoch)
             return
         self._post()
         deadline = time.monotonic() + self.settle_s

@@ -41,6 +41,13 @@ def key(entry):
     return None if entry is None else (entry["epoch"], entry["start"], entry["origin"])
 
 
+def who(entry):
+    """How messages name the member that began a recorded epoch: its URL, else its replication address."""
+    if entry.get("member"):
+        return entry["member"]
+    return "the member at %s" % entry["replication"] if entry.get("replication") else "a member of unknown address"
+
+
 def _json_integer(value):
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 

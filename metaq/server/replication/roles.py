@@ -45,7 +45,7 @@ from kazoo.exceptions import KazooException
 from metaq import errors
 from metaq.server.clock import now_ms
 from metaq.server.replication import isolation
-from metaq.server.replication.epochrecord import EpochRecord, Keeper, entry as record_entry, key as record_key
+from metaq.server.replication.epochrecord import EpochRecord, Keeper, entry as record_entry, key as record_key, who
 from metaq.server.replication.link import CAUGHT_UP_SILENCE_S
 from metaq.server.replication.master import ReplicationServer
 from metaq.server.replication.slave import SlaveLink
@@ -419,10 +419,10 @@ class Roles:
             store.dirs.remove(store.dirs.promoted)
         address, own = latest.get("replication"), self._recorded_entry(master=False)["replication"]
         text = ("broker %d's latest epoch is %d, begun by %s from log position %d (ZooKeeper's epoch record), "
-                "after this broker's epoch %d" % (self.config.broker.id, latest["epoch"], latest.get("member"),
+                "after this broker's epoch %d" % (self.config.broker.id, latest["epoch"], who(latest),
                                                   latest["start"], store.epochs.epoch))
         self.behind = None
-        if latest.get("member") == self.registry.member_url() or (address is not None and address == own):
+        if address is not None and address == own:
             self.behind = ("%s: this broker began that epoch, but its data dir no longer holds it (emptied or "
                            "replaced), so it takes no writes: a slave of it may hold what it lost (promote that "
                            "one), or, to start this broker afresh as master, delete the ZooKeeper node %s"
