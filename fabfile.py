@@ -38,7 +38,7 @@ from metaq.deploy import hostops  # noqa: E402
 from metaq.deploy.bundle import BundleError, build_bundle  # noqa: E402
 from metaq.deploy.groups import start_waves, stop_waves  # noqa: E402
 from metaq.deploy.hostops import HostFailure  # noqa: E402
-from metaq.deploy.inventory import InventoryError, load_inventory  # noqa: E402
+from metaq.deploy.inventory import InventoryError, load_inventory, mqtt_cluster_notes  # noqa: E402
 from metaq.deploy.layout import Layout  # noqa: E402
 from metaq.deploy import rolling  # noqa: E402
 
@@ -177,7 +177,7 @@ def check(c, inventory=None, only=None, show_config=False):
              b.broker_id, b.listen, b.port, b.replication_port or "-", b.install_dir, b.data_dir, b.zk_connect or "-")
             for b in brokers]
     _say(hostops.table(rows, header))
-    for note in cluster.notes + tuple(_group_notes(cluster, brokers)):
+    for note in cluster.notes + tuple(_group_notes(cluster, brokers)) + tuple(mqtt_cluster_notes(brokers)):
         _say("note: %s" % note)
     if show_config:
         for b in brokers:

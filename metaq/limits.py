@@ -505,6 +505,11 @@ MAX_INSYNC_SAMPLES = 600
 MAX_ELECTION_NODE_BYTES = 4096
 #: Members of one broker id's group an insync node may list.
 MAX_GROUP_MEMBERS = 64
+#: Epochs a group's persistent epoch record (``ids/<id>/epochs``) keeps, the latest last: older ones are dropped
+#: as new ones are added (only the latest decides who may be master).
+MAX_RECORDED_EPOCHS = 64
+#: Bytes of the epoch record node read or written: a larger one is refused (read: treated as unreadable).
+MAX_EPOCH_RECORD_BYTES = 32768
 
 #: Longest RocketMQ client id (``ip@instance``) a heartbeat may carry (UTF-8 bytes); the registry keeps it, and a
 #: longer one is refused with the heartbeat (its group names: ``MAX_NAME_BYTES``).

@@ -344,8 +344,9 @@ def cmd_cluster(view, args):
     with the role it plays now and whether it may acknowledge writes (its stats: ``replication_writable``, ``yes``
     or ``no (why)``), the topics it holds (``stats topics``, internal ones left out), its MQTT
     connections and sessions (online and offline), and its routes: what it follows of the other brokers for MQTT,
-    its ``mqtt_cluster_*`` stats keys as ``key=value`` (``-`` for a broker that reports none). A member that does
-    not answer keeps its row from ZooKeeper, ``-`` elsewhere, and is named on stderr."""
+    its ``mqtt_cluster_*`` stats keys as ``key=value`` (``-`` for a broker that reports none), after whether it is in
+    the MQTT cluster at all (``mqtt_cluster``: ``on``, or why not, e.g. ``off (no replication port)``). A member
+    that does not answer keeps its row from ZooKeeper, ``-`` elsewhere, and is named on stderr."""
     if view.cluster is None:
         raise SystemExit("metaq-admin: the cluster command needs --zk (its members are read from ZooKeeper)")
     return cluster_rows(view, cmd_brokers(view, args)[0])
@@ -369,9 +370,10 @@ def cluster_rows(view, members):
                      "mqtt_connections": _int_or_none(s.get("mqtt_connections")),
                      "mqtt_sessions": _int_or_none(s.get("mqtt_sessions")),
                      "mqtt_offline": _int_or_none(s.get("mqtt_sessions_offline")),
+                     "mqtt_cluster": s.get("mqtt_cluster"),
                      "routes": routes or None})
     return rows, ["broker", "member", "role", "writable", "url", "mqtt", "remoting", "grpc", "http", "topics",
-                  "mqtt_connections", "mqtt_sessions", "mqtt_offline", "routes"]
+                  "mqtt_connections", "mqtt_sessions", "mqtt_offline", "mqtt_cluster", "routes"]
 
 
 def _int_or_none(value):

@@ -47,6 +47,7 @@ from metaq import limits
 from metaq.deploy.groups import replication_settings, resolve_groups
 from metaq.deploy.placement import SERVER_PORTS
 from metaq.errors import ConfigError
+from metaq.protocol.registration import mqtt_membership
 
 __all__ = ["Broker", "Cluster", "InventoryError", "load_inventory", "parse_inventory"]
 
@@ -494,6 +495,20 @@ def _listeners(broker):
         if isinstance(values, dict) and isinstance(values.get("port"), int) and values["port"]:
             out.append(("server.%s.port" % section, values["port"]))
     return out
+
+
+def mqtt_cluster_notes(brokers):
+    """What ``fab check`` says of each master that serves MQTT under ZooKeeper but cannot be in the MQTT cluster
+    (``protocol.registration.mqtt_membership``: no replication port)."""
+    notes = []
+    for b in brokers:
+        mqtt = b.server.get("mqtt")
+        state = mqtt_membership(mqtt.get("port") if isinstance(mqtt, dict) else None, b.zk_connect, b.replication_port)
+        if b.role == "master" and state not in (None, "on"):
+            notes.append("%s: mqtt cluster: %s: the other masters cannot follow it, so what its MQTT clients publish "
+                         "reaches only its own subscribers; give every master a replication_port to make them one "
+                         "MQTT service" % (b.name, state))
+    return notes
 
 
 def _inside(path, directory):

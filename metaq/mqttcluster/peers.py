@@ -42,6 +42,7 @@ from metaq.mqttcluster import inbox
 from metaq.mqttcluster.link import PeerLink
 from metaq.mqttcluster.routes import aggregate
 from metaq.mqttcluster.share import Shares
+from metaq.protocol.registration import mqtt_membership
 from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RESUMED, RETAINED, SHARED, record_check, split_shared
 from metaq.server.clock import now_ms
 from metaq.server.connections import share_loop
@@ -100,10 +101,17 @@ class MqttCluster:
         self.copied = 0
         self.recovered = 0
         self.peers_refused = 0
+        #: ``"on"``, or why the other masters cannot follow this one (``members.membership``)
+        self.membership = mqtt_membership(config.mqtt.port, config.zk.connect, config.replication.port)
 
     # -- lifecycle -----------------------------------------------------------------
 
     def start(self):
+        if self.membership != "on":
+            log.warning("mqtt cluster: %s: the other masters under this ZooKeeper root cannot follow this broker, so "
+                        "what its MQTT clients publish reaches only its own subscribers (and, as a master, it is an "
+                        "MQTT island). Set replication.port on every master to make them one MQTT service "
+                        "(docs/mqtt.md, \"A cluster\")", self.membership)
         self._recover()
         if self.is_master():
             self.hold()
@@ -266,7 +274,7 @@ class MqttCluster:
         """This master begins keeping sessions (its start, a promotion, the end of a fencing: ``MqttPort``): MQTT
         traffic waits (``wait_followed``) until each peer follows it, at most ``hold_s`` from now (0: no hold). A hold
         already running goes on."""
-        if self.hold_s <= 0:
+        if self.hold_s <= 0 or self.membership != "on":  # no peer can follow this broker: nothing to wait for
             self._followed.set()
             return
         if self._holding is not None and not self._holding.dead:
@@ -298,7 +306,12 @@ class MqttCluster:
                 break
             self._hold_wake.wait(left)
         if missing == []:
-            log.info("mqtt cluster: every peer follows this broker: MQTT traffic goes on")
+            peers = sorted(self.peers_of(self.members.current) or ())
+            if peers:
+                log.info("mqtt cluster: every peer (brokers %s) follows this broker: MQTT traffic goes on", peers)
+            else:
+                log.info("mqtt cluster: no other master with a replication port under this ZooKeeper root: nothing "
+                         "to wait for, MQTT traffic goes on")
         elif not self._stopping:
             log.warning("mqtt cluster: %s %.1f s after this broker began keeping sessions "
                         "(mqtt.cluster_start_hold_s): MQTT traffic goes on; what is published here on a topic new "
@@ -423,7 +436,8 @@ class MqttCluster:
 
     def summary_values(self):
         links = sorted(self.links.items())
-        values = [("mqtt_cluster_peers", len(links)),
+        values = [("mqtt_cluster", self.membership),
+                  ("mqtt_cluster_peers", len(links)),
                   ("mqtt_cluster_peers_up", sum(1 for _b, link in links if link.connected)),
                   ("mqtt_cluster_filters", len(self._route[1])),
                   ("mqtt_cluster_copied", self.copied),

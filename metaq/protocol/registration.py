@@ -21,6 +21,19 @@ KINDS = (ROCKETMQ, MQTT, HTTP)
 #: The kinds whose node is ``listener_data``: one port, its address and TLS mode.
 LISTENERS = (MQTT, HTTP)
 TLS_MODES = ("off", "on", "permissive")
+#: Why a master with an MQTT port and ZooKeeper is no member of the MQTT cluster (``mqtt_membership``).
+NO_REPLICATION_PORT = "off (no replication port)"
+
+
+def mqtt_membership(mqtt_port, zk_connect, replication_port):
+    """Whether a master with these settings is a member of the MQTT cluster: ``"on"`` (its ``replication`` node names
+    its replication port, where the other masters follow it, ``mqttcluster/members.py``), or why not:
+    ``NO_REPLICATION_PORT`` (no master can follow it: what its MQTT clients publish reaches only its own
+    subscribers); None without an MQTT port or ZooKeeper (no cluster to speak of). What ``stats`` (``mqtt_cluster``),
+    ``metaq-admin cluster``, the broker's start warning and ``fab check`` say."""
+    if not mqtt_port or not zk_connect:
+        return None
+    return "on" if replication_port else NO_REPLICATION_PORT
 
 
 def member_node(kind, slave_id):

@@ -45,7 +45,7 @@ import socket
 import gevent
 from gevent.event import Event
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, NotEmptyError
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError, NotEmptyError
 from kazoo.handlers.gevent import SequentialGeventHandler
 
 from metaq.errors import MetaqError
@@ -389,14 +389,27 @@ class ZkRegistry:
                 pass
         raise IdClaimedElsewhere("could not claim %s" % path)
 
+    def member_url(self):
+        """Our ``meta://`` URL: as registered, or before the text port listens, as the configuration gives it (None
+        when that is port 0: the port is known once it listens)."""
+        if self.url or not self.config.broker.port:
+            return self.url
+        return advertised_url(self.config.broker.host, self.config.broker.port)
+
+    def replication_address(self, port=None):
+        """Where slaves dial us while we serve them on ``port`` (None: the port we serve on now):
+        ``replication.advertised_address``, else the advertised host (as in our url) and the port; None without."""
+        port = self.replication_port() if port is None else port
+        if port is None:
+            return None
+        url = self.member_url() or advertised_url(self.config.broker.host, 0)
+        return self.config.replication.advertised_address or "%s:%d" % (url[len("meta://"):].rsplit(":", 1)[0], port)
+
     def _replication_json(self):
-        port, epochs = self.replication_port(), self.store.epochs
-        address = None
-        if port is not None:  # replication.advertised_address, else the advertised host (as in our url) and the port
-            address = self.config.replication.advertised_address or "%s:%d" % (
-                self.url[len("meta://"):].rsplit(":", 1)[0], port)
-        return json.dumps({"address": address, "epoch": epochs.epoch, "epoch_start": epochs.latest[1],
-                           "epoch_origin": epochs.latest[2], "url": self.url}, separators=(",", ":"), sort_keys=True)
+        epochs = self.store.epochs
+        return json.dumps({"address": self.replication_address(), "epoch": epochs.epoch,
+                           "epoch_start": epochs.latest[1], "epoch_origin": epochs.latest[2], "url": self.url},
+                          separators=(",", ":"), sort_keys=True)
 
     def _unregister_nodes(self, node, slave_id, topics, topics_only=False):
         brokers = "%s/brokers" % self.root
@@ -412,6 +425,31 @@ class ZkRegistry:
             return
         for name in ("replication", "master_config_checksum", "master"):
             self._delete_ours(self.ids_path + "/" + name)
+        self._delete_previous_master()
+
+    def _delete_previous_master(self):
+        """We are master no more: a ``master`` node naming our url in another session (our previous incarnation,
+        killed before its session expired) goes too, with that session's ``replication`` and checksum nodes, so that
+        the member that is master now registers at once instead of waiting out that session."""
+        path = self.ids_path + "/master"
+        try:
+            data, stat = self.zk.get(path)
+        except NoNodeError:
+            return
+        if data.decode("utf-8", "replace") != self.member_url() or stat.ephemeralOwner == self.zk.client_id[0]:
+            return
+        for name in ("replication", "master_config_checksum"):  # the replication node first: members.py
+            try:
+                _data, other = self.zk.get(self.ids_path + "/" + name)
+                if other.ephemeralOwner == stat.ephemeralOwner:
+                    self.zk.delete(self.ids_path + "/" + name, version=other.version)
+            except (NoNodeError, BadVersionError):
+                pass
+        try:
+            self.zk.delete(path, version=stat.version)
+            log.info("removed the master node our previous incarnation left in ZooKeeper (we are no longer master)")
+        except (NoNodeError, BadVersionError):
+            pass
 
     def _unregister(self):
         zk = self.zk

@@ -77,6 +77,28 @@ def _entry(item):
     return int(epoch), int(start), int(origin)
 
 
+def took_part(entries, led, recorded):
+    """Whether a history (``entries``, ``led``) took part in ``recorded``, the group's latest recorded epoch
+    ``(epoch, start, origin)`` (None: no record): it holds that entry (it led it, or its copy reached its
+    start), or it began a later epoch itself (one not recorded yet: its record write failed). A member that did
+    not is behind a later master: it may neither be elected nor start as master (docs/replication.md, "Epochs
+    outlive the brokers")."""
+    if recorded is None:
+        return True
+    if tuple(recorded[:3]) in {tuple(e) for e in entries}:
+        return True
+    return led and entries[-1][0] > recorded[0]
+
+
+def leads_record(entries, led, recorded):
+    """Whether ``recorded`` (the group's latest recorded epoch, None: no record) is this history's own: the latest
+    entry here, begun here (``led``), or an unrecorded later one begun here. With ``ha: manual`` only that member
+    starts as master; every other follows the recorded master."""
+    if recorded is None:
+        return True
+    return led and (tuple(entries[-1]) == tuple(recorded[:3]) or entries[-1][0] > recorded[0])
+
+
 def epoch_end(entries, i, log_end):
     """Where entry ``i``'s stretch ends: the next entry's start, or ``log_end`` for the latest."""
     return entries[i + 1][1] if i + 1 < len(entries) else log_end

@@ -153,3 +153,30 @@ def test_a_key_written_twice_is_refused_with_its_line():
         cluster: payments
     """)
     assert "line 5" in message and "'cluster'" in message and "first at line 2" in message
+
+
+MQTT_ISLANDS = """
+cluster: devices
+defaults:
+  zk_connect: zk1:2181/metaq
+  server:
+    mqtt: {port: 1883}
+    security: {acl_file: /etc/metaq/acl.yaml, insecure: true}
+brokers:
+  - {name: b0, host: 10.0.0.11, broker_id: 0}
+  - {name: b1, host: 10.0.0.12, broker_id: 1, replication_port: 8124}
+"""
+
+
+def test_fab_check_says_which_mqtt_masters_cannot_be_in_the_mqtt_cluster(tmp_path):
+    from metaq.deploy.inventory import mqtt_cluster_notes
+
+    note = ("b0: mqtt cluster: off (no replication port): the other masters cannot follow it, so what its MQTT "
+            "clients publish reaches only its own subscribers; give every master a replication_port to make them "
+            "one MQTT service")
+    assert mqtt_cluster_notes(parse_inventory(MQTT_ISLANDS).brokers) == [note]  # b1 has one: it is a member
+    pytest.importorskip("fabric")
+    path = tmp_path / "cluster.yaml"
+    path.write_text(MQTT_ISLANDS)
+    r = run_fab(path, "check")
+    assert r.code == 0 and "note: %s" % note in r.out, r

@@ -220,7 +220,8 @@ def test_with_zookeeper_a_superseded_master_rejoins_by_itself(broker_factory, tm
         mixed_load(s, 20, seed=25)
         m.extra_args = []  # restarted as a plain master: ZooKeeper tells it who the master is now
         m.start()
-        assert "we were superseded while down; rejoining it as slave" in m.log_text()
+        assert "(ZooKeeper's epoch record), after this broker's epoch 1: this broker is behind it and follows it " \
+            "as slave" in m.log_text()
         assert_identical(s, m)
         assert "CUT our tail" in m.log_text()
         wait_for(lambda: zk.exists(ids + "/slave0"), 10, "old master registered as a slave")

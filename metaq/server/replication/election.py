@@ -7,11 +7,14 @@ Nodes (ours; MetaQ's ``master`` node stays as the registry writes it), under ``<
                                      "mqtt": "host:port" or null (its MQTT port)}
     insync              persistent  {"epoch": E, "master": m, "members": [m, ...]}   written with its version
     candidates/<m>      ephemeral   {"epoch": E, "max_epoch": X, "position": P}   latest epoch, highest seen, log end
+    epochs              persistent  the group's epoch record (``epochrecord.py``): the winner adds its epoch
 
 **Who may be elected.** In ``sync`` mode, a member listed in ``insync`` (the in-sync set: members holding
 every acknowledged message, ``insync.py``) that has ever followed or led an elected master (a member restarted
 on an empty data dir has not, whatever the node says); in ``async`` mode, any member. A group with no ``insync`` node
-(never elected, or ZooKeeper lost its data) lets any member win. Among the eligible, the most advanced wins:
+(never elected, or ZooKeeper lost its data) lets any member win. In either mode a member that did not take part in
+the group's latest recorded epoch (``ids/<id>/epochs``, ``epochrecord.py``: it was down while another member led
+it) may not be elected: it waits for one that did and follows it. Among the eligible, the most advanced wins:
 the latest epoch first, then the log end (as Raft compares the last term, then the index).
 
 **An election** starts when ``leader`` is absent (the master's session expired after a kill, or it stepped
@@ -51,7 +54,9 @@ from kazoo.protocol.states import KazooState
 
 from metaq import limits
 from metaq.server.replication import leadership
+from metaq.server.replication.epochrecord import EpochRecord, key as record_key, who
 from metaq.server.replication.leadership import TICK_S, Lease, Term, dump as _dump
+from metaq.store.epochs import took_part
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +116,7 @@ class Election:
         self.insync_path = ids_path + "/insync"
         self.candidates_path = ids_path + "/candidates"
         self.ids_path = ids_path
+        self.record = EpochRecord(zk, ids_path)  # the group's epochs beyond the sessions (epochrecord.py)
         self.leading = False
         self.term = None  # leadership.Term while leading
         self.elections = 0  # won (stats)
@@ -240,6 +246,14 @@ class Election:
                        "is not in it" if self.member not in members_of(insync) else
                        "has an empty data dir that never followed an elected master")
             return
+        latest = self.record.latest()
+        epochs = self.store.epochs
+        if not took_part(epochs.entries, epochs.led, record_key(latest)):
+            self._once("behind", "election: member %d of broker %d may not be elected: the group's latest epoch %d "
+                       "(from log position %d, begun by %s) is one it did not take part in (its own latest: %d); "
+                       "waiting for a member that did, to follow it", self.member, self.broker_id, latest["epoch"],
+                       latest["start"], who(latest), epochs.epoch)
+            return
         self._post()
         deadline = time.monotonic() + self.settle_s
         while not self._stopping:
@@ -311,7 +325,8 @@ class Election:
         generation = self.lease.generation
         address = self.advertised_address or "%s:%d" % (self.url()[len("meta://"):].rsplit(":", 1)[0],
                                                         self.replication_port)
-        epoch = max(_json_int(insync.get("epoch")) or 0 if insync else 0, self.store.epochs.max_epoch) + 1
+        epoch = max(_json_int(insync.get("epoch")) or 0 if insync else 0,
+                    self.record.next_epoch(self.store.epochs.max_epoch) - 1) + 1
         try:
             self.zk.create(self.leader_path, _dump(self._leader_record(epoch, address)), ephemeral=True,
                            makepath=True)

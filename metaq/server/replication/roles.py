@@ -4,11 +4,15 @@
 except that a data dir holding a ``promoted`` marker (written by a promotion)
 starts as master whatever the configuration says (logged as a warning; delete
 the file while the broker is stopped to make it follow its configuration
-again). With ZooKeeper, a broker about to start as master first looks at
-``ids/<id>/master``: when another live broker holds it and publishes, in
-``ids/<id>/replication``, an epoch higher than ours, we were superseded (a
-slave was promoted while we were down): we start as that master's slave
-instead (``Roles.rejoin_if_superseded``). A master then begins a new epoch at its log
+again). With ZooKeeper, a broker about to start as master first reads the group's
+epoch record (``epochrecord.py``): when its latest epoch is another member's, we
+were superseded (a slave was promoted while we were down) and start as that
+member's slave (``Roles.follow_record``); while it is master, the ``Keeper``
+records its epoch and yields the same way to a later one (``Roles.yield_to``).
+A group without a record falls back on ``ids/<id>/master``: when another live
+broker holds it and publishes, in ``ids/<id>/replication``, an epoch higher than
+ours, we start as that master's slave (``Roles.rejoin_if_superseded``). A master
+begins a new epoch, numbered above the record's latest, at its log
 end (``Roles.begin_master_epoch``; on the first start of a fresh data dir,
 epoch 1 from position 0), with a fresh random origin (``metaq.store.epochs``).
 
@@ -36,14 +40,16 @@ import logging
 import time
 
 import gevent
+from kazoo.exceptions import KazooException
 
 from metaq import errors
 from metaq.server.clock import now_ms
 from metaq.server.replication import isolation
+from metaq.server.replication.epochrecord import EpochRecord, Keeper, entry as record_entry, key as record_key, who
 from metaq.server.replication.link import CAUGHT_UP_SILENCE_S
 from metaq.server.replication.master import ReplicationServer
 from metaq.server.replication.slave import SlaveLink
-from metaq.store.epochs import origin_text
+from metaq.store.epochs import leads_record, origin_text
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +93,10 @@ class Roles:
         self.waiters = waiters
         self.store_lock = store_lock
         self.registry = None  # set by attach_registry (ZooKeeper is optional)
+        self.record = None  # the group's EpochRecord in ZooKeeper (with the registry)
+        self.keeper = None  # ha: manual: the epochrecord.Keeper (with the registry)
+        self.behind = None  # ha: manual: why this member takes no writes and follows nobody (a record's master
+        self._follow_id = None  # without a replication address); the slave id it registers as meanwhile
         self.secret = config.security.read_replication_secret()  # read once: a promotion reads no file
         #: serves a peer broker following this master for MQTT (``metaq.mqttcluster.serve``), None: none
         self.peer_handler = None
@@ -104,6 +114,9 @@ class Roles:
 
     def attach_registry(self, registry):
         self.registry = registry
+        self.record = EpochRecord(registry.zk, registry.ids_path)
+        if not self.auto:
+            self.keeper = Keeper(self.record, self.store.epochs, self._recorded_entry, self.yield_to)
 
     def attach_election(self, election):
         self.election = election
@@ -132,6 +145,8 @@ class Roles:
         link = self.slave_link
         if link is not None:
             return "this broker is a replication slave of %s (read-only): send puts to the master" % link.master
+        if self.role == "slave" and self.behind is not None:
+            return self.behind
         if self.role == "slave":
             return ("broker %d has no elected master yet (replication.ha: auto): an election is under way; retry "
                     "shortly" % self.config.broker.id)
@@ -235,7 +250,9 @@ class Roles:
         """Our slave (member) id while not master, else None (what the registry registers as)."""
         if self.role == "master":
             return None
-        return self.slave_link.slave_id if self.slave_link is not None else self.config.replication.slave_id
+        if self.slave_link is not None:
+            return self.slave_link.slave_id
+        return self._follow_id if self._follow_id is not None else self.config.replication.slave_id
 
     @property
     def replication_port(self):
@@ -299,11 +316,14 @@ class Roles:
         if self.auto:
             return  # the election decides
         if self.role == "master" and self.registry is not None and self.registry.zk.connected:
-            self.rejoin_if_superseded()
+            if not self.follow_record():
+                self.rejoin_if_superseded()
         if self.role == "master":
             self.begin_master_epoch()
 
     def start_links(self):
+        if self.keeper is not None:
+            self.keeper.start()
         if self.replication is not None:
             self.replication.start()
         if self.slave_link is not None:
@@ -311,6 +331,8 @@ class Roles:
         self.started = True
 
     def stop(self):
+        if self.keeper is not None:
+            self.keeper.stop()
         if self.slave_link is not None:
             self.slave_link.stop()
         if self.replication is not None:
@@ -325,8 +347,11 @@ class Roles:
             self.replication.stop()
         self.role, self.slave_link = role, slave_link
         if role == "master":
+            self.behind = self._follow_id = None
             self._serve(self.make_replication_server(insync))
             self.read_refusal = None
+            if self.keeper is not None:
+                self.keeper.wake()
             if self.started and self.replication is not None:
                 self.replication.start()
         else:
@@ -338,9 +363,101 @@ class Roles:
             fn(self.slave_id)
 
     def begin_master_epoch(self):
-        """A master's start: a new epoch (fresh origin) at the log end."""
+        """A master's start: a new epoch (fresh origin) at the log end, numbered above the group's record and added
+        to it before this master serves."""
         store = self.store
-        return gevent.get_hub().threadpool.apply(store.epochs.begin, (store.written_position,))
+        epoch = gevent.get_hub().threadpool.apply(store.epochs.begin, (store.written_position, self._next_epoch()))
+        self._record_epoch()
+        return epoch
+
+    # -- the group's epoch record (epochrecord.py) ---------------------------------------
+
+    def _next_epoch(self):
+        """The number of our next epoch: above the record's latest (None: ZooKeeper not asked, ``begin`` picks)."""
+        if self.record is None or not self.registry.zk.connected:
+            return None
+        try:
+            return self.record.next_epoch(self.store.epochs.max_epoch)
+        except KazooException as exc:
+            log.warning("epoch record: not read (%r); numbering the new epoch from this broker's history", exc)
+            return None
+
+    def _recorded_entry(self, master=True):
+        """Our latest epoch as the record names it (``master``: only while we are master, else None)."""
+        if master and (self.role != "master" or self.promoting):
+            return None
+        return record_entry(self.store.epochs, self.registry.member_url(),
+                            self.registry.replication_address(self.config.replication.port or None)
+                            if self.config.replication.port else None)
+
+    def _record_epoch(self, strict=False):
+        """Add the epoch just begun to the group's record, before we serve in it. ``strict`` (ha: auto): a failure
+        raises, and so does a later epoch recorded first; else logged, and the keeper adds it (or yields) later."""
+        if self.record is None:
+            return
+        if not strict and not self.registry.zk.connected:
+            log.warning("epoch record: ZooKeeper not reachable: epoch %d is recorded once it answers (this master "
+                        "yields then if another member began a later one)", self.store.epochs.epoch)
+            return
+        try:
+            newer = self.record.add(self._recorded_entry(master=False))
+        except KazooException as exc:
+            if strict:
+                raise
+            log.warning("epoch record: epoch %d not recorded (%r); recorded once ZooKeeper answers",
+                        self.store.epochs.epoch, exc)
+            return
+        if newer is not None:
+            if strict:
+                raise KazooException("epoch %d of member %s was recorded first" % (newer["epoch"], newer["member"]))
+            if self.keeper is not None:
+                self.keeper.wake()  # it yields
+
+    def follow_record(self):
+        """ha: manual, before starting as master: when the group's record names another member's later epoch
+        (a promotion while we were down), follow that member instead; True when we did."""
+        try:
+            latest = self.record.latest() if self.record is not None else None
+        except KazooException as exc:
+            log.warning("epoch record: not read at start (%r); starting as configured", exc)
+            return False
+        epochs = self.store.epochs
+        if leads_record(epochs.entries, epochs.led, record_key(latest)):
+            return False
+        self.yield_to(latest)
+        return True
+
+    def yield_to(self, latest):
+        """ha: manual: ``latest``, another member's epoch later than ours, is the group's latest recorded: stop
+        acknowledging and follow that member as a slave (its epoch handshake cuts what diverged); the promotion
+        marker goes. A member it cannot follow (no replication address) leaves it taking no writes."""
+        store = self.store
+        slave_id = self.config.replication.slave_id
+        if slave_id is None:
+            slave_id = self.registry.free_slave_id()
+        if read_promoted(store) is not None:
+            store.dirs.remove(store.dirs.promoted)
+        address, own = latest.get("replication"), self._recorded_entry(master=False)["replication"]
+        text = ("broker %d's latest epoch is %d, begun by %s from log position %d (ZooKeeper's epoch record), "
+                "after this broker's epoch %d" % (self.config.broker.id, latest["epoch"], who(latest),
+                                                  latest["start"], store.epochs.epoch))
+        self.behind = None
+        if address is not None and address == own:
+            self.behind = ("%s: this broker began that epoch, but its data dir no longer holds it (emptied or "
+                           "replaced), so it takes no writes: a slave of it may hold what it lost (promote that "
+                           "one), or, to start this broker afresh as master, delete the ZooKeeper node %s"
+                           % (text, self.record.path))
+        elif address is None:
+            self.behind = ("%s; it has no replication address to follow: this broker takes no writes. Start that "
+                           "member (or promote a slave of it)" % text)
+        if self.behind is not None:
+            self._follow_id = slave_id
+            log.warning("%s", self.behind)
+            self.set_role("slave", None)
+            return
+        log.warning("%s: this broker is behind it and follows it as slave %d at %s (the epoch handshake cuts any "
+                    "tail that member never had); it is master again only by a promotion", text, slave_id, address)
+        self.set_role("slave", self.make_slave_link(address, slave_id))
 
 
     # -- ha: auto (called by the election) ----------------------------------------------
@@ -354,6 +471,7 @@ class Roles:
         self.flusher.wait_flushed(store.written_position)
         position = store.written_position
         gevent.get_hub().threadpool.apply(store.epochs.begin, (position, epoch))
+        self._record_epoch(strict=True)
         self.set_role("master", None, insync)
         return position
 
@@ -449,9 +567,10 @@ class Roles:
         self.flusher.wait_flushed(store.written_position)
         pool = gevent.get_hub().threadpool
         position = store.written_position
-        epoch = pool.apply(store.epochs.begin, (position,))
+        epoch = pool.apply(store.epochs.begin, (position, self._next_epoch()))
         pool.apply(store.dirs.write_state, (store.dirs.promoted, PROMOTED_MAGIC, {
             "epoch": epoch, "position": position, "former_master": link.master, "promoted_ms": now_ms()}))
+        self._record_epoch()
         self.set_role("master", None)
         text = "promoted: broker %d is now the master, epoch %d from log position %d (former master %s)" % (
             self.config.broker.id, epoch, position, link.master)
