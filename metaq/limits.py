@@ -876,8 +876,10 @@ GRPC_SMALL_FRAME_BYTES = 1024
 #: Small frames each stream a gRPC client opens pays for (its request message, the empty DATA that ends it, its
 #: trailers, with room to spare): a unary call never counts against GRPC_MAX_CONTROL_FRAMES.
 GRPC_SMALL_FRAMES_PER_STREAM = 4
-#: Streams closed of late a gRPC connection remembers (with whether the client had ended them): HEADERS on one is a
-#: connection error STREAM_CLOSED (or a stream error after a reset), on an older or never-used lower id PROTOCOL_ERROR.
+#: Streams reset before their client ended them, and runs of stream ids the client skipped, a gRPC connection
+#: remembers (each, the last so many): HEADERS on a lower stream id is a stream error STREAM_CLOSED on one reset, a
+#: connection error PROTOCOL_ERROR on one skipped, else STREAM_CLOSED (a stream the client ended). Past the bound
+#: the oldest is forgotten and taken for one the client ended: still a connection error.
 GRPC_CLOSED_STREAMS_KEPT = 2 * GRPC_MAX_STREAMS_PER_CONNECTION
 #: Bytes one receive of a gRPC connection takes: h2 parses all it is handed before the connection can share the loop
 #: again (``share_loop``), and 16 KiB of the smallest frames parse within about one turn (MAX_TURN_MS).

@@ -18,8 +18,8 @@ error queues RST_STREAM and, for a stream the port knows, reports ``RESET``):
   PUSH_PROMISE from a client is PROTOCOL_ERROR;
 * HEADERS (padding, the priority fields) and CONTINUATION: one header block at a time, nothing else between, its
   parts gathered and joined once; stream ids odd and increasing (HEADERS on a lower id is a connection error:
-  STREAM_CLOSED on a stream the client ended, of the last ``limits.GRPC_CLOSED_STREAMS_KEPT`` closed, else
-  PROTOCOL_ERROR; on a stream reset, a stream error STREAM_CLOSED); a stream past the announced
+  PROTOCOL_ERROR on an id never opened, STREAM_CLOSED on a stream the client ended; on a stream reset before
+  that, a stream error STREAM_CLOSED; ``limits.GRPC_CLOSED_STREAMS_KEPT``); a stream past the announced
   SETTINGS_MAX_CONCURRENT_STREAMS is refused (REFUSED_STREAM, which a client retries; a GOAWAY names only streams
   taken, ``last_taken``); a second HEADERS on a stream is its trailers, which must end it; a header list past
   SETTINGS_MAX_HEADER_LIST_SIZE is ENHANCE_YOUR_CALM, a block that does not decode COMPRESSION_ERROR;
@@ -45,7 +45,7 @@ received, a dict), ``GOAWAY`` (a: the last stream id, b: the error code).
 
 import enum
 import struct
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from hpack import HPACKError, OversizedHeaderListError
 
@@ -101,29 +101,9 @@ class StreamClosed(Exception):
     """The port sent on a stream that is closed (or its own side of it is)."""
 
 
-#: Frames that cost the server work and carry no request (the HTTP/2 flood attacks: ping, settings, reset,
-#: priority; a GOAWAY the client repeats).
-CONTROL_FRAMES = frozenset((PRIORITY, RST_STREAM, SETTINGS, PING, GOAWAY_FRAME))
-
-
 def frame_head(length, ftype, flags, stream_id):
     """A frame's 9-byte header."""
     return _HEAD.pack(length >> 8, length & 0xFF, ftype, flags, stream_id)
-
-
-def is_control(ftype, flags, length, fragment=1):
-    """Whether a frame is work for the server and no part of a request: a ``CONTROL_FRAMES`` type, a type this layer
-    does not know (ignored, RFC 9113 section 4.1), an empty DATA frame that does not end its stream (the empty-frames
-    flood), or a part of a header block shorter than ``fragment`` bytes that does not end it (HEADERS or CONTINUATION
-    without END_HEADERS: a client splits a block only at its maximum frame size; the CONTINUATION flood of tiny
-    frames)."""
-    if ftype in CONTROL_FRAMES or ftype > CONTINUATION:
-        return True
-    if ftype == DATA:
-        return not length and not flags & END_STREAM
-    if ftype == HEADERS or ftype == CONTINUATION:
-        return length < fragment and not flags & END_HEADERS
-    return False
 
 
 class Stream:
@@ -179,9 +159,12 @@ class ServerConnection:
         self._shown = False  # the frame begun at ``_buf``'s start was shown to ``on_frame`` already
         self._connection_increment = connection_window
         self._announced = None  # the last stream id a GOAWAY named: a later one names no higher
-        #: The streams closed last (``limits.GRPC_CLOSED_STREAMS_KEPT``), oldest first: stream id -> whether the
-        #: client had ended its side (a HEADERS after that is a connection error; after a reset, a stream error).
-        self._closed = OrderedDict()
+        self._next_stream = 1  # the id the client's next stream takes unless it skips some
+        #: What tells a lower stream id's HEADERS apart, each the last ``limits.GRPC_CLOSED_STREAMS_KEPT``: the
+        #: streams reset before the client ended them (ids, oldest first) and the runs of ids the client skipped
+        #: (never opened); any other lower id is a stream the client ended.
+        self._reset_ids = OrderedDict()
+        self._skipped = deque(maxlen=limits.GRPC_CLOSED_STREAMS_KEPT)
         #: Called ``(type, flags, length, stream id)`` for each frame as its header is whole; a reason (text)
         #: returned ends the connection with ENHANCE_YOUR_CALM.
         self.on_frame = None
@@ -290,22 +273,22 @@ class ServerConnection:
         stream.local_open = False
         if not stream.remote_open:
             del self.streams[stream_id]
-            self._forget(stream_id, True)
 
-    def _forget(self, stream_id, ended):
-        """``stream_id`` is closed: kept among the last ``limits.GRPC_CLOSED_STREAMS_KEPT`` closed, with whether the
-        client had ended its side (``ended``) or the stream was reset before."""
-        closed = self._closed
-        closed[stream_id] = ended
-        if len(closed) > limits.GRPC_CLOSED_STREAMS_KEPT:
-            closed.popitem(last=False)
+    def _reset_before_its_end(self, stream_id):
+        """``stream_id`` was reset (or refused) before the client ended it: frames it still has in flight for it
+        are stream errors, not connection errors (kept among the last ``limits.GRPC_CLOSED_STREAMS_KEPT``)."""
+        reset = self._reset_ids
+        reset[stream_id] = None
+        if len(reset) > limits.GRPC_CLOSED_STREAMS_KEPT:
+            reset.popitem(last=False)
 
     def reset_stream(self, stream_id, code=ErrorCode.NO_ERROR):
         """RST_STREAM: the stream ends both ways."""
         stream = None if self.closed else self.streams.pop(stream_id, None)
         if stream is None:
             raise StreamClosed("stream %d is closed" % stream_id)
-        self._forget(stream_id, not stream.remote_open)
+        if stream.remote_open:
+            self._reset_before_its_end(stream_id)
         self._out.append(frame_head(4, RST_STREAM, 0, stream_id) + _U32.pack(code))
 
     def local_flow_control_window(self, stream_id):
@@ -468,7 +451,8 @@ class ServerConnection:
         self._out.append(frame_head(4, RST_STREAM, 0, sid) + _U32.pack(code))
         stream = self.streams.pop(sid, None)
         if stream is not None:
-            self._forget(sid, not stream.remote_open)
+            if stream.remote_open:
+                self._reset_before_its_end(sid)
             events.append((RESET, sid, code, None))
 
     def _unpad(self, payload, ftype_name):
@@ -515,7 +499,6 @@ class ServerConnection:
         stream.remote_open = False
         if not stream.local_open:
             del self.streams[sid]
-            self._forget(sid, True)
         events.append((ENDED, sid, None, None))
 
     def _headers(self, flags, sid, payload, events):
@@ -561,10 +544,13 @@ class ServerConnection:
             if not sid & 1:
                 raise ProtocolError("a client's stream with an even id (%d)" % sid)
             self.highest_inbound_stream_id = sid
+            if sid != self._next_stream:
+                self._skipped.append((self._next_stream, sid - 2))
+            self._next_stream = sid + 2
             length = _content_length(headers)
             if self_dependent or length == -1 or len(self.streams) >= self.max_streams:
                 # malformed, or past SETTINGS_MAX_CONCURRENT_STREAMS: refused (REFUSED_STREAM: a client retries it)
-                self._forget(sid, False)
+                self._reset_before_its_end(sid)
                 self._stream_error(sid, ErrorCode.PROTOCOL_ERROR if self_dependent or length == -1
                                    else ErrorCode.REFUSED_STREAM, events)
                 return
@@ -582,16 +568,16 @@ class ServerConnection:
             self._end_remote(sid, stream, events)
 
     def _closed_headers(self, sid, events):
-        """HEADERS on a stream id used before and no longer kept: a connection error STREAM_CLOSED when the client
-        had ended that stream, PROTOCOL_ERROR when it is no stream closed of late (a lower id than one opened);
-        after a reset (either side's), a stream error STREAM_CLOSED (RFC 9113 sections 5.1, 5.1.1)."""
-        ended = self._closed.get(sid)
-        if ended is None:
-            raise ProtocolError("HEADERS on stream %d, lower than stream %d opened before" % (
+        """HEADERS on a stream id lower than one used and no longer kept (RFC 9113 sections 5.1, 5.1.1): after a
+        reset before the client ended it, a stream error STREAM_CLOSED; on an id never opened (even, or skipped), a
+        connection error PROTOCOL_ERROR; on a stream the client ended, a connection error STREAM_CLOSED."""
+        if sid in self._reset_ids:
+            self._stream_error(sid, ErrorCode.STREAM_CLOSED, events)
+            return
+        if not sid & 1 or any(low <= sid <= high for low, high in self._skipped):
+            raise ProtocolError("HEADERS on stream %d, never opened and lower than stream %d" % (
                 sid, self.highest_inbound_stream_id))
-        if ended:
-            raise ProtocolError("HEADERS on stream %d, which the client ended" % sid, ErrorCode.STREAM_CLOSED)
-        self._stream_error(sid, ErrorCode.STREAM_CLOSED, events)
+        raise ProtocolError("HEADERS on stream %d, which the client ended" % sid, ErrorCode.STREAM_CLOSED)
 
     def _window_update(self, sid, payload, events):
         if len(payload) != 4:
@@ -629,7 +615,8 @@ class ServerConnection:
             raise ProtocolError("RST_STREAM on stream %d, never opened" % sid)
         stream = self.streams.pop(sid, None)
         if stream is not None:
-            self._forget(sid, not stream.remote_open)
+            if stream.remote_open:
+                self._reset_before_its_end(sid)
             events.append((RESET, sid, _U32.unpack(payload)[0], None))
 
     def _settings(self, flags, sid, payload, events):

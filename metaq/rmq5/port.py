@@ -59,8 +59,8 @@ from gevent.event import Event
 from gevent.lock import Semaphore
 from metaq import limits
 from metaq.rmq5 import http2
-from metaq.rmq5.http2 import (CONTINUATION, DATA, END_HEADERS, HEADERS, WINDOW_UPDATE, ErrorCode, ProtocolError,
-                              ServerConnection, StreamClosed, is_control)
+from metaq.rmq5.http2 import (CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, WINDOW_UPDATE, ErrorCode,
+                              ProtocolError, ServerConnection, StreamClosed)
 from metaq.rmq5.headercache import CachedDecoder, CachedEncoder, CheckedHeaders
 from metaq.rmq5.wire import (OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW, WAITS, GrpcError, MessageReader, Status, frame,
                              frames, is_grpc_content_type, parse_timeout, rpc_name, trailers, trailers_only)
@@ -105,8 +105,10 @@ class FloodBudget:
     frames that do no work for a request, ``max_new_streams`` streams opened, and the header block open at most
     ``GRPC_HEADER_BLOCK_FACTOR * max_header_bytes`` encoded.
 
-    Work for no request: the control types, unknown types and empty frames (``http2.is_control``), header-block
-    parts shorter than ``GRPC_SMALL_FRAME_BYTES`` that do not end it, frames refused with a stream error (``wasted``,
+    Work for no request: PING, SETTINGS, RST_STREAM, PRIORITY and GOAWAY frames and types HTTP/2 does not define,
+    empty DATA frames that do not end their stream (the empty-frames flood), header-block parts shorter than
+    ``GRPC_SMALL_FRAME_BYTES`` that do not end it (clients split a block only at the maximum frame size; the
+    CONTINUATION flood of tiny frames), frames refused with a stream error (``wasted``,
     the HTTP/2 layer's ``on_wasted``: DATA or HEADERS on a closed stream, a stream refused), WINDOW_UPDATEs past the
     credit the DATA frames sent give (``sent_data``), and small frames (DATA shorter than ``GRPC_SMALL_FRAME_BYTES``,
     HEADERS on a stream opened before) past the credit useful work gives: ``GRPC_SMALL_FRAMES_PER_STREAM`` a stream
@@ -137,37 +139,53 @@ class FloodBudget:
             self._since, self.controls, self.streams = now, 0, 0
 
     def begun(self, ftype, flags, length, stream_id):
-        """None while the frames begun keep within the budget (this one counted), else why not."""
+        """A frame's cost, as its header arrives (the one place it is decided; the class doc says how): None while
+        the frames begun keep within the budget (this one counted), else why not. The frames of requests (a full
+        DATA frame, a small one ending a call, HEADERS opening a stream) are taken first."""
         lim = self.limits
-        if ftype == DATA and length >= limits.GRPC_SMALL_FRAME_BYTES:  # payload delivered: pays for a small frame
-            if self.paid < lim.max_control_frames:
-                self.paid += 1
-            return None
-        if is_control(ftype, flags, length, limits.GRPC_SMALL_FRAME_BYTES):
+        if ftype == DATA:
+            if length >= limits.GRPC_SMALL_FRAME_BYTES:  # payload delivered: free, and pays for a small frame
+                if self.paid < lim.max_control_frames:
+                    self.paid += 1
+                return None
+            if (length or flags & END_STREAM) and self.paid:  # a small frame, paid (an empty one ending nothing never)
+                self.paid -= 1
+                return None
             self.controls += 1
-        elif ftype == WINDOW_UPDATE:
-            if self.credit:
-                self.credit -= 1
-            else:
-                self.controls += 1
-        elif ftype == HEADERS and stream_id > self.last_stream:
-            self.paid = min(self.paid + limits.GRPC_SMALL_FRAMES_PER_STREAM, lim.max_control_frames)
-        elif ftype != CONTINUATION:  # a small DATA frame, HEADERS on a stream opened before (trailers)
+            return self._excess()
+        if ftype == HEADERS or ftype == CONTINUATION:
+            return self._header_part(ftype == HEADERS, flags, length, stream_id)
+        if ftype == WINDOW_UPDATE and self.credit:  # answering DATA the port sent
+            self.credit -= 1
+            return None
+        self.controls += 1  # PING, SETTINGS, RST_STREAM, PRIORITY, GOAWAY, an unknown type, an unprompted update
+        return self._excess()
+
+    def _header_part(self, headers, flags, length, stream_id):
+        """``begun`` for a part of a header block (HEADERS when ``headers``, else CONTINUATION)."""
+        lim = self.limits
+        if headers and stream_id > self.last_stream:  # a stream opened: counted, and pays for small frames
+            self.last_stream = stream_id
+            self.streams += 1
+            paid = self.paid + limits.GRPC_SMALL_FRAMES_PER_STREAM
+            self.paid = paid if paid < lim.max_control_frames else lim.max_control_frames
+            if self.streams > lim.max_new_streams:
+                return "more than %d streams opened in %g s (grpc.max_new_streams)" % (lim.max_new_streams,
+                                                                                      lim.flood_window_s)
+        elif headers:  # on a stream opened before (trailers): a small frame
             if self.paid:
                 self.paid -= 1
             else:
                 self.controls += 1
-        if ftype == HEADERS and stream_id > self.last_stream:
-            self.last_stream = stream_id
-            self.streams += 1
-        if ftype == HEADERS or ftype == CONTINUATION:
-            self.block = 0 if flags & END_HEADERS else self.block + length
+        if flags & END_HEADERS:
+            self.block = 0
+        else:
+            if length < limits.GRPC_SMALL_FRAME_BYTES:  # a tiny part that does not end its block
+                self.controls += 1
+            self.block += length
             if self.block > limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes:
                 return "a header block of more than %d bytes begun (%d x grpc.max_header_bytes)" % (
                     limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes, limits.GRPC_HEADER_BLOCK_FACTOR)
-        if self.streams > lim.max_new_streams:
-            return "more than %d streams opened in %g s (grpc.max_new_streams)" % (lim.max_new_streams,
-                                                                                  lim.flood_window_s)
         return self._excess()
 
     def wasted(self):
