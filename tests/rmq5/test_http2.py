@@ -217,6 +217,22 @@ def test_reset_streams_and_skipped_ids_are_remembered_up_to_their_limit():
         c.error(frame(HEADERS, END_HEADERS, sid, c.block()), code)
 
 
+def test_frames_on_a_half_closed_or_closed_stream_are_stream_closed():
+    c = Client()
+    c.open(1, end=True)  # half-closed (remote)
+    assert c.send(frame(DATA, 0, 1, b"late")) == [(http2.RESET, 1, ErrorCode.STREAM_CLOSED, None)]
+    assert c.rst(1) == [ErrorCode.STREAM_CLOSED] and 1 not in c.server.streams
+    assert c.server.inbound == 65535 + WINDOW - 4 and c.server.unacked == 4  # counted, and given back with the rest
+    assert c.send(frame(DATA, 0, 1, b"later")) == [] and c.rst(1) == [ErrorCode.STREAM_CLOSED]  # closed
+    c.open(3)
+    c.send(frame(RST_STREAM, 0, 3, struct.pack(">I", ErrorCode.CANCEL)))
+    assert c.send(frame(HEADERS, END_HEADERS, 3, c.block([("x", "y")]))) == [] and c.rst(3) == [
+        ErrorCode.STREAM_CLOSED]
+    assert c.send(frame(WINDOW_UPDATE, 0, 3, struct.pack(">I", 10))) == []  # a closed stream's update: ignored
+    assert c.out() == []
+    assert c.send(frame(WINDOW_UPDATE, 0, 3, struct.pack(">I", 0))) == [] and c.rst(3) == [ErrorCode.PROTOCOL_ERROR]
+
+
 def test_data_on_a_stream_never_opened_is_a_protocol_error():
     c = Client()
     c.error(frame(DATA, 0, 9, b"x"), ErrorCode.PROTOCOL_ERROR)
