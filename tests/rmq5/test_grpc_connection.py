@@ -386,7 +386,7 @@ def test_frames_of_an_unknown_type_count_and_one_past_the_budget_ends_the_connec
 @pytest.mark.parametrize("opening,flood", [
     # HEADERS again and again on a stream the client reset: each a stream error STREAM_CLOSED
     (frame(HEADERS, END_HEADERS, 1, header_block("Heartbeat")) + frame(RST_STREAM, 0, 1, b"\0\0\0\x08"),
-     frame(HEADERS, END_HEADERS, 1, header_block("Heartbeat"))),
+     frame(HEADERS, END_HEADERS | END_STREAM, 1, header_block("Heartbeat"))),
     # a header block of 1-byte CONTINUATION frames (gathered in linear time, and each counted)
     (frame(HEADERS, 0, 1, header_block("Heartbeat")[:1]), frame(CONTINUATION, 0, 1, b"\0")),
     # a GOAWAY over and over
@@ -417,7 +417,8 @@ def test_a_flood_of_frames_that_do_no_work_is_cut_with_enhance_your_calm(broker,
     (frame(HEADERS, END_HEADERS | END_STREAM, 1, header_block("Heartbeat")), 5),  # on a closed stream: STREAM_CLOSED
     (frame(HEADERS, END_HEADERS | END_STREAM, 5, header_block("Heartbeat")) +
      frame(HEADERS, END_HEADERS | END_STREAM, 3, header_block("Heartbeat")), 1),  # a lower stream id: PROTOCOL_ERROR
-], ids=["closed-stream", "lower-stream-id"])
+    (frame(HEADERS, END_HEADERS, 1, header_block("Heartbeat")), 1),  # ending nothing, so no trailers: PROTOCOL_ERROR
+], ids=["closed-stream", "lower-stream-id", "not-ending-closed-stream"])
 def test_headers_on_a_closed_stream_or_a_lower_id_is_a_connection_error(broker, breach, code):
     test_http2_protocol_errors_end_the_connection_with_their_code(broker, breach, code)
 

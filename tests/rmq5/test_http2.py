@@ -205,16 +205,17 @@ def test_reset_streams_and_skipped_ids_are_remembered_up_to_their_limit():
             c.open(2 * i + 1)
             c.send(frame(RST_STREAM, 0, 2 * i + 1, struct.pack(">I", ErrorCode.CANCEL)))
         if code is None:
-            assert c.send(frame(HEADERS, END_HEADERS, sid, c.block())) == [] and c.rst(sid) == [
+            assert c.send(frame(HEADERS, END_HEADERS | END_STREAM, sid, c.block())) == [] and c.rst(sid) == [
                 ErrorCode.STREAM_CLOSED]
+            c.error(frame(HEADERS, END_HEADERS, sid, c.block()), ErrorCode.PROTOCOL_ERROR)  # ends nothing: no trailers
         else:
-            c.error(frame(HEADERS, END_HEADERS, sid, c.block()), code)
+            c.error(frame(HEADERS, END_HEADERS | END_STREAM, sid, c.block()), code)
     for sid, code in ((7, ErrorCode.PROTOCOL_ERROR), (3, ErrorCode.STREAM_CLOSED)):  # skipped: kept; one past
         c = Client(max_streams=1000)
         for i in range(kept + 2):  # 1, 5, 9, ...: 3, 7, 11, ... skipped, one run more than kept
             c.open(4 * i + 1, end=True)
             c.server.send_headers(4 * i + 1, [(":status", "200")], end_stream=True)
-        c.error(frame(HEADERS, END_HEADERS, sid, c.block()), code)
+        c.error(frame(HEADERS, END_HEADERS | END_STREAM, sid, c.block()), code)
 
 
 def test_frames_on_a_half_closed_or_closed_stream_are_stream_closed():
@@ -226,7 +227,7 @@ def test_frames_on_a_half_closed_or_closed_stream_are_stream_closed():
     assert c.send(frame(DATA, 0, 1, b"later")) == [] and c.rst(1) == [ErrorCode.STREAM_CLOSED]  # closed
     c.open(3)
     c.send(frame(RST_STREAM, 0, 3, struct.pack(">I", ErrorCode.CANCEL)))
-    assert c.send(frame(HEADERS, END_HEADERS, 3, c.block([("x", "y")]))) == [] and c.rst(3) == [
+    assert c.send(frame(HEADERS, END_HEADERS | END_STREAM, 3, c.block([("x", "y")]))) == [] and c.rst(3) == [
         ErrorCode.STREAM_CLOSED]
     assert c.send(frame(WINDOW_UPDATE, 0, 3, struct.pack(">I", 10))) == []  # a closed stream's update: ignored
     assert c.out() == []
