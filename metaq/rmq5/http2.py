@@ -539,7 +539,7 @@ class ServerConnection:
         stream = self.streams.get(sid)
         if stream is None:
             if sid <= self.highest_inbound_stream_id:
-                self._closed_headers(sid, events)
+                self._closed_headers(sid, end_stream, events)
                 return
             if not sid & 1:
                 raise ProtocolError("a client's stream with an even id (%d)" % sid)
@@ -567,10 +567,15 @@ class ServerConnection:
         if end_stream:
             self._end_remote(sid, stream, events)
 
-    def _closed_headers(self, sid, events):
-        """HEADERS on a stream id lower than one used and no longer kept (RFC 9113 sections 5.1, 5.1.1): after a
-        reset before the client ended it, a stream error STREAM_CLOSED; on an id never opened (even, or skipped), a
-        connection error PROTOCOL_ERROR; on a stream the client ended, a connection error STREAM_CLOSED."""
+    def _closed_headers(self, sid, end_stream, events):
+        """HEADERS on a stream id lower than one used and no longer kept (RFC 9113 sections 5.1, 5.1.1, 8.1): one
+        that does not end its stream (no trailers, nor a stream it may open) is a connection error PROTOCOL_ERROR;
+        after a reset before the client ended it, a stream error STREAM_CLOSED; on an id never opened (even, or
+        skipped), a connection error PROTOCOL_ERROR; on a stream the client ended, a connection error
+        STREAM_CLOSED."""
+        if not end_stream:
+            raise ProtocolError("HEADERS on stream %d, lower than stream %d, that does not end it" % (
+                sid, self.highest_inbound_stream_id))
         if sid in self._reset_ids:
             self._stream_error(sid, ErrorCode.STREAM_CLOSED, events)
             return
