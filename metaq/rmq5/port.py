@@ -719,9 +719,9 @@ class GrpcConnection(Connection):
             pass
 
     def _plain_body(self, stream_id, body):
-        """Send what the client's window takes of a plain answer's text: the whole of it ends the stream (and
-        RST_STREAM unless the client's side is over); the rest waits in ``plain`` for the window to grow, its stream
-        open meanwhile (one of the connection's streams)."""
+        """Send what the client's window takes of a plain answer's text: the whole of it ends the port's side (the
+        client may finish its request, whose DATA the HTTP/2 layer still checks, then ignored); the rest waits in
+        ``plain`` for the window to grow, its stream open meanwhile (one of the connection's streams)."""
         room = self.http2.local_flow_control_window(stream_id)
         if room < len(body):
             if room > 0:
@@ -731,8 +731,6 @@ class GrpcConnection(Connection):
             return
         self.plain.pop(stream_id, None)
         self.http2.send_data(stream_id, body, end_stream=True)
-        if self.http2.remote_open(stream_id):
-            self.http2.reset_stream(stream_id, ErrorCode.NO_ERROR)
 
     def _plain_bodies(self):
         """The client's window grew: the plain answers waiting get what it takes now."""

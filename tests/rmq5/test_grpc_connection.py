@@ -522,6 +522,26 @@ def test_a_plain_http_answer_is_sent_as_the_clients_window_takes_it(broker):
         raw.close()
 
 
+def test_a_plain_answer_lets_the_request_finish_and_its_content_length_is_still_checked(broker):
+    """A GET announcing content-length 1 is answered 405 at once without a reset (the client may finish its
+    request); its 4 bytes of DATA that follow are then a stream error PROTOCOL_ERROR, the connection going on."""
+    raw = Frames(grpc_port(broker))
+    get = hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(n, v) for n, v in (
+        (":method", "GET"), (":scheme", "http"), (":path", "/"), (":authority", "x"), ("content-length", "1"))])
+    try:
+        raw.send(PREFACE + frame(SETTINGS) + frame(HEADERS, END_HEADERS, 1, get))
+        got = raw.read(lambda got: any(f != "closed" and f[0] == DATA and f[1] & END_STREAM for f in got) or ended(got))
+        assert not [f for f in got if f != "closed" and f[0] == RST_STREAM] and not ended(got), got  # no reset
+        raw.send(frame(DATA, END_STREAM, 1, b"test"))
+        got = raw.read(lambda got: any(f != "closed" and f[0] == RST_STREAM for f in got) or ended(got))
+        assert [(f[2], int.from_bytes(f[3], "big")) for f in got if f[0] == RST_STREAM] == [(1, 1)], got
+        raw.send(frame(HEADERS, END_HEADERS | END_STREAM, 3, header_block("Heartbeat")))
+        got = raw.read(lambda got: 3 in answered(got) or ended(got))
+        assert 3 in answered(got) and not ended(got), got
+    finally:
+        raw.close()
+
+
 # -- header checks (h2's, run by the port once for a repeated list) -----------------------------------------------
 
 
