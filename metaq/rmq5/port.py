@@ -419,14 +419,17 @@ class GrpcConnection(Connection):
     def _drain_after_goaway(self):
         """After a GOAWAY: stop sending and read what the client still sends, at most ``LINGER_S``, so that the
         close does not reset the connection before the client has read the GOAWAY (a close with unread bytes sends
-        a TCP reset, which may discard them)."""
+        a TCP reset, which may discard them); a client still flooding lets the other connections run meanwhile
+        (``share_loop``: a receive with bytes waiting never yields)."""
         try:
             self.sock.shutdown(socket.SHUT_WR)
             deadline = time.monotonic() + LINGER_S
+            turn = time.monotonic()
             while time.monotonic() < deadline:
                 self.sock.settimeout(max(0.001, deadline - time.monotonic()))
                 if not self.sock.recv(65536):
                     break
+                turn = share_loop(turn)
         except OSError:
             pass
 
