@@ -849,8 +849,9 @@ MQTT_CLUSTER_START_HOLD_S = 10.0
 # -- the gRPC port (metaq/rmq5/: RocketMQ 5's MessagingService; docs/rocketmq5.md) --------------------------------
 
 #: Streams one HTTP/2 connection of the gRPC port may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS, which the
-#: port announces; grpc clients queue calls past it). A client that opens one more anyway breaks the protocol: the
-#: connection ends with GOAWAY. Each open stream may hold one unfinished message (GRPC_MAX_MESSAGE_BYTES).
+#: port announces; grpc clients queue calls past it). A stream a client opens past it anyway is refused
+#: (RST_STREAM REFUSED_STREAM, which a gRPC client retries); the connection goes on. Each open stream may hold one
+#: unfinished message (GRPC_MAX_MESSAGE_BYTES).
 GRPC_MAX_STREAMS_PER_CONNECTION = 100
 #: Largest gRPC message a client may send (the length in its 5-byte prefix, checked before a byte of it is kept): a
 #: message body of MAX_BODY_BYTES and room for its properties. Past it the call ends with grpc-status 8
@@ -875,15 +876,31 @@ GRPC_CACHED_HEADER_BLOCKS = 8
 #: one for the connection's); one past its credit counts against GRPC_MAX_CONTROL_FRAMES, so a client that returns
 #: window it was never sent floods into that budget. The credit is held to GRPC_MAX_CONTROL_FRAMES.
 GRPC_WINDOW_UPDATES_PER_DATA = 2
+#: A DATA frame of at least this many bytes is payload delivered, free of the control budget (and pays for one small
+#: frame); a shorter one, and HEADERS on a stream opened before, is a small frame, paid by GRPC_SMALL_FRAMES_PER_STREAM
+#: for each stream opened and one for each such full DATA frame, past that counted against GRPC_MAX_CONTROL_FRAMES
+#: (the flood of 1-byte DATA frames). A header-block part this short that does not end its block (HEADERS or
+#: CONTINUATION without END_HEADERS) always counts: clients split a block only at the maximum frame size.
+GRPC_SMALL_FRAME_BYTES = 1024
+#: Small frames each stream a gRPC client opens pays for (its request message, the empty DATA that ends it, its
+#: trailers, with room to spare): a unary call never counts against GRPC_MAX_CONTROL_FRAMES.
+GRPC_SMALL_FRAMES_PER_STREAM = 4
+#: Streams reset before their client ended them, and runs of stream ids the client skipped, a gRPC connection
+#: remembers (each, the last so many): HEADERS on a lower stream id is a stream error STREAM_CLOSED on one reset, a
+#: connection error PROTOCOL_ERROR on one skipped, else STREAM_CLOSED (a stream the client ended). Past the bound
+#: the oldest is forgotten and taken for one the client ended: still a connection error.
+GRPC_CLOSED_STREAMS_KEPT = 2 * GRPC_MAX_STREAMS_PER_CONNECTION
 #: Bytes one receive of a gRPC connection takes: h2 parses all it is handed before the connection can share the loop
 #: again (``share_loop``), and 16 KiB of the smallest frames parse within about one turn (MAX_TURN_MS).
 GRPC_RECV_BYTES = 16 * 1024
 #: The window in which a gRPC connection's control frames and new streams are counted (GRPC_MAX_CONTROL_FRAMES,
 #: GRPC_MAX_NEW_STREAMS); a window starts with the first frame after the last one ended.
 GRPC_FLOOD_WINDOW_S = 10.0
-#: PING, SETTINGS, RST_STREAM and PRIORITY frames one gRPC connection may send in GRPC_FLOOD_WINDOW_S: past it the
-#: connection ends with GOAWAY ENHANCE_YOUR_CALM (the HTTP/2 ping, settings and rapid-reset floods). A client sends a
-#: few (its SETTINGS, keepalive and flow-control pings, a cancelled call's reset) each second.
+#: Frames that do no work for a request (PING, SETTINGS, RST_STREAM, PRIORITY, GOAWAY and unknown frames, empty and
+#: tiny frames that end nothing, small frames past their credit, frames refused on their stream: port.FloodBudget)
+#: one gRPC connection may send in GRPC_FLOOD_WINDOW_S: past it the connection ends with GOAWAY ENHANCE_YOUR_CALM (the
+#: HTTP/2 ping, settings, rapid-reset, tiny-frame and closed-stream floods). A client sends a few (its SETTINGS,
+#: keepalive and flow-control pings, a cancelled call's reset) each second.
 GRPC_MAX_CONTROL_FRAMES = 1000
 #: Streams (calls) one gRPC connection may open in GRPC_FLOOD_WINDOW_S: past it the connection ends with GOAWAY
 #: ENHANCE_YOUR_CALM (a client opening streams as fast as it can), and the client reconnects.

@@ -10,24 +10,32 @@ library's (the port hands in its caching coder, ``headercache``).
 What it does, and refuses (a connection error queues GOAWAY with the code and raises ``ProtocolError``; a stream
 error queues RST_STREAM and, for a stream the port knows, reports ``RESET``):
 
-* the client's preface, then SETTINGS both ways (each acknowledged); values checked: ENABLE_PUSH 0 or 1,
+* the client's preface, then SETTINGS both ways (each acknowledged; the client's first frame must be its
+  SETTINGS, else PROTOCOL_ERROR); values checked: ENABLE_PUSH 0 or 1,
   INITIAL_WINDOW_SIZE at most 2^31-1 (FLOW_CONTROL_ERROR), MAX_FRAME_SIZE 2^14 to 2^24-1; a new initial window
   applies to the open streams' send windows; a new header table size to the encoder;
-* PING answered (ACK); PRIORITY and unknown frame types ignored; PUSH_PROMISE from a client is PROTOCOL_ERROR;
-* HEADERS (padding, the priority fields) and CONTINUATION: one header block at a time, nothing else between;
-  stream ids odd and increasing, a stream past the announced SETTINGS_MAX_CONCURRENT_STREAMS ends the connection
-  (PROTOCOL_ERROR); a second HEADERS on a stream is its trailers, which must end it; a header list past
+* PING answered (ACK); PRIORITY (a stream depending on itself: PROTOCOL_ERROR) and unknown frame types ignored;
+  PUSH_PROMISE from a client is PROTOCOL_ERROR;
+* HEADERS (padding, the priority fields) and CONTINUATION: one header block at a time, nothing else between, its
+  parts gathered and joined once; stream ids odd and increasing (HEADERS on a lower id is a connection error:
+  PROTOCOL_ERROR on an id never opened, STREAM_CLOSED on a stream the client ended; on a stream reset before
+  that, a stream error STREAM_CLOSED; ``limits.GRPC_CLOSED_STREAMS_KEPT``); a stream past the announced
+  SETTINGS_MAX_CONCURRENT_STREAMS is refused (REFUSED_STREAM, which a client retries; a GOAWAY names only streams
+  taken, ``last_taken``); a second HEADERS on a stream is its trailers, which must end it; a header list past
   SETTINGS_MAX_HEADER_LIST_SIZE is ENHANCE_YOUR_CALM, a block that does not decode COMPRESSION_ERROR;
 * DATA (padding) within both receive windows (FLOW_CONTROL_ERROR), given back by WINDOW_UPDATE as the port
   acknowledges what it consumed (``acknowledge``); a frame on a stream never opened is PROTOCOL_ERROR, on a closed
-  or half-closed (remote) one STREAM_CLOSED;
-* WINDOW_UPDATE for the connection and a stream: zero is PROTOCOL_ERROR, past 2^31-1 FLOW_CONTROL_ERROR;
+  or half-closed (remote) one STREAM_CLOSED; DATA that does not add up to a request's content-length is a stream
+  error PROTOCOL_ERROR (RFC 9113 section 8.1.1);
+* WINDOW_UPDATE for the connection and a stream: zero is PROTOCOL_ERROR (a stream error, on a closed stream too),
+  past 2^31-1 FLOW_CONTROL_ERROR;
 * RST_STREAM ends a stream; GOAWAY is reported (``GOAWAY``) and the streams go on (RFC 9113 section 6.8).
 
 Limits before work: a frame declared past SETTINGS_MAX_FRAME_SIZE is refused from its header (FRAME_SIZE_ERROR),
 before its body arrives; each frame is shown to ``on_frame`` once, as its header is whole (its body may still be
 coming), and a reason it returns ends the connection (ENHANCE_YOUR_CALM) before the frame is buffered or served:
-the port's flood budgets. ``partial`` is the bytes held of a frame not yet whole.
+the port's flood budgets; each frame refused with a stream error is shown to ``on_wasted`` alike. ``partial`` is
+the bytes held of a frame not yet whole.
 
 Events are tuples ``(kind, stream_id, a, b)``: ``REQUEST`` (a: the header list, bytes pairs), ``DATA`` (a: the
 data, b: the flow-controlled length, padding included), ``ENDED`` (the client half-closed), ``TRAILERS`` (a: the
@@ -37,8 +45,11 @@ received, a dict), ``GOAWAY`` (a: the last stream id, b: the error code).
 
 import enum
 import struct
+from collections import OrderedDict, deque
 
 from hpack import HPACKError, OversizedHeaderListError
+
+from metaq import limits
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY_FRAME, WINDOW_UPDATE, CONTINUATION = range(10)
@@ -90,39 +101,24 @@ class StreamClosed(Exception):
     """The port sent on a stream that is closed (or its own side of it is)."""
 
 
-#: Frames that cost the server work and carry no request (the HTTP/2 flood attacks: ping, settings, reset,
-#: priority).
-CONTROL_FRAMES = frozenset((PRIORITY, RST_STREAM, SETTINGS, PING))
-
-
 def frame_head(length, ftype, flags, stream_id):
     """A frame's 9-byte header."""
     return _HEAD.pack(length >> 8, length & 0xFF, ftype, flags, stream_id)
-
-
-def is_control(ftype, flags, length):
-    """Whether a frame is work for the server and no part of a request: a ``CONTROL_FRAMES`` type, or an empty frame
-    that ends nothing (DATA without END_STREAM, HEADERS or CONTINUATION without END_HEADERS: the empty-frames flood,
-    which costs the server a frame's work for no byte of a request)."""
-    if ftype in CONTROL_FRAMES:
-        return True
-    if length or ftype not in (DATA, HEADERS, CONTINUATION):
-        return False
-    return not flags & (END_STREAM if ftype == DATA else END_HEADERS)
 
 
 class Stream:
     """One stream: which sides are open (both: open; the client's ended: half-closed (remote); the server's ended:
     half-closed (local); a closed stream is no longer kept) and its windows."""
 
-    __slots__ = ("remote_open", "local_open", "inbound", "outbound", "unacked")
+    __slots__ = ("remote_open", "local_open", "inbound", "outbound", "unacked", "remaining")
 
-    def __init__(self, inbound, outbound):
+    def __init__(self, inbound, outbound, remaining=None):
         self.remote_open = True
         self.local_open = True
         self.inbound = inbound  # what the client may still send on it
         self.outbound = outbound  # what the server may still send on it
         self.unacked = 0  # bytes the port consumed and not yet given back by WINDOW_UPDATE
+        self.remaining = remaining  # bytes of DATA its content-length still announces (None: none announced)
 
 
 def _increment(window, processed, maximum):
@@ -153,17 +149,29 @@ class ServerConnection:
         self.outbound = DEFAULT_WINDOW  # the connection's send window left
         self.unacked = 0
         self.streams = {}
-        self.highest_inbound_stream_id = 0
+        self.highest_inbound_stream_id = 0  # the highest stream id the client used: every lower one is not idle
+        self.last_taken = 0  # the highest stream id handed to the port (REQUEST): what a GOAWAY names as processed
         self.closed = False  # the server sent its last GOAWAY: nothing more is read or sent
         self._out = []
         self._buf = b""
-        self._preface = 0  # bytes of the preface received
-        self._block = None  # a header block awaiting CONTINUATION: [stream id, end stream, bad priority, bytes]
+        self._preface = 0  # bytes of the preface received; 25 once the SETTINGS that must follow it began
+        self._block = None  # a header block awaiting CONTINUATION: [stream id, end stream, bad priority, parts]
         self._shown = False  # the frame begun at ``_buf``'s start was shown to ``on_frame`` already
         self._connection_increment = connection_window
+        self._announced = None  # the last stream id a GOAWAY named: a later one names no higher
+        self._next_stream = 1  # the id the client's next stream takes unless it skips some
+        #: What tells a lower stream id's HEADERS apart, each the last ``limits.GRPC_CLOSED_STREAMS_KEPT``: the
+        #: streams reset before the client ended them (ids, oldest first) and the runs of ids the client skipped
+        #: (never opened); any other lower id is a stream the client ended.
+        self._reset_ids = OrderedDict()
+        self._skipped = deque(maxlen=limits.GRPC_CLOSED_STREAMS_KEPT)
         #: Called ``(type, flags, length, stream id)`` for each frame as its header is whole; a reason (text)
         #: returned ends the connection with ENHANCE_YOUR_CALM.
         self.on_frame = None
+        #: Called ``()`` for each frame refused with a stream error (a frame that did no work: DATA or HEADERS on a
+        #: closed stream, a stream past SETTINGS_MAX_CONCURRENT_STREAMS, ...); a reason returned ends the
+        #: connection with ENHANCE_YOUR_CALM.
+        self.on_wasted = None
 
     @property
     def partial(self):
@@ -266,10 +274,21 @@ class ServerConnection:
         if not stream.remote_open:
             del self.streams[stream_id]
 
+    def _reset_before_its_end(self, stream_id):
+        """``stream_id`` was reset (or refused) before the client ended it: frames it still has in flight for it
+        are stream errors, not connection errors (kept among the last ``limits.GRPC_CLOSED_STREAMS_KEPT``)."""
+        reset = self._reset_ids
+        reset[stream_id] = None
+        if len(reset) > limits.GRPC_CLOSED_STREAMS_KEPT:
+            reset.popitem(last=False)
+
     def reset_stream(self, stream_id, code=ErrorCode.NO_ERROR):
         """RST_STREAM: the stream ends both ways."""
-        if self.closed or self.streams.pop(stream_id, None) is None:
+        stream = None if self.closed else self.streams.pop(stream_id, None)
+        if stream is None:
             raise StreamClosed("stream %d is closed" % stream_id)
+        if stream.remote_open:
+            self._reset_before_its_end(stream_id)
         self._out.append(frame_head(4, RST_STREAM, 0, stream_id) + _U32.pack(code))
 
     def local_flow_control_window(self, stream_id):
@@ -307,13 +326,17 @@ class ServerConnection:
 
     def goaway(self, last_stream_id, code=ErrorCode.NO_ERROR, data=b""):
         """A GOAWAY that leaves the connection open: the streams up to ``last_stream_id`` go on (a shutdown's
-        first announcement)."""
+        first announcement); a later GOAWAY names no higher stream (RFC 9113 section 6.8)."""
+        if self._announced is not None:
+            last_stream_id = min(last_stream_id, self._announced)
+        self._announced = last_stream_id
         self._out.append(frame_head(8 + len(data), GOAWAY_FRAME, 0, 0) + _GOAWAY.pack(last_stream_id, code) + data)
 
     def close(self, code=ErrorCode.NO_ERROR, data=b""):
-        """The last GOAWAY (naming the highest stream taken): nothing more is sent or read."""
+        """The last GOAWAY (naming the highest stream taken, ``last_taken``; a stream refused is none): nothing
+        more is sent or read."""
         if not self.closed:
-            self.goaway(self.highest_inbound_stream_id, code, data)
+            self.goaway(self.last_taken, code, data)
             self.closed = True
 
     # -- receiving --------------------------------------------------------------------------------------------
@@ -327,7 +350,7 @@ class ServerConnection:
         pos, end = 0, len(buf)
         events = []
         try:
-            if self._preface < 24:
+            if self._preface < 25:
                 pos = self._take_preface(buf, end)
             on_frame = self.on_frame
             while end - pos >= 9:
@@ -368,11 +391,16 @@ class ServerConnection:
         return events
 
     def _take_preface(self, buf, end):
-        """The bytes of the client's preface at ``buf``'s start (ProtocolError when they are not)."""
+        """The bytes of the client's preface at ``buf``'s start (ProtocolError when they are not), and the first
+        frame's header after it checked: a SETTINGS that is no ACK (RFC 9113 section 3.4)."""
         take = min(24 - self._preface, end)
         if buf[:take] != PREFACE[self._preface:self._preface + take]:
             raise ProtocolError("the client's connection preface is wrong")
         self._preface += take
+        if self._preface == 24 and end - take >= 5:
+            if buf[take + 3] != SETTINGS or buf[take + 4] & ACK:
+                raise ProtocolError("the client's preface is not followed by its SETTINGS")
+            self._preface = 25
         return take
 
     def _other(self, ftype, flags, sid, payload, events):
@@ -389,10 +417,7 @@ class ServerConnection:
         elif ftype == CONTINUATION:
             self._continuation(flags, sid, payload, events)
         elif ftype == PRIORITY:
-            if not sid:
-                raise ProtocolError("PRIORITY on stream 0")
-            if len(payload) != 5:
-                self._stream_error(sid, ErrorCode.FRAME_SIZE_ERROR, events)
+            self._priority(sid, payload, events)
         elif ftype == GOAWAY_FRAME:
             if sid:
                 raise ProtocolError("GOAWAY on a stream")
@@ -404,10 +429,30 @@ class ServerConnection:
             raise ProtocolError("PUSH_PROMISE from a client")
         # any other type: ignored (RFC 9113 section 4.1)
 
+    def _priority(self, sid, payload, events):
+        """PRIORITY: ignored, once checked (its size; a stream depending on itself is PROTOCOL_ERROR, a connection
+        error on an idle stream, which no RST_STREAM may name)."""
+        if not sid:
+            raise ProtocolError("PRIORITY on stream 0")
+        if len(payload) != 5:
+            self._stream_error(sid, ErrorCode.FRAME_SIZE_ERROR, events)
+        elif _U32.unpack_from(payload)[0] & 0x7FFFFFFF == sid:
+            if sid > self.highest_inbound_stream_id:
+                raise ProtocolError("PRIORITY making idle stream %d depend on itself" % sid)
+            self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
+
     def _stream_error(self, sid, code, events):
-        """RST_STREAM ``code`` on ``sid``; a stream still kept ends (``RESET`` for the port)."""
+        """RST_STREAM ``code`` on ``sid``; a stream still kept ends (``RESET`` for the port). The frame refused did
+        no work: ``on_wasted`` counts it."""
+        if self.on_wasted is not None:
+            excess = self.on_wasted()
+            if excess is not None:
+                raise ProtocolError(excess, ErrorCode.ENHANCE_YOUR_CALM)
         self._out.append(frame_head(4, RST_STREAM, 0, sid) + _U32.pack(code))
-        if self.streams.pop(sid, None) is not None:
+        stream = self.streams.pop(sid, None)
+        if stream is not None:
+            if stream.remote_open:
+                self._reset_before_its_end(sid)
             events.append((RESET, sid, code, None))
 
     def _unpad(self, payload, ftype_name):
@@ -436,12 +481,21 @@ class ServerConnection:
             self._stream_error(sid, ErrorCode.FLOW_CONTROL_ERROR, events)
             return
         stream.inbound -= flow
+        if stream.remaining is not None:  # a content-length announced: the DATA may not pass it
+            stream.remaining -= stop - start
+            if stream.remaining < 0:
+                self._acknowledge_connection(flow)
+                self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
+                return
         if flow:
             events.append((DATA_RECEIVED, sid, payload[start:stop] if start or stop < flow else payload, flow))
         if flags & END_STREAM:
             self._end_remote(sid, stream, events)
 
     def _end_remote(self, sid, stream, events):
+        if stream.remaining:  # ended short of its content-length: malformed (RFC 9113 section 8.1.1)
+            self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
+            return
         stream.remote_open = False
         if not stream.local_open:
             del self.streams[sid]
@@ -461,16 +515,17 @@ class ServerConnection:
         if flags & END_HEADERS:
             self._header_block(sid, flags & END_STREAM, self_dependent, block, events)
         else:
-            self._block = [sid, flags & END_STREAM, self_dependent, block]
+            self._block = [sid, flags & END_STREAM, self_dependent, [block]]
 
     def _continuation(self, flags, sid, payload, events):
+        """A header block's next part: the parts gathered in a list and joined once, as the block ends."""
         block = self._block
         if block is None or block[0] != sid:
             raise ProtocolError("CONTINUATION with no header block open on stream %d" % sid)
-        block[3] += payload
+        block[3].append(payload)
         if flags & END_HEADERS:
             self._block = None
-            self._header_block(sid, block[1], block[2], block[3], events)
+            self._header_block(sid, block[1], block[2], b"".join(block[3]), events)
 
     def _header_block(self, sid, end_stream, self_dependent, block, events):
         try:
@@ -484,17 +539,23 @@ class ServerConnection:
         stream = self.streams.get(sid)
         if stream is None:
             if sid <= self.highest_inbound_stream_id:
-                self._stream_error(sid, ErrorCode.STREAM_CLOSED, events)
+                self._closed_headers(sid, end_stream, events)
                 return
             if not sid & 1:
                 raise ProtocolError("a client's stream with an even id (%d)" % sid)
             self.highest_inbound_stream_id = sid
-            if self_dependent:
-                self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
+            if sid != self._next_stream:
+                self._skipped.append((self._next_stream, sid - 2))
+            self._next_stream = sid + 2
+            length = _content_length(headers)
+            if self_dependent or length == -1 or len(self.streams) >= self.max_streams:
+                # malformed, or past SETTINGS_MAX_CONCURRENT_STREAMS: refused (REFUSED_STREAM: a client retries it)
+                self._reset_before_its_end(sid)
+                self._stream_error(sid, ErrorCode.PROTOCOL_ERROR if self_dependent or length == -1
+                                   else ErrorCode.REFUSED_STREAM, events)
                 return
-            if len(self.streams) >= self.max_streams:
-                raise ProtocolError("more than %d streams open (SETTINGS_MAX_CONCURRENT_STREAMS)" % self.max_streams)
-            stream = self.streams[sid] = Stream(self.window, self.remote_initial_window)
+            stream = self.streams[sid] = Stream(self.window, self.remote_initial_window, length)
+            self.last_taken = sid
             events.append((REQUEST, sid, headers, None))
         elif not stream.remote_open:
             self._stream_error(sid, ErrorCode.STREAM_CLOSED, events)
@@ -505,6 +566,23 @@ class ServerConnection:
             events.append((TRAILERS, sid, headers, None))
         if end_stream:
             self._end_remote(sid, stream, events)
+
+    def _closed_headers(self, sid, end_stream, events):
+        """HEADERS on a stream id lower than one used and no longer kept (RFC 9113 sections 5.1, 5.1.1, 8.1): one
+        that does not end its stream (no trailers, nor a stream it may open) is a connection error PROTOCOL_ERROR;
+        after a reset before the client ended it, a stream error STREAM_CLOSED; on an id never opened (even, or
+        skipped), a connection error PROTOCOL_ERROR; on a stream the client ended, a connection error
+        STREAM_CLOSED."""
+        if not end_stream:
+            raise ProtocolError("HEADERS on stream %d, lower than stream %d, that does not end it" % (
+                sid, self.highest_inbound_stream_id))
+        if sid in self._reset_ids:
+            self._stream_error(sid, ErrorCode.STREAM_CLOSED, events)
+            return
+        if not sid & 1 or any(low <= sid <= high for low, high in self._skipped):
+            raise ProtocolError("HEADERS on stream %d, never opened and lower than stream %d" % (
+                sid, self.highest_inbound_stream_id))
+        raise ProtocolError("HEADERS on stream %d, which the client ended" % sid, ErrorCode.STREAM_CLOSED)
 
     def _window_update(self, sid, payload, events):
         if len(payload) != 4:
@@ -522,6 +600,8 @@ class ServerConnection:
         if stream is None:
             if sid > self.highest_inbound_stream_id:
                 raise ProtocolError("WINDOW_UPDATE on stream %d, never opened" % sid)
+            if not more:  # an increment of 0 is a stream error on a closed stream too
+                self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
             return  # a stream closed meanwhile
         if not more:
             self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
@@ -538,7 +618,10 @@ class ServerConnection:
             raise ProtocolError("RST_STREAM of %d bytes" % len(payload), ErrorCode.FRAME_SIZE_ERROR)
         if sid > self.highest_inbound_stream_id:
             raise ProtocolError("RST_STREAM on stream %d, never opened" % sid)
-        if self.streams.pop(sid, None) is not None:
+        stream = self.streams.pop(sid, None)
+        if stream is not None:
+            if stream.remote_open:
+                self._reset_before_its_end(sid)
             events.append((RESET, sid, _U32.unpack(payload)[0], None))
 
     def _settings(self, flags, sid, payload, events):
@@ -573,3 +656,15 @@ class ServerConnection:
                 self.encoder.header_table_size = value
         self._out.append(frame_head(0, SETTINGS, ACK, 0))
         events.append((SETTINGS_CHANGED, 0, values, None))
+
+
+def _content_length(headers):
+    """The content-length a request's header list announces: None without one, -1 when it is no length (malformed,
+    as are several that differ)."""
+    length = None
+    for name, value in headers:
+        if name == b"content-length":
+            if not value.isdigit() or len(value) > 18 or length is not None and int(value) != length:
+                return -1
+            length = int(value)
+    return length

@@ -7,7 +7,7 @@ through ``Connection.receive`` (idle timeout; a message begun must be whole with
 the HTTP/2 layer; gRPC's layer is ``wire``. Per connection the port announces and enforces its named limits:
 
 * ``max_streams_per_connection`` (``limits.GRPC_MAX_STREAMS_PER_CONNECTION``): SETTINGS_MAX_CONCURRENT_STREAMS; a
-  client that opens one more stream than announced gets GOAWAY and the connection closes;
+  stream opened past it is refused (REFUSED_STREAM, which a gRPC client retries), the connection going on;
 * ``max_header_bytes`` (``limits.GRPC_MAX_HEADER_BYTES``): SETTINGS_MAX_HEADER_LIST_SIZE; a larger header block
   ends the connection (GOAWAY);
 * ``max_message_bytes`` (``limits.GRPC_MAX_MESSAGE_BYTES``): a request message announced larger ends its call with
@@ -16,11 +16,12 @@ the HTTP/2 layer; gRPC's layer is ``wire``. Per connection the port announces an
   FRAME_SIZE_ERROR) from its header, before its body arrives (``http2``); the bytes of an incomplete
   frame are a request under way (its deadline, the unfinished-request budgets, a stranger's among them);
 * ``max_control_frames`` and ``max_new_streams`` per ``flood_window_s`` (``limits.GRPC_MAX_CONTROL_FRAMES``,
-  ``limits.GRPC_MAX_NEW_STREAMS``, ``limits.GRPC_FLOOD_WINDOW_S``): PING, SETTINGS, RST_STREAM and PRIORITY frames,
-  and empty frames that end nothing (DATA without END_STREAM, HEADERS or CONTINUATION without END_HEADERS) and
-  WINDOW_UPDATEs past ``limits.GRPC_WINDOW_UPDATES_PER_DATA`` for each DATA frame sent count as control frames,
-  and streams opened; past either the connection ends with GOAWAY ENHANCE_YOUR_CALM (the HTTP/2 flood,
-  empty-frames and rapid reset attacks);
+  ``limits.GRPC_MAX_NEW_STREAMS``, ``limits.GRPC_FLOOD_WINDOW_S``): every frame costs by its kind
+  (``FloodBudget``): frames that do no work for a request (control and unknown types, empty and tiny frames that
+  end nothing, frames refused on their stream, WINDOW_UPDATEs past ``limits.GRPC_WINDOW_UPDATES_PER_DATA`` for each
+  DATA frame sent, small frames past the credit streams and full DATA frames give) count against the first,
+  streams opened against the second; past either the connection ends with GOAWAY ENHANCE_YOUR_CALM (the HTTP/2
+  flood, empty-frames, tiny-frames, closed-stream and rapid reset attacks);
 * a header block (HEADERS and its CONTINUATIONs) encoded in more than ``limits.GRPC_HEADER_BLOCK_FACTOR`` times
   ``max_header_bytes`` ends the connection (GOAWAY ENHANCE_YOUR_CALM) as the frame that passes it begins, before
   the HTTP/2 layer buffers it (the CONTINUATION flood). Every frame is budgeted as its header arrives
@@ -58,8 +59,8 @@ from gevent.event import Event
 from gevent.lock import Semaphore
 from metaq import limits
 from metaq.rmq5 import http2
-from metaq.rmq5.http2 import (CONTINUATION, END_HEADERS, HEADERS, WINDOW_UPDATE, ErrorCode, ProtocolError,
-                              ServerConnection, StreamClosed, is_control)
+from metaq.rmq5.http2 import (CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, WINDOW_UPDATE, ErrorCode,
+                              ProtocolError, ServerConnection, StreamClosed)
 from metaq.rmq5.headercache import CachedDecoder, CachedEncoder, CheckedHeaders
 from metaq.rmq5.wire import (OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW, WAITS, GrpcError, MessageReader, Status, frame,
                              frames, is_grpc_content_type, parse_timeout, rpc_name, trailers, trailers_only)
@@ -75,6 +76,9 @@ WINDOW_BYTES = 1 << 20
 FLUSH_BYTES = 1 << 16
 #: How long a connection ended by a GOAWAY reads what its client still sends before it closes (``_linger``).
 LINGER_S = 1.0
+#: The text of the port's plain HTTP answers (a request that is no gRPC call), by status.
+PLAIN_BODIES = {"405": b"the gRPC port takes POST requests only\n",
+                "415": b"the gRPC port takes application/grpc requests only\n"}
 
 
 class PortLimits:
@@ -97,14 +101,23 @@ class PortLimits:
 
 
 class FloodBudget:
-    """What one connection may send in a window of ``flood_window_s``: ``max_control_frames`` control frames
-    (``http2.is_control``, and WINDOW_UPDATEs past the credit the DATA frames sent give: ``sent_data``) and
-    ``max_new_streams`` streams opened, and the header block open at most ``GRPC_HEADER_BLOCK_FACTOR *
-    max_header_bytes`` encoded. Each frame is counted as its header arrives (``begun``, the HTTP/2 layer's
-    ``on_frame``), before its body is buffered or it is served. Time is passed in (``tick``, once a read); a window
-    starts with the first read after the last one ended."""
+    """What one connection may send in a window of ``flood_window_s``, each frame by its cost: ``max_control_frames``
+    frames that do no work for a request, ``max_new_streams`` streams opened, and the header block open at most
+    ``GRPC_HEADER_BLOCK_FACTOR * max_header_bytes`` encoded.
 
-    __slots__ = ("limits", "controls", "streams", "last_stream", "block", "credit", "_since")
+    Work for no request: PING, SETTINGS, RST_STREAM, PRIORITY and GOAWAY frames and types HTTP/2 does not define,
+    empty DATA frames that do not end their stream (the empty-frames flood), header-block parts shorter than
+    ``GRPC_SMALL_FRAME_BYTES`` that do not end it (clients split a block only at the maximum frame size; the
+    CONTINUATION flood of tiny frames), frames refused with a stream error (``wasted``,
+    the HTTP/2 layer's ``on_wasted``: DATA or HEADERS on a closed stream, a stream refused), WINDOW_UPDATEs past the
+    credit the DATA frames sent give (``sent_data``), and small frames (DATA shorter than ``GRPC_SMALL_FRAME_BYTES``,
+    HEADERS on a stream opened before) past the credit useful work gives: ``GRPC_SMALL_FRAMES_PER_STREAM`` a stream
+    opened, one a full DATA frame. A DATA frame of ``GRPC_SMALL_FRAME_BYTES`` or more is payload delivered: free.
+    Each credit is held to ``max_control_frames``. Each frame is counted as its header arrives (``begun``, the
+    layer's ``on_frame``), before its body is buffered or it is served. Time is passed in (``tick``, once a read); a
+    window starts with the first read after the last one ended."""
+
+    __slots__ = ("limits", "controls", "streams", "last_stream", "block", "credit", "paid", "_since")
 
     def __init__(self, port_limits):
         self.limits = port_limits
@@ -113,6 +126,7 @@ class FloodBudget:
         self.last_stream = 0  # the highest stream id the client opened
         self.block = 0  # encoded bytes of the header block begun and not yet ended (END_HEADERS)
         self.credit = 0  # WINDOW_UPDATEs the client may send free (GRPC_WINDOW_UPDATES_PER_DATA a DATA frame sent)
+        self.paid = 0  # small frames the client may send free (paid by streams opened and full DATA frames)
         self._since = None
 
     def sent_data(self, frames=1):
@@ -125,29 +139,67 @@ class FloodBudget:
             self._since, self.controls, self.streams = now, 0, 0
 
     def begun(self, ftype, flags, length, stream_id):
-        """None while the frames begun keep within the budget (this one counted), else why not."""
+        """A frame's cost, as its header arrives (the one place it is decided; the class doc says how): None while
+        the frames begun keep within the budget (this one counted), else why not. The frames of requests (a full
+        DATA frame, a small one ending a call, HEADERS opening a stream) are taken first."""
         lim = self.limits
-        if is_control(ftype, flags, length):
+        if ftype == DATA:
+            if length >= limits.GRPC_SMALL_FRAME_BYTES:  # payload delivered: free, and pays for a small frame
+                if self.paid < lim.max_control_frames:
+                    self.paid += 1
+                return None
+            if (length or flags & END_STREAM) and self.paid:  # a small frame, paid (an empty one ending nothing never)
+                self.paid -= 1
+                return None
             self.controls += 1
-        elif ftype == WINDOW_UPDATE:
-            if self.credit:
-                self.credit -= 1
-            else:
-                self.controls += 1
-        if ftype == HEADERS and stream_id > self.last_stream:
+            return self._excess()
+        if ftype == HEADERS or ftype == CONTINUATION:
+            return self._header_part(ftype == HEADERS, flags, length, stream_id)
+        if ftype == WINDOW_UPDATE and self.credit:  # answering DATA the port sent
+            self.credit -= 1
+            return None
+        self.controls += 1  # PING, SETTINGS, RST_STREAM, PRIORITY, GOAWAY, an unknown type, an unprompted update
+        return self._excess()
+
+    def _header_part(self, headers, flags, length, stream_id):
+        """``begun`` for a part of a header block (HEADERS when ``headers``, else CONTINUATION)."""
+        lim = self.limits
+        if headers and stream_id > self.last_stream:  # a stream opened: counted, and pays for small frames
             self.last_stream = stream_id
             self.streams += 1
-        if ftype == HEADERS or ftype == CONTINUATION:
-            self.block = 0 if flags & END_HEADERS else self.block + length
+            paid = self.paid + limits.GRPC_SMALL_FRAMES_PER_STREAM
+            self.paid = paid if paid < lim.max_control_frames else lim.max_control_frames
+            if self.streams > lim.max_new_streams:
+                return "more than %d streams opened in %g s (grpc.max_new_streams)" % (lim.max_new_streams,
+                                                                                      lim.flood_window_s)
+        elif headers:  # on a stream opened before (trailers): a small frame
+            if self.paid:
+                self.paid -= 1
+            else:
+                self.controls += 1
+        if flags & END_HEADERS:
+            self.block = 0
+        else:
+            if length < limits.GRPC_SMALL_FRAME_BYTES:  # a tiny part that does not end its block
+                self.controls += 1
+            self.block += length
             if self.block > limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes:
                 return "a header block of more than %d bytes begun (%d x grpc.max_header_bytes)" % (
                     limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes, limits.GRPC_HEADER_BLOCK_FACTOR)
+        return self._excess()
+
+    def wasted(self):
+        """A frame the HTTP/2 layer refused with a stream error (the layer's ``on_wasted``): None while within the
+        budget (counted), else why not."""
+        self.controls += 1
+        return self._excess()
+
+    def _excess(self):
+        lim = self.limits
         if self.controls > lim.max_control_frames:
-            return ("more than %d PING, SETTINGS, RST_STREAM, PRIORITY, empty and unprompted WINDOW_UPDATE frames "
-                    "in %g s (grpc.max_control_frames)" % (lim.max_control_frames, lim.flood_window_s))
-        if self.streams > lim.max_new_streams:
-            return "more than %d streams opened in %g s (grpc.max_new_streams)" % (lim.max_new_streams,
-                                                                                  lim.flood_window_s)
+            return ("more than %d frames that do no work (PING, SETTINGS, RST_STREAM, PRIORITY, GOAWAY, unknown, empty "
+                    "or small ones past their credit, unprompted WINDOW_UPDATEs, frames refused on their stream) in "
+                    "%g s (grpc.max_control_frames)" % (lim.max_control_frames, lim.flood_window_s))
         return None
 
 
@@ -196,6 +248,7 @@ class GrpcConnection(Connection):
                                    port_limits.max_streams, port_limits.max_header_bytes, WINDOW_BYTES, WINDOW_BYTES)
         self.checked = CheckedHeaders()
         self.calls = {}
+        self.plain = {}  # stream id -> a plain answer's text waiting for the client's window (an open stream each)
         self.running = 0  # unary calls being answered
         self.completed = 0  # request messages received whole (Connection.progress)
         self.parser = self  # Connection.receive asks in_frame, completed and buffered of it
@@ -205,6 +258,7 @@ class GrpcConnection(Connection):
         self._reading = None  # the reader's greenlet while it serves a read's events: it flushes their answers after
         self.budget = FloodBudget(port_limits)
         self.http2.on_frame = self.budget.begun  # each frame budgeted as its header arrives
+        self.http2.on_wasted = self.budget.wasted  # and each one refused on its stream
         self.goaway = False  # the client sent GOAWAY: its open streams end, then the connection
         self.draining = None  # the last stream id the port's GOAWAY named (``drain``): newer ones are refused
         self.ended = False  # the port sent its last GOAWAY and shut its side (``_end_cleanly``)
@@ -292,6 +346,8 @@ class GrpcConnection(Connection):
                     self._ended(stream_id)
                 elif kind == http2.WINDOW:  # a call waiting for the client's window looks again
                     self._window.set()
+                    if self.plain:
+                        self._plain_bodies()
                 else:
                     self._event(kind, stream_id, a)
         except ProtocolError as exc:  # headers that fail HTTP/2's checks (``CheckedHeaders``)
@@ -325,7 +381,7 @@ class GrpcConnection(Connection):
         from a greenlet of its own: a client that reads nothing cannot hold the shutdown."""
         if self.closed or self.ended or self.draining is not None:
             return
-        self.draining = self.http2.highest_inbound_stream_id
+        self.draining = self.http2.last_taken
         gevent.spawn(self._announce)
 
     def _announce(self):
@@ -363,14 +419,17 @@ class GrpcConnection(Connection):
     def _drain_after_goaway(self):
         """After a GOAWAY: stop sending and read what the client still sends, at most ``LINGER_S``, so that the
         close does not reset the connection before the client has read the GOAWAY (a close with unread bytes sends
-        a TCP reset, which may discard them)."""
+        a TCP reset, which may discard them); a client still flooding lets the other connections run meanwhile
+        (``share_loop``: a receive with bytes waiting never yields)."""
         try:
             self.sock.shutdown(socket.SHUT_WR)
             deadline = time.monotonic() + LINGER_S
+            turn = time.monotonic()
             while time.monotonic() < deadline:
                 self.sock.settimeout(max(0.001, deadline - time.monotonic()))
                 if not self.sock.recv(65536):
                     break
+                turn = share_loop(turn)
         except OSError:
             pass
 
@@ -379,6 +438,7 @@ class GrpcConnection(Connection):
         if kind == http2.TRAILERS:
             self.checked.trailers(a)
         elif kind == http2.RESET:
+            self.plain.pop(stream_id, None)
             call = self.calls.pop(stream_id, None)
             if call is not None:
                 call.reset = True
@@ -388,6 +448,8 @@ class GrpcConnection(Connection):
                     self.service.telemetry_closed(call)
         elif kind == http2.SETTINGS_CHANGED:  # a new initial window: as a WINDOW_UPDATE
             self._window.set()
+            if self.plain:
+                self._plain_bodies()
         elif kind == http2.GOAWAY:  # the client is leaving: its streams go on to their end (RFC 9113 section 6.8)
             self.goaway = True
 
@@ -651,13 +713,35 @@ class GrpcConnection(Connection):
             pass
 
     def _plain_answer(self, stream_id, http_status):
-        """An HTTP answer that is no gRPC response (a wrong method or content type)."""
+        """An HTTP answer that is no gRPC response (a wrong method or content type): its status and a line of text
+        (``PLAIN_BODIES``), sent as the client's window takes it (``_plain_body``)."""
         try:
-            self.http2.send_headers(stream_id, [(":status", http_status)], end_stream=True)
-            if self.http2.remote_open(stream_id):
-                self.http2.reset_stream(stream_id, ErrorCode.NO_ERROR)
+            self.http2.send_headers(stream_id, [(":status", http_status), ("content-type", "text/plain")])
+            self._plain_body(stream_id, PLAIN_BODIES[http_status])
         except StreamClosed:
             pass
+
+    def _plain_body(self, stream_id, body):
+        """Send what the client's window takes of a plain answer's text: the whole of it ends the port's side (the
+        client may finish its request, whose DATA the HTTP/2 layer still checks, then ignored); the rest waits in
+        ``plain`` for the window to grow, its stream open meanwhile (one of the connection's streams)."""
+        room = self.http2.local_flow_control_window(stream_id)
+        if room < len(body):
+            if room > 0:
+                self.http2.send_data(stream_id, body[:room])
+                body = body[room:]
+            self.plain[stream_id] = body
+            return
+        self.plain.pop(stream_id, None)
+        self.http2.send_data(stream_id, body, end_stream=True)
+
+    def _plain_bodies(self):
+        """The client's window grew: the plain answers waiting get what it takes now."""
+        for stream_id, body in list(self.plain.items()):
+            try:
+                self._plain_body(stream_id, body)
+            except StreamClosed:
+                self.plain.pop(stream_id, None)
 
     def _flush_soon(self):
         """Flush from a greenlet of its own, once the calls that are ready now have run: the responses of the calls

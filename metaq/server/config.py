@@ -502,8 +502,8 @@ class GrpcSection(_Section):
     max_message_bytes: int = Field(limits.GRPC_MAX_MESSAGE_BYTES, ge=1024, le=1 << 30)
     max_header_bytes: int = Field(limits.GRPC_MAX_HEADER_BYTES, ge=1024, le=1 << 20)
     max_call_s: float = Field(limits.GRPC_MAX_CALL_S, gt=0, le=3600)
-    # per connection and flood_window_s: control frames (PING, SETTINGS, RST_STREAM, PRIORITY, empty frames that end
-    # nothing, WINDOW_UPDATEs for data never sent) and streams opened
+    # per connection and flood_window_s: frames that do no work (port.FloodBudget: control, unknown, empty, tiny and
+    # refused frames, small frames past their credit, WINDOW_UPDATEs for data never sent) and streams opened
     max_control_frames: int = Field(limits.GRPC_MAX_CONTROL_FRAMES, ge=10, le=1 << 20)
     max_new_streams: int = Field(limits.GRPC_MAX_NEW_STREAMS, ge=1, le=1 << 24)
     flood_window_s: float = Field(limits.GRPC_FLOOD_WINDOW_S, gt=0, le=3600)

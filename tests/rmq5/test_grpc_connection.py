@@ -35,10 +35,10 @@ def frame(ftype, flags=0, sid=0, payload=b"", length=None):
     return n.to_bytes(3, "big") + bytes((ftype, flags)) + sid.to_bytes(4, "big") + payload
 
 
-def header_block(rpc):
+def header_block(rpc, extra=()):
     """A request's header block in literals never indexed: HPACK that changes no table, sent as often as wanted."""
     headers = [(":method", "POST"), (":scheme", "http"), (":path", SERVICE + rpc), (":authority", "x"),
-               ("content-type", "application/grpc"), ("te", "trailers"), ("x-mq-client-id", "raw")]
+               ("content-type", "application/grpc"), ("te", "trailers"), ("x-mq-client-id", "raw"), *extra]
     return hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(n, v) for n, v in headers])
 
 
@@ -220,13 +220,14 @@ def test_streams_up_to_grpc_max_new_streams_are_answered_and_one_more_ends_the_c
         raw.close()
 
 
-def _budget_then_one_more(broker, opening, counted):
-    """After ``opening`` (the preface, the SETTINGS and their ACK: 2 of the control budget), ``counted`` frames to the
-    last of the budget with a PING (answered: the connection goes on), then one more (GOAWAY ENHANCE_YOUR_CALM)."""
+def _budget_then_one_more(broker, opening, counted, spent=2):
+    """After ``opening`` (the preface, the SETTINGS and their ACK: 2 of the control budget; else ``spent``),
+    ``counted`` frames to the last of the budget with a PING (answered: the connection goes on), then one more
+    (GOAWAY ENHANCE_YOUR_CALM)."""
     raw = Frames(grpc_port(broker))
     try:
         raw.send(opening)
-        raw.send(counted * (MAX_CONTROL - 3) + frame(PING, 0, 0, b"in stock"))  # the budget, to the last
+        raw.send(counted * (MAX_CONTROL - 1 - spent) + frame(PING, 0, 0, b"in stock"))  # the budget, to the last
         got = raw.read(lambda got: any(f != "closed" and f[0] == PING for f in got) or ended(got))
         assert not ended(got) and any(f[:2] == (PING, ACK) for f in got if f != "closed"), got[-3:]
         raw.send(counted)  # one more
@@ -322,6 +323,218 @@ def test_a_frame_on_a_closed_stream_is_reset_stream_closed_and_the_connection_go
         raw.send(frame(DATA, 0, 1, b"late"))  # stream 1 is over
         got = raw.read(lambda got: any(f != "closed" and f[0] == RST_STREAM for f in got) or ended(got))
         assert [(f[2], int.from_bytes(f[3], "big")) for f in got if f[0] == RST_STREAM] == [(1, 5)], got
+        raw.send(frame(HEADERS, END_HEADERS | END_STREAM, 3, header_block("Heartbeat")))
+        got = raw.read(lambda got: 3 in answered(got) or ended(got))
+        assert 3 in answered(got) and not ended(got), got
+    finally:
+        raw.close()
+
+
+# -- every frame budgeted by its cost: the floods of frames that do no work are cut ----------------------------
+
+
+def _after_the_cut_a_bystander_is_answered(broker, bystander):
+    """A call on ``bystander`` (a connection opened before the flood) is answered once the flood was cut."""
+    bystander.send(frame(HEADERS, END_HEADERS | END_STREAM, 3, header_block("Heartbeat")))
+    got = bystander.read(lambda got: 3 in answered(got) or ended(got))
+    assert 3 in answered(got) and not ended(got), got
+
+
+def _bystander(broker):
+    raw = Frames(grpc_port(broker))
+    raw.send(PREFACE + frame(SETTINGS) + frame(HEADERS, END_HEADERS | END_STREAM, 1, header_block("Heartbeat")))
+    got = raw.read(lambda got: 1 in answered(got) or ended(got))
+    assert 1 in answered(got), got
+    return raw
+
+
+def test_one_byte_data_frames_on_an_open_stream_count_past_the_streams_credit_and_one_past_the_budget_ends_it(
+        broker):
+    """A stream pays for GRPC_SMALL_FRAMES_PER_STREAM small frames (its 5-byte message prefix takes one); past
+    them each 1-byte DATA frame counts against the control budget; one past it ends the connection, and another
+    client is answered."""
+    from metaq import limits
+    bystander = _bystander(broker)
+    try:
+        prefix = frame(DATA, 0, 1, b"\0" + (1 << 20).to_bytes(4, "big"))  # a message of 1 MiB begun
+        opening = PREFACE + frame(SETTINGS) + frame(SETTINGS, ACK) + frame(HEADERS, END_HEADERS, 1,
+                                                                           header_block("SendMessage")) + prefix
+        _budget_then_one_more(broker, opening, frame(DATA, 0, 1, b"x"), spent=2 - (limits.GRPC_SMALL_FRAMES_PER_STREAM
+                                                                                     - 1))
+        _after_the_cut_a_bystander_is_answered(broker, bystander)
+    finally:
+        bystander.close()
+
+
+def test_data_on_a_closed_stream_counts_each_frame_and_one_past_the_budget_ends_the_connection(broker):
+    """Full DATA frames on a stream already answered are reset STREAM_CLOSED, each counted as a frame that did no
+    work; one past the budget ends the connection, and another client is answered."""
+    bystander = _bystander(broker)
+    try:
+        opening = PREFACE + frame(SETTINGS) + frame(SETTINGS, ACK) + frame(HEADERS, END_HEADERS | END_STREAM, 1,
+                                                                           header_block("Heartbeat"))
+        _budget_then_one_more(broker, opening, frame(DATA, 0, 1, b"\0" * 1024))
+        _after_the_cut_a_bystander_is_answered(broker, bystander)
+    finally:
+        bystander.close()
+
+
+def test_frames_of_an_unknown_type_count_and_one_past_the_budget_ends_the_connection(broker):
+    _budget_then_one_more(broker, PREFACE + frame(SETTINGS) + frame(SETTINGS, ACK), frame(0x42, 0, 0, b"whatever"))
+
+
+@pytest.mark.parametrize("opening,flood", [
+    # HEADERS again and again on a stream the client reset: each a stream error STREAM_CLOSED
+    (frame(HEADERS, END_HEADERS, 1, header_block("Heartbeat")) + frame(RST_STREAM, 0, 1, b"\0\0\0\x08"),
+     frame(HEADERS, END_HEADERS | END_STREAM, 1, header_block("Heartbeat"))),
+    # a header block of 1-byte CONTINUATION frames (gathered in linear time, and each counted)
+    (frame(HEADERS, 0, 1, header_block("Heartbeat")[:1]), frame(CONTINUATION, 0, 1, b"\0")),
+    # a GOAWAY over and over
+    (b"", frame(GOAWAY, 0, 0, b"\0" * 8)),
+    # PRIORITY making an open stream depend on itself: each a stream error
+    (frame(HEADERS, END_HEADERS, 1, header_block("Heartbeat")), frame(2, 0, 1, b"\0\0\0\1\x10")),
+    # a WINDOW_UPDATE of 0 on a closed stream: each a stream error
+    (frame(HEADERS, END_HEADERS | END_STREAM, 1, header_block("Heartbeat")), frame(WINDOW_UPDATE, 0, 1, b"\0" * 4)),
+], ids=["headers-on-reset-stream", "tiny-continuation", "goaway", "priority-on-itself", "zero-update-closed"])
+def test_a_flood_of_frames_that_do_no_work_is_cut_with_enhance_your_calm(broker, opening, flood):
+    raw = Frames(grpc_port(broker))
+    try:
+        raw.send(PREFACE + frame(SETTINGS) + opening)
+        try:
+            raw.send(flood * (2 * MAX_CONTROL))
+        except OSError:  # closed while sending: read what came before
+            pass
+        got = raw.read(lambda got: "closed" in got)
+        assert goaway_code(got) == ENHANCE_YOUR_CALM and "closed" in got, got[-3:]
+    finally:
+        raw.close()
+
+
+# -- RFC 9113's cases (those h2spec checks), each as raw frames -------------------------------------------------
+
+
+@pytest.mark.parametrize("breach,code", [
+    (frame(HEADERS, END_HEADERS | END_STREAM, 1, header_block("Heartbeat")), 5),  # on a closed stream: STREAM_CLOSED
+    (frame(HEADERS, END_HEADERS | END_STREAM, 5, header_block("Heartbeat")) +
+     frame(HEADERS, END_HEADERS | END_STREAM, 3, header_block("Heartbeat")), 1),  # a lower stream id: PROTOCOL_ERROR
+    (frame(HEADERS, END_HEADERS, 1, header_block("Heartbeat")), 1),  # ending nothing, so no trailers: PROTOCOL_ERROR
+], ids=["closed-stream", "lower-stream-id", "not-ending-closed-stream"])
+def test_headers_on_a_closed_stream_or_a_lower_id_is_a_connection_error(broker, breach, code):
+    test_http2_protocol_errors_end_the_connection_with_their_code(broker, breach, code)
+
+
+@pytest.mark.parametrize("first", [frame(PING, 0, 0, b"\0" * 8), frame(SETTINGS, ACK),
+                                   frame(HEADERS, END_HEADERS | END_STREAM, 1, header_block("Heartbeat"))],
+                         ids=["ping", "settings-ack", "headers"])
+def test_the_first_frame_after_the_preface_must_be_settings(broker, first):
+    raw = Frames(grpc_port(broker))
+    try:
+        raw.send(PREFACE + first)
+        got = raw.read(lambda got: "closed" in got)
+        assert goaway_code(got) == 1 and "closed" in got and not answered(got), got
+    finally:
+        raw.close()
+
+
+def _content_length(n):
+    return header_block("Heartbeat", [("content-length", str(n))])
+
+
+REFUSED_STREAM, RST_PRIORITY = 7, 2
+
+
+@pytest.mark.parametrize("opening,probe,code", [
+    # PRIORITY making stream 1 depend on itself: PROTOCOL_ERROR
+    (frame(HEADERS, END_HEADERS, 1, header_block("Heartbeat")), frame(RST_PRIORITY, 0, 1, b"\0\0\0\1\x10"), 1),
+    # content-length 1, 4 bytes of DATA; content-length 9, 4 bytes and the end: PROTOCOL_ERROR
+    (frame(HEADERS, END_HEADERS, 1, _content_length(1)), frame(DATA, END_STREAM, 1, b"\0\0\0\0\0"), 1),
+    (frame(HEADERS, END_HEADERS, 1, _content_length(9)), frame(DATA, 0, 1, b"\0\0\0") + frame(DATA, END_STREAM, 1,
+                                                                                             b"\0\0"), 1),
+    # a WINDOW_UPDATE of 0 on a stream answered and closed: PROTOCOL_ERROR
+    (frame(HEADERS, END_HEADERS | END_STREAM, 1, header_block("Heartbeat")), frame(WINDOW_UPDATE, 0, 1, b"\0" * 4), 1),
+], ids=["priority-on-itself", "content-length-short", "content-length-long", "zero-update-closed"])
+def test_a_stream_error_resets_its_stream_and_the_connection_goes_on(broker, opening, probe, code):
+    raw = Frames(grpc_port(broker))
+    try:
+        raw.send(PREFACE + frame(SETTINGS) + opening)
+        if opening[4] & END_STREAM:  # answered first: the stream is closed
+            got = raw.read(lambda got: 1 in answered(got) or ended(got))
+            assert 1 in answered(got), got
+        raw.send(probe)
+        got = raw.read(lambda got: any(f != "closed" and f[0] == RST_STREAM and f[2] == 1 for f in got) or ended(got))
+        assert [int.from_bytes(f[3], "big") for f in got if f != "closed" and f[0] == RST_STREAM] == [code], got
+        raw.send(frame(HEADERS, END_HEADERS | END_STREAM, 3, header_block("Heartbeat")))
+        got = raw.read(lambda got: 3 in answered(got) or ended(got))
+        assert 3 in answered(got) and not ended(got), got
+    finally:
+        raw.close()
+
+
+def test_a_stream_past_max_concurrent_streams_is_refused_and_the_goaway_names_the_last_stream_taken(roomy):
+    """One stream more than SETTINGS_MAX_CONCURRENT_STREAMS is reset REFUSED_STREAM (a gRPC client retries it), the
+    connection going on; a GOAWAY after names the last stream taken, not the refused one."""
+    from metaq import limits
+    most = limits.GRPC_MAX_STREAMS_PER_CONNECTION
+    raw = Frames(grpc_port(roomy))
+    block = header_block("Heartbeat")
+    try:
+        raw.send(PREFACE + frame(SETTINGS))
+        raw.send(b"".join(frame(HEADERS, END_HEADERS, 2 * i + 1, block) for i in range(most)))  # each left open
+        refused = 2 * most + 1
+        raw.send(frame(HEADERS, END_HEADERS | END_STREAM, refused, block))
+        got = raw.read(lambda got: any(f != "closed" and f[0] == RST_STREAM for f in got) or ended(got))
+        assert [(f[2], int.from_bytes(f[3], "big")) for f in got if f[0] == RST_STREAM] == [(refused,
+                                                                                            REFUSED_STREAM)], got
+        raw.send(frame(DATA, END_STREAM, 1, b""))  # a call ends (answered INTERNAL: no message): room for one
+        got = raw.read(lambda got: 1 in answered(got) or ended(got))
+        assert 1 in answered(got) and not ended(got), got
+        raw.send(frame(HEADERS, END_HEADERS | END_STREAM, refused + 2, block))  # taken and answered
+        got = raw.read(lambda got: refused + 2 in answered(got) or ended(got))
+        assert refused + 2 in answered(got) and not ended(got), got
+        raw.send(frame(PING, 0, 1, b"\0" * 8))  # a PING on a stream: the connection ends, its GOAWAY says how far
+        got = raw.read(lambda got: "closed" in got)
+        goaway = [f for f in got if f != "closed" and f[0] == GOAWAY][0]
+        assert int.from_bytes(goaway[3][:4], "big") == refused + 2 and goaway_code(got) == 1, goaway
+    finally:
+        raw.close()
+
+
+def test_a_plain_http_answer_is_sent_as_the_clients_window_takes_it(broker):
+    """A GET (no gRPC call) is answered 405 with a line of text; with the client's initial window 0 the stream stays
+    open until a WINDOW_UPDATE lets part of the text through, then the rest, the last frame ending the stream."""
+    raw = Frames(grpc_port(broker))
+    get = hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(n, v) for n, v in (
+        (":method", "GET"), (":scheme", "http"), (":path", "/"), (":authority", "x"))])
+    try:
+        raw.send(PREFACE + frame(SETTINGS, 0, 0, (4).to_bytes(2, "big") + (0).to_bytes(4, "big")) +
+                 frame(HEADERS, END_HEADERS | END_STREAM, 1, get))
+        got = raw.read(lambda got: any(f != "closed" and f[0] == HEADERS for f in got) or ended(got))
+        heads = [f for f in got if f != "closed" and f[0] == HEADERS]
+        assert heads and not heads[0][1] & END_STREAM and not ended(got), got  # the text waits for the window
+        raw.send(frame(WINDOW_UPDATE, 0, 1, (1).to_bytes(4, "big")))
+        got = raw.read(lambda got: any(f != "closed" and f[0] == DATA for f in got) or ended(got))
+        assert [(f[1], f[3]) for f in got if f != "closed" and f[0] == DATA] == [(0, b"t")], got  # one byte
+        raw.send(frame(WINDOW_UPDATE, 0, 1, (1000).to_bytes(4, "big")))
+        got = raw.read(lambda got: any(f != "closed" and f[0] == DATA for f in got) or ended(got))
+        data = [f for f in got if f != "closed" and f[0] == DATA]
+        assert len(data) == 1 and data[0][1] & END_STREAM and data[0][3].startswith(b"he gRPC port takes POST"), got
+    finally:
+        raw.close()
+
+
+def test_a_plain_answer_lets_the_request_finish_and_its_content_length_is_still_checked(broker):
+    """A GET announcing content-length 1 is answered 405 at once without a reset (the client may finish its
+    request); its 4 bytes of DATA that follow are then a stream error PROTOCOL_ERROR, the connection going on."""
+    raw = Frames(grpc_port(broker))
+    get = hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(n, v) for n, v in (
+        (":method", "GET"), (":scheme", "http"), (":path", "/"), (":authority", "x"), ("content-length", "1"))])
+    try:
+        raw.send(PREFACE + frame(SETTINGS) + frame(HEADERS, END_HEADERS, 1, get))
+        got = raw.read(lambda got: any(f != "closed" and f[0] == DATA and f[1] & END_STREAM for f in got) or ended(got))
+        assert not [f for f in got if f != "closed" and f[0] == RST_STREAM] and not ended(got), got  # no reset
+        raw.send(frame(DATA, END_STREAM, 1, b"test"))
+        got = raw.read(lambda got: any(f != "closed" and f[0] == RST_STREAM for f in got) or ended(got))
+        assert [(f[2], int.from_bytes(f[3], "big")) for f in got if f[0] == RST_STREAM] == [(1, 1)], got
         raw.send(frame(HEADERS, END_HEADERS | END_STREAM, 3, header_block("Heartbeat")))
         got = raw.read(lambda got: 3 in answered(got) or ended(got))
         assert 3 in answered(got) and not ended(got), got

@@ -24,8 +24,10 @@ grpc = pytest.importorskip("grpc")
 pb = pytest.importorskip("metaq.rmq5.messages_pb2")
 h2_connection = pytest.importorskip("h2.connection")
 from h2.config import H2Configuration  # noqa: E402
+from h2.errors import ErrorCodes  # noqa: E402
 from h2.settings import SettingCodes, Settings  # noqa: E402
-from h2.events import ConnectionTerminated, DataReceived, PingAckReceived, ResponseReceived, TrailersReceived  # noqa: E402
+from h2.events import (ConnectionTerminated, DataReceived, PingAckReceived, ResponseReceived, StreamReset,  # noqa: E402
+                       TrailersReceived)
 
 pytestmark = pytest.mark.integration
 
@@ -328,7 +330,7 @@ def _has(kind):
     return lambda got: any(isinstance(e, kind) for e in got)
 
 
-def test_max_streams_per_connection_is_announced_and_one_stream_more_ends_the_connection(broker):
+def test_max_streams_per_connection_is_announced_and_one_stream_more_is_refused(broker):
     raw = RawH2(broker.config["grpc"]["port"])
     try:
         raw.events(lambda got: raw.conn.remote_settings.max_concurrent_streams == MAX_STREAMS, timeout=5)
@@ -342,9 +344,15 @@ def test_max_streams_per_connection_is_announced_and_one_stream_more_ends_the_co
         assert any(isinstance(e, DataReceived) and e.stream_id == streams[-1] for e in got)  # at the limit: served
         # h2 would refuse to open one more than the broker announced: make it forget the announcement
         raw.conn.remote_settings = Settings(client=False, initial_values={SettingCodes.MAX_CONCURRENT_STREAMS: 100})
-        raw.open("Telemetry")
-        got = raw.events(lambda got: "closed" in got)
-        assert any(isinstance(e, ConnectionTerminated) for e in got) and "closed" in got
+        refused = raw.open("Telemetry")[0]
+        got = raw.events(_has(StreamReset))
+        assert [e.error_code for e in got if isinstance(e, StreamReset) and e.stream_id == refused] == [
+            ErrorCodes.REFUSED_STREAM], got  # a gRPC client retries it
+        assert "closed" not in got and not any(isinstance(e, ConnectionTerminated) for e in got)
+        raw.conn.send_data(streams[0], b"\0" + len(body).to_bytes(4, "big") + body)  # the connection goes on
+        raw.flush()
+        got = raw.events(_has(DataReceived))
+        assert any(isinstance(e, DataReceived) and e.stream_id == streams[0] for e in got), got
     finally:
         raw.close()
 

@@ -182,11 +182,40 @@ def test_an_even_or_zero_stream_id_is_a_protocol_error(sid):
     c.error(frame(HEADERS, END_HEADERS, sid, c.block()), ErrorCode.PROTOCOL_ERROR)
 
 
-def test_a_stream_id_lower_than_one_opened_is_a_closed_stream():
+def test_a_stream_id_lower_than_one_opened_is_a_protocol_error():
     c = Client()
     c.open(5, end=True)
-    assert c.open(3) == [] and c.rst(3) == [ErrorCode.STREAM_CLOSED]
-    assert kinds(c.open(7)) == [http2.REQUEST]  # the connection goes on
+    c.error(frame(HEADERS, END_HEADERS, 3, c.block()), ErrorCode.PROTOCOL_ERROR)
+
+
+def test_headers_on_a_stream_the_client_ended_is_a_connection_error_stream_closed():
+    c = Client()
+    c.open(1, end=True)
+    c.server.send_headers(1, [(":status", "200")], end_stream=True)  # closed both ways
+    c.out()
+    c.error(frame(HEADERS, END_HEADERS | END_STREAM, 1, c.block()), ErrorCode.STREAM_CLOSED)
+
+
+def test_reset_streams_and_skipped_ids_are_remembered_up_to_their_limit():
+    from metaq import limits
+    kept = limits.GRPC_CLOSED_STREAMS_KEPT
+    for sid, code in ((3, None), (1, ErrorCode.STREAM_CLOSED)):  # the oldest kept reset; one past: forgotten
+        c = Client(max_streams=1000)
+        for i in range(kept + 1):  # each opened and reset by the client before it ended
+            c.open(2 * i + 1)
+            c.send(frame(RST_STREAM, 0, 2 * i + 1, struct.pack(">I", ErrorCode.CANCEL)))
+        if code is None:
+            assert c.send(frame(HEADERS, END_HEADERS | END_STREAM, sid, c.block())) == [] and c.rst(sid) == [
+                ErrorCode.STREAM_CLOSED]
+            c.error(frame(HEADERS, END_HEADERS, sid, c.block()), ErrorCode.PROTOCOL_ERROR)  # ends nothing: no trailers
+        else:
+            c.error(frame(HEADERS, END_HEADERS | END_STREAM, sid, c.block()), code)
+    for sid, code in ((7, ErrorCode.PROTOCOL_ERROR), (3, ErrorCode.STREAM_CLOSED)):  # skipped: kept; one past
+        c = Client(max_streams=1000)
+        for i in range(kept + 2):  # 1, 5, 9, ...: 3, 7, 11, ... skipped, one run more than kept
+            c.open(4 * i + 1, end=True)
+            c.server.send_headers(4 * i + 1, [(":status", "200")], end_stream=True)
+        c.error(frame(HEADERS, END_HEADERS | END_STREAM, sid, c.block()), code)
 
 
 def test_frames_on_a_half_closed_or_closed_stream_are_stream_closed():
@@ -198,9 +227,11 @@ def test_frames_on_a_half_closed_or_closed_stream_are_stream_closed():
     assert c.send(frame(DATA, 0, 1, b"later")) == [] and c.rst(1) == [ErrorCode.STREAM_CLOSED]  # closed
     c.open(3)
     c.send(frame(RST_STREAM, 0, 3, struct.pack(">I", ErrorCode.CANCEL)))
-    assert c.send(frame(HEADERS, END_HEADERS, 3, c.block([("x", "y")]))) == [] and c.rst(3) == [
+    assert c.send(frame(HEADERS, END_HEADERS | END_STREAM, 3, c.block([("x", "y")]))) == [] and c.rst(3) == [
         ErrorCode.STREAM_CLOSED]
     assert c.send(frame(WINDOW_UPDATE, 0, 3, struct.pack(">I", 10))) == []  # a closed stream's update: ignored
+    assert c.out() == []
+    assert c.send(frame(WINDOW_UPDATE, 0, 3, struct.pack(">I", 0))) == [] and c.rst(3) == [ErrorCode.PROTOCOL_ERROR]
 
 
 def test_data_on_a_stream_never_opened_is_a_protocol_error():
@@ -208,14 +239,30 @@ def test_data_on_a_stream_never_opened_is_a_protocol_error():
     c.error(frame(DATA, 0, 9, b"x"), ErrorCode.PROTOCOL_ERROR)
 
 
-def test_streams_past_max_concurrent_streams_end_the_connection():
+def test_a_stream_past_max_concurrent_streams_is_refused_and_the_goaway_names_only_streams_taken():
     c = Client(max_streams=2)
     c.open(1)
     c.open(3)
     c.send(frame(RST_STREAM, 0, 3, struct.pack(">I", 8)))  # one ends: room for one more
     c.open(5)
-    goaway = c.error(frame(HEADERS, END_HEADERS, 7, c.block()), ErrorCode.PROTOCOL_ERROR)
-    assert struct.unpack(">I", goaway[3][:4])[0] == 7  # the last stream seen
+    c.out()
+    assert c.open(7) == [] and c.rst(7) == [ErrorCode.REFUSED_STREAM]  # refused; the connection goes on
+    assert c.send(frame(DATA, END_STREAM, 7, b"x")) == [] and c.rst(7) == [ErrorCode.STREAM_CLOSED]
+    assert kinds(c.send(frame(RST_STREAM, 0, 5, struct.pack(">I", 8)) + frame(HEADERS, END_HEADERS, 9, c.block()))
+                 ) == [http2.RESET, http2.REQUEST]  # room again: the next stream taken
+    assert c.open(11) == [] and c.rst(11) == [ErrorCode.REFUSED_STREAM]
+    c.server.close()
+    goaway = [f for f in c.out() if f[0] == GOAWAY_FRAME][0]
+    assert struct.unpack(">II", goaway[3][:8]) == (9, 0)  # the last stream taken, not the one refused
+
+
+def test_a_later_goaway_names_no_higher_stream():
+    c = Client()
+    c.open(1)
+    c.server.goaway(1)
+    c.open(3)
+    c.server.close()
+    assert [struct.unpack(">I", f[3][:4])[0] for f in c.out() if f[0] == GOAWAY_FRAME] == [1, 1]
 
 
 def test_rst_stream_reports_the_reset_and_refuses_stream_zero_idle_and_bad_sizes():
@@ -251,6 +298,43 @@ def test_a_stream_depending_on_itself_is_reset():
     payload = struct.pack(">I", 1) + b"\x10" + c.block()
     assert c.send(frame(HEADERS, END_HEADERS | PRIORITY_FLAG, 1, payload)) == []
     assert c.rst(1) == [ErrorCode.PROTOCOL_ERROR]
+    c.open(3)
+    assert c.send(frame(PRIORITY, 0, 3, struct.pack(">I", 3) + b"\x10")) == [(http2.RESET, 3, ErrorCode.PROTOCOL_ERROR,
+                                                                              None)]
+    assert c.rst(3) == [ErrorCode.PROTOCOL_ERROR]
+    c.error(frame(PRIORITY, 0, 9, struct.pack(">I", 9) + b"\x10"), ErrorCode.PROTOCOL_ERROR)  # an idle stream
+
+
+@pytest.mark.parametrize("length,data,trailers", [
+    (b"1", [b"test"], False),  # more than announced
+    (b"8", [b"test", b"te"], False),  # less, the stream ended by DATA
+    (b"5", [b"test"], True),  # less, ended by trailers
+    (b"x1", [], False),  # no length
+])
+def test_data_that_does_not_add_up_to_the_content_length_is_a_stream_error(length, data, trailers):
+    c = Client()
+    headers = REQUEST_HEADERS + [("content-length", length.decode())]
+    out = c.send(frame(HEADERS, END_HEADERS, 1, c.block(headers)))
+    for i, chunk in enumerate(data):
+        out += c.send(frame(DATA, END_STREAM if i == len(data) - 1 and not trailers else 0, 1, chunk))
+    if trailers:
+        out += c.send(frame(HEADERS, END_HEADERS | END_STREAM, 1, c.block([("x-t", "1")])))
+    assert c.rst(1) == [ErrorCode.PROTOCOL_ERROR] and 1 not in c.server.streams
+    assert http2.ENDED not in kinds(out)
+    assert kinds(c.open(3)) == [http2.REQUEST]  # the connection goes on
+    ok = Client()  # DATA that adds up: served
+    ok.send(frame(HEADERS, END_HEADERS, 1, ok.block(REQUEST_HEADERS + [("content-length", "6")])))
+    assert kinds(ok.send(frame(DATA, 0, 1, b"tes") + frame(DATA, END_STREAM, 1, b"tin"))) == [
+        http2.DATA_RECEIVED, http2.DATA_RECEIVED, http2.ENDED]
+
+
+def test_the_first_frame_after_the_preface_must_be_settings():
+    for first in (frame(PING, 0, 0, b"\0" * 8), frame(SETTINGS, ACK)):
+        server = ServerConnection(hpack.Encoder(), hpack.Decoder(), 4, 8192)
+        server.receive(PREFACE[:10])
+        with pytest.raises(ProtocolError) as caught:
+            server.receive(PREFACE[10:] + first[:5])  # the type and flags known from the header's first five bytes
+        assert caught.value.code == ErrorCode.PROTOCOL_ERROR
 
 
 def test_push_promise_from_a_client_is_a_protocol_error():
@@ -440,23 +524,11 @@ def test_the_server_resets_and_answers_a_stream_still_open():
 # -- limits before work: the frame size from the header, each frame shown once to the port's budgets ------------
 
 
-def test_empty_frames_that_end_nothing_count_as_control_frames():
-    from metaq.rmq5.http2 import is_control
-    assert is_control(PING, 0, 8) and is_control(SETTINGS, ACK, 0) and is_control(RST_STREAM, 0, 4)
-    assert is_control(PRIORITY, 0, 5)
-    assert is_control(DATA, 0, 0)  # empty, the stream goes on: work for nothing
-    assert not is_control(DATA, END_STREAM, 0)  # empty, ends the stream: a client's half-close
-    assert not is_control(DATA, 0, 5)
-    assert is_control(HEADERS, 0, 0) and is_control(CONTINUATION, 0, 0)
-    assert not is_control(HEADERS, END_HEADERS, 0) and not is_control(CONTINUATION, END_HEADERS, 0)
-    assert not is_control(WINDOW_UPDATE, 0, 4) and not is_control(0x42, 0, 0)
-
-
 def test_each_frame_is_shown_once_as_its_header_arrives_whatever_the_chunks_and_partial_counts_its_bytes():
     block = hpack.Encoder().encode(REQUEST_HEADERS)
     frames_in = (frame(HEADERS, END_HEADERS, 1, block) + frame(DATA, END_STREAM, 1, b"d" * 100) +
                  frame(GOAWAY_FRAME, 0, 0, struct.pack(">II", 1, 0) + b"debug") + frame(PING, 0, 0, b"12345678"))
-    stream = PREFACE + frames_in
+    stream = PREFACE + settings() + frames_in
     ping_at = len(stream) - 17
     for size in (1, 7, 9, 64, len(stream)):
         server = ServerConnection(hpack.Encoder(), hpack.Decoder(), 4, 8192)
@@ -469,10 +541,11 @@ def test_each_frame_is_shown_once_as_its_header_arrives_whatever_the_chunks_and_
             if at + size == ping_at + 9:
                 assert shown[-1] == (PING, 0, 8, 0)  # shown from its header, its body still to come
         assert server.partial == 0
-        assert shown == [(HEADERS, END_HEADERS, len(block), 1), (DATA, END_STREAM, 100, 1), (GOAWAY_FRAME, 0, 13, 0),
-                         (PING, 0, 8, 0)], size
-        assert kinds(events) == [http2.REQUEST, http2.DATA_RECEIVED, http2.ENDED, http2.GOAWAY], size
-        assert frames(server.data_to_send()) == [(PING, ACK, 0, b"12345678")]
+        assert shown == [(SETTINGS, 0, 0, 0), (HEADERS, END_HEADERS, len(block), 1), (DATA, END_STREAM, 100, 1),
+                         (GOAWAY_FRAME, 0, 13, 0), (PING, 0, 8, 0)], size
+        assert kinds(events) == [http2.SETTINGS_CHANGED, http2.REQUEST, http2.DATA_RECEIVED, http2.ENDED,
+                                 http2.GOAWAY], size
+        assert frames(server.data_to_send()) == [(SETTINGS, ACK, 0, b""), (PING, ACK, 0, b"12345678")]
 
 
 def test_a_reason_from_on_frame_ends_the_connection_before_the_frame_is_served():
@@ -490,3 +563,14 @@ def test_a_frame_past_max_frame_size_is_refused_from_its_header_alone():
     c.send(b"x" * ((1 << 14) - 1))
     assert c.server.partial == 0
     c.error(frame(DATA, 0, 1, b"x" * ((1 << 14) + 1))[:9], ErrorCode.FRAME_SIZE_ERROR)
+
+
+def test_a_header_block_of_many_continuations_is_gathered_as_parts_and_joined_once():
+    c = Client()
+    block = c.block()
+    c.send(frame(HEADERS, END_STREAM, 1, block[:1]))
+    for n, at in enumerate(range(1, len(block), 2), 2):  # two bytes a frame
+        assert c.send(frame(CONTINUATION, 0, 1, block[at:at + 2])) == []
+        assert len(c.server._block[3]) == n  # each part kept as it came, none copied into a growing block
+    events = c.send(frame(CONTINUATION, END_HEADERS, 1, b""))
+    assert kinds(events) == [http2.REQUEST, http2.ENDED] and dict(events[0][2])[b":path"] == b"/s/M"

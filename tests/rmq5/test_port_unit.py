@@ -308,3 +308,34 @@ def test_a_call_answered_after_the_connection_ended_gives_back_what_it_took(peer
         while sid not in service.unsent:
             gevent.sleep(0.05)
     assert service.finished == 1 and service.unsent == [sid]
+
+
+def test_each_frame_costs_by_its_kind():
+    """FloodBudget's costs: frames that do no work count, full DATA frames are free and pay for a small frame, a stream
+    opened pays for GRPC_SMALL_FRAMES_PER_STREAM small ones, tiny header-block parts that end nothing always count."""
+    from metaq import limits
+    from metaq.rmq5 import http2 as h
+    from metaq.rmq5.port import FloodBudget
+
+    small, per_stream = limits.GRPC_SMALL_FRAME_BYTES, limits.GRPC_SMALL_FRAMES_PER_STREAM
+    budget = FloodBudget(PortLimits(max_control_frames=100))
+    budget.tick(0.0)
+    for head in ((h.PING, 0, 8, 0), (h.SETTINGS, h.ACK, 0, 0), (h.RST_STREAM, 0, 4, 1), (h.PRIORITY, 0, 5, 1),
+                 (h.GOAWAY_FRAME, 0, 8, 0), (0x42, 0, 3, 0), (h.DATA, 0, 0, 1), (h.WINDOW_UPDATE, 0, 4, 0)):
+        before = budget.controls
+        assert budget.begun(*head) is None and budget.controls == before + 1, head  # each work for nothing
+    assert budget.begun(h.HEADERS, h.END_HEADERS, 40, 1) is None and budget.paid == per_stream  # a stream opened
+    for _ in range(per_stream):  # its small frames (a 1-byte DATA, an empty one ending it): paid
+        assert budget.begun(h.DATA, h.END_STREAM, 1, 1) is None
+    assert budget.controls == 8 and budget.paid == 0
+    assert budget.begun(h.DATA, 0, 1, 1) is None and budget.controls == 9  # past the credit: counted
+    assert budget.begun(h.DATA, 0, small, 1) is None and budget.paid == 1  # a full frame: free, pays for one
+    assert budget.begun(h.DATA, 0, 1, 1) is None and budget.controls == 9 and budget.paid == 0
+    assert budget.begun(h.HEADERS, h.END_HEADERS | h.END_STREAM, 10, 1) is None and budget.controls == 10  # trailers
+    budget.begun(h.HEADERS, 0, small, 3)  # a large part that does not end its block: free
+    assert budget.controls == 10
+    budget.begun(h.CONTINUATION, 0, small - 1, 3)  # a tiny one: counted
+    assert budget.controls == 11 and budget.begun(h.CONTINUATION, h.END_HEADERS, 1, 3) is None and budget.controls == 11
+    assert budget.wasted() is None and budget.controls == 12  # a frame refused on its stream
+    budget.controls = 100
+    assert "grpc.max_control_frames" in budget.begun(h.DATA, 0, 0, 3)  # one past the budget
