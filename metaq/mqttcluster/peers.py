@@ -81,7 +81,8 @@ class MqttCluster:
         #: who takes what of each $share group (peers' ROUTES, ours), by the history the sessions' log holds
         self.shares = Shares(self.broker_id, lambda: store.written_position, lambda: store.log_start,
                              lambda: port.share_histories(),
-                             lambda key, changes: port.record_share_history(key, changes), pause=share_loop)
+                             lambda key, changes: port.record_share_history(key, changes),
+                             pause=lambda turn: share_loop(time.monotonic() if turn is None else turn))
         self._groups = ()  # this broker's $share groups with members, as its route carries them
         self.links = {}  # broker id -> PeerLink
         self.retained = {}  # MQTT topic name -> (at ms, broker id, Retained or None)

@@ -26,7 +26,6 @@ is published here, as without a cluster). A group with no member anywhere since 
 """
 
 import hashlib
-import time
 
 from metaq import limits
 
@@ -54,8 +53,9 @@ class Shares:
     are ((since position, sorted brokers), ...), oldest first}: a slave's is its master's, as copied), ``record(group,
     changes)`` writes a group's history (None: it ends; a change whose since is None starts at this record) and gives
     the log's end after the record (None: not written): only a master that may write does, and a change not written is
-    not made (the history goes on assigning as it did; ``refresh`` tries again). ``pause(turn)``: between two groups
-    (``connections.share_loop``, so that thousands of groups do not hold the event loop)."""
+    not made (the history goes on assigning as it did; ``refresh`` tries again). ``pause(turn)``: after each group
+    of a change (None at the first of them; gives the next turn), so that thousands of groups do not hold the event
+    loop (``MqttCluster``: ``connections.share_loop``)."""
 
     def __init__(self, broker_id, position, start, histories, record, most=None, history=None, pause=None):
         self.broker_id = broker_id
@@ -119,7 +119,7 @@ class Shares:
         return tuple(sorted(out))
 
     def _update(self, groups):
-        turn = time.monotonic()
+        turn = None
         for group in groups:
             self._change(group)
             turn = self.pause(turn)
