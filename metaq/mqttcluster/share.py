@@ -18,7 +18,8 @@ Only a peer's ROUTES say its members: a peer whose link ended, or that has not l
 keeps the brokers its last change gave it (what is published meanwhile waits for its link to resume), so a cut link
 moves nothing. A change is dropped once the change after it starts at or below the log's start (no reader can reach
 a record it assigns); a change with nothing written since it is replaced by the next (a member that leaves and comes
-back with no traffic between leaves its history as it was). At most MQTT_CLUSTER_SHARE_HISTORY changes are kept per
+back with no traffic between leaves its history as it was; a group's first change is never replaced: it also
+assigns what was stored before it). At most MQTT_CLUSTER_SHARE_HISTORY changes are kept per
 group (past it the oldest goes, counted in ``forgotten``: the records older than the oldest kept change are assigned
 by it), and MQTT_CLUSTER_MAX_GROUPS groups (a new group past them takes the place of one with no member anywhere,
 the one whose last change is the oldest first); past the latter a group is not shared (its local members take what
@@ -151,15 +152,10 @@ class Shares:
                 if count:
                     self.refused += 1  # the caller logs it (``refused``: how many times)
                 return
-        elif self.position() == self._ends.get(group):  # nothing written since its last change: that one is replaced
-            changes.pop()
-        if changes and changes[-1][1] == brokers:
-            pass  # back to the brokers before the replaced change
-        elif changes or brokers:
+        elif len(changes) > 1 and self.position() == self._ends.get(group):
+            changes.pop()  # nothing written since its last change (not its first, which also assigns what came before)
+        if not changes or changes[-1][1] != brokers:  # else back to the brokers before the replaced change
             changes.append((None, brokers))
-        if not changes:
-            self._write(group, None)
-            return
         changes = self._reachable(changes, start)
         if len(changes) > self.history:
             self.forgotten += len(changes) - self.history

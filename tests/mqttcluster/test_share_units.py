@@ -161,7 +161,7 @@ def test_flaps_with_nothing_written_between_leave_the_history_as_it_was():
     shares.set_local([])
     log.end += 1  # a message
     shares.set_local([G])
-    assert [b for _since, b in log.table.shares[G].changes] == [(0, 1), (1,), (0, 1)]
+    assert [b for _since, b in log.table.shares[G].changes] == [(0,), (0, 1), (1,), (0, 1)]
 
 
 def test_a_change_is_kept_while_the_log_holds_what_it_assigns():
