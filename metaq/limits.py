@@ -1164,7 +1164,9 @@ MQTT_CLUSTER_MAX_RETAINED = 100_000
 #: ``$share`` groups (share name, filter) one broker's route carries at most; past it the others are not sent (their
 #: members on this broker receive only what is published here) and it logs it. A decoded ROUTES holds at most as many.
 MQTT_CLUSTER_MAX_GROUPS = 10_000
-#: Membership changes of one ``$share`` group a broker remembers, in its sessions' log (from which log position on,
+#: Membership changes of one ``$share`` group a broker keeps at most, in its sessions' log (from which log position on,
 #: which brokers had members): a message is assigned by the brokers of the last change at or before its place in the
-#: log; past it the oldest is forgotten, and messages older than the oldest kept are assigned as by it.
-MQTT_CLUSTER_SHARE_HISTORY = 16
+#: log. A change goes once the log's start passes the change after it (nothing it assigns can be read); past this
+#: bound the oldest goes sooner, counted (``mqtt_cluster_share_changes_forgotten``), and a record older than the
+#: oldest kept change, read by a reader that far behind, is assigned as by it.
+MQTT_CLUSTER_SHARE_HISTORY = 64

@@ -158,16 +158,23 @@ def decode_group(data):
 
 class ShareHistory:
     """A ``$share`` group's assignment history as its last record says (``share.Shares``): ``key`` (name, filter),
-    ``changes`` ((since log position, sorted broker ids), ...), oldest first; ``position``: where that record is."""
+    ``changes`` ((since log position, sorted broker ids), ...), oldest first; ``position``: where that record is
+    (``placed``: the last change's since, when its record had none, is it)."""
 
     __slots__ = ("key", "changes", "position")
 
     def __init__(self, key, changes, position=None):
         self.key, self.changes, self.position = key, tuple(changes), position
 
+    def placed(self, position):
+        """This history's record is at ``position``: a last change that starts at its record starts there."""
+        self.position = position
+        if self.changes[-1][0] is None:
+            self.changes = self.changes[:-1] + ((position, self.changes[-1][1]),)
+
 
 def encode_share_history(key, changes):
-    """A group's assignment history's record (bytes)."""
+    """A group's assignment history's record (bytes); the last change's since may be None (this record's place)."""
     return json.dumps({"k": "b", "n": key[0], "f": key[1], "h": [[since, list(brokers)] for since, brokers in changes]},
                       separators=(",", ":")).encode("utf-8")
 
@@ -184,9 +191,12 @@ def decode_share_history(data):
         key = (d["n"], d["f"])
         if d["k"] == "bd":
             return key, None
-        changes = [(int(since), tuple(sorted(int(b) for b in brokers))) for since, brokers in d["h"]]
+        changes = [(None if since is None else int(since), tuple(sorted(int(b) for b in brokers)))
+                   for since, brokers in d["h"]]
         if not changes:
             raise RecordError("an assignment history with no change")
+        if any(since is None for since, _brokers in changes[:-1]):
+            raise RecordError("an assignment history whose change before the last has no start")
         return key, ShareHistory(key, changes)
     except RecordError:
         raise
@@ -354,6 +364,9 @@ class SessionTable:
                 return
             if value is None:
                 kept.pop(key, None)
+            elif kept is self.shares:
+                value.placed(position)
+                kept[key] = value
             else:
                 value.position = position
                 kept[key] = value

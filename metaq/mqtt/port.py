@@ -874,10 +874,11 @@ class MqttPort:
         return self.table.shares
 
     def record_share_history(self, key, changes):
-        """Write group ``key``'s assignment history ``changes`` (None: it ends) to the sessions' log, at once (before
-        any message it assigns); True when written (only a master that may write)."""
+        """Write group ``key``'s assignment history ``changes`` (None: it ends; a last change whose since is None
+        starts at this record) to the sessions' log, at once (before any message it assigns); the log's end after the
+        record, None when not written (only a master that may write)."""
         data = encode_share_history_end(key) if changes is None else encode_share_history(key, changes)
-        return self._write("$share/%s/%s" % key, data) is not None
+        return self._write("$share/%s/%s" % key, data)
 
     def _save_group(self, group):
         g = SavedGroup(group.name, group.topic_filter, group.topics, group.cursors, now_ms())

@@ -440,8 +440,9 @@ class Publishes:
         """The client's PUBREL of a QoS 2 PUBLISH: released (a persistent session saves it before the PUBCOMP: the
         client may use the id again), then PUBCOMP. An id the broker does not hold (never stored: a PUBLISH refused
         at its PUBREC; or released already, a resend after the PUBCOMP was lost) still gets PUBCOMP, in MQTT 5 with
-        0x92 Packet Identifier not found (MQTT 5.0 §3.7.2.1), so a client that ignored the PUBREC's reason is told
-        nothing was delivered; MQTT 3.1.1 has no reason code."""
+        0x92 Packet Identifier not found (MQTT 5.0 §3.7.2.1): not held, which for a message refused at its PUBREC
+        tells a client that ignored the PUBREC's reason it was not taken, and for a resent PUBREL means the message was
+        stored; MQTT 3.1.1 has no reason code."""
         conn = self.conn
         session = conn.mqtt
         code = wire.SUCCESS

@@ -80,8 +80,10 @@ class MqttCluster:
         self.tls = tls
         self.positions = inbox.Positions()
         #: who takes what of each $share group (peers' ROUTES, ours), by the history the sessions' log holds
-        self.shares = Shares(self.broker_id, lambda: store.written_position, lambda: port.share_histories(),
-                             lambda key, changes: port.record_share_history(key, changes))
+        self.shares = Shares(self.broker_id, lambda: store.written_position, lambda: store.log_start,
+                             lambda: port.share_histories(),
+                             lambda key, changes: port.record_share_history(key, changes),
+                             pause=lambda turn: share_loop(time.monotonic() if turn is None else turn))
         self._groups = ()  # this broker's $share groups with members, as its route carries them
         self.links = {}  # broker id -> PeerLink
         self.retained = {}  # MQTT topic name -> (at ms, broker id, Retained or None)
@@ -447,6 +449,8 @@ class MqttCluster:
                   ("mqtt_cluster_retained", sum(1 for e in self.retained.values() if e[2] is not None))]
         if self.shares.refused:
             values.append(("mqtt_cluster_groups_refused", self.shares.refused))
+        if self.shares.forgotten:
+            values.append(("mqtt_cluster_share_changes_forgotten", self.shares.forgotten))
         if self.peers_refused:
             values.append(("mqtt_cluster_peers_refused", self.peers_refused))
         for bid, link in links:

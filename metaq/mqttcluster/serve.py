@@ -291,7 +291,7 @@ class PeerFollow:
         return None
 
     def ended(self):
-        """The link ended: the peer's groups count no more here (``Shares.drop_peer``)."""
+        """The link ended: the peer is not linked here (``Shares.drop_peer``: its groups keep their last assignment)."""
         if self.shares is not None:
             self.shares.drop_peer(self.broker_id, id(self))
 

@@ -6,16 +6,24 @@ group. Each (origin, topic, partition) of the group goes to one of them, chosen 
 filter, origin, topic, partition, broker) (``owner_of``, the one function of it), so one partition keeps its order at
 one broker and the partitions spread over the brokers; when a broker joins or leaves, only its partitions move.
 
-A membership change takes effect for the messages stored after it: it is recorded with the position the log's next
-record gets (every message stored so far lies before it), and a message is assigned by the brokers of the last change
-at or before its place in the log (none: no member anywhere then, and each broker's own members take its messages).
+A membership change takes effect for the messages stored after it: it starts at its own record's place in the log
+(every message stored so far lies before it), and a message is assigned by the brokers of the last change at or
+before its place in the log (none: no member anywhere then, and each broker's own members take its messages).
 Every reader of a record (the delivery of this broker's group, the link serving each peer) so decides the same
 whatever its lag, and nothing is assigned twice. The history is kept in the sessions' log (``%MQTT%``, written
 before any message it assigns), so a slave holds its master's as it copied it, and a slave promoted, or a master
-started again after a kill, assigns what it reads again as the master that stored it did. At most
-MQTT_CLUSTER_SHARE_HISTORY changes are kept per group and MQTT_CLUSTER_MAX_GROUPS groups (a new group past them takes
-the place of one with no member anywhere); past the latter a group is not shared (its local members take what is
-published here, as without a cluster).
+started again after a kill, assigns what it reads again as the master that stored it did.
+
+Only a peer's ROUTES say its members: a peer whose link ended, or that has not linked since this broker's start,
+keeps the brokers its last change gave it (what is published meanwhile waits for its link to resume), so a cut link
+moves nothing. A change is dropped once the change after it starts at or below the log's start (no reader can reach
+a record it assigns); a change with nothing written since it is replaced by the next (a member that leaves and comes
+back with no traffic between leaves its history as it was; a group's first change is never replaced: it also
+assigns what was stored before it). At most MQTT_CLUSTER_SHARE_HISTORY changes are kept per
+group (past it the oldest goes, counted in ``forgotten``: the records older than the oldest kept change are assigned
+by it), and MQTT_CLUSTER_MAX_GROUPS groups (a new group past them takes the place of one with no member anywhere,
+the one whose last change is the oldest first); past the latter a group is not shared (its local members take what
+is published here, as without a cluster). A group with no member anywhere since before the log's start ends.
 """
 
 import hashlib
@@ -41,22 +49,30 @@ def owner_of(group, origin, topic, partition, brokers):
 class Shares:
     """The brokers with members of each group as this broker (``broker_id``) sees them now (``local``, ``peers``),
     and the history of them that assigns this broker's messages, which the sessions' log holds: ``position()`` is
-    the log position its next record gets, ``histories()`` the history of each group as the log holds it now
-    ({group: an object whose ``changes`` are ((since position, sorted brokers), ...), oldest first}: a slave's is its
-    master's, as copied), ``record(group, changes)`` writes a group's history (None: it ends) and says whether it was
-    written: only a master that may write does, and a change not written is not made (the history goes on assigning
-    as it did; ``refresh`` tries again)."""
+    the log's end (the position its next record gets), ``start()`` its start (the oldest position a reader can still
+    reach), ``histories()`` the history of each group as the log holds it now ({group: an object whose ``changes``
+    are ((since position, sorted brokers), ...), oldest first}: a slave's is its master's, as copied), ``record(group,
+    changes)`` writes a group's history (None: it ends; a change whose since is None starts at this record) and gives
+    the log's end after the record (None: not written): only a master that may write does, and a change not written is
+    not made (the history goes on assigning as it did; ``refresh`` tries again). ``pause(turn)``: after each group
+    of a change (None at the first of them; gives the next turn), so that thousands of groups do not hold the event
+    loop (``MqttCluster``: ``connections.share_loop``)."""
 
-    def __init__(self, broker_id, position, histories, record, most=None, history=None):
+    def __init__(self, broker_id, position, start, histories, record, most=None, history=None, pause=None):
         self.broker_id = broker_id
         self.most = limits.MQTT_CLUSTER_MAX_GROUPS if most is None else most
         self.history = limits.MQTT_CLUSTER_SHARE_HISTORY if history is None else history
         self.position = position
+        self.start = start
         self.histories = histories
         self.record = record
+        self.pause = pause or (lambda turn: turn)
         self.local = frozenset()  # this broker's groups with members
-        self.peers = {}  # broker id -> (link token, frozenset of groups)
-        self.refused = 0
+        self.peers = {}  # broker id -> (link token, frozenset of groups): the peers linked now
+        self.refused = 0  # new groups not tracked (past ``most``)
+        self.forgotten = 0  # changes dropped past ``history`` while a reader could still reach what they assign
+        self._ends = {}  # group -> the log's end after its last record written here (a change to replace)
+        self._evictable = {}  # groups whose last change has no broker, that change recorded longest ago first
 
     def __len__(self):
         return len(self.histories())
@@ -74,55 +90,117 @@ class Shares:
         self._update(old ^ new)
 
     def drop_peer(self, broker, token):
-        """The link ``token`` of ``broker`` ended: its groups count no more (unless a newer link of it holds them)."""
+        """The link ``token`` of ``broker`` ended (unless a newer link of it is up): its groups keep the brokers their
+        last change gave them until its ROUTES come again; nothing is recorded."""
         held = self.peers.get(broker)
         if held is not None and held[0] == token:
             del self.peers[broker]
-            self._update(held[1])
 
     def refresh(self):
         """Record each group whose brokers now are not its history's last: a change that was not written when it
         came (a master that could not write then); a group past MQTT_CLUSTER_MAX_GROUPS is not counted refused
-        again. For a view that is whole (``MqttCluster``: once every peer follows this master). A generator: one
-        group a step, so that the caller lets others run between steps."""
+        again. Drops the changes no reader can reach and ends a history with no broker since before the log's start.
+        A generator: one group a step, so that the caller lets others run between steps."""
         groups = set(self.local).union(self.histories(), *(g for _token, g in self.peers.values()))
         for group in groups:
-            self._update((group,), count=False)
+            self._change(group, count=False)
             yield group
 
     def brokers(self, group):
+        """The brokers with members of ``group`` as this broker sees them now (a peer not linked: as its last change
+        says)."""
+        held = self.histories().get(group)
+        return self._brokers(group, held.changes[-1][1] if held is not None and held.changes else ())
+
+    def _brokers(self, group, last):
         out = {b for b, (_token, groups) in self.peers.items() if group in groups}
+        out.update(b for b in last if b != self.broker_id and b not in self.peers)
         if group in self.local:
             out.add(self.broker_id)
         return tuple(sorted(out))
 
-    def _update(self, groups, count=True):
-        """A group whose brokers changed gets a change from the log's next position on (no broker at all: no member
+    def _update(self, groups):
+        turn = None
+        for group in groups:
+            self._change(group)
+            turn = self.pause(turn)
+
+    def _change(self, group, count=True):
+        """Record ``group``'s change when its brokers are not its history's last (no broker at all: no member
         anywhere, each broker's own members take what is published on it, as without a cluster). A group new here
         past ``most`` histories takes the place of one with no member anywhere, else it is not shared."""
         histories = self.histories()
-        for group in groups:
-            brokers = self.brokers(group)
-            held = histories.get(group)
-            changes = () if held is None else held.changes
-            if changes and changes[-1][1] == brokers:
-                continue
-            if not changes:
-                if not brokers:
-                    continue
-                if len(histories) >= self.most and not self._evict(histories):
-                    if count:
-                        self.refused += 1  # the caller logs it (``refused``: how many times)
-                    continue
-            self.record(group, (tuple(changes) + ((self.position(), brokers),))[-self.history:])
+        held = histories.get(group)
+        changes = [] if held is None else list(held.changes)
+        last = changes[-1][1] if changes else ()
+        brokers = self._brokers(group, last)
+        start = self.start()
+        if changes and last == brokers:
+            kept = self._reachable(changes, start)
+            if not brokers:
+                self._evictable.setdefault(group)  # one found in the log (a start, a promotion)
+                if kept[-1][0] <= start:
+                    self._write(group, None)  # nothing a reader reaches is assigned by the history
+                    return
+            if len(kept) < len(changes):
+                self._write(group, kept)
+            return
+        if not changes:
+            if not brokers:
+                return
+            if len(histories) >= self.most and not self._evict(histories):
+                if count:
+                    self.refused += 1  # the caller logs it (``refused``: how many times)
+                return
+        elif len(changes) > 1 and self.position() == self._ends.get(group):
+            changes.pop()  # nothing written since its last change (not its first, which also assigns what came before)
+        if not changes or changes[-1][1] != brokers:  # else back to the brokers before the replaced change
+            changes.append((None, brokers))
+        changes = self._reachable(changes, start)
+        if len(changes) > self.history:
+            self.forgotten += len(changes) - self.history
+            changes = changes[-self.history:]
+        self._write(group, changes)
+
+    @staticmethod
+    def _reachable(changes, start):
+        """``changes`` without those the next of which starts at or below ``start`` (they assign nothing a reader
+        can still reach)."""
+        first = 0
+        while first + 1 < len(changes) and changes[first + 1][0] is not None and changes[first + 1][0] <= start:
+            first += 1
+        return changes[first:]
+
+    def _write(self, group, changes):
+        """Write ``group``'s history (None: end it); True when written. A last change whose since is None is new: it
+        goes last among the groups that may be evicted, and the next change replaces it while nothing is written
+        after its record."""
+        end = self.record(group, None if changes is None else tuple(changes))
+        if end is None:
+            return False
+        fresh = changes is not None and changes[-1][0] is None
+        if fresh:
+            self._ends[group] = end
+        else:
+            self._ends.pop(group, None)
+        if changes is None or changes[-1][1]:
+            self._evictable.pop(group, None)
+        elif fresh or group not in self._evictable:
+            self._evictable.pop(group, None)
+            self._evictable[group] = None
+        return True
 
     def _evict(self, histories):
-        """End the history of a group with no member anywhere since its last change, the one recorded longest ago
-        first (begun again, such a group starts afresh: what was stored before is assigned by its first change);
-        False when there is none, or the log did not take it."""
-        for key, held in histories.items():
-            if not held.changes[-1][1]:
-                return self.record(key, None)
+        """End the history of a group with no member anywhere since its last change, the one whose last change was
+        recorded longest ago first (begun again, such a group starts afresh: what was stored before is assigned by
+        its first change); False when there is none, or the log did not take it."""
+        while self._evictable:
+            key = next(iter(self._evictable))
+            held = histories.get(key)
+            if held is None or held.changes[-1][1] or self._brokers(key, ()):
+                del self._evictable[key]  # not one any more (a new member, a history the log ended)
+                continue
+            return self._write(key, None)
         return False
 
     def owner(self, group, origin, topic, partition, position):

@@ -516,6 +516,13 @@ class MessageStore:
     flushed_position = property(attrgetter("_pos.flushed"))
     log_cuts = property(attrgetter("_pos.cuts"))  # truncations so far (``cut_below``)
 
+    @property
+    def log_start(self):
+        """The position of the oldest byte the log still holds (the written position when it holds none): no reader
+        reaches a record below it."""
+        start = self._log.start
+        return self._pos.written if start is None else start
+
     def cut_below(self, seen, pos):
         """Whether the log was cut back before ``pos`` since ``log_cuts`` read ``seen``: a write ending at ``pos``
         that a wait began for is gone (a deposed master's tail), whatever is written there later."""

@@ -144,9 +144,10 @@ def test_qos1_and_qos2_are_acknowledged_and_a_qos2_resend_is_stored_once(broker_
 
 
 def test_a_pubrel_of_an_id_not_held_is_answered_packet_identifier_not_found(broker_factory, tmp_path):
-    """A PUBREL for a packet id the broker does not hold (never stored: its PUBLISH refused at the PUBREC; never
-    sent; released already) gets PUBCOMP 0x92 in MQTT 5, so a client that ignores the PUBREC's reason is not told it
-    was delivered; a held one 0x00; MQTT 3.1.1 has no reason code."""
+    """A PUBREL for a packet id the broker does not hold gets PUBCOMP 0x92 in MQTT 5: refused at the PUBREC (not
+    stored: a client that ignores the PUBREC's reason is not told it was delivered), never sent, or already released
+    (a PUBREL sent again after a lost PUBCOMP: that message was stored); a held one 0x00; MQTT 3.1.1 has no reason
+    code."""
     b = broker_factory(mqtt_config(tmp_path, max_retained=1))
     raw = Raw(b)
     assert raw.connect("releaser").reason_code == 0
@@ -157,6 +158,11 @@ def test_a_pubrel_of_an_id_not_held_is_answered_packet_identifier_not_found(brok
     for pid, code in ((2, 0x92), (9, 0x92), (1, wire.SUCCESS), (1, 0x92)):  # refused, never sent, held, released
         raw.send(wire.PubRel(pid))
         assert raw.read() == wire.PubComp(pid, code), pid
+    reader = Raw(b)
+    assert reader.connect("reader").reason_code == 0
+    reader.send(wire.Subscribe(1, (wire.Subscription("rel/#", 0),)))
+    assert isinstance(reader.read(), wire.Suback)
+    assert reader.read().payload == b"1"  # the one released twice was stored, once
     old = Raw(b, wire.MQTT_311)
     assert old.connect("releaser-311").reason_code == 0
     old.send(wire.PubRel(3))

@@ -17,31 +17,37 @@ G = ("g", "jobs/#")
 
 
 class Log:
-    """The sessions' log as ``Shares`` sees it: the position its next record gets, the histories its table holds
-    (each record written through the real codec and applied as a slave's table applies it), a write that a slave
-    (``writable`` False) refuses."""
+    """The sessions' log as ``Shares`` sees it: its end (the position its next record gets) and start, the histories
+    its table holds (each record written through the real codec and applied at its own position as a slave's table
+    applies it; each record 100 bytes), a write that a slave (``writable`` False) refuses."""
 
     def __init__(self):
         self.end = 1000
+        self.begin = 0
         self.table = SessionTable()
         self.writable = True
+        self.writes = 0
 
     def position(self):
         return self.end
+
+    def start(self):
+        return self.begin
 
     def histories(self):
         return self.table.shares
 
     def record(self, key, changes):
         if not self.writable:
-            return False
+            return None
         self.table.apply(self.end, encode_share_history_end(key) if changes is None
                          else encode_share_history(key, changes))
         self.end += 100
-        return True
+        self.writes += 1
+        return self.end
 
     def shares(self, **bounds):
-        return Shares(0, self.position, self.histories, self.record, **bounds)
+        return Shares(0, self.position, self.start, self.histories, self.record, **bounds)
 
 
 def round_trip(event):
@@ -81,8 +87,9 @@ def test_a_change_applies_to_what_is_stored_after_it():
 
 def test_a_promoted_slave_assigns_by_the_history_its_master_wrote():
     """The history is the log's: a slave's table holds its master's as copied, so a slave promoted (a new view of
-    its own, nothing of the peers yet) assigns what was stored before as its master did, its own changes apply
-    after them; a change the log does not take (a slave) is not made, and ``refresh`` makes it once it may write."""
+    its own, its peers not all linked yet) assigns what was stored before as its master did, its own changes apply
+    after them, and a peer not linked yet keeps its share; a change the log does not take (a slave) is not made, and
+    ``refresh`` makes it once it may write."""
     log = Log()
     master = log.shares()
     master.set_local([G])
@@ -93,25 +100,131 @@ def test_a_promoted_slave_assigns_by_the_history_its_master_wrote():
     assert set(decided.values()) == {0, 1, 2}
     log.writable = False
     promoted = log.shares()  # the slave: nothing of its own written
-    promoted.set_peer(1, "link-1b", [G])
+    promoted.set_peer(1, "link-1b", [])
     assert log.table.shares[G].changes[-1][1] == (0, 1, 2)  # not made
     log.writable = True  # promoted
     list(promoted.refresh())
-    assert log.table.shares[G].changes[-1] == (5000, (1,))
-    promoted.set_peer(2, "link-2b", [G])
+    assert log.table.shares[G].changes[-1] == (5000, (2,))  # 2 not linked yet: as its master last knew it
+    log.end += 10  # messages stored meanwhile
+    promoted.set_peer(1, "link-1b", [G])
+    log.end += 10
     promoted.set_local([G])
     assert {p: promoted.owner(G, 0, "jobs", p, 4999) for p in range(64)} == decided  # what the master stored
-    assert {promoted.owner(G, 0, "jobs", p, 5000) for p in range(64)} == {1}  # stored when only 1 was known
+    assert {promoted.owner(G, 0, "jobs", p, 5000) for p in range(64)} == {2}  # stored when only 2 had members
     assert {p: promoted.owner(G, 0, "jobs", p, log.end) for p in range(64)} == decided  # the same brokers again
+
+
+def test_a_link_that_ends_keeps_its_peers_share_until_its_routes_drop_the_group():
+    """A cut link (or one not back yet) moves nothing: the peer's records stay its own, for its link to copy when
+    it resumes; only its ROUTES without the group make a change (no broker: its members left)."""
+    log = Log()
+    shares = log.shares()
+    shares.set_peer(1, "link-1", [G])
+    log.end = 2000
+    writes = log.writes
+    shares.drop_peer(1, "link-1")
+    list(shares.refresh())
+    assert log.writes == writes and shares.brokers(G) == (1,)
+    assert {shares.owner(G, 0, "jobs", p, log.end) for p in range(8)} == {1}
+    assert not shares.takes(G, "jobs", 0, log.end)
+    shares.set_peer(1, "link-1b", [G])  # back with its members: nothing changes
+    assert log.writes == writes
+    log.end = 3000
+    shares.set_peer(1, "link-1b", [])  # its members left
+    assert log.table.shares[G].changes[-1] == (3000, ())
+    assert shares.owner(G, 0, "jobs", 0, 3000) is None and shares.owner(G, 0, "jobs", 0, 2999) == 1
+
+
+def test_a_change_starts_at_its_own_record():
+    """The position a change starts at is its record's, not the log's end read before the write (another write may
+    come between)."""
+    log = Log()
+    shares = Shares(0, lambda: log.end - 40, log.start, log.histories, log.record)
+    shares.set_peer(1, "link-1", [G])
+    assert log.table.shares[G].changes == ((1000, (1,)),)
+
+
+def test_flaps_with_nothing_written_between_leave_the_history_as_it_was():
+    log = Log()
+    shares = log.shares()
+    shares.set_local([G])
+    shares.set_peer(1, "link-1", [G])
+    log.end = 2000
+    before = log.table.shares[G].changes
+    for _ in range(limits.MQTT_CLUSTER_SHARE_HISTORY + 1):
+        shares.set_peer(1, "link-1", [])
+        shares.set_peer(1, "link-1", [G])
+    assert log.table.shares[G].changes == before
+    shares.set_local([])
+    shares.set_local([G])
+    assert log.table.shares[G].changes == before
+    shares.set_local([])
+    log.end += 1  # a message
+    shares.set_local([G])
+    assert [b for _since, b in log.table.shares[G].changes] == [(0,), (0, 1), (1,), (0, 1)]
+
+
+def test_a_change_is_kept_while_the_log_holds_what_it_assigns():
+    """Members that leave and come back with messages between: each change is kept while a reader behind (a
+    group's old cursor, a peer's link catching up) can read a record it assigns, so those records keep their
+    broker; dropped once the log's start passes the change after it; past the hard bound counted."""
+    log = Log()
+    shares = log.shares()
+    shares.set_local([G])
+    log.end = 2000
+    decided = {p: shares.owner(G, 0, "jobs", p, 1999) for p in range(32)}
+    assert set(decided.values()) == {0}
+    for i in range(20):  # twenty changes (a device that reconnects, a member that comes and goes)
+        shares.set_peer(1, "link-1", [G] if i % 2 == 0 else [])
+        log.end += 10  # messages
+    shares.set_peer(1, "link-1", [G])
+    log.end += 10
+    shares.set_local([])
+    log.end += 10
+    assert {p: shares.owner(G, 0, "jobs", p, 1999) for p in range(32)} == decided  # still as decided
+    assert shares.forgotten == 0
+    log.begin = log.table.shares[G].changes[-1][0]  # retention: the log starts at the last change
+    list(shares.refresh())
+    assert log.table.shares[G].changes == ((log.begin, (1,)),)
+    bounded = log.shares(history=3)
+    for i in range(2):
+        bounded.set_peer(2, "link-2", [G] if i % 2 == 0 else [])
+        log.end += 10
+    assert len(log.table.shares[G].changes) == 3 and bounded.forgotten == 0  # at the bound
+    bounded.set_peer(2, "link-2", [G])
+    assert len(log.table.shares[G].changes) == 3 and bounded.forgotten == 1  # one past it
+
+
+def test_a_history_with_no_member_anywhere_ends_once_the_log_starts_past_it():
+    log = Log()
+    shares = log.shares()
+    shares.set_peer(1, "link-1", [G])
+    log.end = 2000
+    shares.set_peer(1, "link-1", [])
+    log.end = 3000
+    list(shares.refresh())
+    assert G in log.table.shares
+    log.begin = 2500
+    list(shares.refresh())
+    assert G not in log.table.shares
+    writes = log.writes
+    list(shares.refresh())
+    assert log.writes == writes
+
+
+class Counted(dict):
+    def __init__(self):
+        super().__init__()
+        self.walks = 0
+
+    def items(self):
+        self.walks += 1
+        return super().items()
 
 
 def test_the_history_and_the_groups_kept_at_and_past_their_limits():
     log = Log()
-    shares = log.shares(most=2, history=3)
-    for i in range(5):
-        shares.set_peer(1 + i % 2, "l", [G])
-        shares.set_peer(2 - i % 2, "l", [])
-    assert len(log.table.shares[G].changes) == 3
+    shares = log.shares(most=2)
     shares.set_local([("a", "x"), G])
     assert len(shares) == 2 and shares.refused == 0
     shares.set_local([("a", "x"), ("b", "y"), G])
@@ -119,6 +232,7 @@ def test_the_history_and_the_groups_kept_at_and_past_their_limits():
     list(shares.refresh())
     assert shares.refused == 1  # looked at again, not counted again
     assert shares.owner(("b", "y"), 0, "y", 0, log.end) is None  # not shared: its local members take it
+    log.end += 10
     shares.set_local([G])  # ("a", "x") has no member anywhere: its history stays, and gives way to a new group
     list(shares.refresh())
     assert set(log.table.shares) == {("a", "x"), G} and log.table.shares[("a", "x")].changes[-1][1] == ()
@@ -126,6 +240,36 @@ def test_the_history_and_the_groups_kept_at_and_past_their_limits():
     assert set(log.table.shares) == {("b", "y"), G} and shares.refused == 1
     defaults = log.shares()
     assert defaults.most == limits.MQTT_CLUSTER_MAX_GROUPS and defaults.history == limits.MQTT_CLUSTER_SHARE_HISTORY
+
+
+def test_the_group_whose_last_change_is_oldest_gives_way_first():
+    log = Log()
+    shares = log.shares(most=2)
+    a, b = ("a", "x"), ("b", "y")
+    shares.set_local([a, b])
+    log.end += 10
+    shares.set_local([b])
+    log.end += 10
+    shares.set_local([a])
+    log.end += 10
+    shares.set_local([])  # a's last change is now newer than b's
+    log.end += 10
+    shares.set_local([G])
+    assert set(log.table.shares) == {a, G}
+
+
+def test_a_full_table_with_nothing_to_evict_walks_no_history_and_pauses_between_groups():
+    log = Log()
+    log.table.shares = Counted()
+    pauses = []
+    shares = Shares(0, log.position, log.start, log.histories, log.record, most=3,
+                    pause=lambda turn: pauses.append(turn) or turn)
+    shares.set_local([("a", "x"), ("b", "y"), G])
+    assert len(pauses) == 3
+    new = [("n%d" % i, "f") for i in range(50)]
+    shares.set_local([("a", "x"), ("b", "y"), G] + new)
+    assert shares.refused == 50 and log.table.shares.walks == 0
+    assert len(pauses) == 53
 
 
 def test_an_assignment_historys_record_round_trips_ends_holds_retention_and_a_bad_one_is_passed_over():
@@ -137,6 +281,10 @@ def test_an_assignment_historys_record_round_trips_ends_holds_retention_and_a_ba
     assert table.shares[G].position == 10
     table.apply(30, encode_share_history_end(G))
     assert G not in table.shares and table.floor() is None
+    table.apply(40, encode_share_history(G, [(5, (0,)), (None, (1,))]))  # a change that starts at its own record
+    assert table.shares[G].changes == ((5, (0,)), (40, (1,)))
+    table.apply(50, encode_share_history(G, [(None, (0,)), (45, (1,))]))  # only the last may: passed over, logged
+    assert table.shares[G].position == 40
 
 
 def test_shared_entries_and_route_groups_round_trip_and_are_bounded():
@@ -172,7 +320,7 @@ def test_a_brokers_route_carries_its_groups_with_members_at_most_max_groups(monk
     config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta"))
     log = Log()
     port = SimpleNamespace(share_histories=log.histories, record_share_history=log.record)
-    cluster = MqttCluster(config, SimpleNamespace(written_position=0), None, port, None, lambda: True)
+    cluster = MqttCluster(config, SimpleNamespace(written_position=0, log_start=0), None, port, None, lambda: True)
     event = cluster.route_changed
     cluster.groups_changed([G, ("a", "x")])  # at the limit: both
     assert cluster.groups() == (("a", "x"), G) and event.is_set() and cluster.route()[0] == 1

@@ -13,7 +13,7 @@ from metaq.mqtt import wire
 from metaq.mqtt.records import partition_for
 from metaq.mqttcluster.share import owner_of
 from tests.harness.broker import wait_for
-from tests.harness.mqtt import Paho, Raw
+from tests.harness.mqtt import V311, Paho, Raw
 from tests.harness.mqttcluster import Cluster, FollowedGroup
 from tests.harness.replication import caught_up, stats
 
@@ -101,3 +101,31 @@ def test_a_promoted_slave_keeps_the_assignment_of_what_its_master_published(brok
 def test_a_broker_started_again_after_a_kill_keeps_the_assignment(broker_factory, tmp_path, zk_connect):
     cluster = Cluster(broker_factory, tmp_path, zk_connect, 2).start()
     assignment_kept(cluster[0], cluster[1], lambda: cluster.restart(1, kill=True))
+
+
+def test_a_group_whose_members_are_all_on_a_peer_loses_nothing_while_its_link_is_down(broker_factory, tmp_path,
+                                                                                      zk_connect):
+    """Every member of a group on broker 1, which is killed (its link to broker 0 ends) and started again: what
+    broker 0 published meanwhile stays broker 1's, copied to it once its link resumes, and its member gets all of it
+    (as a plain subscription would)."""
+    cluster = Cluster(broker_factory, tmp_path, zk_connect, 2).start()
+    member = Paho(cluster[1], client_id="member", version=V311, clean=False)
+    assert member.subscribe("$share/g/jobs/#", 1) == [1]
+    wait_for(lambda: stats(cluster[0]).get("mqtt_cluster_peer_groups") == "1", 20, "the group reached broker 0")
+    pub = Paho(cluster[0], "pub")
+    pub.publish("jobs/before", b"before", 1)
+    assert [m.payload for m in member.wait_messages(1, 20)] == [b"before"]
+    time.sleep(1.5)  # the group's read positions saved
+    cluster[1].kill()
+    member.close()
+    wait_for(lambda: stats(cluster[0]).get("mqtt_cluster_peer_groups") == "0", 20, "broker 0 sees the link end")
+    sent = [b"away-%d" % i for i in range(20)]
+    for i, payload in enumerate(sent):
+        pub.publish("jobs/%d" % i, payload, 1)
+    pub.close()
+    cluster[1].start()
+    cluster.wait_linked()
+    member = Paho(cluster[1], client_id="member", version=V311, clean=False)
+    assert member.session_present
+    got = member.wait_messages(len(sent), 30)
+    assert sorted(m.payload for m in got) == sorted(sent), len(got)
