@@ -317,7 +317,8 @@ def test_a_brokers_route_carries_its_groups_with_members_at_most_max_groups(monk
 
     from metaq.mqttcluster.peers import MqttCluster
     monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_GROUPS", 2)
-    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta"))
+    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
+                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
     log = Log()
     port = SimpleNamespace(share_histories=log.histories, record_share_history=log.record)
     cluster = MqttCluster(config, SimpleNamespace(written_position=0, log_start=0), None, port, None, lambda: True)

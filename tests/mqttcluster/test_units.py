@@ -265,7 +265,8 @@ def test_a_follow_resumed_starts_a_partition_without_a_position_where_the_earlie
 
 def test_peers_retained_messages_newest_wins_within_their_limit(monkeypatch):
     monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_RETAINED", 2)
-    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta"))
+    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
+                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
     cluster = MqttCluster(config, None, None, None, None, lambda: True)
     cluster._set_retained("x", 100, 2, "x@100")
     cluster._set_retained("x", 100, 1, "older broker id")  # same time: the higher broker id stays
@@ -320,7 +321,8 @@ def test_the_members_reader_wakes_its_listeners_when_the_members_change_only():
 
 def test_a_broker_follows_at_most_max_peers_the_lowest_ids_first(monkeypatch):
     monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_PEERS", 2)
-    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta"))
+    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
+                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
     zk = FakeZk([0, 1, 2])
     cluster = MqttCluster(config, None, None, None, Members(zk, "/meta"), lambda: True)
     read = cluster.members.read
@@ -334,7 +336,8 @@ def test_a_broker_follows_at_most_max_peers_the_lowest_ids_first(monkeypatch):
 def test_a_subscription_adds_its_filter_to_the_route_at_once_and_a_covered_one_changes_nothing(monkeypatch):
     monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_FILTERS", 2)
     port = SimpleNamespace(subscribed_filters=lambda: iter(["a/1"]))
-    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta"))
+    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
+                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
     cluster = MqttCluster(config, None, None, port, None, lambda: True)
     cluster.routes_changed()
     assert cluster.route() == (1, ("a/1",))
@@ -615,7 +618,8 @@ def test_a_master_holds_its_mqtt_traffic_until_every_peer_follows_it_at_most_its
     """``MqttCluster.hold``: ``wait_followed`` (before a CONNACK, a will) returns once each other member follows this
     broker (its follow's route in), within the bound; at the bound it returns without the peers still away, and no
     sooner while one is."""
-    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta"))
+    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
+                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
     members = Members(FakeZk([0, 1, 2]), "/meta")
     members.current = members.read()
     cluster = MqttCluster(config, None, None, None, members, lambda: True, hold_s=0.5)
@@ -646,7 +650,8 @@ def test_a_master_holds_its_mqtt_traffic_until_every_peer_follows_it_at_most_its
 
 
 def test_a_start_hold_of_0_holds_nothing():
-    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta"))
+    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
+                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
     members = Members(FakeZk([0, 1]), "/meta")
     members.current = members.read()
     cluster = MqttCluster(config, None, None, None, members, lambda: True, hold_s=0)
