@@ -154,8 +154,9 @@ class SavedWill:
     """A will as its last record says (see the module doc): what its client's CONNECT gave (``properties``:
     ``wire``'s dict of the will's MQTT 5 properties), its user and address (its publish is asked as that user's),
     the delay it waits once its connection ended (min(Will Delay, Session Expiry); 0: MQTT 3.1.1);
-    ``position``: where that record is in the log; ``origin``: where its first record is, kept by the records that
-    write it again: what tells this will from a later one of the same client id."""
+    ``position``: where that record is in the log; ``origin``: the name its broker gave it when it was recorded,
+    kept by the records that write it again (a record without one: its position): what tells this will from a
+    later one of the same client id, on every member and after a restart."""
 
     __slots__ = ("client_id", "user", "host", "topic", "payload", "qos", "retain", "properties", "delay_s",
                  "position", "origin")
@@ -185,7 +186,7 @@ def _unplain(value):
 
 
 def encode_will(w):
-    """A will's record (bytes); one written again keeps its ``origin``."""
+    """A will's record (bytes), its ``origin`` with it."""
     d = {"k": "w", "c": w.client_id, "u": w.user, "h": w.host, "t": w.topic,
          "p": base64.b64encode(bytes(w.payload)).decode("ascii"), "q": w.qos, "r": bool(w.retain),
          "pr": {k: _plain(v) for k, v in w.properties.items()}, "d": w.delay_s}
@@ -314,7 +315,7 @@ class SessionTable:
                 self.wills.pop(client_id, None)
             else:
                 w.position = position
-                if w.origin is None:  # its first record
+                if w.origin is None:  # a record written without a name
                     w.origin = position
                 self.wills[client_id] = w
             return

@@ -968,7 +968,7 @@ class MqttPort:
             return None, str(exc)
         self._write(client_id, encode_will(SavedWill(client_id, security.user, security.host, will.topic,
                                                      will.payload, will.qos, will.retain, dict(will.properties),
-                                                     delay_s)))
+                                                     delay_s, origin="%s.%d" % (self._id_salt, next(self._ids)))))
         saved = self.table.wills.get(client_id)
         if saved is None or saved is older:
             return None, "its record could not be written to the sessions' log"
@@ -1064,7 +1064,11 @@ class MqttPort:
 
     def connection_lost(self, client_id, will, security, delay_s, origin=None):
         """A connection with a will ended without a normal DISCONNECT: publish it now, or after ``delay_s``.
-        ``origin``: the will's in the log (``record_will``), None when the log does not hold it."""
+        ``origin``: the will's in the log (``record_will``), None when the log does not hold it. One whose connection
+        this broker closed itself while it may confirm no write (``_moved``) is left in the log: once it may write,
+        ``_adopt_wills`` gives its client ``mqtt.unconfirmable_grace_s`` to come back first."""
+        if origin in self._moved and self.session_refusal() is not None:
+            return
         if delay_s <= 0 or len(self._delayed) >= self.settings.max_delayed_wills:
             self.publish_will(client_id, will, security, origin)
             return
