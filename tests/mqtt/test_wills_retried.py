@@ -40,7 +40,8 @@ def _wait(check, timeout, what):
         gevent.sleep(0.05)
 
 
-def test_a_will_refused_for_a_passing_reason_is_published_once_writes_come_back(parts):
+def test_a_will_refused_for_a_passing_reason_is_published_once_writes_come_back(parts, caplog):
+    """Each retry pass logs one line for all the wills it tried, none per will."""
     port = _port(parts)
     keeper = gevent.spawn(port._keep)  # what ``listen`` starts: the role checks, the wills' passes
     try:
@@ -51,8 +52,11 @@ def test_a_will_refused_for_a_passing_reason_is_published_once_writes_come_back(
         parts.gate.disk_full("the disk is full (a test)")
         port.publish_will("meter-1", will, security, origin)  # its connection ended: refused, for now
         assert port.wills_published == 0 and "meter-1" in port.table.wills
-        gevent.sleep(limits.MQTT_WILL_RETRY_S + 0.3)
+        gevent.sleep(limits.MQTT_WILL_RETRY_S * 2 + 0.3)
         assert port.wills_published == 0 and "meter-1" in port.table.wills  # tried again, refused again
+        lines = [r.getMessage() for r in caplog.records if r.name == "metaq.mqtt.port"]
+        assert len([m for m in lines if "meter-1" in m]) == 1, lines  # its first refusal only
+        assert len([m for m in lines if "1 wills tried again: 0 published, 1 still refused" in m]) >= 2, lines
         parts.gate.refresh()  # space again
         _wait(lambda: "meter-1" not in port.table.wills, limits.MQTT_WILL_RETRY_S + 2.0, "the will published")
         gevent.sleep(limits.MQTT_WILL_RETRY_S + 0.3)
