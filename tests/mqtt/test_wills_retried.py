@@ -12,6 +12,8 @@ import gevent
 import pytest
 
 from metaq import limits
+from metaq.mqtt import wire
+from metaq.mqtt.connect import connect
 from metaq.mqtt.connection import Connection
 from metaq.mqtt.port import MqttPort
 from metaq.mqtt.wire import Will
@@ -157,3 +159,32 @@ def test_a_will_that_cannot_be_recorded_says_why(parts):
     parts.gate.disk_full("the disk is full (a test)")
     origin, why = port.record_will("meter-6", Will("status/meter-6", b"gone", 1, False, {}), security, 0)
     assert origin is None and "disk is full" in why and "meter-6" not in port.table.wills
+
+
+def test_a_connect_is_refused_when_the_broker_stops_confirming_while_it_waits(parts):
+    """The CONNECT's refusals are asked again after its waits (the cluster's id, a takeover): a master that became
+    unable to confirm a write meanwhile answers Server unavailable, not CONNACK 0 with a will it did not record."""
+    down = []
+    port = MqttPort(parts.core, parts.config.mqtt, parts.store, parts.path, Guard(parts.config.security),
+                    parts.waiters, parts.config.store.max_transfer_size,
+                    master_refusal=lambda: down[0] if down else None, unconfirmable=lambda: down[0] if down else None)
+    real_join = port.join_cluster
+
+    def join_while_the_slave_goes(client_id, clean_start, user):
+        down.append("SLAVE_NOT_AVAILABLE: no slave is in sync (a test)")  # while the CONNECT waited
+        return real_join(client_id, clean_start, user)
+
+    port.join_cluster = join_while_the_slave_goes
+    conn, other = _connection(port)
+    try:
+        p = wire.Connect(wire.MQTT_5, "meter-7", will=Will("status/meter-7", b"gone", 1, False, {}))
+        assert connect(conn, port, p) is False
+        other.settimeout(5.0)
+        parser = wire.MqttParser(wire.MQTT_5, sender="server")
+        parser.receive_data(other.recv(65536))
+        ack = parser.next_event()
+        assert ack.reason_code == wire.SERVER_UNAVAILABLE, ack
+        assert "meter-7" not in port.table.wills and conn.will is None  # nothing of it to publish
+    finally:
+        conn.close()
+        other.close()
