@@ -16,11 +16,14 @@ What it holds across connections:
   again first with Clean Start 0, at most ``mqtt.max_delayed_wills`` at once (past it: at once). Each is also
   written to the sessions' log (``record_will``) until it is published or dropped (``will_done``), so that a
   master taking over (a promotion, a restart after a kill -9, the end of its own fencing) publishes those whose
-  connections ended with the broker that held them (``_adopt_wills``);
+  connections ended with the broker that held them (``_adopt_wills``). Each will is named by its record
+  (``SavedWill.origin``), not by its client id: one whose publish a passing refusal stopped waits (``_pending``)
+  whatever later connections of its client id do;
 * **fencing** (``session_refusal``, checked every ``limits.MQTT_ROLE_CHECK_S`` by ``_keep``): only a master that
   may acknowledge writes keeps sessions and wills; one that stops being one (deposed, its lease run out,
   isolated) closes at once the connections that hold a persistent session or a will (``Connection.move_away``):
-  what it would deliver to them could not be saved, and a session served there would be lost;
+  what it would deliver to them could not be saved, and a session served there would be lost. One that only
+  may confirm no write (``sync``, no member in sync) does so after ``mqtt.unconfirmable_grace_s``;
 * **assigned client identifiers** for a CONNECT with an empty one;
 * **the master's MQTT address** (``master_reference``: with ``ha: auto``, from the elected master's leader node):
   a slave refuses a CONNECT that needs a persistent session, naming it (MQTT 5 Server Reference);
@@ -180,7 +183,7 @@ class MqttPort:
         #: back before they are published (``_adopt_wills``); bounded by the log's wills
         self._moved = set()
         self._unconfirmable_since = None  # when this master began to be unable to confirm a write (``_check_role``)
-        self._refused_since = False  # this broker kept no session for a while: its wills are adopted again after
+        self._refused_meanwhile = False  # it kept no session for a while: the wills left meanwhile are adopted after
         self._last_refusal = None  # the last passing refusal of a will's publish (``_retry_wills``' line)
         self._retried_at = 0.0
         self._adopt_due = False  # this broker began keeping sessions: ``_adopt_wills`` is due (``_wills_due``)
@@ -510,14 +513,14 @@ class MqttPort:
         ``mqtt.unconfirmable_grace_s`` (``unconfirmable_grace``), so that a routine slave restart closes no device."""
         refusal = self.session_refusal()
         if refusal is not None:
-            self._refused_since = True
+            self._refused_meanwhile = True
             if self._fenced is not True and not self.unconfirmable_grace():
                 self._fenced = True
                 self._move_away(refusal, self.unavailable() is not None)
             return False
         self._unconfirmable_since = None
-        if self._fenced is not False or self._refused_since:
-            self._refused_since = False
+        if self._fenced is not False or self._refused_meanwhile:
+            self._refused_meanwhile = False
             if self._fenced is not False and self.cluster is not None:
                 self.cluster.hold()  # until the peers follow this broker again (``MqttCluster.hold``)
             self._fenced = False
@@ -972,7 +975,8 @@ class MqttPort:
         saved = self.table.wills.get(client_id)
         if saved is None or saved is older:
             return None, "its record could not be written to the sessions' log"
-        self._published.pop(older.origin, None) if older is not None else None
+        if older is not None:
+            self._published.pop(older.origin, None)  # replaced: its end needs no record of its own
         return saved.origin, None
 
     def _detach(self, saved):
@@ -1038,15 +1042,15 @@ class MqttPort:
         for origin, client_id in list(self._published.items()):
             self.will_done(client_id, origin)
             turn = share_loop(turn)
-        tried = len(self._pending)
+        tried, published = len(self._pending), self.wills_published
         for origin, (client_id, will, security) in list(self._pending.items()):
             if origin in self._pending:
                 self.publish_will(client_id, will, security, origin, quiet=True)
                 turn = share_loop(turn)
         if tried:
             log.warning("mqtt: %d wills tried again: %d published, %d still refused for now (%s); tried again every "
-                        "%.0f s while this broker may write", tried, tried - len(self._pending), len(self._pending),
-                        self._last_refusal, limits.MQTT_WILL_RETRY_S)
+                        "%.0f s while this broker may write", tried, self.wills_published - published,
+                        len(self._pending), self._last_refusal, limits.MQTT_WILL_RETRY_S)
 
     def _wills_due(self):
         """While this broker keeps sessions, one pass over the wills at a time (none published twice), the keeper
