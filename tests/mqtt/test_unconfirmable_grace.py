@@ -83,3 +83,17 @@ def test_past_the_grace_devices_are_moved_away_and_a_will_waits_for_its_client_t
     time.sleep(1.0)
     assert _wills(watcher) == ["will/dev-gone"] and stats(master)["mqtt_wills_published"] == "1"
     again.close()
+
+
+def test_a_fresh_sync_group_refuses_devices_until_its_slave_joins(broker_factory, tmp_path, zk_connect):
+    group = Group(broker_factory, tmp_path, zk_connect, n=2, mode="sync", start=False)
+    for member in group.members:
+        with_mqtt(member.config)
+    first = group.members[0]
+    first.start()
+    group.master(40)
+    wait_for(lambda: stats(first)["replication_writable"] == NO_INSYNC, 20, "the lone master writes nothing")
+    assert Raw(first).connect("dev").reason_code == wire.SERVER_UNAVAILABLE
+    group.members[1].start()
+    wait_for(lambda: stats(first)["replication_writable"] == "yes", 60, "its slave joined and in sync")
+    assert Raw(first).connect("dev").reason_code == 0

@@ -188,3 +188,20 @@ def test_a_connect_is_refused_when_the_broker_stops_confirming_while_it_waits(pa
     finally:
         conn.close()
         other.close()
+
+
+def test_waiting_wills_the_log_no_longer_holds_are_bounded(parts, monkeypatch, caplog):
+    """``limits.MQTT_MAX_DETACHED_WILLS`` waiting wills whose client id recorded a newer will are kept; one more
+    drops the oldest of them, logged."""
+    monkeypatch.setattr(limits, "MQTT_MAX_DETACHED_WILLS", 2)
+    port = _port(parts)
+    port.settings.max_retained = 0  # every retained will waits for room
+    security = port.guard.acting_for(None, "127.0.0.1")
+    for n in range(3):
+        client_id = "meter-d%d" % n
+        will = Will("status/" + client_id, b"gone", 1, True, {})
+        origin, _ = port.record_will(client_id, will, security, 0)
+        port.publish_will(client_id, will, security, origin)
+        port.record_will(client_id, Will("status/" + client_id, b"again", 1, True, {}), security, 0)
+    assert sorted(c for c, _, _ in port._pending.values()) == ["meter-d1", "meter-d2"]  # at the limit
+    assert any("meter-d0" in r.getMessage() and "MQTT_MAX_DETACHED_WILLS" in r.getMessage() for r in caplog.records)
