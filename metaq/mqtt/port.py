@@ -1016,10 +1016,13 @@ class MqttPort:
         if self.cluster is not None:
             self.cluster.wait_followed()
         turn = time.monotonic()
-        for saved in list(self.table.wills.values()):
+        for listed in list(self.table.wills.values()):
+            saved = self.table.wills.get(listed.client_id)  # as it stands now: written again meanwhile, it is the same
+            if saved is None or saved.origin != listed.origin:
+                continue
             conn = self._clients.get(saved.client_id)
             if (conn is not None and conn.will_origin == saved.origin) or saved.origin in self._pending or \
-                    saved.client_id in self._delayed or self.table.wills.get(saved.client_id) is not saved:
+                    saved.client_id in self._delayed:
                 continue
             if saved.origin in self._published:  # published here, its end not written yet
                 self.will_done(saved.client_id, saved.origin)
