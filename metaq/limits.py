@@ -792,6 +792,15 @@ MQTT_ROLE_CHECK_S = 0.1
 #: How often a will whose publish a passing refusal stopped (a full disk, a write no slave could confirm) is tried
 #: again while its broker keeps sessions (seconds); it stays in the sessions' log until published.
 MQTT_WILL_RETRY_S = 1.0
+#: Wills waiting for a passing refusal to end whose record the sessions' log no longer holds (their client id
+#: recorded a newer will meanwhile): kept in memory, tried again with the others; past it the oldest is dropped
+#: (logged). Those the log still holds are bounded by the log.
+MQTT_MAX_DETACHED_WILLS = 10_000
+#: How long a master that may confirm no write (``sync``, no member in sync; ``mqtt.unconfirmable_grace_s``) keeps
+#: the connections holding a persistent session or a will open (seconds): a slave's restart does not close every
+#: device. New CONNECTs are refused meanwhile; past it they are closed (Use another server), and their wills wait
+#: this long again once it may write, for their clients to come back, before they are published.
+MQTT_UNCONFIRMABLE_GRACE_S = 10.0
 #: Sessions kept for clients that are not connected (``mqtt.max_offline_sessions``): when one more goes offline, the
 #: one offline longest is ended (its client's next CONNECT gets Session Present 0).
 MQTT_MAX_OFFLINE_SESSIONS = 10_000

@@ -12,7 +12,9 @@ A slave refuses a CONNECT that needs a persistent session (one that outlives the
 writes no session records, so the session would be lost; MQTT 5 gets 0x9C Use another server with the master's
 address as Server Reference when it is known, MQTT 3.1.1 0x03 Server unavailable. A master that may write nothing
 for want of a member to confirm it (``sync``, no in-sync member: ``MqttPort.unavailable``) refuses every CONNECT:
-MQTT 5 0x88 Server unavailable (0x9C with a Server Reference where another broker is known), 3.1.1 0x03.
+MQTT 5 0x88 Server unavailable, 3.1.1 0x03. Both are asked again after the CONNECT's waits (the cluster, a
+takeover), before the CONNACK. A will that cannot be recorded (a full disk) refuses the CONNECT (0x88 / 0x03): a
+will the log does not hold would be lost with this broker.
 """
 
 import logging
@@ -41,13 +43,8 @@ def connect(conn, port, p):
     if client_id is None or not _login(conn, port.guard, p) or not _will(conn, port.topics, p.will):
         return False
     conn.expiry_s = p.properties.get("session_expiry_interval", 0) if v5 else 0
-    down = port.unavailable()
-    if down is not None:
-        return _unavailable(conn, port.master_reference(), client_id, down)
-    refusal = port.session_refusal()
-    if refusal is not None and ((conn.expiry_s if v5 else not p.clean_start) or
-                                (not p.clean_start and client_id in port.table.sessions)):
-        return _use_another_server(conn, port.master_reference(), client_id, refusal)
+    if _refused_now(conn, port, client_id, p):
+        return False
     _client_options(conn, p)
     keep_alive = keep_alive_of(conn, p.keep_alive)
     if keep_alive is None:
@@ -60,7 +57,15 @@ def connect(conn, port, p):
     refusal = port.claim(conn, client_id, p.clean_start)
     if refusal is not None:
         return refuse(conn, wire.CLIENT_ID_NOT_VALID, refusal)
-    resumed = _open_session(conn, port, client_id, p)
+    resumed, unrecorded = _open_session(conn, port, client_id, p)
+    if _refused_now(conn, port, client_id, p):  # it became so while the cluster or a takeover was waited for
+        conn.will = None  # the client is told it is not connected: nothing of it is published
+        return False
+    if unrecorded is not None:
+        conn.will = None
+        return refuse(conn, wire.SERVER_UNAVAILABLE, "client %s: its will could not be recorded in the sessions' "
+                      "log (%s): not connected, so that no will is lost" % (client_id, unrecorded),
+                      {"reason_string": ("will not recorded: %s" % unrecorded)[:MAX_REASON_CHARS]})
     props = _connack_properties(conn.settings, p, keep_alive, client_id if not p.client_id else None) if v5 else {}
     if not conn.send(wire.Connack(resumed, wire.SUCCESS, props)):
         return False
@@ -157,20 +162,35 @@ def _use_another_server(conn, master, client_id, refusal):
                   props)
 
 
-def _unavailable(conn, other, client_id, refusal):
+def _unavailable(conn, client_id, refusal):
     """A master that may write nothing now (``MqttPort.unavailable``) serves no device: refused with Server
-    unavailable, or Use another server naming ``other`` (an MQTT address, or None) when one is known."""
-    if other:
-        return refuse(conn, wire.USE_ANOTHER_SERVER, "client %s: this broker may write nothing now (%s): connect "
-                      "to %s" % (client_id, refusal, other), {"server_reference": other})
+    unavailable. No other broker is named: no other member of its group serves in its place (a member that would
+    is elected master only once this one is not), and the other brokers of an MQTT cluster hold other client ids."""
     return refuse(conn, wire.SERVER_UNAVAILABLE, "client %s: this broker may write nothing now (%s): its session "
                   "could not be saved, nor anything published to it" % (client_id, refusal),
                   {"reason_string": refusal[:MAX_REASON_CHARS]})
 
 
+def _refused_now(conn, port, client_id, p):
+    """True when the CONNECT ``p`` is refused (answered) for what this broker may keep now: nothing at all
+    (``MqttPort.unavailable``), or no persistent session (``MqttPort.session_refusal``) when it asks for one.
+    Asked before the CONNECT's waits and again after them, before the CONNACK: the broker may have stopped
+    meanwhile, and a CONNACK 0 would then promise a session or a will that is not kept."""
+    down = port.unavailable()
+    if down is not None:
+        return not _unavailable(conn, client_id, down)
+    refusal = port.session_refusal()
+    v5 = p.version == MQTT_5
+    if refusal is not None and ((conn.expiry_s if v5 else not p.clean_start) or
+                                (not p.clean_start and client_id in port.table.sessions)):
+        return not _use_another_server(conn, port.master_reference(), client_id, refusal)
+    return False
+
+
 def _open_session(conn, port, client_id, p):
     """The connection's session (``conn.mqtt``): new, or resumed from what the port saved; its will recorded.
-    True when a session was resumed (CONNACK's Session Present)."""
+    ``(resumed, unrecorded)``: True when a session was resumed (CONNACK's Session Present); why the will could not
+    be recorded while this broker keeps wills (the CONNECT is then refused), else None."""
     v5 = p.version == MQTT_5
     session = conn.mqtt = MqttSession(client_id, p.version, conn.settings.receive_maximum)
     session.user = conn.session.user
@@ -182,9 +202,11 @@ def _open_session(conn, port, client_id, p):
         conn.acks.unacked = len(session.qos2_received)  # its QoS 2 PUBLISHes waiting for their PUBREL
     if session.persistent:
         port.connected(session)
+    unrecorded = None
     if conn.will is not None:
-        port.record_will(client_id, conn.will, conn.session, conn.will_delay(conn.will))
-    return saved is not None
+        conn.will_origin, unrecorded = port.record_will(client_id, conn.will, conn.session,
+                                                        conn.will_delay(conn.will))
+    return saved is not None, unrecorded
 
 
 def _connack_properties(s, p, keep_alive, assigned):

@@ -47,8 +47,8 @@ class Connection(core.Connection):
     ``publishes`` and ``subscriptions`` are its operation groups."""
 
     log_prefix = "mqtt"
-    __slots__ = ("port", "settings", "parser", "version", "mqtt", "will", "expiry_s", "client_receive_max",
-                 "inflight_window",
+    __slots__ = ("port", "settings", "parser", "version", "mqtt", "will", "will_origin", "expiry_s",
+                 "client_receive_max", "inflight_window",
                  "client_max_packet", "problem_information", "room", "outbound_aliases", "acks", "publishes",
                  "subscriptions", "_write_lock", "_unsent", "_handling", "_ended_cleanly", "_taken_over",
                  "direct_fd", "_fd")
@@ -61,6 +61,7 @@ class Connection(core.Connection):
         self.version = None
         self.mqtt = None  # the MqttSession, once connected
         self.will = None
+        self.will_origin = None  # the will's ``SavedWill.origin`` in the sessions' log (None: not recorded)
         self.expiry_s = 0  # the session's expiry interval (MQTT 5): what a will's delay is bounded by
         self.receive_maximum(65535)  # the client's Receive Maximum until its CONNECT says one
         self.client_max_packet = None  # the client's Maximum Packet Size: larger deliveries are dropped
@@ -384,7 +385,7 @@ class Connection(core.Connection):
 
     def take_over(self):
         """Another connection took this client id: MQTT 5 is told DISCONNECT 0x8E, the connection closes. Returns
-        ``(will, guard session, will delay)`` for the port to publish (or drop), or None without a will."""
+        ``(will, guard session, will delay, origin)`` for the port to publish (or drop), or None without a will."""
         self._taken_over = True
         if self.mqtt.persistent:
             self.port.taken_over(self.mqtt)  # saved now, and handed to the new connection as it stands
@@ -394,7 +395,7 @@ class Connection(core.Connection):
             self.send(wire.Disconnect(wire.SESSION_TAKEN_OVER))
         self.close()
         will, self.will = self.will, None
-        return (will, self.session, self.will_delay(will)) if will is not None else None
+        return (will, self.session, self.will_delay(will), self.will_origin) if will is not None else None
 
     def keeps_state(self):
         """True when this connection holds what only a master keeps: a persistent session or a will."""
@@ -449,9 +450,11 @@ class Connection(core.Connection):
         will, self.will = self.will, None
         if will is not None and not self._taken_over:
             if self._ended_cleanly:
-                self.port.will_done(self.mqtt.client_id)
+                if self.will_origin is not None:
+                    self.port.will_done(self.mqtt.client_id, self.will_origin)
             else:
-                self.port.connection_lost(self.mqtt.client_id, will, self.session, self.will_delay(will))
+                self.port.connection_lost(self.mqtt.client_id, will, self.session, self.will_delay(will),
+                                          self.will_origin)
 
     def close(self):
         self.direct_fd = -1

@@ -208,14 +208,18 @@ class SavedWill:
     """A will as its last record says (see the module doc): what its client's CONNECT gave (``properties``:
     ``wire``'s dict of the will's MQTT 5 properties), its user and address (its publish is asked as that user's),
     the delay it waits once its connection ended (min(Will Delay, Session Expiry); 0: MQTT 3.1.1);
-    ``position``: where that record is in the log."""
+    ``position``: where that record is in the log; ``origin``: the name its broker gave it when it was recorded,
+    kept by the records that write it again (a record without one: its position): what tells this will from a
+    later one of the same client id, on every member and after a restart."""
 
     __slots__ = ("client_id", "user", "host", "topic", "payload", "qos", "retain", "properties", "delay_s",
-                 "position")
+                 "position", "origin")
 
-    def __init__(self, client_id, user, host, topic, payload, qos, retain, properties, delay_s, position=None):
+    def __init__(self, client_id, user, host, topic, payload, qos, retain, properties, delay_s, position=None,
+                 origin=None):
         self.client_id, self.user, self.host, self.topic, self.payload = client_id, user, host, topic, payload
         self.qos, self.retain, self.properties, self.delay_s, self.position = qos, retain, properties, delay_s, position
+        self.origin = origin
 
 
 def _plain(value):
@@ -236,11 +240,13 @@ def _unplain(value):
 
 
 def encode_will(w):
-    """A will's record (bytes)."""
-    return json.dumps({"k": "w", "c": w.client_id, "u": w.user, "h": w.host, "t": w.topic,
-                       "p": base64.b64encode(bytes(w.payload)).decode("ascii"), "q": w.qos, "r": bool(w.retain),
-                       "pr": {k: _plain(v) for k, v in w.properties.items()}, "d": w.delay_s},
-                      separators=(",", ":")).encode("utf-8")
+    """A will's record (bytes), its ``origin`` with it."""
+    d = {"k": "w", "c": w.client_id, "u": w.user, "h": w.host, "t": w.topic,
+         "p": base64.b64encode(bytes(w.payload)).decode("ascii"), "q": w.qos, "r": bool(w.retain),
+         "pr": {k: _plain(v) for k, v in w.properties.items()}, "d": w.delay_s}
+    if w.origin is not None:
+        d["o"] = w.origin
+    return json.dumps(d, separators=(",", ":")).encode("utf-8")
 
 
 def encode_will_end(client_id):
@@ -258,7 +264,7 @@ def decode_will(data):
         if "user_property" in props:
             props["user_property"] = [tuple(pair) for pair in props["user_property"]]
         return d["c"], SavedWill(d["c"], d["u"], d["h"], d["t"], base64.b64decode(d["p"]), d["q"], d["r"], props,
-                                 d["d"])
+                                 d["d"], origin=d.get("o"))
     except (ValueError, KeyError, TypeError, IndexError) as exc:
         raise RecordError("a will's record that does not decode: %s" % exc) from exc
 
@@ -369,6 +375,8 @@ class SessionTable:
                 kept[key] = value
             else:
                 value.position = position
+                if kept is self.wills and value.origin is None:  # a will's record written without a name
+                    value.origin = position
                 kept[key] = value
             return
         if bytes(data[:1]) == b"Q":

@@ -16,11 +16,14 @@ What it holds across connections:
   again first with Clean Start 0, at most ``mqtt.max_delayed_wills`` at once (past it: at once). Each is also
   written to the sessions' log (``record_will``) until it is published or dropped (``will_done``), so that a
   master taking over (a promotion, a restart after a kill -9, the end of its own fencing) publishes those whose
-  connections ended with the broker that held them (``_adopt_wills``);
+  connections ended with the broker that held them (``_adopt_wills``). Each will is named by its record
+  (``SavedWill.origin``), not by its client id: one whose publish a passing refusal stopped waits (``_pending``)
+  whatever later connections of its client id do;
 * **fencing** (``session_refusal``, checked every ``limits.MQTT_ROLE_CHECK_S`` by ``_keep``): only a master that
   may acknowledge writes keeps sessions and wills; one that stops being one (deposed, its lease run out,
   isolated) closes at once the connections that hold a persistent session or a will (``Connection.move_away``):
-  what it would deliver to them could not be saved, and a session served there would be lost;
+  what it would deliver to them could not be saved, and a session served there would be lost. One that only
+  may confirm no write (``sync``, no member in sync) does so after ``mqtt.unconfirmable_grace_s``;
 * **assigned client identifiers** for a CONNECT with an empty one;
 * **the master's MQTT address** (``master_reference``: with ``ha: auto``, from the elected master's leader node):
   a slave refuses a CONNECT that needs a persistent session, naming it (MQTT 5 Server Reference);
@@ -71,6 +74,14 @@ from metaq.store.results import BurstRun
 from metaq.store.journals import JournalFollow, MovingFloor
 
 log = logging.getLogger(__name__)
+
+
+def passing(exc):
+    """True when a will's publish refused with ``exc`` may succeed later, so the will waits (``_retry_wills``)
+    rather than being dropped: Unavailable (a full disk, a failed flush, no member to confirm a write), QuotaExceeded
+    (``mqtt.max_retained``, a user's or a topic's quota: room comes back as messages go), StoreError (an I/O error
+    at the write). A lasting refusal (no permission, a name with no place, a will larger than a segment) drops it."""
+    return isinstance(exc, (errors.Unavailable, errors.QuotaExceeded, errors.StoreError))
 
 
 def burst_frames_py(staged, largest):
@@ -127,7 +138,7 @@ class MqttPort:
         self.deliver_now = partial(direct.serve_waiting, self.waiting, self.fanouts.readers, self._keep_decoded,
                                    direct.deliver_now, limits.MQTT_DIRECT_DELIVERIES)
         self._clients = {}  # client id -> its Connection
-        self._delayed = {}  # client id -> (the greenlet holding its will for its delay, the will, its guard session)
+        self._delayed = {}  # client id -> (greenlet holding its will for its delay, the will, guard session, origin)
         self._ids = itertools.count(1)
         self._id_salt = os.urandom(4).hex()
         self.wills_published = 0
@@ -159,13 +170,22 @@ class MqttPort:
         store.follower.add(self.follow, store.written_position)
         self._keeper = None
         self._adopting = None  # the greenlet publishing the wills left in the log (``_adopt_wills``)
-        #: client ids whose will the log holds and whose publish a passing refusal stopped (``publish_will``): tried
-        #: again every ``limits.MQTT_WILL_RETRY_S`` while this broker keeps sessions (``_retry_wills``); each leaves
-        #: once its will's end is written, or the log holds no such will any more: bounded by the log's wills
-        self._unpublished = set()
-        #: client id -> the SavedWill of the log this broker published but whose end it could not write yet: its end
-        #: is written again, it is not published again (``_adopt_wills``, ``_retry_wills``); bounded as above
+        #: origin (``SavedWill.origin``) -> ``(client id, Will, guard session)``: wills whose publish a passing refusal
+        #: stopped (``publish_will``), tried again every ``limits.MQTT_WILL_RETRY_S`` while this broker keeps sessions
+        #: (``_retry_wills``), each until published or refused for good. Keyed by the will, not its client id: a
+        #: later connection of the same client id neither ends nor replaces it. Those the log holds are bounded by
+        #: the log; those it no longer holds (``_detached``) by ``limits.MQTT_MAX_DETACHED_WILLS``
+        self._pending = {}
+        #: origin -> client id: wills of the log this broker published but whose end it could not write yet: their
+        #: end is written again, they are not published again (``_adopt_wills``, ``_retry_wills``, ``_take_from``)
         self._published = {}
+        #: origins of the wills whose connections this broker closed itself while it could confirm no write
+        #: (``_move_away``): not lost clients, so their wills wait ``mqtt.unconfirmable_grace_s`` for them to come
+        #: back before they are published (``_adopt_wills``); bounded by the log's wills
+        self._moved = set()
+        self._unconfirmable_since = None  # when this master began to be unable to confirm a write (``_check_role``)
+        self._refused_meanwhile = False  # it kept no session for a while: the wills left meanwhile are adopted after
+        self._last_refusal = None  # the last passing refusal of a will's publish (``_retry_wills``' line)
         self._retried_at = 0.0
         self._adopt_due = False  # this broker began keeping sessions: ``_adopt_wills`` is due (``_wills_due``)
         self.sessions_expired = 0
@@ -228,26 +248,34 @@ class MqttPort:
 
     def _take_from(self, conn, client_id, clean_start):
         """What holds ``client_id`` here gives way to ``conn`` (None: a connection on another broker of the
-        cluster): the connection holding it is taken over, the wills as ``claim`` says."""
+        cluster): the connection holding it is taken over, the wills as ``claim`` says. A will a passing refusal
+        stopped (``_pending``: its delay ran) is due whatever the new connection resumes; one this broker already
+        published is only ended; one whose connection this broker closed itself (``_moved``) is dropped: its
+        client came back."""
         old = self._clients.get(client_id)
         if old is not None and old is not conn:
             lost = old.take_over()
             if lost is not None:
-                will, security, delay = lost
+                will, security, delay, origin = lost
                 if clean_start or delay <= 0:
-                    self.publish_will(client_id, will, security)
+                    self.publish_will(client_id, will, security, origin)
         held = self._delayed.pop(client_id, None)
         if held is not None:
-            greenlet, will, security = held
+            greenlet, will, security, origin = held
             greenlet.kill(block=False)
-            if clean_start:
-                self.publish_will(client_id, will, security)
+            if origin in self._moved:
+                self.will_done(client_id, origin)
+            elif clean_start:
+                self.publish_will(client_id, will, security, origin)
         saved = self.table.wills.get(client_id)
-        if saved is not None:  # dropped above, or left by the broker that held its connection: as if held here
-            if clean_start or saved.delay_s <= 0:  # no delay: due when its connection ended, resumed or not
-                self.publish_will(client_id, *self._will_of(saved))
-            else:
-                self.will_done(client_id)
+        if saved is None:  # dropped above, or left by the broker that held its connection: as if held here
+            return
+        if saved.origin in self._published or saved.origin in self._moved:
+            self.will_done(client_id, saved.origin)
+        elif clean_start or saved.delay_s <= 0 or saved.origin in self._pending:  # no delay: due when its
+            self.publish_will(client_id, *self._will_of(saved), saved.origin)  # connection ended, resumed or not
+        else:
+            self.will_done(client_id, saved.origin)
 
     def _held_by_another(self, user, client_id):
         if not self.guard.enabled:
@@ -481,21 +509,41 @@ class MqttPort:
         """One look at ``session_refusal``: when this broker stops keeping sessions, the connections holding a
         persistent session or a will are closed (``Connection.move_away``); when it starts (its start as master, a
         promotion, the end of a fencing), it publishes the wills left in the log (``_adopt_wills``). True while it
-        keeps sessions."""
+        keeps sessions. A master that only may confirm no write (``unavailable``: a ``sync`` slave restarting, out
+        of sync for a while) refuses new CONNECTs at once but closes its connections only once that lasted
+        ``mqtt.unconfirmable_grace_s`` (``unconfirmable_grace``), so that a routine slave restart closes no device."""
         refusal = self.session_refusal()
         if refusal is not None:
-            if self._fenced is not True:
+            self._refused_meanwhile = True
+            if self._fenced is not True and not self.unconfirmable_grace():
                 self._fenced = True
-                self._move_away(refusal)
+                self._move_away(refusal, self.unavailable() is not None)
             return False
-        if self._fenced is not False:
-            self._fenced = False
-            if self.cluster is not None:
+        self._unconfirmable_since = None
+        if self._fenced is not False or self._refused_meanwhile:
+            self._refused_meanwhile = False
+            if self._fenced is not False and self.cluster is not None:
                 self.cluster.hold()  # until the peers follow this broker again (``MqttCluster.hold``)
-            self._adopt_due = True
+            self._fenced = False
+            self._adopt_due = True  # the wills of the connections that ended meanwhile were left in the log
         return True
 
-    def _move_away(self, refusal):
+    def unconfirmable_grace(self):
+        """True while this master may confirm no write (``unavailable``) for less than ``mqtt.unconfirmable_grace_s``:
+        its connections stay open meanwhile; any other reason to keep no session (a slave, a lease run out,
+        isolation) ends the grace at once."""
+        if self.unavailable() is None or self.master_refusal() != self.unconfirmable():
+            self._unconfirmable_since = None
+            return False
+        now = time.monotonic()
+        if self._unconfirmable_since is None:
+            self._unconfirmable_since = now
+        return now - self._unconfirmable_since < self.settings.unconfirmable_grace_s
+
+    def _move_away(self, refusal, unconfirmable):
+        """The connections holding a persistent session or a will closed (``Connection.move_away``). ``unconfirmable``:
+        this broker stays master and closed them itself, their clients were not lost: their wills wait for them to
+        come back (``_moved``). A deposed master's are the next master's, which publishes them as lost."""
         reference = self.master_reference()
         moved = [conn for conn in list(self._clients.values()) if conn.keeps_state()]
         if moved:
@@ -503,6 +551,8 @@ class MqttPort:
                         "session now (%s)%s", len(moved), refusal, "; master named: %s" % reference if reference
                         else "")
         for conn in moved:
+            if unconfirmable and conn.will_origin is not None:
+                self._moved.add(conn.will_origin)
             conn.move_away(reference)
 
     def _keep_once(self):
@@ -930,21 +980,50 @@ class MqttPort:
     def record_will(self, client_id, will, security, delay_s):
         """A connection of ``client_id`` holds ``will`` (``security``: its guard session; ``delay_s``: what it
         waits once the connection ends): written to the sessions' log, so that the master that takes over after
-        this one publishes it (``_adopt_wills``) if the connection ends with this broker. A broker that keeps no
-        session now writes none (a will on a slave is as its clean session: not kept)."""
+        this one publishes it (``_adopt_wills``) if the connection ends with this broker. Returns ``(origin,
+        refusal)``: the will's ``SavedWill.origin`` (what the connection names it by), or None with why it was not
+        written (None: a broker that keeps no session now writes none: a will on a slave is as its clean session,
+        not kept). A will of the same client id still waiting to be published stays pending, outside the log."""
         if self.session_refusal() is not None:
-            return
+            return None, None
+        older = self.table.wills.get(client_id)
+        if older is not None and older.origin in self._pending:
+            self._detach(older)
+        try:
+            self.put_path.check_writable()
+        except errors.MetaqError as exc:
+            return None, str(exc)
         self._write(client_id, encode_will(SavedWill(client_id, security.user, security.host, will.topic,
                                                      will.payload, will.qos, will.retain, dict(will.properties),
-                                                     delay_s)))
+                                                     delay_s, origin="%s.%d" % (self._id_salt, next(self._ids)))))
+        saved = self.table.wills.get(client_id)
+        if saved is None or saved is older:
+            return None, "its record could not be written to the sessions' log"
+        if older is not None:
+            self._published.pop(older.origin, None)  # replaced: its end needs no record of its own
+        return saved.origin, None
 
-    def will_done(self, client_id):
-        """``client_id``'s will was published or dropped: written, so that no master publishes it again."""
-        if client_id in self.table.wills:
+    def _detach(self, saved):
+        """``saved`` waits to be published and its client id records a newer will: kept in memory only, within
+        ``limits.MQTT_MAX_DETACHED_WILLS`` (past it the oldest is dropped, logged)."""
+        detached = [o for o, (c, _, _) in self._pending.items()
+                    if self.table.wills.get(c) is None or self.table.wills[c].origin != o]
+        for origin in detached[:max(0, len(detached) + 1 - limits.MQTT_MAX_DETACHED_WILLS)]:
+            client_id, will, _ = self._pending.pop(origin)
+            log.warning("mqtt client %s: its will to %s is dropped unpublished: %d wills wait outside the sessions' "
+                        "log (MQTT_MAX_DETACHED_WILLS)", client_id, will.topic, limits.MQTT_MAX_DETACHED_WILLS)
+
+    def will_done(self, client_id, origin):
+        """The will ``origin`` of ``client_id`` was published or dropped: its end written while the log holds it,
+        so that no master publishes it again. A later will of the same client id is not ended."""
+        self._pending.pop(origin, None)
+        self._moved.discard(origin)
+        saved = self.table.wills.get(client_id)
+        if saved is not None and saved.origin == origin:
             self._write(client_id, encode_will_end(client_id))
-        if client_id not in self.table.wills:
-            self._published.pop(client_id, None)
-            self._unpublished.discard(client_id)
+            saved = self.table.wills.get(client_id)
+        if saved is None or saved.origin != origin:
+            self._published.pop(origin, None)
 
     def _will_of(self, saved):
         """``(Will, guard session)`` of a will the log holds: published as its user, from its client's address."""
@@ -954,44 +1033,51 @@ class MqttPort:
     def _adopt_wills(self):
         """This broker keeps sessions again (or for the first time): the wills the log holds of connections not held
         here ended with the broker that held them (a killed or deposed master, this one before a kill -9 or while
-        it was fenced): each is published now or after its delay, as if its connection had just ended here. In an
-        MQTT cluster, once the peers follow this broker (``MqttCluster.wait_followed``)."""
+        it was fenced): each is published now or after its delay, as if its connection had just ended here; one
+        whose connection this broker closed itself (``_moved``) after ``mqtt.unconfirmable_grace_s`` at least,
+        for its client to come back. In an MQTT cluster, once the peers follow this broker
+        (``MqttCluster.wait_followed``)."""
         if self.cluster is not None:
             self.cluster.wait_followed()
         turn = time.monotonic()
-        for saved in list(self.table.wills.values()):
-            if saved.client_id in self._clients or saved.client_id in self._delayed or \
-                    self.table.wills.get(saved.client_id) is not saved:
+        for listed in list(self.table.wills.values()):
+            saved = self.table.wills.get(listed.client_id)  # as it stands now: written again meanwhile, it is the same
+            if saved is None or saved.origin != listed.origin:
                 continue
-            if self._published.get(saved.client_id) is saved:  # published here, its end not written yet
-                self.will_done(saved.client_id)
+            conn = self._clients.get(saved.client_id)
+            if (conn is not None and conn.will_origin == saved.origin) or saved.origin in self._pending or \
+                    saved.client_id in self._delayed:
                 continue
+            if saved.origin in self._published:  # published here, its end not written yet
+                self.will_done(saved.client_id, saved.origin)
+                continue
+            delay_s = saved.delay_s
+            if saved.origin in self._moved:
+                delay_s = max(delay_s, self.settings.unconfirmable_grace_s)
             log.info("mqtt client %s: its connection ended with the broker that held it; its will to %s is "
                      "published%s", saved.client_id, saved.topic,
-                     " after its delay (%d s)" % saved.delay_s if saved.delay_s > 0 else "")
-            self.connection_lost(saved.client_id, *self._will_of(saved), saved.delay_s)
+                     " after its delay (%d s)" % delay_s if delay_s > 0 else "")
+            self.connection_lost(saved.client_id, *self._will_of(saved), delay_s, saved.origin)
             turn = share_loop(turn)
 
     def _retry_wills(self):
-        """The wills ``publish_will`` could not publish for a passing refusal (the log holds them) published now, at
-        once (their delay ran already), and the ends this broker could not write after publishing written."""
+        """The wills ``publish_will`` could not publish for a passing refusal published now, at once (their delay
+        ran already), and the ends this broker could not write after publishing written; one log line per pass."""
         if self.cluster is not None:
             self.cluster.wait_followed()
         turn = time.monotonic()
-        for client_id, w in list(self._published.items()):
-            if self.table.wills.get(client_id) is w:
-                self.will_done(client_id)
-            else:
-                self._published.pop(client_id, None)
+        for origin, client_id in list(self._published.items()):
+            self.will_done(client_id, origin)
             turn = share_loop(turn)
-        for client_id in list(self._unpublished):
-            saved = self.table.wills.get(client_id)
-            self._unpublished.discard(client_id)
-            if saved is None or client_id in self._clients or client_id in self._delayed:
-                continue
-            log.info("mqtt client %s: its will to %s is tried again", client_id, saved.topic)
-            self.publish_will(client_id, *self._will_of(saved))
-            turn = share_loop(turn)
+        tried, published = len(self._pending), self.wills_published
+        for origin, (client_id, will, security) in list(self._pending.items()):
+            if origin in self._pending:
+                self.publish_will(client_id, will, security, origin, quiet=True)
+                turn = share_loop(turn)
+        if tried:
+            log.warning("mqtt: %d wills tried again: %d published, %d still refused for now (%s); tried again every "
+                        "%.0f s while this broker may write", tried, self.wills_published - published,
+                        len(self._pending), self._last_refusal, limits.MQTT_WILL_RETRY_S)
 
     def _wills_due(self):
         """While this broker keeps sessions, one pass over the wills at a time (none published twice), the keeper
@@ -1002,60 +1088,83 @@ class MqttPort:
         if self._adopt_due:
             self._adopt_due = False
             self._adopting = gevent.spawn(self._adopt_wills)
-        elif (self._unpublished or self._published) and \
+        elif (self._pending or self._published) and \
                 time.monotonic() - self._retried_at >= limits.MQTT_WILL_RETRY_S:
             self._retried_at = time.monotonic()
             self._adopting = gevent.spawn(self._retry_wills)
 
-    def connection_lost(self, client_id, will, security, delay_s):
-        """A connection with a will ended without a normal DISCONNECT: publish it now, or after ``delay_s``."""
+    def connection_lost(self, client_id, will, security, delay_s, origin=None):
+        """A connection with a will ended without a normal DISCONNECT: publish it now, or after ``delay_s``.
+        ``origin``: the will's in the log (``record_will``), None when the log does not hold it. One whose connection
+        this broker closed itself while it may confirm no write (``_moved``) is left in the log: once it may write,
+        ``_adopt_wills`` gives its client ``mqtt.unconfirmable_grace_s`` to come back first."""
+        if origin in self._moved and self.session_refusal() is not None:
+            return
         if delay_s <= 0 or len(self._delayed) >= self.settings.max_delayed_wills:
-            self.publish_will(client_id, will, security)
+            self.publish_will(client_id, will, security, origin)
             return
         old = self._delayed.pop(client_id, None)
         if old is not None:
             old[0].kill(block=False)
-        self._delayed[client_id] = (gevent.spawn_later(delay_s, self._delayed_will, client_id, will, security), will,
-                                    security)
+        self._delayed[client_id] = (gevent.spawn_later(delay_s, self._delayed_will, client_id, will, security, origin),
+                                    will, security, origin)
 
-    def _delayed_will(self, client_id, will, security):
+    def _delayed_will(self, client_id, will, security, origin):
         if self._delayed.pop(client_id, None) is not None:
-            self.publish_will(client_id, will, security)
+            self.publish_will(client_id, will, security, origin)
 
-    def publish_will(self, client_id, will, security):
+    def publish_will(self, client_id, will, security, origin=None, quiet=False):
         """Store ``will`` as its client's PUBLISH would be (its user's permission asked); a refusal is logged. Then
-        its record says it is done. While this broker keeps no session (``session_refusal``: a slave, a master that
-        may not acknowledge, a ``sync`` one with no member to confirm), a will the log holds is left there: the
-        master that may write next publishes it (this one again, ``_adopt_wills``). A passing refusal of the put
-        itself (Unavailable: a full disk, a lost slave) leaves it there too, tried again (``_retry_wills``): a
-        will is published once its broker may write, never dropped for that. In an MQTT cluster it waits until
-        this broker's peers follow it (``MqttCluster.wait_followed``), so that it reaches their subscribers."""
+        its record says it is done (``will_done``: this will's, never a later one of the same client id).
+        ``origin``: the will's ``SavedWill.origin`` (None: the log does not hold it, as on a slave); after any
+        wait, a will that is neither the log's nor pending any more was published or ended meanwhile: not again.
+        While this broker keeps no session (``session_refusal``: a slave, a master that may not acknowledge, a
+        ``sync`` one with no member to confirm), a will the log holds is left there: the master that may write next
+        publishes it (this one again, ``_adopt_wills``). A passing refusal of the put itself (``passing``) keeps it
+        pending, tried again (``_retry_wills``): a will is published once its broker may write, never dropped for
+        that. In an MQTT cluster it waits until this broker's peers follow it (``MqttCluster.wait_followed``), so
+        that it reaches their subscribers. ``quiet``: a retry pass, which logs one line for all."""
         if self.cluster is not None:
             self.cluster.wait_followed()
-        refusal = self.session_refusal() if client_id in self.table.wills else None
+        saved = self.table.wills.get(client_id)
+        logged = origin is not None and saved is not None and saved.origin == origin
+        if origin is not None and not logged and origin not in self._pending:
+            return  # published or ended meanwhile
+        if origin in self._published:
+            self.will_done(client_id, origin)
+            return
+        refusal = self.session_refusal() if logged or origin in self._pending else None
         if refusal is not None:
-            log.info("mqtt client %s: its will to %s is left to the master to publish: %s", client_id, will.topic,
-                     refusal)
+            if not quiet:
+                log.info("mqtt client %s: its will to %s is left to the master to publish: %s", client_id,
+                         will.topic, refusal)
             return
         try:
             topic, r, now = self.put(will.topic, will.payload, will.qos, client_id, will.properties, security,
                                      will.retain)
-        except errors.Unavailable as exc:
-            if client_id in self.table.wills:
-                self._unpublished.add(client_id)
-                log.warning("mqtt client %s: its will to %s is not published yet: %s; tried again every %.0f s "
-                            "while this broker may write", client_id, will.topic, exc, limits.MQTT_WILL_RETRY_S)
-                return
-            log.warning("mqtt client %s: its will to %s was not published: %s", client_id, will.topic, exc)
         except (errors.MetaqError, ValueError) as exc:
-            log.warning("mqtt client %s: its will to %s was not published: %s", client_id, will.topic, exc)
+            if origin is not None and passing(exc):
+                if origin not in self._pending and not logged and \
+                        len(self._pending) >= limits.MQTT_MAX_DETACHED_WILLS:
+                    log.warning("mqtt client %s: its will to %s was not published: %s; %d wills wait already "
+                                "(MQTT_MAX_DETACHED_WILLS)", client_id, will.topic, exc, len(self._pending))
+                else:
+                    self._pending[origin] = (client_id, will, security)
+                    self._last_refusal = str(exc)
+                    if not quiet:
+                        log.warning("mqtt client %s: its will to %s is not published yet: %s; tried again every "
+                                    "%.0f s while this broker may write", client_id, will.topic, exc,
+                                    limits.MQTT_WILL_RETRY_S)
+                    return
+            else:
+                log.warning("mqtt client %s: its will to %s was not published: %s", client_id, will.topic, exc)
         else:
             self.wills_published += 1
             self.made_visible(topic, r, now)
-            saved = self.table.wills.get(client_id)
-            if saved is not None:
-                self._published[client_id] = saved  # until its end is written (``will_done``)
-        self.will_done(client_id)
+            if logged:
+                self._published[origin] = client_id  # until its end is written (``will_done``)
+        if origin is not None:
+            self.will_done(client_id, origin)
 
     def summary_values(self):
         """The ``stats`` summary's MQTT pairs: the port, its connections, the wills published since the start and
@@ -1089,7 +1198,7 @@ class MqttPort:
             if (group.name, group.topic_filter) in kept:
                 self._save_group(group)
         held, self._delayed = self._delayed, {}
-        for client_id, (greenlet, will, security) in held.items():
+        for client_id, (greenlet, will, security, origin) in held.items():
             greenlet.kill(block=False)
-            self.publish_will(client_id, will, security)
+            self.publish_will(client_id, will, security, origin)
 

@@ -145,6 +145,7 @@ class Broker:
                                 self.delay, self.registry, sync_flush=config.store.flush == "sync", guard=self.guard)
         # every change of what the write decision reads moves its version: decisions kept are asked again
         self.gate.on_change = self.put_path.changed
+        self.roles.put_refusal = self.put_path.writable_refusal  # ``Roles.writable``: the put path's yes or no
         self.guard.on_change.append(self.put_path.changed)
         self.roles.on_change(self.put_path.changed)
         self.put_path.timers = self.timers

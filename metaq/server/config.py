@@ -456,6 +456,8 @@ class MqttSection(_Section):
     max_outbound_aliases: int = Field(limits.MQTT_MAX_OUTBOUND_ALIASES, ge=0, le=65535)
     max_keep_alive_s: int = Field(limits.MQTT_MAX_KEEP_ALIVE_S, ge=0, le=65535)  # 0 = no bound
     max_delayed_wills: int = Field(limits.MQTT_MAX_DELAYED_WILLS, ge=0)
+    # how long a master that may confirm no write keeps its connections holding a session or a will open
+    unconfirmable_grace_s: float = Field(limits.MQTT_UNCONFIRMABLE_GRACE_S, ge=0)
     max_offline_sessions: int = Field(limits.MQTT_MAX_OFFLINE_SESSIONS, ge=0)  # persistent sessions kept offline
     offline_session_max_age_s: int = Field(limits.MQTT_OFFLINE_SESSION_MAX_AGE_S, ge=1)
     max_retained: int = Field(limits.MQTT_MAX_RETAINED, ge=0)  # retained messages kept

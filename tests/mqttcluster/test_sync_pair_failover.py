@@ -24,11 +24,11 @@ NO_INSYNC = "no (sync: no in-sync member)"
 HOUR = {"session_expiry_interval": 3600}
 
 
-def _sync_pair(broker_factory, tmp_path, zk_connect):
+def _sync_pair(broker_factory, tmp_path, zk_connect, **mqtt):
     """A two-member ``sync`` group (broker id 7) with MQTT ports, healthy: ``(group, master, slave)``."""
     group = Group(broker_factory, tmp_path, zk_connect, n=2, mode="sync", start=False)
     for member in group.members:
-        with_mqtt(member.config)
+        with_mqtt(member.config, **mqtt)
         member.start()
     first = group.healthy(40)
     return group, first, 1 - first
@@ -81,10 +81,11 @@ def test_the_wills_of_a_killed_sync_master_with_one_slave_are_published_once_it_
 
 def test_a_sync_master_whose_only_slave_is_gone_refuses_devices_and_says_why(broker_factory, tmp_path, zk_connect,
                                                                                capsys):
-    """The other half of the shape: the slave is killed; once it has been gone ``insync_lag_ms`` the master has no
-    in-sync member, closes the connections holding a session (MQTT 5: DISCONNECT 0x9C) and refuses every CONNECT
-    until the slave is back in sync."""
-    group, first, second = _sync_pair(broker_factory, tmp_path, zk_connect)
+    """The other half of the shape: the slave is killed; once it is out of the in-sync set (``ha: auto``: behind
+    for ``insync_lag_ms``) the master has no in-sync member and refuses every CONNECT until the slave is back in
+    sync; past ``mqtt.unconfirmable_grace_s`` it closes the connections holding a session (MQTT 5: DISCONNECT
+    0x9C)."""
+    group, first, second = _sync_pair(broker_factory, tmp_path, zk_connect, unconfirmable_grace_s=0.5)
     master, slave = group.members[first], group.members[second]
     device = Raw(master)
     ack = device.connect("dev", clean_start=False, properties=dict(HOUR))

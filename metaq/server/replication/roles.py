@@ -103,6 +103,9 @@ class Roles:
         self.role = startup_role(config, store)  # "master" | "slave"
         self.auto = config.replication.ha == "auto"
         self.election = None  # set by attach_election (ha: auto)
+        #: the put path's one decision whether a put is refused before it is written (``PutPath.writable_refusal``:
+        #: these roles' refusals, a full disk, a failed flush), set by the broker: what ``writable`` answers from
+        self.put_refusal = None
         self.promoting = False
         self.started = False
         self._listeners = []
@@ -190,18 +193,38 @@ class Roles:
         return self.slave_refusal or self.isolation_refusal() or self.unconfirmable_refusal
 
     def writable(self):
-        """``"yes"``, or ``"no (why)"`` in a few words: whether this broker may acknowledge writes now (stats
-        ``replication_writable``, ``metaq-admin cluster``). A ``sync`` master with no in-sync member is the case
-        an operator must see: it is the master, and it serves nothing until a member is back in sync."""
+        """``"yes"``, or ``"no (why)"`` in a few words: whether this broker takes writes now (stats
+        ``replication_writable``, the ``metaq_replication_writable`` metric, ``metaq-admin cluster``). The yes or no
+        is the put path's (``put_refusal``: a full disk and a failed flush refuse too; unwired:
+        ``acknowledge_refusal``). A ``sync`` master with no in-sync member is the case an operator must see: it is
+        the master, and it serves nothing until a member is back in sync."""
+        if self.put_refusal is not None:
+            exc = self.put_refusal()
+            if exc is None:
+                return "yes"
+        elif self.acknowledge_refusal() is None:
+            return "yes"
+        else:
+            exc = None
+        words = self._refusal_words()
+        if words is None:  # not these roles': the disk's or the flusher's
+            words = "disk full" if isinstance(exc, errors.DiskFull) else "writes refused after a failed flush" \
+                if exc is not None and "failed flush" in str(exc) else str(exc)[:80]
+        return "no (%s)" % words
+
+    def _refusal_words(self):
+        """Why these roles refuse writes, in a few words (``writable``), or None: they do not."""
         if self.role != "master":
-            return "no (slave)" if self.slave_link is not None else "no (no elected master)"
+            return "slave" if self.slave_link is not None else "no elected master"
         if self.election is not None and self.election.lease.refusal() is not None:
-            return "no (lease not confirmed by ZooKeeper)"
+            return "lease not confirmed by ZooKeeper"
         if self.isolation_refusal() is not None:
-            return "no (isolated from its slaves and ZooKeeper)"
+            return "isolated from its slaves and ZooKeeper"
         server = self.replication
         short = server.no_slave_short() if server is not None else None
-        return "yes" if short is None else "no (%s)" % short
+        if short is None and self.slave_refusal is not None:
+            return self.slave_refusal[:80]
+        return short
 
     def isolation_refusal(self):
         """Why this ``async`` master may be cut off and must acknowledge nothing (``replication/isolation.py``: no
