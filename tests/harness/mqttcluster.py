@@ -67,15 +67,16 @@ class Cluster:
 class PaperMembers:
     """Members of an MQTT cluster that ZooKeeper names and no broker runs: each a ``replication`` node (ephemeral,
     of its own session) naming an address nobody listens on, so that a test's raw peer calls come from a member (a
-    broker serves members only: ``mqttcluster.asks``). ``close`` ends them."""
+    broker serves members only: ``mqttcluster.asks``), or the address ``broker_ids`` maps it to (a dict: a test's
+    own server playing that member). ``close`` ends them."""
 
     def __init__(self, zk_connect, broker_ids, root="/meta"):
         self.registrar = Registrar(zk_connect, root)
-        for broker_id in broker_ids:
+        addresses = broker_ids if isinstance(broker_ids, dict) else dict.fromkeys(broker_ids, "127.0.0.1:1")
+        for broker_id, address in addresses.items():
             path = "%s/brokers/ids/%d" % (root, broker_id)
             self.registrar.zk.ensure_path(path)
-            self.registrar.zk.create(path + "/replication", json.dumps({"address": "127.0.0.1:1"}).encode(),
-                                     ephemeral=True)
+            self.registrar.zk.create(path + "/replication", json.dumps({"address": address}).encode(), ephemeral=True)
 
     def close(self):
         self.registrar.close()
