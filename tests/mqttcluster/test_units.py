@@ -708,3 +708,27 @@ def test_a_handover_is_checked_whole_before_it_is_adopted():
                 dict(good, v="5"), dict(good, q2="x")):
         problem = handover.problem(bad, "dev")
         assert problem is not None and problem.startswith("a malformed handover"), bad
+
+
+def test_a_route_of_many_filters_finds_its_topics_sharing_the_loop():
+    """``FilterSet.topics`` of MQTT_CLUSTER_MAX_FILTERS filters: one filter that reads every topic ends the look at
+    once (all of them); else the loop is shared between filters (``share_loop``): another greenlet runs meanwhile."""
+    known = ["t%d" % i for i in range(4000)] + ["%MQTT%"]
+    every = FilterSet(["t%d/#" % i for i in range(limits.MQTT_CLUSTER_MAX_FILTERS - 1)] + ["#"])
+    assert every.topics(known) == set(known) - {"%MQTT%"}
+    ticks = []
+
+    def tick():
+        while True:
+            ticks.append(1)
+            gevent.sleep(0)
+
+    ticker = gevent.spawn(tick)
+    gevent.sleep(0)
+    ticks.clear()
+    started = time.monotonic()
+    found = FilterSet(["t%d/x/#" % i for i in range(limits.MQTT_CLUSTER_MAX_FILTERS)]).topics(known)
+    took, ran = time.monotonic() - started, len(ticks)
+    ticker.kill()
+    assert found == set(known[:4000])
+    assert took < limits.MAX_TURN_MS / 1000.0 or ran, took
