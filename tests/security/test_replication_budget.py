@@ -19,6 +19,7 @@ from metaq import limits
 from metaq.auth import proofs
 from metaq.client.local import free_port, small_config
 from metaq.mqtt.records import record_data
+from metaq.mqttcluster.calls import PeerClient
 from metaq.mqttcluster.ids import home_of
 from metaq.protocol import replication as rp
 from metaq.protocol.checksum import crc32
@@ -506,3 +507,21 @@ def test_a_handover_is_checked_whole_before_anything_of_it_is_taken(broker_facto
         home.close()
         if members is not None:
             members.close()
+
+
+def test_a_first_call_past_the_handshake_bound_goes_after_a_small_one(broker_factory, tmp_path, zk_connect):
+    """A member's first call on a new link larger than REPLICATION_HANDSHAKE_FRAME_BYTES is sent once the link is
+    proved (after an opening call), and answered."""
+    b1, _b2 = cluster(broker_factory, tmp_path, zk_connect)
+    members = PaperMembers(zk_connect, [7])
+    try:
+        wait_for(lambda: stats(b1).get("mqtt_cluster_members") == "3", 15, "member 7")
+        client = PeerClient(7, SECRET.encode())
+        try:
+            pad = "x" * (limits.REPLICATION_HANDSHAKE_FRAME_BYTES + 1)
+            answer = client.call("127.0.0.1:%d" % rport(b1), {"op": "release", "ids": [], "pad": pad})
+            assert answer == {}, answer
+        finally:
+            client.close()
+    finally:
+        members.close()
