@@ -732,3 +732,14 @@ def test_a_route_of_many_filters_finds_its_topics_sharing_the_loop():
     ticker.kill()
     assert found == set(known[:4000])
     assert took < limits.MAX_TURN_MS / 1000.0 or ran, took
+
+
+def test_a_peer_keeps_at_most_max_followed_resume_positions(monkeypatch):
+    """A route's resume positions are kept up to MQTT_CLUSTER_MAX_FOLLOWED (the partitions a peer may follow here):
+    at the limit all, one past it the first ones (the rest start as new partitions do)."""
+    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_FOLLOWED", 4)
+    store = FakeStore({})
+    at = PeerFollow(store, rp.Routes(1, (), tuple(("t%d" % i, 0, i) for i in range(4))))
+    assert len(at.resume) == 4
+    past = PeerFollow(store, rp.Routes(1, (), tuple(("t%d" % i, 0, i) for i in range(5))))
+    assert sorted(past.resume) == [("t%d" % i, 0) for i in range(4)]
