@@ -12,8 +12,10 @@ calls is held to what that member may ask:
 * ``hold``, ``release`` and ``drop`` carry at most ``MQTT_CLUSTER_ID_BATCH`` ids a call (what a member sends); a
   call past it, or of another shape than a member sends, is refused whole.
 
-A member whose reading of the members differs for a moment (one joining or leaving) may be refused a call or have
-ids passed over; it asks again at its next look at the members, as it does when a home does not answer.
+Homes are computed over the members as last read, this broker and the caller counted among them (each reads itself
+a moment before the others read it). A member whose reading differs for a moment (one joining or leaving) may be
+refused a call or have ids passed over; it asks again at its next look at the members, as it does when a home does
+not answer.
 """
 
 from metaq import limits
@@ -65,9 +67,14 @@ class Asks:
             self.refused += 1
         return refusal, request
 
+    def _with(self, caller):
+        """The member ids, this broker and ``caller`` among them (a member reads itself a moment before the others
+        read it: the homes it computes then are those every broker computes once they have)."""
+        return set(self.members()) | {self.broker_id, caller}
+
     def _give_up(self, caller, request):
         client_id = _text(request["c"])
-        home = home_of(client_id, self.members())
+        home = home_of(client_id, self._with(caller))
         if home != caller:
             return ("broker %d asked to take client id %s, whose home is broker %s: only its home may"
                     % (caller, client_id, home)), request
@@ -78,7 +85,7 @@ class Asks:
 
     def _homed_here(self, caller, request):
         ids = _batch(request["ids"])
-        members = self.members()
+        members = self._with(caller)
         kept = [c for c in ids if home_of(_text(c), members) == self.broker_id]
         out = dict(request, ids=kept)
         for key in ("rec", "clean"):
@@ -87,7 +94,7 @@ class Asks:
         return None, out
 
     def _homed_by_caller(self, caller, request):
-        members = self.members()
+        members = self._with(caller)
         kept = []
         for entry in _batch(request["ids"]):
             if not isinstance(entry, list) or len(entry) < 2 or not isinstance(entry[1], int):

@@ -27,7 +27,7 @@ from metaq import errors, limits
 from metaq.mqtt.follow import SavedSession
 from metaq.mqtt.records import message_of
 from metaq.mqtt.resend import message_at
-from metaq.mqtt.session import PUBREL_SENT, MqttSession
+from metaq.mqtt.session import PUBLISH_SENT, PUBREL_SENT, MqttSession
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
 from metaq.server.clock import now_ms
 from metaq.server.connections import share_loop
@@ -148,9 +148,12 @@ def _check_state(state, client_id):
     if not all(isinstance(x, list) for x in state["sh"]) or not all(isinstance(x, int) for x in state["q2"]):
         raise TypeError("sh must list lists and q2 packet ids")
     for entry in state["inf"]:
-        if not (isinstance(entry, list) and len(entry) in (3, 6) and all(isinstance(x, int) for x in entry[:3])):
+        if not (isinstance(entry, list) and len(entry) in (3, 6) and isinstance(entry[0], int)
+                and entry[1] in (PUBLISH_SENT, PUBREL_SENT) and isinstance(entry[2], int)):
             raise TypeError("a message in flight %r is not [packet id, state, qos, (topic, flag, data)]" % (entry,))
-        if len(entry) == 6:
+        if entry[1] != PUBREL_SENT:
+            if len(entry) != 6:
+                raise TypeError("a message in flight %r without its message" % (entry,))
             _check_message(entry[3:])
     for entry in state["queued"]:
         if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], int)):

@@ -369,11 +369,11 @@ class PeerServer:
 
     def serve(self, sock, parser, hello, peer):
         """One link of another master, by its first frame ``hello`` (its proof checked): ROUTES or PEER_CALL; refused
-        (an ERROR) unless its broker id is a member's (``asks``), looked at again for up to
+        (an ERROR) unless its broker id is a member's (``asks``), looked at again for up to two
         MQTT_CLUSTER_MEMBERS_POLL_S (a member that just joined is read here a moment after it reads itself)."""
         if self.asks is not None:
             refusal = self.asks.stranger(hello.broker_id)
-            deadline = time.monotonic() + limits.MQTT_CLUSTER_MEMBERS_POLL_S
+            deadline = time.monotonic() + 2 * limits.MQTT_CLUSTER_MEMBERS_POLL_S
             while refusal is not None and time.monotonic() < deadline:
                 gevent.sleep(0.1)
                 refusal = self.asks.stranger(hello.broker_id)

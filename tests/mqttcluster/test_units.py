@@ -695,16 +695,18 @@ def test_a_handover_is_checked_whole_before_it_is_adopted():
     that is not, and one message past MQTT_HANDOVER_MAX_MESSAGES are each a clear problem, never a KeyError."""
     message = ["t", 0, "aGVsbG8="]
     good = {"c": "dev", "u": None, "v": 5, "e": 60, "subs": [["a/#", 1, False, ["a"], False, None]], "q2": [3],
-            "sh": [], "inf": [[1, 0, 1] + message, [2, 2, 2]], "queued": [[1] + message], "dropped": 0}
+            "sh": [], "inf": [[1, "publish", 1] + message, [2, "pubrel", 2]], "queued": [[1] + message],
+            "dropped": 0}
     assert handover.problem(good, "dev") is None
     most = limits.MQTT_HANDOVER_MAX_MESSAGES
     at_limit = dict(good, inf=[], queued=[[1] + message] * most)
     assert handover.problem(at_limit, "dev") is None
-    past = dict(good, inf=[[1, 0, 1] + message], queued=[[1] + message] * most)
+    past = dict(good, inf=[[1, "publish", 1] + message], queued=[[1] + message] * most)
     assert "MQTT_HANDOVER_MAX_MESSAGES" in handover.problem(past, "dev")
     assert "not of 'dev'" in handover.problem(good, "other") or "'other'" in handover.problem(good, "other")
     for bad in ([], {k: v for k, v in good.items() if k != "inf"}, dict(good, queued=[[1, "t", 0]]),
-                dict(good, inf=[[1, 0, 1, "t", 0, "!!not base64!!"]]), dict(good, subs=[["a/#", 1]]),
+                dict(good, inf=[[1, "publish", 1, "t", 0, "!!not base64!!"]]), dict(good, inf=[[1, "publish", 1]]),
+                dict(good, inf=[[1, 0, 1] + message]), dict(good, subs=[["a/#", 1]]),
                 dict(good, v="5"), dict(good, q2="x")):
         problem = handover.problem(bad, "dev")
         assert problem is not None and problem.startswith("a malformed handover"), bad
