@@ -37,6 +37,21 @@ FD_STORE_RESERVE = 448
 #: it too (MQTT_CLUSTER_PEER_HEADROOM, ``replication_headroom_for``).
 REPLICATION_HEADROOM = 64
 
+#: Connections on the replication port that have not proved the replication secret yet (a slave or a peer master
+#: before its PROOF checked out, and every stranger), in all and from one address: counted apart
+#: (``connections.Strangers``), within the port's headroom, so that they never take the slots of a slave or a peer
+#: that proved it. At the cap in all the oldest of the address holding the most is closed for a new one once
+#: STRANGER_EVICTION_AGE_S old (a slave or a peer proves within milliseconds), else the new one is refused.
+REPLICATION_STRANGERS = REPLICATION_HEADROOM // 2
+REPLICATION_STRANGERS_PER_ADDRESS = 8
+#: Seconds a connection on the replication port has, from its accept, to prove the secret (its PROOF and its first
+#: frame after it: a slave's HELLO, a peer's ROUTES or PEER_CALL); past it the connection is closed.
+REPLICATION_PROOF_TIMEOUT_S = 5.0
+#: Bytes of one frame the replication port reads before its sender proved the secret (the handshake's frames: a
+#: PROOF, a HELLO of MAX_REPLICATION_EPOCHS entries, a peer's first ROUTES part or PEER_CALL): a larger one is
+#: refused at its header, before a byte of its body is read. Peers send a larger first request after a small one.
+REPLICATION_HANDSHAKE_FRAME_BYTES = 128 * 1024
+
 #: File descriptors kept back from RLIMIT_NOFILE when computing the connection cap: the store's part and the
 #: replication port's headroom. A broker in an MQTT cluster keeps its peers' links in and its own out too
 #: (MQTT_CLUSTER_PEER_HEADROOM and MQTT_CLUSTER_LINK_FDS: ``fd_reserve_for``).

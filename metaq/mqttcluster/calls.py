@@ -4,7 +4,8 @@ docs/architecture.md "MQTT cluster: client ids").
 A call is one PEER_CALL frame (the caller's broker id and a JSON request ``{"op": ..., ...}``) answered by one
 PEER_REPLY (JSON), both declared with the replication stream's frames (``metaq.protocol.replication``). A link
 begins as a slave's does: the callee's CHALLENGE, the caller's PROOF of the shared replication secret (bound to
-its broker id: ``handshake.peer_proof``), then the first call; the callee answers with its own PROOF before the
+its broker id: ``handshake.peer_proof``), then the first call (``OPENING`` first when it is larger than the callee
+reads before the proof: REPLICATION_HANDSHAKE_FRAME_BYTES); the callee answers with its own PROOF before the
 first reply, and the caller acts on nothing it has not proved (``handshake.check_callee``). TLS as a slave's link
 (``security.tls.replication``). Every call is bounded by ``MQTT_CLUSTER_CALL_TIMEOUT_S`` (connection, handshake
 and answer): past it, or on any failure, the peer is unreachable for that call (``PeerUnreachable``). Idle links
@@ -34,6 +35,7 @@ from gevent.lock import Semaphore
 
 from metaq import errors, limits
 from metaq.protocol import replication as rp
+from metaq.protocol.replication_peer import PEER_CALL_HEAD
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server.connections import share_loop
 from metaq.server.replication import handshake
@@ -45,6 +47,9 @@ __all__ = ["PeerClient", "PeerUnreachable", "Turns", "serve_calls"]
 
 #: Seconds a peer's link may stay idle on the callee before it is closed (the caller opens another).
 PEER_IDLE_S = 60.0
+#: The first call of a link whose real first call is larger than the callee reads before the proof
+#: (``REPLICATION_HANDSHAKE_FRAME_BYTES``): an op no broker serves, answered with an error the caller passes over.
+OPENING = b'{"op":"open"}'
 
 
 class PeerUnreachable(Exception):
@@ -310,7 +315,8 @@ class PeerClient:
             if refusal is not None:
                 raise errors.Unauthenticated(refusal)
             send_event(sock, ours)
-            send_event(sock, rp.PeerCall(self.broker_id, body))
+            small = PEER_CALL_HEAD.size + len(body) <= limits.REPLICATION_HANDSHAKE_FRAME_BYTES
+            send_event(sock, rp.PeerCall(self.broker_id, body if small else OPENING))
             theirs = _next(sock, parser, deadline)
             if isinstance(theirs, rp.ErrorFrame):
                 raise errors.Unavailable("the peer refused the link (%d): %s" % (theirs.code, theirs.text))
@@ -319,6 +325,9 @@ class PeerClient:
             refusal = handshake.check_callee(self.secret, challenge.nonce, ours.nonce, self.broker_id, theirs)
             if refusal is not None:
                 raise errors.Unauthenticated(refusal)
+            if not small:  # the opening's answer passed over, the call itself goes now
+                _next(sock, parser, deadline)
+                send_event(sock, rp.PeerCall(self.broker_id, body))
         except BaseException:
             link.close()
             raise
@@ -335,13 +344,15 @@ class PeerClient:
         self._idle.clear()
 
 
-def serve_calls(sock, parser, call, peer, handlers):
+def serve_calls(sock, parser, call, peer, handlers, admit=None):
     """One link's calls, answered in order: its first call ``call`` (a PeerCall whose caller proved the secret), then
     each next one, until the caller closes it or leaves it idle PEER_IDLE_S. ``handlers``: op -> ``fn(caller broker
-    id, request) -> answer dict``."""
+    id, request) -> answer dict``; ``admit(caller, request) -> (refusal or None, request)``: what the caller may ask
+    (``asks.Asks.admit``; None: all). Every call of the link is the proved broker's: one naming another ends it."""
+    proved = call.broker_id
     try:
         while True:
-            send_event(sock, rp.PeerReply(_encode(_answer(handlers, call))))
+            send_event(sock, rp.PeerReply(_encode(_answer(handlers, call, admit))))
             try:
                 call = _next(sock, parser, time.monotonic() + PEER_IDLE_S)
             except TimeoutError:
@@ -349,17 +360,27 @@ def serve_calls(sock, parser, call, peer, handlers):
             if not isinstance(call, rp.PeerCall):
                 raise errors.RemoteProtocolError("expected PEER_CALL, got %s" % type(call).__name__.upper(),
                                                  fatal=True)
+            if call.broker_id != proved:
+                log.warning("mqtt cluster: the link of broker %d from %s sent a call as broker %d: ending it", proved,
+                            peer, call.broker_id)
+                return
     except (OSError, errors.RemoteProtocolError) as exc:
         log.debug("mqtt cluster: the link from %s ended: %s", peer, exc)
 
 
-def _answer(handlers, call):
-    """The answer to ``call`` by the handler its ``op`` names; a handler's error as ``{"error": text}``."""
+def _answer(handlers, call, admit=None):
+    """The answer to ``call`` by the handler its ``op`` names, once ``admit`` let it; a handler's error, or the
+    refusal, as ``{"error": text}``."""
     try:
         request = _decode(call.body)
         handler = handlers.get(request.get("op"))
         if handler is None:
             return {"error": "unknown call %r" % request.get("op")}
+        if admit is not None:
+            refusal, request = admit(call.broker_id, request)
+            if refusal is not None:
+                log.warning("mqtt cluster: a call of broker %d refused: %s", call.broker_id, refusal)
+                return {"error": refusal}
         return handler(call.broker_id, request)
     except errors.RemoteProtocolError as exc:
         return {"error": str(exc)}

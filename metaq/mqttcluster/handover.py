@@ -27,14 +27,14 @@ from metaq import errors, limits
 from metaq.mqtt.follow import SavedSession
 from metaq.mqtt.records import message_of
 from metaq.mqtt.resend import message_at
-from metaq.mqtt.session import PUBREL_SENT, MqttSession
+from metaq.mqtt.session import PUBLISH_SENT, PUBREL_SENT, MqttSession
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
 from metaq.server.clock import now_ms
 from metaq.server.connections import share_loop
 
 log = logging.getLogger(__name__)
 
-__all__ = ["export", "adopt"]
+__all__ = ["export", "adopt", "problem"]
 
 
 class _Bound:
@@ -113,6 +113,59 @@ def _queued(store, session, topic, partition, offset, max_transfer, bound, out):
                 out.append([min(granted, m.qos)] + _wire(topic, rec.flag, rec.data))
             offset = rec.queue_offset + 1
             bound.turn = share_loop(bound.turn)
+
+
+def problem(state, client_id):
+    """Why ``state`` (a peer's answer) is no handover of ``client_id`` ``adopt`` may take, or None: of ``export``'s
+    shape, that id's, at most MQTT_HANDOVER_MAX_MESSAGES messages (what ``export`` sends at most). Checked whole
+    before ``adopt`` writes anything of it."""
+    try:
+        _check_state(state, client_id)
+    except (TypeError, ValueError, KeyError, IndexError) as exc:
+        return "a malformed handover (%s)" % exc
+    return None
+
+
+def _check_state(state, client_id):
+    if not isinstance(state, dict):
+        raise TypeError("not an object")
+    if state["c"] != client_id:
+        raise ValueError("the session of %r, not of %r" % (state["c"], client_id))
+    if not isinstance(state["v"], int) or not (state["e"] is None or isinstance(state["e"], int)):
+        raise TypeError("its version and expiry are not numbers")
+    lists = [state[k] for k in ("subs", "q2", "sh", "inf", "queued")]
+    if not all(isinstance(x, list) for x in lists):
+        raise TypeError("subs, q2, sh, inf and queued must be lists")
+    count = len(state["inf"]) + len(state["queued"])
+    if count > limits.MQTT_HANDOVER_MAX_MESSAGES:
+        raise ValueError("%d messages: at most %d (MQTT_HANDOVER_MAX_MESSAGES)"
+                         % (count, limits.MQTT_HANDOVER_MAX_MESSAGES))
+    for sub in state["subs"]:
+        if not (isinstance(sub, list) and len(sub) >= 5 and isinstance(sub[0], str) and isinstance(sub[3], list)
+                and all(isinstance(t, str) for t in sub[3])):
+            raise TypeError("a subscription %r is not [filter, qos, no local, [topics], retain as published...]"
+                            % (sub,))
+    if not all(isinstance(x, list) for x in state["sh"]) or not all(isinstance(x, int) for x in state["q2"]):
+        raise TypeError("sh must list lists and q2 packet ids")
+    for entry in state["inf"]:
+        if not (isinstance(entry, list) and len(entry) in (3, 6) and isinstance(entry[0], int)
+                and entry[1] in (PUBLISH_SENT, PUBREL_SENT) and isinstance(entry[2], int)):
+            raise TypeError("a message in flight %r is not [packet id, state, qos, (topic, flag, data)]" % (entry,))
+        if entry[1] != PUBREL_SENT:
+            if len(entry) != 6:
+                raise TypeError("a message in flight %r without its message" % (entry,))
+            _check_message(entry[3:])
+    for entry in state["queued"]:
+        if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], int)):
+            raise TypeError("a queued message is not [qos, topic, flag, data]")
+        _check_message(entry[1:])
+
+
+def _check_message(message):
+    topic, flag, data = message
+    if not (isinstance(topic, str) and isinstance(flag, int) and isinstance(data, str)):
+        raise TypeError("a message is not [topic, flag, base64 data]")
+    base64.b64decode(data, validate=True)
 
 
 def adopt(port, store, state, user):

@@ -1,7 +1,8 @@
 """One link to one peer: connect to its replication port, prove the secret with the slave's handshake
 (``server.replication.slave.authenticate``, with the peers' proofs: ``handshake.peer_proof``), send ROUTES (this
 broker's filters, its resume positions for that peer and its ``$share`` groups with members; in parts when it does not
-fit one frame: ``split_routes``, the first in the handshake, the others once the peer's first RECORDS proved it), then
+fit one frame: ``split_routes``, the first in the handshake, the others once the peer's first RECORDS proved it; a
+first part the peer would not read before the proof, REPLICATION_HANDSHAKE_FRAME_BYTES, goes after an empty one), then
 hand each RECORDS frame to the cluster (``MqttCluster.apply``) and send ROUTES again when the filters or the groups
 change. A link that fails is retried with backoff (BACKOFF_MIN_S .. BACKOFF_MAX_S) and says why in stats.
 """
@@ -12,7 +13,7 @@ import time
 
 import gevent
 
-from metaq import errors
+from metaq import errors, limits
 from metaq.protocol import replication as rp
 from metaq.protocol.replication_mqtt import split_routes
 from metaq.server.connections import share_loop
@@ -101,6 +102,9 @@ class PeerLink:
         routes = rp.Routes(cluster.broker_id, filters, positions, cluster.retained_from(self.broker_id),
                            cluster.groups(), cluster.positions.checks(self.broker_id, positions))
         parts = self._parts(routes)
+        if len(rp.serialize(parts[0])) - rp.FRAME_HEADER.size > limits.REPLICATION_HANDSHAKE_FRAME_BYTES:
+            # the peer reads no larger frame before the proof: a first part with none of the route, the route after
+            parts.insert(0, routes._replace(filters=(), positions=(), groups=(), checks=(), more=True))
         first = authenticate(sock, parser, cluster.secret, cluster.broker_id, parts[0], next_event, "RECORDS")
         for part in parts[1:]:  # the peer starts its follow once the last part came
             send_event(sock, part)

@@ -330,11 +330,14 @@ class MqttCluster:
 
     def apply(self, origin, entries):
         """Copy a RECORDS frame's entries from peer ``origin``; returns how many messages were copied. Raises the put
-        path's refusal (the link ends and resumes from the positions)."""
+        path's refusal (the link ends and resumes from the positions). The loop is shared between entries
+        (``share_loop``): a frame of MQTT_CLUSTER_FRAME_BYTES keeps the other clients waiting no longer than a turn."""
         copied, last = 0, {}
         now = now_ms()
         positions = self.positions
+        turn = time.monotonic()
         for e in entries:
+            turn = share_loop(turn)
             if e.kind in (MESSAGE, SHARED):
                 if positions.is_copied(origin, e.topic, e.partition, e.offset):
                     continue

@@ -27,6 +27,7 @@ that offset was copied, would then skip. Such records wait for the slaves' ACK (
 before it, proved here before the follow resumes there (``PeerFollow.proved``).
 """
 
+import itertools
 import logging
 import time
 
@@ -45,7 +46,7 @@ from metaq.protocol.replication_mqtt import (MESSAGE, POSITION, RESUMED, RETAINE
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server.connections import share_loop
 from metaq.server.longpoll import NEW_PARTITION
-from metaq.server.replication.link import HEARTBEAT_S, LINK_TIMEOUT_S, send_event
+from metaq.server.replication.link import ERR_REFUSED, HEARTBEAT_S, LINK_TIMEOUT_S, send_event
 from metaq.topics.names import is_internal
 
 log = logging.getLogger(__name__)
@@ -79,12 +80,18 @@ class FilterSet:
         return any(matches(f, name) for f in self._wild)
 
     def topics(self, known):
-        """The metaq topics of ``known`` the filters read (internal ones never)."""
+        """The metaq topics of ``known`` the filters read (internal ones never); the loop shared between filters
+        (``share_loop``: a route of MQTT_CLUSTER_MAX_FILTERS keeps no client waiting)."""
         out = set()
         known = [t for t in known if not is_internal(t)]
+        names = set(known)
+        turn = time.monotonic()
         for f in self.filters:
             topics, every = self.topicmap.topics_for(f)
-            out.update(known if every else (t for t in topics if t in known))
+            if every:
+                return set(known)  # each of them: no other filter adds one
+            out.update(t for t in topics if t in names)
+            turn = share_loop(turn)
         return out
 
 
@@ -100,7 +107,13 @@ class PeerFollow:
         self.broker_id = routes.broker_id
         self.groups = ()
         checks = routes.checks or (0,) * len(routes.positions)
-        self.resume = {(t, p): (o, c) for (t, p, o), c in zip(routes.positions, checks, strict=True)}
+        #: where the peer's copies resume, at most MQTT_CLUSTER_MAX_FOLLOWED (the partitions it may follow here)
+        self.resume = {(t, p): (o, c) for (t, p, o), c in itertools.islice(zip(routes.positions, checks, strict=True),
+                                                                            limits.MQTT_CLUSTER_MAX_FOLLOWED)}
+        if len(routes.positions) > limits.MQTT_CLUSTER_MAX_FOLLOWED:
+            log.warning("mqtt cluster: peer %d sent %d resume positions; the first %d are kept "
+                        "(MQTT_CLUSTER_MAX_FOLLOWED): the others' partitions start as new", self.broker_id,
+                        len(routes.positions), limits.MQTT_CLUSTER_MAX_FOLLOWED)
         self.cursors = {}  # (topic, partition) -> next offset to read
         self.retained = routes.retained  # next offset of %MQTT% partition 0, -1: none
         self.known_at_route = set()
@@ -138,7 +151,10 @@ class PeerFollow:
         self.scanned_at = store.written_position
         known = store.known_topics()
         self.known_at_route.intersection_update(known)
-        topics = self._read_set.topics(known)
+        read_set = self._read_set
+        topics = read_set.topics(known)  # (it shares the loop: a ROUTES read meanwhile may replace the filters)
+        if read_set is not self._read_set:
+            return  # the newer filters' own rescan decides
         wanted = []
         for topic in sorted(topics):
             try:
@@ -331,12 +347,15 @@ class PeerServer:
     broker and their calls; counts for stats."""
 
     def __init__(self, store, waiters, topics=DEFAULT_MAP, shares=None, confirmed_end=lambda: None,
-                 wait_confirmed=None, calls=None, followed=lambda _broker_id, _live: None):
+                 wait_confirmed=None, calls=None, followed=lambda _broker_id, _live: None, asks=None):
         """``shares``: the cluster's ``share.Shares``; ``confirmed_end()``/``wait_confirmed(timeout)``: ``Roles``'
         (what may leave this broker, and a wait for more of it); ``calls``: op -> handler of the calls answered
         (``ClientIds.calls``; None: none, a call is answered as unknown); ``followed(broker_id, live)``: told when a
-        peer's follow begins (its route in, its partitions' cursors set) and ends (``MqttCluster.followed``)."""
+        peer's follow begins (its route in, its partitions' cursors set) and ends (``MqttCluster.followed``);
+        ``asks``: who may be served and what it may ask (``asks.Asks``; None: any peer that proved the secret)."""
         self.followed = followed
+        self.asks = asks
+        self._links = {}  # peer broker id -> the socket of its follow now (one per member: a newer one ends it)
         self.calls = calls if calls is not None else {}
         self.store = store
         self.waiters = waiters
@@ -349,11 +368,24 @@ class PeerServer:
         self.sent_records = 0
 
     def serve(self, sock, parser, hello, peer):
-        """One link of another master, by its first frame ``hello`` (its proof checked): ROUTES or PEER_CALL."""
+        """One link of another master, by its first frame ``hello`` (its proof checked): ROUTES or PEER_CALL; refused
+        (an ERROR) unless its broker id is a member's (``asks``), looked at again for up to two
+        MQTT_CLUSTER_MEMBERS_POLL_S (a member that just joined is read here a moment after it reads itself)."""
+        if self.asks is not None:
+            refusal = self.asks.stranger(hello.broker_id)
+            deadline = time.monotonic() + 2 * limits.MQTT_CLUSTER_MEMBERS_POLL_S
+            while refusal is not None and time.monotonic() < deadline:
+                gevent.sleep(0.1)
+                refusal = self.asks.stranger(hello.broker_id)
+            if refusal is not None:
+                self.asks.refused += 1
+                log.warning("mqtt cluster: refusing a peer from %s: %s", peer, refusal)
+                send_event(sock, rp.ErrorFrame(ERR_REFUSED, "refused: %s" % refusal))
+                return
         if isinstance(hello, rp.Routes):
             self.follow(sock, parser, hello, peer)
         else:
-            serve_calls(sock, parser, hello, peer, self.calls)
+            serve_calls(sock, parser, hello, peer, self.calls, self.asks.admit if self.asks is not None else None)
 
     def follow(self, sock, parser, routes, peer):
         """A peer's follow: RECORDS sent for its ROUTES (all its parts: ``join_routes``) until its link ends."""
@@ -364,6 +396,11 @@ class PeerServer:
             log.info("mqtt cluster: peer broker %d (%s) link ended before its route came: %s", routes.broker_id,
                      peer, exc)
             return
+        older = self._links.pop(routes.broker_id, None)
+        if older is not None:  # a link of the same peer still served here: cut, and not seen yet
+            log.info("mqtt cluster: peer broker %d follows this broker again: its older link ends", routes.broker_id)
+            _close(older)
+        self._links[routes.broker_id] = sock
         follow = PeerFollow(self.store, routes, self.topicmap, self.shares, self.since(routes.broker_id))
         self.follows[id(follow)] = follow
         self.followed(routes.broker_id, True)
@@ -400,6 +437,8 @@ class PeerServer:
             log.info("mqtt cluster: peer broker %d (%s) link ended: %s", routes.broker_id, peer, exc)
         finally:
             reader.kill(block=False)
+            if self._links.get(routes.broker_id) is sock:
+                del self._links[routes.broker_id]
             self.follows.pop(id(follow), None)
             self.follow_ended(follow)
             follow.ended()
@@ -461,6 +500,13 @@ class PeerServer:
             log.warning("mqtt cluster: peer broker %d sent %s: ending its link", follow.broker_id,
                         type(event).__name__.upper())
             return
+
+
+def _close(sock):
+    try:
+        sock.close()
+    except OSError:
+        pass
 
 
 def _next_frame(sock, parser):

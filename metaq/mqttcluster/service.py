@@ -123,6 +123,14 @@ class ClientIds:
         self._finishing[client_id] = Event()
         self._released.discard(client_id)
         state = answer.get("session")
+        problem = handover.problem(state, client_id) if state is not None else None
+        if problem is not None:  # nothing of it taken; the CONNECT refused as if the home were unreachable
+            self.refused += 1
+            self.finished(client_id)
+            log.warning("mqtt client %s: its session from broker %s is refused: %s", client_id, answer.get("from"),
+                        problem)
+            return wire.SERVER_UNAVAILABLE, "the session of client id %s from another broker is refused: %s" % (
+                client_id, problem)
         if state is not None:
             handover.adopt(self.port, self.store, state, user)
             self.takeovers += 1

@@ -340,12 +340,16 @@ _CODEC_TYPES = {Offsets: T_OFFSETS, Topics: T_TOPICS, Routes: T_ROUTES, Records:
 
 
 class ReplicationParser:
-    """Bytes in, events out. ``receive_data(b"")`` means EOF; errors are fatal and sticky."""
+    """Bytes in, events out. ``receive_data(b"")`` means EOF; errors are fatal and sticky. ``max_frame``: the most
+    bytes any frame may carry besides each type's own bound (None: those alone), checked at its header, before its
+    body is buffered: the replication port's ``REPLICATION_HANDSHAKE_FRAME_BYTES`` until its peer proved the secret
+    (then the port sets it to None)."""
 
     def __init__(self, max_data=limits.MAX_REPLICATION_DATA_BYTES,
-                 max_error_text=limits.MAX_REPLICATION_ERROR_TEXT):
+                 max_error_text=limits.MAX_REPLICATION_ERROR_TEXT, max_frame=None):
         self.max_data = max_data
         self.max_error_text = max_error_text
+        self.max_frame = max_frame
         self._buf = bytearray()
         self._eof = False
         self._error = None
@@ -407,6 +411,9 @@ class ReplicationParser:
         return event
 
     def _check_length(self, ftype, length):
+        if self.max_frame is not None and length > self.max_frame:
+            raise _fail("frame type %d of %d bytes before the replication secret was proved: at most %d then "
+                        "(limit REPLICATION_HANDSHAKE_FRAME_BYTES)" % (ftype, length, self.max_frame))
         fixed = {T_ACK: ACK.size, T_HEARTBEAT: HEARTBEAT.size}.get(ftype)
         if fixed is not None:
             if length != fixed:

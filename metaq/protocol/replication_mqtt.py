@@ -123,8 +123,8 @@ def split_shared(data):
     end = GROUPS_LENGTH.size + length
     try:
         groups = json.loads(bytes(data[GROUPS_LENGTH.size:end]).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise _fail("a SHARED entry's groups are not UTF-8 JSON") from None
+    except (UnicodeDecodeError, ValueError, RecursionError):  # (nested past the decoder's depth: a clear error too)
+        raise _fail("a SHARED entry's groups are not UTF-8 JSON of a list of pairs") from None
     return _groups(groups), bytes(data[end:])
 
 
@@ -251,6 +251,8 @@ def decode_routes(payload):
         obj = json.loads(bytes(payload).decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise _fail("ROUTES is not UTF-8 JSON (%s)" % exc) from None
+    except RecursionError:  # the decoder's bound of nesting: a route nests 3 deep
+        raise _fail("ROUTES nested deeper than JSON is decoded (a route is an object of lists of lists)") from None
     if not isinstance(obj, dict):
         raise _fail("ROUTES is not a JSON object")
     broker = _bounded(obj.get("broker"), 0, limits.MAX_BROKER_ID, "broker id")

@@ -30,6 +30,7 @@ from metaq.server.http.port import HttpPort
 from metaq.server.http.server import UnsentReplies
 from metaq.server.longpoll import PartitionWaiters
 from metaq.mqtt.port import MqttPort
+from metaq.mqttcluster.asks import Asks
 from metaq.mqttcluster.calls import PeerClient
 from metaq.mqttcluster.inbox import INBOX
 from metaq.mqttcluster.members import Members
@@ -604,7 +605,8 @@ def mqtt_cluster(config, store, put_path, port, members, roles, waiters, calls):
                           tls=client_context(tls) if tls.mode != "off" and tls.replication else None,
                           hold_s=config.mqtt.cluster_start_hold_s)
     roles.serve_peers(PeerServer(store, waiters, port.topics, cluster.shares, roles.confirmed_end,
-                                 roles.wait_confirmed, calls, cluster.followed).serve)
+                                 roles.wait_confirmed, calls, cluster.followed,
+                                 Asks(config.broker.id, lambda: members.current)).serve)
     port.cluster = cluster
     port.cluster_topics = (INBOX,)
     return cluster

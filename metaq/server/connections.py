@@ -180,8 +180,11 @@ class Listener:
     """One listening port of the broker: its name (``text``, ``remoting``...), address and connection maker."""
 
     def __init__(self, name, host, port, make, refuse, backlog, headroom=0, guarded=True, server_first=False,
-                 alpn=()):
+                 alpn=(), strangers=None):
         self.name = name
+        #: the ``Strangers`` its connections count in until their front-end says they proved themselves (the
+        #: replication port's, apart from the logins'), or None: the core's rules decide (``_strangers_of``)
+        self.strangers = strangers
         self.alpn = alpn  # the protocols its TLS handshake offers by ALPN (gRPC's "h2"): TlsPolicy.context_for
         self.server_first = server_first  # the broker speaks first (replication's CHALLENGE): see TlsPolicy.secure
         self.guarded = guarded  # the guard's address allow-list applies (replication proves a secret instead)
@@ -252,10 +255,14 @@ class Strangers:
     who logs in within that age is never closed, and an attacker closes its own connections first."""
 
     __slots__ = ("login_s", "cap", "per_address", "eviction_age_s", "count", "partial_limit", "partial_bytes",
-                 "evicted", "_from", "_waiting", "_tiers")
+                 "evicted", "by_share", "_from", "_waiting", "_tiers")
 
     def __init__(self, login_s, cap, per_address, eviction_age_s=limits.STRANGER_EVICTION_AGE_S,
-                 partial_limit=limits.MAX_PRELOGIN_PARTIAL_BYTES):
+                 partial_limit=limits.MAX_PRELOGIN_PARTIAL_BYTES, by_share=False):
+        """``by_share``: also close, for a new connection from an address that would still hold fewer than the one
+        holding the most, that one's oldest at any age (the replication port, where a slave or a peer proves itself
+        within milliseconds: many addresses each at their share can then never keep every stranger young)."""
+        self.by_share = by_share
         self.login_s = login_s
         self.cap = cap
         self.per_address = per_address
@@ -289,6 +296,11 @@ class Strangers:
                     break
             if victim is not None:
                 break
+        if victim is None and self.by_share and self._tiers:
+            most = max(self._tiers)
+            if self._from.get(host, 0) + 1 < most:
+                victim_host = next(iter(self._tiers[most]))
+                victim = next(iter(self._waiting[victim_host]))
         if victim is None:
             return "too many connections not yet logged in: the limit is %d" % self.cap, None
         self.evicted += 1
@@ -936,12 +948,15 @@ class ConnectionCore:
         self._turners = []  # greenlets kept waiting for a woken connection's turn (``_serve_turn``), last idle last
 
     def listen(self, name, host, port, make, refuse=None, backlog=1024, headroom=0, guarded=True, server_first=False,
-               alpn=()):
+               alpn=(), strangers=None):
         """Start accepting on ``host:port`` (0: any free port); returns the started Listener. ``guarded``: the
         guard's address allow-list applies to it (not to replication, whose peers prove a shared secret);
         ``server_first``: its protocol has the broker speak first (a plaintext peer sends nothing until then);
-        ``alpn``: the protocols its TLS handshake negotiates (gRPC's clients require "h2")."""
-        listener = Listener(name, host, port, make, refuse, backlog, headroom, guarded, server_first, alpn)
+        ``alpn``: the protocols its TLS handshake negotiates (gRPC's clients require "h2"); ``strangers``: a
+        ``Strangers`` of its own its connections count in until they prove themselves (``Connection.logged_in``;
+        the connections' rules must hold the same one), whatever the guard says."""
+        listener = Listener(name, host, port, make, refuse, backlog, headroom, guarded, server_first, alpn,
+                            strangers)
         if self.tls is not None:
             listener.tls = self.tls.mode_for(name)
         listener.start(self.accept)
@@ -982,10 +997,11 @@ class ConnectionCore:
         admitted, host = self._admit(listener, sock, address)
         if not admitted:
             return
-        stranger = address[0] if host is not None and self._checks_login(listener) else None
+        strangers = self._strangers_of(listener)
+        stranger = address[0] if host is not None and strangers is not None else None
         arrived = time.monotonic()
         if stranger is not None:  # counted, and its login deadline running, from here: a TLS handshake included
-            self.rules.strangers.arrive(stranger)
+            strangers.arrive(stranger)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
@@ -1032,16 +1048,22 @@ class ConnectionCore:
             if refusal is not None:
                 self._refuse(listener, sock, address, refusal)
                 return False, None
+        elif listener.strangers is not None:
+            refusal = self._make_room(listener, address[0])
+            if refusal is not None:
+                self._refuse(listener, sock, address, refusal)
+                return False, None
         self._per_address[host] = held + 1
         return True, host
 
     def _secured(self, listener, sock, address, host, stranger, arrived):
         """The TLS socket of an admitted one after its handshake; None (its share and stranger count given back,
         the socket closed) past the address's handshake rate or when the handshake failed."""
+        strangers = self._strangers_of(listener)
         if host is not None and listener.guarded and not self.handshakes.take(address[0], time.monotonic()):
             self._forget(host)
             if stranger is not None:
-                self.rules.strangers.leave(stranger)
+                strangers.leave(stranger)
             sock.close()
             self._log_refusal(listener, address, "too many TLS handshakes from %s: the limit is %d a second"
                               % (address[0], self.handshakes.per_s), "closed before its handshake")
@@ -1050,7 +1072,7 @@ class ConnectionCore:
         if sock is None:
             self._forget(host)
             if stranger is not None:
-                self.rules.strangers.leave(stranger)
+                strangers.leave(stranger)
         return sock
 
     def _connection(self, listener, sock, address, host, stranger, arrived):
@@ -1071,7 +1093,7 @@ class ConnectionCore:
         except BaseException:
             self._forget(host)
             if stranger is not None:
-                self.rules.strangers.leave(stranger)
+                self._strangers_of(listener).leave(stranger)
             sock.close()
             raise
         return conn_id, conn
@@ -1169,6 +1191,13 @@ class ConnectionCore:
         """Connections parked now (holding no greenlet)."""
         return len(self._wheel)
 
+    def _strangers_of(self, listener):
+        """The ``Strangers`` a new connection of ``listener`` counts in, or None: the listener's own (replication:
+        until its secret is proved), else the logins' when ``_checks_login``."""
+        if listener.strangers is not None:
+            return listener.strangers
+        return self.rules.strangers if self._checks_login(listener) else None
+
     def _checks_login(self, listener):
         """True when connections of ``listener`` are strangers until they log in (authentication on, a guarded
         port: text, remoting, HTTP; replication proves its own secret)."""
@@ -1178,7 +1207,7 @@ class ConnectionCore:
     def _make_room(self, listener, host):
         """None when a new stranger from ``host`` may wait to log in, else why not (``Strangers.room``); the
         stranger it names to make room is closed here, one log line a second saying so."""
-        strangers = self.rules.strangers
+        strangers = self._strangers_of(listener)
         refusal, victim = strangers.room(host, time.monotonic())
         if victim is not None:
             victim.close()  # leaves the strangers' count now; its greenlet (or a parked one's new turn) ends it
@@ -1192,7 +1221,7 @@ class ConnectionCore:
         ``stranger`` (its host; it ``arrived`` then) waits for its first byte and handshake no longer than its
         login deadline, and may meanwhile be closed to make room (``Strangers.room``) as any stranger may."""
         idle_s, request_s = self.rules.idle_s, self.rules.request_s
-        strangers, handshake = self.rules.strangers, None
+        strangers, handshake = self._strangers_of(listener), None
         if stranger is not None:
             idle_s, request_s = min(idle_s, strangers.login_s), min(request_s, strangers.login_s)
             handshake = _Handshake(sock, address)

@@ -1,6 +1,7 @@
 """An MQTT cluster for the tests: N masters under one ZooKeeper root, each with an MQTT port and a replication
 port, and a way to wait until each one's route reached the others."""
 
+import json
 import os
 import time
 
@@ -9,6 +10,7 @@ from metaq.client.local import free_port, small_config
 from tests.harness.acl import login
 from tests.harness.broker import wait_for
 from tests.harness.mqtt import V311, Paho, with_mqtt
+from tests.harness.registrar import Registrar
 from tests.harness.replication import stats
 
 
@@ -60,6 +62,24 @@ class Cluster:
         b.start()
         self.wait_linked()
         return b
+
+
+class PaperMembers:
+    """Members of an MQTT cluster that ZooKeeper names and no broker runs: each a ``replication`` node (ephemeral,
+    of its own session) naming an address nobody listens on, so that a test's raw peer calls come from a member (a
+    broker serves members only: ``mqttcluster.asks``), or the address ``broker_ids`` maps it to (a dict: a test's
+    own server playing that member). ``close`` ends them."""
+
+    def __init__(self, zk_connect, broker_ids, root="/meta"):
+        self.registrar = Registrar(zk_connect, root)
+        addresses = broker_ids if isinstance(broker_ids, dict) else dict.fromkeys(broker_ids, "127.0.0.1:1")
+        for broker_id, address in addresses.items():
+            path = "%s/brokers/ids/%d" % (root, broker_id)
+            self.registrar.zk.ensure_path(path)
+            self.registrar.zk.create(path + "/replication", json.dumps({"address": address}).encode(), ephemeral=True)
+
+    def close(self):
+        self.registrar.close()
 
 
 def wait_routed(subscriber, publish, timeout=20.0):

@@ -15,7 +15,8 @@ from metaq.mqttcluster.calls import PeerClient, PeerUnreachable
 from metaq.mqttcluster.ids import home_of
 from tests.harness.broker import wait_for
 from tests.harness.mqtt import Raw
-from tests.harness.mqttcluster import Cluster
+from tests.harness.mqttcluster import Cluster, PaperMembers
+from tests.harness.replication import stats
 
 N = 4
 
@@ -61,7 +62,9 @@ def test_proved_peers_of_one_host_count_apart_from_its_strangers_up_to_their_own
     address = "127.0.0.1:%d" % b.config["replication"]["port"]
     limit = limits.MQTT_CLUSTER_PEERS_PER_ADDRESS
     assert limit > 4 * limits.HEADROOM_PER_ADDRESS  # a host of many cores' brokers, far past the strangers' share
-    held = [_peer_call(100 + i, address) for i in range(limit)]  # at the limit: every link kept
+    members = PaperMembers(zk_connect, [2])  # (the calls' links all broker 2's: a broker serves members only)
+    wait_for(lambda: stats(b).get("mqtt_cluster_members") == "2", 10, "broker 2 a member")
+    held = [_peer_call(2, address) for i in range(limit)]  # at the limit: every link kept
     try:
         assert [i for i, (_c, answer) in enumerate(held) if isinstance(answer, PeerUnreachable)] == [], \
             [a for _c, a in held if isinstance(a, PeerUnreachable)][:3]
@@ -73,13 +76,14 @@ def test_proved_peers_of_one_host_count_apart_from_its_strangers_up_to_their_own
         finally:
             for s in strangers:
                 s.close()
-        extra, answer = _peer_call(999, address)  # one past: refused, saying why
+        extra, answer = _peer_call(2, address)  # one past: refused, saying why
         assert isinstance(answer, PeerUnreachable) and "too many peer brokers" in str(answer), answer
         held.pop()[0].close()  # one leaves: its place is taken again
-        wait_for(lambda: not isinstance(_peer_call(998, address)[1], PeerUnreachable), 10, "a place freed")
+        wait_for(lambda: not isinstance(_peer_call(2, address)[1], PeerUnreachable), 10, "a place freed")
     finally:
         for client, _a in held:
             client.close()
+        members.close()
 
 
 #: A caller of its own (a broker's loop: gevent sockets): ``2 * MQTT_CLUSTER_PEER_CONNECTIONS`` calls begun at once,
@@ -110,7 +114,12 @@ def test_calls_to_one_peer_go_at_once_up_to_their_limit_then_in_turn(broker_fact
     address = "127.0.0.1:%d" % b.config["replication"]["port"]
     most = limits.MQTT_CLUSTER_PEER_CONNECTIONS
     assert most > 1
-    out = subprocess.run([sys.executable, "-c", CALLS, address], capture_output=True, text=True, timeout=60)
+    members = PaperMembers(zk_connect, [7])  # the caller's id: a broker serves members only
+    wait_for(lambda: stats(b).get("mqtt_cluster_members") == "2", 10, "broker 7 a member")
+    try:
+        out = subprocess.run([sys.executable, "-c", CALLS, address], capture_output=True, text=True, timeout=60)
+    finally:
+        members.close()
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     assert len(got["answers"]) == 2 * most

@@ -12,6 +12,8 @@ from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.mqtt.records import message_of, record_data
 from metaq.mqttcluster import calls, handover, inbox
+from metaq.mqttcluster.asks import Asks
+from metaq.mqttcluster.ids import home_of
 from metaq.mqttcluster.routes import aggregate
 from metaq.mqttcluster.peers import MqttCluster
 from metaq.mqttcluster.members import Members
@@ -659,3 +661,92 @@ def test_a_start_hold_of_0_holds_nothing():
     waiter = gevent.spawn(cluster.wait_followed)
     waiter.join(0.05)
     assert waiter.dead
+
+
+def test_asks_hold_each_call_to_its_member():
+    """``asks.Asks``: a peer that is no member (or this broker) is refused; ``give_up`` only from the id's home;
+    ``hold`` and ``release`` keep only the ids homed here, ``drop`` only those homed on the caller; at most
+    MQTT_CLUSTER_ID_BATCH ids a call (at the limit served, one past refused); a malformed call refused, not raised."""
+    members = {1: ("a", 0), 2: ("b", 0), 3: ("c", 0)}
+    asks = Asks(1, lambda: members)
+    assert asks.stranger(2) is None
+    assert "no member" in asks.stranger(9) and "this broker" in asks.stranger(1)
+    homed = {h: [c for c in ("id-%d" % i for i in range(200)) if home_of(c, members) == h][:5] for h in (1, 2, 3)}
+    assert asks.admit(2, {"op": "give_up", "c": homed[2][0], "to": 3})[0] is None
+    refusal, _ = asks.admit(2, {"op": "give_up", "c": homed[1][0], "to": 2})
+    assert "only its home may" in refusal
+    assert "no member" in asks.admit(2, {"op": "give_up", "c": homed[2][0], "to": 9})[0]
+    refusal, served = asks.admit(2, {"op": "hold", "ids": homed[1] + homed[2], "rec": [homed[1][0]]})
+    assert refusal is None and served["ids"] == homed[1] and served["rec"] == [homed[1][0]]
+    assert asks.admit(3, {"op": "release", "ids": homed[3] + homed[1]})[1]["ids"] == homed[1]
+    refusal, served = asks.admit(2, {"op": "drop", "ids": [[c, 1, False] for c in homed[1] + homed[2]]})
+    assert refusal is None and [e[0] for e in served["ids"]] == homed[2]
+    batch = ["x-%d" % i for i in range(limits.MQTT_CLUSTER_ID_BATCH)]
+    assert asks.admit(2, {"op": "hold", "ids": batch})[0] is None
+    assert "MQTT_CLUSTER_ID_BATCH" in asks.admit(2, {"op": "hold", "ids": batch + ["one-more"]})[0]
+    for bad in ({"op": "hold"}, {"op": "hold", "ids": "abc"}, {"op": "hold", "ids": [1]},
+                {"op": "drop", "ids": [["c"]]}, {"op": "give_up"}, {"op": "give_up", "c": 7}):
+        assert "malformed" in asks.admit(2, bad)[0], bad
+    assert asks.admit(2, {"op": "register", "c": "any"})[0] is None  # a member registers its own devices anywhere
+    assert Asks(1, lambda: None).stranger(2) is not None  # no reading yet: nobody
+    kept = Asks(1, lambda: members)
+    kept.members()
+    kept._members = lambda: None  # ZooKeeper unreadable now: the last reading stands
+    assert kept.stranger(2) is None
+
+
+def test_a_handover_is_checked_whole_before_it_is_adopted():
+    """``handover.problem``: ``export``'s shape passes; another client id, a missing field, a bad message, base64
+    that is not, and one message past MQTT_HANDOVER_MAX_MESSAGES are each a clear problem, never a KeyError."""
+    message = ["t", 0, "aGVsbG8="]
+    good = {"c": "dev", "u": None, "v": 5, "e": 60, "subs": [["a/#", 1, False, ["a"], False, None]], "q2": [3],
+            "sh": [], "inf": [[1, "publish", 1] + message, [2, "pubrel", 2]], "queued": [[1] + message],
+            "dropped": 0}
+    assert handover.problem(good, "dev") is None
+    most = limits.MQTT_HANDOVER_MAX_MESSAGES
+    at_limit = dict(good, inf=[], queued=[[1] + message] * most)
+    assert handover.problem(at_limit, "dev") is None
+    past = dict(good, inf=[[1, "publish", 1] + message], queued=[[1] + message] * most)
+    assert "MQTT_HANDOVER_MAX_MESSAGES" in handover.problem(past, "dev")
+    assert "not of 'dev'" in handover.problem(good, "other") or "'other'" in handover.problem(good, "other")
+    for bad in ([], {k: v for k, v in good.items() if k != "inf"}, dict(good, queued=[[1, "t", 0]]),
+                dict(good, inf=[[1, "publish", 1, "t", 0, "!!not base64!!"]]), dict(good, inf=[[1, "publish", 1]]),
+                dict(good, inf=[[1, 0, 1] + message]), dict(good, subs=[["a/#", 1]]),
+                dict(good, v="5"), dict(good, q2="x")):
+        problem = handover.problem(bad, "dev")
+        assert problem is not None and problem.startswith("a malformed handover"), bad
+
+
+def test_a_route_of_many_filters_finds_its_topics_sharing_the_loop():
+    """``FilterSet.topics`` of MQTT_CLUSTER_MAX_FILTERS filters: one filter that reads every topic ends the look at
+    once (all of them); else the loop is shared between filters (``share_loop``): another greenlet runs meanwhile."""
+    known = ["t%d" % i for i in range(4000)] + ["%MQTT%"]
+    every = FilterSet(["t%d/#" % i for i in range(limits.MQTT_CLUSTER_MAX_FILTERS - 1)] + ["#"])
+    assert every.topics(known) == set(known) - {"%MQTT%"}
+    ticks = []
+
+    def tick():
+        while True:
+            ticks.append(1)
+            gevent.sleep(0)
+
+    ticker = gevent.spawn(tick)
+    gevent.sleep(0)
+    ticks.clear()
+    started = time.monotonic()
+    found = FilterSet(["t%d/x/#" % i for i in range(limits.MQTT_CLUSTER_MAX_FILTERS)]).topics(known)
+    took, ran = time.monotonic() - started, len(ticks)
+    ticker.kill()
+    assert found == set(known[:4000])
+    assert took < limits.MAX_TURN_MS / 1000.0 or ran, took
+
+
+def test_a_peer_keeps_at_most_max_followed_resume_positions(monkeypatch):
+    """A route's resume positions are kept up to MQTT_CLUSTER_MAX_FOLLOWED (the partitions a peer may follow here):
+    at the limit all, one past it the first ones (the rest start as new partitions do)."""
+    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_FOLLOWED", 4)
+    store = FakeStore({})
+    at = PeerFollow(store, rp.Routes(1, (), tuple(("t%d" % i, 0, i) for i in range(4))))
+    assert len(at.resume) == 4
+    past = PeerFollow(store, rp.Routes(1, (), tuple(("t%d" % i, 0, i) for i in range(5))))
+    assert sorted(past.resume) == [("t%d" % i, 0) for i in range(4)]

@@ -14,8 +14,8 @@ from metaq.server import connections as core
 from metaq.server.replication import handshake
 from metaq.protocol.replication_offsets import frames as offsets_frames
 from metaq.protocol import replication_topics as topics_codec
-from metaq.server.replication.link import (ERR_REFUSED, HEARTBEAT_BUSY_S, HEARTBEAT_S, HELLO_TIMEOUT_S,
-                                           OFFSETS_SYNC_S, POLL_S, send_event)
+from metaq.server.replication.link import (ERR_REFUSED, HEARTBEAT_BUSY_S, HEARTBEAT_S, OFFSETS_SYNC_S, POLL_S,
+                                           send_event)
 from metaq.store.epochs import agreed_position
 from metaq.store.replica import ReplicationRefused
 
@@ -68,11 +68,18 @@ class ReplicationServer:
         self._acked = Event()  # replaced on each ACK; sync-mode puts wait on it
         self._confirmed_end = -1  # confirmed_end's high-water mark
         self.listener = None
+        self.strangers = self.rules = None  # set at ``start``
         self._stopping = False
 
     def start(self):
+        rules = self.core.rules
+        #: connections that have not proved the secret yet: a share of the headroom apart (``SlaveConnection``)
+        self.strangers = core.Strangers(limits.REPLICATION_PROOF_TIMEOUT_S, limits.REPLICATION_STRANGERS,
+                                        limits.REPLICATION_STRANGERS_PER_ADDRESS, by_share=True)
+        self.rules = core.ConnectionLimits(rules.idle_s, rules.request_s, rules.reply_bytes, strangers=self.strangers)
         self.listener = self.core.listen("replication", self.host, self.port, self._connection, backlog=64,
-                                         headroom=self.config.replication_headroom(), guarded=False, server_first=True)
+                                         headroom=self.config.replication_headroom(), guarded=False, server_first=True,
+                                         strangers=self.strangers)
         self.port = self.listener.port
         log.info("replication (%s mode) listening on %s:%d, %s", self.mode, self.host, self.port,
                  "slaves must prove the replication secret" if self.secret is not None else
@@ -203,14 +210,19 @@ class ReplicationServer:
 
     def serve_slave(self, sock, address, conn=None):
         """One slave's connection, from its HELLO to its end (``conn``: its connection on the core, whose
-        per-address share a proved peer master leaves for ``MQTT_CLUSTER_PEERS_PER_ADDRESS``)."""
+        per-address share a proved peer master leaves for ``MQTT_CLUSTER_PEERS_PER_ADDRESS``; it counts among the
+        port's strangers until its proof checked out). Before that only the handshake's small frames are read
+        (``REPLICATION_HANDSHAKE_FRAME_BYTES``)."""
         peer = "%s:%d" % address[:2]
-        parser = rp.ReplicationParser()
+        parser = rp.ReplicationParser(max_frame=limits.REPLICATION_HANDSHAKE_FRAME_BYTES)
         try:
             shaken = self._handshake(sock, parser, address, peer)
             if shaken is None:
                 return
             hello, slave_nonce, master_nonce = shaken
+            parser.max_frame = None
+            if conn is not None:
+                conn.logged_in()  # proved: it leaves the strangers' count and deadline
             if isinstance(hello, (rp.Routes, rp.PeerCall)):  # another master of an MQTT cluster, not a slave
                 if conn is not None and not self.core.reshare(conn, "replication peers",
                                                               limits.MQTT_CLUSTER_PEERS_PER_ADDRESS):
@@ -260,8 +272,8 @@ class ReplicationServer:
     def _handshake(self, sock, parser, address, peer):
         """CHALLENGE; the slave's PROOF and HELLO, checked (``handshake``): ``(hello, slave nonce, master
         nonce)``, or None when the connection is to close (the reason logged, and sent in an ERROR when it is the
-        slave's fault). All of it within HELLO_TIMEOUT_S of the connection: nothing of the log leaves before."""
-        deadline = time.monotonic() + HELLO_TIMEOUT_S
+        slave's fault). All of it within REPLICATION_PROOF_TIMEOUT_S: nothing of the log leaves before."""
+        deadline = time.monotonic() + limits.REPLICATION_PROOF_TIMEOUT_S
         challenge = handshake.challenge(self.secret)
         try:
             send_event(sock, challenge)
@@ -314,7 +326,7 @@ class ReplicationServer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 log.info("replication: %s did not finish the handshake within %.0f s; closing", peer,
-                         HELLO_TIMEOUT_S)
+                         limits.REPLICATION_PROOF_TIMEOUT_S)
                 return None
             sock.settimeout(remaining)
             try:
@@ -479,7 +491,7 @@ class SlaveConnection(core.Connection):
     log_prefix = "replication"
 
     def __init__(self, server, sock, address, conn_id):
-        super().__init__(sock, address, conn_id, server.core.rules)
+        super().__init__(sock, address, conn_id, server.rules)
         self.server = server
 
     def serve(self):
