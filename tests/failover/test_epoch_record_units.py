@@ -44,6 +44,19 @@ def test_a_node_parses_and_what_is_wrong_is_named():
             epochrecord.parse(bad)
 
 
+def test_a_node_nested_too_deep_or_with_integers_out_of_range_is_unreadable_not_fatal():
+    for bad in (b"[" * 32000, b'{"epochs": ' + b"[" * 32000):
+        with pytest.raises(ValueError, match="nested too deep|not JSON"):
+            epochrecord.parse(bad)
+    for epoch in (-1, 2 ** 63, 2 ** 63 - 1):
+        data = json.dumps({"epochs": [{"epoch": epoch, "start": 0, "origin": 1}]}).encode()
+        if epoch == 2 ** 63 - 1:
+            assert epochrecord.parse(data)[0]["epoch"] == epoch  # the last one in range
+        else:
+            with pytest.raises(ValueError, match="2\\*\\*63"):
+                epochrecord.parse(data)
+
+
 def test_a_node_past_its_byte_limit_is_refused_at_the_limit_it_is_read():
     entry = {"epoch": 1, "start": 0, "origin": 1, "member": "m", "replication": None}
     data = json.dumps({"epochs": [entry]}).encode()

@@ -48,18 +48,28 @@ def who(entry):
     return "the member at %s" % entry["replication"] if entry.get("replication") else "a member of unknown address"
 
 
+#: Entry integers (epoch, start, origin) are 0 <= n < 2**63: what a history and the wire hold.
+INTEGER_LIMIT = 2 ** 63
+
+
 def _json_integer(value):
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """``value`` when it is an integer in ``[0, INTEGER_LIMIT)``, else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < INTEGER_LIMIT:
+        return value
+    return None
 
 
 def parse(data):
-    """The entries of a node's bytes (the latest last); ValueError naming what is wrong."""
+    """The entries of a node's bytes (the latest last); ValueError naming what is wrong (nesting too deep for the
+    JSON parser included: it counts as unreadable like any other malformed node)."""
     if len(data) > limits.MAX_EPOCH_RECORD_BYTES:
         raise ValueError("%d bytes, more than MAX_EPOCH_RECORD_BYTES (%d)" % (len(data), limits.MAX_EPOCH_RECORD_BYTES))
     try:
         value = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise ValueError("not JSON") from None
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None
     items = value.get("epochs") if isinstance(value, dict) else None
     if not isinstance(items, list):
         raise ValueError("no list of epochs")
@@ -67,7 +77,8 @@ def parse(data):
     for item in items[-limits.MAX_RECORDED_EPOCHS:]:
         if not isinstance(item, dict) or None in (_json_integer(item.get("epoch")), _json_integer(item.get("start")),
                                                   _json_integer(item.get("origin"))):
-            raise ValueError("an entry is not {epoch, start, origin, ...}: %r" % (item,))
+            raise ValueError("an entry is not {epoch, start, origin, ...} of integers 0 <= n < 2**63: %.200r"
+                             % (item,))
         replication = item.get("replication")
         member = item.get("member")
         out.append({"epoch": item["epoch"], "start": item["start"], "origin": item["origin"],
