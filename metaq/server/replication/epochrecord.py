@@ -159,13 +159,15 @@ class Keeper:
     woken by a watch on the node and at least every ``KEEPER_POLL_S``.
 
     ``record``: ``EpochRecord``; ``epochs``: the store's ``EpochHistory`` (read only); ``mine()``: this master's
-    entry now, None while it is not master; ``yield_to(entry)``: become that member's slave."""
+    entry now, None while it is not master; ``yield_to(entry)``: become that member's slave; ``recorded()``: our
+    epoch is the record's latest (the master may take writes from then on)."""
 
-    def __init__(self, record, epochs, mine, yield_to, poll_s=KEEPER_POLL_S):
+    def __init__(self, record, epochs, mine, yield_to, recorded=lambda: None, poll_s=KEEPER_POLL_S):
         self.record = record
         self.epochs = epochs
         self.mine = mine
         self.yield_to = yield_to
+        self.recorded = recorded
         self.poll_s = poll_s
         self._wake = Event()
         self._task = None
@@ -211,7 +213,9 @@ class Keeper:
                 if newer is not None:
                     self.yield_to(newer)
                     return "yielded"
+                self.recorded()
                 return "recorded"
+            self.recorded()
             return "recorded already"
         self.yield_to(latest)
         return "yielded"

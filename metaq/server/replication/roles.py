@@ -97,6 +97,7 @@ class Roles:
         self.keeper = None  # ha: manual: the epochrecord.Keeper (with the registry)
         self.behind = None  # ha: manual: why this member takes no writes and follows nobody (a record's master
         self._follow_id = None  # without a replication address); the slave id it registers as meanwhile
+        self.unrecorded = None  # ha: manual with ZooKeeper: why this master takes no writes before its epoch is recorded
         self.secret = config.security.read_replication_secret()  # read once: a promotion reads no file
         #: serves a peer broker following this master for MQTT (``metaq.mqttcluster.serve``), None: none
         self.peer_handler = None
@@ -116,7 +117,9 @@ class Roles:
         self.registry = registry
         self.record = EpochRecord(registry.zk, registry.ids_path)
         if not self.auto:
-            self.keeper = Keeper(self.record, self.store.epochs, self._recorded_entry, self.yield_to)
+            self.keeper = Keeper(self.record, self.store.epochs, self._recorded_entry, self.yield_to,
+                                 recorded=self._epoch_recorded)
+            registry.zk.add_listener(lambda _state: self.keeper.wake())  # a kazoo callback: wake, nothing else
 
     def attach_election(self, election):
         self.election = election
@@ -147,6 +150,8 @@ class Roles:
             return "this broker is a replication slave of %s (read-only): send puts to the master" % link.master
         if self.role == "slave" and self.behind is not None:
             return self.behind
+        if self.role == "master" and self.unrecorded is not None:
+            return self.unrecorded
         if self.role == "slave":
             return ("broker %d has no elected master yet (replication.ha: auto): an election is under way; retry "
                     "shortly" % self.config.broker.id)
@@ -197,6 +202,8 @@ class Roles:
             return "no (slave)" if self.slave_link is not None else "no (no elected master)"
         if self.election is not None and self.election.lease.refusal() is not None:
             return "no (lease not confirmed by ZooKeeper)"
+        if self.unrecorded is not None:
+            return "no (epoch not recorded in ZooKeeper yet)"
         if self.isolation_refusal() is not None:
             return "no (isolated from its slaves and ZooKeeper)"
         server = self.replication
@@ -355,6 +362,7 @@ class Roles:
             if self.started and self.replication is not None:
                 self.replication.start()
         else:
+            self.unrecorded = None
             self._serve(None)
             self.read_refusal = self.handshake_refusal()
             if self.started and slave_link is not None:
@@ -391,27 +399,46 @@ class Roles:
                             if self.config.replication.port else None)
 
     def _record_epoch(self, strict=False):
-        """Add the epoch just begun to the group's record, before we serve in it. ``strict`` (ha: auto): a failure
-        raises, and so does a later epoch recorded first; else logged, and the keeper adds it (or yields) later."""
+        """Add the epoch just begun to the group's record, before we serve in it. ``strict`` (a promotion, an
+        election): a failure raises, and so does a later epoch recorded first. Else (a manual master's start) a
+        failure leaves this master refusing writes (``unrecorded``) until the keeper has read the record and added
+        our epoch (or yields to a later one): it never serves an epoch the group may not know of."""
         if self.record is None:
             return
+        epoch = self.store.epochs.epoch
         if not strict and not self.registry.zk.connected:
-            log.warning("epoch record: ZooKeeper not reachable: epoch %d is recorded once it answers (this master "
-                        "yields then if another member began a later one)", self.store.epochs.epoch)
+            self._unrecorded(epoch, "ZooKeeper is not reachable")
             return
         try:
             newer = self.record.add(self._recorded_entry(master=False))
         except KazooException as exc:
             if strict:
                 raise
-            log.warning("epoch record: epoch %d not recorded (%r); recorded once ZooKeeper answers",
-                        self.store.epochs.epoch, exc)
+            self._unrecorded(epoch, "the write failed: %r" % (exc,))
             return
         if newer is not None:
             if strict:
-                raise KazooException("epoch %d of member %s was recorded first" % (newer["epoch"], newer["member"]))
-            if self.keeper is not None:
-                self.keeper.wake()  # it yields
+                raise KazooException("epoch %d of member %s was recorded first" % (newer["epoch"], who(newer)))
+            self._unrecorded(epoch, "a later epoch %d of %s is recorded" % (newer["epoch"], who(newer)))
+            return
+        self.unrecorded = None
+
+    def _unrecorded(self, epoch, why):
+        """Refuse writes until the keeper has recorded ``epoch`` (or yielded): ``why`` it is not recorded yet."""
+        self.unrecorded = ("broker %d's master has not recorded its epoch %d in ZooKeeper's epoch record yet (%s): "
+                           "it takes no writes until it has read the record and added its epoch (it follows "
+                           "another member instead if that one began a later epoch); retry shortly"
+                           % (self.config.broker.id, epoch, why))
+        log.warning("epoch record: %s", self.unrecorded)
+        if self.keeper is not None:
+            self.keeper.wake()
+
+    def _epoch_recorded(self):
+        """The keeper found our epoch the record's latest: writes are taken from now on."""
+        if self.unrecorded is not None:
+            self.unrecorded = None
+            log.warning("epoch record: epoch %d of broker %d recorded in ZooKeeper: this master takes writes",
+                        self.store.epochs.epoch, self.config.broker.id)
 
     def follow_record(self):
         """ha: manual, before starting as master: when the group's record names another member's later epoch
@@ -553,6 +580,10 @@ class Roles:
                 raise errors.Unavailable("this slave is not caught up: %s; promoting it would lose those "
                                          "messages. Wait for the master to return, or use --force"
                                          % self._lag_text(link))
+        if self.registry is not None and not self.registry.zk.connected:
+            raise errors.Unavailable("ZooKeeper (zk.connect) is not reachable: a promotion records its epoch in "
+                                     "broker %d's epoch record before it takes writes (else the old master could "
+                                     "win a later restart); retry once ZooKeeper answers" % self.config.broker.id)
         behind = None if link.caught_up() else self._lag_text(link)
         self.promoting = True
         try:
@@ -568,9 +599,17 @@ class Roles:
         pool = gevent.get_hub().threadpool
         position = store.written_position
         epoch = pool.apply(store.epochs.begin, (position, self._next_epoch()))
+        try:
+            self._record_epoch(strict=True)
+        except KazooException as exc:
+            link.resume()
+            raise errors.Unavailable("promotion refused: epoch %d could not be added to broker %d's epoch record in "
+                                     "ZooKeeper (%s); this broker stays a slave of %s (a master whose epoch the "
+                                     "group does not know of could lose its writes to the old master at a restart). "
+                                     "Fix ZooKeeper (reachable, writable by this broker) and promote again"
+                                     % (epoch, self.config.broker.id, exc, link.master)) from None
         pool.apply(store.dirs.write_state, (store.dirs.promoted, PROMOTED_MAGIC, {
             "epoch": epoch, "position": position, "former_master": link.master, "promoted_ms": now_ms()}))
-        self._record_epoch()
         self.set_role("master", None)
         text = "promoted: broker %d is now the master, epoch %d from log position %d (former master %s)" % (
             self.config.broker.id, epoch, position, link.master)

@@ -1,0 +1,70 @@
+"""A manual master serves only in an epoch the group's record holds (docs/replication.md, "Epochs outlive the
+brokers"): started while ZooKeeper does not answer it refuses writes until it has recorded its epoch, and a
+promotion whose record write fails is refused, the slave staying a slave."""
+
+import os
+
+import pytest
+from kazoo.client import KazooClient
+from kazoo.security import make_acl
+
+from metaq.admin import cli as admin
+from metaq.client.local import free_port, small_config
+from tests.harness.broker import wait_for
+from tests.harness.faults import LinkProxy
+from tests.harness.ha import put_until_ok
+from tests.harness.replication import caught_up, master_config, stats
+
+pytestmark = [pytest.mark.fault]
+
+TOPIC = "t-a"
+IDS = "/meta/brokers/ids/7"
+
+
+def test_manual_a_master_started_while_zookeeper_is_out_of_reach_takes_no_write_until_its_epoch_is_recorded(
+        broker_factory, tmp_path, zk_connect):
+    address, chroot = zk_connect.split("/", 1)
+    host, port = address.rsplit(":", 1)
+    with LinkProxy((host, int(port))) as proxy:
+        proxy.cut()
+        zkcfg = {"connect": "%s/%s" % (proxy.address, chroot), "session_timeout_ms": 4000,
+                 "connection_timeout_ms": 300}
+        m = broker_factory(dict(small_config(os.path.join(str(tmp_path / "m"), "data")), zk=zkcfg),
+                           workdir=tmp_path / "m")
+        with m.client() as c:
+            r = c.put(TOPIC, b"before the record")
+        assert r.code == 503 and b"has not recorded its epoch" in r.body, r
+        assert stats(m)["replication_writable"] == "no (epoch not recorded in ZooKeeper yet)"
+        proxy.heal()
+        put_until_ok(m, TOPIC, b"once recorded", timeout=20)
+    assert "this master takes writes" in m.log_text()
+
+
+def test_manual_a_promotion_whose_epoch_cannot_be_recorded_is_refused_and_the_slave_stays_one(
+        broker_factory, tmp_path, zk_connect, capsys):
+    rport = free_port()
+    zkcfg = {"connect": zk_connect, "session_timeout_ms": 4000}
+    m = broker_factory(dict(master_config(tmp_path / "m", rport), zk=dict(zkcfg)), workdir=tmp_path / "m")
+    s = broker_factory(small_config(os.path.join(str(tmp_path / "s"), "data"), zk=dict(zkcfg)), workdir=tmp_path / "s",
+                       extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1"])
+    put_until_ok(m, TOPIC, b"before")
+    caught_up(m, s)
+    zk = KazooClient(hosts=zk_connect)
+    zk.start()
+    try:
+        wait_for(lambda: zk.exists(IDS + "/epochs"), 10, "the master's epoch recorded")
+        zk.set_acls(IDS + "/epochs", [make_acl("world", "anyone", read=True, admin=True)])  # no write
+        m.kill()
+        wait_for(lambda: stats(s)["replication_link"] == "down", 10, "the slave sees its master gone")
+        capsys.readouterr()
+        assert admin.main(["promote", "127.0.0.1:%d" % s.port]) != admin.EXIT_OK
+        assert "could not be added to broker 7's epoch record" in capsys.readouterr().err
+        assert stats(s)["replication_role"] == "slave"
+        with s.client() as c:
+            assert c.put(TOPIC, b"refused").code == 503
+        zk.set_acls(IDS + "/epochs", [make_acl("world", "anyone", all=True)])
+    finally:
+        zk.stop()
+        zk.close()
+    assert admin.main(["promote", "127.0.0.1:%d" % s.port]) == admin.EXIT_OK, capsys.readouterr()
+    put_until_ok(s, TOPIC, b"after")
