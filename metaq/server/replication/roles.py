@@ -97,7 +97,7 @@ class Roles:
         self.keeper = None  # ha: manual: the epochrecord.Keeper (with the registry)
         self.behind = None  # ha: manual: why this member takes no writes and follows nobody (a record's master
         self._follow_id = None  # without a replication address); the slave id it registers as meanwhile
-        self.unrecorded = None  # ha: manual with ZooKeeper: why this master takes no writes before its epoch is recorded
+        self.unrecorded = None  # ha: manual with ZooKeeper: why this master takes no writes (epoch not recorded)
         self.secret = config.security.read_replication_secret()  # read once: a promotion reads no file
         #: serves a peer broker following this master for MQTT (``metaq.mqttcluster.serve``), None: none
         self.peer_handler = None
