@@ -68,3 +68,20 @@ def test_manual_a_promotion_whose_epoch_cannot_be_recorded_is_refused_and_the_sl
         zk.close()
     assert admin.main(["promote", "127.0.0.1:%d" % s.port]) == admin.EXIT_OK, capsys.readouterr()
     put_until_ok(s, TOPIC, b"after")
+
+
+def test_manual_a_master_without_replication_port_whose_epochs_file_is_damaged_goes_on_as_master(
+        broker_factory, tmp_path, zk_connect):
+    """The default shape (no replication port, so no slave can exist): a damaged epochs file costs nothing but a
+    loud log line; the broker knows the recorded epoch as its own by its URL."""
+    cfg = dict(small_config(os.path.join(str(tmp_path / "m"), "data")), zk={"connect": zk_connect,
+                                                                          "session_timeout_ms": 4000})
+    m = broker_factory(cfg, workdir=tmp_path / "m")
+    _id, _part, offset = put_until_ok(m, TOPIC, b"before")
+    m.stop()
+    with open(os.path.join(m.data_dir, "epochs"), "wb") as f:
+        f.write(b"damaged")
+    m.start()
+    put_until_ok(m, TOPIC, b"after", timeout=10)
+    assert "no slave of either can hold more than this broker does" in m.log_text(since_start=True)
+    assert stats(m)["replication_writable"] == "yes"

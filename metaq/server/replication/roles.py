@@ -451,25 +451,38 @@ class Roles:
         epochs = self.store.epochs
         if leads_record(epochs.entries, epochs.led, record_key(latest)):
             return False
-        self.yield_to(latest)
-        return True
+        return self.yield_to(latest)
 
     def yield_to(self, latest):
         """ha: manual: ``latest``, another member's epoch later than ours, is the group's latest recorded: stop
         acknowledging and follow that member as a slave (its epoch handshake cuts what diverged); the promotion
-        marker goes. A member it cannot follow (no replication address) leaves it taking no writes."""
+        marker goes. A member it cannot follow (no replication address) leaves it taking no writes. ``latest`` begun
+        by this broker itself (known by its URL or its replication address) whose data dir lost it: with a
+        replication port a slave may hold what it lost, so it takes no writes. A broker without a replication port
+        yielding to itself or to a member without one (no slave possible on either side) logs loudly and stays
+        master in a new epoch, as before the record existed. True when it left the master's role."""
         store = self.store
+        address, mine = latest.get("replication"), self._recorded_entry(master=False)
+        own = (address is not None and address == mine["replication"]) or (
+            latest.get("member") is not None and latest.get("member") == mine["member"])
+        text = ("broker %d's latest epoch is %d, begun by %s from log position %d (ZooKeeper's epoch record), "
+                "after this broker's epoch %d" % (self.config.broker.id, latest["epoch"], who(latest),
+                                                  latest["start"], store.epochs.epoch))
+        if not self.config.replication.port and (own or address is None):
+            log.error("%s: %s, and this broker serves no replication port: no slave of either can hold more than "
+                      "this broker does (its epochs file damaged, emptied or restored from a backup), so it goes on "
+                      "as master in a new epoch above the recorded one. If such a slave did exist, compare the logs "
+                      "now", text, "this broker began that epoch" if own else "that member served no slaves either")
+            if self.started and self.role == "master":
+                self.begin_master_epoch()
+            return False
         slave_id = self.config.replication.slave_id
         if slave_id is None:
             slave_id = self.registry.free_slave_id()
         if read_promoted(store) is not None:
             store.dirs.remove(store.dirs.promoted)
-        address, own = latest.get("replication"), self._recorded_entry(master=False)["replication"]
-        text = ("broker %d's latest epoch is %d, begun by %s from log position %d (ZooKeeper's epoch record), "
-                "after this broker's epoch %d" % (self.config.broker.id, latest["epoch"], who(latest),
-                                                  latest["start"], store.epochs.epoch))
         self.behind = None
-        if address is not None and address == own:
+        if own:
             self.behind = ("%s: this broker began that epoch, but its data dir no longer holds it (emptied or "
                            "replaced), so it takes no writes: a slave of it may hold what it lost (promote that "
                            "one), or, to start this broker afresh as master, delete the ZooKeeper node %s"
@@ -481,10 +494,11 @@ class Roles:
             self._follow_id = slave_id
             log.warning("%s", self.behind)
             self.set_role("slave", None)
-            return
+            return True
         log.warning("%s: this broker is behind it and follows it as slave %d at %s (the epoch handshake cuts any "
                     "tail that member never had); it is master again only by a promotion", text, slave_id, address)
         self.set_role("slave", self.make_slave_link(address, slave_id))
+        return True
 
 
     # -- ha: auto (called by the election) ----------------------------------------------
