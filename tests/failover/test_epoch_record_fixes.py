@@ -2,6 +2,7 @@
 brokers"): started while ZooKeeper does not answer it refuses writes until it has recorded its epoch, and a
 promotion whose record write fails is refused, the slave staying a slave."""
 
+import json
 import os
 
 import pytest
@@ -12,7 +13,7 @@ from metaq.admin import cli as admin
 from metaq.client.local import free_port, small_config
 from tests.harness.broker import wait_for
 from tests.harness.faults import LinkProxy
-from tests.harness.ha import put_until_ok
+from tests.harness.ha import Group, put_until_ok
 from tests.harness.replication import caught_up, master_config, stats
 
 pytestmark = [pytest.mark.fault]
@@ -85,3 +86,28 @@ def test_manual_a_master_without_replication_port_whose_epochs_file_is_damaged_g
     put_until_ok(m, TOPIC, b"after", timeout=10)
     assert "no slave of either can hold more than this broker does" in m.log_text(since_start=True)
     assert stats(m)["replication_writable"] == "yes"
+
+
+@pytest.mark.slow
+def test_auto_when_the_only_member_of_the_latest_epoch_is_gone_for_good_the_operator_forgets_the_record(
+        broker_factory, tmp_path, zk_connect, capsys):
+    group = Group(broker_factory, tmp_path, zk_connect, n=2, mode="async")
+    old = group.healthy()
+    new = 1 - old
+    put_until_ok(group.members[old], TOPIC, b"before")
+    caught_up(group.members[old], group.members[new])
+    group.members[old].kill()
+    assert group.master(exclude=(old,)) == new
+    group.members[new].kill()  # gone for good
+    group.members[old].start()
+    wait_for(lambda: "epochs 7 --forget --yes" in group.members[old].log_text(since_start=True), 20,
+             "the stale member names the way out")
+    capsys.readouterr()
+    assert admin.main(["--zk", zk_connect, "--json", "epochs", "7"]) == admin.EXIT_OK
+    assert json.loads(capsys.readouterr().out)[-1]["member"]
+    with pytest.raises(SystemExit, match="Add --yes"):
+        admin.main(["--zk", zk_connect, "epochs", "7", "--forget"])
+    assert admin.main(["--zk", zk_connect, "epochs", "7"]) == admin.EXIT_OK  # still there
+    assert admin.main(["--zk", zk_connect, "epochs", "7", "--forget", "--yes"]) == admin.EXIT_OK
+    assert group.master(exclude=(new,)) == old
+    put_until_ok(group.members[old], TOPIC, b"after")

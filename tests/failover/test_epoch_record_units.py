@@ -95,3 +95,16 @@ def test_the_record_in_zookeeper_keeps_the_latest_and_refuses_an_older_epoch(zk_
     finally:
         zk.stop()
         zk.close()
+
+
+def test_in_sync_mode_a_member_of_the_in_sync_set_of_the_latest_recorded_epoch_may_be_elected():
+    from metaq.server.replication.election import in_sync_at
+
+    latest = {"epoch": 5, "start": 70, "origin": 55}
+    insync = {"epoch": 5, "master": 1, "members": [1, 2]}
+    assert in_sync_at("sync", 2, insync, latest)  # puts of epoch 5 waited for member 2
+    assert in_sync_at("sync", 2, dict(insync, epoch=6), latest)  # a later term's set (its record write failed)
+    assert not in_sync_at("sync", 3, insync, latest)  # not in the set
+    assert not in_sync_at("sync", 2, dict(insync, epoch=4), latest)  # the set of an earlier epoch
+    assert not in_sync_at("async", 2, insync, latest)  # async: acknowledged puts waited for nobody
+    assert not in_sync_at("sync", 2, None, latest) and not in_sync_at("sync", 2, insync, None)

@@ -79,6 +79,17 @@ def members_of(insync):
     return {m for m in members[:limits.MAX_GROUP_MEMBERS] if isinstance(m, int) and not isinstance(m, bool)}
 
 
+def in_sync_at(mode, member, insync, latest):
+    """In ``sync`` mode, whether ``member`` is in the in-sync set (``insync``, the node's value) of the recorded
+    ``latest`` epoch (a record entry) or a later one: puts of that epoch waited for it, so it holds every one
+    acknowledged and may be elected though its history lacks the epoch's entry (elected, that master died before
+    this member's handshake)."""
+    if mode != "sync" or insync is None or latest is None:
+        return False
+    epoch = _json_int(insync.get("epoch"))
+    return epoch is not None and epoch >= latest["epoch"] and member in members_of(insync)
+
+
 def _json_int(value):
     """A JSON value read from ZooKeeper when it is an integer (not a bool), else None."""
     return value if isinstance(value, int) and not isinstance(value, bool) else None
@@ -248,11 +259,14 @@ class Election:
             return
         latest = self.record.latest()
         epochs = self.store.epochs
-        if not took_part(epochs.entries, epochs.led, record_key(latest)):
+        in_sync = in_sync_at(self.mode, self.member, insync, latest)
+        if not took_part(epochs.entries, epochs.led, record_key(latest)) and not in_sync:
             self._once("behind", "election: member %d of broker %d may not be elected: the group's latest epoch %d "
                        "(from log position %d, begun by %s) is one it did not take part in (its own latest: %d); "
-                       "waiting for a member that did, to follow it", self.member, self.broker_id, latest["epoch"],
-                       latest["start"], who(latest), epochs.epoch)
+                       "waiting for a member that did, to follow it. If none will ever return, `metaq-admin --zk "
+                       "ZK epochs %d --forget --yes` deletes the record %s (what only that epoch's members held is "
+                       "lost)", self.member, self.broker_id, latest["epoch"], latest["start"], who(latest),
+                       epochs.epoch, self.broker_id, self.record.path)
             return
         self._post()
         deadline = time.monotonic() + self.settle_s
