@@ -4,6 +4,7 @@ promotion whose record write fails is refused, the slave staying a slave."""
 
 import json
 import os
+import time
 
 import pytest
 from kazoo.client import KazooClient
@@ -111,3 +112,27 @@ def test_auto_when_the_only_member_of_the_latest_epoch_is_gone_for_good_the_oper
     assert admin.main(["--zk", zk_connect, "epochs", "7", "--forget", "--yes"]) == admin.EXIT_OK
     assert group.master(exclude=(new,)) == old
     put_until_ok(group.members[old], TOPIC, b"after")
+
+
+@pytest.mark.slow
+def test_auto_a_member_whose_epoch_cannot_be_recorded_backs_off_and_says_so_once(broker_factory, tmp_path,
+                                                                                 zk_connect):
+    zk = KazooClient(hosts=zk_connect)
+    zk.start()
+    try:
+        zk.ensure_path(IDS)
+        zk.create(IDS + "/epochs", b'{"epochs": []}',
+                  acl=[make_acl("world", "anyone", read=True, admin=True)])  # no write
+        group = Group(broker_factory, tmp_path, zk_connect, n=1, mode="async")
+        member = group.members[0]
+        wait_for(lambda: "begins at log position" in member.log_text(), 15, "the first election won")
+        time.sleep(6)
+        text = member.log_text()
+        assert text.count("begins at log position") <= 3, "%d local epochs begun" % text.count("begins at log position")
+        assert text.count("could not be added to the epoch record") == 1
+        assert stats(member)["replication_role"] == "slave"
+        zk.set_acls(IDS + "/epochs", [make_acl("world", "anyone", all=True)])
+    finally:
+        zk.stop()
+        zk.close()
+    assert group.master(timeout=40) == 0

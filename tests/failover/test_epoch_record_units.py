@@ -92,6 +92,9 @@ def test_the_record_in_zookeeper_keeps_the_latest_and_refuses_an_older_epoch(zk_
         assert record.add({"epoch": newest["epoch"], "start": 0, "origin": 5, "member": "x",
                            "replication": None}) == newest  # not added: another member's was first
         assert record.next_epoch(1) == newest["epoch"] + 1
+        later = {"epoch": newest["epoch"] + 1, "start": 0, "origin": 6, "member": "y", "replication": None}
+        assert record.add(later, checked=entries[-2]) == newest  # decided on an older latest: not added
+        assert record.add(later, checked=newest) is None and record.latest() == later
     finally:
         zk.stop()
         zk.close()

@@ -54,7 +54,7 @@ from kazoo.protocol.states import KazooState
 
 from metaq import limits
 from metaq.server.replication import leadership
-from metaq.server.replication.epochrecord import EpochRecord, key as record_key, who
+from metaq.server.replication.epochrecord import EpochRecord, NotRecorded, key as record_key, who
 from metaq.server.replication.leadership import TICK_S, Lease, Term, dump as _dump
 from metaq.store.epochs import took_part
 
@@ -77,6 +77,11 @@ def members_of(insync):
     if not isinstance(members, list):
         return set()
     return {m for m in members[:limits.MAX_GROUP_MEMBERS] if isinstance(m, int) and not isinstance(m, bool)}
+
+
+#: Seconds an elected member whose epoch could not be recorded waits before its next candidacy: doubling from the
+#: first, at most the last (each candidacy that wins begins and fsyncs a local epoch).
+RECORD_RETRY_S = (2.0, 60.0)
 
 
 def in_sync_at(mode, member, insync, latest):
@@ -136,6 +141,7 @@ class Election:
         self._stopping = False
         self._tasks = []
         self._quiet = set()  # messages logged once per situation
+        self._record_retry = (0.0, 0.0)  # (no candidacy before this monotonic time, the last wait) after NotRecorded
 
     # -- life ----------------------------------------------------------------------------
 
@@ -268,6 +274,8 @@ class Election:
                        "lost)", self.member, self.broker_id, latest["epoch"], latest["start"], who(latest),
                        epochs.epoch, self.broker_id, self.record.path)
             return
+        if time.monotonic() < self._record_retry[0]:
+            return
         self._post()
         deadline = time.monotonic() + self.settle_s
         while not self._stopping:
@@ -280,7 +288,7 @@ class Election:
             gevent.sleep(0.05)
         best = max(posted.items(), key=lambda kv: (kv[1], -kv[0]))[0] if posted else self.member
         if best == self.member:
-            self._try_lead(insync, stat, set(posted) - {self.member})
+            self._try_lead(insync, stat, set(posted) - {self.member}, latest)
             return
         log.info("election: member %d (epoch, log end %s) defers to member %d (%s)", self.member,
                  posted.get(self.member), best, posted[best])
@@ -334,7 +342,7 @@ class Election:
                 live.add(int(name[5:]))
         return live
 
-    def _try_lead(self, insync, stat, others):
+    def _try_lead(self, insync, stat, others, checked):
         sent = time.monotonic()
         generation = self.lease.generation
         address = self.advertised_address or "%s:%d" % (self.url()[len("meta://"):].rsplit(":", 1)[0],
@@ -358,15 +366,25 @@ class Election:
             self.term.insync.acked = self.store.written_position
             self.leading = True
             self.lease.renew(sent, generation)
-            position = self.roles.lead(epoch, self.term.insync)
-        except BaseException:
+            position = self.roles.lead(epoch, self.term.insync, checked)
+        except BaseException as exc:
             self.leading = False
             self.lease.revoke("its election did not complete")
             self.roles.wait_for_master()
             self._delete_ours(self.leader_path)
-            raise
+            if not isinstance(exc, NotRecorded):
+                raise
+            self._withdraw()
+            wait = min(max(self._record_retry[1] * 2, RECORD_RETRY_S[0]), RECORD_RETRY_S[1])
+            self._record_retry = (time.monotonic() + wait, wait)
+            self._once("unrecorded", "election: member %d of broker %d was elected but its epoch %d could not be "
+                       "added to the epoch record %s (%s): it gave the leadership up and stands again after a "
+                       "backoff (up to %.0f s; logged once until an election succeeds)", self.member, self.broker_id,
+                       epoch, self.record.path, exc, RECORD_RETRY_S[1])
+            return
         self.elections += 1
         self._quiet.clear()
+        self._record_retry = (0.0, 0.0)
         self._withdraw()
         log.warning("election: member %d is now the master of broker %d, epoch %d from log position %d (in-sync "
                     "set %s)", self.member, self.broker_id, epoch, position, sorted({self.member} | carried))

@@ -35,6 +35,13 @@ log = logging.getLogger(__name__)
 #: Seconds between a manual master's looks at the record when no watch fires.
 KEEPER_POLL_S = 5.0
 
+#: ``add``'s ``checked`` when the caller decided on no particular latest entry.
+ANY = object()
+
+
+class NotRecorded(KazooException):
+    """An epoch could not be added to the record (ZooKeeper failed, refused, or another entry came first)."""
+
 
 def key(entry):
     """A recorded entry as the ``(epoch, start, origin)`` a history holds, or None."""
@@ -125,15 +132,20 @@ class EpochRecord:
         latest = self.latest()
         return max(max_epoch, latest["epoch"] if latest else 0) + 1
 
-    def add(self, new):
+    def add(self, new, checked=ANY):
         """Add ``new`` (an ``entry``) as the latest; returns None, or the recorded latest entry that is not older
-        than ``new`` (another member's, added first: ``new`` is not added). Versioned writes, read again on a race."""
+        than ``new`` (another member's, added first: ``new`` is not added). ``checked``: the latest entry (or None)
+        the caller decided on (``took_part``, ``leads_record``); when the record's latest is another by now, that is
+        returned and nothing is added (a record deleted meanwhile holds nothing to be behind of: ``new`` is added).
+        Versioned writes, read again on a race."""
         for _attempt in range(5):
             entries, version = self.read()
             latest = entries[-1] if entries else None
             if latest is not None and key(latest) == key(new):
                 return None
             if latest is not None and latest["epoch"] >= new["epoch"]:
+                return latest
+            if checked is not ANY and latest is not None and key(latest) != key(checked):
                 return latest
             kept = (entries + [new])[-limits.MAX_RECORDED_EPOCHS:]
             data = json.dumps({"epochs": kept}, separators=(",", ":")).encode("utf-8")
@@ -209,7 +221,7 @@ class Keeper:
         epochs = self.epochs
         if leads_record(epochs.entries, epochs.led, key(latest)):
             if latest is None or key(latest) != key(mine):
-                newer = self.record.add(mine)
+                newer = self.record.add(mine, checked=latest)
                 if newer is not None:
                     self.yield_to(newer)
                     return "yielded"

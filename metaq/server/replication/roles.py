@@ -45,7 +45,8 @@ from kazoo.exceptions import KazooException
 from metaq import errors
 from metaq.server.clock import now_ms
 from metaq.server.replication import isolation
-from metaq.server.replication.epochrecord import EpochRecord, Keeper, entry as record_entry, key as record_key, who
+from metaq.server.replication.epochrecord import ANY, EpochRecord, Keeper, NotRecorded, entry as record_entry, \
+    key as record_key, who
 from metaq.server.replication.link import CAUGHT_UP_SILENCE_S
 from metaq.server.replication.master import ReplicationServer
 from metaq.server.replication.slave import SlaveLink
@@ -398,11 +399,12 @@ class Roles:
                             self.registry.replication_address(self.config.replication.port or None)
                             if self.config.replication.port else None)
 
-    def _record_epoch(self, strict=False):
+    def _record_epoch(self, strict=False, checked=ANY):
         """Add the epoch just begun to the group's record, before we serve in it. ``strict`` (a promotion, an
         election): a failure raises, and so does a later epoch recorded first. Else (a manual master's start) a
         failure leaves this master refusing writes (``unrecorded``) until the keeper has read the record and added
-        our epoch (or yields to a later one): it never serves an epoch the group may not know of."""
+        our epoch (or yields to a later one): it never serves an epoch the group may not know of. ``checked``:
+        the latest entry the caller decided on (``EpochRecord.add``). A strict failure raises ``NotRecorded``."""
         if self.record is None:
             return
         epoch = self.store.epochs.epoch
@@ -410,15 +412,15 @@ class Roles:
             self._unrecorded(epoch, "ZooKeeper is not reachable")
             return
         try:
-            newer = self.record.add(self._recorded_entry(master=False))
+            newer = self.record.add(self._recorded_entry(master=False), checked)
         except KazooException as exc:
             if strict:
-                raise
+                raise NotRecorded("the write failed: %r" % (exc,)) from None
             self._unrecorded(epoch, "the write failed: %r" % (exc,))
             return
         if newer is not None:
             if strict:
-                raise KazooException("epoch %d of member %s was recorded first" % (newer["epoch"], who(newer)))
+                raise NotRecorded("epoch %d of %s was recorded first" % (newer["epoch"], who(newer)))
             self._unrecorded(epoch, "a later epoch %d of %s is recorded" % (newer["epoch"], who(newer)))
             return
         self.unrecorded = None
@@ -503,16 +505,17 @@ class Roles:
 
     # -- ha: auto (called by the election) ----------------------------------------------
 
-    def lead(self, epoch, insync):
-        """Elected: stop following, begin ``epoch`` (assigned through ZooKeeper) at our log end, become master
-        with ``insync`` as the set sync puts wait for; returns the epoch's start position."""
+    def lead(self, epoch, insync, checked=ANY):
+        """Elected: stop following, begin ``epoch`` (assigned through ZooKeeper) at our log end, record it
+        (``checked``: the latest recorded entry the election decided on; ``NotRecorded`` when it cannot be), become
+        master with ``insync`` as the set sync puts wait for; returns the epoch's start position."""
         store = self.store
         if self.slave_link is not None:
             self.slave_link.stop()
         self.flusher.wait_flushed(store.written_position)
         position = store.written_position
         gevent.get_hub().threadpool.apply(store.epochs.begin, (position, epoch))
-        self._record_epoch(strict=True)
+        self._record_epoch(strict=True, checked=checked)
         self.set_role("master", None, insync)
         return position
 
@@ -615,7 +618,7 @@ class Roles:
         epoch = pool.apply(store.epochs.begin, (position, self._next_epoch()))
         try:
             self._record_epoch(strict=True)
-        except KazooException as exc:
+        except NotRecorded as exc:
             link.resume()
             raise errors.Unavailable("promotion refused: epoch %d could not be added to broker %d's epoch record in "
                                      "ZooKeeper (%s); this broker stays a slave of %s (a master whose epoch the "
