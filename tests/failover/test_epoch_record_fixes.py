@@ -136,3 +136,27 @@ def test_auto_a_member_whose_epoch_cannot_be_recorded_backs_off_and_says_so_once
         zk.stop()
         zk.close()
     assert group.master(timeout=40) == 0
+
+
+@pytest.mark.slow
+def test_manual_a_member_that_yielded_follows_the_promoted_one_to_its_new_address(broker_factory, tmp_path,
+                                                                                zk_connect, capsys):
+    rport, srport = free_port(), free_port()
+    zkcfg = {"connect": zk_connect, "session_timeout_ms": 4000}
+    m = broker_factory(dict(master_config(tmp_path / "m", rport), zk=dict(zkcfg)), workdir=tmp_path / "m")
+    s = broker_factory(small_config(os.path.join(str(tmp_path / "s"), "data"), zk=dict(zkcfg)), workdir=tmp_path / "s",
+                       extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1", "--replication-port",
+                                   str(srport)])
+    put_until_ok(m, TOPIC, b"before")
+    caught_up(m, s)
+    m.kill()
+    wait_for(lambda: stats(s)["replication_link"] == "down", 10, "the slave sees its master gone")
+    assert admin.main(["promote", "127.0.0.1:%d" % s.port]) == admin.EXIT_OK, capsys.readouterr()
+    m.start()
+    wait_for(lambda: stats(m).get("replication_master") == "127.0.0.1:%d" % srport, 10, "the old master follows")
+    s.stop()
+    s.extra_args[-1] = str(free_port())  # the promoted member comes back at another replication address
+    s.start()
+    _id, _part, offset = put_until_ok(s, TOPIC, b"after the move")
+    caught_up(s, m)
+    assert stats(m)["replication_master"] == "127.0.0.1:%s" % s.extra_args[-1]

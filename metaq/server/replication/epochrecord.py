@@ -172,14 +172,23 @@ class Keeper:
 
     ``record``: ``EpochRecord``; ``epochs``: the store's ``EpochHistory`` (read only); ``mine()``: this master's
     entry now, None while it is not master; ``yield_to(entry)``: become that member's slave; ``recorded()``: our
-    epoch is the record's latest (the master may take writes from then on)."""
+    epoch is the record's latest (the master may take writes from then on).
 
-    def __init__(self, record, epochs, mine, yield_to, recorded=lambda: None, poll_s=KEEPER_POLL_S):
+    After a yield it keeps watching: ``followed()`` is the address this member follows because of the record
+    ("" while it follows nobody, None when it did not yield); ``address_of(entry)`` where the latest recorded
+    master serves slaves now (its live ``replication`` node when that names the same epoch, else the entry's);
+    ``refollow(entry, address)``: follow that master there instead (it restarted elsewhere)."""
+
+    def __init__(self, record, epochs, mine, yield_to, recorded=lambda: None, followed=lambda: None,
+                 address_of=lambda entry: entry.get("replication"), refollow=None, poll_s=KEEPER_POLL_S):
         self.record = record
         self.epochs = epochs
         self.mine = mine
         self.yield_to = yield_to
         self.recorded = recorded
+        self.followed = followed
+        self.address_of = address_of
+        self.refollow = refollow
         self.poll_s = poll_s
         self._wake = Event()
         self._task = None
@@ -215,7 +224,7 @@ class Keeper:
         """One look: record our epoch, or yield to a later one of another member. Returns what it did."""
         mine = self.mine()
         if mine is None:
-            return "not master"
+            return self._check_followed()
         entries, _version = self.record.read(watch=self._watch)
         latest = entries[-1] if entries else None
         epochs = self.epochs
@@ -231,3 +240,16 @@ class Keeper:
             return "recorded already"
         self.yield_to(latest)
         return "yielded"
+
+    def _check_followed(self):
+        """Not master: after a yield, follow the latest recorded master where it serves now."""
+        followed = self.followed()
+        if followed is None or self.refollow is None:
+            return "not master"
+        entries, _version = self.record.read(watch=self._watch)
+        latest = entries[-1] if entries else None
+        address = self.address_of(latest) if latest is not None else None
+        if not address or address == followed:
+            return "following"
+        self.refollow(latest, address)
+        return "refollowed"

@@ -99,6 +99,7 @@ class Roles:
         self.behind = None  # ha: manual: why this member takes no writes and follows nobody (a record's master
         self._follow_id = None  # without a replication address); the slave id it registers as meanwhile
         self.unrecorded = None  # ha: manual with ZooKeeper: why this master takes no writes (epoch not recorded)
+        self.yielded = False  # ha: manual: this member follows the record's latest master (yield_to)
         self.secret = config.security.read_replication_secret()  # read once: a promotion reads no file
         #: serves a peer broker following this master for MQTT (``metaq.mqttcluster.serve``), None: none
         self.peer_handler = None
@@ -119,7 +120,8 @@ class Roles:
         self.record = EpochRecord(registry.zk, registry.ids_path)
         if not self.auto:
             self.keeper = Keeper(self.record, self.store.epochs, self._recorded_entry, self.yield_to,
-                                 recorded=self._epoch_recorded)
+                                 recorded=self._epoch_recorded, followed=self._followed,
+                                 address_of=self._serving_address, refollow=self._refollow)
             registry.zk.add_listener(lambda _state: self.keeper.wake())  # a kazoo callback: wake, nothing else
 
     def attach_election(self, election):
@@ -356,6 +358,7 @@ class Roles:
         self.role, self.slave_link = role, slave_link
         if role == "master":
             self.behind = self._follow_id = None
+            self.yielded = False
             self._serve(self.make_replication_server(insync))
             self.read_refusal = None
             if self.keeper is not None:
@@ -492,6 +495,7 @@ class Roles:
         elif address is None:
             self.behind = ("%s; it has no replication address to follow: this broker takes no writes. Start that "
                            "member (or promote a slave of it)" % text)
+        self.yielded = True
         if self.behind is not None:
             self._follow_id = slave_id
             log.warning("%s", self.behind)
@@ -502,6 +506,32 @@ class Roles:
         self.set_role("slave", self.make_slave_link(address, slave_id))
         return True
 
+
+    def _followed(self):
+        """For the keeper: the address followed after a yield ("" while following nobody), None when not yielded."""
+        if self.role == "master" or not self.yielded:
+            return None
+        return self.slave_link.master if self.slave_link is not None else ""
+
+    def _serving_address(self, latest):
+        """Where ``latest``'s master serves slaves now: the live ``replication`` node when it names that very epoch
+        (the master restarted elsewhere before its next epoch was recorded), else the recorded address."""
+        try:
+            live = self.registry.live_master()
+        except KazooException:
+            live = None
+        if live and isinstance(live.get("address"), str) and live["address"] and record_key(latest) == (
+                live.get("epoch"), live.get("epoch_start"), live.get("epoch_origin")):
+            return live["address"]
+        return latest.get("replication")
+
+    def _refollow(self, latest, address):
+        """The latest recorded master serves at ``address`` now: follow it there (same slave id)."""
+        slave_id = self.slave_id
+        log.warning("broker %d's latest recorded master %s (epoch %d) serves slaves at %s now: following it there "
+                    "as slave %d", self.config.broker.id, who(latest), latest["epoch"], address, slave_id)
+        self.behind = self._follow_id = None
+        self.set_role("slave", self.make_slave_link(address, slave_id))
 
     # -- ha: auto (called by the election) ----------------------------------------------
 
