@@ -515,7 +515,12 @@ class Roles:
 
     def _serving_address(self, latest):
         """Where ``latest``'s master serves slaves now: the live ``replication`` node when it names that very epoch
-        (the master restarted elsewhere before its next epoch was recorded), else the recorded address."""
+        (the master restarted elsewhere before its next epoch was recorded), else the recorded address. None for
+        an epoch of our own (a data dir that lost it follows nobody)."""
+        mine = self._recorded_entry(master=False)
+        if (latest.get("member") is not None and latest.get("member") == mine["member"]) or (
+                latest.get("replication") is not None and latest.get("replication") == mine["replication"]):
+            return None
         try:
             live = self.registry.live_master()
         except KazooException:
