@@ -6,6 +6,7 @@
     metaq-admin --zk 127.0.0.1:2181 --json brokers    # each member's url, MQTT and RocketMQ addresses
     metaq-admin --zk 127.0.0.1:2181 cluster           # per member: role, addresses, topics, MQTT load, routes
     metaq-admin promote 127.0.0.1:8125 [--force]
+    metaq-admin --zk 127.0.0.1:2181 epochs 0 [--forget --yes]   # broker 0's epoch record (docs/replication.md)
     metaq-admin --brokers meta://127.0.0.1:8123 offset-at orders 2026-11-23T09:00:00Z
 
 Brokers come from ZooKeeper (``--zk``, every registered master) or from

@@ -14,8 +14,10 @@ every acknowledged message, ``insync.py``) that has ever followed or led an elec
 on an empty data dir has not, whatever the node says); in ``async`` mode, any member. A group with no ``insync`` node
 (never elected, or ZooKeeper lost its data) lets any member win. In either mode a member that did not take part in
 the group's latest recorded epoch (``ids/<id>/epochs``, ``epochrecord.py``: it was down while another member led
-it) may not be elected: it waits for one that did and follows it. Among the eligible, the most advanced wins:
-the latest epoch first, then the log end (as Raft compares the last term, then the index).
+it) may not be elected, unless in ``sync`` mode it is in that epoch's in-sync set (``in_sync_at``): it waits for
+one that did and follows it (``metaq-admin epochs ID --forget --yes`` clears the record when none will return).
+Among the eligible, the most advanced wins: the latest epoch first, then the log end (as Raft compares the last
+term, then the index).
 
 **An election** starts when ``leader`` is absent (the master's session expired after a kill, or it stepped
 down on a clean stop). Each eligible member posts its log end under ``candidates``, waits until every live

@@ -6,18 +6,20 @@ nodes go with their session, this one stays):
     {"epochs": [{"epoch": E, "start": P, "origin": O, "member": "meta://host:port",
                  "replication": "host:port" or null}, ...]}
 
-the latest last, at most ``MAX_RECORDED_EPOCHS``. A master adds its epoch before it serves: ``ha: manual`` at its
-start and at a promotion, ``ha: auto`` when elected (a failed write gives the leadership up). Writes carry the
-version read, so two masters racing cannot both add: the second reads again and finds the first's. Epoch numbers
-are taken above the record's latest, so they are unique in the group.
+the latest last, at most ``MAX_RECORDED_EPOCHS``. A master adds its epoch before it takes a write: ``ha: manual``
+at its start (until it has, it refuses writes and the ``Keeper`` retries) and at a promotion (a failed write refuses
+the promotion), ``ha: auto`` when elected (a failed write gives the leadership up, with a backoff). Writes carry the
+version read and the latest entry the writer decided on, so two masters racing cannot both add: the second reads
+again and finds the first's. Epoch numbers are taken above the record's latest when ZooKeeper answers; origins,
+not numbers, tell epochs apart.
 
 A member decides from the latest entry and its own history (``store.epochs.took_part``, ``leads_record``): with
 ``ha: auto`` a member that did not take part in the latest epoch may not be elected; with ``ha: manual`` only the
 member that began the latest epoch starts as master, every other starts as its slave (its epoch handshake cuts
 what diverged), and a running master that finds a later epoch of another member recorded (a promotion elsewhere,
 or its own start while ZooKeeper was out of reach) yields: it stops acknowledging and follows that member
-(``Keeper``). A node too large or not readable as such counts as no record (logged) and is replaced by the next
-write.
+(``Keeper``), and keeps following it to wherever it serves. A node too large, nested too deep or not readable as
+such counts as no record (logged) and is replaced by the next write.
 """
 
 import json

@@ -7,8 +7,10 @@ the file while the broker is stopped to make it follow its configuration
 again). With ZooKeeper, a broker about to start as master first reads the group's
 epoch record (``epochrecord.py``): when its latest epoch is another member's, we
 were superseded (a slave was promoted while we were down) and start as that
-member's slave (``Roles.follow_record``); while it is master, the ``Keeper``
-records its epoch and yields the same way to a later one (``Roles.yield_to``).
+member's slave (``Roles.follow_record``); it takes no write until its epoch is
+in the record (``Roles.unrecorded``): while it is master, the ``Keeper`` records
+its epoch (ZooKeeper out of reach at the start) and yields the same way to a
+later one (``Roles.yield_to``).
 A group without a record falls back on ``ids/<id>/master``: when another live
 broker holds it and publishes, in ``ids/<id>/replication``, an epoch higher than
 ours, we start as that master's slave (``Roles.rejoin_if_superseded``). A master
@@ -24,8 +26,10 @@ never had (``Roles.read_refusal``).
 ``metaq-admin promote``): refused unless this broker is a slave, its link to the
 master is down (the master is gone), and it holds everything the master had
 when last heard of (``SlaveLink.caught_up``); ``force`` skips the last two
-checks and the reply says how far behind it may be. Then: stop the link, begin
-a new epoch at our log end, persist the ``promoted`` marker, switch to master
+checks and the reply says how far behind it may be. With ZooKeeper it is refused
+while ZooKeeper is out of reach. Then: stop the link, begin a new epoch at our log
+end, add it to the group's record (a failure refuses the promotion and resumes the
+link), persist the ``promoted`` marker, switch to master
 (accept puts and transactions, serve slaves on ``replication.port`` if set),
 register in ZooKeeper as master.
 
