@@ -31,8 +31,7 @@ def test_manual_a_master_started_while_zookeeper_is_out_of_reach_takes_no_write_
         proxy.cut()
         zkcfg = {"connect": "%s/%s" % (proxy.address, chroot), "session_timeout_ms": 4000,
                  "connection_timeout_ms": 300}
-        m = broker_factory(dict(small_config(os.path.join(str(tmp_path / "m"), "data")), zk=zkcfg),
-                           workdir=tmp_path / "m")
+        m = broker_factory(dict(master_config(tmp_path / "m", free_port()), zk=zkcfg), workdir=tmp_path / "m")
         with m.client() as c:
             r = c.put(TOPIC, b"before the record")
         assert r.code == 503 and b"has not recorded its epoch" in r.body, r
@@ -40,6 +39,15 @@ def test_manual_a_master_started_while_zookeeper_is_out_of_reach_takes_no_write_
         proxy.heal()
         put_until_ok(m, TOPIC, b"once recorded", timeout=20)
     assert "this master takes writes" in m.log_text()
+
+
+def test_manual_a_master_without_replication_port_serves_while_zookeeper_is_out_of_reach(broker_factory, tmp_path):
+    """No replication port, so no slave of it exists: as before the record, it serves without ZooKeeper."""
+    zkcfg = {"connect": "127.0.0.1:%d" % free_port(), "connection_timeout_ms": 300}
+    m = broker_factory(dict(small_config(os.path.join(str(tmp_path / "m"), "data")), zk=zkcfg),
+                       workdir=tmp_path / "m")
+    put_until_ok(m, TOPIC, b"served without ZooKeeper", timeout=5)
+    assert stats(m)["replication_writable"] == "yes"
 
 
 def test_manual_a_promotion_whose_epoch_cannot_be_recorded_is_refused_and_the_slave_stays_one(

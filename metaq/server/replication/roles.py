@@ -7,7 +7,7 @@ the file while the broker is stopped to make it follow its configuration
 again). With ZooKeeper, a broker about to start as master first reads the group's
 epoch record (``epochrecord.py``): when its latest epoch is another member's, we
 were superseded (a slave was promoted while we were down) and start as that
-member's slave (``Roles.follow_record``); it takes no write until its epoch is
+member's slave (``Roles.follow_record``); with a replication port, it takes no write until its epoch is
 in the record (``Roles.unrecorded``): while it is master, the ``Keeper`` records
 its epoch (ZooKeeper out of reach at the start) and yields the same way to a
 later one (``Roles.yield_to``).
@@ -433,7 +433,16 @@ class Roles:
         self.unrecorded = None
 
     def _unrecorded(self, epoch, why):
-        """Refuse writes until the keeper has recorded ``epoch`` (or yielded): ``why`` it is not recorded yet."""
+        """Refuse writes until the keeper has recorded ``epoch`` (or yielded): ``why`` it is not recorded yet. A
+        master without a replication port serves meanwhile: no member can have followed it, so none holds a later
+        epoch begun from its log (a standalone broker serves while ZooKeeper is down, as it always did)."""
+        if not self.config.replication.port:
+            log.warning("epoch record: epoch %d of broker %d not recorded yet (%s): recorded once ZooKeeper answers; "
+                        "this broker serves meanwhile (it has no replication port, so no slave of it exists)",
+                        epoch, self.config.broker.id, why)
+            if self.keeper is not None:
+                self.keeper.wake()
+            return
         self.unrecorded = ("broker %d's master has not recorded its epoch %d in ZooKeeper's epoch record yet (%s): "
                            "it takes no writes until it has read the record and added its epoch (it follows "
                            "another member instead if that one began a later epoch); retry shortly"
