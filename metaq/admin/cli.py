@@ -6,6 +6,7 @@
     metaq-admin --zk 127.0.0.1:2181 --json brokers    # each member's url, MQTT and RocketMQ addresses
     metaq-admin --zk 127.0.0.1:2181 cluster           # per member: role, addresses, topics, MQTT load, routes
     metaq-admin promote 127.0.0.1:8125 [--force]
+    metaq-admin --zk 127.0.0.1:2181 epochs 0 [--forget --yes]   # broker 0's epoch record (docs/replication.md)
     metaq-admin --brokers meta://127.0.0.1:8123 offset-at orders 2026-11-23T09:00:00Z
 
 Brokers come from ZooKeeper (``--zk``, every registered master) or from
@@ -292,6 +293,37 @@ def cmd_zk(view, args):
     return rows, ["path", "ephemeral", "data"]
 
 
+def cmd_epochs(view, args):
+    """A broker id's epoch record (``ids/<id>/epochs``: which member was master of which epoch, the latest last;
+    docs/replication.md "Epochs outlive the brokers"). ``--forget --yes`` deletes it: the way out of an
+    ``ha: auto`` group whose only member that took part in the latest epoch is gone for good (the next election
+    then lets any member win, so what only that member held is lost)."""
+    if view.cluster is None:
+        raise SystemExit("metaq-admin: the epochs command needs --zk (the record is in ZooKeeper)")
+    zk = view.cluster.zk
+    path = "%s/brokers/ids/%d/epochs" % (view.cluster.root.rstrip("/"), args.broker_id)
+    stat = zk.exists(path)
+    if stat is None:
+        raise SystemExit("metaq-admin: broker %d has no epoch record (%s)" % (args.broker_id, path))
+    data, stat = zk.get(path)
+    try:
+        entries = json.loads(data.decode("utf-8")).get("epochs")
+    except (UnicodeDecodeError, ValueError, AttributeError, RecursionError):
+        entries = None
+    rows = ([{k: e.get(k) for k in ("epoch", "start", "origin", "member", "replication")}
+             for e in entries if isinstance(e, dict)] if isinstance(entries, list)
+            else [{"epoch": "unreadable (%d bytes): brokers count it as no record" % len(data)}])
+    if args.forget:
+        if not args.yes:
+            raise SystemExit("metaq-admin: --forget deletes broker %d's epoch record %s: the next election may "
+                             "then elect a member that misses what the latest epoch acknowledged. Add --yes to "
+                             "delete it" % (args.broker_id, path))
+        zk.delete(path, version=stat.version)
+        print("metaq-admin: deleted %s (it held %d entr%s); the members elect among themselves again"
+              % (path, len(rows), "y" if len(rows) == 1 else "ies"), file=sys.stderr)
+    return rows, ["epoch", "start", "origin", "member", "replication"]
+
+
 def cmd_brokers(view, args):
     """Every broker member registered in ZooKeeper, master then slaves: its text url and the other ports it
     publishes beside it (``protocol/registration.py``): MQTT's address and TLS mode, RocketMQ's remoting and gRPC
@@ -458,7 +490,7 @@ def cmd_pop(view, args):
 
 COMMANDS = {"stats": cmd_stats, "offset-at": cmd_offset_at, "transactions": cmd_transactions, "topics": cmd_topics,
             "partitions": cmd_partitions, "groups": cmd_groups, "quotas": cmd_quotas, "pop": cmd_pop,
-            "zk": cmd_zk, "brokers": cmd_brokers, "cluster": cmd_cluster}
+            "zk": cmd_zk, "epochs": cmd_epochs, "brokers": cmd_brokers, "cluster": cmd_cluster}
 
 
 # -- output -------------------------------------------------------------------------------
@@ -548,6 +580,12 @@ def build_parser():
                    "connections and sessions, and MQTT routes")
     s = sub.add_parser("zk", help="the ZooKeeper layout under the root, with node data")
     s.add_argument("path", nargs="?", help="start here instead of the root")
+    s = sub.add_parser("epochs", help="a broker id's epoch record in ZooKeeper (needs --zk): which member was "
+                       "master of which epoch; --forget --yes deletes it (docs/replication.md)")
+    s.add_argument("broker_id", type=int, metavar="BROKER_ID")
+    s.add_argument("--forget", action="store_true", help="delete the record (with --yes): the way out when the only "
+                   "member that took part in the latest epoch is gone for good")
+    s.add_argument("--yes", action="store_true", help="confirm --forget")
     s = sub.add_parser("promote", help="make a replication slave the master of its broker id (docs/replication.md); "
                        "needs no --zk/--brokers")
     s.add_argument("address", metavar="HOST:PORT", help="the slave's client address")

@@ -44,6 +44,19 @@ def test_a_node_parses_and_what_is_wrong_is_named():
             epochrecord.parse(bad)
 
 
+def test_a_node_nested_too_deep_or_with_integers_out_of_range_is_unreadable_not_fatal():
+    for bad in (b"[" * 32000, b'{"epochs": ' + b"[" * 32000):
+        with pytest.raises(ValueError, match="nested too deep|not JSON"):
+            epochrecord.parse(bad)
+    for epoch in (-1, 2 ** 63, 2 ** 63 - 1):
+        data = json.dumps({"epochs": [{"epoch": epoch, "start": 0, "origin": 1}]}).encode()
+        if epoch == 2 ** 63 - 1:
+            assert epochrecord.parse(data)[0]["epoch"] == epoch  # the last one in range
+        else:
+            with pytest.raises(ValueError, match="2\\*\\*63"):
+                epochrecord.parse(data)
+
+
 def test_a_node_past_its_byte_limit_is_refused_at_the_limit_it_is_read():
     entry = {"epoch": 1, "start": 0, "origin": 1, "member": "m", "replication": None}
     data = json.dumps({"epochs": [entry]}).encode()
@@ -79,6 +92,22 @@ def test_the_record_in_zookeeper_keeps_the_latest_and_refuses_an_older_epoch(zk_
         assert record.add({"epoch": newest["epoch"], "start": 0, "origin": 5, "member": "x",
                            "replication": None}) == newest  # not added: another member's was first
         assert record.next_epoch(1) == newest["epoch"] + 1
+        later = {"epoch": newest["epoch"] + 1, "start": 0, "origin": 6, "member": "y", "replication": None}
+        assert record.add(later, checked=entries[-2]) == newest  # decided on an older latest: not added
+        assert record.add(later, checked=newest) is None and record.latest() == later
     finally:
         zk.stop()
         zk.close()
+
+
+def test_in_sync_mode_a_member_of_the_in_sync_set_of_the_latest_recorded_epoch_may_be_elected():
+    from metaq.server.replication.election import in_sync_at
+
+    latest = {"epoch": 5, "start": 70, "origin": 55}
+    insync = {"epoch": 5, "master": 1, "members": [1, 2]}
+    assert in_sync_at("sync", 2, insync, latest)  # puts of epoch 5 waited for member 2
+    assert in_sync_at("sync", 2, dict(insync, epoch=6), latest)  # a later term's set (its record write failed)
+    assert not in_sync_at("sync", 3, insync, latest)  # not in the set
+    assert not in_sync_at("sync", 2, dict(insync, epoch=4), latest)  # the set of an earlier epoch
+    assert not in_sync_at("async", 2, insync, latest)  # async: acknowledged puts waited for nobody
+    assert not in_sync_at("sync", 2, None, latest) and not in_sync_at("sync", 2, insync, None)

@@ -26,7 +26,7 @@ def roles_of(role="slave", slave_link=None, election=None):
     roles = Roles.__new__(Roles)
     roles.config = load_config(None, {"broker.id": 7})
     roles.role, roles.slave_link, roles.election, roles.replication = role, slave_link, election, None
-    roles.behind = None  # ha: manual: not behind a recorded epoch
+    roles.behind = roles.unrecorded = None  # neither behind a recorded epoch nor waiting to record its own
     return roles
 
 

@@ -14,8 +14,10 @@ every acknowledged message, ``insync.py``) that has ever followed or led an elec
 on an empty data dir has not, whatever the node says); in ``async`` mode, any member. A group with no ``insync`` node
 (never elected, or ZooKeeper lost its data) lets any member win. In either mode a member that did not take part in
 the group's latest recorded epoch (``ids/<id>/epochs``, ``epochrecord.py``: it was down while another member led
-it) may not be elected: it waits for one that did and follows it. Among the eligible, the most advanced wins:
-the latest epoch first, then the log end (as Raft compares the last term, then the index).
+it) may not be elected, unless in ``sync`` mode it is in that epoch's in-sync set (``in_sync_at``): it waits for
+one that did and follows it (``metaq-admin epochs ID --forget --yes`` clears the record when none will return).
+Among the eligible, the most advanced wins: the latest epoch first, then the log end (as Raft compares the last
+term, then the index).
 
 **An election** starts when ``leader`` is absent (the master's session expired after a kill, or it stepped
 down on a clean stop). Each eligible member posts its log end under ``candidates``, waits until every live
@@ -54,7 +56,7 @@ from kazoo.protocol.states import KazooState
 
 from metaq import limits
 from metaq.server.replication import leadership
-from metaq.server.replication.epochrecord import EpochRecord, key as record_key, who
+from metaq.server.replication.epochrecord import EpochRecord, NotRecorded, key as record_key, who
 from metaq.server.replication.leadership import TICK_S, Lease, Term, dump as _dump
 from metaq.store.epochs import took_part
 
@@ -77,6 +79,22 @@ def members_of(insync):
     if not isinstance(members, list):
         return set()
     return {m for m in members[:limits.MAX_GROUP_MEMBERS] if isinstance(m, int) and not isinstance(m, bool)}
+
+
+#: Seconds an elected member whose epoch could not be recorded waits before its next candidacy: doubling from the
+#: first, at most the last (each candidacy that wins begins and fsyncs a local epoch).
+RECORD_RETRY_S = (2.0, 60.0)
+
+
+def in_sync_at(mode, member, insync, latest):
+    """In ``sync`` mode, whether ``member`` is in the in-sync set (``insync``, the node's value) of the recorded
+    ``latest`` epoch (a record entry) or a later one: puts of that epoch waited for it, so it holds every one
+    acknowledged and may be elected though its history lacks the epoch's entry (elected, that master died before
+    this member's handshake)."""
+    if mode != "sync" or insync is None or latest is None:
+        return False
+    epoch = _json_int(insync.get("epoch"))
+    return epoch is not None and epoch >= latest["epoch"] and member in members_of(insync)
 
 
 def _json_int(value):
@@ -125,6 +143,7 @@ class Election:
         self._stopping = False
         self._tasks = []
         self._quiet = set()  # messages logged once per situation
+        self._record_retry = (0.0, 0.0)  # (no candidacy before this monotonic time, the last wait) after NotRecorded
 
     # -- life ----------------------------------------------------------------------------
 
@@ -248,11 +267,16 @@ class Election:
             return
         latest = self.record.latest()
         epochs = self.store.epochs
-        if not took_part(epochs.entries, epochs.led, record_key(latest)):
+        in_sync = in_sync_at(self.mode, self.member, insync, latest)
+        if not took_part(epochs.entries, epochs.led, record_key(latest)) and not in_sync:
             self._once("behind", "election: member %d of broker %d may not be elected: the group's latest epoch %d "
                        "(from log position %d, begun by %s) is one it did not take part in (its own latest: %d); "
-                       "waiting for a member that did, to follow it", self.member, self.broker_id, latest["epoch"],
-                       latest["start"], who(latest), epochs.epoch)
+                       "waiting for a member that did, to follow it. If none will ever return, `metaq-admin --zk "
+                       "ZK epochs %d --forget --yes` deletes the record %s (what only that epoch's members held is "
+                       "lost)", self.member, self.broker_id, latest["epoch"], latest["start"], who(latest),
+                       epochs.epoch, self.broker_id, self.record.path)
+            return
+        if time.monotonic() < self._record_retry[0]:
             return
         self._post()
         deadline = time.monotonic() + self.settle_s
@@ -266,7 +290,7 @@ class Election:
             gevent.sleep(0.05)
         best = max(posted.items(), key=lambda kv: (kv[1], -kv[0]))[0] if posted else self.member
         if best == self.member:
-            self._try_lead(insync, stat, set(posted) - {self.member})
+            self._try_lead(insync, stat, set(posted) - {self.member}, latest)
             return
         log.info("election: member %d (epoch, log end %s) defers to member %d (%s)", self.member,
                  posted.get(self.member), best, posted[best])
@@ -320,7 +344,7 @@ class Election:
                 live.add(int(name[5:]))
         return live
 
-    def _try_lead(self, insync, stat, others):
+    def _try_lead(self, insync, stat, others, checked):
         sent = time.monotonic()
         generation = self.lease.generation
         address = self.advertised_address or "%s:%d" % (self.url()[len("meta://"):].rsplit(":", 1)[0],
@@ -344,15 +368,25 @@ class Election:
             self.term.insync.acked = self.store.written_position
             self.leading = True
             self.lease.renew(sent, generation)
-            position = self.roles.lead(epoch, self.term.insync)
-        except BaseException:
+            position = self.roles.lead(epoch, self.term.insync, checked)
+        except BaseException as exc:
             self.leading = False
             self.lease.revoke("its election did not complete")
             self.roles.wait_for_master()
             self._delete_ours(self.leader_path)
-            raise
+            if not isinstance(exc, NotRecorded):
+                raise
+            self._withdraw()
+            wait = min(max(self._record_retry[1] * 2, RECORD_RETRY_S[0]), RECORD_RETRY_S[1])
+            self._record_retry = (time.monotonic() + wait, wait)
+            self._once("unrecorded", "election: member %d of broker %d was elected but its epoch %d could not be "
+                       "added to the epoch record %s (%s): it gave the leadership up and stands again after a "
+                       "backoff (up to %.0f s; logged once until an election succeeds)", self.member, self.broker_id,
+                       epoch, self.record.path, exc, RECORD_RETRY_S[1])
+            return
         self.elections += 1
         self._quiet.clear()
+        self._record_retry = (0.0, 0.0)
         self._withdraw()
         log.warning("election: member %d is now the master of broker %d, epoch %d from log position %d (in-sync "
                     "set %s)", self.member, self.broker_id, epoch, position, sorted({self.member} | carried))

@@ -7,8 +7,10 @@ the file while the broker is stopped to make it follow its configuration
 again). With ZooKeeper, a broker about to start as master first reads the group's
 epoch record (``epochrecord.py``): when its latest epoch is another member's, we
 were superseded (a slave was promoted while we were down) and start as that
-member's slave (``Roles.follow_record``); while it is master, the ``Keeper``
-records its epoch and yields the same way to a later one (``Roles.yield_to``).
+member's slave (``Roles.follow_record``); with a replication port, it takes no write until its epoch is
+in the record (``Roles.unrecorded``): while it is master, the ``Keeper`` records
+its epoch (ZooKeeper out of reach at the start) and yields the same way to a
+later one (``Roles.yield_to``).
 A group without a record falls back on ``ids/<id>/master``: when another live
 broker holds it and publishes, in ``ids/<id>/replication``, an epoch higher than
 ours, we start as that master's slave (``Roles.rejoin_if_superseded``). A master
@@ -24,8 +26,10 @@ never had (``Roles.read_refusal``).
 ``metaq-admin promote``): refused unless this broker is a slave, its link to the
 master is down (the master is gone), and it holds everything the master had
 when last heard of (``SlaveLink.caught_up``); ``force`` skips the last two
-checks and the reply says how far behind it may be. Then: stop the link, begin
-a new epoch at our log end, persist the ``promoted`` marker, switch to master
+checks and the reply says how far behind it may be. With ZooKeeper it is refused
+while ZooKeeper is out of reach. Then: stop the link, begin a new epoch at our log
+end, add it to the group's record (a failure refuses the promotion and resumes the
+link), persist the ``promoted`` marker, switch to master
 (accept puts and transactions, serve slaves on ``replication.port`` if set),
 register in ZooKeeper as master.
 
@@ -45,7 +49,8 @@ from kazoo.exceptions import KazooException
 from metaq import errors
 from metaq.server.clock import now_ms
 from metaq.server.replication import isolation
-from metaq.server.replication.epochrecord import EpochRecord, Keeper, entry as record_entry, key as record_key, who
+from metaq.server.replication.epochrecord import ANY, EpochRecord, Keeper, NotRecorded, entry as record_entry, \
+    key as record_key, who
 from metaq.server.replication.link import CAUGHT_UP_SILENCE_S
 from metaq.server.replication.master import ReplicationServer
 from metaq.server.replication.slave import SlaveLink
@@ -97,6 +102,8 @@ class Roles:
         self.keeper = None  # ha: manual: the epochrecord.Keeper (with the registry)
         self.behind = None  # ha: manual: why this member takes no writes and follows nobody (a record's master
         self._follow_id = None  # without a replication address); the slave id it registers as meanwhile
+        self.unrecorded = None  # ha: manual with ZooKeeper: why this master takes no writes (epoch not recorded)
+        self.yielded = False  # ha: manual: this member follows the record's latest master (yield_to)
         self.secret = config.security.read_replication_secret()  # read once: a promotion reads no file
         #: serves a peer broker following this master for MQTT (``metaq.mqttcluster.serve``), None: none
         self.peer_handler = None
@@ -119,7 +126,10 @@ class Roles:
         self.registry = registry
         self.record = EpochRecord(registry.zk, registry.ids_path)
         if not self.auto:
-            self.keeper = Keeper(self.record, self.store.epochs, self._recorded_entry, self.yield_to)
+            self.keeper = Keeper(self.record, self.store.epochs, self._recorded_entry, self.yield_to,
+                                 recorded=self._epoch_recorded, followed=self._followed,
+                                 address_of=self._serving_address, refollow=self._refollow)
+            registry.zk.add_listener(lambda _state: self.keeper.wake())  # a kazoo callback: wake, nothing else
 
     def attach_election(self, election):
         self.election = election
@@ -150,6 +160,8 @@ class Roles:
             return "this broker is a replication slave of %s (read-only): send puts to the master" % link.master
         if self.role == "slave" and self.behind is not None:
             return self.behind
+        if self.role == "master" and self.unrecorded is not None:
+            return self.unrecorded
         if self.role == "slave":
             return ("broker %d has no elected master yet (replication.ha: auto): an election is under way; retry "
                     "shortly" % self.config.broker.id)
@@ -218,6 +230,8 @@ class Roles:
             return "slave" if self.slave_link is not None else "no elected master"
         if self.election is not None and self.election.lease.refusal() is not None:
             return "lease not confirmed by ZooKeeper"
+        if self.unrecorded is not None:
+            return "epoch not recorded in ZooKeeper yet"
         if self.isolation_refusal() is not None:
             return "isolated from its slaves and ZooKeeper"
         server = self.replication
@@ -371,6 +385,7 @@ class Roles:
         self.role, self.slave_link = role, slave_link
         if role == "master":
             self.behind = self._follow_id = None
+            self.yielded = False
             self._serve(self.make_replication_server(insync))
             self.read_refusal = None
             if self.keeper is not None:
@@ -378,6 +393,7 @@ class Roles:
             if self.started and self.replication is not None:
                 self.replication.start()
         else:
+            self.unrecorded = None
             self._serve(None)
             self.read_refusal = self.handshake_refusal()
             if self.started and slave_link is not None:
@@ -413,28 +429,57 @@ class Roles:
                             self.registry.replication_address(self.config.replication.port or None)
                             if self.config.replication.port else None)
 
-    def _record_epoch(self, strict=False):
-        """Add the epoch just begun to the group's record, before we serve in it. ``strict`` (ha: auto): a failure
-        raises, and so does a later epoch recorded first; else logged, and the keeper adds it (or yields) later."""
+    def _record_epoch(self, strict=False, checked=ANY):
+        """Add the epoch just begun to the group's record, before we serve in it. ``strict`` (a promotion, an
+        election): a failure raises, and so does a later epoch recorded first. Else (a manual master's start) a
+        failure leaves this master refusing writes (``unrecorded``) until the keeper has read the record and added
+        our epoch (or yields to a later one): it never serves an epoch the group may not know of. ``checked``:
+        the latest entry the caller decided on (``EpochRecord.add``). A strict failure raises ``NotRecorded``."""
         if self.record is None:
             return
+        epoch = self.store.epochs.epoch
         if not strict and not self.registry.zk.connected:
-            log.warning("epoch record: ZooKeeper not reachable: epoch %d is recorded once it answers (this master "
-                        "yields then if another member began a later one)", self.store.epochs.epoch)
+            self._unrecorded(epoch, "ZooKeeper is not reachable")
             return
         try:
-            newer = self.record.add(self._recorded_entry(master=False))
+            newer = self.record.add(self._recorded_entry(master=False), checked)
         except KazooException as exc:
             if strict:
-                raise
-            log.warning("epoch record: epoch %d not recorded (%r); recorded once ZooKeeper answers",
-                        self.store.epochs.epoch, exc)
+                raise NotRecorded("the write failed: %r" % (exc,)) from None
+            self._unrecorded(epoch, "the write failed: %r" % (exc,))
             return
         if newer is not None:
             if strict:
-                raise KazooException("epoch %d of member %s was recorded first" % (newer["epoch"], newer["member"]))
+                raise NotRecorded("epoch %d of %s was recorded first" % (newer["epoch"], who(newer)))
+            self._unrecorded(epoch, "a later epoch %d of %s is recorded" % (newer["epoch"], who(newer)))
+            return
+        self.unrecorded = None
+
+    def _unrecorded(self, epoch, why):
+        """Refuse writes until the keeper has recorded ``epoch`` (or yielded): ``why`` it is not recorded yet. A
+        master without a replication port serves meanwhile: no member can have followed it, so none holds a later
+        epoch begun from its log (a standalone broker serves while ZooKeeper is down, as it always did)."""
+        if not self.config.replication.port:
+            log.warning("epoch record: epoch %d of broker %d not recorded yet (%s): recorded once ZooKeeper answers; "
+                        "this broker serves meanwhile (it has no replication port, so no slave of it exists)",
+                        epoch, self.config.broker.id, why)
             if self.keeper is not None:
-                self.keeper.wake()  # it yields
+                self.keeper.wake()
+            return
+        self.unrecorded = ("broker %d's master has not recorded its epoch %d in ZooKeeper's epoch record yet (%s): "
+                           "it takes no writes until it has read the record and added its epoch (it follows "
+                           "another member instead if that one began a later epoch); retry shortly"
+                           % (self.config.broker.id, epoch, why))
+        log.warning("epoch record: %s", self.unrecorded)
+        if self.keeper is not None:
+            self.keeper.wake()
+
+    def _epoch_recorded(self):
+        """The keeper found our epoch the record's latest: writes are taken from now on."""
+        if self.unrecorded is not None:
+            self.unrecorded = None
+            log.warning("epoch record: epoch %d of broker %d recorded in ZooKeeper: this master takes writes",
+                        self.store.epochs.epoch, self.config.broker.id)
 
     def follow_record(self):
         """ha: manual, before starting as master: when the group's record names another member's later epoch
@@ -447,25 +492,38 @@ class Roles:
         epochs = self.store.epochs
         if leads_record(epochs.entries, epochs.led, record_key(latest)):
             return False
-        self.yield_to(latest)
-        return True
+        return self.yield_to(latest)
 
     def yield_to(self, latest):
         """ha: manual: ``latest``, another member's epoch later than ours, is the group's latest recorded: stop
         acknowledging and follow that member as a slave (its epoch handshake cuts what diverged); the promotion
-        marker goes. A member it cannot follow (no replication address) leaves it taking no writes."""
+        marker goes. A member it cannot follow (no replication address) leaves it taking no writes. ``latest`` begun
+        by this broker itself (known by its URL or its replication address) whose data dir lost it: with a
+        replication port a slave may hold what it lost, so it takes no writes. A broker without a replication port
+        yielding to itself or to a member without one (no slave possible on either side) logs loudly and stays
+        master in a new epoch, as before the record existed. True when it left the master's role."""
         store = self.store
+        address, mine = latest.get("replication"), self._recorded_entry(master=False)
+        own = (address is not None and address == mine["replication"]) or (
+            latest.get("member") is not None and latest.get("member") == mine["member"])
+        text = ("broker %d's latest epoch is %d, begun by %s from log position %d (ZooKeeper's epoch record), "
+                "after this broker's epoch %d" % (self.config.broker.id, latest["epoch"], who(latest),
+                                                  latest["start"], store.epochs.epoch))
+        if not self.config.replication.port and (own or address is None):
+            log.error("%s: %s, and this broker serves no replication port: no slave of either can hold more than "
+                      "this broker does (its epochs file damaged, emptied or restored from a backup), so it goes on "
+                      "as master in a new epoch above the recorded one. If such a slave did exist, compare the logs "
+                      "now", text, "this broker began that epoch" if own else "that member served no slaves either")
+            if self.started and self.role == "master":
+                self.begin_master_epoch()
+            return False
         slave_id = self.config.replication.slave_id
         if slave_id is None:
             slave_id = self.registry.free_slave_id()
         if read_promoted(store) is not None:
             store.dirs.remove(store.dirs.promoted)
-        address, own = latest.get("replication"), self._recorded_entry(master=False)["replication"]
-        text = ("broker %d's latest epoch is %d, begun by %s from log position %d (ZooKeeper's epoch record), "
-                "after this broker's epoch %d" % (self.config.broker.id, latest["epoch"], who(latest),
-                                                  latest["start"], store.epochs.epoch))
         self.behind = None
-        if address is not None and address == own:
+        if own:
             self.behind = ("%s: this broker began that epoch, but its data dir no longer holds it (emptied or "
                            "replaced), so it takes no writes: a slave of it may hold what it lost (promote that "
                            "one), or, to start this broker afresh as master, delete the ZooKeeper node %s"
@@ -473,28 +531,62 @@ class Roles:
         elif address is None:
             self.behind = ("%s; it has no replication address to follow: this broker takes no writes. Start that "
                            "member (or promote a slave of it)" % text)
+        self.yielded = True
         if self.behind is not None:
             self._follow_id = slave_id
             log.warning("%s", self.behind)
             self.set_role("slave", None)
-            return
+            return True
         log.warning("%s: this broker is behind it and follows it as slave %d at %s (the epoch handshake cuts any "
                     "tail that member never had); it is master again only by a promotion", text, slave_id, address)
         self.set_role("slave", self.make_slave_link(address, slave_id))
+        return True
 
+
+    def _followed(self):
+        """For the keeper: the address followed after a yield ("" while following nobody), None when not yielded."""
+        if self.role == "master" or not self.yielded:
+            return None
+        return self.slave_link.master if self.slave_link is not None else ""
+
+    def _serving_address(self, latest):
+        """Where ``latest``'s master serves slaves now: the live ``replication`` node when it names that very epoch
+        (the master restarted elsewhere before its next epoch was recorded), else the recorded address. None for
+        an epoch of our own (a data dir that lost it follows nobody)."""
+        mine = self._recorded_entry(master=False)
+        if (latest.get("member") is not None and latest.get("member") == mine["member"]) or (
+                latest.get("replication") is not None and latest.get("replication") == mine["replication"]):
+            return None
+        try:
+            live = self.registry.live_master()
+        except KazooException:
+            live = None
+        if live and isinstance(live.get("address"), str) and live["address"] and record_key(latest) == (
+                live.get("epoch"), live.get("epoch_start"), live.get("epoch_origin")):
+            return live["address"]
+        return latest.get("replication")
+
+    def _refollow(self, latest, address):
+        """The latest recorded master serves at ``address`` now: follow it there (same slave id)."""
+        slave_id = self.slave_id
+        log.warning("broker %d's latest recorded master %s (epoch %d) serves slaves at %s now: following it there "
+                    "as slave %d", self.config.broker.id, who(latest), latest["epoch"], address, slave_id)
+        self.behind = self._follow_id = None
+        self.set_role("slave", self.make_slave_link(address, slave_id))
 
     # -- ha: auto (called by the election) ----------------------------------------------
 
-    def lead(self, epoch, insync):
-        """Elected: stop following, begin ``epoch`` (assigned through ZooKeeper) at our log end, become master
-        with ``insync`` as the set sync puts wait for; returns the epoch's start position."""
+    def lead(self, epoch, insync, checked=ANY):
+        """Elected: stop following, begin ``epoch`` (assigned through ZooKeeper) at our log end, record it
+        (``checked``: the latest recorded entry the election decided on; ``NotRecorded`` when it cannot be), become
+        master with ``insync`` as the set sync puts wait for; returns the epoch's start position."""
         store = self.store
         if self.slave_link is not None:
             self.slave_link.stop()
         self.flusher.wait_flushed(store.written_position)
         position = store.written_position
         gevent.get_hub().threadpool.apply(store.epochs.begin, (position, epoch))
-        self._record_epoch(strict=True)
+        self._record_epoch(strict=True, checked=checked)
         self.set_role("master", None, insync)
         return position
 
@@ -576,6 +668,10 @@ class Roles:
                 raise errors.Unavailable("this slave is not caught up: %s; promoting it would lose those "
                                          "messages. Wait for the master to return, or use --force"
                                          % self._lag_text(link))
+        if self.registry is not None and not self.registry.zk.connected:
+            raise errors.Unavailable("ZooKeeper (zk.connect) is not reachable: a promotion records its epoch in "
+                                     "broker %d's epoch record before it takes writes (else the old master could "
+                                     "win a later restart); retry once ZooKeeper answers" % self.config.broker.id)
         behind = None if link.caught_up() else self._lag_text(link)
         self.promoting = True
         try:
@@ -591,9 +687,17 @@ class Roles:
         pool = gevent.get_hub().threadpool
         position = store.written_position
         epoch = pool.apply(store.epochs.begin, (position, self._next_epoch()))
+        try:
+            self._record_epoch(strict=True)
+        except NotRecorded as exc:
+            link.resume()
+            raise errors.Unavailable("promotion refused: epoch %d could not be added to broker %d's epoch record in "
+                                     "ZooKeeper (%s); this broker stays a slave of %s (a master whose epoch the "
+                                     "group does not know of could lose its writes to the old master at a restart). "
+                                     "Fix ZooKeeper (reachable, writable by this broker) and promote again"
+                                     % (epoch, self.config.broker.id, exc, link.master)) from None
         pool.apply(store.dirs.write_state, (store.dirs.promoted, PROMOTED_MAGIC, {
             "epoch": epoch, "position": position, "former_master": link.master, "promoted_ms": now_ms()}))
-        self._record_epoch()
         self.set_role("master", None)
         text = "promoted: broker %d is now the master, epoch %d from log position %d (former master %s)" % (
             self.config.broker.id, epoch, position, link.master)

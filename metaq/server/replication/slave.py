@@ -103,6 +103,12 @@ class SlaveLink:
     def start(self):
         self._greenlet = gevent.spawn(self._run)
 
+    def resume(self):
+        """Dial the master again after ``stop`` (a promotion refused after it stopped the link): what was heard of
+        the master is kept, so ``caught_up`` still says what it said."""
+        self._stopping = False
+        self.start()
+
     def stop(self):
         self._stopping = True
         if self._sock is not None:
