@@ -91,6 +91,7 @@ FEATURE_ROLES = {
     # the MQTT delivery's operation groups (delivery.py's loop calls them) and the port's shared decodes
     "subscribing": "front-end", "outbound": "front-end", "resend": "front-end", "direct": "front-end",
     "fanplan": "front-end", "fanout": "front-end", "decoded": "state",
+    "wills": "front-end",  # a port's wills: published, held for their delay, kept in its log, tried again (MQTT's)
     "sql": "logic",  # a filter language: its parser and compiled predicate (pure)
     "messages_pb2": "codec",  # protoc's Python code of the feature's .proto (generated at setup, never committed)
     "rpcs": "front-end",  # a gRPC service's RPC handlers

@@ -23,8 +23,10 @@ state (the store layer's rules: no socket, gevent or clock)
                    current
     decoded.py     records decoded and QoS 0 PUBLISHes encoded once for every delivery of the port (bounded)
 front-end (the server layer)
-    port.py        ``MqttPort``: the listener on the connection core, the client ids connected (takeover), the wills,
-                   the persistent sessions' and retained messages' table (saved, expired), the shared groups
+    port.py        ``MqttPort``: the listener on the connection core, the client ids connected (takeover), the
+                   persistent sessions' and retained messages' table (saved, expired), the shared groups
+    wills.py       ``Wills``: the port's wills: published when a connection is lost, held for their delay, kept in
+                   the sessions' log until done, adopted by the master taking over, tried again after a passing refusal
     connection.py  one connection: its packets read and handed to their operation group, its socket written in
                    whole packets by every writer, PINGREQ, DISCONNECT, takeover and its end; bad input answered and
                    closed

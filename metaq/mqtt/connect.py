@@ -204,7 +204,7 @@ def _open_session(conn, port, client_id, p):
         port.connected(session)
     unrecorded = None
     if conn.will is not None:
-        conn.will_origin, unrecorded = port.record_will(client_id, conn.will, conn.session,
+        conn.will_origin, unrecorded = port.wills.record_will(client_id, conn.will, conn.session,
                                                         conn.will_delay(conn.will))
     return saved is not None, unrecorded
 

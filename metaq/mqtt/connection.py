@@ -451,9 +451,9 @@ class Connection(core.Connection):
         if will is not None and not self._taken_over:
             if self._ended_cleanly:
                 if self.will_origin is not None:
-                    self.port.will_done(self.mqtt.client_id, self.will_origin)
+                    self.port.wills.will_done(self.mqtt.client_id, self.will_origin)
             else:
-                self.port.connection_lost(self.mqtt.client_id, will, self.session, self.will_delay(will),
+                self.port.wills.connection_lost(self.mqtt.client_id, will, self.session, self.will_delay(will),
                                           self.will_origin)
 
     def close(self):

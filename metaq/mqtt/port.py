@@ -1,5 +1,5 @@
-"""The MQTT port: a listener on the connection core, the client identifiers connected now, and the will messages
-(docs/mqtt.md).
+"""The MQTT port: a listener on the connection core, the client identifiers connected now, and the persistent
+sessions (docs/mqtt.md).
 
 ``MqttPort`` opens its listener through ``ConnectionCore.listen("mqtt", ...)``, so the connection cap, the
 per-address share, the deadlines, the allow-list, TLS and the strangers' login deadline apply as on every port. It
@@ -11,14 +11,9 @@ What it holds across connections:
 
 * **client identifiers** connected now (``claim``): a second connection with a client id takes it over, the first
   is told DISCONNECT 0x8E (MQTT 5) and closed (MQTT 3.1.1 [MQTT-3.1.4-2], MQTT 5.0 [MQTT-3.1.4-3]);
-* **wills** (``connection_lost``): published through the put path when a connection ends without a normal
-  DISCONNECT; an MQTT 5 Will Delay holds it for min(Will Delay, Session Expiry) unless the client id connects
-  again first with Clean Start 0, at most ``mqtt.max_delayed_wills`` at once (past it: at once). Each is also
-  written to the sessions' log (``record_will``) until it is published or dropped (``will_done``), so that a
-  master taking over (a promotion, a restart after a kill -9, the end of its own fencing) publishes those whose
-  connections ended with the broker that held them (``_adopt_wills``). Each will is named by its record
-  (``SavedWill.origin``), not by its client id: one whose publish a passing refusal stopped waits (``_pending``)
-  whatever later connections of its client id do;
+* **wills** (``wills.Wills``, ``self.wills``): published through the put path when a connection ends without a
+  normal DISCONNECT, held for an MQTT 5 Will Delay, kept in the sessions' log until published or dropped, adopted
+  by the master taking over, tried again after a passing refusal (metaq/mqtt/wills.py);
 * **fencing** (``session_refusal``, checked every ``limits.MQTT_ROLE_CHECK_S`` by ``_keep``): only a master that
   may acknowledge writes keeps sessions and wills; one that stops being one (deposed, its lease run out,
   isolated) closes at once the connections that hold a persistent session or a will (``Connection.move_away``):
@@ -57,14 +52,13 @@ from metaq.mqtt import direct
 from metaq.mqtt.connection import Connection
 from metaq.mqtt.decoded import Decoded
 from metaq.mqtt.fanout import Fanouts
-from metaq.mqtt.follow import (MQTT_JOURNAL, MQTT_LEARN_BATCH, MQTT_SESSIONS_TOPIC, Retained, SavedGroup, SavedWill,
-                               encode, encode_carried, encode_end, encode_group, encode_group_end, encode_retained,
-                               encode_share_history, encode_share_history_end, encode_unretained, encode_will,
-                               encode_will_end, replay)
-from metaq.mqtt.wire import Will
+from metaq.mqtt.follow import (MQTT_JOURNAL, MQTT_LEARN_BATCH, MQTT_SESSIONS_TOPIC, Retained, SavedGroup, encode,
+                               encode_carried, encode_end, encode_group, encode_group_end, encode_retained,
+                               encode_share_history, encode_share_history_end, encode_unretained, encode_will, replay)
 from metaq.mqtt.records import partition_for, placement, record_data
 from metaq.mqtt.session import SharedGroup
 from metaq.mqtt.topics import TopicError, matches, split_shared
+from metaq.mqtt.wills import Wills
 from metaq.server.clock import now_ms
 from metaq.server.connections import close_with_grace, share_loop
 from metaq.server.putpath import ACK_NOW
@@ -74,14 +68,6 @@ from metaq.store.results import BurstRun
 from metaq.store.journals import JournalFollow, MovingFloor
 
 log = logging.getLogger(__name__)
-
-
-def passing(exc):
-    """True when a will's publish refused with ``exc`` may succeed later, so the will waits (``_retry_wills``)
-    rather than being dropped: Unavailable (a full disk, a failed flush, no member to confirm a write), QuotaExceeded
-    (``mqtt.max_retained``, a user's or a topic's quota: room comes back as messages go), StoreError (an I/O error
-    at the write). A lasting refusal (no permission, a name with no place, a will larger than a segment) drops it."""
-    return isinstance(exc, (errors.Unavailable, errors.QuotaExceeded, errors.StoreError))
 
 
 def burst_frames_py(staged, largest):
@@ -138,10 +124,8 @@ class MqttPort:
         self.deliver_now = partial(direct.serve_waiting, self.waiting, self.fanouts.readers, self._keep_decoded,
                                    direct.deliver_now, limits.MQTT_DIRECT_DELIVERIES)
         self._clients = {}  # client id -> its Connection
-        self._delayed = {}  # client id -> (greenlet holding its will for its delay, the will, guard session, origin)
         self._ids = itertools.count(1)
         self._id_salt = os.urandom(4).hex()
-        self.wills_published = 0
         self.is_master = is_master
         self.master_reference = master_reference  # the master's MQTT address when known (ha: auto), else None
         self.master_refusal = master_refusal  # why this master may not acknowledge writes now (lease, isolation, sync)
@@ -169,25 +153,12 @@ class MqttPort:
         self.follow.replicating = not is_master()
         store.follower.add(self.follow, store.written_position)
         self._keeper = None
-        self._adopting = None  # the greenlet publishing the wills left in the log (``_adopt_wills``)
-        #: origin (``SavedWill.origin``) -> ``(client id, Will, guard session)``: wills whose publish a passing refusal
-        #: stopped (``publish_will``), tried again every ``limits.MQTT_WILL_RETRY_S`` while this broker keeps sessions
-        #: (``_retry_wills``), each until published or refused for good. Keyed by the will, not its client id: a
-        #: later connection of the same client id neither ends nor replaces it. Those the log holds are bounded by
-        #: the log; those it no longer holds (``_detached``) by ``limits.MQTT_MAX_DETACHED_WILLS``
-        self._pending = {}
-        #: origin -> client id: wills of the log this broker published but whose end it could not write yet: their
-        #: end is written again, they are not published again (``_adopt_wills``, ``_retry_wills``, ``_take_from``)
-        self._published = {}
-        #: origins of the wills whose connections this broker closed itself while it could confirm no write
-        #: (``_move_away``): not lost clients, so their wills wait ``mqtt.unconfirmable_grace_s`` for them to come
-        #: back before they are published (``_adopt_wills``); bounded by the log's wills
-        self._moved = set()
+        #: the wills (``wills.Wills``): published, held for their delay, kept in the sessions' log, tried again
+        self.wills = Wills(settings, self.put, self.made_visible, put_path.check_writable, self._write,
+                           lambda: self.table.wills, guard.acting_for, self.holds_will, self.session_refusal,
+                           self.wait_followed, self._id_salt)
         self._unconfirmable_since = None  # when this master began to be unable to confirm a write (``_check_role``)
         self._refused_meanwhile = False  # it kept no session for a while: the wills left meanwhile are adopted after
-        self._last_refusal = None  # the last passing refusal of a will's publish (``_retry_wills``' line)
-        self._retried_at = 0.0
-        self._adopt_due = False  # this broker began keeping sessions: ``_adopt_wills`` is due (``_wills_due``)
         self.sessions_expired = 0
         self.records_written = 0  # %MQTT% records this broker wrote since its start
         #: the MQTT cluster (``metaq.mqttcluster.peers.MqttCluster``) when this broker is part of one, else None: its
@@ -248,41 +219,17 @@ class MqttPort:
 
     def _take_from(self, conn, client_id, clean_start):
         """What holds ``client_id`` here gives way to ``conn`` (None: a connection on another broker of the
-        cluster): the connection holding it is taken over, the wills as ``claim`` says. A will a passing refusal
-        stopped (``_pending``: its delay ran) is due whatever the new connection resumes; one this broker already
-        published is only ended; one whose connection this broker closed itself (``_moved``) is dropped: its
-        client came back."""
+        cluster): the connection holding it is taken over, the wills as ``claim`` says (``Wills.taken_over``)."""
         old = self._clients.get(client_id)
-        if old is not None and old is not conn:
-            lost = old.take_over()
-            if lost is not None:
-                will, security, delay, origin = lost
-                if clean_start or delay <= 0:
-                    self.publish_will(client_id, will, security, origin)
-        held = self._delayed.pop(client_id, None)
-        if held is not None:
-            greenlet, will, security, origin = held
-            greenlet.kill(block=False)
-            if origin in self._moved:
-                self.will_done(client_id, origin)
-            elif clean_start:
-                self.publish_will(client_id, will, security, origin)
-        saved = self.table.wills.get(client_id)
-        if saved is None:  # dropped above, or left by the broker that held its connection: as if held here
-            return
-        if saved.origin in self._published or saved.origin in self._moved:
-            self.will_done(client_id, saved.origin)
-        elif clean_start or saved.delay_s <= 0 or saved.origin in self._pending:  # no delay: due when its
-            self.publish_will(client_id, *self._will_of(saved), saved.origin)  # connection ended, resumed or not
-        else:
-            self.will_done(client_id, saved.origin)
+        lost = old.take_over() if old is not None and old is not conn else None
+        self.wills.taken_over(client_id, clean_start, lost)
 
     def _held_by_another(self, user, client_id):
         if not self.guard.enabled:
             return None
         old = self._clients.get(client_id)
-        held = self._delayed.get(client_id)
-        owner = old.session.user if old is not None else held[2].user if held is not None else user
+        held = self.wills.delayed_security(client_id)
+        owner = old.session.user if old is not None else held.user if held is not None else user
         saved = self.table.sessions.get(client_id)
         if owner == user and saved is not None and saved.user != user:
             owner = saved.user  # an offline session is its user's too
@@ -481,7 +428,7 @@ class MqttPort:
             try:
                 if not self._check_role():
                     continue
-                self._wills_due()
+                self.wills.due()
                 if time.monotonic() - saved_at < limits.MQTT_SESSION_SAVE_INTERVAL_S:
                     continue
                 saved_at = time.monotonic()
@@ -508,7 +455,7 @@ class MqttPort:
     def _check_role(self):
         """One look at ``session_refusal``: when this broker stops keeping sessions, the connections holding a
         persistent session or a will are closed (``Connection.move_away``); when it starts (its start as master, a
-        promotion, the end of a fencing), it publishes the wills left in the log (``_adopt_wills``). True while it
+        promotion, the end of a fencing), it publishes the wills left in the log (``Wills.adopt_next``). True while it
         keeps sessions. A master that only may confirm no write (``unavailable``: a ``sync`` slave restarting, out
         of sync for a while) refuses new CONNECTs at once but closes its connections only once that lasted
         ``mqtt.unconfirmable_grace_s`` (``unconfirmable_grace``), so that a routine slave restart closes no device."""
@@ -525,7 +472,7 @@ class MqttPort:
             if self._fenced is not False and self.cluster is not None:
                 self.cluster.hold()  # until the peers follow this broker again (``MqttCluster.hold``)
             self._fenced = False
-            self._adopt_due = True  # the wills of the connections that ended meanwhile were left in the log
+            self.wills.adopt_next()  # the wills of the connections that ended meanwhile were left in the log
         return True
 
     def unconfirmable_grace(self):
@@ -543,7 +490,7 @@ class MqttPort:
     def _move_away(self, refusal, unconfirmable):
         """The connections holding a persistent session or a will closed (``Connection.move_away``). ``unconfirmable``:
         this broker stays master and closed them itself, their clients were not lost: their wills wait for them to
-        come back (``_moved``). A deposed master's are the next master's, which publishes them as lost."""
+        come back (``Wills.mark_moved``). A deposed master's are the next master's, which publishes them as lost."""
         reference = self.master_reference()
         moved = [conn for conn in list(self._clients.values()) if conn.keeps_state()]
         if moved:
@@ -552,7 +499,7 @@ class MqttPort:
                         else "")
         for conn in moved:
             if unconfirmable and conn.will_origin is not None:
-                self._moved.add(conn.will_origin)
+                self.wills.mark_moved(conn.will_origin)
             conn.move_away(reference)
 
     def _keep_once(self):
@@ -975,202 +922,22 @@ class MqttPort:
         now with ``async`` flush, at the flush it asks for with ``sync``)."""
         self.put_path.ack_mode(topic, result, now)
 
-    # -- wills -----------------------------------------------------------------
+    def holds_will(self, client_id, origin):
+        """True while a connection here holds ``client_id`` with the will ``origin`` (``SavedWill.origin``)."""
+        conn = self._clients.get(client_id)
+        return conn is not None and conn.will_origin == origin
 
-    def record_will(self, client_id, will, security, delay_s):
-        """A connection of ``client_id`` holds ``will`` (``security``: its guard session; ``delay_s``: what it
-        waits once the connection ends): written to the sessions' log, so that the master that takes over after
-        this one publishes it (``_adopt_wills``) if the connection ends with this broker. Returns ``(origin,
-        refusal)``: the will's ``SavedWill.origin`` (what the connection names it by), or None with why it was not
-        written (None: a broker that keeps no session now writes none: a will on a slave is as its clean session,
-        not kept). A will of the same client id still waiting to be published stays pending, outside the log."""
-        if self.session_refusal() is not None:
-            return None, None
-        older = self.table.wills.get(client_id)
-        if older is not None and older.origin in self._pending:
-            self._detach(older)
-        try:
-            self.put_path.check_writable()
-        except errors.MetaqError as exc:
-            return None, str(exc)
-        self._write(client_id, encode_will(SavedWill(client_id, security.user, security.host, will.topic,
-                                                     will.payload, will.qos, will.retain, dict(will.properties),
-                                                     delay_s, origin="%s.%d" % (self._id_salt, next(self._ids)))))
-        saved = self.table.wills.get(client_id)
-        if saved is None or saved is older:
-            return None, "its record could not be written to the sessions' log"
-        if older is not None:
-            self._published.pop(older.origin, None)  # replaced: its end needs no record of its own
-        return saved.origin, None
-
-    def _detach(self, saved):
-        """``saved`` waits to be published and its client id records a newer will: kept in memory only, within
-        ``limits.MQTT_MAX_DETACHED_WILLS`` (past it the oldest is dropped, logged)."""
-        detached = [o for o, (c, _, _) in self._pending.items()
-                    if self.table.wills.get(c) is None or self.table.wills[c].origin != o]
-        for origin in detached[:max(0, len(detached) + 1 - limits.MQTT_MAX_DETACHED_WILLS)]:
-            client_id, will, _ = self._pending.pop(origin)
-            log.warning("mqtt client %s: its will to %s is dropped unpublished: %d wills wait outside the sessions' "
-                        "log (MQTT_MAX_DETACHED_WILLS)", client_id, will.topic, limits.MQTT_MAX_DETACHED_WILLS)
-
-    def will_done(self, client_id, origin):
-        """The will ``origin`` of ``client_id`` was published or dropped: its end written while the log holds it,
-        so that no master publishes it again. A later will of the same client id is not ended."""
-        self._pending.pop(origin, None)
-        self._moved.discard(origin)
-        saved = self.table.wills.get(client_id)
-        if saved is not None and saved.origin == origin:
-            self._write(client_id, encode_will_end(client_id))
-            saved = self.table.wills.get(client_id)
-        if saved is None or saved.origin != origin:
-            self._published.pop(origin, None)
-
-    def _will_of(self, saved):
-        """``(Will, guard session)`` of a will the log holds: published as its user, from its client's address."""
-        return (Will(saved.topic, saved.payload, saved.qos, saved.retain, dict(saved.properties)),
-                self.guard.acting_for(saved.user, saved.host))
-
-    def _adopt_wills(self):
-        """This broker keeps sessions again (or for the first time): the wills the log holds of connections not held
-        here ended with the broker that held them (a killed or deposed master, this one before a kill -9 or while
-        it was fenced): each is published now or after its delay, as if its connection had just ended here; one
-        whose connection this broker closed itself (``_moved``) after ``mqtt.unconfirmable_grace_s`` at least,
-        for its client to come back. In an MQTT cluster, once the peers follow this broker
-        (``MqttCluster.wait_followed``)."""
+    def wait_followed(self):
+        """In an MQTT cluster, until this broker's peers follow it (``MqttCluster.wait_followed``); else at once."""
         if self.cluster is not None:
             self.cluster.wait_followed()
-        turn = time.monotonic()
-        for listed in list(self.table.wills.values()):
-            saved = self.table.wills.get(listed.client_id)  # as it stands now: written again meanwhile, it is the same
-            if saved is None or saved.origin != listed.origin:
-                continue
-            conn = self._clients.get(saved.client_id)
-            if (conn is not None and conn.will_origin == saved.origin) or saved.origin in self._pending or \
-                    saved.client_id in self._delayed:
-                continue
-            if saved.origin in self._published:  # published here, its end not written yet
-                self.will_done(saved.client_id, saved.origin)
-                continue
-            delay_s = saved.delay_s
-            if saved.origin in self._moved:
-                delay_s = max(delay_s, self.settings.unconfirmable_grace_s)
-            log.info("mqtt client %s: its connection ended with the broker that held it; its will to %s is "
-                     "published%s", saved.client_id, saved.topic,
-                     " after its delay (%d s)" % delay_s if delay_s > 0 else "")
-            self.connection_lost(saved.client_id, *self._will_of(saved), delay_s, saved.origin)
-            turn = share_loop(turn)
-
-    def _retry_wills(self):
-        """The wills ``publish_will`` could not publish for a passing refusal published now, at once (their delay
-        ran already), and the ends this broker could not write after publishing written; one log line per pass."""
-        if self.cluster is not None:
-            self.cluster.wait_followed()
-        turn = time.monotonic()
-        for origin, client_id in list(self._published.items()):
-            self.will_done(client_id, origin)
-            turn = share_loop(turn)
-        tried, published = len(self._pending), self.wills_published
-        for origin, (client_id, will, security) in list(self._pending.items()):
-            if origin in self._pending:
-                self.publish_will(client_id, will, security, origin, quiet=True)
-                turn = share_loop(turn)
-        if tried:
-            log.warning("mqtt: %d wills tried again: %d published, %d still refused for now (%s); tried again every "
-                        "%.0f s while this broker may write", tried, self.wills_published - published,
-                        len(self._pending), self._last_refusal, limits.MQTT_WILL_RETRY_S)
-
-    def _wills_due(self):
-        """While this broker keeps sessions, one pass over the wills at a time (none published twice), the keeper
-        going on meanwhile: ``_adopt_wills`` once it begins keeping them (``_check_role``), else ``_retry_wills``
-        every ``limits.MQTT_WILL_RETRY_S`` while a will waits for it."""
-        if self._adopting is not None and not self._adopting.dead:
-            return
-        if self._adopt_due:
-            self._adopt_due = False
-            self._adopting = gevent.spawn(self._adopt_wills)
-        elif (self._pending or self._published) and \
-                time.monotonic() - self._retried_at >= limits.MQTT_WILL_RETRY_S:
-            self._retried_at = time.monotonic()
-            self._adopting = gevent.spawn(self._retry_wills)
-
-    def connection_lost(self, client_id, will, security, delay_s, origin=None):
-        """A connection with a will ended without a normal DISCONNECT: publish it now, or after ``delay_s``.
-        ``origin``: the will's in the log (``record_will``), None when the log does not hold it. One whose connection
-        this broker closed itself while it may confirm no write (``_moved``) is left in the log: once it may write,
-        ``_adopt_wills`` gives its client ``mqtt.unconfirmable_grace_s`` to come back first."""
-        if origin in self._moved and self.session_refusal() is not None:
-            return
-        if delay_s <= 0 or len(self._delayed) >= self.settings.max_delayed_wills:
-            self.publish_will(client_id, will, security, origin)
-            return
-        old = self._delayed.pop(client_id, None)
-        if old is not None:
-            old[0].kill(block=False)
-        self._delayed[client_id] = (gevent.spawn_later(delay_s, self._delayed_will, client_id, will, security, origin),
-                                    will, security, origin)
-
-    def _delayed_will(self, client_id, will, security, origin):
-        if self._delayed.pop(client_id, None) is not None:
-            self.publish_will(client_id, will, security, origin)
-
-    def publish_will(self, client_id, will, security, origin=None, quiet=False):
-        """Store ``will`` as its client's PUBLISH would be (its user's permission asked); a refusal is logged. Then
-        its record says it is done (``will_done``: this will's, never a later one of the same client id).
-        ``origin``: the will's ``SavedWill.origin`` (None: the log does not hold it, as on a slave); after any
-        wait, a will that is neither the log's nor pending any more was published or ended meanwhile: not again.
-        While this broker keeps no session (``session_refusal``: a slave, a master that may not acknowledge, a
-        ``sync`` one with no member to confirm), a will the log holds is left there: the master that may write next
-        publishes it (this one again, ``_adopt_wills``). A passing refusal of the put itself (``passing``) keeps it
-        pending, tried again (``_retry_wills``): a will is published once its broker may write, never dropped for
-        that. In an MQTT cluster it waits until this broker's peers follow it (``MqttCluster.wait_followed``), so
-        that it reaches their subscribers. ``quiet``: a retry pass, which logs one line for all."""
-        if self.cluster is not None:
-            self.cluster.wait_followed()
-        saved = self.table.wills.get(client_id)
-        logged = origin is not None and saved is not None and saved.origin == origin
-        if origin is not None and not logged and origin not in self._pending:
-            return  # published or ended meanwhile
-        if origin in self._published:
-            self.will_done(client_id, origin)
-            return
-        refusal = self.session_refusal() if logged or origin in self._pending else None
-        if refusal is not None:
-            if not quiet:
-                log.info("mqtt client %s: its will to %s is left to the master to publish: %s", client_id,
-                         will.topic, refusal)
-            return
-        try:
-            topic, r, now = self.put(will.topic, will.payload, will.qos, client_id, will.properties, security,
-                                     will.retain)
-        except (errors.MetaqError, ValueError) as exc:
-            if origin is not None and passing(exc):
-                if origin not in self._pending and not logged and \
-                        len(self._pending) >= limits.MQTT_MAX_DETACHED_WILLS:
-                    log.warning("mqtt client %s: its will to %s was not published: %s; %d wills wait already "
-                                "(MQTT_MAX_DETACHED_WILLS)", client_id, will.topic, exc, len(self._pending))
-                else:
-                    self._pending[origin] = (client_id, will, security)
-                    self._last_refusal = str(exc)
-                    if not quiet:
-                        log.warning("mqtt client %s: its will to %s is not published yet: %s; tried again every "
-                                    "%.0f s while this broker may write", client_id, will.topic, exc,
-                                    limits.MQTT_WILL_RETRY_S)
-                    return
-            else:
-                log.warning("mqtt client %s: its will to %s was not published: %s", client_id, will.topic, exc)
-        else:
-            self.wills_published += 1
-            self.made_visible(topic, r, now)
-            if logged:
-                self._published[origin] = client_id  # until its end is written (``will_done``)
-        if origin is not None:
-            self.will_done(client_id, origin)
 
     def summary_values(self):
         """The ``stats`` summary's MQTT pairs: the port, its connections, the wills published since the start and
         those waiting for their delay; in an MQTT cluster, its client ids' (``ClientIds.summary_values``)."""
         return [("mqtt_port", self.port or 0), ("mqtt_connections", self.connection_count()),
-                ("mqtt_wills_published", self.wills_published), ("mqtt_delayed_wills", len(self._delayed)),
+                ("mqtt_wills_published", self.wills.published_count),
+                ("mqtt_delayed_wills", self.wills.delayed_count()),
                 ("mqtt_sessions", len(self.table.sessions)), ("mqtt_sessions_offline", self.table.offline_count()),
                 ("mqtt_sessions_expired", self.sessions_expired), ("mqtt_retained", len(self.table.retained)),
                 ("mqtt_retained_bytes", self.table.retained_bytes), ("mqtt_shared_groups", len(self._groups)),
@@ -1185,8 +952,7 @@ class MqttPort:
         for their delay are published now (a will's delay does not outlive the broker)."""
         if self._keeper is not None:
             self._keeper.kill(block=False)
-        if self._adopting is not None:  # the wills it did not publish stay in the log, pending
-            self._adopting.kill(block=False)
+        self.wills.stop()
         close_with_grace(list(self.core.connections("mqtt")), grace_s)
         deadline = time.monotonic() + grace_s
         while self.core.count("mqtt") and time.monotonic() < deadline:  # their ends: wills and sessions written
@@ -1197,8 +963,5 @@ class MqttPort:
         for group in list(self._groups.values()):
             if (group.name, group.topic_filter) in kept:
                 self._save_group(group)
-        held, self._delayed = self._delayed, {}
-        for client_id, (greenlet, will, security, origin) in held.items():
-            greenlet.kill(block=False)
-            self.publish_will(client_id, will, security, origin)
+        self.wills.publish_held()
 

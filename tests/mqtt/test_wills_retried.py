@@ -1,4 +1,4 @@
-"""A will whose publish a passing refusal stopped (metaq.mqtt.port ``MqttPort.publish_will``, ``passing``:
+"""A will whose publish a passing refusal stopped (metaq.mqtt.wills ``Wills.publish_will``, ``passing``:
 Unavailable, here a full disk; QuotaExceeded, here ``mqtt.max_retained``) stays pending, not marked done, and is
 published once writes come back, once (docs/mqtt.md "What survives what"), whatever its client id does meanwhile:
 reconnect, record a newer will, end that one with a normal DISCONNECT. A refusal that lasts drops it. A will that
@@ -49,20 +49,20 @@ def test_a_will_refused_for_a_passing_reason_is_published_once_writes_come_back(
     try:
         security = port.guard.acting_for(None, "127.0.0.1")
         will = Will("status/meter-1", b"gone", 1, False, {})
-        origin, _ = port.record_will("meter-1", will, security, 0)
+        origin, _ = port.wills.record_will("meter-1", will, security, 0)
         assert "meter-1" in port.table.wills
         parts.gate.disk_full("the disk is full (a test)")
-        port.publish_will("meter-1", will, security, origin)  # its connection ended: refused, for now
-        assert port.wills_published == 0 and "meter-1" in port.table.wills
+        port.wills.publish_will("meter-1", will, security, origin)  # its connection ended: refused, for now
+        assert port.wills.published_count == 0 and "meter-1" in port.table.wills
         gevent.sleep(limits.MQTT_WILL_RETRY_S * 2 + 0.3)
-        assert port.wills_published == 0 and "meter-1" in port.table.wills  # tried again, refused again
-        lines = [r.getMessage() for r in caplog.records if r.name == "metaq.mqtt.port"]
+        assert port.wills.published_count == 0 and "meter-1" in port.table.wills  # tried again, refused again
+        lines = [r.getMessage() for r in caplog.records if r.name == "metaq.mqtt.wills"]
         assert len([m for m in lines if "meter-1" in m]) == 1, lines  # its first refusal only
         assert len([m for m in lines if "1 wills tried again: 0 published, 1 still refused" in m]) >= 2, lines
         parts.gate.refresh()  # space again
         _wait(lambda: "meter-1" not in port.table.wills, limits.MQTT_WILL_RETRY_S + 2.0, "the will published")
         gevent.sleep(limits.MQTT_WILL_RETRY_S + 0.3)
-        assert port.wills_published == 1  # once
+        assert port.wills.published_count == 1  # once
     finally:
         keeper.kill()
 
@@ -71,10 +71,10 @@ def test_a_will_refused_for_good_is_dropped(parts):
     port = _port(parts)
     security = port.guard.acting_for(None, "127.0.0.1")
     will = Will("status/meter-2", b"x" * (parts.store.config.segment_size + 1), 1, False, {})  # no segment holds it
-    origin, _ = port.record_will("meter-2", Will("status/meter-2", b"gone", 1, False, {}), security, 0)
-    port.publish_will("meter-2", will, security, origin)
-    assert port.wills_published == 0 and "meter-2" not in port.table.wills
-    assert not port._pending
+    origin, _ = port.wills.record_will("meter-2", Will("status/meter-2", b"gone", 1, False, {}), security, 0)
+    port.wills.publish_will("meter-2", will, security, origin)
+    assert port.wills.published_count == 0 and "meter-2" not in port.table.wills
+    assert not port.wills._pending
 
 
 def _connection(port):
@@ -92,17 +92,17 @@ def test_a_pending_will_is_published_when_its_client_id_connects_again_meanwhile
     try:
         security = port.guard.acting_for(None, "127.0.0.1")
         will = Will("status/meter-3", b"gone", 1, False, {})
-        origin, _ = port.record_will("meter-3", will, security, 0)
+        origin, _ = port.wills.record_will("meter-3", will, security, 0)
         parts.gate.disk_full("the disk is full (a test)")
-        port.publish_will("meter-3", will, security, origin)
+        port.wills.publish_will("meter-3", will, security, origin)
         assert port.claim(conn, "meter-3", True) is None  # its device is back, Clean Start 1: tried, refused again
         gevent.sleep(limits.MQTT_WILL_RETRY_S * 2 + 0.3)  # retry passes while the client id is connected
-        assert port.wills_published == 0
+        assert port.wills.published_count == 0
         parts.gate.refresh()
-        _wait(lambda: port.wills_published == 1, limits.MQTT_WILL_RETRY_S + 2.0, "the will published")
+        _wait(lambda: port.wills.published_count == 1, limits.MQTT_WILL_RETRY_S + 2.0, "the will published")
         assert "meter-3" not in port.table.wills
         gevent.sleep(limits.MQTT_WILL_RETRY_S + 0.3)
-        assert port.wills_published == 1
+        assert port.wills.published_count == 1
     finally:
         keeper.kill()
         conn.close()
@@ -119,20 +119,20 @@ def test_a_pending_will_outlives_a_newer_will_of_its_client_id_and_that_ones_nor
     try:
         security = port.guard.acting_for(None, "127.0.0.1")
         first = Will("status/meter-4", b"gone-1", 1, True, {})
-        origin1, _ = port.record_will("meter-4", first, security, 0)
-        port.publish_will("meter-4", first, security, origin1)  # refused: no room for a retained message
-        assert port.wills_published == 0
-        origin2, why = port.record_will("meter-4", Will("status/meter-4", b"gone-2", 1, True, {}), security, 0)
+        origin1, _ = port.wills.record_will("meter-4", first, security, 0)
+        port.wills.publish_will("meter-4", first, security, origin1)  # refused: no room for a retained message
+        assert port.wills.published_count == 0
+        origin2, why = port.wills.record_will("meter-4", Will("status/meter-4", b"gone-2", 1, True, {}), security, 0)
         assert why is None and origin2 != origin1  # its next connection's will
-        port.will_done("meter-4", origin2)  # that connection's normal DISCONNECT ends its own will only
+        port.wills.will_done("meter-4", origin2)  # that connection's normal DISCONNECT ends its own will only
         assert "meter-4" not in port.table.wills
         gevent.sleep(limits.MQTT_WILL_RETRY_S + 0.3)
-        assert port.wills_published == 0  # still no room
+        assert port.wills.published_count == 0  # still no room
         port.settings.max_retained = 10
-        _wait(lambda: port.wills_published == 1, limits.MQTT_WILL_RETRY_S + 2.0, "the first will published")
+        _wait(lambda: port.wills.published_count == 1, limits.MQTT_WILL_RETRY_S + 2.0, "the first will published")
         assert port.table.retained["status/meter-4"].data.endswith(b"gone-1")
         gevent.sleep(limits.MQTT_WILL_RETRY_S + 0.3)
-        assert port.wills_published == 1
+        assert port.wills.published_count == 1
     finally:
         keeper.kill()
 
@@ -143,12 +143,12 @@ def test_a_will_published_meanwhile_is_not_published_again_nor_ends_the_next_one
     port = _port(parts)
     security = port.guard.acting_for(None, "127.0.0.1")
     will = Will("status/meter-5", b"gone", 1, False, {})
-    origin1, _ = port.record_will("meter-5", will, security, 0)
-    port.publish_will("meter-5", will, security, origin1)  # the takeover's publish
-    assert port.wills_published == 1
-    origin2, _ = port.record_will("meter-5", Will("status/meter-5", b"gone-2", 1, False, {}), security, 0)
-    port.publish_will("meter-5", will, security, origin1)  # the stale one resumes
-    assert port.wills_published == 1
+    origin1, _ = port.wills.record_will("meter-5", will, security, 0)
+    port.wills.publish_will("meter-5", will, security, origin1)  # the takeover's publish
+    assert port.wills.published_count == 1
+    origin2, _ = port.wills.record_will("meter-5", Will("status/meter-5", b"gone-2", 1, False, {}), security, 0)
+    port.wills.publish_will("meter-5", will, security, origin1)  # the stale one resumes
+    assert port.wills.published_count == 1
     assert port.table.wills["meter-5"].origin == origin2  # the newer will stands
 
 
@@ -157,7 +157,7 @@ def test_a_will_that_cannot_be_recorded_says_why(parts):
     port = _port(parts)
     security = port.guard.acting_for(None, "127.0.0.1")
     parts.gate.disk_full("the disk is full (a test)")
-    origin, why = port.record_will("meter-6", Will("status/meter-6", b"gone", 1, False, {}), security, 0)
+    origin, why = port.wills.record_will("meter-6", Will("status/meter-6", b"gone", 1, False, {}), security, 0)
     assert origin is None and "disk is full" in why and "meter-6" not in port.table.wills
 
 
@@ -200,8 +200,8 @@ def test_waiting_wills_the_log_no_longer_holds_are_bounded(parts, monkeypatch, c
     for n in range(3):
         client_id = "meter-d%d" % n
         will = Will("status/" + client_id, b"gone", 1, True, {})
-        origin, _ = port.record_will(client_id, will, security, 0)
-        port.publish_will(client_id, will, security, origin)
-        port.record_will(client_id, Will("status/" + client_id, b"again", 1, True, {}), security, 0)
-    assert sorted(c for c, _, _ in port._pending.values()) == ["meter-d1", "meter-d2"]  # at the limit
+        origin, _ = port.wills.record_will(client_id, will, security, 0)
+        port.wills.publish_will(client_id, will, security, origin)
+        port.wills.record_will(client_id, Will("status/" + client_id, b"again", 1, True, {}), security, 0)
+    assert sorted(c for c, _, _ in port.wills._pending.values()) == ["meter-d1", "meter-d2"]  # at the limit
     assert any("meter-d0" in r.getMessage() and "MQTT_MAX_DETACHED_WILLS" in r.getMessage() for r in caplog.records)
