@@ -3,7 +3,9 @@
 broker's filters, its resume positions for that peer and its ``$share`` groups with members; in parts when it does not
 fit one frame: ``split_routes``, the first in the handshake, the others once the peer's first RECORDS proved it), then
 hand each RECORDS frame to the cluster (``MqttCluster.apply``) and send ROUTES again when the filters or the groups
-change. A link that fails is retried with backoff (BACKOFF_MIN_S .. BACKOFF_MAX_S) and says why in stats.
+change. Each ROUTES names its route's version, which the peer acks (ROUTED): ``acked``, the latest version the peer
+acts on, for the takeover's end (``MqttCluster.routed``). A link that fails is retried with backoff (BACKOFF_MIN_S
+.. BACKOFF_MAX_S) and says why in stats.
 """
 
 import logging
@@ -14,7 +16,7 @@ import gevent
 
 from metaq import errors
 from metaq.protocol import replication as rp
-from metaq.protocol.replication_mqtt import split_routes
+from metaq.protocol.replication_mqtt import ROUTED, split_routes
 from metaq.server.connections import share_loop
 from metaq.server.replication.link import BACKOFF_MAX_S, BACKOFF_MIN_S, LINK_TIMEOUT_S, send_event
 from metaq.server.replication.slave import authenticate, next_event
@@ -42,6 +44,10 @@ class PeerLink:
         self._greenlet = None
         self._stopping = False
         self._sent_version = None
+        #: the latest version of this broker's route the peer acked (ROUTED): it copies by it (or a later one) from
+        #: the positions this broker held when the ack came; kept across reconnections (a route sent again on a new
+        #: link applies from the positions the link resumes at)
+        self.acked = 0
 
     def state(self):
         if self.connected:
@@ -99,7 +105,7 @@ class PeerLink:
         version, filters = cluster.route()
         positions = cluster.positions.of(self.broker_id)
         routes = rp.Routes(cluster.broker_id, filters, positions, cluster.retained_from(self.broker_id),
-                           cluster.groups(), cluster.positions.checks(self.broker_id, positions))
+                           cluster.groups(), cluster.positions.checks(self.broker_id, positions), version=version)
         parts = self._parts(routes)
         first = authenticate(sock, parser, cluster.secret, cluster.broker_id, parts[0], next_event, "RECORDS")
         for part in parts[1:]:  # the peer starts its follow once the last part came
@@ -117,6 +123,7 @@ class PeerLink:
             while not self._stopping:
                 if isinstance(event, rp.Records):
                     self.copied += cluster.apply(self.broker_id, event.entries)
+                    self._acks(event.entries)
                 else:
                     raise errors.RemoteProtocolError("unexpected %s from peer broker %d"
                                                      % (type(event).__name__.upper(), self.broker_id), fatal=True)
@@ -135,10 +142,18 @@ class PeerLink:
                 continue
             self._sent_version = version
             try:
-                for part in self._parts(rp.Routes(cluster.broker_id, filters, (), -1, cluster.groups())):
+                for part in self._parts(rp.Routes(cluster.broker_id, filters, (), -1, cluster.groups(),
+                                                  version=version)):
                     send_event(sock, part)
             except OSError:
                 return
+
+    def _acks(self, entries):
+        """The peer's ROUTED entries of a RECORDS frame already applied: ``acked`` moves, the waiters wake."""
+        acked = max((e.offset for e in entries if e.kind == ROUTED), default=0)
+        if acked > self.acked:
+            self.acked = acked
+            self.cluster.acked()
 
     def _parts(self, routes):
         """``routes`` as the ROUTES frames that carry it (``split_routes``), logged when it takes more than one."""

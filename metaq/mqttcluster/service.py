@@ -11,7 +11,17 @@ broker as its holder. The home serialises each id (one registration of an id at 
 it, the home asks that broker to give it up (``MqttPort.give_up``: its connection taken over, MQTT 5 DISCONNECT
 0x8E, its will as on one broker, its session ended in its own sessions' log) and passes the session it got
 (``handover.export``) back in its answer; this broker writes it to its own log (``handover.adopt``) and the CONNECT
-goes on as a takeover on one broker does (Session Present 1). Clean Start 1: the holder just ends it. A CONNECT
+goes on as a takeover on one broker does (Session Present 1). Clean Start 1: the holder just ends it.
+
+**The takeover's end** (``_takeover_end``, before the CONNACK, within MQTT_HANDOVER_END_S): the peers must copy for
+the session here from where the old holder stopped. This broker adds the session's filters to its route and waits
+until every peer acts on it (``MqttCluster.routed``); at that instant its subscriptions' read positions (this broker's
+log ends) and its copies' positions of each peer (``MqttCluster.positions_for``) are where it gets the session's
+messages itself. It then asks the old holder for the rest (``rest``): the holder kept the session's filters in its
+route since it gave it up (``MqttCluster.pin``, for MQTT_HANDOVER_LINGER_S at most, MQTT_HANDOVER_MAX_LINGERING
+sessions), waits until its own copies reach those positions, and hands what its log and its inbox got for the
+session past where its handover stopped and before those positions (``handover.rest``): every message once, from
+one side or the other. A CONNECT
 past its registration and not yet claimed is waited for (``finished``) before a later one takes the id from here,
 so two brokers never both go live with one id.
 
@@ -35,6 +45,7 @@ sessions that end are told to their homes every ``MQTT_CLUSTER_RELEASE_S`` in ba
 import itertools
 import logging
 import time
+from collections import OrderedDict
 
 import gevent
 from gevent.event import Event
@@ -80,8 +91,17 @@ class ClientIds:
         #: the calls this broker answers as a home or a holder (op -> ``fn(caller, request) -> answer``), served on
         #: the replication port by the cluster's ``serve.PeerServer``
         self.calls = {"register": self._register, "give_up": self._give_up, "hold": self._hold,
-                      "release": self._release, "drop": self._drop}
+                      "release": self._release, "drop": self._drop, "rest": self._rest}
         self._members_wake = Event()
+        #: the MQTT cluster (``peers.MqttCluster``): its route and copies' positions, for the takeover's end; set by
+        #: the broker once made (None: no takeover's end)
+        self.cluster = None
+        #: (client id, taking broker) -> (until, SavedSession, {(topic, partition): where its handover stopped}):
+        #: sessions given up here whose taker may ask for the rest (``_rest``), oldest first, at most
+        #: MQTT_HANDOVER_MAX_LINGERING
+        self._lingering = OrderedDict()
+        self.max_lingering = limits.MQTT_HANDOVER_MAX_LINGERING
+        self.ends_short = 0  # takeovers whose end did not complete within MQTT_HANDOVER_END_S (what came went on)
         self.takeovers = 0  # sessions this broker took from another
         self.refused = 0  # CONNECTs refused: the home unreachable, or its registry full
         self._greenlets = []
@@ -124,12 +144,56 @@ class ClientIds:
         self._released.discard(client_id)
         state = answer.get("session")
         if state is not None:
-            handover.adopt(self.port, self.store, state, user)
+            key = ("taking", client_id, answer.get("gen", 0))
+            try:
+                cursors = self._takeover_end(client_id, state, answer, key)
+                handover.adopt(self.port, self.store, state, user, cursors)
+            finally:
+                if self.cluster is not None:
+                    self.cluster.unpin(key)  # the session's record holds its filters now
             self.takeovers += 1
             log.info("mqtt client %s: its session came from broker %d (%d messages not acknowledged%s)", client_id,
                      answer.get("from", -1), len(state["inf"]) + len(state["queued"]),
                      ", %d dropped past the bounds" % state["dropped"] if state.get("dropped") else "")
         return None
+
+    def _takeover_end(self, client_id, state, answer, key):
+        """The takeover's end (the module doc): the session's read positions here (``handover.cursors_of``), once the
+        peers copy for it, and ``state``'s queued messages joined by what the old holder got for it since its
+        handover (``rest``). Within MQTT_HANDOVER_END_S; past it, or the holder unreachable, it goes on with what
+        came (logged, counted: what the holder got since may be missed)."""
+        cluster = self.cluster
+        if cluster is None:
+            return None
+        deadline = time.monotonic() + limits.MQTT_HANDOVER_END_S
+        filters = [sub[0] for sub in state["subs"]]
+        cluster.pin(key, filters)  # until the session's record holds them (``join``)
+        complete = cluster.routed(filters, deadline)
+        cursors = handover.cursors_of(self.store, state["subs"])  # nothing yielded since the peers acted on it
+        upto = cluster.positions_for(filters)
+        upto[self.broker_id] = {k: o for k, o in cursors.items() if k[0] not in self.port.cluster_topics}
+        holder = answer.get("from", -1)
+        address = self.members.get(holder)
+        if not answer.get("rest") or address is None:
+            return cursors  # an older holder keeps no rest; one gone took it with it
+        request = {"op": "rest", "c": client_id,
+                   "upto": [[origin, [[t, p, o] for (t, p), o in sorted(positions.items())]]
+                            for origin, positions in sorted(upto.items())],
+                   "wait": max(0.0, deadline - time.monotonic())}
+        try:
+            rest = self.client.call(address, request, max(0.2, deadline - time.monotonic() + 0.2))
+        except PeerUnreachable as exc:
+            rest = {"error": str(exc)}
+        if "error" in rest or not rest.get("complete", False) or not complete:
+            self.ends_short += 1
+            log.warning("mqtt client %s: the end of its takeover from broker %d did not complete within "
+                        "MQTT_HANDOVER_END_S (%s): what reached broker %d for it meanwhile may be missed", client_id,
+                        holder, rest.get("error") or ("the peers did not act on the route" if not complete else
+                                                      "broker %d's copies did not catch up" % holder), holder)
+        state["queued"].extend(rest.get("queued", ()))
+        if rest.get("dropped"):
+            state["dropped"] = state.get("dropped", 0) + rest["dropped"]
+        return cursors
 
     def finished(self, client_id):
         """The CONNECT of ``client_id`` here claimed it (or was refused): a later takeover may go on."""
@@ -212,7 +276,77 @@ class ClientIds:
         if saved is None:
             return {"from": self.broker_id}
         log.info("mqtt client %s: connected to broker %d; its session moves there", client_id, request.get("to"))
-        return {"session": handover.export(self.store, saved, self.max_transfer), "from": self.broker_id}
+        key = (client_id, request.get("to", -1))
+        if self.cluster is not None:  # pinned before anything yields: the peers never stop copying for it
+            self._linger(key, saved)
+        ends = {}
+        session = handover.export(self.store, saved, self.max_transfer, ends=ends)
+        if key in self._lingering:
+            self._lingering[key] = (self._lingering[key][0], saved, ends)
+        return {"session": session, "from": self.broker_id, "rest": self.cluster is not None}
+
+    def _linger(self, key, saved):
+        """Keep what the takeover's end asks of the session ``saved`` given up here (``_rest``): its filters in the
+        route, for MQTT_HANDOVER_LINGER_S, at most ``max_lingering`` sessions (past it the oldest goes, logged)."""
+        while len(self._lingering) >= self.max_lingering:
+            old, _kept = self._lingering.popitem(last=False)
+            self.cluster.unpin(("given",) + old)
+            log.warning("mqtt client %s: %d sessions given up await their takeover's end (MQTT_HANDOVER_MAX_LINGERING):"
+                        " what reaches this broker for it after its handover is not handed on", old[0],
+                        self.max_lingering)
+        self._lingering[key] = (time.monotonic() + limits.MQTT_HANDOVER_LINGER_S, saved, {})
+        self.cluster.pin(("given",) + key, [sub[0] for sub in saved.subscriptions])
+
+    def _behind(self, origin, wanted):
+        """True when this broker's copy of one of ``origin``'s partitions it follows is before its offset in
+        ``wanted`` (``{(topic, partition): offset}``)."""
+        positions = self.cluster.positions
+        for (topic, partition), offset in wanted.items():
+            at = positions.get(origin, topic, partition)
+            if at is not None and at < offset:
+                return True
+        return False
+
+    def _expire_lingering(self):
+        now = time.monotonic()
+        while self._lingering:
+            key, (until, _saved, _ends) = next(iter(self._lingering.items()))
+            if until > now:
+                return
+            del self._lingering[key]
+            self.cluster.unpin(("given",) + key)
+
+    def _rest(self, caller, request):
+        """The takeover's end on the broker that gave the session up (the module doc): once its copies reach the
+        taker's positions (``upto``, within the request's ``wait``), what reached it for the session since its
+        handover and before them (``handover.rest``); ``complete`` false when its copies did not catch up. The
+        session's filters leave the route."""
+        key = (request["c"], caller)
+        kept = self._lingering.pop(key, None)
+        if kept is None:
+            return {"error": "client id %s: no handover to broker %d kept here (past MQTT_HANDOVER_LINGER_S or "
+                             "MQTT_HANDOVER_MAX_LINGERING)" % key}
+        try:
+            _until, saved, ends = kept
+            upto = {int(origin): {(t, int(p)): int(o) for t, p, o in positions}
+                    for origin, positions in request["upto"]}
+            wait = min(float(request.get("wait", 0)), limits.MQTT_HANDOVER_END_S)
+            complete = self._caught_up(upto, time.monotonic() + wait)
+            answer = handover.rest(self.store, saved, ends, upto, self.broker_id, self.max_transfer)
+            answer["complete"] = complete
+            return answer
+        finally:
+            self.cluster.unpin(("given",) + key)
+
+    def _caught_up(self, upto, deadline):
+        """Wait, until ``deadline`` at most, until this broker's copies of each other origin's partition in ``upto``
+        that it follows reach the position there; True when they did."""
+        while True:
+            if not any(self._behind(origin, wanted) for origin, wanted in upto.items() if origin != self.broker_id):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            gevent.sleep(0.005)
 
     def _await_answer(self, client_id, generation, deadline):
         """Wait, until ``deadline`` at most, while a CONNECT of ``client_id`` here waits for its home's answer and
@@ -390,6 +524,8 @@ class ClientIds:
     def _release_loop(self):
         while True:
             gevent.sleep(limits.MQTT_CLUSTER_RELEASE_S)
+            if self._lingering:
+                self._expire_lingering()
             if self._owed:
                 self._settle_owed()
             if not self._released or not self.active():
@@ -417,4 +553,6 @@ class ClientIds:
         """The ``stats`` summary's pairs of the MQTT cluster."""
         return [("mqtt_cluster_members", len(self.members)), ("mqtt_cluster_ids_homed", len(self.registry)),
                 ("mqtt_cluster_takeovers", self.takeovers), ("mqtt_cluster_refused", self.refused),
+                ("mqtt_cluster_takeover_ends_short", self.ends_short),
+                ("mqtt_cluster_handovers_lingering", len(self._lingering)),
                 ("mqtt_cluster_calls", self.client.calls), ("mqtt_cluster_call_failures", self.client.failures)]

@@ -198,6 +198,7 @@ class Broker:
             self.mqtt.client_ids = self._client_ids(config)  # a client id is the cluster's (docs/mqtt.md)
             self.mqtt_cluster = mqtt_cluster(config, self.store, self.put_path, self.mqtt, self.cluster_members,
                                              self.roles, self.waiters, self.mqtt.client_ids.calls)
+            self.mqtt.client_ids.cluster = self.mqtt_cluster  # its route and positions: the takeover's end
         self.stats_service.add_source("node", self.stats_facts)
         self.stats_service.add_source("replication", self.roles.stats_values)
         self.stats_service.add_source("delay", lambda: self.delay.summary_values() + self.timers.summary_values()

@@ -1,0 +1,84 @@
+"""A device that moves between brokers while a third one publishes (docs/mqtt.md "A client id across the cluster"):
+three masters of one ZooKeeper root (``Cluster``), a publisher on broker 1 sending QoS 1 messages at a steady rate,
+each counted once its PUBACK came, and device X (a persistent session) moving between brokers 0 and 2 several
+times. Every acknowledged message reaches X: the taking broker's route holds X's filters before its CONNACK, and the
+broker X left hands over what reached it for X after it gave the session up."""
+
+import threading
+import time
+
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from tests.harness.mqtt import V5, Paho
+from tests.harness.mqttcluster import wait_routed
+
+pytestmark = [pytest.mark.slow]
+
+#: How long the publisher publishes, and how often X moves meanwhile.
+LOAD_S, MOVES = 4.0, 5
+
+
+def _device(broker):
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 3600
+    return Paho(broker, "mover", V5, clean=False, properties=props)
+
+
+class Publisher(threading.Thread):
+    """QoS 1 PUBLISHes of ``load/t`` at a steady rate; ``acked``: the payloads whose PUBACK came."""
+
+    def __init__(self, broker, rate=100):
+        super().__init__(daemon=True)
+        self.client = Paho(broker, "publisher")
+        self.rate, self.acked, self.stop = rate, [], threading.Event()
+
+    def run(self):
+        i = 0
+        while not self.stop.is_set():
+            payload = b"m%d" % i
+            info = self.client.c.publish("load/t", payload, 1)
+            info.wait_for_publish(10)
+            if info.is_published():
+                self.acked.append(payload)
+            i += 1
+            time.sleep(1.0 / self.rate)
+
+
+def test_moves_between_brokers_lose_nothing_a_third_broker_acknowledged(cluster):
+    a, b, c = cluster[0], cluster[1], cluster[2]
+    device = _device(a)
+    assert device.subscribe("load/#", 1) == [1]
+    probe = Paho(b, "probe")
+    wait_routed(device, lambda i: probe.publish("load/probe", b"p%d" % i, 1))
+    received, lock = set(), threading.Lock()
+    publisher = Publisher(b)
+    publisher.start()
+    devices = [device]
+    try:
+        for move in range(MOVES):
+            time.sleep(LOAD_S / MOVES)
+            old = devices[-1]
+            new = _device(c if move % 2 == 0 else a)
+            assert new.session_present
+            old.c.loop_stop()  # told 0x8E: it must not connect again
+            devices.append(new)
+    finally:
+        publisher.stop.set()
+        publisher.join(15)
+    acked = set(publisher.acked)
+    assert len(acked) > 200
+    last = devices[-1]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with lock:
+            for d in devices:
+                received.update(m.payload for m in d.messages)
+        if acked <= received:
+            break
+        time.sleep(0.2)
+    lost = sorted(acked - received, key=lambda p: int(p[1:]))
+    assert not lost, "%d of %d acknowledged messages never reached the device: %s..." % (
+        len(lost), len(acked), lost[:20])
+    last.close()
