@@ -831,6 +831,11 @@ MQTT_HANDOVER_LINGER_S = 10.0
 #: Sessions given up whose filters and handover end a broker keeps at once for their takeover's end; past it the
 #: oldest is forgotten (logged: what reached this broker for it after its handover is not handed on).
 MQTT_HANDOVER_MAX_LINGERING = 10_000
+#: Seconds a broker keeps a connection of a client id whose home broker it has not reached for that long (a lease,
+#: renewed by a call to each member every quarter of it; ``mqtt.cluster_id_lease_s``): past it the connection is
+#: closed. A home gives the id to another broker, while the holder does not answer, only once the holder's lease
+#: surely ran out since the home last heard from it: two live connections of one id never overlap.
+MQTT_CLUSTER_ID_LEASE_S = 4.0
 #: Seconds between two readings of the cluster's members in ZooKeeper (the masters' ``replication`` nodes): a
 #: broker joining or leaving is seen within this.
 MQTT_CLUSTER_MEMBERS_POLL_S = 1.0

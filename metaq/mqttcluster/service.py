@@ -37,6 +37,15 @@ holds live; that broker is told to end it (``drop``). A member that leaves takes
 registries. A copy ended so goes as the device's CONNECT that made the standing copy would have ended it on one
 broker (``_drop``): after a Clean Start 0 one its pending will is dropped, else published.
 
+**Leases** (``_lease_loop``): a broker keeps a connection of an id whose home is another broker only while it holds
+a lease of that home: a call to it (``lease``, every quarter of ``mqtt.cluster_id_lease_s``, or a CONNECT's
+registration) answered, valid for the lease from when the call was sent. Past it (the home cut off, or down and not
+yet gone from ZooKeeper) the connections of the ids homed there are closed (MQTT 5: DISCONNECT 0x9C Use another
+server; the will as for a network failure), as a deposed master closes its sessions. A home that cannot reach the
+holder of an id registers another broker only once the holder's lease surely ran out since the home last heard from
+it (any call from it: ``_heard``), within the registration's bound (else the CONNECT is refused, 0x88, and retried):
+two live connections of one id do not overlap, however the brokers are cut.
+
 **No ZooKeeper write per device**: registries live in memory on the homes; when the members change each broker
 tells the homes of the ids it holds (those whose home changed or restarted), ``MQTT_CLUSTER_ID_BATCH`` a call, and
 sessions that end are told to their homes every ``MQTT_CLUSTER_RELEASE_S`` in batches.
@@ -56,6 +65,7 @@ from metaq.mqtt import wire
 from metaq.mqttcluster import handover
 from metaq.mqttcluster.calls import PeerUnreachable
 from metaq.mqttcluster.ids import HomeRegistry, RegistryFull, home_of
+from metaq.server.connections import share_loop
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +74,16 @@ __all__ = ["ClientIds"]
 #: Seconds the home waits for the holder's answer: half a registration's bound, so the CONNECT that waits for the
 #: home learns the outcome either way; the holder waits at most half of it for a CONNECT of its own to go live.
 HOLDER_TIMEOUT_S = limits.MQTT_CLUSTER_CALL_TIMEOUT_S / 2
+#: Seconds a home adds to a holder's lease before it takes the holder's ids elsewhere (its loop's turn, a clock's rate).
+LEASE_MARGIN_S = 0.25
 
 
 class ClientIds:
     """See the module doc. ``port``: the MQTT port; ``members``: the cluster's ``members.Members``; ``client``: a
     ``calls.PeerClient``; ``is_member``: True while this broker is a master with a replication port."""
 
-    def __init__(self, port, store, members, broker_id, client, max_ids, max_transfer, is_member):
+    def __init__(self, port, store, members, broker_id, client, max_ids, max_transfer, is_member,
+                 lease_s=limits.MQTT_CLUSTER_ID_LEASE_S):
         self.port, self.store, self.members_reader = port, store, members
         self.broker_id = broker_id
         self.client = client
@@ -90,8 +103,16 @@ class ClientIds:
         self._owed = {}
         #: the calls this broker answers as a home or a holder (op -> ``fn(caller, request) -> answer``), served on
         #: the replication port by the cluster's ``serve.PeerServer``
-        self.calls = {"register": self._register, "give_up": self._give_up, "hold": self._hold,
-                      "release": self._release, "drop": self._drop, "rest": self._rest}
+        self.calls = {op: self._heard_by(fn) for op, fn in (
+            ("register", self._register), ("give_up", self._give_up), ("hold", self._hold), ("release", self._release),
+            ("drop", self._drop), ("rest", self._rest), ("lease", lambda _caller, _request: {}))}
+        self.lease_s = lease_s
+        #: home broker id -> until when (monotonic) this broker may keep connections of the ids homed there
+        self._leases = {}
+        self._heard = {}  # broker id -> when (monotonic) a call from it last came: its lease of this home began by then
+        self._renewing = {}  # broker id -> the greenlet renewing this broker's lease of it
+        self._started = time.monotonic()
+        self.lease_closed = 0  # connections closed: the lease of their id's home ran out
         self._members_wake = Event()
         #: the MQTT cluster (``peers.MqttCluster``): its route and copies' positions, for the takeover's end; set by
         #: the broker once made (None: no takeover's end)
@@ -125,7 +146,9 @@ class ClientIds:
             if home == self.broker_id:
                 answer = self._register(self.broker_id, request)
             else:
+                sent = time.monotonic()
                 answer = self.client.call(self.members[home], request)
+                self._renewed(home, sent)
         except PeerUnreachable as exc:
             self.refused += 1
             return wire.SERVER_UNAVAILABLE, "the home broker %d of client id %s is unreachable (%s): try again" \
@@ -214,22 +237,23 @@ class ClientIds:
         if serial is None:
             serial = self._serial[client_id] = [Semaphore(), 0]  # the lock, and how many use or wait for it
         serial[1] += 1
+        deadline = time.monotonic() + limits.MQTT_CLUSTER_CALL_TIMEOUT_S - HOLDER_TIMEOUT_S / 5  # the caller's bound
         try:
             with serial[0]:
-                return self._register_one(caller, client_id, request)
+                return self._register_one(caller, client_id, request, deadline)
         finally:
             serial[1] -= 1
             if not serial[1]:
                 del self._serial[client_id]
 
-    def _register_one(self, caller, client_id, request):
+    def _register_one(self, caller, client_id, request, deadline):
         old = self.registry.holder(client_id)
         if old is None and len(self.registry) >= self.registry.max_ids:
             return {"error": "client id %s cannot be registered: %d client ids is its home broker's limit "
                              "(mqtt.cluster_max_ids)" % (client_id, self.registry.max_ids), "full": True}
         answer = {}
         if old is not None and old != caller:
-            got = self._take_from(old, caller, request)
+            got = self._take_from(old, caller, request, deadline)
             if "error" in got:
                 return got
             answer = got
@@ -243,8 +267,10 @@ class ClientIds:
         answer["gen"] = generation
         return answer
 
-    def _take_from(self, holder, caller, request):
-        """Ask ``holder`` to give the id up for ``caller``: its answer (``{"session": ...}``, ``{}``, an error)."""
+    def _take_from(self, holder, caller, request, deadline):
+        """Ask ``holder`` to give the id up for ``caller``: its answer (``{"session": ...}``, ``{}``, an error). A
+        holder that does not answer is passed over once its lease surely ran out (``_lease_gone``), by ``deadline``;
+        else an error (the CONNECT is refused and retried)."""
         ask = {"op": "give_up", "c": request["c"], "clean": request["clean"], "u": request.get("u"), "to": caller,
                "gen": self.registry.generation(request["c"])}
         if holder == self.broker_id:
@@ -255,9 +281,15 @@ class ClientIds:
         try:
             return self.client.call(address, ask, HOLDER_TIMEOUT_S)
         except PeerUnreachable as exc:
-            log.warning("mqtt client %s: broker %d held it and is unreachable (%s): broker %d goes on without its "
-                        "session, and broker %d is told to end it once it answers", request["c"], holder, exc,
-                        caller, holder)
+            gone = self._lease_gone(holder)
+            if gone > deadline:
+                return {"error": "client id %s is held by broker %d, unreachable (%s); its lease of the id runs out "
+                                 "in %.1f s (mqtt.cluster_id_lease_s): try again" % (
+                                     request["c"], holder, exc, gone - time.monotonic())}
+            gevent.sleep(max(0.0, gone - time.monotonic()))
+            log.warning("mqtt client %s: broker %d held it and is unreachable (%s), its lease ran out: broker %d goes "
+                        "on without its session, and broker %d is told to end it once it answers", request["c"],
+                        holder, exc, caller, holder)
             return {"unreached": True}
 
     # -- the holder's side -----------------------------------------------------------------------------------------
@@ -443,14 +475,82 @@ class ClientIds:
             self.registry.release(client_id, caller)
         return {}
 
+    # -- leases -----------------------------------------------------------------------------------------------------
+
+    def _heard_by(self, fn):
+        """``fn``, a call's handler, that first records the caller heard from now (``_lease_gone``)."""
+        def handler(caller, request):
+            self._heard[caller] = time.monotonic()
+            return fn(caller, request)
+        return handler
+
+    def _renewed(self, home, sent):
+        """A call sent to ``home`` at ``sent`` was answered: this broker's lease of it runs to ``sent`` + the lease."""
+        self._leases[home] = max(self._leases.get(home, 0.0), sent + self.lease_s)
+
+    def _lease_gone(self, holder):
+        """When (monotonic) ``holder``'s lease of this home surely ran out and it closed its connections of the ids
+        homed here: the lease from the last call heard from it (or this broker's start), one of its looks later
+        (``_lease_loop``), and a margin."""
+        heard = self._heard.get(holder, self._started)
+        return heard + self.lease_s * 1.25 + LEASE_MARGIN_S
+
+    def _lease_loop(self):
+        while True:
+            gevent.sleep(self.lease_s / 4)
+            try:
+                if self.active():
+                    self._renew_leases()
+                    self._end_unleased()
+            except Exception:  # noqa: BLE001 - the loop must go on
+                log.exception("mqtt cluster: keeping the client ids' leases failed")
+
+    def _renew_leases(self):
+        for home, address in self.members.items():
+            running = self._renewing.get(home)
+            if home != self.broker_id and (running is None or running.dead):
+                self._renewing[home] = gevent.spawn(self._renew, home, address)
+        for home in [h for h in self._renewing if h not in self.members]:
+            self._renewing.pop(home).kill(block=False)
+            self._leases.pop(home, None)
+
+    def _renew(self, home, address):
+        sent = time.monotonic()
+        try:
+            answer = self.client.call(address, {"op": "lease"}, self.lease_s / 2)
+        except PeerUnreachable:
+            return
+        if "error" not in answer:
+            self._renewed(home, sent)
+
+    def _end_unleased(self):
+        """Close the connections of the ids whose home's lease ran out (a home first seen now gets a lease's time)."""
+        now = time.monotonic()
+        lapsed = set()
+        for home in self.members:
+            if home != self.broker_id and self._leases.setdefault(home, now + self.lease_s) < now:
+                lapsed.add(home)
+        if not lapsed:
+            return
+        members, ended, turn = self.members, [], time.monotonic()
+        for client_id in self.port.connected_ids():
+            if home_of(client_id, members) in lapsed:
+                ended.append(client_id)
+            turn = share_loop(turn)
+        if ended:
+            self.lease_closed += len(ended)
+            log.warning("mqtt cluster: home brokers %s not reached for %.1f s (mqtt.cluster_id_lease_s): %d "
+                        "connections of the ids homed there closed", sorted(lapsed), self.lease_s, len(ended))
+            self.port.lease_lost(ended, "its home broker %s is not reached" % sorted(lapsed))
+
     # -- members, re-registration, releases -------------------------------------------------------------------------
 
     def start(self):
         self.members_reader.on_change(self._members_wake.set)  # a listener: record and wake, nothing else
-        self._greenlets = [gevent.spawn(self._watch), gevent.spawn(self._release_loop)]
+        self._greenlets = [gevent.spawn(self._watch), gevent.spawn(self._release_loop), gevent.spawn(self._lease_loop)]
 
     def stop(self):
-        for g in self._greenlets:
+        for g in self._greenlets + list(self._renewing.values()):
             g.kill(block=False)
         self.client.close()
 
@@ -554,5 +654,6 @@ class ClientIds:
         return [("mqtt_cluster_members", len(self.members)), ("mqtt_cluster_ids_homed", len(self.registry)),
                 ("mqtt_cluster_takeovers", self.takeovers), ("mqtt_cluster_refused", self.refused),
                 ("mqtt_cluster_takeover_ends_short", self.ends_short),
+                ("mqtt_cluster_lease_closed", self.lease_closed),
                 ("mqtt_cluster_handovers_lingering", len(self._lingering)),
                 ("mqtt_cluster_calls", self.client.calls), ("mqtt_cluster_call_failures", self.client.failures)]

@@ -299,7 +299,8 @@ class Broker:
                             client_context(tls) if tls.mode != "off" and tls.replication else None)
         return ClientIds(self.mqtt, self.store, self.cluster_members, config.broker.id, client,
                          config.mqtt.cluster_max_ids, config.store.max_transfer_size,
-                         lambda: self.roles.is_master and self.roles.replication_port is not None)
+                         lambda: self.roles.is_master and self.roles.replication_port is not None,
+                         config.mqtt.cluster_id_lease_s)
 
     def _mqtt_address(self):
         """This broker's MQTT address as the elected master's leader node names it ("host:port", a wildcard bind
