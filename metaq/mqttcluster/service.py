@@ -78,6 +78,11 @@ HOLDER_TIMEOUT_S = limits.MQTT_CLUSTER_CALL_TIMEOUT_S / 2
 LEASE_MARGIN_S = 0.25
 
 
+def _bound_of_register():
+    """When (monotonic) a registration arriving now must be answered: before its caller's call bound runs out."""
+    return time.monotonic() + limits.MQTT_CLUSTER_CALL_TIMEOUT_S - HOLDER_TIMEOUT_S / 5
+
+
 class ClientIds:
     """See the module doc. ``port``: the MQTT port; ``members``: the cluster's ``members.Members``; ``client``: a
     ``calls.PeerClient``; ``is_member``: True while this broker is a master with a replication port."""
@@ -94,6 +99,7 @@ class ClientIds:
         self._owners = {}  # broker id -> (address, its node's ZooKeeper session): a restart is a change
         self._serial = {}  # client id -> Semaphore: one registration of an id at a time, on its home
         self._finishing = {}  # client id -> Event: a CONNECT here registered and not yet claimed
+        self._overtaken = set()  # those Events whose CONNECT a later registration elsewhere passed: refused (``join``)
         self._pending = {}  # client id -> registrations this broker sent to its home and has no answer to yet
         self._answered = {}  # client id -> the generation of the last registration answered here
         self._generations = itertools.count(1)  # the home's: each registration of an id gets the next
@@ -163,7 +169,7 @@ class ClientIds:
                 wire.CLIENT_ID_NOT_VALID if answer.get("refused") else wire.SERVER_UNAVAILABLE
             return code, answer["error"]
         self._answered[client_id] = max(self._answered.get(client_id, 0), answer.get("gen", 0))
-        self._finishing[client_id] = Event()
+        going = self._finishing[client_id] = Event()
         self._released.discard(client_id)
         state = answer.get("session")
         if state is not None:
@@ -178,6 +184,14 @@ class ClientIds:
             log.info("mqtt client %s: its session came from broker %d (%d messages not acknowledged%s)", client_id,
                      answer.get("from", -1), len(state["inf"]) + len(state["queued"]),
                      ", %d dropped past the bounds" % state["dropped"] if state.get("dropped") else "")
+        if going in self._overtaken:  # a later registration elsewhere took the id while this one took its session
+            self._overtaken.discard(going)
+            self.finished(client_id)
+            if state is not None and not self.port.holds(client_id):
+                self.port.end_session(client_id)  # it went on from what was here before: this copy is not the id's
+            self.refused += 1
+            return wire.SERVER_UNAVAILABLE, "client id %s was registered on another broker while this CONNECT took " \
+                "its session over: try again" % client_id
         return None
 
     def _takeover_end(self, client_id, state, answer, key):
@@ -223,6 +237,7 @@ class ClientIds:
         event = self._finishing.pop(client_id, None)
         if event is not None:
             event.set()
+            self._overtaken.discard(event)
 
     def released(self, client_id):
         """No connection nor session of ``client_id`` is left here: its home is told (batched)."""
@@ -237,7 +252,7 @@ class ClientIds:
         if serial is None:
             serial = self._serial[client_id] = [Semaphore(), 0]  # the lock, and how many use or wait for it
         serial[1] += 1
-        deadline = time.monotonic() + limits.MQTT_CLUSTER_CALL_TIMEOUT_S - HOLDER_TIMEOUT_S / 5  # the caller's bound
+        deadline = _bound_of_register()
         try:
             with serial[0]:
                 return self._register_one(caller, client_id, request, deadline)
@@ -246,14 +261,14 @@ class ClientIds:
             if not serial[1]:
                 del self._serial[client_id]
 
-    def _register_one(self, caller, client_id, request, deadline):
+    def _register_one(self, caller, client_id, request, deadline=None):
         old = self.registry.holder(client_id)
         if old is None and len(self.registry) >= self.registry.max_ids:
             return {"error": "client id %s cannot be registered: %d client ids is its home broker's limit "
                              "(mqtt.cluster_max_ids)" % (client_id, self.registry.max_ids), "full": True}
         answer = {}
         if old is not None and old != caller:
-            got = self._take_from(old, caller, request, deadline)
+            got = self._take_from(old, caller, request, _bound_of_register() if deadline is None else deadline)
             if "error" in got:
                 return got
             answer = got
@@ -301,6 +316,8 @@ class ClientIds:
         event = self._finishing.get(client_id)
         if event is not None:
             event.wait(max(0.0, deadline - time.monotonic()))  # a CONNECT here going live: taken over once it is
+            if not event.is_set():
+                self._overtaken.add(event)  # still taking the session over: it will not go live (``join``)
         refusal, saved = self.port.give_up(client_id, request["clean"], request.get("u"))
         if refusal is not None:
             return {"error": refusal, "refused": True}
