@@ -92,6 +92,7 @@ class MqttCluster:
         self.route_changed = Event()
         self._acked = Event()  # replaced at each ROUTED a link gets (``acked``), as ``route_changed`` is
         self._pinned = {}  # key -> filters the route keeps whatever the sessions hold (``pin``)
+        self._inbox_end = {}  # inbox partition -> the offset after the last copy appended there (``inbox_marks``)
         self._route = (0, ())
         self._route_set = frozenset()
         self._members_wake = Event()
@@ -245,6 +246,15 @@ class MqttCluster:
             if left <= 0:
                 return False
             event.wait(left)
+
+    def inbox_marks(self):
+        """``{inbox partition: offset}``: where the copies appended so far end (the positions count them)."""
+        return dict(self._inbox_end)
+
+    def inbox_visible(self, marks):
+        """True when the inbox's readers see every copy up to ``marks`` (``inbox_marks``'s): with ``sync`` flush a
+        copy appended is read only once flushed, while the positions count it at once."""
+        return all(self.store.max_offset(inbox.INBOX, p) >= end for p, end in marks.items())
 
     def positions_for(self, filters):
         """``{origin: {(topic, partition): next offset}}`` of this broker's copies of the peers' partitions that
@@ -418,7 +428,9 @@ class MqttCluster:
         """Append ``made`` (flag, data) to the inbox partition of ``origin``'s ``e.topic``-``e.partition``; ``{inbox
         partition: PutResult}``."""
         partition = inbox.partition_of(origin, e.topic, e.partition)
-        return {partition: self.put_path.append(inbox.INBOX, partition, made[0], made[1], now, internal=True)}
+        r = self.put_path.append(inbox.INBOX, partition, made[0], made[1], now, internal=True)
+        self._inbox_end[partition] = r.offset + 1
+        return {partition: r}
 
     # -- retained ------------------------------------------------------------------
 

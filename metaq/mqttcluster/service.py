@@ -206,6 +206,8 @@ class ClientIds:
         filters = [sub[0] for sub in state["subs"]]
         cluster.pin(key, filters)  # until the session's record holds them (``join``)
         complete = cluster.routed(filters, deadline)
+        while not cluster.inbox_visible(cluster.inbox_marks()) and time.monotonic() < deadline:
+            gevent.sleep(0.002)  # the copies the positions count are the ones the session's reads start past
         cursors = handover.cursors_of(self.store, state["subs"])  # nothing yielded since the peers acted on it
         upto = cluster.positions_for(filters)
         upto[self.broker_id] = {k: o for k, o in cursors.items() if k[0] not in self.port.cluster_topics}
@@ -380,7 +382,14 @@ class ClientIds:
             upto = {int(origin): {(t, int(p)): int(o) for t, p, o in positions}
                     for origin, positions in request["upto"]}
             wait = min(float(request.get("wait", 0)), limits.MQTT_HANDOVER_END_S)
-            complete = self._caught_up(upto, time.monotonic() + wait)
+            deadline = time.monotonic() + wait
+            complete = self._caught_up(upto, deadline)
+            marks = self.cluster.inbox_marks()  # what the positions count is read (visible) before the read
+            while not self.cluster.inbox_visible(marks):
+                if time.monotonic() >= deadline:
+                    complete = False
+                    break
+                gevent.sleep(0.002)
             answer = handover.rest(self.store, saved, ends, upto, self.broker_id, self.max_transfer)
             answer["complete"] = complete
             return answer
@@ -519,6 +528,8 @@ class ClientIds:
                 if self.active():
                     self._renew_leases()
                     self._end_unleased()
+                else:
+                    self._leases.clear()  # a member again: each home gets a lease's time (``_end_unleased``)
             except Exception:  # noqa: BLE001 - the loop must go on
                 log.exception("mqtt cluster: keeping the client ids' leases failed")
 
@@ -534,11 +545,10 @@ class ClientIds:
     def _renew(self, home, address):
         sent = time.monotonic()
         try:
-            answer = self.client.call(address, {"op": "lease"}, self.lease_s / 2)
+            self.client.call(address, {"op": "lease"}, self.lease_s / 2)
         except PeerUnreachable:
             return
-        if "error" not in answer:
-            self._renewed(home, sent)
+        self._renewed(home, sent)  # any answer went both ways (an older home answers the op as unknown)
 
     def _end_unleased(self):
         """Close the connections of the ids whose home's lease ran out (a home first seen now gets a lease's time)."""
