@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 
 #: A link looks at the route at least this often (a change wakes it at once).
 ROUTE_WAIT_S = 1.0
+#: Seconds after which a link up that never got a ROUTED is one to a peer of the version before the acks: a takeover's
+#: end does not wait for it (a peer that acks does so within milliseconds of a route).
+ACK_EXPECTED_S = 2.0
 
 
 class PeerLink:
@@ -48,6 +51,7 @@ class PeerLink:
         #: the positions this broker held when the ack came; kept across reconnections (a route sent again on a new
         #: link applies from the positions the link resumes at)
         self.acked = 0
+        self.connected_at = 0.0  # when the link last came up (monotonic)
 
     def state(self):
         if self.connected:
@@ -113,6 +117,7 @@ class PeerLink:
         self._sent_version = version
         sock.settimeout(LINK_TIMEOUT_S)
         self.connected = True
+        self.connected_at = time.monotonic()
         self.connects += 1
         self.last_error = None
         log.info("mqtt cluster: following peer broker %d (%s): %d filters", self.broker_id, self.address,
@@ -147,6 +152,12 @@ class PeerLink:
                     send_event(sock, part)
             except OSError:
                 return
+
+    def owes_ack(self, version):
+        """True when this link's peer is to ack ``version`` of the route and has not yet: the link is up, and the peer
+        acks routes (it acked one, or the link is younger than ACK_EXPECTED_S)."""
+        return self.connected and self.acked < version and \
+            (self.acked > 0 or time.monotonic() - self.connected_at < ACK_EXPECTED_S)
 
     def _acks(self, entries):
         """The peer's ROUTED entries of a RECORDS frame already applied: ``acked`` moves, the waiters wake."""

@@ -232,7 +232,8 @@ class MqttCluster:
 
     def routed(self, filters, deadline):
         """Add ``filters`` to the route and wait, until ``deadline`` (monotonic) at most, for every peer whose link is
-        up to act on a route that holds them (its ROUTED of this version or a later one). True when they all did: then,
+        up to act on a route that holds them (its ROUTED of this version or a later one; ``PeerLink.owes_ack``: not a
+        peer of the version before the acks). True when they all did: then,
         until this greenlet yields, every copy from the positions held now on (``positions_for``) is by such a route
         (a link that is down sends its route again when it is back, from the positions it resumes at)."""
         for f in filters:
@@ -240,7 +241,7 @@ class MqttCluster:
         version = self._route[0]
         while True:
             event = self._acked
-            if all(link.acked >= version for link in self.links.values() if link.connected):
+            if not any(link.owes_ack(version) for link in self.links.values()):
                 return True
             left = deadline - time.monotonic()
             if left <= 0:

@@ -13,6 +13,7 @@ import pytest
 from metaq.errors import RemoteProtocolError
 from metaq.mqttcluster.calls import PeerUnreachable
 from metaq.mqttcluster.ids import home_of
+from metaq.mqttcluster.link import ACK_EXPECTED_S, PeerLink
 from metaq.mqttcluster.peers import MqttCluster
 from metaq.mqttcluster.serve import PeerFollow
 from metaq.mqttcluster.service import LEASE_MARGIN_S, ClientIds
@@ -64,6 +65,8 @@ def _cluster(filters=()):
 
 
 def test_pinned_filters_stay_in_the_route_and_the_takers_wait_ends_with_every_linked_peers_ack():
+    """A peer whose link is down, or that never acked a route in ACK_EXPECTED_S (the version before the acks), is not
+    waited for."""
     cluster = _cluster(["a/1"])
     cluster.routes_changed()
     cluster.pin("x", ["b/#"])
@@ -73,17 +76,20 @@ def test_pinned_filters_stay_in_the_route_and_the_takers_wait_ends_with_every_li
     cluster.unpin("x")
     cluster.routes_changed()
     assert cluster.route()[1] == ("a/1",)
-    up, down = SimpleNamespace(connected=True, acked=0), SimpleNamespace(connected=False, acked=0)
-    cluster.links = {1: up, 2: down}
+    up = PeerLink(cluster, 1, "127.0.0.1:1")
+    down, older = PeerLink(cluster, 2, "127.0.0.1:2"), PeerLink(cluster, 3, "127.0.0.1:3")
+    up.connected = older.connected = True
+    up.connected_at = time.monotonic()
+    older.connected_at = time.monotonic() - ACK_EXPECTED_S  # up this long, never acked: the version before the acks
+    cluster.links = {1: up, 2: down, 3: older}
     started = time.monotonic()
-    assert not cluster.routed(["c/#"], started + 0.2)  # peer 1 never acks: the wait ends at its bound
+    assert not cluster.routed(["c/#"], started + 0.2)  # peer 1 does not ack: the wait ends at its bound
     assert time.monotonic() - started >= 0.2
     version = cluster.route()[0]
 
     def ack():
         gevent.sleep(0.05)
-        up.acked = version
-        cluster.acked()
+        up._acks([Entry(ROUTED, "", 0, version)])
 
     acker = gevent.spawn(ack)
     assert cluster.routed(["c/#"], time.monotonic() + 5)  # the link that is down sends its route when back
@@ -91,7 +97,7 @@ def test_pinned_filters_stay_in_the_route_and_the_takers_wait_ends_with_every_li
     cluster.positions.copied(1, "c", 0, 41)
     cluster.positions.copied(1, "d", 0, 9)
     cluster.positions.copied(2, "c", 1, 4)
-    assert cluster.positions_for(["c/#"]) == {1: {("c", 0): 42}, 2: {("c", 1): 5}}
+    assert cluster.positions_for(["c/#"]) == {1: {("c", 0): 42}, 2: {("c", 1): 5}, 3: {}}
 
 
 class FakeCluster:
