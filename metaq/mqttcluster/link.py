@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 
 #: A link looks at the route at least this often (a change wakes it at once).
 ROUTE_WAIT_S = 1.0
-#: Seconds after which a link up that never got a ROUTED is one to a peer of the version before the acks: a takeover's
-#: end does not wait for it (a peer that acks does so within milliseconds of a route).
+#: Seconds after which a link whose peer was sent a route version and never acked one is a link to a peer of the version
+#: before the acks: a takeover's end does not wait for it (a peer that acks does so within milliseconds of a route).
 ACK_EXPECTED_S = 2.0
 
 
@@ -51,7 +51,7 @@ class PeerLink:
         #: the positions this broker held when the ack came; kept across reconnections (a route sent again on a new
         #: link applies from the positions the link resumes at)
         self.acked = 0
-        self.connected_at = 0.0  # when the link last came up (monotonic)
+        self.asked_at = None  # when this link's peer was first sent a route version to ack since the link came up
 
     def state(self):
         if self.connected:
@@ -117,7 +117,7 @@ class PeerLink:
         self._sent_version = version
         sock.settimeout(LINK_TIMEOUT_S)
         self.connected = True
-        self.connected_at = time.monotonic()
+        self.asked_at = time.monotonic() if version else None
         self.connects += 1
         self.last_error = None
         log.info("mqtt cluster: following peer broker %d (%s): %d filters", self.broker_id, self.address,
@@ -146,6 +146,8 @@ class PeerLink:
                 cluster.route_changed.wait(ROUTE_WAIT_S)
                 continue
             self._sent_version = version
+            if self.asked_at is None and version:
+                self.asked_at = time.monotonic()
             try:
                 for part in self._parts(rp.Routes(cluster.broker_id, filters, (), -1, cluster.groups(),
                                                   version=version)):
@@ -155,9 +157,9 @@ class PeerLink:
 
     def owes_ack(self, version):
         """True when this link's peer is to ack ``version`` of the route and has not yet: the link is up, and the peer
-        acks routes (it acked one, or the link is younger than ACK_EXPECTED_S)."""
+        acks routes (it acked one, or was asked to less than ACK_EXPECTED_S ago, or is about to be)."""
         return self.connected and self.acked < version and \
-            (self.acked > 0 or time.monotonic() - self.connected_at < ACK_EXPECTED_S)
+            (self.acked > 0 or self.asked_at is None or time.monotonic() - self.asked_at < ACK_EXPECTED_S)
 
     def _acks(self, entries):
         """The peer's ROUTED entries of a RECORDS frame already applied: ``acked`` moves, the waiters wake."""

@@ -79,8 +79,7 @@ def test_pinned_filters_stay_in_the_route_and_the_takers_wait_ends_with_every_li
     up = PeerLink(cluster, 1, "127.0.0.1:1")
     down, older = PeerLink(cluster, 2, "127.0.0.1:2"), PeerLink(cluster, 3, "127.0.0.1:3")
     up.connected = older.connected = True
-    up.connected_at = time.monotonic()
-    older.connected_at = time.monotonic() - ACK_EXPECTED_S  # up this long, never acked: the version before the acks
+    older.asked_at = time.monotonic() - ACK_EXPECTED_S  # asked this long ago, never acked: the version before the acks
     cluster.links = {1: up, 2: down, 3: older}
     started = time.monotonic()
     assert not cluster.routed(["c/#"], started + 0.2)  # peer 1 does not ack: the wait ends at its bound
