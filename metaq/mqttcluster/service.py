@@ -379,9 +379,13 @@ class ClientIds:
                              "MQTT_HANDOVER_MAX_LINGERING)" % key}
         try:
             _until, saved, ends = kept
-            upto = {int(origin): {(t, int(p)): int(o) for t, p, o in positions}
-                    for origin, positions in request["upto"]}
-            wait = min(float(request.get("wait", 0)), limits.MQTT_HANDOVER_END_S)
+            try:
+                upto = {int(origin): {(str(t), int(p)): int(o) for t, p, o in positions}
+                        for origin, positions in request["upto"]}
+                wait = min(float(request.get("wait", 0)), limits.MQTT_HANDOVER_END_S)
+            except (KeyError, TypeError, ValueError) as exc:
+                return {"error": "client id %s: a call for the rest of its handover that is not [[origin, [[topic, "
+                                 "partition, offset], ...]], ...] (%s): nothing handed" % (key[0], exc)}
             deadline = time.monotonic() + wait
             complete = self._caught_up(upto, deadline)
             marks = self.cluster.inbox_marks()  # what the positions count is read (visible) before the read

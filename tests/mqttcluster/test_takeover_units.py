@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import gevent
 import pytest
+from pydantic import ValidationError
 
 from metaq.errors import RemoteProtocolError
 from metaq.mqttcluster.calls import PeerUnreachable
@@ -18,6 +19,7 @@ from metaq.mqttcluster.peers import MqttCluster
 from metaq.mqttcluster.serve import PeerFollow
 from metaq.mqttcluster.service import LEASE_MARGIN_S, ClientIds
 from metaq.protocol import replication as rp
+from metaq.server.config import ServerConfig
 from metaq.protocol.replication_mqtt import MESSAGE, POSITION, ROUTED, Entry, decode_routes, join_routes, split_routes
 from tests.mqttcluster.test_units import RecordsStore
 
@@ -129,9 +131,20 @@ def test_a_holder_keeps_at_most_max_lingering_handovers_the_oldest_forgotten():
     ids._linger(("z", 2), saved)  # one past: the oldest goes, its filters unpinned
     assert list(ids._lingering) == [("y", 1), ("z", 2)] and ("given", "x", 1) not in ids.cluster.pins
     assert "error" in ids._rest(1, {"c": "x", "upto": []})  # its taker's call for the rest: nothing kept
-    ids._lingering[("y", 1)] = (time.monotonic() - 1, saved, {})  # past MQTT_HANDOVER_LINGER_S
+    bad = ids._rest(1, {"c": "y", "upto": [[2, "not positions"]]})  # a call that is not one: a clear error
+    assert "nothing handed" in bad["error"] and ("given", "y", 1) not in ids.cluster.pins
+    ids._linger(("w", 1), saved)
+    ids._lingering[("z", 2)] = (time.monotonic() - 1, saved, {})  # past MQTT_HANDOVER_LINGER_S
     ids._expire_lingering()
-    assert list(ids._lingering) == [("z", 2)] and list(ids.cluster.pins) == [("given", "z", 2)]
+    assert list(ids._lingering) == [("w", 1)] and list(ids.cluster.pins) == [("given", "w", 1)]
+
+
+def test_the_lease_is_a_setting_within_its_bounds():
+    assert ServerConfig().mqtt.cluster_id_lease_s == 4.0
+    assert ServerConfig.model_validate({"mqtt": {"cluster_id_lease_s": 60}}).mqtt.cluster_id_lease_s == 60
+    for bad in (0, -1, 61):
+        with pytest.raises(ValidationError, match="cluster_id_lease_s"):
+            ServerConfig.model_validate({"mqtt": {"cluster_id_lease_s": bad}})
 
 
 def test_a_broker_closes_the_connections_of_the_ids_whose_homes_lease_ran_out():
