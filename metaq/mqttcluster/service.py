@@ -152,9 +152,7 @@ class ClientIds:
             if home == self.broker_id:
                 answer = self._register(self.broker_id, request)
             else:
-                sent = time.monotonic()
-                answer = self.client.call(self.members[home], request)
-                self._renewed(home, sent)
+                answer = self._call(home, self.members[home], request)
         except PeerUnreachable as exc:
             self.refused += 1
             return wire.SERVER_UNAVAILABLE, "the home broker %d of client id %s is unreachable (%s): try again" \
@@ -220,7 +218,7 @@ class ClientIds:
                             for origin, positions in sorted(upto.items())],
                    "wait": max(0.0, deadline - time.monotonic())}
         try:
-            rest = self.client.call(address, request, max(0.2, deadline - time.monotonic() + 0.2))
+            rest = self._call(holder, address, request, max(0.2, deadline - time.monotonic() + 0.2))
         except PeerUnreachable as exc:
             rest = {"error": str(exc)}
         if "error" in rest or not rest.get("complete", False) or not complete:
@@ -296,7 +294,7 @@ class ClientIds:
         if address is None:
             return {}  # it left the cluster: its sessions went with it
         try:
-            return self.client.call(address, ask, HOLDER_TIMEOUT_S)
+            return self._call(holder, address, ask, HOLDER_TIMEOUT_S)
         except PeerUnreachable as exc:
             gone = self._lease_gone(holder)
             if gone > deadline:
@@ -494,7 +492,7 @@ class ClientIds:
                     if holder == self.broker_id:
                         self._drop(self.broker_id, request)
                     else:
-                        self.client.call(self.members[holder], request, exclusive=True)
+                        self._call(holder, self.members[holder], request, exclusive=True)
             except PeerUnreachable:
                 continue
             if self._owed.get(holder) is owed:
@@ -513,6 +511,15 @@ class ClientIds:
             self._heard[caller] = time.monotonic()
             return fn(caller, request)
         return handler
+
+    def _call(self, broker_id, address, request, timeout_s=None, exclusive=False):
+        """``client.call`` to member ``broker_id`` at ``address``: any answer renews this broker's lease of it (it went
+        both ways; an older broker answers a ``lease`` as an unknown op), so calls queued behind others renew it too.
+        Raises PeerUnreachable."""
+        sent = time.monotonic()
+        answer = self.client.call(address, request, timeout_s, exclusive)
+        self._renewed(broker_id, sent)
+        return answer
 
     def _renewed(self, home, sent):
         """A call sent to ``home`` at ``sent`` was answered: this broker's lease of it runs to ``sent`` + the lease."""
@@ -547,12 +554,10 @@ class ClientIds:
             self._leases.pop(home, None)
 
     def _renew(self, home, address):
-        sent = time.monotonic()
         try:
-            self.client.call(address, {"op": "lease"}, self.lease_s / 2)
+            self._call(home, address, {"op": "lease"}, self.lease_s / 2)
         except PeerUnreachable:
-            return
-        self._renewed(home, sent)  # any answer went both ways (an older home answers the op as unknown)
+            pass
 
     def _end_unleased(self):
         """Close the connections of the ids whose home's lease ran out (a home first seen now gets a lease's time)."""
@@ -640,7 +645,7 @@ class ClientIds:
             answer = self._hold(self.broker_id, request)
         else:
             try:
-                answer = self.client.call(self.members[home], request, exclusive=True)
+                answer = self._call(home, self.members[home], request, exclusive=True)
             except PeerUnreachable as exc:
                 log.warning("mqtt cluster: the home broker %d of %d client ids held here is unreachable (%s); "
                             "told again at the next look at the members", home, len(ids), exc)
@@ -676,7 +681,7 @@ class ClientIds:
                         self._release(self.broker_id, request)
                         continue
                     try:
-                        self.client.call(self.members[home], request, exclusive=True)
+                        self._call(home, self.members[home], request, exclusive=True)
                     except PeerUnreachable:
                         pass  # its registry forgets them when this broker leaves, or keeps them: bounded as ever
 
