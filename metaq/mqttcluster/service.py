@@ -38,8 +38,8 @@ registries. A copy ended so goes as the device's CONNECT that made the standing 
 broker (``_drop``): after a Clean Start 0 one its pending will is dropped, else published.
 
 **Leases** (``_lease_loop``): a broker keeps a connection of an id whose home is another broker only while it holds
-a lease of that home: a call to it (``lease``, every quarter of ``mqtt.cluster_id_lease_s``, or a CONNECT's
-registration) answered, valid for the lease from when the call was sent. Past it (the home cut off, or down and not
+a lease of that home: a call to it answered (``lease``, every quarter of ``mqtt.cluster_id_lease_s``, or any other:
+``_call``), valid for the lease from when the call was sent. Past it (the home cut off, or down and not
 yet gone from ZooKeeper) the connections of the ids homed there are closed (MQTT 5: DISCONNECT 0x9C Use another
 server; the will as for a network failure), as a deposed master closes its sessions. A home that cannot reach the
 holder of an id registers another broker only once the holder's lease surely ran out since the home last heard from
