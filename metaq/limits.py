@@ -822,9 +822,9 @@ MQTT_HANDOVER_MAX_MESSAGES = 10_000
 MQTT_HANDOVER_MAX_BYTES = 16 * 1024 * 1024
 #: Seconds a broker taking a session over from another waits at most, before its CONNACK, for the takeover's end:
 #: its peers acting on its route with the session's filters (ROUTED), then the old broker's handover of what reached
-#: it for the session after it gave it up. Within half the holder's wait for a CONNECT to go live (a move back
+#: it for the session after it gave it up. Well within the holder's wait for a CONNECT to go live (a move back
 #: meanwhile waits for this one); past it the CONNECT goes on with what came (logged, counted).
-MQTT_HANDOVER_END_S = 1.0
+MQTT_HANDOVER_END_S = 0.5
 #: Seconds a broker that gave a session up keeps the session's filters in its route (its peers go on copying for
 #: it) and the place its handover ended, for the taking broker's call for the rest (the takeover's end).
 MQTT_HANDOVER_LINGER_S = 10.0

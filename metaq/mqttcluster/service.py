@@ -216,9 +216,9 @@ class ClientIds:
         request = {"op": "rest", "c": client_id,
                    "upto": [[origin, [[t, p, o] for (t, p), o in sorted(positions.items())]]
                             for origin, positions in sorted(upto.items())],
-                   "wait": max(0.0, deadline - time.monotonic())}
+                   "wait": max(0.0, deadline - time.monotonic() - 0.05)}  # its answer's way back within the end
         try:
-            rest = self._call(holder, address, request, max(0.2, deadline - time.monotonic() + 0.2))
+            rest = self._call(holder, address, request, max(0.05, deadline - time.monotonic()))
         except PeerUnreachable as exc:
             rest = {"error": str(exc)}
         if "error" in rest or not rest.get("complete", False) or not complete:
