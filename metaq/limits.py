@@ -853,6 +853,22 @@ MQTT_CLUSTER_MAX_CALL_BYTES = 32 * 1024 * 1024
 MQTT_HANDOVER_MAX_MESSAGES = 10_000
 #: Bytes of the messages a session brings along at most (their stored records), likewise.
 MQTT_HANDOVER_MAX_BYTES = 16 * 1024 * 1024
+#: Seconds a broker taking a session over from another waits at most, before its CONNACK, for the takeover's end:
+#: its peers acting on its route with the session's filters (ROUTED), then the old broker's handover of what reached
+#: it for the session after it gave it up. Well within the holder's wait for a CONNECT to go live (a move back
+#: meanwhile waits for this one); past it the CONNECT goes on with what came (logged, counted).
+MQTT_HANDOVER_END_S = 0.5
+#: Seconds a broker that gave a session up keeps the session's filters in its route (its peers go on copying for
+#: it) and the place its handover ended, for the taking broker's call for the rest (the takeover's end).
+MQTT_HANDOVER_LINGER_S = 10.0
+#: Sessions given up whose filters and handover end a broker keeps at once for their takeover's end; past it the
+#: oldest is forgotten (logged: what reached this broker for it after its handover is not handed on).
+MQTT_HANDOVER_MAX_LINGERING = 10_000
+#: Seconds a broker keeps a connection of a client id whose home broker it has not reached for that long (a lease,
+#: renewed by a call to each member every quarter of it; ``mqtt.cluster_id_lease_s``): past it the connection is
+#: closed. A home gives the id to another broker, while the holder does not answer, only once the holder's lease
+#: surely ran out since the home last heard from it: two live connections of one id never overlap.
+MQTT_CLUSTER_ID_LEASE_S = 4.0
 #: Seconds between two readings of the cluster's members in ZooKeeper (the masters' ``replication`` nodes): a
 #: broker joining or leaving is seen within this.
 MQTT_CLUSTER_MEMBERS_POLL_S = 1.0

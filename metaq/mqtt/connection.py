@@ -401,11 +401,13 @@ class Connection(core.Connection):
         """True when this connection holds what only a master keeps: a persistent session or a will."""
         return self.mqtt is not None and (self.mqtt.persistent or self.will is not None)
 
-    def move_away(self, reference):
-        """This broker stopped keeping sessions (``MqttPort.session_refusal``): MQTT 5 is told DISCONNECT 0x9C Use
+    def move_away(self, reference, why="this broker keeps no session now"):
+        """This broker stopped keeping sessions (``MqttPort.session_refusal``), or may not keep this client id now
+        (``why``: its home broker's lease ran out, ``MqttPort.lease_lost``): MQTT 5 is told DISCONNECT 0x9C Use
         another server (Server Reference: the master's MQTT address, ``reference``, when known), MQTT 3.1.1 is just
-        closed. The connection ends as a network failure: its will is left to the master (it is in the log)."""
-        log.info("mqtt %s: client %s: this broker keeps no session now; closing%s", self.peer, self.mqtt.client_id,
+        closed. The connection ends as a network failure: its will as for one (a deposed master's is left to the
+        master: it is in the log)."""
+        log.info("mqtt %s: client %s: %s; closing%s", self.peer, self.mqtt.client_id, why,
                  " (the master is %s)" % reference if reference else "")
         if self.version == MQTT_5:
             self.send(wire.Disconnect(wire.USE_ANOTHER_SERVER, {"server_reference": reference} if reference else {}))

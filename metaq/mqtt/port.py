@@ -290,6 +290,18 @@ class MqttPort:
         """The client ids this broker holds: its connections' and the persistent sessions it keeps."""
         return set(self._clients) | set(self.table.sessions)
 
+    def connected_ids(self):
+        """The client ids of this broker's connections (a list: a copy)."""
+        return list(self._clients)
+
+    def lease_lost(self, client_ids, why):
+        """In an MQTT cluster, this broker may not keep the connections of ``client_ids`` (their home's lease ran out:
+        ``ClientIds``): each is closed as a deposed master's are (``Connection.move_away``), its session kept here."""
+        for client_id in client_ids:
+            conn = self._clients.get(client_id)
+            if conn is not None:
+                conn.move_away(None, why)
+
     def recovered(self, client_id):
         """True while what holds ``client_id`` here is a session loaded from the sessions' log at this broker's
         start, or learned as a slave and taken over at its promotion, that no connection claimed since: in an MQTT

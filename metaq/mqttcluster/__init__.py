@@ -20,7 +20,8 @@ front-end (the server layer)
     calls.py       broker-to-broker calls over the replication port (PEER_CALL / PEER_REPLY), each bounded by
                    ``MQTT_CLUSTER_CALL_TIMEOUT_S``, and a link's calls answered
     handover.py    a session given up by one broker as JSON (its messages not acknowledged as their records) and
-                   adopted by another (written to its own sessions' log)
+                   adopted by another (written to its own sessions' log); the rest that reached the old broker for
+                   it after (the takeover's end)
 service (the server layer)
     members.py     ``Members``: the masters of the cluster as ZooKeeper names them, the one reader of them (a watch
                    wakes it), its listeners (the links and the client ids) woken when they change
@@ -29,5 +30,6 @@ service (the server layer)
     link.py        the follower's side of one peer: connect, prove, send ROUTES, copy each RECORDS frame
     peers.py       ``MqttCluster``: one link per other member, copies through the put path, retained messages
     service.py     ``ClientIds``: a CONNECT's registration with the id's home, the home's serialisation per id and
-                   its calls to the holder, re-registration when the members change
+                   its calls to the holder, the takeover's end, the leases of the homes, re-registration when the
+                   members change
 """

@@ -12,9 +12,16 @@ Both share the loop between messages (``share_loop``), as the calls' JSON is bui
 (``calls._encode``/``_decode``): a handover of up to MQTT_HANDOVER_MAX_BYTES stalls the brokers' other clients no
 longer than one message does.
 
+``rest``: the handover's end, on the broker that gave the session up: what reached it for the session after it did
+(its own log and its inbox past where ``export`` stopped: ``ends``), up to where the broker taking it copies for the
+session itself (``upto``: per origin broker, the positions from which its own copies hold the session's filters), so
+each message goes once either way: a copy whose origin record is before that position, a record of its own log
+before the taking broker's position of it. Within the same bounds as ``export`` (counted apart).
+
 ``adopt``: on the broker taking it, each message is written to its own sessions' log (``MqttPort.carry``) and the
-session to it (``MqttPort.adopt``), its read positions at this broker's log end (what was published here while
-it was away was not its: the subscriptions of another broker read that broker's log), its messages in flight
+session to it (``MqttPort.adopt``), its read positions at this broker's log end when its route came to hold the
+session's filters (``cursors_of``; what was published here before reached it through the broker it came from, in
+``export`` or ``rest``), its messages in flight
 named by their place in ``%MQTT%``, the others listed in ``carried``: the delivery sends them after those in
 flight and before what its subscriptions read (``resend.send_carried``).
 """
@@ -28,13 +35,14 @@ from metaq.mqtt.follow import SavedSession
 from metaq.mqtt.records import message_of
 from metaq.mqtt.resend import message_at
 from metaq.mqtt.session import PUBLISH_SENT, PUBREL_SENT, MqttSession
+from metaq.mqttcluster.inbox import INBOX, origin_of
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
 from metaq.server.clock import now_ms
 from metaq.server.connections import share_loop
 
 log = logging.getLogger(__name__)
 
-__all__ = ["export", "adopt", "problem"]
+__all__ = ["export", "rest", "cursors_of", "problem", "rest_problem", "adopt"]
 
 
 class _Bound:
@@ -58,8 +66,9 @@ def _wire(topic, flag, data):
 
 
 def export(store, saved, max_transfer, max_messages=limits.MQTT_HANDOVER_MAX_MESSAGES,
-           max_bytes=limits.MQTT_HANDOVER_MAX_BYTES):
-    """``saved`` (a ``SavedSession`` this broker gave up) as the JSON its new broker adopts (see the module doc)."""
+           max_bytes=limits.MQTT_HANDOVER_MAX_BYTES, ends=None):
+    """``saved`` (a ``SavedSession`` this broker gave up) as the JSON its new broker adopts (see the module doc).
+    ``ends``: a dict given is filled with where the read of each partition stopped (``rest`` goes on from there)."""
     bound = _Bound(max_messages, max_bytes)
     inflight = []
     for pid, state, qos, topic, partition, offset in saved.inflight:
@@ -79,7 +88,9 @@ def export(store, saved, max_transfer, max_messages=limits.MQTT_HANDOVER_MAX_MES
     session = MqttSession(saved.client_id, saved.version, 65535)
     session.restore(saved)
     for (topic, partition), offset in sorted(saved.cursors.items()):
-        _queued(store, session, topic, partition, offset, max_transfer, bound, queued)
+        end = _queued(store, session, topic, partition, offset, max_transfer, bound, queued)
+        if ends is not None:
+            ends[(topic, partition)] = end
     if bound.dropped:
         log.warning("mqtt client %s: its session moves to another broker with %d messages; %d more past "
                     "MQTT_HANDOVER_MAX_MESSAGES or MQTT_HANDOVER_MAX_BYTES are dropped", saved.client_id,
@@ -89,30 +100,34 @@ def export(store, saved, max_transfer, max_messages=limits.MQTT_HANDOVER_MAX_MES
             "sh": [list(x) for x in saved.shared], "inf": inflight, "queued": queued, "dropped": bound.dropped}
 
 
-def _queued(store, session, topic, partition, offset, max_transfer, bound, out):
-    """Append to ``out`` what ``session`` would read of one partition from ``offset`` to the log end."""
-    while True:
+def _queued(store, session, topic, partition, offset, max_transfer, bound, out, keep=None, stop=None):
+    """Append to ``out`` what ``session`` would read of one partition from ``offset`` to the log end (or ``stop``),
+    the records ``keep(rec)`` says yes to (None: all); returns the offset where the read stopped."""
+    while stop is None or offset < stop:
         try:
             records, _next = store.read_records(topic, partition, offset, limits.MQTT_DELIVERY_BATCH, max_transfer)
         except errors.Moved as moved:
             if moved.offset == offset:
-                return
+                return offset
             offset = moved.offset
             continue
         except errors.CorruptRecord as exc:
             offset = exc.next_offset
             continue
         except errors.MetaqError:
-            return
+            return offset
         if not records:
-            return
+            return offset
         for rec in records:
+            if stop is not None and rec.queue_offset >= stop:
+                return offset
             m = message_of(topic, rec.flag, rec.data)
             granted = session.granted_qos(topic, m.topic, m.client_id)
-            if granted is not None and bound.take(rec.data):
+            if granted is not None and (keep is None or keep(rec)) and bound.take(rec.data):
                 out.append([min(granted, m.qos)] + _wire(topic, rec.flag, rec.data))
             offset = rec.queue_offset + 1
             bound.turn = share_loop(bound.turn)
+    return offset
 
 
 def problem(state, client_id):
@@ -156,9 +171,33 @@ def _check_state(state, client_id):
                 raise TypeError("a message in flight %r without its message" % (entry,))
             _check_message(entry[3:])
     for entry in state["queued"]:
-        if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], int)):
-            raise TypeError("a queued message is not [qos, topic, flag, data]")
-        _check_message(entry[1:])
+        _check_queued(entry)
+
+
+def rest_problem(answer):
+    """Why ``answer`` (a holder's ``rest``: ``{"queued": [...], "dropped": n}``) is no end of a handover the taker may
+    add to the session, or None: of ``rest``'s shape, at most MQTT_HANDOVER_MAX_MESSAGES messages. Checked whole
+    before any of it is taken, as ``problem`` checks the handover itself."""
+    try:
+        if not isinstance(answer, dict):
+            raise TypeError("not an object")
+        queued, dropped = answer.get("queued", []), answer.get("dropped", 0)
+        if not isinstance(queued, list) or not isinstance(dropped, int):
+            raise TypeError("queued must be a list and dropped a number")
+        if len(queued) > limits.MQTT_HANDOVER_MAX_MESSAGES:
+            raise ValueError("%d messages: at most %d (MQTT_HANDOVER_MAX_MESSAGES)"
+                             % (len(queued), limits.MQTT_HANDOVER_MAX_MESSAGES))
+        for entry in queued:
+            _check_queued(entry)
+    except (TypeError, ValueError, KeyError, IndexError) as exc:
+        return "a malformed end of a handover (%s)" % exc
+    return None
+
+
+def _check_queued(entry):
+    if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], int)):
+        raise TypeError("a queued message is not [qos, topic, flag, data]")
+    _check_message(entry[1:])
 
 
 def _check_message(message):
@@ -168,10 +207,58 @@ def _check_message(message):
     base64.b64decode(data, validate=True)
 
 
-def adopt(port, store, state, user):
+def rest(store, saved, ends, upto, own_id, max_transfer, max_messages=limits.MQTT_HANDOVER_MAX_MESSAGES,
+         max_bytes=limits.MQTT_HANDOVER_MAX_BYTES):
+    """The handover's end of ``saved`` (see the module doc): ``{"queued": [...], "dropped": n}``, the messages of this
+    broker's partitions from ``ends`` (``export``'s) on that the taking broker does not copy itself: ``upto`` is
+    ``{origin broker: {(topic, partition): offset}}``, where its copies of that origin's partition begin (this
+    broker's own, ``own_id``: its copies of this broker's log; its own: its log). A partition it names no position
+    of is not handed (it copies all of it)."""
+    bound = _Bound(max_messages, max_bytes)
+    session = MqttSession(saved.client_id, saved.version, 65535)
+    session.restore(saved)
+    queued = []
+
+    def before_theirs(rec):
+        origin = origin_of(rec.flag, rec.data)
+        if origin is None:
+            return False
+        start = upto.get(origin[0], {}).get((origin[1], origin[2]))
+        return start is not None and origin[3] < start
+
+    own = upto.get(own_id, {})
+    for (topic, partition), offset in sorted(ends.items()):
+        if topic == INBOX:
+            _queued(store, session, topic, partition, offset, max_transfer, bound, queued, keep=before_theirs)
+        elif (topic, partition) in own:
+            _queued(store, session, topic, partition, offset, max_transfer, bound, queued, stop=own[(topic, partition)])
+    if bound.dropped:
+        log.warning("mqtt client %s: the end of its handover carries %d messages; %d more past "
+                    "MQTT_HANDOVER_MAX_MESSAGES or MQTT_HANDOVER_MAX_BYTES are dropped", saved.client_id,
+                    len(queued), bound.dropped)
+    return {"queued": queued, "dropped": bound.dropped}
+
+
+def cursors_of(store, subs):
+    """``{(topic, partition): offset}``: this broker's log end of each partition the subscriptions ``subs`` (a handed
+    session's) read, where the session adopted here starts reading."""
+    cursors = {}
+    for sub in subs:
+        for topic in sub[3]:
+            try:
+                partitions = store.partitions_of(topic)
+            except errors.MetaqError:
+                continue  # not a topic here (yet): a wildcard's rescan finds it when it appears
+            for p in range(partitions):
+                cursors[(topic, p)] = store.max_offset(topic, p)
+    return cursors
+
+
+def adopt(port, store, state, user, cursors=None):
     """Take the session ``state`` (``export``'s) on this broker: its messages and then itself written to this
     broker's sessions' log, the session handed to the CONNECT taking it (``MqttPort.adopt``). ``user``: the
-    connecting user (the session's own when authentication is on: the holder checked it)."""
+    connecting user (the session's own when authentication is on: the holder checked it); ``cursors``: where its
+    subscriptions start reading (``cursors_of``; None: this broker's log end now)."""
     client_id = state["c"]
     inflight, carried, turn = [], [], time.monotonic()
     for entry in state["inf"]:
@@ -189,15 +276,8 @@ def adopt(port, store, state, user):
             carried.append((qos, offset))
         turn = share_loop(turn)
     subs = [tuple(s[:6]) if len(s) >= 6 else tuple(s) + (None,) for s in state["subs"]]
-    cursors = {}
-    for sub in subs:
-        for topic in sub[3]:
-            try:
-                partitions = store.partitions_of(topic)
-            except errors.MetaqError:
-                continue  # not a topic here (yet): a wildcard's rescan finds it when it appears
-            for p in range(partitions):
-                cursors[(topic, p)] = store.max_offset(topic, p)
+    if cursors is None:
+        cursors = cursors_of(store, subs)
     saved = SavedSession(client_id, state.get("u", user), state["v"], state["e"], now_ms(), False,
                          subs, cursors, list(state["q2"]), inflight,
                          [tuple(x) for x in state["sh"]], carried=carried)

@@ -4,7 +4,9 @@ broker's filters, its resume positions for that peer and its ``$share`` groups w
 fit one frame: ``split_routes``, the first in the handshake, the others once the peer's first RECORDS proved it; a
 first part the peer would not read before the proof, REPLICATION_HANDSHAKE_FRAME_BYTES, goes after an empty one), then
 hand each RECORDS frame to the cluster (``MqttCluster.apply``) and send ROUTES again when the filters or the groups
-change. A link that fails is retried with backoff (BACKOFF_MIN_S .. BACKOFF_MAX_S) and says why in stats.
+change. Each ROUTES names its route's version, which the peer acks (ROUTED): ``acked``, the latest version the peer
+acts on, for the takeover's end (``MqttCluster.routed``). A link that fails is retried with backoff (BACKOFF_MIN_S
+.. BACKOFF_MAX_S) and says why in stats.
 """
 
 import logging
@@ -15,7 +17,7 @@ import gevent
 
 from metaq import errors, limits
 from metaq.protocol import replication as rp
-from metaq.protocol.replication_mqtt import split_routes
+from metaq.protocol.replication_mqtt import ROUTED, split_routes
 from metaq.server.connections import share_loop
 from metaq.server.replication.link import BACKOFF_MAX_S, BACKOFF_MIN_S, LINK_TIMEOUT_S, send_event
 from metaq.server.replication.slave import authenticate, next_event
@@ -24,6 +26,9 @@ log = logging.getLogger(__name__)
 
 #: A link looks at the route at least this often (a change wakes it at once).
 ROUTE_WAIT_S = 1.0
+#: Seconds after which a link whose peer was sent a route version and never acked one is a link to a peer of the version
+#: before the acks: a takeover's end does not wait for it (a peer that acks does so within milliseconds of a route).
+ACK_EXPECTED_S = 2.0
 
 
 class PeerLink:
@@ -43,6 +48,11 @@ class PeerLink:
         self._greenlet = None
         self._stopping = False
         self._sent_version = None
+        #: the latest version of this broker's route the peer acked (ROUTED): it copies by it (or a later one) from
+        #: the positions this broker held when the ack came; kept across reconnections (a route sent again on a new
+        #: link applies from the positions the link resumes at)
+        self.acked = 0
+        self.asked_at = None  # when this link's peer was first sent a route version to ack since the link came up
 
     def state(self):
         if self.connected:
@@ -100,7 +110,7 @@ class PeerLink:
         version, filters = cluster.route()
         positions = cluster.positions.of(self.broker_id)
         routes = rp.Routes(cluster.broker_id, filters, positions, cluster.retained_from(self.broker_id),
-                           cluster.groups(), cluster.positions.checks(self.broker_id, positions))
+                           cluster.groups(), cluster.positions.checks(self.broker_id, positions), version=version)
         parts = self._parts(routes)
         if len(rp.serialize(parts[0])) - rp.FRAME_HEADER.size > limits.REPLICATION_HANDSHAKE_FRAME_BYTES:
             # the peer reads no larger frame before the proof: a first part with none of the route, the route after
@@ -111,6 +121,7 @@ class PeerLink:
         self._sent_version = version
         sock.settimeout(LINK_TIMEOUT_S)
         self.connected = True
+        self.asked_at = time.monotonic() if version else None
         self.connects += 1
         self.last_error = None
         log.info("mqtt cluster: following peer broker %d (%s): %d filters", self.broker_id, self.address,
@@ -121,6 +132,7 @@ class PeerLink:
             while not self._stopping:
                 if isinstance(event, rp.Records):
                     self.copied += cluster.apply(self.broker_id, event.entries)
+                    self._acks(event.entries)
                 else:
                     raise errors.RemoteProtocolError("unexpected %s from peer broker %d"
                                                      % (type(event).__name__.upper(), self.broker_id), fatal=True)
@@ -138,11 +150,27 @@ class PeerLink:
                 cluster.route_changed.wait(ROUTE_WAIT_S)
                 continue
             self._sent_version = version
+            if self.asked_at is None and version:
+                self.asked_at = time.monotonic()
             try:
-                for part in self._parts(rp.Routes(cluster.broker_id, filters, (), -1, cluster.groups())):
+                for part in self._parts(rp.Routes(cluster.broker_id, filters, (), -1, cluster.groups(),
+                                                  version=version)):
                     send_event(sock, part)
             except OSError:
                 return
+
+    def owes_ack(self, version):
+        """True when this link's peer is to ack ``version`` of the route and has not yet: the link is up, and the peer
+        acks routes (it acked one, or was asked to less than ACK_EXPECTED_S ago, or is about to be)."""
+        return self.connected and self.acked < version and \
+            (self.acked > 0 or self.asked_at is None or time.monotonic() - self.asked_at < ACK_EXPECTED_S)
+
+    def _acks(self, entries):
+        """The peer's ROUTED entries of a RECORDS frame already applied: ``acked`` moves, the waiters wake."""
+        acked = max((e.offset for e in entries if e.kind == ROUTED), default=0)
+        if acked > self.acked:
+            self.acked = acked
+            self.cluster.acked()
 
     def _parts(self, routes):
         """``routes`` as the ROUTES frames that carry it (``split_routes``), logged when it takes more than one."""

@@ -24,11 +24,18 @@ traffic in until each of its peers follows it again (``followed``: the peer serv
 CONNACKs and wills wait (``wait_followed``), at most MQTT_CLUSTER_START_HOLD_S from the hold's start
 (``mqtt.cluster_start_hold_s``); past it the broker goes on without the peers still away, logged.
 
+**The takeover's end.** A session taken over from another broker (``service.ClientIds``) has its filters added to
+the route at once, and the CONNECT waits until every peer whose link is up acted on that route (``routed``: each
+acks a route's version with ROUTED): from the positions held then (``positions_for``) every copy is by a route that
+holds the session's filters. A session given up keeps its filters in the route (``pin``) until the broker taking it
+asked for what reached this broker for it since (or MQTT_HANDOVER_LINGER_S): the two sides meet at those positions.
+
 **Retained messages.** Each link follows the peer's ``%MQTT%`` journal's ``R``/``U`` records from its start
 (kept in memory here, at most MQTT_CLUSTER_MAX_RETAINED names, rebuilt at each start and after a promotion the same
 way), with this broker's own clears; for a name the newest by (time, broker id) wins against the local table.
 """
 
+import itertools
 import logging
 import time
 
@@ -89,6 +96,9 @@ class MqttCluster:
         self.retained = {}  # MQTT topic name -> (at ms, broker id, Retained or None)
         self.retained_next = {}  # broker id -> next offset of its %MQTT% journal read (this process's)
         self.route_changed = Event()
+        self._acked = Event()  # replaced at each ROUTED a link gets (``acked``), as ``route_changed`` is
+        self._pinned = {}  # key -> filters the route keeps whatever the sessions hold (``pin``)
+        self._inbox_end = {}  # inbox partition -> the offset after the last copy appended there (``inbox_marks``)
         self._route = (0, ())
         self._route_set = frozenset()
         self._members_wake = Event()
@@ -205,11 +215,73 @@ class MqttCluster:
         self._route_set = frozenset(filters)
 
     def refresh_route(self):
-        filters = aggregate(self.port.subscribed_filters())
+        filters = aggregate(itertools.chain(self.port.subscribed_filters(), *self._pinned.values()))
         if filters == self._route[1]:
             return False
         self._set_route(self._route[0] + 1, filters)
         return True
+
+    # -- the takeover's end --------------------------------------------------------
+
+    def pin(self, key, filters):
+        """Keep ``filters`` in the route while ``key`` is pinned, whatever the sessions hold (a session given up, or
+        being taken, whose record does not hold them now); added now when the route lacks them. The caller bounds
+        the pins (``service.ClientIds``: MQTT_HANDOVER_MAX_LINGERING)."""
+        self._pinned[key] = tuple(filters)
+        for f in filters:
+            self.routes_changed(f)
+
+    def unpin(self, key):
+        """``pin``'s filters go from the route at its next refresh unless a session holds them."""
+        self._pinned.pop(key, None)
+
+    def pinned(self):
+        return len(self._pinned)
+
+    def acked(self):
+        """A link got a ROUTED (``PeerLink.acked`` moved): the waits of ``routed`` look again."""
+        event, self._acked = self._acked, Event()
+        event.set()
+
+    def routed(self, filters, deadline):
+        """Add ``filters`` to the route and wait, until ``deadline`` (monotonic) at most, for every peer whose link is
+        up to act on a route that holds them (its ROUTED of this version or a later one; ``PeerLink.owes_ack``: not a
+        peer of the version before the acks). True when they all did: then,
+        until this greenlet yields, every copy from the positions held now on (``positions_for``) is by such a route
+        (a link that is down sends its route again when it is back, from the positions it resumes at)."""
+        for f in filters:
+            self.routes_changed(f)
+        version = self._route[0]
+        while True:
+            event = self._acked
+            if not any(link.owes_ack(version) for link in self.links.values()):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            event.wait(left)
+
+    def inbox_marks(self):
+        """``{inbox partition: offset}``: where the copies appended so far end (the positions count them)."""
+        return dict(self._inbox_end)
+
+    def inbox_visible(self, marks):
+        """True when the inbox's readers see every copy up to ``marks`` (``inbox_marks``'s): with ``sync`` flush a
+        copy appended is read only once flushed, while the positions count it at once."""
+        return all(self.store.max_offset(inbox.INBOX, p) >= end for p, end in marks.items())
+
+    def positions_for(self, filters):
+        """``{origin: {(topic, partition): next offset}}`` of this broker's copies of the peers' partitions that
+        ``filters`` read (``TopicMap.topics_for``): where its copies for them are now."""
+        topics, every = set(), False
+        for f in filters:
+            read, all_topics = self.port.topics.topics_for(f)
+            topics.update(read)
+            every = every or all_topics
+        out = {}
+        for origin in self.links:
+            out[origin] = {(t, p): o for t, p, o in self.positions.of(origin) if every or t in topics}
+        return out
 
     def _routes(self):
         while not self._stopping:
@@ -382,7 +454,9 @@ class MqttCluster:
         """Append ``made`` (flag, data) to the inbox partition of ``origin``'s ``e.topic``-``e.partition``; ``{inbox
         partition: PutResult}``."""
         partition = inbox.partition_of(origin, e.topic, e.partition)
-        return {partition: self.put_path.append(inbox.INBOX, partition, made[0], made[1], now, internal=True)}
+        r = self.put_path.append(inbox.INBOX, partition, made[0], made[1], now, internal=True)
+        self._inbox_end[partition] = r.offset + 1
+        return {partition: r}
 
     # -- retained ------------------------------------------------------------------
 

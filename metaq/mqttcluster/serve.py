@@ -14,7 +14,10 @@ record goes in a RECORDS frame when its MQTT topic name (``records.message_of``,
 a filter; a POSITION entry says how far each partition was read. With a retained offset the ``R``/``U`` records of
 the ``%MQTT%`` journal go too. At most MQTT_CLUSTER_BATCH_BYTES of records per frame; an empty RECORDS each
 HEARTBEAT_S when idle. ROUTES again from the peer replace its filters (its partitions already followed keep their
-read positions); a route in parts (``split_routes``) is acted on once its last part came, the first route too.
+read positions); a route in parts (``split_routes``) is acted on once its last part came, the first route too. A
+route that names a version is acked with a ROUTED entry in the next batch, after the POSITION of each partition it
+made followed and before any record it chose: the peer knows from which of its positions the route holds
+(``MqttCluster.routed``, a takeover's end).
 
 The peer's ``$share`` groups (``share.Shares``) are followed too: a record whose name a group's filter matches goes as
 a SHARED entry naming the groups this broker assigns it to at the peer (its own filters aside), and not at all when
@@ -41,8 +44,8 @@ from metaq.mqtt.topics import matches
 from metaq.mqttcluster.calls import serve_calls
 from metaq.protocol import replication as rp
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
-from metaq.protocol.replication_mqtt import (MESSAGE, POSITION, RESUMED, RETAINED, SHARED, Entry, Records, join_routes,
-                                             record_check, shared_data)
+from metaq.protocol.replication_mqtt import (MESSAGE, POSITION, RESUMED, RETAINED, ROUTED, SHARED, Entry, Records,
+                                             join_routes, record_check, shared_data)
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server.connections import share_loop
 from metaq.server.longpoll import NEW_PARTITION
@@ -125,11 +128,15 @@ class PeerFollow:
         self.started = {}  # (topic, partition) -> where it was started without a position of the peer
         self.scanned_at = 0  # the log end when the last rescan began: a topic made before it was looked at
         self.since = since  # for the first route's partitions only (``start_of``)
-        self.set_filters(routes.filters, routes.groups)
+        self.routed = 0  # the version of the peer's route to ack in the next batch (0: none)
+        self.set_filters(routes.filters, routes.groups, routes.version)
         self.since = None
 
-    def set_filters(self, filters, groups=()):
-        """The peer's filters and ``$share`` groups are these now (their topics are followed)."""
+    def set_filters(self, filters, groups=(), version=0):
+        """The peer's filters and ``$share`` groups are these now (their topics are followed); ``version``: the
+        route's, acked (ROUTED) in the next batch (0: none asked)."""
+        if version:
+            self.routed = version
         self.filters = FilterSet(filters, self.topicmap)
         self.groups = tuple(groups) if self.shares is not None else ()
         self._read_set = FilterSet(tuple(filters) + tuple(g[1] for g in self.groups),
@@ -205,15 +212,8 @@ class PeerFollow:
     def batch(self, confirmed=None):
         """The next RECORDS entries (empty: nothing new), at most MQTT_CLUSTER_BATCH_BYTES of data, none of a record
         ending past log position ``confirmed`` (None: no bound); ``held`` says whether one waits for it."""
-        store, entries, budget = self.store, [], limits.MQTT_CLUSTER_BATCH_BYTES
+        store, entries, budget = self.store, self._announced(), limits.MQTT_CLUSTER_BATCH_BYTES
         self.held = False
-        announce, self.announce = self.announce, []
-        for key in announce:  # the peer learns where a new partition starts before any record of it
-            if key in self.cursors:
-                at = self.cursors[key]
-                entries.append(Entry(POSITION, key[0], key[1], at, RESUMED if key in self.rewound else 0,
-                                     self.check_at(key, at - 1)))
-        self.rewound.clear()
         for key, offset in list(self.cursors.items()):
             if budget <= 0:
                 break
@@ -252,6 +252,23 @@ class PeerFollow:
                 entries.append(Entry(POSITION, topic, partition, self.cursors[key], 0, check))
         if self.retained >= 0 and budget > 0:
             entries.extend(self._retained(budget, confirmed))
+        return entries
+
+    def _announced(self):
+        """A batch's first entries: the POSITION where each partition newly followed starts (the peer learns it before
+        any record of it), then the ROUTED of the peer's route acted on since the last batch (every record after it
+        was chosen by that route)."""
+        entries = []
+        announce, self.announce = self.announce, []
+        for key in announce:
+            if key in self.cursors:
+                at = self.cursors[key]
+                entries.append(Entry(POSITION, key[0], key[1], at, RESUMED if key in self.rewound else 0,
+                                     self.check_at(key, at - 1)))
+        self.rewound.clear()
+        if self.routed:
+            entries.append(Entry(ROUTED, "", 0, self.routed))
+            self.routed = 0
         return entries
 
     def proved(self, key, offset, check):
@@ -493,7 +510,7 @@ class PeerServer:
                 return
             if isinstance(event, rp.Routes):
                 if not pending.more:
-                    follow.set_filters(pending.filters, pending.groups)
+                    follow.set_filters(pending.filters, pending.groups, pending.version)
                     pending = None
                     wake.set()
                 continue

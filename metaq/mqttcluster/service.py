@@ -11,7 +11,17 @@ broker as its holder. The home serialises each id (one registration of an id at 
 it, the home asks that broker to give it up (``MqttPort.give_up``: its connection taken over, MQTT 5 DISCONNECT
 0x8E, its will as on one broker, its session ended in its own sessions' log) and passes the session it got
 (``handover.export``) back in its answer; this broker writes it to its own log (``handover.adopt``) and the CONNECT
-goes on as a takeover on one broker does (Session Present 1). Clean Start 1: the holder just ends it. A CONNECT
+goes on as a takeover on one broker does (Session Present 1). Clean Start 1: the holder just ends it.
+
+**The takeover's end** (``_takeover_end``, before the CONNACK, within MQTT_HANDOVER_END_S): the peers must copy for
+the session here from where the old holder stopped. This broker adds the session's filters to its route and waits
+until every peer acts on it (``MqttCluster.routed``); at that instant its subscriptions' read positions (this broker's
+log ends) and its copies' positions of each peer (``MqttCluster.positions_for``) are where it gets the session's
+messages itself. It then asks the old holder for the rest (``rest``): the holder kept the session's filters in its
+route since it gave it up (``MqttCluster.pin``, for MQTT_HANDOVER_LINGER_S at most, MQTT_HANDOVER_MAX_LINGERING
+sessions), waits until its own copies reach those positions, and hands what its log and its inbox got for the
+session past where its handover stopped and before those positions (``handover.rest``): every message once, from
+one side or the other. A CONNECT
 past its registration and not yet claimed is waited for (``finished``) before a later one takes the id from here,
 so two brokers never both go live with one id.
 
@@ -27,6 +37,15 @@ holds live; that broker is told to end it (``drop``). A member that leaves takes
 registries. A copy ended so goes as the device's CONNECT that made the standing copy would have ended it on one
 broker (``_drop``): after a Clean Start 0 one its pending will is dropped, else published.
 
+**Leases** (``_lease_loop``): a broker keeps a connection of an id whose home is another broker only while it holds
+a lease of that home: a call to it answered (``lease``, every quarter of ``mqtt.cluster_id_lease_s``, or any other:
+``_call``), valid for the lease from when the call was sent. Past it (the home cut off, or down and not
+yet gone from ZooKeeper) the connections of the ids homed there are closed (MQTT 5: DISCONNECT 0x9C Use another
+server; the will as for a network failure), as a deposed master closes its sessions. A home that cannot reach the
+holder of an id registers another broker only once the holder's lease surely ran out since the home last heard from
+it (any call from it: ``_heard``), within the registration's bound (else the CONNECT is refused, 0x88, and retried):
+two live connections of one id do not overlap, however the brokers are cut.
+
 **No ZooKeeper write per device**: registries live in memory on the homes; when the members change each broker
 tells the homes of the ids it holds (those whose home changed or restarted), ``MQTT_CLUSTER_ID_BATCH`` a call, and
 sessions that end are told to their homes every ``MQTT_CLUSTER_RELEASE_S`` in batches.
@@ -35,6 +54,7 @@ sessions that end are told to their homes every ``MQTT_CLUSTER_RELEASE_S`` in ba
 import itertools
 import logging
 import time
+from collections import OrderedDict
 
 import gevent
 from gevent.event import Event
@@ -45,6 +65,7 @@ from metaq.mqtt import wire
 from metaq.mqttcluster import handover
 from metaq.mqttcluster.calls import PeerUnreachable
 from metaq.mqttcluster.ids import HomeRegistry, RegistryFull, home_of
+from metaq.server.connections import share_loop
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +74,21 @@ __all__ = ["ClientIds"]
 #: Seconds the home waits for the holder's answer: half a registration's bound, so the CONNECT that waits for the
 #: home learns the outcome either way; the holder waits at most half of it for a CONNECT of its own to go live.
 HOLDER_TIMEOUT_S = limits.MQTT_CLUSTER_CALL_TIMEOUT_S / 2
+#: Seconds a home adds to a holder's lease before it takes the holder's ids elsewhere (its loop's turn, a clock's rate).
+LEASE_MARGIN_S = 0.25
+
+
+def _bound_of_register():
+    """When (monotonic) a registration arriving now must be answered: before its caller's call bound runs out."""
+    return time.monotonic() + limits.MQTT_CLUSTER_CALL_TIMEOUT_S - HOLDER_TIMEOUT_S / 5
 
 
 class ClientIds:
     """See the module doc. ``port``: the MQTT port; ``members``: the cluster's ``members.Members``; ``client``: a
     ``calls.PeerClient``; ``is_member``: True while this broker is a master with a replication port."""
 
-    def __init__(self, port, store, members, broker_id, client, max_ids, max_transfer, is_member):
+    def __init__(self, port, store, members, broker_id, client, max_ids, max_transfer, is_member,
+                 lease_s=limits.MQTT_CLUSTER_ID_LEASE_S):
         self.port, self.store, self.members_reader = port, store, members
         self.broker_id = broker_id
         self.client = client
@@ -70,6 +99,7 @@ class ClientIds:
         self._owners = {}  # broker id -> (address, its node's ZooKeeper session): a restart is a change
         self._serial = {}  # client id -> Semaphore: one registration of an id at a time, on its home
         self._finishing = {}  # client id -> Event: a CONNECT here registered and not yet claimed
+        self._overtaken = set()  # those Events whose CONNECT a later registration elsewhere passed: refused (``join``)
         self._pending = {}  # client id -> registrations this broker sent to its home and has no answer to yet
         self._answered = {}  # client id -> the generation of the last registration answered here
         self._generations = itertools.count(1)  # the home's: each registration of an id gets the next
@@ -79,9 +109,26 @@ class ClientIds:
         self._owed = {}
         #: the calls this broker answers as a home or a holder (op -> ``fn(caller, request) -> answer``), served on
         #: the replication port by the cluster's ``serve.PeerServer``
-        self.calls = {"register": self._register, "give_up": self._give_up, "hold": self._hold,
-                      "release": self._release, "drop": self._drop}
+        self.calls = {op: self._heard_by(fn) for op, fn in (
+            ("register", self._register), ("give_up", self._give_up), ("hold", self._hold), ("release", self._release),
+            ("drop", self._drop), ("rest", self._rest), ("lease", lambda _caller, _request: {}))}
+        self.lease_s = lease_s
+        #: home broker id -> until when (monotonic) this broker may keep connections of the ids homed there
+        self._leases = {}
+        self._heard = {}  # broker id -> when (monotonic) a call from it last came: its lease of this home began by then
+        self._renewing = {}  # broker id -> the greenlet renewing this broker's lease of it
+        self._started = time.monotonic()
+        self.lease_closed = 0  # connections closed: the lease of their id's home ran out
         self._members_wake = Event()
+        #: the MQTT cluster (``peers.MqttCluster``): its route and copies' positions, for the takeover's end; set by
+        #: the broker once made (None: no takeover's end)
+        self.cluster = None
+        #: (client id, taking broker) -> (until, SavedSession, {(topic, partition): where its handover stopped}):
+        #: sessions given up here whose taker may ask for the rest (``_rest``), oldest first, at most
+        #: MQTT_HANDOVER_MAX_LINGERING
+        self._lingering = OrderedDict()
+        self.max_lingering = limits.MQTT_HANDOVER_MAX_LINGERING
+        self.ends_short = 0  # takeovers whose end did not complete within MQTT_HANDOVER_END_S (what came went on)
         self.takeovers = 0  # sessions this broker took from another
         self.refused = 0  # CONNECTs refused: the home unreachable, or its registry full
         self._greenlets = []
@@ -105,7 +152,7 @@ class ClientIds:
             if home == self.broker_id:
                 answer = self._register(self.broker_id, request)
             else:
-                answer = self.client.call(self.members[home], request)
+                answer = self._call(home, self.members[home], request)
         except PeerUnreachable as exc:
             self.refused += 1
             return wire.SERVER_UNAVAILABLE, "the home broker %d of client id %s is unreachable (%s): try again" \
@@ -120,7 +167,7 @@ class ClientIds:
                 wire.CLIENT_ID_NOT_VALID if answer.get("refused") else wire.SERVER_UNAVAILABLE
             return code, answer["error"]
         self._answered[client_id] = max(self._answered.get(client_id, 0), answer.get("gen", 0))
-        self._finishing[client_id] = Event()
+        going = self._finishing[client_id] = Event()
         self._released.discard(client_id)
         state = answer.get("session")
         problem = handover.problem(state, client_id) if state is not None else None
@@ -132,18 +179,80 @@ class ClientIds:
             return wire.SERVER_UNAVAILABLE, "the session of client id %s from another broker is refused: %s" % (
                 client_id, problem)
         if state is not None:
-            handover.adopt(self.port, self.store, state, user)
+            key = ("taking", client_id, answer.get("gen", 0))
+            try:
+                cursors = self._takeover_end(client_id, state, answer, key)
+                handover.adopt(self.port, self.store, state, user, cursors)
+            finally:
+                if self.cluster is not None:
+                    self.cluster.unpin(key)  # the session's record holds its filters now
             self.takeovers += 1
             log.info("mqtt client %s: its session came from broker %d (%d messages not acknowledged%s)", client_id,
                      answer.get("from", -1), len(state["inf"]) + len(state["queued"]),
                      ", %d dropped past the bounds" % state["dropped"] if state.get("dropped") else "")
+        if going in self._overtaken:  # a later registration elsewhere took the id while this one took its session
+            self._overtaken.discard(going)
+            self.finished(client_id)
+            if state is not None and not self.port.holds(client_id):
+                self.port.end_session(client_id)  # it went on from what was here before: this copy is not the id's
+            self.refused += 1
+            return wire.SERVER_UNAVAILABLE, "client id %s was registered on another broker while this CONNECT took " \
+                "its session over: try again" % client_id
         return None
+
+    def _takeover_end(self, client_id, state, answer, key):
+        """The takeover's end (the module doc): the session's read positions here (``handover.cursors_of``), once the
+        peers copy for it, and ``state``'s queued messages joined by what the old holder got for it since its
+        handover (``rest``). Within MQTT_HANDOVER_END_S; past it, or the holder unreachable, it goes on with what
+        came (logged, counted: what the holder got since may be missed)."""
+        cluster = self.cluster
+        if cluster is None:
+            return None
+        deadline = time.monotonic() + limits.MQTT_HANDOVER_END_S
+        filters = [sub[0] for sub in state["subs"]]
+        cluster.pin(key, filters)  # until the session's record holds them (``join``)
+        complete = cluster.routed(filters, deadline)
+        while not cluster.inbox_visible(cluster.inbox_marks()) and time.monotonic() < deadline:
+            gevent.sleep(0.002)  # the copies the positions count are the ones the session's reads start past
+        cursors = handover.cursors_of(self.store, state["subs"])  # nothing yielded since the peers acted on it
+        upto = cluster.positions_for(filters)
+        upto[self.broker_id] = {k: o for k, o in cursors.items() if k[0] not in self.port.cluster_topics}
+        holder = answer.get("from", -1)
+        address = self.members.get(holder)
+        if not answer.get("rest") or address is None:
+            return cursors  # an older holder keeps no rest; one gone took it with it
+        request = {"op": "rest", "c": client_id,
+                   "upto": [[origin, [[t, p, o] for (t, p), o in sorted(positions.items())]]
+                            for origin, positions in sorted(upto.items())],
+                   "wait": max(0.0, deadline - time.monotonic() - 0.05)}  # its answer's way back within the end
+        try:
+            rest = self._call(holder, address, request, max(0.05, deadline - time.monotonic()))
+        except PeerUnreachable as exc:
+            rest = {"error": str(exc)}
+        if "error" not in rest:
+            problem = handover.rest_problem(rest)
+            if problem is not None:
+                rest = {"error": problem}
+        if "error" in rest or not rest.get("complete", False) or not complete:
+            self.ends_short += 1
+            log.warning("mqtt client %s: the end of its takeover from broker %d did not complete within "
+                        "MQTT_HANDOVER_END_S (%s): what reached broker %d for it meanwhile may be missed", client_id,
+                        holder, rest.get("error") or ("the peers did not act on the route" if not complete else
+                                                      "broker %d's copies did not catch up" % holder), holder)
+        queued = rest.get("queued", ())
+        room = max(0, limits.MQTT_HANDOVER_MAX_MESSAGES - len(state["inf"]) - len(state["queued"]))
+        state["queued"].extend(queued[:room])
+        dropped = rest.get("dropped", 0) + max(0, len(queued) - room)
+        if dropped:
+            state["dropped"] = state.get("dropped", 0) + dropped
+        return cursors
 
     def finished(self, client_id):
         """The CONNECT of ``client_id`` here claimed it (or was refused): a later takeover may go on."""
         event = self._finishing.pop(client_id, None)
         if event is not None:
             event.set()
+            self._overtaken.discard(event)
 
     def released(self, client_id):
         """No connection nor session of ``client_id`` is left here: its home is told (batched)."""
@@ -158,22 +267,23 @@ class ClientIds:
         if serial is None:
             serial = self._serial[client_id] = [Semaphore(), 0]  # the lock, and how many use or wait for it
         serial[1] += 1
+        deadline = _bound_of_register()
         try:
             with serial[0]:
-                return self._register_one(caller, client_id, request)
+                return self._register_one(caller, client_id, request, deadline)
         finally:
             serial[1] -= 1
             if not serial[1]:
                 del self._serial[client_id]
 
-    def _register_one(self, caller, client_id, request):
+    def _register_one(self, caller, client_id, request, deadline=None):
         old = self.registry.holder(client_id)
         if old is None and len(self.registry) >= self.registry.max_ids:
             return {"error": "client id %s cannot be registered: %d client ids is its home broker's limit "
                              "(mqtt.cluster_max_ids)" % (client_id, self.registry.max_ids), "full": True}
         answer = {}
         if old is not None and old != caller:
-            got = self._take_from(old, caller, request)
+            got = self._take_from(old, caller, request, _bound_of_register() if deadline is None else deadline)
             if "error" in got:
                 return got
             answer = got
@@ -187,8 +297,10 @@ class ClientIds:
         answer["gen"] = generation
         return answer
 
-    def _take_from(self, holder, caller, request):
-        """Ask ``holder`` to give the id up for ``caller``: its answer (``{"session": ...}``, ``{}``, an error)."""
+    def _take_from(self, holder, caller, request, deadline):
+        """Ask ``holder`` to give the id up for ``caller``: its answer (``{"session": ...}``, ``{}``, an error). A
+        holder that does not answer is passed over once its lease surely ran out (``_lease_gone``), by ``deadline``;
+        else an error (the CONNECT is refused and retried)."""
         ask = {"op": "give_up", "c": request["c"], "clean": request["clean"], "u": request.get("u"), "to": caller,
                "gen": self.registry.generation(request["c"])}
         if holder == self.broker_id:
@@ -197,11 +309,17 @@ class ClientIds:
         if address is None:
             return {}  # it left the cluster: its sessions went with it
         try:
-            return self.client.call(address, ask, HOLDER_TIMEOUT_S)
+            return self._call(holder, address, ask, HOLDER_TIMEOUT_S)
         except PeerUnreachable as exc:
-            log.warning("mqtt client %s: broker %d held it and is unreachable (%s): broker %d goes on without its "
-                        "session, and broker %d is told to end it once it answers", request["c"], holder, exc,
-                        caller, holder)
+            gone = self._lease_gone(holder)
+            if gone > deadline:
+                return {"error": "client id %s is held by broker %d, unreachable (%s); its lease of the id runs out "
+                                 "in %.1f s (mqtt.cluster_id_lease_s): try again" % (
+                                     request["c"], holder, exc, gone - time.monotonic())}
+            gevent.sleep(max(0.0, gone - time.monotonic()))
+            log.warning("mqtt client %s: broker %d held it and is unreachable (%s), its lease ran out: broker %d goes "
+                        "on without its session, and broker %d is told to end it once it answers", request["c"],
+                        holder, exc, caller, holder)
             return {"unreached": True}
 
     # -- the holder's side -----------------------------------------------------------------------------------------
@@ -213,6 +331,8 @@ class ClientIds:
         event = self._finishing.get(client_id)
         if event is not None:
             event.wait(max(0.0, deadline - time.monotonic()))  # a CONNECT here going live: taken over once it is
+            if not event.is_set():
+                self._overtaken.add(event)  # still taking the session over: it will not go live (``join``)
         refusal, saved = self.port.give_up(client_id, request["clean"], request.get("u"))
         if refusal is not None:
             return {"error": refusal, "refused": True}
@@ -220,7 +340,88 @@ class ClientIds:
         if saved is None:
             return {"from": self.broker_id}
         log.info("mqtt client %s: connected to broker %d; its session moves there", client_id, request.get("to"))
-        return {"session": handover.export(self.store, saved, self.max_transfer), "from": self.broker_id}
+        key = (client_id, request.get("to", -1))
+        if self.cluster is not None:  # pinned before anything yields: the peers never stop copying for it
+            self._linger(key, saved)
+        ends = {}
+        session = handover.export(self.store, saved, self.max_transfer, ends=ends)
+        if key in self._lingering:
+            self._lingering[key] = (self._lingering[key][0], saved, ends)
+        return {"session": session, "from": self.broker_id, "rest": self.cluster is not None}
+
+    def _linger(self, key, saved):
+        """Keep what the takeover's end asks of the session ``saved`` given up here (``_rest``): its filters in the
+        route, for MQTT_HANDOVER_LINGER_S, at most ``max_lingering`` sessions (past it the oldest goes, logged)."""
+        while len(self._lingering) >= self.max_lingering:
+            old, _kept = self._lingering.popitem(last=False)
+            self.cluster.unpin(("given",) + old)
+            log.warning("mqtt client %s: %d sessions given up await their takeover's end (MQTT_HANDOVER_MAX_LINGERING):"
+                        " what reaches this broker for it after its handover is not handed on", old[0],
+                        self.max_lingering)
+        self._lingering[key] = (time.monotonic() + limits.MQTT_HANDOVER_LINGER_S, saved, {})
+        self.cluster.pin(("given",) + key, [sub[0] for sub in saved.subscriptions])
+
+    def _behind(self, origin, wanted):
+        """True when this broker's copy of one of ``origin``'s partitions it follows is before its offset in
+        ``wanted`` (``{(topic, partition): offset}``)."""
+        positions = self.cluster.positions
+        for (topic, partition), offset in wanted.items():
+            at = positions.get(origin, topic, partition)
+            if at is not None and at < offset:
+                return True
+        return False
+
+    def _expire_lingering(self):
+        now = time.monotonic()
+        while self._lingering:
+            key, (until, _saved, _ends) = next(iter(self._lingering.items()))
+            if until > now:
+                return
+            del self._lingering[key]
+            self.cluster.unpin(("given",) + key)
+
+    def _rest(self, caller, request):
+        """The takeover's end on the broker that gave the session up (the module doc): once its copies reach the
+        taker's positions (``upto``, within the request's ``wait``), what reached it for the session since its
+        handover and before them (``handover.rest``); ``complete`` false when its copies did not catch up. The
+        session's filters leave the route."""
+        key = (request["c"], caller)
+        kept = self._lingering.pop(key, None)
+        if kept is None:
+            return {"error": "client id %s: no handover to broker %d kept here (past MQTT_HANDOVER_LINGER_S or "
+                             "MQTT_HANDOVER_MAX_LINGERING)" % key}
+        try:
+            _until, saved, ends = kept
+            try:
+                upto = {int(origin): {(str(t), int(p)): int(o) for t, p, o in positions}
+                        for origin, positions in request["upto"]}
+                wait = min(float(request.get("wait", 0)), limits.MQTT_HANDOVER_END_S)
+            except (KeyError, TypeError, ValueError) as exc:
+                return {"error": "client id %s: a call for the rest of its handover that is not [[origin, [[topic, "
+                                 "partition, offset], ...]], ...] (%s): nothing handed" % (key[0], exc)}
+            deadline = time.monotonic() + wait
+            complete = self._caught_up(upto, deadline)
+            marks = self.cluster.inbox_marks()  # what the positions count is read (visible) before the read
+            while not self.cluster.inbox_visible(marks):
+                if time.monotonic() >= deadline:
+                    complete = False
+                    break
+                gevent.sleep(0.002)
+            answer = handover.rest(self.store, saved, ends, upto, self.broker_id, self.max_transfer)
+            answer["complete"] = complete
+            return answer
+        finally:
+            self.cluster.unpin(("given",) + key)
+
+    def _caught_up(self, upto, deadline):
+        """Wait, until ``deadline`` at most, until this broker's copies of each other origin's partition in ``upto``
+        that it follows reach the position there; True when they did."""
+        while True:
+            if not any(self._behind(origin, wanted) for origin, wanted in upto.items() if origin != self.broker_id):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            gevent.sleep(0.005)
 
     def _await_answer(self, client_id, generation, deadline):
         """Wait, until ``deadline`` at most, while a CONNECT of ``client_id`` here waits for its home's answer and
@@ -306,7 +507,7 @@ class ClientIds:
                     if holder == self.broker_id:
                         self._drop(self.broker_id, request)
                     else:
-                        self.client.call(self.members[holder], request, exclusive=True)
+                        self._call(holder, self.members[holder], request, exclusive=True)
             except PeerUnreachable:
                 continue
             if self._owed.get(holder) is owed:
@@ -317,14 +518,90 @@ class ClientIds:
             self.registry.release(client_id, caller)
         return {}
 
+    # -- leases -----------------------------------------------------------------------------------------------------
+
+    def _heard_by(self, fn):
+        """``fn``, a call's handler, that first records the caller heard from now (``_lease_gone``)."""
+        def handler(caller, request):
+            self._heard[caller] = time.monotonic()
+            return fn(caller, request)
+        return handler
+
+    def _call(self, broker_id, address, request, timeout_s=None, exclusive=False):
+        """``client.call`` to member ``broker_id`` at ``address``: any answer renews this broker's lease of it (it went
+        both ways; an older broker answers a ``lease`` as an unknown op), so calls queued behind others renew it too.
+        Raises PeerUnreachable."""
+        sent = time.monotonic()
+        answer = self.client.call(address, request, timeout_s, exclusive)
+        self._renewed(broker_id, sent)
+        return answer
+
+    def _renewed(self, home, sent):
+        """A call sent to ``home`` at ``sent`` was answered: this broker's lease of it runs to ``sent`` + the lease."""
+        self._leases[home] = max(self._leases.get(home, 0.0), sent + self.lease_s)
+
+    def _lease_gone(self, holder):
+        """When (monotonic) ``holder``'s lease of this home surely ran out and it closed its connections of the ids
+        homed here: the lease from the last call heard from it (or this broker's start), one of its looks later
+        (``_lease_loop``), and a margin."""
+        heard = self._heard.get(holder, self._started)
+        return heard + self.lease_s * 1.25 + LEASE_MARGIN_S
+
+    def _lease_loop(self):
+        while True:
+            gevent.sleep(self.lease_s / 4)
+            try:
+                if self.active():
+                    self._renew_leases()
+                    self._end_unleased()
+                else:
+                    self._leases.clear()  # a member again: each home gets a lease's time (``_end_unleased``)
+            except Exception:  # noqa: BLE001 - the loop must go on
+                log.exception("mqtt cluster: keeping the client ids' leases failed")
+
+    def _renew_leases(self):
+        for home, address in self.members.items():
+            running = self._renewing.get(home)
+            if home != self.broker_id and (running is None or running.dead):
+                self._renewing[home] = gevent.spawn(self._renew, home, address)
+        for home in [h for h in self._renewing if h not in self.members]:
+            self._renewing.pop(home).kill(block=False)
+            self._leases.pop(home, None)
+
+    def _renew(self, home, address):
+        try:
+            self._call(home, address, {"op": "lease"}, self.lease_s / 2)
+        except PeerUnreachable:
+            pass
+
+    def _end_unleased(self):
+        """Close the connections of the ids whose home's lease ran out (a home first seen now gets a lease's time)."""
+        now = time.monotonic()
+        lapsed = set()
+        for home in self.members:
+            if home != self.broker_id and self._leases.setdefault(home, now + self.lease_s) < now:
+                lapsed.add(home)
+        if not lapsed:
+            return
+        members, ended, turn = self.members, [], time.monotonic()
+        for client_id in self.port.connected_ids():
+            if home_of(client_id, members) in lapsed:
+                ended.append(client_id)
+            turn = share_loop(turn)
+        if ended:
+            self.lease_closed += len(ended)
+            log.warning("mqtt cluster: home brokers %s not reached for %.1f s (mqtt.cluster_id_lease_s): %d "
+                        "connections of the ids homed there closed", sorted(lapsed), self.lease_s, len(ended))
+            self.port.lease_lost(ended, "its home broker %s is not reached" % sorted(lapsed))
+
     # -- members, re-registration, releases -------------------------------------------------------------------------
 
     def start(self):
         self.members_reader.on_change(self._members_wake.set)  # a listener: record and wake, nothing else
-        self._greenlets = [gevent.spawn(self._watch), gevent.spawn(self._release_loop)]
+        self._greenlets = [gevent.spawn(self._watch), gevent.spawn(self._release_loop), gevent.spawn(self._lease_loop)]
 
     def stop(self):
-        for g in self._greenlets:
+        for g in self._greenlets + list(self._renewing.values()):
             g.kill(block=False)
         self.client.close()
 
@@ -383,7 +660,7 @@ class ClientIds:
             answer = self._hold(self.broker_id, request)
         else:
             try:
-                answer = self.client.call(self.members[home], request, exclusive=True)
+                answer = self._call(home, self.members[home], request, exclusive=True)
             except PeerUnreachable as exc:
                 log.warning("mqtt cluster: the home broker %d of %d client ids held here is unreachable (%s); "
                             "told again at the next look at the members", home, len(ids), exc)
@@ -398,6 +675,8 @@ class ClientIds:
     def _release_loop(self):
         while True:
             gevent.sleep(limits.MQTT_CLUSTER_RELEASE_S)
+            if self._lingering:
+                self._expire_lingering()
             if self._owed:
                 self._settle_owed()
             if not self._released or not self.active():
@@ -417,7 +696,7 @@ class ClientIds:
                         self._release(self.broker_id, request)
                         continue
                     try:
-                        self.client.call(self.members[home], request, exclusive=True)
+                        self._call(home, self.members[home], request, exclusive=True)
                     except PeerUnreachable:
                         pass  # its registry forgets them when this broker leaves, or keeps them: bounded as ever
 
@@ -425,4 +704,7 @@ class ClientIds:
         """The ``stats`` summary's pairs of the MQTT cluster."""
         return [("mqtt_cluster_members", len(self.members)), ("mqtt_cluster_ids_homed", len(self.registry)),
                 ("mqtt_cluster_takeovers", self.takeovers), ("mqtt_cluster_refused", self.refused),
+                ("mqtt_cluster_takeover_ends_short", self.ends_short),
+                ("mqtt_cluster_lease_closed", self.lease_closed),
+                ("mqtt_cluster_handovers_lingering", len(self._lingering)),
                 ("mqtt_cluster_calls", self.client.calls), ("mqtt_cluster_call_failures", self.client.failures)]

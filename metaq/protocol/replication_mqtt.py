@@ -17,6 +17,7 @@ ROUTES (peer to master): UTF-8 JSON, 2..MQTT_CLUSTER_ROUTES_BYTES bytes::
                                                      (optional)
      "checks": [check, ...],                         one per position (optional; 0: none): the ``record_check`` of
                                                      the record before it as the peer copied it (or passed it)
+     "version": n,                                   (optional, 0: none) the route's version: the master acks it
      "more": true}                                   (optional) more of this route follows in the next ROUTES
 
 A route too large for one frame (its filters, positions and groups may together be far past
@@ -45,10 +46,14 @@ RECORDS (master to peer), ``>I`` count then count entries, at most MQTT_CLUSTER_
       kind 4 SHARED    a MESSAGE the master assigned to the peer's ``$share`` groups (``metaq.mqttcluster.share``): its
                        data is ``>H`` length, the groups as UTF-8 JSON ``[[share name, filter], ...]``, then the
                        record's data
+      kind 5 ROUTED    the peer's route of version ``offset`` (its ROUTES "version") is the master's from here on:
+                       every entry after it was chosen by that route or a later one, every POSITION the master had
+                       to send before it was sent (no topic, no data; sent only for a route that names a version)
 
 An empty RECORDS (count 0) is the master's heartbeat. Anything else (a bad kind, lengths that do not fill the
 frame, JSON that is not this object) is a fatal ``RemoteProtocolError``.
 
+A broker of the version before ROUTED ignores a route's "version" and sends none; one that sends no version gets none.
 Brokers of the version before the checks interoperate: one ignores "checks" and a POSITION's check and flag (its
 copies resume unchecked, as before), and a ROUTES without "checks" is resumed unchecked.
 """
@@ -61,11 +66,11 @@ from typing import NamedTuple
 from metaq import limits
 from metaq.errors import RemoteProtocolError
 
-__all__ = ["Routes", "Records", "Entry", "MESSAGE", "POSITION", "RETAINED", "SHARED", "RESUMED", "record_check",
-           "shared_data", "split_shared", "split_routes", "join_routes", "routes_parts", "records_parts",
-           "check_routes_length", "check_records_length", "decode_routes", "decode_records"]
+__all__ = ["Routes", "Records", "Entry", "MESSAGE", "POSITION", "RETAINED", "SHARED", "ROUTED", "RESUMED",
+           "record_check", "shared_data", "split_shared", "split_routes", "join_routes", "routes_parts",
+           "records_parts", "check_routes_length", "check_records_length", "decode_routes", "decode_records"]
 
-MESSAGE, POSITION, RETAINED, SHARED = 1, 2, 3, 4
+MESSAGE, POSITION, RETAINED, SHARED, ROUTED = 1, 2, 3, 4, 5
 #: A POSITION entry's flag: the master resumes the peer's copy here, before the position the peer sent.
 RESUMED = 1
 STORED_AT = struct.Struct(">q")
@@ -78,7 +83,8 @@ assert ENTRY.size == 31
 class Routes(NamedTuple):
     """A peer's route: its broker id, its filters, its resume positions ``((topic, partition, offset), ...)``, the
     ``%MQTT%`` offset to send retained records from (-1: none), its groups and one check per position (empty:
-    none); ``more``: a part of a route whose next part follows (``split_routes``)."""
+    none); ``more``: a part of a route whose next part follows (``split_routes``); ``version``: the route's, which
+    the master acks with a ROUTED entry once it acts on it (0: none asked)."""
 
     broker_id: int
     filters: tuple
@@ -87,6 +93,7 @@ class Routes(NamedTuple):
     groups: tuple = ()
     checks: tuple = ()
     more: bool = False
+    version: int = 0
 
 
 def record_check(stored_at_ms, data):
@@ -153,7 +160,7 @@ def split_routes(routes, most=None):
         most = limits.MQTT_CLUSTER_ROUTES_BYTES
     if len(_routes_json(routes)) <= most:
         return [routes._replace(more=False)]
-    empty = Routes(routes.broker_id, (), (), routes.retained, (), (), True)
+    empty = Routes(routes.broker_id, (), (), routes.retained, (), (), True, routes.version)
     room = most - len(_routes_json(empty))  # what a part holds beside its items (each counted with a comma)
     checks = routes.checks or (0,) * len(routes.positions)
     items = [("filters", f, len(_json(f)) + 1) for f in routes.filters]
@@ -187,7 +194,7 @@ def join_routes(so_far, part):
     joined = Routes(so_far.broker_id, so_far.filters + part.filters, so_far.positions + part.positions,
                     so_far.retained, so_far.groups + part.groups,
                     (so_far.checks or (0,) * len(so_far.positions)) + (part.checks or (0,) * len(part.positions)),
-                    part.more)
+                    part.more, part.version)
     for what, count, most, name in (("filters", len(joined.filters), limits.MQTT_CLUSTER_MAX_FILTERS,
                                      "MQTT_CLUSTER_MAX_FILTERS"),
                                     ("positions", len(joined.positions), limits.MQTT_CLUSTER_MAX_POSITIONS,
@@ -204,6 +211,8 @@ def _routes_json(event):
            "retained": event.retained, "groups": [list(g) for g in event.groups], "checks": list(event.checks)}
     if event.more:
         obj["more"] = True
+    if event.version:
+        obj["version"] = event.version
     return _json(obj)
 
 
@@ -278,7 +287,8 @@ def decode_routes(payload):
     more = obj.get("more", False)
     if not isinstance(more, bool):
         raise _fail("ROUTES more must be true or false, not %r" % (more,))
-    return Routes(broker, tuple(filters), tuple(out), retained, _groups(obj.get("groups", [])), checks, more)
+    version = _bounded(obj.get("version", 0), 0, 2**63 - 1, "route version")
+    return Routes(broker, tuple(filters), tuple(out), retained, _groups(obj.get("groups", [])), checks, more, version)
 
 
 def decode_records(payload):
@@ -289,7 +299,7 @@ def decode_records(payload):
             raise _fail("RECORDS entry %d runs past the frame" % len(entries))
         kind, tlen, partition, flag, offset, ts, dlen = ENTRY.unpack_from(payload, at)
         at += ENTRY.size
-        if kind not in (MESSAGE, POSITION, RETAINED, SHARED) or partition < 0 or offset < 0:
+        if kind not in (MESSAGE, POSITION, RETAINED, SHARED, ROUTED) or partition < 0 or offset < 0:
             raise _fail("RECORDS entry of kind %d, partition %d, offset %d" % (kind, partition, offset))
         if at + tlen + dlen > end:
             raise _fail("RECORDS entry %d runs past the frame" % len(entries))

@@ -200,6 +200,7 @@ class Broker:
             self.mqtt.client_ids = self._client_ids(config)  # a client id is the cluster's (docs/mqtt.md)
             self.mqtt_cluster = mqtt_cluster(config, self.store, self.put_path, self.mqtt, self.cluster_members,
                                              self.roles, self.waiters, self.mqtt.client_ids.calls)
+            self.mqtt.client_ids.cluster = self.mqtt_cluster  # its route and positions: the takeover's end
         self.stats_service.add_source("node", self.stats_facts)
         self.stats_service.add_source("replication", self.roles.stats_values)
         self.stats_service.add_source("delay", lambda: self.delay.summary_values() + self.timers.summary_values()
@@ -300,7 +301,8 @@ class Broker:
                             client_context(tls) if tls.mode != "off" and tls.replication else None)
         return ClientIds(self.mqtt, self.store, self.cluster_members, config.broker.id, client,
                          config.mqtt.cluster_max_ids, config.store.max_transfer_size,
-                         lambda: self.roles.is_master and self.roles.replication_port is not None)
+                         lambda: self.roles.is_master and self.roles.replication_port is not None,
+                         config.mqtt.cluster_id_lease_s)
 
     def _mqtt_address(self):
         """This broker's MQTT address as the elected master's leader node names it ("host:port", a wildcard bind

@@ -176,7 +176,8 @@ class Raw:
     ``sender="server"``), see the close."""
 
     def __init__(self, broker, version=wire.MQTT_5, timeout=10.0):
-        self.sock = socket.create_connection(("127.0.0.1", mqtt_port(broker)), timeout=timeout)
+        host = getattr(broker, "host", "127.0.0.1")  # a broker in a network namespace binds its address
+        self.sock = socket.create_connection((host, mqtt_port(broker)), timeout=timeout)
         self.version = version
         self.parser = wire.MqttParser(version, sender="server")
 

@@ -717,6 +717,20 @@ def test_a_handover_is_checked_whole_before_it_is_adopted():
         assert problem is not None and problem.startswith("a malformed handover"), bad
 
 
+def test_the_end_of_a_handover_is_checked_whole_before_any_of_it_is_taken():
+    """``handover.rest_problem``: ``rest``'s answer passes, at MQTT_HANDOVER_MAX_MESSAGES too; one message past it, a
+    message that is not one, base64 that is not, or another shape are each a clear problem, never a KeyError."""
+    message = ["t", 0, "aGVsbG8="]
+    assert handover.rest_problem({"queued": [[1] + message], "dropped": 0}) is None
+    assert handover.rest_problem({"queued": [[1] + message] * limits.MQTT_HANDOVER_MAX_MESSAGES}) is None
+    past = {"queued": [[1] + message] * (limits.MQTT_HANDOVER_MAX_MESSAGES + 1), "dropped": 0}
+    assert "MQTT_HANDOVER_MAX_MESSAGES" in handover.rest_problem(past)
+    for bad in ([], {"queued": "x"}, {"queued": [], "dropped": "2"}, {"queued": [[1, "t", 0]]},
+                {"queued": [[1, "t", 0, "!!not base64!!"]]}, {"queued": [["1"] + message]}):
+        problem = handover.rest_problem(bad)
+        assert problem is not None and problem.startswith("a malformed end of a handover"), bad
+
+
 def test_a_route_of_many_filters_finds_its_topics_sharing_the_loop():
     """``FilterSet.topics`` of MQTT_CLUSTER_MAX_FILTERS filters: one filter that reads every topic ends the look at
     once (all of them); else the loop is shared between filters (``share_loop``): another greenlet runs meanwhile."""

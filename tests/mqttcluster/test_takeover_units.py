@@ -1,0 +1,184 @@
+"""The takeover's end and the client ids' leases, their pure parts (docs/architecture.md "MQTT cluster: client ids"):
+a route's version and its ROUTED ack, the filters a route keeps pinned, the wait for every linked peer's ack, the
+handovers a broker keeps for their end (at their limit and one past), and the lease that closes a connection and that
+a home waits out before it takes an id from a holder that does not answer."""
+
+import json
+import time
+from types import SimpleNamespace
+
+import gevent
+import pytest
+from pydantic import ValidationError
+
+from metaq.errors import RemoteProtocolError
+from metaq.mqttcluster.calls import PeerUnreachable
+from metaq.mqttcluster.ids import home_of
+from metaq.mqttcluster.link import ACK_EXPECTED_S, PeerLink
+from metaq.mqttcluster.peers import MqttCluster
+from metaq.mqttcluster.serve import PeerFollow
+from metaq.mqttcluster.service import LEASE_MARGIN_S, ClientIds
+from metaq.protocol import replication as rp
+from metaq.server.config import ServerConfig
+from metaq.protocol.replication_mqtt import MESSAGE, POSITION, ROUTED, Entry, decode_routes, join_routes, split_routes
+from tests.mqttcluster.test_units import RecordsStore
+
+
+def _parsed(event):
+    p = rp.ReplicationParser()
+    p.receive_data(rp.serialize(event))
+    return p.next_event()
+
+
+def test_a_route_names_its_version_and_the_master_acks_it_before_any_record_it_chose():
+    routes = rp.Routes(1, ("t",), (("t", 0, 0),), version=7)
+    assert _parsed(routes) == routes
+    assert _parsed(rp.Records((Entry(ROUTED, "", 0, 7),))) == rp.Records((Entry(ROUTED, "", 0, 7),))
+    parts = split_routes(rp.Routes(1, tuple("f%d/%s" % (i, "x" * 200) for i in range(40)), version=9), most=2000)
+    assert len(parts) > 1 and {p.version for p in parts} == {9}
+    joined = None
+    for part in parts:
+        joined = join_routes(joined, part)
+    assert joined.version == 9
+    older = json.dumps({"broker": 3, "filters": ["a"], "positions": [], "retained": -1}).encode()
+    assert decode_routes(older).version == 0  # a peer of the version before: no ack asked
+    with pytest.raises(RemoteProtocolError, match="route version"):
+        decode_routes(json.dumps({"broker": 3, "filters": [], "version": -1}).encode())
+
+    follow = PeerFollow(RecordsStore({"t": 1}), routes)
+    kinds = [(e.kind, e.offset) for e in follow.batch(None)]
+    assert kinds[:2] == [(POSITION, 0), (ROUTED, 7)]  # where the partition starts, then the ack, then its records
+    assert [o for k, o in kinds if k == MESSAGE] == [0, 1, 2, 3, 4]
+    follow.cursors[("t", 0)] = 3
+    assert ROUTED not in [e.kind for e in follow.batch(None)]  # acked once
+    follow.set_filters(("t", "u/#"), (), 8)
+    follow.cursors[("t", 0)] = 3
+    kinds = [(e.kind, e.offset) for e in follow.batch(None)]
+    assert kinds[0] == (ROUTED, 8) and [o for k, o in kinds if k == MESSAGE] == [3, 4]
+    follow = PeerFollow(RecordsStore({"t": 1}), rp.Routes(1, ("t",), (("t", 0, 0),)))
+    assert ROUTED not in [e.kind for e in follow.batch(None)]  # no version, no ack (an older peer)
+
+
+def _cluster(filters=()):
+    port = SimpleNamespace(subscribed_filters=lambda: iter(filters), topics=SimpleNamespace(
+        topics_for=lambda f: ((f.split("/", 1)[0],), f.startswith("#"))))
+    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
+                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
+    return MqttCluster(config, None, None, port, None, lambda: True)
+
+
+def test_pinned_filters_stay_in_the_route_and_the_takers_wait_ends_with_every_linked_peers_ack():
+    """A peer whose link is down, or that never acked a route in ACK_EXPECTED_S (the version before the acks), is not
+    waited for."""
+    cluster = _cluster(["a/1"])
+    cluster.routes_changed()
+    cluster.pin("x", ["b/#"])
+    assert cluster.route()[1] == ("a/1", "b/#")
+    cluster.routes_changed()  # the periodic recomputation keeps a pinned filter no session holds
+    assert cluster.route()[1] == ("a/1", "b/#")
+    cluster.unpin("x")
+    cluster.routes_changed()
+    assert cluster.route()[1] == ("a/1",)
+    up = PeerLink(cluster, 1, "127.0.0.1:1")
+    down, older = PeerLink(cluster, 2, "127.0.0.1:2"), PeerLink(cluster, 3, "127.0.0.1:3")
+    up.connected = older.connected = True
+    older.asked_at = time.monotonic() - ACK_EXPECTED_S  # asked this long ago, never acked: the version before the acks
+    cluster.links = {1: up, 2: down, 3: older}
+    started = time.monotonic()
+    assert not cluster.routed(["c/#"], started + 0.2)  # peer 1 does not ack: the wait ends at its bound
+    assert time.monotonic() - started >= 0.2
+    version = cluster.route()[0]
+
+    def ack():
+        gevent.sleep(0.05)
+        up._acks([Entry(ROUTED, "", 0, version)])
+
+    acker = gevent.spawn(ack)
+    assert cluster.routed(["c/#"], time.monotonic() + 5)  # the link that is down sends its route when back
+    acker.join()
+    cluster.positions.copied(1, "c", 0, 41)
+    cluster.positions.copied(1, "d", 0, 9)
+    cluster.positions.copied(2, "c", 1, 4)
+    assert cluster.positions_for(["c/#"]) == {1: {("c", 0): 42}, 2: {("c", 1): 5}, 3: {}}
+
+
+class FakeCluster:
+    def __init__(self):
+        self.pins = {}
+
+    def pin(self, key, filters):
+        self.pins[key] = filters
+
+    def unpin(self, key):
+        self.pins.pop(key, None)
+
+
+def _ids(port=None, lease_s=4.0, client=None):
+    ids = ClientIds(port or SimpleNamespace(), None, None, 3, client or SimpleNamespace(close=lambda: None), 100, 0,
+                    lambda: True, lease_s)
+    ids.cluster = FakeCluster()
+    ids.members = {1: "h:1", 2: "h:2", 3: "h:3"}
+    return ids
+
+
+def test_a_holder_keeps_at_most_max_lingering_handovers_the_oldest_forgotten():
+    ids = _ids()
+    ids.max_lingering = 2
+    saved = SimpleNamespace(subscriptions=[("a/#", 1, False, ("a",), False, None)])
+    ids._linger(("x", 1), saved)
+    ids._linger(("y", 1), saved)  # at the limit: both kept, their filters pinned
+    assert list(ids._lingering) == [("x", 1), ("y", 1)]
+    assert ids.cluster.pins == {("given", "x", 1): ["a/#"], ("given", "y", 1): ["a/#"]}
+    ids._linger(("z", 2), saved)  # one past: the oldest goes, its filters unpinned
+    assert list(ids._lingering) == [("y", 1), ("z", 2)] and ("given", "x", 1) not in ids.cluster.pins
+    assert "error" in ids._rest(1, {"c": "x", "upto": []})  # its taker's call for the rest: nothing kept
+    bad = ids._rest(1, {"c": "y", "upto": [[2, "not positions"]]})  # a call that is not one: a clear error
+    assert "nothing handed" in bad["error"] and ("given", "y", 1) not in ids.cluster.pins
+    ids._linger(("w", 1), saved)
+    ids._lingering[("z", 2)] = (time.monotonic() - 1, saved, {})  # past MQTT_HANDOVER_LINGER_S
+    ids._expire_lingering()
+    assert list(ids._lingering) == [("w", 1)] and list(ids.cluster.pins) == [("given", "w", 1)]
+
+
+def test_the_lease_is_a_setting_within_its_bounds():
+    assert ServerConfig().mqtt.cluster_id_lease_s == 4.0
+    assert ServerConfig.model_validate({"mqtt": {"cluster_id_lease_s": 60}}).mqtt.cluster_id_lease_s == 60
+    for bad in (0, -1, 61):
+        with pytest.raises(ValidationError, match="cluster_id_lease_s"):
+            ServerConfig.model_validate({"mqtt": {"cluster_id_lease_s": bad}})
+
+
+def test_a_broker_closes_the_connections_of_the_ids_whose_homes_lease_ran_out():
+    homed = {h: [c for c in ("d-%d" % i for i in range(60)) if home_of(c, {1: 0, 2: 0, 3: 0}) == h][:2]
+             for h in (1, 2, 3)}
+    closed = []
+    port = SimpleNamespace(connected_ids=lambda: sum(homed.values(), []),
+                           lease_lost=lambda client_ids, why: closed.extend(client_ids))
+    ids = _ids(port)
+    ids._end_unleased()
+    assert closed == []  # a home first seen: a lease's time from now
+    now = time.monotonic()
+    ids._leases = {1: now - 0.01, 2: now + 1}
+    ids._end_unleased()
+    assert sorted(closed) == sorted(homed[1]) and ids.lease_closed == 2  # its own ids (3) never
+    ids._renewed(1, time.monotonic())
+    closed.clear()
+    ids._end_unleased()
+    assert closed == []
+
+
+def test_a_home_takes_an_id_from_a_holder_that_does_not_answer_only_once_its_lease_surely_ran_out():
+    def unreachable(address, request, timeout_s=None, exclusive=False):
+        raise PeerUnreachable("no answer")
+
+    ids = _ids(lease_s=0.4, client=SimpleNamespace(call=unreachable, close=lambda: None))
+    ask = {"c": "x", "clean": False}
+    ids._heard[1] = time.monotonic()
+    gone = ids._lease_gone(1)
+    assert gone == pytest.approx(ids._heard[1] + 0.5 + LEASE_MARGIN_S)
+    refused = ids._take_from(1, 2, ask, time.monotonic() + 0.1)  # it would run out past the caller's bound
+    assert "lease" in refused["error"]
+    assert ids._take_from(1, 2, ask, time.monotonic() + 5) == {"unreached": True}
+    assert time.monotonic() >= gone
+    ids._heard.clear()
+    assert ids._lease_gone(1) == pytest.approx(ids._started + 0.5 + LEASE_MARGIN_S)  # never heard: since the start
