@@ -3,6 +3,9 @@
 Each limit below is a default; the broker configuration (``limits:`` in
 ``conf/server.yaml``) may change the configurable ones. Every declared length
 is checked against one of these before memory is allocated for it.
+
+Long because it is one table: every layer's named limits, each with the reason for its value, where the
+configuration schema and the docs' limits page read them.
 """
 
 import re
