@@ -25,7 +25,11 @@ the HTTP/2 layer; gRPC's layer is ``wire``. Per connection the port announces an
 * a header block (HEADERS and its CONTINUATIONs) encoded in more than ``limits.GRPC_HEADER_BLOCK_FACTOR`` times
   ``max_header_bytes`` ends the connection (GOAWAY ENHANCE_YOUR_CALM) as the frame that passes it begins, before
   the HTTP/2 layer buffers it (the CONTINUATION flood). Every frame is budgeted as its header arrives
-  (``FloodBudget``, the layer's ``on_frame``), before it is buffered or served.
+  (``FloodBudget``, the layer's ``on_frame``), before it is buffered or served;
+* a connection cut for frames that do no work (those two, not ``max_new_streams``) reads at most
+  ``limits.GRPC_CALM_LINGER_BYTES`` more, and its address is refused new connections for ``flood_penalty_s``
+  (``limits.GRPC_FLOOD_PENALTY_S``), doubled at each cut in a row (``ConnectionCore.penalize``): a flood that
+  reconnects gets no fresh budget.
 
 A connection reads ``limits.GRPC_RECV_BYTES`` at a time and lets the other connections run every
 ``limits.MAX_TURN_MS`` (``share_loop``), as every port's connections do.
@@ -85,12 +89,13 @@ class PortLimits:
     """The gRPC port's named limits (the ``grpc:`` settings; defaults from ``metaq.limits``)."""
 
     __slots__ = ("max_streams", "max_message_bytes", "max_header_bytes", "max_call_s", "max_control_frames",
-                 "max_new_streams", "flood_window_s")
+                 "max_new_streams", "flood_window_s", "flood_penalty_s")
 
     def __init__(self, max_streams=limits.GRPC_MAX_STREAMS_PER_CONNECTION,
                  max_message_bytes=limits.GRPC_MAX_MESSAGE_BYTES, max_header_bytes=limits.GRPC_MAX_HEADER_BYTES,
                  max_call_s=limits.GRPC_MAX_CALL_S, max_control_frames=limits.GRPC_MAX_CONTROL_FRAMES,
-                 max_new_streams=limits.GRPC_MAX_NEW_STREAMS, flood_window_s=limits.GRPC_FLOOD_WINDOW_S):
+                 max_new_streams=limits.GRPC_MAX_NEW_STREAMS, flood_window_s=limits.GRPC_FLOOD_WINDOW_S,
+                 flood_penalty_s=limits.GRPC_FLOOD_PENALTY_S):
         self.max_streams = max_streams
         self.max_message_bytes = max_message_bytes
         self.max_header_bytes = max_header_bytes
@@ -98,6 +103,7 @@ class PortLimits:
         self.max_control_frames = max_control_frames
         self.max_new_streams = max_new_streams
         self.flood_window_s = flood_window_s
+        self.flood_penalty_s = flood_penalty_s  # an address cut for flooding is refused this long, doubled per cut
 
 
 class FloodBudget:
@@ -188,6 +194,13 @@ class FloodBudget:
                     limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes, limits.GRPC_HEADER_BLOCK_FACTOR)
         return self._excess()
 
+    def wasteful(self):
+        """True once the frames that do no work passed ``max_control_frames`` or a header block its bound: a cut
+        for flooding (its address then cools down, ``GrpcPort``), not for a busy client's many streams."""
+        lim = self.limits
+        return (self.controls > lim.max_control_frames
+                or self.block > limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes)
+
     def wasted(self):
         """A frame the HTTP/2 layer refused with a stream error (the layer's ``on_wasted``): None while within the
         budget (counted), else why not."""
@@ -236,8 +249,9 @@ class GrpcConnection(Connection):
     log_prefix = "grpc"
     paces_receive = False  # a call's user is its own: SendMessage charges its messages (calls.paced_wait)
 
-    def __init__(self, sock, address, conn_id, rules, service, port_limits):
+    def __init__(self, sock, address, conn_id, rules, service, port_limits, on_flood=None):
         super().__init__(sock, address, conn_id, rules)
+        self.on_flood = on_flood  # called with the peer's host when the connection is cut for flooding
         self.service = service
         self.limits = port_limits
         # HTTP/2 (``http2``) with HPACK's caching coder: the fixed response headers' blocks, and a client's repeated
@@ -333,7 +347,10 @@ class GrpcConnection(Connection):
             else:  # a frame too large, a flood budget passed, a flow-control or compression error
                 log.info("grpc %s: %s; closing (GOAWAY %s)", self.peer, exc, exc.code.name)
             self._flush()  # the GOAWAY the layer queued
-            self._drain_after_goaway()
+            if exc.code == ErrorCode.ENHANCE_YOUR_CALM and self.budget.wasteful():
+                self._cut_for_flooding()
+            else:
+                self._drain_after_goaway()
             return False
         self._reading = gevent.getcurrent()  # calls answered on it are flushed with this read's answers, after it
         try:
@@ -416,19 +433,32 @@ class GrpcConnection(Connection):
         except OSError as exc:
             log.debug("grpc %s: %s", self.peer, exc)
 
-    def _drain_after_goaway(self):
+    def _cut_for_flooding(self):
+        """A flood cut (its GOAWAY ENHANCE_YOUR_CALM sent): its address cools down (``on_flood``), and the
+        connection reads at most ``limits.GRPC_CALM_LINGER_BYTES`` more before it closes, not ``LINGER_S`` of a
+        flood."""
+        if self.on_flood is not None and isinstance(self.address, tuple):
+            self.on_flood(self.address[0])
+        self._drain_after_goaway(limits.GRPC_CALM_LINGER_BYTES)
+
+    def _drain_after_goaway(self, most=None):
         """After a GOAWAY: stop sending and read what the client still sends, at most ``LINGER_S``, so that the
         close does not reset the connection before the client has read the GOAWAY (a close with unread bytes sends
         a TCP reset, which may discard them); a client still flooding lets the other connections run meanwhile
-        (``share_loop``: a receive with bytes waiting never yields)."""
+        (``share_loop``: a receive with bytes waiting never yields). ``most``: the bytes read at most (None: no
+        bound but the time)."""
         try:
             self.sock.shutdown(socket.SHUT_WR)
             deadline = time.monotonic() + LINGER_S
             turn = time.monotonic()
-            while time.monotonic() < deadline:
+            left = most
+            while time.monotonic() < deadline and (left is None or left > 0):
                 self.sock.settimeout(max(0.001, deadline - time.monotonic()))
-                if not self.sock.recv(65536):
+                got = self.sock.recv(65536 if left is None else min(left, 65536))
+                if not got:
                     break
+                if left is not None:
+                    left -= len(got)
                 turn = share_loop(turn)
         except OSError:
             pass
@@ -791,7 +821,13 @@ class GrpcPort:
         return self.listener
 
     def _connection(self, sock, address, conn_id):
-        return GrpcConnection(sock, address, conn_id, self.core.rules, self.service, self.limits)
+        return GrpcConnection(sock, address, conn_id, self.core.rules, self.service, self.limits, self._flooded)
+
+    def _flooded(self, host):
+        """A connection from ``host`` was cut for flooding: the host cools down (``ConnectionCore.penalize``)."""
+        cooldown = self.core.penalize("grpc", host, self.limits.flood_penalty_s)
+        if cooldown:
+            log.info("grpc %s: cut for flooding; its new connections are refused for %.1f s", host, cooldown)
 
     def connection_count(self):
         return self.core.count("grpc")

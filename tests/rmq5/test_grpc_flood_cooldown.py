@@ -1,0 +1,91 @@
+"""A gRPC connection cut for flooding (GOAWAY ENHANCE_YOUR_CALM) against a real broker, raw sockets from several
+loopback addresses: its address is refused new connections for a cooldown (``grpc.flood_penalty_s``), another
+address is not, and the cut connection closes without reading what its client keeps sending."""
+
+import socket
+import time
+
+import pytest
+
+from tests.rmq5.test_grpc_connection import (ENHANCE_YOUR_CALM, HEADERS, PING, PREFACE, SETTINGS, END_HEADERS,
+                                             END_STREAM, Frames, answered, frame, goaway_code, header_block)
+from metaq.client.local import BrokerProcess, free_port, small_config
+
+pytestmark = pytest.mark.integration
+
+MAX_CONTROL = 50
+PENALTY_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("grpccalm")
+    cfg = small_config(wd / "data", grpc={"port": free_port(), "max_control_frames": MAX_CONTROL,
+                                          "flood_penalty_s": PENALTY_S})
+    b = BrokerProcess(wd, cfg).start()
+    yield b
+    b.kill()
+
+
+def connect(b, source):
+    """A raw peer of ``b``'s gRPC port from the loopback address ``source`` (each test its own)."""
+    return Frames.over(socket.create_connection(("127.0.0.1", b.config["grpc"]["port"]), timeout=10,
+                                                source_address=(source, 0)))
+
+
+def flood_until_cut(b, source):
+    """A connection from ``source`` sending PINGs past the control budget; what it read (its GOAWAY, its end)."""
+    raw = connect(b, source)
+    try:
+        raw.send(PREFACE + frame(SETTINGS) + frame(PING, 0, 0, b"12345678") * (MAX_CONTROL + 1))
+        got = raw.read(lambda got: "closed" in got)
+        assert goaway_code(got) == ENHANCE_YOUR_CALM and "closed" in got, got[-3:]
+    finally:
+        raw.close()
+
+
+def served(b, source):
+    """True when a connection from ``source`` is served (a call answered), False when it is closed at once with
+    nothing sent (refused)."""
+    raw = connect(b, source)
+    try:
+        try:
+            raw.send(PREFACE + frame(SETTINGS) + frame(HEADERS, END_HEADERS | END_STREAM, 1,
+                                                       header_block("Heartbeat")))
+        except OSError:
+            return False
+        got = raw.read(lambda got: 1 in answered(got) or "closed" in got)
+        if 1 in answered(got):
+            return True
+        assert got == ["closed"], got  # refused: not a frame
+        return False
+    finally:
+        raw.close()
+
+
+def test_an_address_cut_for_flooding_is_refused_within_its_cooldown_and_served_after_it(broker):
+    assert served(broker, "127.0.0.2") and served(broker, "127.0.0.3")
+    flood_until_cut(broker, "127.0.0.2")
+    cut = time.monotonic()
+    assert not served(broker, "127.0.0.2")  # at once: within its cooldown
+    assert served(broker, "127.0.0.3")  # another address goes on
+    time.sleep(max(0.0, cut + PENALTY_S + 0.2 - time.monotonic()))
+    assert served(broker, "127.0.0.2")  # past its cooldown
+
+
+def test_a_connection_cut_for_flooding_closes_without_reading_what_its_client_keeps_sending(broker):
+    """Past its GOAWAY the cut connection reads at most limits.GRPC_CALM_LINGER_BYTES, then closes: the client,
+    still writing, is reset long before it could write 128 MiB (a connection read for the whole linger takes
+    them all)."""
+    raw = connect(broker, "127.0.0.4")
+    try:
+        raw.send(PREFACE + frame(SETTINGS) + frame(PING, 0, 0, b"12345678") * (MAX_CONTROL + 1))
+        got = raw.read(lambda got: goaway_code(got) is not None)
+        assert goaway_code(got) == ENHANCE_YOUR_CALM, got[-3:]
+        chunk, sent = frame(PING, 0, 0, b"12345678") * ((1 << 20) // 17), 0
+        with pytest.raises(OSError):  # reset (or a broken pipe): the broker closed with bytes unread
+            while sent < 128 << 20:
+                raw.sock.sendall(chunk)
+                sent += len(chunk)
+    finally:
+        raw.close()
