@@ -876,6 +876,10 @@ GRPC_CACHED_HEADER_BLOCKS = 8
 #: one for the connection's); one past its credit counts against GRPC_MAX_CONTROL_FRAMES, so a client that returns
 #: window it was never sent floods into that budget. The credit is held to GRPC_MAX_CONTROL_FRAMES.
 GRPC_WINDOW_UPDATES_PER_DATA = 2
+#: PING frames a gRPC client may send free for each DATA frame the port sent it: clients measure the bandwidth-delay
+#: product with a PING as they read data (grpc-java at each read with none in flight, grpcio paced), which gRPC's own
+#: servers never count as abuse; past the credit a PING counts against GRPC_MAX_CONTROL_FRAMES. Held to it too.
+GRPC_PINGS_PER_DATA = 1
 #: A DATA frame of at least this many bytes is payload delivered, free of the control budget (and pays for one small
 #: frame); a shorter one, and HEADERS on a stream opened before, is a small frame, paid by GRPC_SMALL_FRAMES_PER_STREAM
 #: for each stream opened and one for each such full DATA frame, past that counted against GRPC_MAX_CONTROL_FRAMES

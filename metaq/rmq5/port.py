@@ -63,8 +63,8 @@ from gevent.event import Event
 from gevent.lock import Semaphore
 from metaq import limits
 from metaq.rmq5 import http2
-from metaq.rmq5.http2 import (CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, WINDOW_UPDATE, ErrorCode,
-                              ProtocolError, ServerConnection, StreamClosed)
+from metaq.rmq5.http2 import (ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, PING, WINDOW_UPDATE,
+                              ErrorCode, ProtocolError, ServerConnection, StreamClosed)
 from metaq.rmq5.headercache import CachedDecoder, CachedEncoder, CheckedHeaders
 from metaq.rmq5.wire import (OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW, WAITS, GrpcError, MessageReader, Status, frame,
                              frames, is_grpc_content_type, parse_timeout, rpc_name, trailers, trailers_only)
@@ -116,14 +116,15 @@ class FloodBudget:
     ``GRPC_SMALL_FRAME_BYTES`` that do not end it (clients split a block only at the maximum frame size; the
     CONTINUATION flood of tiny frames), frames refused with a stream error (``wasted``,
     the HTTP/2 layer's ``on_wasted``: DATA or HEADERS on a closed stream, a stream refused), WINDOW_UPDATEs past the
-    credit the DATA frames sent give (``sent_data``), and small frames (DATA shorter than ``GRPC_SMALL_FRAME_BYTES``,
+    credit the DATA frames sent give (``sent_data``), PINGs past the credit those give (a client's bandwidth
+    probes as it reads), and small frames (DATA shorter than ``GRPC_SMALL_FRAME_BYTES``,
     HEADERS on a stream opened before) past the credit useful work gives: ``GRPC_SMALL_FRAMES_PER_STREAM`` a stream
     opened, one a full DATA frame. A DATA frame of ``GRPC_SMALL_FRAME_BYTES`` or more is payload delivered: free.
     Each credit is held to ``max_control_frames``. Each frame is counted as its header arrives (``begun``, the
     layer's ``on_frame``), before its body is buffered or it is served. Time is passed in (``tick``, once a read); a
     window starts with the first read after the last one ended."""
 
-    __slots__ = ("limits", "controls", "streams", "last_stream", "block", "credit", "paid", "_since")
+    __slots__ = ("limits", "controls", "streams", "last_stream", "block", "credit", "paid", "pongs", "_since")
 
     def __init__(self, port_limits):
         self.limits = port_limits
@@ -133,11 +134,15 @@ class FloodBudget:
         self.block = 0  # encoded bytes of the header block begun and not yet ended (END_HEADERS)
         self.credit = 0  # WINDOW_UPDATEs the client may send free (GRPC_WINDOW_UPDATES_PER_DATA a DATA frame sent)
         self.paid = 0  # small frames the client may send free (paid by streams opened and full DATA frames)
+        self.pongs = 0  # PINGs the client may send free (GRPC_PINGS_PER_DATA a DATA frame sent: its bandwidth probes)
         self._since = None
 
     def sent_data(self, frames=1):
-        """The port sent the client ``frames`` DATA frames: room for the window updates it answers with."""
-        self.credit = min(self.credit + frames * limits.GRPC_WINDOW_UPDATES_PER_DATA, self.limits.max_control_frames)
+        """The port sent the client ``frames`` DATA frames: room for the window updates and the bandwidth probes
+        (PING) it answers with."""
+        most = self.limits.max_control_frames
+        self.credit = min(self.credit + frames * limits.GRPC_WINDOW_UPDATES_PER_DATA, most)
+        self.pongs = min(self.pongs + frames * limits.GRPC_PINGS_PER_DATA, most)
 
     def tick(self, now):
         """The time of a read: a window past ``flood_window_s`` starts again."""
@@ -163,6 +168,9 @@ class FloodBudget:
             return self._header_part(ftype == HEADERS, flags, length, stream_id)
         if ftype == WINDOW_UPDATE and self.credit:  # answering DATA the port sent
             self.credit -= 1
+            return None
+        if ftype == PING and self.pongs and not flags & ACK:  # a bandwidth probe as the client reads DATA
+            self.pongs -= 1
             return None
         self.controls += 1  # PING, SETTINGS, RST_STREAM, PRIORITY, GOAWAY, an unknown type, an unprompted update
         return self._excess()

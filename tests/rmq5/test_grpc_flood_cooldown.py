@@ -89,3 +89,22 @@ def test_a_connection_cut_for_flooding_closes_without_reading_what_its_client_ke
                 sent += len(chunk)
     finally:
         raw.close()
+
+
+def test_a_ping_after_each_answer_read_is_a_bandwidth_probe_and_costs_nothing(broker):
+    """A client that PINGs as it reads each answer (grpc-java's bandwidth probe at each read, grpcio's paced) is
+    not cut however many calls it makes: one PING a DATA frame the port sent is free (limits.GRPC_PINGS_PER_DATA);
+    PINGs past that credit still count (the flood tests)."""
+    raw = connect(broker, "127.0.0.5")
+    try:
+        raw.send(PREFACE + frame(SETTINGS))
+        for i in range(2 * MAX_CONTROL):
+            sid = 2 * i + 1
+            raw.send(frame(HEADERS, END_HEADERS, sid, header_block("Heartbeat")) + frame(0, END_STREAM, sid, b"\0" * 5))
+            got = raw.read(lambda got: sid in answered(got) or "closed" in got)
+            assert sid in answered(got) and goaway_code(got) is None, (i, got[-3:])
+            raw.send(frame(PING, 0, 0, i.to_bytes(8, "big")))
+        got = raw.read(lambda got: any(f != "closed" and f[0] == PING for f in got) or "closed" in got)
+        assert goaway_code(got) is None and "closed" not in got, got[-3:]
+    finally:
+        raw.close()
