@@ -116,7 +116,8 @@ class FloodBudget:
     ``GRPC_SMALL_FRAME_BYTES`` that do not end it (clients split a block only at the maximum frame size; the
     CONTINUATION flood of tiny frames), frames refused with a stream error (``wasted``,
     the HTTP/2 layer's ``on_wasted``: DATA or HEADERS on a closed stream, a stream refused), WINDOW_UPDATEs past the
-    credit the DATA frames sent give (``sent_data``), PINGs past the credit those give (a client's bandwidth
+    credit the DATA frames sent give (``sent_data``; a DATA frame cut to less than ``GRPC_SMALL_FRAME_BYTES`` by
+    the client's window gives none: the data dribble), PINGs past the credit those give (a client's bandwidth
     probes as it reads), and small frames (DATA shorter than ``GRPC_SMALL_FRAME_BYTES``,
     HEADERS on a stream opened before) past the credit useful work gives: ``GRPC_SMALL_FRAMES_PER_STREAM`` a stream
     opened, one a full DATA frame. A DATA frame of ``GRPC_SMALL_FRAME_BYTES`` or more is payload delivered: free.
@@ -711,7 +712,8 @@ class GrpcConnection(Connection):
                     return False
                 continue
             self.http2.send_data(call.stream_id, data[:room])
-            self.budget.sent_data()
+            if room == len(data) or room >= limits.GRPC_SMALL_FRAME_BYTES:  # (a sliver the window let out earns
+                self.budget.sent_data()  # the client nothing: the data dribble, windows opened a byte at a time)
             data = data[room:]
         if flush:
             self._flush()

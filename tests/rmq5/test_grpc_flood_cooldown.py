@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from tests.rmq5.test_grpc_connection import (ENHANCE_YOUR_CALM, HEADERS, PING, PREFACE, SETTINGS, END_HEADERS,
-                                             END_STREAM, Frames, answered, frame, goaway_code, header_block)
+from tests.rmq5.test_grpc_connection import (END_HEADERS, END_STREAM, ENHANCE_YOUR_CALM, HEADERS, PING, PREFACE,
+                                             SETTINGS, WINDOW_UPDATE, Frames, answered, ended, frame, goaway_code,
+                                             header_block)
 from metaq.client.local import BrokerProcess, free_port, small_config
 
 pytestmark = pytest.mark.integration
@@ -101,10 +102,38 @@ def test_a_ping_after_each_answer_read_is_a_bandwidth_probe_and_costs_nothing(br
         for i in range(2 * MAX_CONTROL):
             sid = 2 * i + 1
             raw.send(frame(HEADERS, END_HEADERS, sid, header_block("Heartbeat")) + frame(0, END_STREAM, sid, b"\0" * 5))
-            got = raw.read(lambda got: sid in answered(got) or "closed" in got)
+            got = raw.read(lambda got, sid=sid: sid in answered(got) or "closed" in got)
             assert sid in answered(got) and goaway_code(got) is None, (i, got[-3:])
             raw.send(frame(PING, 0, 0, i.to_bytes(8, "big")))
         got = raw.read(lambda got: any(f != "closed" and f[0] == PING for f in got) or "closed" in got)
         assert goaway_code(got) is None and "closed" not in got, got[-3:]
+    finally:
+        raw.close()
+
+
+def test_windows_opened_a_byte_at_a_time_earn_no_credit_and_the_dribble_is_cut(broker):
+    """The data dribble: a client whose windows start at 0 opens them a byte at a time, so that each answer leaves
+    in 1-byte DATA frames; such slivers earn no WINDOW_UPDATE credit, so its updates count as frames that do no
+    work and the connection is cut (GOAWAY ENHANCE_YOUR_CALM) within the budget."""
+    raw = connect(broker, "127.0.0.6")
+    try:
+        raw.send(PREFACE + frame(SETTINGS, 0, 0, (4).to_bytes(2, "big") + (0).to_bytes(4, "big")))  # window 0
+        sids = [2 * i + 1 for i in range(10)]
+        raw.send(b"".join(frame(HEADERS, END_HEADERS, sid, header_block("Heartbeat")) +
+                          frame(0, END_STREAM, sid, b"\0" * 5) for sid in sids))
+        got = []
+        while sids:  # a byte more of each answer not yet whole, until all are (or the connection is cut)
+            try:
+                raw.send(b"".join(frame(WINDOW_UPDATE, 0, sid, (1).to_bytes(4, "big")) for sid in sids))
+            except OSError:
+                break
+            n = len(sids)
+            now = raw.read(lambda now, n=n: sum(1 for f in now if f != "closed" and f[0] == 0) >= n or
+                           answered(now) or ended(now), timeout=5)
+            got += now
+            if ended(got):
+                break
+            sids = [sid for sid in sids if sid not in answered(got)]
+        assert goaway_code(got) == ENHANCE_YOUR_CALM, (len(got), answered(got), got[-3:])
     finally:
         raw.close()
