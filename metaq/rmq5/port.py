@@ -115,7 +115,8 @@ class FloodBudget:
     empty DATA frames that do not end their stream (the empty-frames flood), header-block parts shorter than
     ``GRPC_SMALL_FRAME_BYTES`` that do not end it (clients split a block only at the maximum frame size; the
     CONTINUATION flood of tiny frames), frames refused with a stream error (``wasted``,
-    the HTTP/2 layer's ``on_wasted``: DATA or HEADERS on a closed stream, a stream refused), WINDOW_UPDATEs past the
+    the HTTP/2 layer's ``on_wasted``: DATA or HEADERS on a closed stream, a stream refused; the port's DATA on a
+    stream no call takes, a plain answer's), WINDOW_UPDATEs past the
     credit the DATA frames sent give (``sent_data``; a DATA frame cut to less than ``GRPC_SMALL_FRAME_BYTES`` by
     the client's window gives none: the data dribble), PINGs past the credit those give (a client's bandwidth
     probes as it reads), and small frames (DATA shorter than ``GRPC_SMALL_FRAME_BYTES``,
@@ -376,7 +377,13 @@ class GrpcConnection(Connection):
                         self._plain_bodies()
                 else:
                     self._event(kind, stream_id, a)
-        except ProtocolError as exc:  # headers that fail HTTP/2's checks (``CheckedHeaders``)
+        except ProtocolError as exc:  # headers that fail HTTP/2's checks (``CheckedHeaders``), or a flood (``_data``)
+            if exc.code == ErrorCode.ENHANCE_YOUR_CALM:
+                log.info("grpc %s: %s; closing (GOAWAY ENHANCE_YOUR_CALM)", self.peer, exc)
+                self.http2.close(exc.code, str(exc).encode()[:200])
+                self._flush()
+                self._cut_for_flooding()
+                return False
             return self._refuse(ErrorCode.PROTOCOL_ERROR, "headers that fail HTTP/2's checks: %s" % exc)
         finally:
             self._reading = None
@@ -531,9 +538,14 @@ class GrpcConnection(Connection):
             call.push = lambda payload: self._send_message(call, payload)
 
     def _data(self, sid, data, flow_controlled):
+        """DATA for a call; on a stream with no call to take it (a plain answer's, a call already answered) a frame
+        that did no work, counted as one (``FloodBudget.wasted``: its ProtocolError ends the connection)."""
         self.http2.acknowledge(sid, flow_controlled)
         call = self.calls.get(sid)
         if call is None or call.done:
+            excess = self.budget.wasted()
+            if excess is not None:
+                raise ProtocolError(excess, ErrorCode.ENHANCE_YOUR_CALM)
             return
         try:
             messages = call.reader.feed(data)

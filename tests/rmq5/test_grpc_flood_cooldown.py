@@ -5,6 +5,7 @@ address is not, and the cut connection closes without reading what its client ke
 import socket
 import time
 
+import hpack
 import pytest
 
 from tests.rmq5.test_grpc_connection import (END_HEADERS, END_STREAM, ENHANCE_YOUR_CALM, HEADERS, PING, PREFACE,
@@ -135,5 +136,27 @@ def test_windows_opened_a_byte_at_a_time_earn_no_credit_and_the_dribble_is_cut(b
                 break
             sids = [sid for sid in sids if sid not in answered(got)]
         assert goaway_code(got) == ENHANCE_YOUR_CALM, (len(got), answered(got), got[-3:])
+    finally:
+        raw.close()
+
+
+def test_data_on_a_plain_answers_stream_counts_and_one_past_the_budget_ends_the_connection(broker):
+    """A request that is no gRPC call (415) is answered and its stream left open for the rest of its body; each DATA
+    frame that follows goes to no call and counts as a frame that does no work, full frames too: past the budget
+    the connection is cut (GOAWAY ENHANCE_YOUR_CALM) rather than read for free."""
+    raw = connect(broker, "127.0.0.7")
+    block = hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(n, v) for n, v in (
+        (":method", "POST"), (":scheme", "http"), (":path", "/"), (":authority", "x"), ("content-type", "text/plain"))])
+    try:
+        raw.send(PREFACE + frame(SETTINGS) + frame(HEADERS, END_HEADERS, 1, block))
+        try:
+            for _ in range(MAX_CONTROL + 1):
+                raw.send(frame(0, 0, 1, b"\0" * 1024))
+        except OSError:  # cut while sending: read what came before
+            pass
+        got = raw.read(lambda got: "closed" in got)
+        assert goaway_code(got) == ENHANCE_YOUR_CALM and "closed" in got, got[-3:]
+        assert any(f != "closed" and f[0] == HEADERS and b"415" in hpack.Decoder().decode(f[3], raw=True)[0][1]
+                   for f in got), got[:4]
     finally:
         raw.close()
