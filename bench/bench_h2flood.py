@@ -9,7 +9,9 @@ floods from 127.0.0.1 and connects again at once whenever the broker closes or r
 
 * ``one-byte-data``: a SendMessage stream begun with a 1 MiB message announced, then 1-byte DATA frames;
 * ``closed-data``: a Heartbeat call ended, then 1 KiB DATA frames on its closed stream;
-* ``unknown``: frames of a type HTTP/2 does not define (0x42, 8 bytes).
+* ``unknown``: frames of a type HTTP/2 does not define (0x42, 8 bytes);
+* ``cpu-spin``: no flood, the attacker's process only busy, as busy as a flooder's: on a machine of few cores the
+  bystander loses to any such process, so each flood's pace is also given as a share of the pace beside it.
 
 Each run measures the bystander's calls a second alone, then beside each flood, for ``--seconds`` each, and the
 broker process's CPU (per cent of one core) meanwhile; the table gives medians of ``--runs`` runs and each flood's
@@ -40,6 +42,9 @@ DATA, HEADERS, SETTINGS, WINDOW_UPDATE = 0, 1, 4, 8
 END_STREAM, END_HEADERS = 0x1, 0x4
 SERVICE = "/apache.rocketmq.v2.MessagingService/"
 FLOODS = ("one-byte-data", "closed-data", "unknown")
+#: The attacker's process busy on its own, sending nothing: what any process as busy costs the bystander on the same
+#: machine (the floods' pace is also given as a share of the bystander's pace beside it).
+SPIN = "cpu-spin"
 
 
 def frame(ftype, flags=0, sid=0, payload=b""):
@@ -74,7 +79,12 @@ def _drop(sock):
 
 
 def attack(port, kind, stop):
-    """Flood ``kind`` from 127.0.0.1 until ``stop``, connecting again at once whenever the broker closes."""
+    """Flood ``kind`` from 127.0.0.1 until ``stop``, connecting again at once whenever the broker closes (``SPIN``:
+    only keep a core busy)."""
+    if kind == SPIN:
+        while not stop.is_set():
+            sum(range(1000))
+        return
     opening, chunk = flood_bytes(kind)
     while not stop.is_set():
         try:
@@ -171,7 +181,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--floods", default=",".join(FLOODS))
     args = ap.parse_args()
-    floods = [f for f in args.floods.split(",") if f]
+    floods = [SPIN] + [f for f in args.floods.split(",") if f]
     results = {k: [] for k in [None] + floods}
     for run in range(args.runs):
         root = tempfile.mkdtemp(prefix="h2flood-")
@@ -190,12 +200,15 @@ def main():
         finally:
             shutil.rmtree(root, ignore_errors=True)
     alone = statistics.median(p for p, _ in results[None])
-    print("\n| flood (reconnecting) | bystander calls/s | of its pace alone | broker CPU |")
-    print("|---|---|---|---|")
+    spun = statistics.median(p for p, _ in results[SPIN])
+    print("\n| flood (reconnecting) | bystander calls/s | of its pace alone | of its pace beside a busy process "
+          "| broker CPU |")
+    print("|---|---|---|---|---|")
     for kind in [None] + floods:
         pace = statistics.median(p for p, _ in results[kind])
         cpu = statistics.median(c for _, c in results[kind])
-        print("| %s | %.0f | %.0f %% | %.0f %% |" % (kind or "none (alone)", pace, 100.0 * pace / alone, cpu))
+        print("| %s | %.0f | %.0f %% | %.0f %% | %.0f %% |" % (kind or "none (alone)", pace, 100.0 * pace / alone,
+                                                              100.0 * pace / spun, cpu))
 
 
 if __name__ == "__main__":
