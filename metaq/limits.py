@@ -919,6 +919,10 @@ GRPC_CACHED_HEADER_BLOCKS = 8
 #: one for the connection's); one past its credit counts against GRPC_MAX_CONTROL_FRAMES, so a client that returns
 #: window it was never sent floods into that budget. The credit is held to GRPC_MAX_CONTROL_FRAMES.
 GRPC_WINDOW_UPDATES_PER_DATA = 2
+#: PING frames a gRPC client may send free for each DATA frame the port sent it: clients measure the bandwidth-delay
+#: product with a PING as they read data (grpc-java at each read with none in flight, grpcio paced), which gRPC's own
+#: servers never count as abuse; past the credit a PING counts against GRPC_MAX_CONTROL_FRAMES. Held to it too.
+GRPC_PINGS_PER_DATA = 1
 #: A DATA frame of at least this many bytes is payload delivered, free of the control budget (and pays for one small
 #: frame); a shorter one, and HEADERS on a stream opened before, is a small frame, paid by GRPC_SMALL_FRAMES_PER_STREAM
 #: for each stream opened and one for each such full DATA frame, past that counted against GRPC_MAX_CONTROL_FRAMES
@@ -948,6 +952,20 @@ GRPC_MAX_CONTROL_FRAMES = 1000
 #: Streams (calls) one gRPC connection may open in GRPC_FLOOD_WINDOW_S: past it the connection ends with GOAWAY
 #: ENHANCE_YOUR_CALM (a client opening streams as fast as it can), and the client reconnects.
 GRPC_MAX_NEW_STREAMS = 20_000
+#: Seconds an address whose gRPC connection was cut for frames that do no work (GRPC_MAX_CONTROL_FRAMES, a header
+#: block past GRPC_HEADER_BLOCK_FACTOR) is refused new connections to the port (``grpc.flood_penalty_s``): a flood
+#: that reconnects after each cut would get a fresh budget each time. Doubled at each cut while the address keeps
+#: being cut, up to GRPC_FLOOD_PENALTY_MAX_S; forgotten once the address goes that long past its cooldown uncut.
+GRPC_FLOOD_PENALTY_S = 1.0
+#: The longest cooldown of an address cut again and again (GRPC_FLOOD_PENALTY_S doubled at each cut).
+GRPC_FLOOD_PENALTY_MAX_S = 60.0
+#: Addresses in cooldown the broker remembers (``connections.Penalties``): past it the one cut longest ago is
+#: forgotten (a flood from more addresses than this gets a fresh budget on the addresses forgotten).
+MAX_PENALIZED_ADDRESSES = 10_000
+#: Bytes a gRPC connection cut for flooding still reads after its GOAWAY ENHANCE_YOUR_CALM before it closes (one
+#: receive's worth, so that the GOAWAY most often reaches the client before the close resets the connection); a
+#: connection ended otherwise lingers up to port.LINGER_S, reading what its client still sends.
+GRPC_CALM_LINGER_BYTES = 64 * 1024
 #: Longest wait a unary call's grpc-timeout may ask for (none given: this): a send waiting for its flush or a
 #: slave is answered DEADLINE_EXCEEDED past it.
 GRPC_MAX_CALL_S = 60.0

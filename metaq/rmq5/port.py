@@ -25,7 +25,11 @@ the HTTP/2 layer; gRPC's layer is ``wire``. Per connection the port announces an
 * a header block (HEADERS and its CONTINUATIONs) encoded in more than ``limits.GRPC_HEADER_BLOCK_FACTOR`` times
   ``max_header_bytes`` ends the connection (GOAWAY ENHANCE_YOUR_CALM) as the frame that passes it begins, before
   the HTTP/2 layer buffers it (the CONTINUATION flood). Every frame is budgeted as its header arrives
-  (``FloodBudget``, the layer's ``on_frame``), before it is buffered or served.
+  (``FloodBudget``, the layer's ``on_frame``), before it is buffered or served;
+* a connection cut for frames that do no work (those two, not ``max_new_streams``) reads at most
+  ``limits.GRPC_CALM_LINGER_BYTES`` more, and its address is refused new connections for ``flood_penalty_s``
+  (``limits.GRPC_FLOOD_PENALTY_S``), doubled at each cut in a row (``ConnectionCore.penalize``): a flood that
+  reconnects gets no fresh budget.
 
 A connection reads ``limits.GRPC_RECV_BYTES`` at a time and lets the other connections run every
 ``limits.MAX_TURN_MS`` (``share_loop``), as every port's connections do.
@@ -59,8 +63,8 @@ from gevent.event import Event
 from gevent.lock import Semaphore
 from metaq import limits
 from metaq.rmq5 import http2
-from metaq.rmq5.http2 import (CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, WINDOW_UPDATE, ErrorCode,
-                              ProtocolError, ServerConnection, StreamClosed)
+from metaq.rmq5.http2 import (ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, PING, WINDOW_UPDATE,
+                              ErrorCode, ProtocolError, ServerConnection, StreamClosed)
 from metaq.rmq5.headercache import CachedDecoder, CachedEncoder, CheckedHeaders
 from metaq.rmq5.wire import (OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW, WAITS, GrpcError, MessageReader, Status, frame,
                              frames, is_grpc_content_type, parse_timeout, rpc_name, trailers, trailers_only)
@@ -85,12 +89,13 @@ class PortLimits:
     """The gRPC port's named limits (the ``grpc:`` settings; defaults from ``metaq.limits``)."""
 
     __slots__ = ("max_streams", "max_message_bytes", "max_header_bytes", "max_call_s", "max_control_frames",
-                 "max_new_streams", "flood_window_s")
+                 "max_new_streams", "flood_window_s", "flood_penalty_s")
 
     def __init__(self, max_streams=limits.GRPC_MAX_STREAMS_PER_CONNECTION,
                  max_message_bytes=limits.GRPC_MAX_MESSAGE_BYTES, max_header_bytes=limits.GRPC_MAX_HEADER_BYTES,
                  max_call_s=limits.GRPC_MAX_CALL_S, max_control_frames=limits.GRPC_MAX_CONTROL_FRAMES,
-                 max_new_streams=limits.GRPC_MAX_NEW_STREAMS, flood_window_s=limits.GRPC_FLOOD_WINDOW_S):
+                 max_new_streams=limits.GRPC_MAX_NEW_STREAMS, flood_window_s=limits.GRPC_FLOOD_WINDOW_S,
+                 flood_penalty_s=limits.GRPC_FLOOD_PENALTY_S):
         self.max_streams = max_streams
         self.max_message_bytes = max_message_bytes
         self.max_header_bytes = max_header_bytes
@@ -98,6 +103,7 @@ class PortLimits:
         self.max_control_frames = max_control_frames
         self.max_new_streams = max_new_streams
         self.flood_window_s = flood_window_s
+        self.flood_penalty_s = flood_penalty_s  # an address cut for flooding is refused this long, doubled per cut
 
 
 class FloodBudget:
@@ -109,15 +115,18 @@ class FloodBudget:
     empty DATA frames that do not end their stream (the empty-frames flood), header-block parts shorter than
     ``GRPC_SMALL_FRAME_BYTES`` that do not end it (clients split a block only at the maximum frame size; the
     CONTINUATION flood of tiny frames), frames refused with a stream error (``wasted``,
-    the HTTP/2 layer's ``on_wasted``: DATA or HEADERS on a closed stream, a stream refused), WINDOW_UPDATEs past the
-    credit the DATA frames sent give (``sent_data``), and small frames (DATA shorter than ``GRPC_SMALL_FRAME_BYTES``,
+    the HTTP/2 layer's ``on_wasted``: DATA or HEADERS on a closed stream, a stream refused; the port's DATA on a
+    stream no call takes, a plain answer's), WINDOW_UPDATEs past the
+    credit the DATA frames sent give (``sent_data``; a DATA frame cut to less than ``GRPC_SMALL_FRAME_BYTES`` by
+    the client's window gives none: the data dribble), PINGs past the credit those give (a client's bandwidth
+    probes as it reads), and small frames (DATA shorter than ``GRPC_SMALL_FRAME_BYTES``,
     HEADERS on a stream opened before) past the credit useful work gives: ``GRPC_SMALL_FRAMES_PER_STREAM`` a stream
     opened, one a full DATA frame. A DATA frame of ``GRPC_SMALL_FRAME_BYTES`` or more is payload delivered: free.
     Each credit is held to ``max_control_frames``. Each frame is counted as its header arrives (``begun``, the
     layer's ``on_frame``), before its body is buffered or it is served. Time is passed in (``tick``, once a read); a
     window starts with the first read after the last one ended."""
 
-    __slots__ = ("limits", "controls", "streams", "last_stream", "block", "credit", "paid", "_since")
+    __slots__ = ("limits", "controls", "streams", "last_stream", "block", "credit", "paid", "pongs", "_since")
 
     def __init__(self, port_limits):
         self.limits = port_limits
@@ -127,11 +136,15 @@ class FloodBudget:
         self.block = 0  # encoded bytes of the header block begun and not yet ended (END_HEADERS)
         self.credit = 0  # WINDOW_UPDATEs the client may send free (GRPC_WINDOW_UPDATES_PER_DATA a DATA frame sent)
         self.paid = 0  # small frames the client may send free (paid by streams opened and full DATA frames)
+        self.pongs = 0  # PINGs the client may send free (GRPC_PINGS_PER_DATA a DATA frame sent: its bandwidth probes)
         self._since = None
 
     def sent_data(self, frames=1):
-        """The port sent the client ``frames`` DATA frames: room for the window updates it answers with."""
-        self.credit = min(self.credit + frames * limits.GRPC_WINDOW_UPDATES_PER_DATA, self.limits.max_control_frames)
+        """The port sent the client ``frames`` DATA frames: room for the window updates and the bandwidth probes
+        (PING) it answers with."""
+        most = self.limits.max_control_frames
+        self.credit = min(self.credit + frames * limits.GRPC_WINDOW_UPDATES_PER_DATA, most)
+        self.pongs = min(self.pongs + frames * limits.GRPC_PINGS_PER_DATA, most)
 
     def tick(self, now):
         """The time of a read: a window past ``flood_window_s`` starts again."""
@@ -157,6 +170,9 @@ class FloodBudget:
             return self._header_part(ftype == HEADERS, flags, length, stream_id)
         if ftype == WINDOW_UPDATE and self.credit:  # answering DATA the port sent
             self.credit -= 1
+            return None
+        if ftype == PING and self.pongs and not flags & ACK:  # a bandwidth probe as the client reads DATA
+            self.pongs -= 1
             return None
         self.controls += 1  # PING, SETTINGS, RST_STREAM, PRIORITY, GOAWAY, an unknown type, an unprompted update
         return self._excess()
@@ -187,6 +203,13 @@ class FloodBudget:
                 return "a header block of more than %d bytes begun (%d x grpc.max_header_bytes)" % (
                     limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes, limits.GRPC_HEADER_BLOCK_FACTOR)
         return self._excess()
+
+    def wasteful(self):
+        """True once the frames that do no work passed ``max_control_frames`` or a header block its bound: a cut
+        for flooding (its address then cools down, ``GrpcPort``), not for a busy client's many streams."""
+        lim = self.limits
+        return (self.controls > lim.max_control_frames
+                or self.block > limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes)
 
     def wasted(self):
         """A frame the HTTP/2 layer refused with a stream error (the layer's ``on_wasted``): None while within the
@@ -236,8 +259,9 @@ class GrpcConnection(Connection):
     log_prefix = "grpc"
     paces_receive = False  # a call's user is its own: SendMessage charges its messages (calls.paced_wait)
 
-    def __init__(self, sock, address, conn_id, rules, service, port_limits):
+    def __init__(self, sock, address, conn_id, rules, service, port_limits, on_flood=None):
         super().__init__(sock, address, conn_id, rules)
+        self.on_flood = on_flood  # called with the peer's host when the connection is cut for flooding
         self.service = service
         self.limits = port_limits
         # HTTP/2 (``http2``) with HPACK's caching coder: the fixed response headers' blocks, and a client's repeated
@@ -333,7 +357,10 @@ class GrpcConnection(Connection):
             else:  # a frame too large, a flood budget passed, a flow-control or compression error
                 log.info("grpc %s: %s; closing (GOAWAY %s)", self.peer, exc, exc.code.name)
             self._flush()  # the GOAWAY the layer queued
-            self._drain_after_goaway()
+            if exc.code == ErrorCode.ENHANCE_YOUR_CALM and self.budget.wasteful():
+                self._cut_for_flooding()
+            else:
+                self._drain_after_goaway()
             return False
         self._reading = gevent.getcurrent()  # calls answered on it are flushed with this read's answers, after it
         try:
@@ -350,7 +377,13 @@ class GrpcConnection(Connection):
                         self._plain_bodies()
                 else:
                     self._event(kind, stream_id, a)
-        except ProtocolError as exc:  # headers that fail HTTP/2's checks (``CheckedHeaders``)
+        except ProtocolError as exc:  # headers that fail HTTP/2's checks (``CheckedHeaders``), or a flood (``_data``)
+            if exc.code == ErrorCode.ENHANCE_YOUR_CALM:
+                log.info("grpc %s: %s; closing (GOAWAY ENHANCE_YOUR_CALM)", self.peer, exc)
+                self.http2.close(exc.code, str(exc).encode()[:200])
+                self._flush()
+                self._cut_for_flooding()
+                return False
             return self._refuse(ErrorCode.PROTOCOL_ERROR, "headers that fail HTTP/2's checks: %s" % exc)
         finally:
             self._reading = None
@@ -416,19 +449,32 @@ class GrpcConnection(Connection):
         except OSError as exc:
             log.debug("grpc %s: %s", self.peer, exc)
 
-    def _drain_after_goaway(self):
+    def _cut_for_flooding(self):
+        """A flood cut (its GOAWAY ENHANCE_YOUR_CALM sent): its address cools down (``on_flood``), and the
+        connection reads at most ``limits.GRPC_CALM_LINGER_BYTES`` more before it closes, not ``LINGER_S`` of a
+        flood."""
+        if self.on_flood is not None and isinstance(self.address, tuple):
+            self.on_flood(self.address[0])
+        self._drain_after_goaway(limits.GRPC_CALM_LINGER_BYTES)
+
+    def _drain_after_goaway(self, most=None):
         """After a GOAWAY: stop sending and read what the client still sends, at most ``LINGER_S``, so that the
         close does not reset the connection before the client has read the GOAWAY (a close with unread bytes sends
         a TCP reset, which may discard them); a client still flooding lets the other connections run meanwhile
-        (``share_loop``: a receive with bytes waiting never yields)."""
+        (``share_loop``: a receive with bytes waiting never yields). ``most``: the bytes read at most (None: no
+        bound but the time)."""
         try:
             self.sock.shutdown(socket.SHUT_WR)
             deadline = time.monotonic() + LINGER_S
             turn = time.monotonic()
-            while time.monotonic() < deadline:
+            left = most
+            while time.monotonic() < deadline and (left is None or left > 0):
                 self.sock.settimeout(max(0.001, deadline - time.monotonic()))
-                if not self.sock.recv(65536):
+                got = self.sock.recv(65536 if left is None else min(left, 65536))
+                if not got:
                     break
+                if left is not None:
+                    left -= len(got)
                 turn = share_loop(turn)
         except OSError:
             pass
@@ -492,9 +538,14 @@ class GrpcConnection(Connection):
             call.push = lambda payload: self._send_message(call, payload)
 
     def _data(self, sid, data, flow_controlled):
+        """DATA for a call; on a stream with no call to take it (a plain answer's, a call already answered) a frame
+        that did no work, counted as one (``FloodBudget.wasted``: its ProtocolError ends the connection)."""
         self.http2.acknowledge(sid, flow_controlled)
         call = self.calls.get(sid)
         if call is None or call.done:
+            excess = self.budget.wasted()
+            if excess is not None:
+                raise ProtocolError(excess, ErrorCode.ENHANCE_YOUR_CALM)
             return
         try:
             messages = call.reader.feed(data)
@@ -673,7 +724,8 @@ class GrpcConnection(Connection):
                     return False
                 continue
             self.http2.send_data(call.stream_id, data[:room])
-            self.budget.sent_data()
+            if room == len(data) or room >= limits.GRPC_SMALL_FRAME_BYTES:  # (a sliver the window let out earns
+                self.budget.sent_data()  # the client nothing: the data dribble, windows opened a byte at a time)
             data = data[room:]
         if flush:
             self._flush()
@@ -791,7 +843,13 @@ class GrpcPort:
         return self.listener
 
     def _connection(self, sock, address, conn_id):
-        return GrpcConnection(sock, address, conn_id, self.core.rules, self.service, self.limits)
+        return GrpcConnection(sock, address, conn_id, self.core.rules, self.service, self.limits, self._flooded)
+
+    def _flooded(self, host):
+        """A connection from ``host`` was cut for flooding: the host cools down (``ConnectionCore.penalize``)."""
+        cooldown = self.core.penalize("grpc", host, self.limits.flood_penalty_s)
+        if cooldown:
+            log.info("grpc %s: cut for flooding; its new connections are refused for %.1f s", host, cooldown)
 
     def connection_count(self):
         return self.core.count("grpc")

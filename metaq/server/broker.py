@@ -646,5 +646,6 @@ def grpc_port(core, config, store, put_path, guard, cluster=None, tx=None, pop=N
                                renewer=Renewer(pop, g.renew_invisible_ms) if pop is not None else None)
     port = holder["port"] = GrpcPort(core, service, PortLimits(g.max_streams_per_connection, g.max_message_bytes,
                                                               g.max_header_bytes, g.max_call_s, g.max_control_frames,
-                                                              g.max_new_streams, g.flood_window_s))
+                                                              g.max_new_streams, g.flood_window_s,
+                                                              g.flood_penalty_s))
     return port

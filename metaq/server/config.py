@@ -511,6 +511,8 @@ class GrpcSection(_Section):
     max_control_frames: int = Field(limits.GRPC_MAX_CONTROL_FRAMES, ge=10, le=1 << 20)
     max_new_streams: int = Field(limits.GRPC_MAX_NEW_STREAMS, ge=1, le=1 << 24)
     flood_window_s: float = Field(limits.GRPC_FLOOD_WINDOW_S, gt=0, le=3600)
+    # an address cut for flooding is refused new connections this long, doubled at each cut in a row; 0 = never
+    flood_penalty_s: float = Field(limits.GRPC_FLOOD_PENALTY_S, ge=0, le=3600)
     # a push consumer's message invisible this long from its delivery and each renewal (auto-renew)
     renew_invisible_ms: int = Field(limits.GRPC_RENEW_INVISIBLE_MS, ge=limits.POP_MIN_INVISIBLE_MS,
                                     le=limits.POP_MAX_INVISIBLE_MS)

@@ -13,6 +13,8 @@ then applies the same rules to every accepted socket:
   have headroom past the cap (the replication port: ``ServerConfig.replication_headroom``,
   an MQTT cluster's peers' links in included), so that clients filling the cap cannot
   lock a slave or a peer out.
+* **Cooldowns** (``penalize``, ``Penalties``): an address a front-end cut for abuse (the gRPC port's floods) is
+  refused on that listener for a while, before anything is counted or made for it.
 * ``TCP_NODELAY`` (replies are small; no Nagle delay).
 * **TLS** (``security.tls``, ``metaq.server.tls``): with mode ``on`` or ``permissive`` the first byte of each
   accepted socket is peeked at; a TLS hello gets the handshake (within ``limits.TLS_HANDSHAKE_TIMEOUT_S``, or
@@ -398,6 +400,45 @@ class HandshakeRate:
             return False
         bucket[0] -= 1.0
         return True
+
+
+class Penalties:
+    """Addresses a listener refuses for a while: each cut for abuse (``cut``: a gRPC connection ended for flooding)
+    is refused new connections on that listener for a cooldown, ``base_s`` at its first cut, doubled at each cut
+    while it keeps being cut, up to ``max_s``; an address that goes ``max_s`` past its cooldown uncut starts again
+    at ``base_s``. At most ``limit`` addresses are remembered (the one cut longest ago forgotten first). Keyed by
+    ``(listener name, host)``; time is passed in."""
+
+    __slots__ = ("limit", "max_s", "refused", "_cut")
+
+    def __init__(self, limit=limits.MAX_PENALIZED_ADDRESSES, max_s=limits.GRPC_FLOOD_PENALTY_MAX_S):
+        self.limit = limit
+        self.max_s = max_s
+        self.refused = 0  # connections refused for a cooldown, since the start
+        self._cut = collections.OrderedDict()  # (listener, host) -> [cuts in a row, cooldown end (monotonic)]
+
+    def __len__(self):
+        return len(self._cut)
+
+    def cut(self, key, base_s, now):
+        """``key`` was cut at ``now``: its cooldown (seconds) from now, longer than the last one's if that ended
+        less than ``max_s`` ago."""
+        entry = self._cut.pop(key, None)
+        cuts = 1 if entry is None or now - entry[1] >= self.max_s else entry[0] + 1
+        cooldown = max(base_s, min(base_s * 2.0 ** min(cuts - 1, 32), self.max_s))
+        self._cut[key] = [cuts, now + cooldown]
+        while len(self._cut) > self.limit:
+            self._cut.popitem(last=False)
+        return cooldown
+
+    def refusal(self, key, now):
+        """None when ``key`` may connect at ``now``, else why not."""
+        entry = self._cut.get(key)
+        if entry is None or now >= entry[1]:
+            return None
+        self.refused += 1
+        return "%s was cut for flooding: refused for %.1f s more (cut %d times in a row)" % (key[1], entry[1] - now,
+                                                                                            entry[0])
 
 
 class ConnectionLimits:
@@ -936,6 +977,7 @@ class ConnectionCore:
         self.max_per_address = max_per_address
         self.rules = rules
         self._per_address = {}  # peer host -> connections it holds (on listeners without headroom)
+        self.penalties = Penalties()  # addresses cut for abuse, refused on a listener for a cooldown (``penalize``)
         self._refusals = {}  # (listener name, what) -> [refused since the last log line, when that line was written]
         self.closing = False
         self._listeners = []
@@ -1019,8 +1061,9 @@ class ConnectionCore:
         self._turn(conn)
 
     def _admit(self, listener, sock, address):
-        """``(admitted, host)``: a socket refused (and closed) while closing, past the connection cap, past its
-        address's share or by the guard, ``(False, None)``; else counted in its address's share (``host``, None
+        """``(admitted, host)``: a socket refused (and closed) while closing, past the connection cap, from an
+        address in its cooldown on this listener (``penalize``), past its address's share or by the guard,
+        ``(False, None)``; else counted in its address's share (``host``, None
         for an address that is no IP address)."""
         if self.closing:
             sock.close()
@@ -1034,6 +1077,11 @@ class ConnectionCore:
         # A listener with headroom of its own (replication) counts its peers apart, against a small cap of
         # its own: a client filling its address's share elsewhere cannot lock a slave on that host out, and
         # one host cannot take the headroom.
+        if self.penalties:  # an address in its cooldown: closed before anything is counted or made
+            refusal = self.penalties.refusal((listener.name, address[0]), time.monotonic())
+            if refusal is not None:
+                self._refuse(listener, sock, address, refusal)
+                return False, None
         host = (listener.name, address[0]) if listener.headroom else address[0]
         cap = limits.HEADROOM_PER_ADDRESS if listener.headroom else self.max_per_address
         held = self._per_address.get(host, 0)
@@ -1269,6 +1317,14 @@ class ConnectionCore:
                 self._per_address[host] = left
             else:
                 del self._per_address[host]
+
+    def penalize(self, listener, host, base_s):
+        """``host`` was cut for abuse on the listener named ``listener`` (a gRPC flood): its new connections there
+        are refused (``_admit``) for a cooldown that grows while it keeps being cut (``Penalties``), nothing when
+        ``base_s`` is 0; the cooldown, in seconds."""
+        if not base_s:
+            return 0.0
+        return self.penalties.cut((listener, host), base_s, time.monotonic())
 
     def count_from(self, host, listener=None):
         """Connections the peer address ``host`` holds against ``max_per_address`` (or, with the name of a listener

@@ -106,8 +106,9 @@ def ended(frames):
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
     wd = tmp_path_factory.mktemp("grpcconn")
+    # no cooldown here: these tests cut connections from one address and connect again (see the cooldown's own)
     cfg = small_config(wd / "data", grpc={"port": free_port(), "max_control_frames": MAX_CONTROL,
-                                          "max_new_streams": MAX_NEW_STREAMS},
+                                          "max_new_streams": MAX_NEW_STREAMS, "flood_penalty_s": 0},
                        store={"flush": "async", "flush_interval_ms": 20})
     b = BrokerProcess(wd, cfg).start()
     yield b

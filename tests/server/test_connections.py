@@ -9,7 +9,7 @@ from gevent import socket
 from metaq.protocol.text import TextParser
 from metaq import limits
 from metaq.server.connections import (PARKED, RECV_BYTES, WHEEL_TICK_S, Connection, ConnectionCore, ConnectionLimits,
-                                      HandshakeRate, Listener, ReplyBudget, Strangers)
+                                      HandshakeRate, Listener, Penalties, ReplyBudget, Strangers)
 
 
 class Echo(Connection):
@@ -323,6 +323,28 @@ def test_the_tls_handshake_rate_per_address_and_one_past():
     for i in range(limits.MAX_TLS_RATE_ADDRESSES + 5):
         rate.take("h%d" % i, 300.0)
     assert rate.addresses == limits.MAX_TLS_RATE_ADDRESSES
+
+
+def test_a_cooldown_doubles_at_each_cut_in_a_row_and_is_forgotten_after_max_s_uncut():
+    pen = Penalties(limit=100, max_s=8.0)
+    key = ("grpc", "10.0.0.1")
+    assert pen.refusal(key, 0.0) is None
+    assert [pen.cut(key, 1.0, t) for t in (0.0, 1.0, 3.0, 7.0, 15.0)] == [1.0, 2.0, 4.0, 8.0, 8.0]  # up to max_s
+    assert "cut 5 times" in pen.refusal(key, 22.9) and pen.refusal(key, 23.0) is None
+    assert pen.refusal(("text", "10.0.0.1"), 16.0) is None and pen.refusal(("grpc", "10.0.0.2"), 16.0) is None
+    assert pen.cut(key, 1.0, 31.0) == 1.0  # max_s past its cooldown uncut: starts again
+    assert pen.refused == 1
+
+
+def test_the_penalized_addresses_at_their_limit_and_one_past():
+    pen = Penalties(limit=limits.MAX_PENALIZED_ADDRESSES)
+    for i in range(limits.MAX_PENALIZED_ADDRESSES):
+        pen.cut(("grpc", "h%d" % i), 10.0, float(i) / 1e6)
+    assert len(pen) == limits.MAX_PENALIZED_ADDRESSES and pen.refusal(("grpc", "h0"), 1.0) is not None
+    pen.cut(("grpc", "one more"), 10.0, 1.0)  # one past: the one cut longest ago is forgotten
+    assert len(pen) == limits.MAX_PENALIZED_ADDRESSES
+    assert pen.refusal(("grpc", "h0"), 1.0) is None and pen.refusal(("grpc", "h1"), 1.0) is not None
+    assert pen.refusal(("grpc", "one more"), 1.0) is not None
 
 
 def closed_after(sock, timeout=5.0):
