@@ -44,16 +44,24 @@ def test_frames_round_trip_whole_and_byte_by_byte(event):
     assert got == event
 
 
-def test_a_records_frame_that_does_not_fill_itself_is_refused():
-    frame = rp.frame_parts(rp.Records(()))  # count 0 ...
-    payload = b"\x00\x00\x00\x01"  # ... made count 1 with no entry, its CRC right: only the content is wrong
+def _records_frame(payload):
+    """A RECORDS frame around ``payload`` as it is, its CRC right."""
     head = rp.FRAME_HEADER.pack(rp.MAGIC, rp.VERSION, rp.T_RECORDS, 0, len(payload), 0)[:12]
-    crc = rp.crc32(payload, rp.crc32(head))
+    return head + rp.crc32(payload, rp.crc32(head)).to_bytes(4, "big") + payload
+
+
+@pytest.mark.parametrize("payload, error", [
+    (b"\x00\x00\x00\x01", "runs past the frame"),  # count 1 with no entry
+    (rp.serialize(RECORDS)[rp.FRAME_HEADER.size:] + b"x", "leaves 1 bytes over"),
+    (b"\x00\x00\x00\x04" + rp.serialize(RECORDS)[rp.FRAME_HEADER.size + 4:], "runs past the frame")])
+def test_a_records_frame_that_does_not_fill_itself_is_refused_as_its_entries_are_read(payload, error):
+    """Only the content is wrong: the frame is read, and its entries are decoded one at a time as they are copied
+    (``RecordEntries``), the first that does not fit (or the bytes left over) a fatal error there."""
     p = rp.ReplicationParser()
-    p.receive_data(head + crc.to_bytes(4, "big") + payload)
-    with pytest.raises(RemoteProtocolError, match="runs past the frame"):
-        p.next_event()
-    assert frame
+    p.receive_data(_records_frame(payload))
+    records = p.next_event()
+    with pytest.raises(RemoteProtocolError, match=error):
+        list(records.entries)
 
 
 def test_routes_bounds():
