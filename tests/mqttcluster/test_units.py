@@ -673,7 +673,8 @@ def test_a_start_hold_of_0_holds_nothing():
 
 def test_asks_hold_each_call_to_its_member():
     """``asks.Asks``: a peer that is no member (or this broker) is refused; ``give_up`` only from the id's home;
-    ``hold`` and ``release`` keep only the ids homed here, ``drop`` only those homed on the caller; at most
+    ``register`` only of an id homed here; ``hold`` and ``release`` keep only the ids homed here, ``drop`` only
+    those homed on the caller; at most
     MQTT_CLUSTER_ID_BATCH ids a call (at the limit served, one past refused); a malformed call refused, not raised."""
     members = {1: ("a", 0), 2: ("b", 0), 3: ("c", 0)}
     asks = Asks(1, lambda: members)
@@ -695,7 +696,10 @@ def test_asks_hold_each_call_to_its_member():
     for bad in ({"op": "hold"}, {"op": "hold", "ids": "abc"}, {"op": "hold", "ids": [1]},
                 {"op": "drop", "ids": [["c"]]}, {"op": "give_up"}, {"op": "give_up", "c": 7}):
         assert "malformed" in asks.admit(2, bad)[0], bad
-    assert asks.admit(2, {"op": "register", "c": "any"})[0] is None  # a member registers its own devices anywhere
+    assert asks.admit(2, {"op": "register", "c": homed[1][0], "clean": True})[0] is None  # homed here
+    refusal, _ = asks.admit(2, {"op": "register", "c": homed[3][0], "clean": True})
+    assert "whose home is broker 3: only its home registers it" in refusal, refusal
+    assert "malformed" in asks.admit(2, {"op": "register", "c": 7})[0]
     assert Asks(1, lambda: None).stranger(2) is not None  # no reading yet: nobody
     kept = Asks(1, lambda: members)
     kept.members()

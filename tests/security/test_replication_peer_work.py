@@ -13,11 +13,13 @@ from metaq import limits
 from metaq.client.local import free_port
 from metaq.protocol import replication as rp
 from metaq.protocol.replication_mqtt import POSITION, Entry
+from metaq.mqttcluster.ids import holder_share
 from metaq.server.replication import handshake
-from tests.harness.mqtt import mqtt_config
+from tests.harness.broker import wait_for
+from tests.harness.mqtt import Raw, mqtt_config
 from tests.harness.mqttcluster import PaperMembers
 from tests.harness.replication import stats
-from tests.security.test_replication_budget import SECRET
+from tests.security.test_replication_budget import SECRET, Peer, homed, rport
 
 pytestmark = pytest.mark.integration
 
@@ -131,3 +133,51 @@ def test_a_records_frame_of_tiny_entries_lets_other_clients_run(broker_factory, 
         if members is not None:
             members.close()
 
+
+
+def test_a_member_flooding_holds_leaves_room_for_new_devices(broker_factory, tmp_path, zk_connect):
+    """Member 2 holds ids homed on broker 1, MQTT_CLUSTER_ID_BATCH a call, three times its share of broker 1's
+    registry (mqtt.cluster_max_ids 2000): only its share is registered, the rest refused (counted in stats), and a
+    new device homed on broker 1 connects there."""
+    b1 = member_broker(broker_factory, tmp_path, zk_connect, cluster_max_ids=2000)
+    members = PaperMembers(zk_connect, [2])
+    try:
+        wait_for(lambda: stats(b1).get("mqtt_cluster_members") == "2", 15, "member 2")
+        share = holder_share(2000)
+        flood = homed(3 * share, 1, [1, 2], "flood")
+        member = Peer(rport(b1))
+        batch = limits.MQTT_CLUSTER_ID_BATCH
+        for i in range(0, len(flood), batch):
+            call = {"op": "hold", "ids": flood[i:i + batch]}
+            answer = member.call(2, call) if i == 0 else member.again(2, call)
+            assert answer == {"drop": [], "cont": []}, answer
+        counts = stats(b1)
+        assert counts["mqtt_cluster_ids_homed"] == str(share), counts
+        assert counts["mqtt_cluster_holds_refused"] == str(2 * share), counts
+        device = Raw(b1)
+        assert device.connect(homed(1, 1, [1, 2], "newcomer")[0]).reason_code == 0
+        assert stats(b1)["mqtt_cluster_ids_homed"] == str(share + 1)
+        member.close()
+    finally:
+        members.close()
+
+
+def test_a_registration_sent_to_another_home_is_refused(broker_factory, tmp_path, zk_connect):
+    """Member 2 asks broker 1 to register a client id whose home is member 2: refused with a clear error, counted
+    (mqtt_cluster_peer_calls_refused), nothing registered; one homed on broker 1 is registered."""
+    b1 = member_broker(broker_factory, tmp_path, zk_connect)
+    members = PaperMembers(zk_connect, [2])
+    try:
+        wait_for(lambda: stats(b1).get("mqtt_cluster_members") == "2", 15, "member 2")
+        member = Peer(rport(b1))
+        elsewhere = homed(1, 2, [1, 2], "gauge")[0]
+        answer = member.call(2, {"op": "register", "c": elsewhere, "clean": True, "u": None})
+        assert "whose home is broker 2: only its home registers it" in answer.get("error", ""), answer
+        counts = stats(b1)
+        assert counts["mqtt_cluster_ids_homed"] == "0" and counts["mqtt_cluster_peer_calls_refused"] == "1", counts
+        here = homed(1, 1, [1, 2], "gauge")[0]
+        assert "gen" in member.again(2, {"op": "register", "c": here, "clean": True, "u": None})
+        assert stats(b1)["mqtt_cluster_ids_homed"] == "1"
+        member.close()
+    finally:
+        members.close()
