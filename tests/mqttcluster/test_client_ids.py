@@ -156,8 +156,9 @@ def test_registry_limit_at_and_past_it(broker_factory, tmp_path, zk_connect):
     b1, b2 = _cluster(broker_factory, tmp_path, zk_connect, n=2, cluster_max_ids=3)
     ids = _homed(4, 1, [1, 2], "dev")
     held = []
-    for client_id in ids[:3]:  # at the limit: registered, wherever they connect
-        raw = Raw(b2)
+    # at the limit: registered, wherever they connect (broker 2 within its share of the home's registry: one)
+    for client_id, b in zip(ids[:3], (b2, b1, b1), strict=True):
+        raw = Raw(b)
         assert raw.connect(client_id).reason_code == 0
         held.append(raw)
     past = Raw(b2)
