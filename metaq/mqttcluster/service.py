@@ -84,7 +84,7 @@ class ClientIds:
         self._members_wake = Event()
         self.takeovers = 0  # sessions this broker took from another
         self.refused = 0  # CONNECTs refused: the home unreachable, or its registry full
-        self.holds_refused = 0  # ids this home did not register: its registry full, or their holder's share
+        self.holds_refused = 0  # ids this home did not register (a CONNECT's, a hold's): full, or the holder's share
         self._greenlets = []
         self._told_all = False  # every id held here was told to its home since this broker became a member
         self._joined_at = None  # when this broker was last seen becoming a member (monotonic), None: it is none
