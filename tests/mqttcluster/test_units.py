@@ -750,7 +750,7 @@ def test_a_route_of_many_filters_finds_its_topics_sharing_the_loop():
     took, ran = time.monotonic() - started, len(ticks)
     ticker.kill()
     assert found == set(known[:4000])
-    assert took < limits.MAX_TURN_MS / 1000.0 or ran, took
+    assert took < 2 * limits.MAX_TURN_MS / 1000.0 or ran, took  # (a turn, and the filters after its last look)
 
 
 def test_a_peer_keeps_at_most_max_followed_resume_positions(monkeypatch):
