@@ -5,6 +5,7 @@ A peer that proved the replication secret is taken at no word about who it is: i
 (``members.Members``, its last reading kept while ZooKeeper cannot be read), other than this broker, and each of its
 calls is held to what that member may ask:
 
+* ``register`` (a CONNECT of a client id on the caller) only of an id whose home is this broker;
 * ``give_up`` (end this broker's copy of a client id and hand its session on) only from the id's home;
 * ``drop`` (end copies registered elsewhere) only of ids whose home is the caller (the others are passed over);
 * ``hold`` and ``release`` (the caller holds, or no longer holds, these ids) only of ids whose home is this broker
@@ -33,8 +34,13 @@ class Asks:
         self._members = members
         self._known = {}  # the last reading that was not None
         self.refused = 0  # calls and links refused since the start
-        self._checks = {"give_up": self._give_up, "hold": self._homed_here, "release": self._homed_here,
-                        "drop": self._homed_by_caller}  # op -> check(caller, request) -> (refusal, request)
+        #: op -> check(caller, request) -> (refusal, request)
+        self._checks = {"register": self._register, "give_up": self._give_up, "hold": self._homed_here,
+                        "release": self._homed_here, "drop": self._homed_by_caller}
+
+    def summary_values(self):
+        """The ``stats`` summary's pairs: the peers' links and calls refused since the start."""
+        return [("mqtt_cluster_peer_calls_refused", self.refused)]
 
     def members(self):
         """The member ids as ZooKeeper last said."""
@@ -71,6 +77,14 @@ class Asks:
         """The member ids, this broker and ``caller`` among them (a member reads itself a moment before the others
         read it: the homes it computes then are those every broker computes once they have)."""
         return set(self.members()) | {self.broker_id, caller}
+
+    def _register(self, caller, request):
+        client_id = _text(request["c"])
+        home = home_of(client_id, self._with(caller))
+        if home != self.broker_id:
+            return ("broker %d asked broker %d to register client id %s, whose home is broker %s: only its home "
+                    "registers it" % (caller, self.broker_id, client_id, home)), request
+        return None, request
 
     def _give_up(self, caller, request):
         client_id = _text(request["c"])

@@ -8,7 +8,9 @@ no ZooKeeper write per device; when a member joins or leaves, only the ids whose
 member's move.
 
 ``HomeRegistry``: on the home, client id -> the broker holding its session (a live connection, or a persistent
-session kept offline), at most ``max_ids`` (``mqtt.cluster_max_ids``). It lives in memory only: when the members
+session kept offline), at most ``max_ids`` (``mqtt.cluster_max_ids``), and of them at most a share
+(``holder_share``: MQTT_CLUSTER_HOLDER_SHARE_PERCENT) held by any one other broker: one member cannot take every slot
+from the others and from the home's own devices. It lives in memory only: when the members
 change, each broker tells the ids it holds to their homes again (``hold``), so a home that restarts or takes ids
 over learns them back without a write to ZooKeeper per device.
 
@@ -26,7 +28,9 @@ Will Delay Interval), published otherwise (``ClientIds._drop``).
 
 import hashlib
 
-__all__ = ["home_of", "HomeRegistry", "RegistryFull"]
+from metaq import limits
+
+__all__ = ["home_of", "holder_share", "HomeRegistry", "RegistryFull"]
 
 
 def _weight(member, client_id):
@@ -46,19 +50,31 @@ def home_of(client_id, members):
 
 
 class RegistryFull(Exception):
-    """One more client id would pass the registry's bound (``mqtt.cluster_max_ids``)."""
+    """One more client id would pass the registry's bound (``mqtt.cluster_max_ids``), or its holder's share of it
+    (``holder_share``)."""
+
+
+def holder_share(max_ids):
+    """The ids one broker other than the home may hold in a home's registry of ``max_ids``:
+    ``MQTT_CLUSTER_HOLDER_SHARE_PERCENT`` of them (at least one), so that no member (a busy one, or one lying in its
+    holds) takes every slot from the others and from the home's own devices."""
+    return max(1, max_ids * limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT // 100)
 
 
 class HomeRegistry:
-    """client id -> holding broker id, at most ``max_ids`` of them (see the module doc)."""
+    """client id -> holding broker id, at most ``max_ids`` of them, and at most ``share`` (``holder_share``) held by
+    any one broker other than ``own`` (this home; None: every holder is bounded) (see the module doc)."""
 
-    __slots__ = ("max_ids", "_holders")
+    __slots__ = ("max_ids", "own", "share", "_holders", "_counts")
 
-    def __init__(self, max_ids):
+    def __init__(self, max_ids, own=None):
         self.max_ids = max_ids
+        self.own = own
+        self.share = holder_share(max_ids)
         #: client id -> (broker id, generation, recovered: True for a copy from before a restart, clean: how a
         #: CONNECT began that copy, True / False / None: not known)
         self._holders = {}
+        self._counts = {}  # broker id -> how many ids it holds here
 
     def __len__(self):
         return len(self._holders)
@@ -93,12 +109,45 @@ class HomeRegistry:
         new and the registry is at its bound: nothing changes then."""
         held = self._holders.get(client_id)
         old = None if held is None else held[0]
-        if old is None and len(self._holders) >= self.max_ids:
-            raise RegistryFull("%d client ids is this home broker's limit (mqtt.cluster_max_ids)" % self.max_ids)
+        refusal = self.refusal(client_id, broker_id)
+        if refusal is not None:
+            raise RegistryFull(refusal)
         if old == broker_id and not clean and held[3] is not None:
             clean = held[3]
-        self._holders[client_id] = (broker_id, generation, recovered, clean)
+        self._set(client_id, (broker_id, generation, recovered, clean))
         return old
+
+    def refusal(self, client_id, broker_id):
+        """Why ``broker_id`` may not hold ``client_id`` now, or None: a new id past ``max_ids``, or one more id of a
+        broker other than this home past its ``share``."""
+        old = self.holder(client_id)
+        if old is None and len(self._holders) >= self.max_ids:
+            return "%d client ids is this home broker's limit (mqtt.cluster_max_ids)" % self.max_ids
+        if old != broker_id and broker_id != self.own and self._counts.get(broker_id, 0) >= self.share:
+            return ("broker %d holds %d client ids of this home broker, its share (MQTT_CLUSTER_HOLDER_SHARE_PERCENT "
+                    "of mqtt.cluster_max_ids)" % (broker_id, self.share))
+        return None
+
+    def held_by(self, broker_id):
+        """How many ids ``broker_id`` holds here."""
+        return self._counts.get(broker_id, 0)
+
+    def _set(self, client_id, held):
+        old = self._holders.get(client_id)
+        if old is not None:
+            self._uncount(old[0])
+        self._holders[client_id] = held
+        self._counts[held[0]] = self._counts.get(held[0], 0) + 1
+
+    def _forget(self, client_id):
+        self._uncount(self._holders.pop(client_id)[0])
+
+    def _uncount(self, broker_id):
+        left = self._counts[broker_id] - 1
+        if left:
+            self._counts[broker_id] = left
+        else:
+            del self._counts[broker_id]
 
     def hold(self, client_id, broker_id, recovered=False, clean=None):
         """A re-registration: ``broker_id`` says it holds ``client_id`` (``recovered``: a copy it loaded from its
@@ -119,22 +168,25 @@ class HomeRegistry:
             self._holders[client_id] = (old, generation, old_recovered, old_clean if clean is None else clean)
             return None
         if old_recovered and not recovered:
-            self._holders[client_id] = (broker_id, 0, False, clean)
+            refusal = self.refusal(client_id, broker_id)
+            if refusal is not None:
+                raise RegistryFull(refusal)
+            self._set(client_id, (broker_id, 0, False, clean))
             return old
         return broker_id
 
     def release(self, client_id, broker_id):
         """``broker_id`` holds no session of ``client_id`` any more: forgotten unless another broker holds it now."""
         if self.holder(client_id) == broker_id:
-            del self._holders[client_id]
+            self._forget(client_id)
 
     def forget_unless(self, keep):
         """Drop the ids ``keep(client_id)`` says are not this home's any more (the members changed); their
         holders register them with their new home."""
         for client_id in [c for c in self._holders if not keep(c)]:
-            del self._holders[client_id]
+            self._forget(client_id)
 
     def drop_holder(self, broker_id):
         """Forget the ids ``broker_id`` held (it left the cluster: its sessions went with it)."""
         for client_id in [c for c, held in self._holders.items() if held[0] == broker_id]:
-            del self._holders[client_id]
+            self._forget(client_id)

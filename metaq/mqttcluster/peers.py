@@ -402,8 +402,10 @@ class MqttCluster:
 
     def apply(self, origin, entries):
         """Copy a RECORDS frame's entries from peer ``origin``; returns how many messages were copied. Raises the put
-        path's refusal (the link ends and resumes from the positions). The loop is shared between entries
-        (``share_loop``): a frame of MQTT_CLUSTER_FRAME_BYTES keeps the other clients waiting no longer than a turn."""
+        path's refusal, or a malformed entry's ``RemoteProtocolError`` (the link ends and resumes from the
+        positions). The loop is shared between entries (``share_loop``), each decoded as it is reached
+        (``RecordEntries``): a frame of MQTT_CLUSTER_FRAME_BYTES of tiny entries keeps the other clients waiting no
+        longer than a turn."""
         copied, last = 0, {}
         now = now_ms()
         positions = self.positions

@@ -94,7 +94,7 @@ class ClientIds:
         self.client = client
         self.max_transfer = max_transfer
         self.is_member = is_member
-        self.registry = HomeRegistry(max_ids)
+        self.registry = HomeRegistry(max_ids, broker_id)
         self.members = {}  # broker id -> its replication address "host:port"
         self._owners = {}  # broker id -> (address, its node's ZooKeeper session): a restart is a change
         self._serial = {}  # client id -> Semaphore: one registration of an id at a time, on its home
@@ -131,6 +131,7 @@ class ClientIds:
         self.ends_short = 0  # takeovers whose end did not complete within MQTT_HANDOVER_END_S (what came went on)
         self.takeovers = 0  # sessions this broker took from another
         self.refused = 0  # CONNECTs refused: the home unreachable, or its registry full
+        self.holds_refused = 0  # ids this home did not register (a CONNECT's, a hold's): full, or the holder's share
         self._greenlets = []
         self._told_all = False  # every id held here was told to its home since this broker became a member
         self._joined_at = None  # when this broker was last seen becoming a member (monotonic), None: it is none
@@ -278,9 +279,10 @@ class ClientIds:
 
     def _register_one(self, caller, client_id, request, deadline=None):
         old = self.registry.holder(client_id)
-        if old is None and len(self.registry) >= self.registry.max_ids:
-            return {"error": "client id %s cannot be registered: %d client ids is its home broker's limit "
-                             "(mqtt.cluster_max_ids)" % (client_id, self.registry.max_ids), "full": True}
+        refusal = self.registry.refusal(client_id, caller)  # before a holder gives anything up
+        if refusal is not None:
+            self.holds_refused += 1
+            return {"error": "client id %s cannot be registered: %s" % (client_id, refusal), "full": True}
         answer = {}
         if old is not None and old != caller:
             got = self._take_from(old, caller, request, _bound_of_register() if deadline is None else deadline)
@@ -437,18 +439,18 @@ class ClientIds:
         known). Answers the ones whose registered holder stands (``HomeRegistry.hold``): the caller ends its copy of
         them (``cont``: those whose standing copy a Clean Start 0 CONNECT made, as ``_drop``). A holder whose
         recovered copy gives way to the caller's live one is told to end it (``_drop`` at generation 0: not once a
-        CONNECT there registered it again)."""
-        drop, cont = [], []
+        CONNECT there registered it again). Ids this home cannot register (its registry full, or the caller's share
+        of it taken) are not: the caller goes on serving them, a takeover from another broker not finding them (one
+        warning a call)."""
+        drop, cont, unregistered = [], [], []
         recovered = set(request.get("rec", ()))
         began_clean = set(request["clean"]) if "clean" in request else None
         for client_id in request["ids"]:
             clean = None if client_id in recovered or began_clean is None else client_id in began_clean
             try:
                 loser = self.registry.hold(client_id, caller, client_id in recovered, clean)
-            except RegistryFull:
-                log.warning("mqtt client %s: broker %d holds it and this home's registry is full "
-                            "(mqtt.cluster_max_ids): a takeover from another broker will not find it", client_id,
-                            caller)
+            except RegistryFull as exc:
+                unregistered.append((client_id, exc))
                 continue
             if loser == caller:
                 drop.append(client_id)
@@ -461,6 +463,11 @@ class ClientIds:
                     self._drop(self.broker_id, {"ids": [[client_id, 0, clean is False]]})
                 else:
                     self._owed.setdefault(loser, {})[client_id] = (0, clean is False)  # told by ``_settle_owed``
+        if unregistered:
+            self.holds_refused += len(unregistered)
+            log.warning("mqtt clients %s (%d in all): broker %d holds them and this home does not register them (%s): "
+                        "a takeover from another broker will not find them", unregistered[0][0], len(unregistered),
+                        caller, unregistered[0][1])
         return {"drop": drop, "cont": cont}
 
     def _drop(self, caller, request):
@@ -707,4 +714,5 @@ class ClientIds:
                 ("mqtt_cluster_takeover_ends_short", self.ends_short),
                 ("mqtt_cluster_lease_closed", self.lease_closed),
                 ("mqtt_cluster_handovers_lingering", len(self._lingering)),
+                ("mqtt_cluster_holds_refused", self.holds_refused),
                 ("mqtt_cluster_calls", self.client.calls), ("mqtt_cluster_call_failures", self.client.failures)]

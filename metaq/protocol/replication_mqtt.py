@@ -51,7 +51,10 @@ RECORDS (master to peer), ``>I`` count then count entries, at most MQTT_CLUSTER_
                        to send before it was sent (no topic, no data; sent only for a route that names a version)
 
 An empty RECORDS (count 0) is the master's heartbeat. Anything else (a bad kind, lengths that do not fill the
-frame, JSON that is not this object) is a fatal ``RemoteProtocolError``.
+frame, JSON that is not this object) is a fatal ``RemoteProtocolError``: a RECORDS entry's when its reader reaches
+it (``RecordEntries``: the entries are decoded one at a time as they are copied, so that one frame of
+MQTT_CLUSTER_FRAME_BYTES of tiny entries lets the other connections run between them; what a sender may put in a
+frame is not bounded further, as brokers of every version send it).
 
 A broker of the version before ROUTED ignores a route's "version" and sends none; one that sends no version gets none.
 Brokers of the version before the checks interoperate: one ignores "checks" and a POSITION's check and flag (its
@@ -68,7 +71,8 @@ from metaq.errors import RemoteProtocolError
 
 __all__ = ["Routes", "Records", "Entry", "MESSAGE", "POSITION", "RETAINED", "SHARED", "ROUTED", "RESUMED",
            "record_check", "shared_data", "split_shared", "split_routes", "join_routes", "routes_parts",
-           "records_parts", "check_routes_length", "check_records_length", "decode_routes", "decode_records"]
+           "records_parts", "check_routes_length", "check_records_length", "decode_routes", "decode_records",
+           "RecordEntries"]
 
 MESSAGE, POSITION, RETAINED, SHARED, ROUTED = 1, 2, 3, 4, 5
 #: A POSITION entry's flag: the master resumes the peer's copy here, before the position the peer sent.
@@ -113,6 +117,9 @@ class Entry(NamedTuple):
 
 
 class Records(NamedTuple):
+    """A RECORDS frame: its entries, a tuple as a sender builds it, ``RecordEntries`` as ``decode_records`` reads
+    it."""
+
     entries: tuple
 
 
@@ -292,25 +299,58 @@ def decode_routes(payload):
 
 
 def decode_records(payload):
-    (count,) = COUNT.unpack_from(payload)
-    at, end, entries = COUNT.size, len(payload), []
-    for _ in range(count):
-        if at + ENTRY.size > end:
-            raise _fail("RECORDS entry %d runs past the frame" % len(entries))
-        kind, tlen, partition, flag, offset, ts, dlen = ENTRY.unpack_from(payload, at)
-        at += ENTRY.size
-        if kind not in (MESSAGE, POSITION, RETAINED, SHARED, ROUTED) or partition < 0 or offset < 0:
-            raise _fail("RECORDS entry of kind %d, partition %d, offset %d" % (kind, partition, offset))
-        if at + tlen + dlen > end:
-            raise _fail("RECORDS entry %d runs past the frame" % len(entries))
-        try:
-            topic = bytes(payload[at:at + tlen]).decode("utf-8")
-        except UnicodeDecodeError:
-            raise _fail("a RECORDS topic is not UTF-8") from None
-        at += tlen
-        data = bytes(payload[at:at + dlen])
-        at += dlen
-        entries.append(Entry(kind, topic, partition, offset, flag, ts, data))
-    if at != end:
-        raise _fail("RECORDS of %d entries leaves %d bytes over" % (count, end - at))
-    return Records(tuple(entries))
+    """A RECORDS frame whose entries are decoded as they are iterated (``RecordEntries``): a frame of
+    MQTT_CLUSTER_FRAME_BYTES of tiny entries is hundreds of thousands of them, and its reader lets the other
+    connections run between them as it copies them (``MqttCluster.apply``)."""
+    if len(payload) < COUNT.size:
+        raise _fail("RECORDS of %d bytes has no count" % len(payload))
+    return Records(RecordEntries(bytes(payload)))
+
+
+class RecordEntries:
+    """A RECORDS frame's entries, each decoded (and checked) as iteration reaches it: one that does not fit the
+    frame, of an unknown kind or with a topic that is not UTF-8, or bytes left over after the last, raise a fatal
+    ``RemoteProtocolError`` there (the entries before it stand: each was whole). Equal to the tuple of its
+    entries."""
+
+    __slots__ = ("_payload", "_count")
+
+    def __init__(self, payload):
+        self._payload = payload
+        (self._count,) = COUNT.unpack_from(payload)
+
+    def __len__(self):
+        return self._count
+
+    def __eq__(self, other):
+        if isinstance(other, (tuple, RecordEntries)):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self):
+        return "RecordEntries(%d entries, %d bytes)" % (self._count, len(self._payload))
+
+    def __iter__(self):
+        payload, count = self._payload, self._count
+        at, end = COUNT.size, len(payload)
+        for n in range(count):
+            if at + ENTRY.size > end:
+                raise _fail("RECORDS entry %d runs past the frame" % n)
+            kind, tlen, partition, flag, offset, ts, dlen = ENTRY.unpack_from(payload, at)
+            at += ENTRY.size
+            if kind not in (MESSAGE, POSITION, RETAINED, SHARED, ROUTED) or partition < 0 or offset < 0:
+                raise _fail("RECORDS entry of kind %d, partition %d, offset %d" % (kind, partition, offset))
+            if at + tlen + dlen > end:
+                raise _fail("RECORDS entry %d runs past the frame" % n)
+            try:
+                topic = payload[at:at + tlen].decode("utf-8")
+            except UnicodeDecodeError:
+                raise _fail("a RECORDS topic is not UTF-8") from None
+            at += tlen
+            data = payload[at:at + dlen]
+            at += dlen
+            yield Entry(kind, topic, partition, offset, flag, ts, data)
+        if at != end:
+            raise _fail("RECORDS of %d entries leaves %d bytes over" % (count, end - at))

@@ -194,12 +194,14 @@ class Broker:
                                  lambda: self.election.master_mqtt() if self.election is not None else None,
                                  self.roles.acknowledge_refusal, lambda: self.roles.unconfirmable_refusal)
             self.roles.on_change(self.mqtt.role_changed)  # a promoted slave's sessions are its own
-        self.mqtt_cluster = self.cluster_members = None
+        self.mqtt_cluster = self.cluster_members = self.peer_asks = None
         if self.mqtt is not None and self.registry is not None:  # MQTT across the cluster (metaq/mqttcluster)
             self.cluster_members = Members(self.registry.zk, config.zk.root)  # read once for both below
             self.mqtt.client_ids = self._client_ids(config)  # a client id is the cluster's (docs/mqtt.md)
+            members = self.cluster_members
+            self.peer_asks = Asks(config.broker.id, lambda: members.current)
             self.mqtt_cluster = mqtt_cluster(config, self.store, self.put_path, self.mqtt, self.cluster_members,
-                                             self.roles, self.waiters, self.mqtt.client_ids.calls)
+                                             self.roles, self.waiters, self.mqtt.client_ids.calls, self.peer_asks)
             self.mqtt.client_ids.cluster = self.mqtt_cluster  # its route and positions: the takeover's end
         self.stats_service.add_source("node", self.stats_facts)
         self.stats_service.add_source("replication", self.roles.stats_values)
@@ -214,7 +216,8 @@ class Broker:
                                                                                  strangers.evicted))
         self.stats_service.add_source("zero_copy", self.text.zero_copy_values)
         self.stats_service.add_source("mqtt", (lambda: self.mqtt.summary_values() + (
-            self.mqtt_cluster.summary_values() if self.mqtt_cluster is not None else [])) if self.mqtt is not None
+            self.mqtt_cluster.summary_values() + self.peer_asks.summary_values() if self.mqtt_cluster is not None
+            else [])) if self.mqtt is not None
                                       else lambda: [("mqtt_port", 0)])
         self.http = None
         if config.http.port:  # docs/operating.md "The HTTP port"
@@ -598,17 +601,16 @@ def _dialed(host, port):
     return ("[%s]:%d" if ":" in host else "%s:%d") % (host, port)
 
 
-def mqtt_cluster(config, store, put_path, port, members, roles, waiters, calls):
+def mqtt_cluster(config, store, put_path, port, members, roles, waiters, calls, asks):
     """The broker's MQTT cluster (``mqttcluster.peers``): its links to the peers, and the one server of the other
     masters on the replication port (``roles.peer_handler``: their follows, and their ``calls``, the client ids'
-    handlers); the port reads the inbox and merges retained."""
+    handlers, each held to what the member may ask: ``asks``); the port reads the inbox and merges retained."""
     tls = config.security.tls
     cluster = MqttCluster(config, store, put_path, port, members, lambda: roles.is_master, secret=roles.secret,
                           tls=client_context(tls) if tls.mode != "off" and tls.replication else None,
                           hold_s=config.mqtt.cluster_start_hold_s)
     roles.serve_peers(PeerServer(store, waiters, port.topics, cluster.shares, roles.confirmed_end,
-                                 roles.wait_confirmed, calls, cluster.followed,
-                                 Asks(config.broker.id, lambda: members.current)).serve)
+                                 roles.wait_confirmed, calls, cluster.followed, asks).serve)
     port.cluster = cluster
     port.cluster_topics = (INBOX,)
     return cluster

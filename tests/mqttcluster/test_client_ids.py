@@ -156,8 +156,9 @@ def test_registry_limit_at_and_past_it(broker_factory, tmp_path, zk_connect):
     b1, b2 = _cluster(broker_factory, tmp_path, zk_connect, n=2, cluster_max_ids=3)
     ids = _homed(4, 1, [1, 2], "dev")
     held = []
-    for client_id in ids[:3]:  # at the limit: registered, wherever they connect
-        raw = Raw(b2)
+    # at the limit: registered, wherever they connect (broker 2 within its share of the home's registry: one)
+    for client_id, b in zip(ids[:3], (b2, b1, b1), strict=True):
+        raw = Raw(b)
         assert raw.connect(client_id).reason_code == 0
         held.append(raw)
     past = Raw(b2)
@@ -352,7 +353,7 @@ def test_peers_prove_the_replication_secret(broker_factory, tmp_path, zk_connect
     broker 3's calls are refused, so a CONNECT there whose id's home is another broker is refused (0x88)."""
     brokers = []
     for i, secret in enumerate(("s" * 64, "s" * 64, "t" * 64)):
-        cfg = mqtt_config(tmp_path / ("b%d" % i))
+        cfg = mqtt_config(tmp_path / ("b%d" % i), cluster_start_hold_s=0)  # (broker 3 is never followed)
         cfg["broker"]["id"] = i + 1
         cfg["zk"] = {"connect": zk_connect}
         cfg["replication"] = {"port": free_port()}

@@ -5,7 +5,7 @@ import pytest
 
 from metaq import limits
 from metaq.errors import RemoteProtocolError
-from metaq.mqttcluster.ids import HomeRegistry, RegistryFull, home_of
+from metaq.mqttcluster.ids import HomeRegistry, RegistryFull, holder_share, home_of
 from metaq.protocol import replication as rp
 
 
@@ -38,6 +38,37 @@ def test_the_registry_at_its_limit_and_past_it():
     assert r.holder("b") is None
     r.forget_unless(lambda c: c != "c")
     assert len(r) == 0
+
+
+def test_one_holder_at_its_share_and_past_it():
+    """A holder other than the home holds at most its share (MQTT_CLUSTER_HOLDER_SHARE_PERCENT of the registry): one
+    id past it is refused (by ``register`` and ``hold``, nothing changed), the home's own ids and another holder's
+    still go in, and an id it gives up or that moves away makes room again."""
+    r = HomeRegistry(10, own=1)
+    assert r.share == holder_share(10) == 10 * limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT // 100 > 0
+    for i in range(r.share):
+        assert r.hold("two-%d" % i, 2) is None
+    assert r.held_by(2) == r.share
+    with pytest.raises(RegistryFull, match="its share"):
+        r.hold("two-past", 2)
+    with pytest.raises(RegistryFull, match="its share"):
+        r.register("two-past", 2, 9)
+    assert r.holder("two-past") is None and len(r) == r.share
+    assert r.hold("two-0", 2) is None and r.register("two-0", 2, 3) == 2  # its own ids stand and go on
+    assert r.register("three", 3, 4) is None and r.register("mine", 1, 5) is None
+    assert r.register("two-1", 3, 6) == 2 and r.held_by(2) == r.share - 1  # moved away: room again
+    assert r.register("two-past", 2, 7) is None
+    r.release("two-past", 2)
+    assert r.hold("back", 2, recovered=True) is None
+    assert r.hold("three", 3, recovered=True) is None and r.hold("r", 3, recovered=True) is None
+    with pytest.raises(RegistryFull, match="its share"):  # a recovered copy giving way would put it past its share
+        r.hold("r", 2)
+    assert r.holder("r") == 3 and r.held_by(2) == r.share
+    own = HomeRegistry(10, own=1)
+    for i in range(own.max_ids):  # the home's own devices: the whole registry
+        own.register("own-%d" % i, 1)
+    assert own.held_by(1) == own.max_ids > own.share
+    assert holder_share(1) == 1
 
 
 def test_a_recovered_copy_gives_way_to_a_live_one():

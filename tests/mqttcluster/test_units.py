@@ -44,16 +44,24 @@ def test_frames_round_trip_whole_and_byte_by_byte(event):
     assert got == event
 
 
-def test_a_records_frame_that_does_not_fill_itself_is_refused():
-    frame = rp.frame_parts(rp.Records(()))  # count 0 ...
-    payload = b"\x00\x00\x00\x01"  # ... made count 1 with no entry, its CRC right: only the content is wrong
+def _records_frame(payload):
+    """A RECORDS frame around ``payload`` as it is, its CRC right."""
     head = rp.FRAME_HEADER.pack(rp.MAGIC, rp.VERSION, rp.T_RECORDS, 0, len(payload), 0)[:12]
-    crc = rp.crc32(payload, rp.crc32(head))
+    return head + rp.crc32(payload, rp.crc32(head)).to_bytes(4, "big") + payload
+
+
+@pytest.mark.parametrize("payload, error", [
+    (b"\x00\x00\x00\x01", "runs past the frame"),  # count 1 with no entry
+    (rp.serialize(RECORDS)[rp.FRAME_HEADER.size:] + b"x", "leaves 1 bytes over"),
+    (b"\x00\x00\x00\x04" + rp.serialize(RECORDS)[rp.FRAME_HEADER.size + 4:], "runs past the frame")])
+def test_a_records_frame_that_does_not_fill_itself_is_refused_as_its_entries_are_read(payload, error):
+    """Only the content is wrong: the frame is read, and its entries are decoded one at a time as they are copied
+    (``RecordEntries``), the first that does not fit (or the bytes left over) a fatal error there."""
     p = rp.ReplicationParser()
-    p.receive_data(head + crc.to_bytes(4, "big") + payload)
-    with pytest.raises(RemoteProtocolError, match="runs past the frame"):
-        p.next_event()
-    assert frame
+    p.receive_data(_records_frame(payload))
+    records = p.next_event()
+    with pytest.raises(RemoteProtocolError, match=error):
+        list(records.entries)
 
 
 def test_routes_bounds():
@@ -665,7 +673,8 @@ def test_a_start_hold_of_0_holds_nothing():
 
 def test_asks_hold_each_call_to_its_member():
     """``asks.Asks``: a peer that is no member (or this broker) is refused; ``give_up`` only from the id's home;
-    ``hold`` and ``release`` keep only the ids homed here, ``drop`` only those homed on the caller; at most
+    ``register`` only of an id homed here; ``hold`` and ``release`` keep only the ids homed here, ``drop`` only
+    those homed on the caller; at most
     MQTT_CLUSTER_ID_BATCH ids a call (at the limit served, one past refused); a malformed call refused, not raised."""
     members = {1: ("a", 0), 2: ("b", 0), 3: ("c", 0)}
     asks = Asks(1, lambda: members)
@@ -687,7 +696,10 @@ def test_asks_hold_each_call_to_its_member():
     for bad in ({"op": "hold"}, {"op": "hold", "ids": "abc"}, {"op": "hold", "ids": [1]},
                 {"op": "drop", "ids": [["c"]]}, {"op": "give_up"}, {"op": "give_up", "c": 7}):
         assert "malformed" in asks.admit(2, bad)[0], bad
-    assert asks.admit(2, {"op": "register", "c": "any"})[0] is None  # a member registers its own devices anywhere
+    assert asks.admit(2, {"op": "register", "c": homed[1][0], "clean": True})[0] is None  # homed here
+    refusal, _ = asks.admit(2, {"op": "register", "c": homed[3][0], "clean": True})
+    assert "whose home is broker 3: only its home registers it" in refusal, refusal
+    assert "malformed" in asks.admit(2, {"op": "register", "c": 7})[0]
     assert Asks(1, lambda: None).stranger(2) is not None  # no reading yet: nobody
     kept = Asks(1, lambda: members)
     kept.members()

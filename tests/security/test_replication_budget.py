@@ -199,8 +199,9 @@ def test_idle_strangers_never_keep_a_slave_out(broker_factory, tmp_path):
 def test_strangers_per_address_and_in_all(broker_factory, tmp_path):
     """One address holds REPLICATION_STRANGERS_PER_ADDRESS unproved connections, the next one is closed at once;
     all addresses together REPLICATION_STRANGERS, a new one from an address holding fewer closing the oldest of the
-    address holding the most; each is closed at REPLICATION_PROOF_TIMEOUT_S."""
-    _master, rport = start_master(broker_factory, tmp_path)
+    address holding the most (counted in stats: replication_strangers_evicted); each is closed at
+    REPLICATION_PROOF_TIMEOUT_S."""
+    master, rport = start_master(broker_factory, tmp_path)
     per = limits.REPLICATION_STRANGERS_PER_ADDRESS
     peers = [Peer(rport, (FLOODERS[0], 0)) for _ in range(per + 1)]
     got = [p.next(2.0) for p in peers]
@@ -214,6 +215,9 @@ def test_strangers_per_address_and_in_all(broker_factory, tmp_path):
     live = [p for p in peers + more if p.open_now()]
     assert len(live) == limits.REPLICATION_STRANGERS, len(live)
     assert sum(p in live for p in peers) < per  # the address holding the most gave way to the others
+    counts = stats(master)
+    assert int(counts["replication_strangers"]) == limits.REPLICATION_STRANGERS, counts
+    assert int(counts["replication_strangers_evicted"]) >= per - sum(p in live for p in peers), counts
     started = time.monotonic()
     assert live[-1].next(limits.REPLICATION_PROOF_TIMEOUT_S + 3) is rp.CLOSED
     assert time.monotonic() - started < limits.REPLICATION_PROOF_TIMEOUT_S + 1

@@ -473,6 +473,9 @@ class ReplicationServer:
         """The master's ``stats`` summary ``(key, value)`` pairs, one ``replication_slave<N>`` per slave."""
         values = [("replication_port", self.port or 0), ("replication_mode", self.mode),
                   ("replication_slaves", len(self.slaves))]
+        if self.strangers is not None:  # connections not proved yet, and those closed to make room for a newcomer
+            values += [("replication_strangers", self.strangers.count),
+                       ("replication_strangers_evicted", self.strangers.evicted)]
         end = self._end()
         for s in sorted(self.slaves.values(), key=lambda s: s.slave_id):
             row = ReplicaRow(str(s.address), s.written, s.durable, max(0, end - s.written))
