@@ -17,7 +17,7 @@ import gevent
 
 from metaq import errors, limits
 from metaq.protocol import replication as rp
-from metaq.protocol.replication_mqtt import ROUTED, split_routes
+from metaq.protocol.replication_mqtt import split_routes
 from metaq.server.connections import share_loop
 from metaq.server.replication.link import BACKOFF_MAX_S, BACKOFF_MIN_S, LINK_TIMEOUT_S, send_event
 from metaq.server.replication.slave import authenticate, next_event
@@ -131,8 +131,9 @@ class PeerLink:
             event, turn = first, time.monotonic()
             while not self._stopping:
                 if isinstance(event, rp.Records):
-                    self.copied += cluster.apply(self.broker_id, event.entries)
-                    self._acks(event.entries)
+                    routed = []
+                    self.copied += cluster.apply(self.broker_id, event.entries, routed)
+                    self._acks(routed)
                 else:
                     raise errors.RemoteProtocolError("unexpected %s from peer broker %d"
                                                      % (type(event).__name__.upper(), self.broker_id), fatal=True)
@@ -165,9 +166,10 @@ class PeerLink:
         return self.connected and self.acked < version and \
             (self.acked > 0 or self.asked_at is None or time.monotonic() - self.asked_at < ACK_EXPECTED_S)
 
-    def _acks(self, entries):
-        """The peer's ROUTED entries of a RECORDS frame already applied: ``acked`` moves, the waiters wake."""
-        acked = max((e.offset for e in entries if e.kind == ROUTED), default=0)
+    def _acks(self, versions):
+        """The route versions the peer's ROUTED entries of a RECORDS frame already applied name (``MqttCluster.apply``
+        collects them as it reads the frame, once): ``acked`` moves, the waiters wake."""
+        acked = max(versions, default=0)
         if acked > self.acked:
             self.acked = acked
             self.cluster.acked()

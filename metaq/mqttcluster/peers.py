@@ -50,7 +50,8 @@ from metaq.mqttcluster.link import PeerLink
 from metaq.mqttcluster.routes import aggregate
 from metaq.mqttcluster.share import Shares
 from metaq.protocol.registration import mqtt_membership
-from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RESUMED, RETAINED, SHARED, record_check, split_shared
+from metaq.protocol.replication_mqtt import (MESSAGE, POSITION, RESUMED, RETAINED, ROUTED, SHARED, record_check,
+                                             split_shared)
 from metaq.server.clock import now_ms
 from metaq.server.connections import share_loop
 
@@ -400,12 +401,13 @@ class MqttCluster:
         """The ``%MQTT%`` offset of ``origin``'s journal a new link asks retained records from."""
         return self.retained_next.get(origin, 0)
 
-    def apply(self, origin, entries):
+    def apply(self, origin, entries, routed=None):
         """Copy a RECORDS frame's entries from peer ``origin``; returns how many messages were copied. Raises the put
         path's refusal, or a malformed entry's ``RemoteProtocolError`` (the link ends and resumes from the
         positions). The loop is shared between entries (``share_loop``), each decoded as it is reached
         (``RecordEntries``): a frame of MQTT_CLUSTER_FRAME_BYTES of tiny entries keeps the other clients waiting no
-        longer than a turn."""
+        longer than a turn, read once. ``routed``: a list the frame's ROUTED versions are appended to (the link
+        acks them once the frame is applied)."""
         copied, last = 0, {}
         now = now_ms()
         positions = self.positions
@@ -431,6 +433,8 @@ class MqttCluster:
             elif e.kind == RETAINED:
                 self.retained_next[origin] = e.offset + 1
                 self._apply_retained(origin, e)
+            elif e.kind == ROUTED and routed is not None:
+                routed.append(e.offset)
         for r in last.values():
             self.port.made_visible(inbox.INBOX, r, now)
         self.copied += copied

@@ -91,7 +91,7 @@ def test_pinned_filters_stay_in_the_route_and_the_takers_wait_ends_with_every_li
 
     def ack():
         gevent.sleep(0.05)
-        up._acks([Entry(ROUTED, "", 0, version)])
+        up._acks([version])
 
     acker = gevent.spawn(ack)
     assert cluster.routed(["c/#"], time.monotonic() + 5)  # the link that is down sends its route when back
