@@ -101,15 +101,17 @@ class HomeRegistry:
         held = self._holders.get(client_id)
         return None if held is None else held[3]
 
-    def register(self, client_id, broker_id, generation=0, recovered=False, clean=None):
+    def register(self, client_id, broker_id, generation=0, recovered=False, clean=None, checked=False):
         """``broker_id`` holds ``client_id`` now (the home's ``generation`` of this registration; ``recovered``:
         a copy from before the holder's restart, only ever by ``hold``; ``clean``: the Clean Start of the CONNECT,
         None: not known); returns the broker that held it before (None: none). A Clean Start 0 CONNECT to the broker
         already holding the id continues its copy: how that copy began stands. Raises RegistryFull when the id is
-        new and the registry is at its bound: nothing changes then."""
+        new and the registry is at its bound, or (unless ``checked``: the share was checked before a takeover, which
+        must not be thrown away once the old holder gave the session up) past ``broker_id``'s share: nothing changes
+        then."""
         held = self._holders.get(client_id)
         old = None if held is None else held[0]
-        refusal = self.refusal(client_id, broker_id)
+        refusal = self.refusal(client_id, broker_id, share=not checked)
         if refusal is not None:
             raise RegistryFull(refusal)
         if old == broker_id and not clean and held[3] is not None:
@@ -117,13 +119,13 @@ class HomeRegistry:
         self._set(client_id, (broker_id, generation, recovered, clean))
         return old
 
-    def refusal(self, client_id, broker_id):
-        """Why ``broker_id`` may not hold ``client_id`` now, or None: a new id past ``max_ids``, or one more id of a
-        broker other than this home past its ``share``."""
+    def refusal(self, client_id, broker_id, share=True):
+        """Why ``broker_id`` may not hold ``client_id`` now, or None: a new id past ``max_ids``, or (``share``) one
+        more id of a broker other than this home past its ``share``."""
         old = self.holder(client_id)
         if old is None and len(self._holders) >= self.max_ids:
             return "%d client ids is this home broker's limit (mqtt.cluster_max_ids)" % self.max_ids
-        if old != broker_id and broker_id != self.own and self._counts.get(broker_id, 0) >= self.share:
+        if share and old != broker_id and broker_id != self.own and self._counts.get(broker_id, 0) >= self.share:
             return ("broker %d holds %d client ids of this home broker, its share (MQTT_CLUSTER_HOLDER_SHARE_PERCENT "
                     "of mqtt.cluster_max_ids)" % (broker_id, self.share))
         return None

@@ -291,7 +291,7 @@ class ClientIds:
             answer = got
         generation = next(self._generations)
         try:
-            self.registry.register(client_id, caller, generation, clean=bool(request["clean"]))
+            self.registry.register(client_id, caller, generation, clean=bool(request["clean"]), checked=True)
         except RegistryFull as exc:
             return {"error": str(exc), "full": True}
         if answer.pop("unreached", False):  # told to end its copy once it answers: never two live sessions

@@ -182,3 +182,22 @@ def test_a_home_takes_an_id_from_a_holder_that_does_not_answer_only_once_its_lea
     assert time.monotonic() >= gone
     ids._heard.clear()
     assert ids._lease_gone(1) == pytest.approx(ids._started + 0.5 + LEASE_MARGIN_S)  # never heard: since the start
+
+
+def test_a_takeover_that_passed_the_share_is_not_refused_by_it_after_the_handover():
+    """The home checks the taker's share, then the old holder gives the session up (a network call) while other ids
+    of the same taker fill its share: the handed-over session is registered, not thrown away."""
+    def give_up(address, request, timeout_s=None, exclusive=False):
+        for i in range(2):  # the taker's other CONNECTs registered meanwhile: its share is full
+            ids.registry.register("other-%d" % i, 2)
+        return {"session": "handed"}
+
+    ids = _ids(client=SimpleNamespace(close=lambda: None, call=give_up))
+    share = ids.registry.share
+    for i in range(share - 2):
+        ids.registry.register("mine-%d" % i, 2)
+    ids.registry.register("dev", 1)
+    answer = ids._register_one(2, "dev", {"c": "dev", "clean": False, "u": None})
+    assert answer.get("session") == "handed" and "error" not in answer
+    assert ids.registry.holder("dev") == 2 and ids.registry.held_by(2) == share + 1
+    assert "share" in ids._register_one(2, "new", {"c": "new", "clean": False, "u": None})["error"]  # still bounded
