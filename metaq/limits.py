@@ -845,7 +845,8 @@ MQTT_MAX_SESSION_RECORD_BYTES = 1024 * 1024
 #: ``mqtt.cluster_max_ids``: a CONNECT whose id would be one more is refused (MQTT 5: 0x97 Quota exceeded; 3.1.1:
 #: 0x03 Server unavailable). It bounds the home's memory for the registry (an entry per id).
 MQTT_CLUSTER_MAX_IDS = 1_000_000
-#: The share of a home's registry (``mqtt.cluster_max_ids``) one other member may hold, in percent (at least one id),
+#: ``mqtt.cluster_holder_share_percent``: the share of a home's registry (``mqtt.cluster_max_ids``) one other member
+#: may hold, in percent (at least one id),
 #: so that no member (busy, or lying in its ``hold`` calls) takes every slot from the others and the home's own
 #: devices: past it its CONNECT of an id homed there is refused as by a full registry, its holds not registered.
 MQTT_CLUSTER_HOLDER_SHARE_PERCENT = 50

@@ -9,7 +9,7 @@ member's move.
 
 ``HomeRegistry``: on the home, client id -> the broker holding its session (a live connection, or a persistent
 session kept offline), at most ``max_ids`` (``mqtt.cluster_max_ids``), and of them at most a share
-(``holder_share``: MQTT_CLUSTER_HOLDER_SHARE_PERCENT) held by any one other broker: one member cannot take every slot
+(``holder_share``: mqtt.cluster_holder_share_percent) held by any one other broker: one member cannot take every slot
 from the others and from the home's own devices. It lives in memory only: when the members
 change, each broker tells the ids it holds to their homes again (``hold``), so a home that restarts or takes ids
 over learns them back without a write to ZooKeeper per device.
@@ -54,11 +54,11 @@ class RegistryFull(Exception):
     (``holder_share``)."""
 
 
-def holder_share(max_ids):
-    """The ids one broker other than the home may hold in a home's registry of ``max_ids``:
-    ``MQTT_CLUSTER_HOLDER_SHARE_PERCENT`` of them (at least one), so that no member (a busy one, or one lying in its
+def holder_share(max_ids, percent=limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT):
+    """The ids one broker other than the home may hold in a home's registry of ``max_ids``: ``percent``
+    (``mqtt.cluster_holder_share_percent``) of them (at least one), so that no member (a busy one, or one lying in its
     holds) takes every slot from the others and from the home's own devices."""
-    return max(1, max_ids * limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT // 100)
+    return max(1, max_ids * percent // 100)
 
 
 class HomeRegistry:
@@ -67,10 +67,10 @@ class HomeRegistry:
 
     __slots__ = ("max_ids", "own", "share", "_holders", "_counts")
 
-    def __init__(self, max_ids, own=None):
+    def __init__(self, max_ids, own=None, share_percent=limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT):
         self.max_ids = max_ids
         self.own = own
-        self.share = holder_share(max_ids)
+        self.share = holder_share(max_ids, share_percent)
         #: client id -> (broker id, generation, recovered: True for a copy from before a restart, clean: how a
         #: CONNECT began that copy, True / False / None: not known)
         self._holders = {}
@@ -101,15 +101,17 @@ class HomeRegistry:
         held = self._holders.get(client_id)
         return None if held is None else held[3]
 
-    def register(self, client_id, broker_id, generation=0, recovered=False, clean=None):
+    def register(self, client_id, broker_id, generation=0, recovered=False, clean=None, checked=False):
         """``broker_id`` holds ``client_id`` now (the home's ``generation`` of this registration; ``recovered``:
         a copy from before the holder's restart, only ever by ``hold``; ``clean``: the Clean Start of the CONNECT,
         None: not known); returns the broker that held it before (None: none). A Clean Start 0 CONNECT to the broker
         already holding the id continues its copy: how that copy began stands. Raises RegistryFull when the id is
-        new and the registry is at its bound: nothing changes then."""
+        new and the registry is at its bound, or (unless ``checked``: the share was checked before a takeover, which
+        must not be thrown away once the old holder gave the session up) past ``broker_id``'s share: nothing changes
+        then."""
         held = self._holders.get(client_id)
         old = None if held is None else held[0]
-        refusal = self.refusal(client_id, broker_id)
+        refusal = self.refusal(client_id, broker_id, share=not checked)
         if refusal is not None:
             raise RegistryFull(refusal)
         if old == broker_id and not clean and held[3] is not None:
@@ -117,14 +119,14 @@ class HomeRegistry:
         self._set(client_id, (broker_id, generation, recovered, clean))
         return old
 
-    def refusal(self, client_id, broker_id):
-        """Why ``broker_id`` may not hold ``client_id`` now, or None: a new id past ``max_ids``, or one more id of a
-        broker other than this home past its ``share``."""
+    def refusal(self, client_id, broker_id, share=True):
+        """Why ``broker_id`` may not hold ``client_id`` now, or None: a new id past ``max_ids``, or (``share``) one
+        more id of a broker other than this home past its ``share``."""
         old = self.holder(client_id)
         if old is None and len(self._holders) >= self.max_ids:
             return "%d client ids is this home broker's limit (mqtt.cluster_max_ids)" % self.max_ids
-        if old != broker_id and broker_id != self.own and self._counts.get(broker_id, 0) >= self.share:
-            return ("broker %d holds %d client ids of this home broker, its share (MQTT_CLUSTER_HOLDER_SHARE_PERCENT "
+        if share and old != broker_id and broker_id != self.own and self._counts.get(broker_id, 0) >= self.share:
+            return ("broker %d holds %d client ids of this home broker, its share (mqtt.cluster_holder_share_percent "
                     "of mqtt.cluster_max_ids)" % (broker_id, self.share))
         return None
 

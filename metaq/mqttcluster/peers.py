@@ -412,31 +412,33 @@ class MqttCluster:
         now = now_ms()
         positions = self.positions
         turn = time.monotonic()
-        for e in entries:
-            turn = share_loop(turn)
-            if e.kind in (MESSAGE, SHARED):
-                if positions.is_copied(origin, e.topic, e.partition, e.offset):
-                    continue
-                groups, data = split_shared(e.data) if e.kind == SHARED else ((), e.data)
-                check = record_check(e.ts, data)
-                made = inbox.copy_of(origin, e.topic, e.partition, e.offset, e.flag, data, now, self.port.topics,
-                                     groups, check)
-                if made is None:  # not kept (expired): a marker holds the position instead
-                    made = inbox.marker(origin, e.topic, e.partition, e.offset + 1, now, check)
-                else:
-                    copied += 1
-                last.update(self._append(origin, e, made, now))
-                positions.copied(origin, e.topic, e.partition, e.offset, check)
-                positions.keep(origin, e.topic, e.partition)
-            elif e.kind == POSITION:
-                last.update(self._position(origin, e, now))
-            elif e.kind == RETAINED:
-                self.retained_next[origin] = e.offset + 1
-                self._apply_retained(origin, e)
-            elif e.kind == ROUTED and routed is not None:
-                routed.append(e.offset)
-        for r in last.values():
-            self.port.made_visible(inbox.INBOX, r, now)
+        try:
+            for e in entries:
+                turn = share_loop(turn)
+                if e.kind in (MESSAGE, SHARED):
+                    if positions.is_copied(origin, e.topic, e.partition, e.offset):
+                        continue
+                    groups, data = split_shared(e.data) if e.kind == SHARED else ((), e.data)
+                    check = record_check(e.ts, data)
+                    made = inbox.copy_of(origin, e.topic, e.partition, e.offset, e.flag, data, now, self.port.topics,
+                                         groups, check)
+                    if made is None:  # not kept (expired): a marker holds the position instead
+                        made = inbox.marker(origin, e.topic, e.partition, e.offset + 1, now, check)
+                    else:
+                        copied += 1
+                    last.update(self._append(origin, e, made, now))
+                    positions.copied(origin, e.topic, e.partition, e.offset, check)
+                    positions.keep(origin, e.topic, e.partition)
+                elif e.kind == POSITION:
+                    last.update(self._position(origin, e, now))
+                elif e.kind == RETAINED:
+                    self.retained_next[origin] = e.offset + 1
+                    self._apply_retained(origin, e)
+                elif e.kind == ROUTED and routed is not None:
+                    routed.append(e.offset)
+        finally:  # what was appended before a malformed entry is made visible: its readers wake now
+            for r in last.values():
+                self.port.made_visible(inbox.INBOX, r, now)
         self.copied += copied
         return copied
 

@@ -88,13 +88,13 @@ class ClientIds:
     ``calls.PeerClient``; ``is_member``: True while this broker is a master with a replication port."""
 
     def __init__(self, port, store, members, broker_id, client, max_ids, max_transfer, is_member,
-                 lease_s=limits.MQTT_CLUSTER_ID_LEASE_S):
+                 lease_s=limits.MQTT_CLUSTER_ID_LEASE_S, share_percent=limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT):
         self.port, self.store, self.members_reader = port, store, members
         self.broker_id = broker_id
         self.client = client
         self.max_transfer = max_transfer
         self.is_member = is_member
-        self.registry = HomeRegistry(max_ids, broker_id)
+        self.registry = HomeRegistry(max_ids, broker_id, share_percent)
         self.members = {}  # broker id -> its replication address "host:port"
         self._owners = {}  # broker id -> (address, its node's ZooKeeper session): a restart is a change
         self._serial = {}  # client id -> Semaphore: one registration of an id at a time, on its home
@@ -291,7 +291,7 @@ class ClientIds:
             answer = got
         generation = next(self._generations)
         try:
-            self.registry.register(client_id, caller, generation, clean=bool(request["clean"]))
+            self.registry.register(client_id, caller, generation, clean=bool(request["clean"]), checked=True)
         except RegistryFull as exc:
             return {"error": str(exc), "full": True}
         if answer.pop("unreached", False):  # told to end its copy once it answers: never two live sessions

@@ -161,8 +161,9 @@ class ServerConnection:
         self._announced = None  # the last stream id a GOAWAY named: a later one names no higher
         self._next_stream = 1  # the id the client's next stream takes unless it skips some
         #: What tells a lower stream id's HEADERS apart, each the last ``limits.GRPC_CLOSED_STREAMS_KEPT``: the
-        #: streams reset before the client ended them (ids, oldest first) and the runs of ids the client skipped
-        #: (never opened); any other lower id is a stream the client ended.
+        #: streams reset before the client ended them (id -> what is left of the receive window the client may
+        #: still fill with DATA it sent before it knew: ``_data_in_flight``; oldest first) and the runs of ids the
+        #: client skipped (never opened); any other lower id is a stream the client ended.
         self._reset_ids = OrderedDict()
         self._skipped = deque(maxlen=limits.GRPC_CLOSED_STREAMS_KEPT)
         #: Called ``(type, flags, length, stream id)`` for each frame as its header is whole; a reason (text)
@@ -274,11 +275,12 @@ class ServerConnection:
         if not stream.remote_open:
             del self.streams[stream_id]
 
-    def _reset_before_its_end(self, stream_id):
+    def _reset_before_its_end(self, stream_id, window=0):
         """``stream_id`` was reset (or refused) before the client ended it: frames it still has in flight for it
-        are stream errors, not connection errors (kept among the last ``limits.GRPC_CLOSED_STREAMS_KEPT``)."""
+        are stream errors, not connection errors (kept among the last ``limits.GRPC_CLOSED_STREAMS_KEPT``), and
+        full DATA frames up to ``window`` (its receive window left; 0: the client reset it) no work wasted."""
         reset = self._reset_ids
-        reset[stream_id] = None
+        reset[stream_id] = window
         if len(reset) > limits.GRPC_CLOSED_STREAMS_KEPT:
             reset.popitem(last=False)
 
@@ -288,7 +290,7 @@ class ServerConnection:
         if stream is None:
             raise StreamClosed("stream %d is closed" % stream_id)
         if stream.remote_open:
-            self._reset_before_its_end(stream_id)
+            self._reset_before_its_end(stream_id, stream.inbound)
         self._out.append(frame_head(4, RST_STREAM, 0, stream_id) + _U32.pack(code))
 
     def local_flow_control_window(self, stream_id):
@@ -452,7 +454,7 @@ class ServerConnection:
         stream = self.streams.pop(sid, None)
         if stream is not None:
             if stream.remote_open:
-                self._reset_before_its_end(sid)
+                self._reset_before_its_end(sid, stream.inbound)
             events.append((RESET, sid, code, None))
 
     def _unpad(self, payload, ftype_name):
@@ -474,7 +476,8 @@ class ServerConnection:
             if sid > self.highest_inbound_stream_id:
                 raise ProtocolError("DATA on stream %d, never opened" % sid)
             self._acknowledge_connection(flow)  # the port never sees it: the connection's window is given back
-            self._stream_error(sid, ErrorCode.STREAM_CLOSED, events)
+            if not self._data_in_flight(sid, flow):
+                self._stream_error(sid, ErrorCode.STREAM_CLOSED, events)
             return
         if flow > stream.inbound:
             self._acknowledge_connection(flow)
@@ -491,6 +494,16 @@ class ServerConnection:
             events.append((DATA_RECEIVED, sid, payload[start:stop] if start or stop < flow else payload, flow))
         if flags & END_STREAM:
             self._end_remote(sid, stream, events)
+
+    def _data_in_flight(self, sid, flow):
+        """True for DATA the client sent before it knew the server reset ``sid``: a full frame (or the one that
+        fills the window) within what is left of that stream's receive window, ignored (RFC 9113 section 5.4.2)
+        and no work wasted; any other DATA on a closed stream (a dribble, past the window) is a stream error."""
+        left = self._reset_ids.get(sid)
+        if not left or not 0 < flow <= left or flow not in (self.max_inbound_frame_size, left):
+            return False
+        self._reset_ids[sid] = left - flow
+        return True
 
     def _end_remote(self, sid, stream, events):
         if stream.remaining:  # ended short of its content-length: malformed (RFC 9113 section 8.1.1)
@@ -550,7 +563,7 @@ class ServerConnection:
             length = _content_length(headers)
             if self_dependent or length == -1 or len(self.streams) >= self.max_streams:
                 # malformed, or past SETTINGS_MAX_CONCURRENT_STREAMS: refused (REFUSED_STREAM: a client retries it)
-                self._reset_before_its_end(sid)
+                self._reset_before_its_end(sid, self.window)
                 self._stream_error(sid, ErrorCode.PROTOCOL_ERROR if self_dependent or length == -1
                                    else ErrorCode.REFUSED_STREAM, events)
                 return

@@ -854,6 +854,10 @@ class GrpcPort:
     def connection_count(self):
         return self.core.count("grpc")
 
+    def flood_counts(self):
+        """``(refused, penalized)`` of the addresses cut for flooding (``ConnectionCore.penalty_counts``)."""
+        return self.core.penalty_counts()
+
 
 def _runs(payloads):
     """``(framed, whole)``: ``payloads`` framed (``wire.frame``) and joined in runs of ``FLUSH_BYTES`` or more,

@@ -305,7 +305,7 @@ class Broker:
         return ClientIds(self.mqtt, self.store, self.cluster_members, config.broker.id, client,
                          config.mqtt.cluster_max_ids, config.store.max_transfer_size,
                          lambda: self.roles.is_master and self.roles.replication_port is not None,
-                         config.mqtt.cluster_id_lease_s)
+                         config.mqtt.cluster_id_lease_s, config.mqtt.cluster_holder_share_percent)
 
     def _mqtt_address(self):
         """This broker's MQTT address as the elected master's leader node names it ("host:port", a wildcard bind

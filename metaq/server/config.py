@@ -467,6 +467,8 @@ class MqttSection(_Section):
     topic_map: List[Dict[str, str]] = []
     fallback_topic: str = DEFAULT_FALLBACK
     cluster_max_ids: int = Field(limits.MQTT_CLUSTER_MAX_IDS, ge=1)  # a home broker's client ids (mqttcluster)
+    # the percent of them one other broker may hold (mqttcluster: ids.holder_share)
+    cluster_holder_share_percent: int = Field(limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT, ge=1, le=100)
     # how long a master beginning to keep sessions holds CONNACKs and wills until its peers follow it (mqttcluster)
     cluster_start_hold_s: float = Field(limits.MQTT_CLUSTER_START_HOLD_S, ge=0)
     # how long a broker keeps a connection of a client id whose home it cannot reach (mqttcluster: ClientIds)

@@ -61,6 +61,7 @@ from gevent.server import StreamServer
 
 from metaq import limits
 from metaq.errors import ConfigError
+from metaq.server.guard import failure_prefix
 from metaq.server.tls import PLAINTEXT_REFUSAL, TLS_HANDSHAKE_BYTE, TLS_SOCKETS
 from metaq.server.tlsio import BioTls
 
@@ -407,7 +408,8 @@ class Penalties:
     is refused new connections on that listener for a cooldown, ``base_s`` at its first cut, doubled at each cut
     while it keeps being cut, up to ``max_s``; an address that goes ``max_s`` past its cooldown uncut starts again
     at ``base_s``. At most ``limit`` addresses are remembered (the one cut longest ago forgotten first). Keyed by
-    ``(listener name, host)``; time is passed in."""
+    ``(listener name, host)``, an IPv6 host taken as its /64 (``guard.failure_prefix``: one host holds a whole /64,
+    so cutting its /128 would cost it nothing); time is passed in."""
 
     __slots__ = ("limit", "max_s", "refused", "_cut")
 
@@ -420,9 +422,14 @@ class Penalties:
     def __len__(self):
         return len(self._cut)
 
+    @staticmethod
+    def _key(key):
+        return key[0], failure_prefix(key[1], 32) or key[1]
+
     def cut(self, key, base_s, now):
         """``key`` was cut at ``now``: its cooldown (seconds) from now, longer than the last one's if that ended
-        less than ``max_s`` ago."""
+        less than ``max_s`` ago (``base_s`` past ``max_s``: ``base_s`` each time)."""
+        key = self._key(key)
         entry = self._cut.pop(key, None)
         cuts = 1 if entry is None or now - entry[1] >= self.max_s else entry[0] + 1
         cooldown = max(base_s, min(base_s * 2.0 ** min(cuts - 1, 32), self.max_s))
@@ -433,6 +440,7 @@ class Penalties:
 
     def refusal(self, key, now):
         """None when ``key`` may connect at ``now``, else why not."""
+        key = self._key(key)
         entry = self._cut.get(key)
         if entry is None or now >= entry[1]:
             return None
@@ -1325,6 +1333,11 @@ class ConnectionCore:
         if not base_s:
             return 0.0
         return self.penalties.cut((listener, host), base_s, time.monotonic())
+
+    def penalty_counts(self):
+        """``(refused, penalized)``: connections refused for a cooldown since the start, and the addresses (an IPv6
+        /64 each) remembered as cut now (at most ``MAX_PENALIZED_ADDRESSES``)."""
+        return self.penalties.refused, len(self.penalties)
 
     def count_from(self, host, listener=None):
         """Connections the peer address ``host`` holds against ``max_per_address`` (or, with the name of a listener

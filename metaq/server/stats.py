@@ -353,12 +353,15 @@ def remoting_values(remoting):
 
 def grpc_values(port):
     """The summary's pairs of the gRPC port (``rmq5.port.GrpcPort``; None: not configured): its port, connections,
-    the calls its service answered, those refused in-band and the messages stored."""
+    the calls its service answered, those refused in-band, the messages stored, the connections refused for a flood
+    cooldown and the addresses in one."""
     if port is None:
         return [("grpc_port", 0)]
     counts = port.service.counts
+    refused, penalized = port.flood_counts()
     return [("grpc_port", port.port or 0), ("grpc_connections", port.connection_count()),
-            ("grpc_calls", counts["calls"]), ("grpc_refused", counts["refused"]), ("grpc_sent", counts["sent"])]
+            ("grpc_calls", counts["calls"]), ("grpc_refused", counts["refused"]), ("grpc_sent", counts["sent"]),
+            ("grpc_flood_refused", refused), ("grpc_flood_penalized", penalized)]
 
 
 def public_topics(store):

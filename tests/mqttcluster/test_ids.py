@@ -2,11 +2,14 @@
 and the PEER_CALL / PEER_REPLY frames of the replication stream."""
 
 import pytest
+from pydantic import ValidationError
 
 from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.mqttcluster.ids import HomeRegistry, RegistryFull, holder_share, home_of
+from metaq.mqttcluster.service import ClientIds
 from metaq.protocol import replication as rp
+from metaq.server.config import ServerConfig
 
 
 def test_the_home_is_the_same_everywhere_and_moves_little():
@@ -41,7 +44,7 @@ def test_the_registry_at_its_limit_and_past_it():
 
 
 def test_one_holder_at_its_share_and_past_it():
-    """A holder other than the home holds at most its share (MQTT_CLUSTER_HOLDER_SHARE_PERCENT of the registry): one
+    """A holder other than the home holds at most its share (mqtt.cluster_holder_share_percent of the registry): one
     id past it is refused (by ``register`` and ``hold``, nothing changed), the home's own ids and another holder's
     still go in, and an id it gives up or that moves away makes room again."""
     r = HomeRegistry(10, own=1)
@@ -69,6 +72,23 @@ def test_one_holder_at_its_share_and_past_it():
         own.register("own-%d" % i, 1)
     assert own.held_by(1) == own.max_ids > own.share
     assert holder_share(1) == 1
+
+
+def test_the_holder_share_is_a_setting_within_its_bounds():
+    """``mqtt.cluster_holder_share_percent``: 50 by default, 1 to 100; a home's registry holds a broker to it."""
+    assert ServerConfig().mqtt.cluster_holder_share_percent == limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT == 50
+    for good in (1, 100):
+        assert ServerConfig.model_validate({"mqtt": {"cluster_holder_share_percent": good}})
+    for bad in (0, 101):
+        with pytest.raises(ValidationError, match="cluster_holder_share_percent"):
+            ServerConfig.model_validate({"mqtt": {"cluster_holder_share_percent": bad}})
+    r = HomeRegistry(10, own=1, share_percent=20)
+    r.register("a", 2)
+    r.register("b", 2)
+    with pytest.raises(RegistryFull, match="cluster_holder_share_percent"):
+        r.register("c", 2)
+    assert HomeRegistry(10, share_percent=100).share == 10 and HomeRegistry(10, share_percent=1).share == 1
+    assert ClientIds(None, None, None, 1, None, 10, 0, lambda: True, share_percent=20).registry.share == 2
 
 
 def test_a_recovered_copy_gives_way_to_a_live_one():

@@ -21,7 +21,7 @@ from metaq.mqttcluster.service import LEASE_MARGIN_S, ClientIds
 from metaq.protocol import replication as rp
 from metaq.server.config import ServerConfig
 from metaq.protocol.replication_mqtt import MESSAGE, POSITION, ROUTED, Entry, decode_routes, join_routes, split_routes
-from tests.mqttcluster.test_units import RecordsStore
+from tests.mqttcluster.test_units import RecordsStore, _records_frame
 
 
 def _parsed(event):
@@ -182,3 +182,39 @@ def test_a_home_takes_an_id_from_a_holder_that_does_not_answer_only_once_its_lea
     assert time.monotonic() >= gone
     ids._heard.clear()
     assert ids._lease_gone(1) == pytest.approx(ids._started + 0.5 + LEASE_MARGIN_S)  # never heard: since the start
+
+
+def test_a_takeover_that_passed_the_share_is_not_refused_by_it_after_the_handover():
+    """The home checks the taker's share, then the old holder gives the session up (a network call) while other ids
+    of the same taker fill its share: the handed-over session is registered, not thrown away."""
+    def give_up(address, request, timeout_s=None, exclusive=False):
+        for i in range(2):  # the taker's other CONNECTs registered meanwhile: its share is full
+            ids.registry.register("other-%d" % i, 2)
+        return {"session": "handed"}
+
+    ids = _ids(client=SimpleNamespace(close=lambda: None, call=give_up))
+    share = ids.registry.share
+    for i in range(share - 2):
+        ids.registry.register("mine-%d" % i, 2)
+    ids.registry.register("dev", 1)
+    answer = ids._register_one(2, "dev", {"c": "dev", "clean": False, "u": None})
+    assert answer.get("session") == "handed" and "error" not in answer
+    assert ids.registry.holder("dev") == 2 and ids.registry.held_by(2) == share + 1
+    assert "share" in ids._register_one(2, "new", {"c": "new", "clean": False, "u": None})["error"]  # still bounded
+
+
+def test_the_records_before_a_malformed_entry_are_made_visible():
+    """A RECORDS frame whose last bytes are malformed raises there; what was appended before it is made visible
+    (its readers wake now, not at the next frame)."""
+    data = b"\x00\x00\x00\x02ab-payload"
+    good = rp.serialize(rp.Records((Entry(MESSAGE, "sensors", 1, 42, 1, 1700000000000, data),)))
+    p = rp.ReplicationParser()
+    p.receive_data(_records_frame(good[rp.FRAME_HEADER.size:] + b"x"))
+    frame = p.next_event()
+    cluster = _cluster()
+    visible, offsets = [], iter(range(100))
+    cluster.put_path = SimpleNamespace(append=lambda *a, **k: SimpleNamespace(offset=next(offsets)))
+    cluster.port.made_visible = lambda topic, r, now: visible.append(r.offset)
+    with pytest.raises(RemoteProtocolError, match="leaves 1 bytes over"):
+        cluster.apply(2, frame.entries)
+    assert visible == [0]

@@ -12,6 +12,7 @@ from tests.rmq5.test_grpc_connection import (END_HEADERS, END_STREAM, ENHANCE_YO
                                              SETTINGS, WINDOW_UPDATE, Frames, answered, ended, frame, goaway_code,
                                              header_block)
 from metaq.client.local import BrokerProcess, free_port, small_config
+from tests.harness.replication import stats
 
 pytestmark = pytest.mark.integration
 
@@ -71,6 +72,8 @@ def test_an_address_cut_for_flooding_is_refused_within_its_cooldown_and_served_a
     cut = time.monotonic()
     assert not served(broker, "127.0.0.2")  # at once: within its cooldown
     assert served(broker, "127.0.0.3")  # another address goes on
+    summary = stats(broker)
+    assert int(summary["grpc_flood_refused"]) >= 1 and int(summary["grpc_flood_penalized"]) >= 1
     time.sleep(max(0.0, cut + PENALTY_S + 0.2 - time.monotonic()))
     assert served(broker, "127.0.0.2")  # past its cooldown
 

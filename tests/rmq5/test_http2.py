@@ -234,6 +234,27 @@ def test_frames_on_a_half_closed_or_closed_stream_are_stream_closed():
     assert c.send(frame(WINDOW_UPDATE, 0, 3, struct.pack(">I", 0))) == [] and c.rst(3) == [ErrorCode.PROTOCOL_ERROR]
 
 
+def test_full_data_in_flight_on_a_stream_the_server_reset_is_ignored_up_to_its_window_and_no_work_wasted():
+    """The client could not know of the reset: its full frames up to the stream's window left are ignored, not
+    counted by ``on_wasted``; a frame past the window, or a dribble of small ones, is a stream error as before."""
+    c = Client(window=3 * 16384)
+    wasted = []
+    c.server.on_wasted = lambda: wasted.append(1)
+    c.open(1)
+    c.send(frame(DATA, 0, 1, b"d" * 100))
+    c.server.reset_stream(1, ErrorCode.CANCEL)
+    assert c.rst(1) == [ErrorCode.CANCEL]
+    for size in (16384, 16384, 16384 - 100):  # full frames, the last filling the window
+        assert c.send(frame(DATA, 0, 1, b"d" * size)) == [] and c.out() == []
+    assert wasted == []
+    assert c.send(frame(DATA, 0, 1, b"d" * 16384)) == [] and c.rst(1) == [ErrorCode.STREAM_CLOSED]  # past it
+    c.open(3)
+    c.server.reset_stream(3)
+    c.out()
+    assert c.send(frame(DATA, 0, 3, b"d")) == [] and c.rst(3) == [ErrorCode.STREAM_CLOSED]  # a sliver: counted
+    assert wasted == [1, 1]
+
+
 def test_data_on_a_stream_never_opened_is_a_protocol_error():
     c = Client()
     c.error(frame(DATA, 0, 9, b"x"), ErrorCode.PROTOCOL_ERROR)

@@ -336,6 +336,18 @@ def test_a_cooldown_doubles_at_each_cut_in_a_row_and_is_forgotten_after_max_s_un
     assert pen.refused == 1
 
 
+def test_an_ipv6_host_is_penalized_by_its_64_an_ipv4_one_by_itself_and_a_base_past_max_s_never_doubles():
+    """One IPv6 host holds a whole /64: another address of it is refused with the one cut."""
+    pen = Penalties(limit=100, max_s=8.0)
+    pen.cut(("grpc", "2001:db8:1:2::1"), 1.0, 0.0)
+    assert "2001:db8:1:2::/64" in pen.refusal(("grpc", "2001:db8:1:2:ffff::9"), 0.5)
+    assert pen.refusal(("grpc", "2001:db8:1:3::1"), 0.5) is None  # the next /64 is another host
+    pen.cut(("grpc", "10.0.0.1"), 1.0, 0.0)
+    assert pen.refusal(("grpc", "::ffff:10.0.0.1"), 0.5) is not None and pen.refusal(("grpc", "10.0.0.2"), 0.5) is None
+    assert [pen.cut(("grpc", "10.0.0.3"), 20.0, t) for t in (0.0, 20.0, 40.0)] == [20.0, 20.0, 20.0]
+    assert pen.refused == 2 and len(pen) == 3
+
+
 def test_the_penalized_addresses_at_their_limit_and_one_past():
     pen = Penalties(limit=limits.MAX_PENALIZED_ADDRESSES)
     for i in range(limits.MAX_PENALIZED_ADDRESSES):
