@@ -16,7 +16,7 @@ from metaq.mqttcluster.calls import PeerUnreachable
 from metaq.mqttcluster.ids import home_of
 from metaq.mqttcluster.link import ACK_EXPECTED_S, PeerLink
 from metaq.mqttcluster.peers import MqttCluster
-from metaq.mqttcluster.serve import PeerFollow
+from metaq.mqttcluster.serve import FilterSet, PeerFollow
 from metaq.mqttcluster.service import LEASE_MARGIN_S, ClientIds
 from metaq.protocol import replication as rp
 from metaq.server.config import ServerConfig
@@ -57,6 +57,27 @@ def test_a_route_names_its_version_and_the_master_acks_it_before_any_record_it_c
     assert kinds[0] == (ROUTED, 8) and [o for k, o in kinds if k == MESSAGE] == [3, 4]
     follow = PeerFollow(RecordsStore({"t": 1}), rp.Routes(1, ("t",), (("t", 0, 0),)))
     assert ROUTED not in [e.kind for e in follow.batch(None)]  # no version, no ack (an older peer)
+
+
+def test_a_routes_ack_waits_for_the_positions_of_its_partitions_when_its_rescan_yields(monkeypatch):
+    """A batch sent while the route's rescan shares the loop does not ack it: the ack would reach the taker before the
+    POSITIONs of the partitions the route reads, and the taker would name no position for them."""
+    follow = PeerFollow(RecordsStore({"t": 1, "u": 1}), rp.Routes(1, ("t",), (("t", 0, 0),), version=7))
+    follow.batch(None)
+    looked = FilterSet.topics
+
+    def topics(self, known):
+        gevent.sleep(0)
+        return looked(self, known)
+
+    monkeypatch.setattr(FilterSet, "topics", topics)
+    seen = []
+    sender = gevent.spawn(lambda: seen.extend((e.kind, e.topic) for e in follow.batch(None)))
+    follow.set_filters(("t", "u"), (), 8)
+    sender.join()
+    assert (ROUTED, "") not in seen  # sent during the rescan: no ack yet
+    kinds = [(e.kind, e.topic, e.offset) for e in follow.batch(None)]
+    assert kinds.index((POSITION, "u", 5)) < kinds.index((ROUTED, "", 8))
 
 
 def _cluster(filters=()):
