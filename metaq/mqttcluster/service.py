@@ -212,9 +212,12 @@ class ClientIds:
         deadline = time.monotonic() + limits.MQTT_HANDOVER_END_S
         filters = [sub[0] for sub in state["subs"]]
         cluster.pin(key, filters)  # until the session's record holds them (``join``)
-        complete = cluster.routed(filters, deadline)
-        while not cluster.inbox_visible(cluster.inbox_marks()) and time.monotonic() < deadline:
-            gevent.sleep(0.002)  # the copies the positions count are the ones the session's reads start past
+        short = None if cluster.routed(filters, deadline) else "the peers did not act on the route"
+        while not cluster.inbox_visible(cluster.inbox_marks()):  # the positions count the copies the reads start past
+            if time.monotonic() >= deadline:
+                short = short or "copies the positions count were not readable here yet: they may come twice"
+                break
+            gevent.sleep(0.002)
         cursors = handover.cursors_of(self.store, state["subs"])  # nothing yielded since the peers acted on it
         upto = cluster.positions_for(filters)
         upto[self.broker_id] = {k: o for k, o in cursors.items() if k[0] not in self.port.cluster_topics}
@@ -234,12 +237,11 @@ class ClientIds:
             problem = handover.rest_problem(rest)
             if problem is not None:
                 rest = {"error": problem}
-        if "error" in rest or not rest.get("complete", False) or not complete:
+        if "error" in rest or not rest.get("complete", False) or short:
             self.ends_short += 1
             log.warning("mqtt client %s: the end of its takeover from broker %d did not complete within "
                         "MQTT_HANDOVER_END_S (%s): what reached broker %d for it meanwhile may be missed", client_id,
-                        holder, rest.get("error") or ("the peers did not act on the route" if not complete else
-                                                      "broker %d's copies did not catch up" % holder), holder)
+                        holder, rest.get("error") or short or "broker %d's copies did not catch up" % holder, holder)
         queued = rest.get("queued", ())
         room = max(0, limits.MQTT_HANDOVER_MAX_MESSAGES - len(state["inf"]) - len(state["queued"]))
         state["queued"].extend(queued[:room])

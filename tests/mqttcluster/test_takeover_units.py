@@ -11,6 +11,7 @@ import gevent
 import pytest
 from pydantic import ValidationError
 
+from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.mqttcluster.calls import PeerUnreachable
 from metaq.mqttcluster.ids import home_of
@@ -203,3 +204,41 @@ def test_a_home_takes_an_id_from_a_holder_that_does_not_answer_only_once_its_lea
     assert time.monotonic() >= gone
     ids._heard.clear()
     assert ids._lease_gone(1) == pytest.approx(ids._started + 0.5 + LEASE_MARGIN_S)  # never heard: since the start
+
+
+class EndCluster(FakeCluster):
+    """What a takeover's end asks of the cluster: every peer acted on the route (``acted``); copies appended to the
+    inbox up to offset 5, readable here up to ``visible``."""
+
+    def __init__(self, acted=True, visible=5):
+        super().__init__()
+        self.acted, self.visible = acted, visible
+
+    def routed(self, filters, deadline):
+        return self.acted
+
+    def inbox_marks(self):
+        return {0: 5}
+
+    def inbox_visible(self, marks):
+        return all(self.visible >= end for end in marks.values())
+
+    def positions_for(self, filters):
+        return {1: {("a", 0): 3}}
+
+
+def test_a_takeovers_end_is_short_when_the_copies_the_positions_count_are_not_readable_in_time(monkeypatch):
+    """The positions count the copies appended, the session reads from the readable end: when the copies did not
+    become readable within MQTT_HANDOVER_END_S, the end is counted short (they may come twice), not complete."""
+    monkeypatch.setattr(limits, "MQTT_HANDOVER_END_S", 0.05)
+
+    def call(address, request, timeout_s=None, exclusive=False):
+        return {"complete": True, "queued": []}
+
+    state = {"subs": [["a/#", 1, False, ["a"]]], "inf": [], "queued": []}
+    answer = {"rest": True, "from": 1}
+    for visible, short in ((5, 0), (4, 1)):
+        ids = _ids(SimpleNamespace(cluster_topics=set()), client=SimpleNamespace(call=call, close=lambda: None))
+        ids.store, ids.cluster = RecordsStore({"a": 1}), EndCluster(visible=visible)
+        assert ids._takeover_end("x", state, answer, ("taking", "x", 1)) == {("a", 0): 5}
+        assert ids.ends_short == short
