@@ -247,16 +247,17 @@ class MqttCluster:
     def routed(self, filters, deadline):
         """Add ``filters`` to the route and wait, until ``deadline`` (monotonic) at most, for every peer whose link is
         up to act on a route that holds them (its ROUTED of this version or a later one; ``PeerLink.owes_ack``: not a
-        peer of the version before the acks). True when they all did: then,
-        until this greenlet yields, every copy from the positions held now on (``positions_for``) is by such a route
-        (a link that is down sends its route again when it is back, from the positions it resumes at)."""
+        peer of the version before the acks). True when every member's link is up and acked it: then,
+        until this greenlet yields, every copy from the positions held now on (``positions_for``) is by such a route.
+        False when one did not in time, or its link is down or its peer acks no route (the version before the acks):
+        its positions may be short of what the old holder counts, the takeover's end is short."""
         for f in filters:
             self.routes_changed(f)
         version = self._route[0]
         while True:
             event = self._acked
             if not any(link.owes_ack(version) for link in self.links.values()):
-                return True
+                return all(link.connected and link.acked >= version for link in self.links.values())
             left = deadline - time.monotonic()
             if left <= 0:
                 return False

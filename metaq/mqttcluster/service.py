@@ -212,7 +212,7 @@ class ClientIds:
         deadline = time.monotonic() + limits.MQTT_HANDOVER_END_S
         filters = [sub[0] for sub in state["subs"]]
         cluster.pin(key, filters)  # until the session's record holds them (``join``)
-        short = None if cluster.routed(filters, deadline) else "the peers did not act on the route"
+        short = None if cluster.routed(filters, deadline) else "a peer's link was down or it did not act on the route"
         while not cluster.inbox_visible(cluster.inbox_marks()):  # the positions count the copies the reads start past
             if time.monotonic() >= deadline:
                 short = short or "copies the positions count were not readable here yet: they may come twice"
