@@ -38,8 +38,9 @@ registries. A copy ended so goes as the device's CONNECT that made the standing 
 broker (``_drop``): after a Clean Start 0 one its pending will is dropped, else published.
 
 **Leases** (``_lease_loop``): a broker keeps a connection of an id whose home is another broker only while it holds
-a lease of that home: a call to it answered (``lease``, every quarter of ``mqtt.cluster_id_lease_s``, or any other:
-``_call``), valid for the lease from when the call was sent. Past it (the home cut off, or down and not
+a lease of that home: a call to it answered (``lease``, every quarter of ``mqtt.cluster_id_lease_s``, in turns of
+its own, or any other: ``_call``), valid for the lease from when the call was sent, less a quarter of it and a
+margin (``_end_unleased``). Past it (the home cut off, or down and not
 yet gone from ZooKeeper) the connections of the ids homed there are closed (MQTT 5: DISCONNECT 0x9C Use another
 server; the will as for a network failure), as a deposed master closes its sessions. A home that cannot reach the
 holder of an id registers another broker only once the holder's lease surely ran out since the home last heard from
@@ -539,9 +540,9 @@ class ClientIds:
     def _call(self, broker_id, address, request, timeout_s=None, exclusive=False):
         """``client.call`` to member ``broker_id`` at ``address``: any answer renews this broker's lease of it (it went
         both ways; an older broker answers a ``lease`` as an unknown op), so calls queued behind others renew it too.
-        Raises PeerUnreachable."""
+        A ``lease`` call goes in the turns kept for it (``PeerClient.call``). Raises PeerUnreachable."""
         sent = time.monotonic()
-        answer = self.client.call(address, request, timeout_s, exclusive)
+        answer = self.client.call(address, request, timeout_s, exclusive, lease=request.get("op") == "lease")
         self._renewed(broker_id, sent)
         return answer
 
@@ -584,11 +585,14 @@ class ClientIds:
             pass
 
     def _end_unleased(self):
-        """Close the connections of the ids whose home's lease ran out (a home first seen now gets a lease's time)."""
+        """Close the connections of the ids whose home's lease ran out (a home first seen now gets a lease's time).
+        A lease counts as out one look (a quarter of it) and LEASE_MARGIN_S before its end, so that the closes are
+        done by its end, its look's period and a busy loop included: well within the home's wait (``_lease_gone``)."""
         now = time.monotonic()
+        early = self.lease_s / 4 + LEASE_MARGIN_S
         lapsed = set()
         for home in self.members:
-            if home != self.broker_id and self._leases.setdefault(home, now + self.lease_s) < now:
+            if home != self.broker_id and self._leases.setdefault(home, now + self.lease_s) - early < now:
                 lapsed.add(home)
         if not lapsed:
             return

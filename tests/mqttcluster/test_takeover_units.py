@@ -13,7 +13,8 @@ from pydantic import ValidationError
 
 from metaq import limits
 from metaq.errors import RemoteProtocolError
-from metaq.mqttcluster.calls import PeerUnreachable
+from metaq.mqtt.port import MqttPort
+from metaq.mqttcluster.calls import PeerClient, PeerUnreachable
 from metaq.mqttcluster.ids import home_of
 from metaq.mqttcluster.link import ACK_EXPECTED_S, PeerLink
 from metaq.mqttcluster.peers import MqttCluster
@@ -185,8 +186,8 @@ def test_a_broker_closes_the_connections_of_the_ids_whose_homes_lease_ran_out():
     ids._end_unleased()
     assert closed == []  # a home first seen: a lease's time from now
     now = time.monotonic()
-    ids._leases = {1: now - 0.01, 2: now + 1}
-    ids._end_unleased()
+    ids._leases = {1: now + 4 / 4 + LEASE_MARGIN_S - 0.01, 2: now + 4 / 4 + LEASE_MARGIN_S + 0.1}
+    ids._end_unleased()  # out a look and a margin before its end: closed by then, a busy loop included
     assert sorted(closed) == sorted(homed[1]) and ids.lease_closed == 2  # its own ids (3) never
     ids._renewed(1, time.monotonic())
     closed.clear()
@@ -195,7 +196,7 @@ def test_a_broker_closes_the_connections_of_the_ids_whose_homes_lease_ran_out():
 
 
 def test_a_home_takes_an_id_from_a_holder_that_does_not_answer_only_once_its_lease_surely_ran_out():
-    def unreachable(address, request, timeout_s=None, exclusive=False):
+    def unreachable(address, request, timeout_s=None, exclusive=False, lease=False):
         raise PeerUnreachable("no answer")
 
     ids = _ids(lease_s=0.4, client=SimpleNamespace(call=unreachable, close=lambda: None))
@@ -237,7 +238,7 @@ def test_a_takeovers_end_is_short_when_the_copies_the_positions_count_are_not_re
     become readable within MQTT_HANDOVER_END_S, the end is counted short (they may come twice), not complete."""
     monkeypatch.setattr(limits, "MQTT_HANDOVER_END_S", 0.05)
 
-    def call(address, request, timeout_s=None, exclusive=False):
+    def call(address, request, timeout_s=None, exclusive=False, lease=False):
         return {"complete": True, "queued": []}
 
     state = {"subs": [["a/#", 1, False, ["a"]]], "inf": [], "queued": []}
@@ -247,3 +248,41 @@ def test_a_takeovers_end_is_short_when_the_copies_the_positions_count_are_not_re
         ids.store, ids.cluster = RecordsStore({"a": 1}), EndCluster(visible=visible)
         assert ids._takeover_end("x", state, answer, ("taking", "x", 1)) == {("a", 0): 5}
         assert ids.ends_short == short
+
+
+def test_lease_renewals_have_turns_of_their_own_that_other_calls_never_fill():
+    """However many registrations wait for a peer, a lease renewal to it goes at once (MQTT_CLUSTER_LEASE_CONNECTIONS);
+    the others share the rest of MQTT_CLUSTER_PEER_CONNECTIONS."""
+    client, going = PeerClient(0, None), []
+
+    def answer(address, body, deadline):
+        going.append(json.loads(body))
+        gevent.sleep(0.2)
+        return {}
+
+    client._call = answer
+    others = limits.MQTT_CLUSTER_PEER_CONNECTIONS - limits.MQTT_CLUSTER_LEASE_CONNECTIONS
+    storm = [gevent.spawn(client.call, "h:1", {"op": "register"}, 5) for _ in range(3 * others)]
+    gevent.sleep(0.01)
+    assert len(going) == others  # at their limit; the rest wait
+    started = time.monotonic()
+    assert client.call("h:1", {"op": "lease"}, 1, lease=True) == {}
+    assert time.monotonic() - started < 0.3  # not behind the storm
+    gevent.joinall(storm, timeout=5)
+    assert all(g.value == {} for g in storm)
+
+
+def test_a_lease_lost_closes_its_connections_sharing_the_loop():
+    """Many connections closed at once (their home's lease out) let the other greenlets run between them."""
+    ran, closed = [], []
+
+    def move_away(client_id):
+        time.sleep(0.002)  # a close's cost, without yielding
+        closed.append(client_id)
+
+    port = SimpleNamespace(_clients={"d-%d" % i: SimpleNamespace(move_away=lambda _new, _why, i=i: move_away(i))
+                                     for i in range(30)})
+    other = gevent.spawn(lambda: ran.append(len(closed)))
+    MqttPort.lease_lost(port, list(port._clients), "its home is not reached")
+    other.join()
+    assert len(closed) == 30 and ran and ran[0] < 30
