@@ -171,7 +171,8 @@ def test_a_holder_keeps_at_most_max_lingering_handovers_the_oldest_forgotten():
 def test_the_lease_is_a_setting_within_its_bounds():
     assert ServerConfig().mqtt.cluster_id_lease_s == 4.0
     assert ServerConfig.model_validate({"mqtt": {"cluster_id_lease_s": 60}}).mqtt.cluster_id_lease_s == 60
-    for bad in (0, -1, 61):
+    assert ServerConfig.model_validate({"mqtt": {"cluster_id_lease_s": 1}}).mqtt.cluster_id_lease_s == 1
+    for bad in (0, -1, 0.99, 61):  # below 1 s the early count-out would leave no lease
         with pytest.raises(ValidationError, match="cluster_id_lease_s"):
             ServerConfig.model_validate({"mqtt": {"cluster_id_lease_s": bad}})
 
