@@ -366,14 +366,18 @@ class ClientIds:
         self._lingering[key] = (time.monotonic() + limits.MQTT_HANDOVER_LINGER_S, saved, {})
         self.cluster.pin(("given",) + key, [sub[0] for sub in saved.subscriptions])
 
-    def _behind(self, origin, wanted):
-        """True when this broker's copy of one of ``origin``'s partitions it follows is before its offset in
-        ``wanted`` (``{(topic, partition): offset}``)."""
-        positions = self.cluster.positions
-        for (topic, partition), offset in wanted.items():
-            at = positions.get(origin, topic, partition)
-            if at is not None and at < offset:
-                return True
+    def _behind(self, upto):
+        """True when this broker's copy of one of another origin's partitions it follows is before its offset in
+        ``upto`` (``{origin: {(topic, partition): offset}}``); other greenlets run during the look (``share_loop``)."""
+        positions, turn = self.cluster.positions, time.monotonic()
+        for origin, wanted in upto.items():
+            if origin == self.broker_id:
+                continue
+            for (topic, partition), offset in wanted.items():
+                at = positions.get(origin, topic, partition)
+                if at is not None and at < offset:
+                    return True
+                turn = share_loop(turn)
         return False
 
     def _expire_lingering(self):
@@ -398,6 +402,11 @@ class ClientIds:
         try:
             _until, saved, ends = kept
             try:
+                if len(request["upto"]) > limits.MQTT_CLUSTER_MAX_PEERS + 1 or \
+                        any(len(positions) > limits.MQTT_CLUSTER_MAX_FOLLOWED for _o, positions in request["upto"]):
+                    raise ValueError("more than %d origins (MQTT_CLUSTER_MAX_PEERS and the taker) or %d positions of "
+                                     "one (MQTT_CLUSTER_MAX_FOLLOWED)" % (limits.MQTT_CLUSTER_MAX_PEERS + 1,
+                                                                         limits.MQTT_CLUSTER_MAX_FOLLOWED))
                 upto = {int(origin): {(str(t), int(p)): int(o) for t, p, o in positions}
                         for origin, positions in request["upto"]}
                 wait = min(float(request.get("wait", 0)), limits.MQTT_HANDOVER_END_S)
@@ -422,7 +431,7 @@ class ClientIds:
         """Wait, until ``deadline`` at most, until this broker's copies of each other origin's partition in ``upto``
         that it follows reach the position there; True when they did."""
         while True:
-            if not any(self._behind(origin, wanted) for origin, wanted in upto.items() if origin != self.broker_id):
+            if not self._behind(upto):
                 return True
             if time.monotonic() >= deadline:
                 return False

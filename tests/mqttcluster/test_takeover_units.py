@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.mqtt.port import MqttPort
+from metaq.mqttcluster import service
 from metaq.mqttcluster.calls import PeerClient, PeerUnreachable
 from metaq.mqttcluster.ids import home_of
 from metaq.mqttcluster.link import ACK_EXPECTED_S, PeerLink
@@ -287,3 +288,43 @@ def test_a_lease_lost_closes_its_connections_sharing_the_loop():
     MqttPort.lease_lost(port, list(port._clients), "its home is not reached")
     other.join()
     assert len(closed) == 30 and ran and ran[0] < 30
+
+
+class Copies:
+    """A broker's copies of its peers' partitions: each at ``at``, a look costing ``cost`` seconds (no yield)."""
+
+    def __init__(self, at, cost=0.0):
+        self.at, self.cost = at, cost
+
+    def get(self, origin, topic, partition):
+        time.sleep(self.cost)
+        return self.at
+
+
+def test_a_call_for_the_rest_names_at_most_max_followed_positions_of_each_origin(monkeypatch):
+    """The rest's positions at MQTT_CLUSTER_MAX_FOLLOWED of an origin (and MQTT_CLUSTER_MAX_PEERS origins and the
+    taker) are looked at; one past is a clear error, nothing handed, the session's filters unpinned."""
+    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_FOLLOWED", 3)
+    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_PEERS", 1)
+    monkeypatch.setattr(service.handover, "rest", lambda *_a: {"queued": [], "dropped": 0})
+    saved = SimpleNamespace(subscriptions=[("a/#", 1, False, ("a",), False, None)])
+    at_limit = [[2, [["a", p, 5] for p in range(3)]], [1, []]]
+    for upto, ok in ((at_limit, True), ([[2, [["a", p, 5] for p in range(4)]]], False),
+                     (at_limit + [[3, []]], False)):
+        ids = _ids()
+        ids.cluster = EndCluster()
+        ids.cluster.positions = Copies(5)
+        ids._linger(("x", 1), saved)
+        answer = ids._rest(1, {"c": "x", "upto": upto, "wait": 0.1})
+        assert answer.get("complete") is ok or ("MQTT_CLUSTER_MAX_FOLLOWED" in answer["error"] and not ok)
+        assert ("given", "x", 1) not in ids.cluster.pins
+
+
+def test_the_rests_look_at_the_copies_shares_the_loop():
+    ids, ran = _ids(), []
+    ids.cluster = EndCluster()
+    ids.cluster.positions = Copies(5, cost=0.002)
+    other = gevent.spawn(lambda: ran.append(True))
+    assert ids._caught_up({2: {("a", p): 5 for p in range(30)}}, time.monotonic() + 1)
+    assert ran  # it ran during the look
+    other.join()
