@@ -272,14 +272,20 @@ class MqttCluster:
         copy appended is read only once flushed, while the positions count it at once."""
         return all(self.store.max_offset(inbox.INBOX, p) >= end for p, end in marks.items())
 
-    def positions_for(self, filters):
-        """``{origin: {(topic, partition): next offset}}`` of this broker's copies of the peers' partitions that
-        ``filters`` read (``TopicMap.topics_for``): where its copies for them are now."""
+    def topics_read(self, filters=None):
+        """``(topics, every)``: the metaq topics ``filters`` read (``TopicMap.topics_for``; None: this broker's
+        route's), ``every`` true when one of them reads every topic."""
         topics, every = set(), False
-        for f in filters:
+        for f in self._route[1] if filters is None else filters:
             read, all_topics = self.port.topics.topics_for(f)
             topics.update(read)
             every = every or all_topics
+        return topics, every
+
+    def positions_for(self, filters):
+        """``{origin: {(topic, partition): next offset}}`` of this broker's copies of the peers' partitions that
+        ``filters`` read (``topics_read``): where its copies for them are now."""
+        topics, every = self.topics_read(filters)
         out = {}
         for origin in self.links:
             out[origin] = {(t, p): o for t, p, o in self.positions.of(origin) if every or t in topics}

@@ -366,16 +366,19 @@ class ClientIds:
         self._lingering[key] = (time.monotonic() + limits.MQTT_HANDOVER_LINGER_S, saved, {})
         self.cluster.pin(("given",) + key, [sub[0] for sub in saved.subscriptions])
 
-    def _behind(self, upto):
-        """True when this broker's copy of one of another origin's partitions it follows is before its offset in
-        ``upto`` (``{origin: {(topic, partition): offset}}``); other greenlets run during the look (``share_loop``)."""
+    def _behind(self, upto, reads):
+        """True when this broker's copy of one of another origin's partitions in ``upto`` (``{origin: {(topic,
+        partition): offset}}``) is before its offset there, or has no position yet while this broker's route reads
+        its topic (``reads``: ``MqttCluster.topics_read``; its copy is yet to begin); other greenlets run during the
+        look (``share_loop``)."""
         positions, turn = self.cluster.positions, time.monotonic()
+        read, every = reads
         for origin, wanted in upto.items():
             if origin == self.broker_id:
                 continue
             for (topic, partition), offset in wanted.items():
                 at = positions.get(origin, topic, partition)
-                if at is not None and at < offset:
+                if (at is None and (every or topic in read)) or (at is not None and at < offset):
                     return True
                 turn = share_loop(turn)
         return False
@@ -429,9 +432,10 @@ class ClientIds:
 
     def _caught_up(self, upto, deadline):
         """Wait, until ``deadline`` at most, until this broker's copies of each other origin's partition in ``upto``
-        that it follows reach the position there; True when they did."""
+        that its route reads reach the position there; True when they did."""
+        reads = self.cluster.topics_read()
         while True:
-            if not self._behind(upto):
+            if not self._behind(upto, reads):
                 return True
             if time.monotonic() >= deadline:
                 return False
