@@ -888,6 +888,9 @@ MQTT_CLUSTER_RELEASE_S = 0.5
 #: Connections one broker opens to another for its calls, and so its calls to it that go at once (each connection
 #: takes one call at a time; more wait their turn, in order, within MQTT_CLUSTER_CALL_TIMEOUT_S).
 MQTT_CLUSTER_PEER_CONNECTIONS = 4
+#: Of MQTT_CLUSTER_PEER_CONNECTIONS, the calls to one peer kept for the client ids' lease renewals: a storm of
+#: registrations and handovers to that peer never starves them (the others take the rest).
+MQTT_CLUSTER_LEASE_CONNECTIONS = 1
 #: Seconds a master of an MQTT cluster that begins keeping sessions (its start, a promotion) holds its CONNACKs and
 #: wills until every other member follows it again, its route in (``mqtt.cluster_start_hold_s``): a message published
 #: before then on a topic new here since a peer last followed would reach none of that peer's subscribers. Past it

@@ -296,11 +296,14 @@ class MqttPort:
 
     def lease_lost(self, client_ids, why):
         """In an MQTT cluster, this broker may not keep the connections of ``client_ids`` (their home's lease ran out:
-        ``ClientIds``): each is closed as a deposed master's are (``Connection.move_away``), its session kept here."""
+        ``ClientIds``): each is closed as a deposed master's are (``Connection.move_away``), its session kept here;
+        other greenlets run between the closes (``share_loop``)."""
+        turn = time.monotonic()
         for client_id in client_ids:
             conn = self._clients.get(client_id)
             if conn is not None:
                 conn.move_away(None, why)
+            turn = share_loop(turn)
 
     def recovered(self, client_id):
         """True while what holds ``client_id`` here is a session loaded from the sessions' log at this broker's

@@ -13,6 +13,8 @@ are kept, at most ``MQTT_CLUSTER_PEER_CONNECTIONS`` per peer (on the peer's repl
 connection cap within ``MQTT_CLUSTER_PEER_HEADROOM``, clients filling the cap or not, and a proved peer's connections
 count apart: ``MQTT_CLUSTER_PEERS_PER_ADDRESS``, but only once proved), each used by one call at a time, so
 that many calls to one peer go at once (a CONNECT's registration each); more wait their turn within their bound.
+``MQTT_CLUSTER_LEASE_CONNECTIONS`` of those turns are kept for ``lease`` calls (the client ids' lease renewals), so
+that the others, however many wait, never hold a renewal back past its lease.
 Links to one peer are opened one at a time, so a caller holds at most one unproved connection on a peer's port
 (where the brokers of one host share ``HEADROOM_PER_ADDRESS`` until they prove the secret). An ``exclusive`` call
 (the batches of ids held and released, whose order against the registrations matters) waits for every call to the
@@ -246,16 +248,20 @@ class PeerClient:
         self.calls = 0
         self.failures = 0
 
-    def call(self, address, request, timeout_s=None, exclusive=False):
+    def call(self, address, request, timeout_s=None, exclusive=False, lease=False):
         """``request`` (a dict) answered by the peer at ``address`` ("host:port") within ``timeout_s`` (default: the
         client's): its answer (a dict). Raises PeerUnreachable; an answer ``{"error": ...}`` is returned as it
-        is. ``exclusive``: after every call before it is answered and before any after it (see the module doc)."""
+        is. ``exclusive``: after every call before it is answered and before any after it (see the module doc).
+        ``lease``: a lease renewal, in the turns kept for them (MQTT_CLUSTER_LEASE_CONNECTIONS), apart from the
+        others' order."""
         self.calls += 1
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
-        turns = self._turns.get(address)
+        turns = self._turns.get((address, lease))
         if turns is None:
-            turns = self._turns[address] = Turns(limits.MQTT_CLUSTER_PEER_CONNECTIONS)
+            kept = limits.MQTT_CLUSTER_LEASE_CONNECTIONS
+            most = kept if lease else limits.MQTT_CLUSTER_PEER_CONNECTIONS - kept
+            turns = self._turns[(address, lease)] = Turns(most)
         if not turns.take(exclusive, timeout_s):
             self.failures += 1
             raise PeerUnreachable("broker at %s: its links stayed busy for %.1f s" % (address, timeout_s))

@@ -247,16 +247,17 @@ class MqttCluster:
     def routed(self, filters, deadline):
         """Add ``filters`` to the route and wait, until ``deadline`` (monotonic) at most, for every peer whose link is
         up to act on a route that holds them (its ROUTED of this version or a later one; ``PeerLink.owes_ack``: not a
-        peer of the version before the acks). True when they all did: then,
-        until this greenlet yields, every copy from the positions held now on (``positions_for``) is by such a route
-        (a link that is down sends its route again when it is back, from the positions it resumes at)."""
+        peer of the version before the acks). True when every member's link is up and acked it: then,
+        until this greenlet yields, every copy from the positions held now on (``positions_for``) is by such a route.
+        False when one did not in time, or its link is down or its peer acks no route (the version before the acks):
+        its positions may be short of what the old holder counts, the takeover's end is short."""
         for f in filters:
             self.routes_changed(f)
         version = self._route[0]
         while True:
             event = self._acked
             if not any(link.owes_ack(version) for link in self.links.values()):
-                return True
+                return all(link.connected and link.acked >= version for link in self.links.values())
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
@@ -271,14 +272,20 @@ class MqttCluster:
         copy appended is read only once flushed, while the positions count it at once."""
         return all(self.store.max_offset(inbox.INBOX, p) >= end for p, end in marks.items())
 
-    def positions_for(self, filters):
-        """``{origin: {(topic, partition): next offset}}`` of this broker's copies of the peers' partitions that
-        ``filters`` read (``TopicMap.topics_for``): where its copies for them are now."""
+    def topics_read(self, filters=None):
+        """``(topics, every)``: the metaq topics ``filters`` read (``TopicMap.topics_for``; None: this broker's
+        route's), ``every`` true when one of them reads every topic."""
         topics, every = set(), False
-        for f in filters:
+        for f in self._route[1] if filters is None else filters:
             read, all_topics = self.port.topics.topics_for(f)
             topics.update(read)
             every = every or all_topics
+        return topics, every
+
+    def positions_for(self, filters):
+        """``{origin: {(topic, partition): next offset}}`` of this broker's copies of the peers' partitions that
+        ``filters`` read (``topics_read``): where its copies for them are now."""
+        topics, every = self.topics_read(filters)
         out = {}
         for origin in self.links:
             out[origin] = {(t, p): o for t, p, o in self.positions.of(origin) if every or t in topics}

@@ -134,9 +134,8 @@ class PeerFollow:
 
     def set_filters(self, filters, groups=(), version=0):
         """The peer's filters and ``$share`` groups are these now (their topics are followed); ``version``: the
-        route's, acked (ROUTED) in the next batch (0: none asked)."""
-        if version:
-            self.routed = version
+        route's, acked (ROUTED) in the first batch after its rescan (0: none asked): the ack follows the POSITIONs
+        of the partitions this route reads, and a newer route that came during the rescan acks for itself."""
         self.filters = FilterSet(filters, self.topicmap)
         self.groups = tuple(groups) if self.shares is not None else ()
         self._read_set = FilterSet(tuple(filters) + tuple(g[1] for g in self.groups),
@@ -148,7 +147,10 @@ class PeerFollow:
                 log.warning("mqtt cluster: %d shared groups tracked is the limit (MQTT_CLUSTER_MAX_GROUPS): some of "
                             "peer %d's are not shared across the cluster", self.shares.most, self.broker_id)
         self.known_at_route = set(self.store.known_topics())
+        read_set = self._read_set
         self.rescan()
+        if version and self._read_set is read_set:
+            self.routed = version
 
     def rescan(self):
         """Follow the partitions the filters read that are not followed yet; stop following the others. A topic

@@ -38,8 +38,9 @@ registries. A copy ended so goes as the device's CONNECT that made the standing 
 broker (``_drop``): after a Clean Start 0 one its pending will is dropped, else published.
 
 **Leases** (``_lease_loop``): a broker keeps a connection of an id whose home is another broker only while it holds
-a lease of that home: a call to it answered (``lease``, every quarter of ``mqtt.cluster_id_lease_s``, or any other:
-``_call``), valid for the lease from when the call was sent. Past it (the home cut off, or down and not
+a lease of that home: a call to it answered (``lease``, every quarter of ``mqtt.cluster_id_lease_s``, in turns of
+its own, or any other: ``_call``), valid for the lease from when the call was sent, less a quarter of it and a
+margin (``_end_unleased``). Past it (the home cut off, or down and not
 yet gone from ZooKeeper) the connections of the ids homed there are closed (MQTT 5: DISCONNECT 0x9C Use another
 server; the will as for a network failure), as a deposed master closes its sessions. A home that cannot reach the
 holder of an id registers another broker only once the holder's lease surely ran out since the home last heard from
@@ -212,9 +213,12 @@ class ClientIds:
         deadline = time.monotonic() + limits.MQTT_HANDOVER_END_S
         filters = [sub[0] for sub in state["subs"]]
         cluster.pin(key, filters)  # until the session's record holds them (``join``)
-        complete = cluster.routed(filters, deadline)
-        while not cluster.inbox_visible(cluster.inbox_marks()) and time.monotonic() < deadline:
-            gevent.sleep(0.002)  # the copies the positions count are the ones the session's reads start past
+        short = None if cluster.routed(filters, deadline) else "a peer's link was down or it did not act on the route"
+        while not cluster.inbox_visible(cluster.inbox_marks()):  # the positions count the copies the reads start past
+            if time.monotonic() >= deadline:
+                short = short or "copies the positions count were not readable here yet: they may come twice"
+                break
+            gevent.sleep(0.002)
         cursors = handover.cursors_of(self.store, state["subs"])  # nothing yielded since the peers acted on it
         upto = cluster.positions_for(filters)
         upto[self.broker_id] = {k: o for k, o in cursors.items() if k[0] not in self.port.cluster_topics}
@@ -234,12 +238,11 @@ class ClientIds:
             problem = handover.rest_problem(rest)
             if problem is not None:
                 rest = {"error": problem}
-        if "error" in rest or not rest.get("complete", False) or not complete:
+        if "error" in rest or not rest.get("complete", False) or short:
             self.ends_short += 1
             log.warning("mqtt client %s: the end of its takeover from broker %d did not complete within "
                         "MQTT_HANDOVER_END_S (%s): what reached broker %d for it meanwhile may be missed", client_id,
-                        holder, rest.get("error") or ("the peers did not act on the route" if not complete else
-                                                      "broker %d's copies did not catch up" % holder), holder)
+                        holder, rest.get("error") or short or "broker %d's copies did not catch up" % holder, holder)
         queued = rest.get("queued", ())
         room = max(0, limits.MQTT_HANDOVER_MAX_MESSAGES - len(state["inf"]) - len(state["queued"]))
         state["queued"].extend(queued[:room])
@@ -363,14 +366,21 @@ class ClientIds:
         self._lingering[key] = (time.monotonic() + limits.MQTT_HANDOVER_LINGER_S, saved, {})
         self.cluster.pin(("given",) + key, [sub[0] for sub in saved.subscriptions])
 
-    def _behind(self, origin, wanted):
-        """True when this broker's copy of one of ``origin``'s partitions it follows is before its offset in
-        ``wanted`` (``{(topic, partition): offset}``)."""
-        positions = self.cluster.positions
-        for (topic, partition), offset in wanted.items():
-            at = positions.get(origin, topic, partition)
-            if at is not None and at < offset:
-                return True
+    def _behind(self, upto, reads):
+        """True when this broker's copy of one of another origin's partitions in ``upto`` (``{origin: {(topic,
+        partition): offset}}``) is before its offset there, or has no position yet while this broker's route reads
+        its topic (``reads``: ``MqttCluster.topics_read``; its copy is yet to begin); other greenlets run during the
+        look (``share_loop``)."""
+        positions, turn = self.cluster.positions, time.monotonic()
+        read, every = reads
+        for origin, wanted in upto.items():
+            if origin == self.broker_id:
+                continue
+            for (topic, partition), offset in wanted.items():
+                at = positions.get(origin, topic, partition)
+                if (at is None and (every or topic in read)) or (at is not None and at < offset):
+                    return True
+                turn = share_loop(turn)
         return False
 
     def _expire_lingering(self):
@@ -395,6 +405,11 @@ class ClientIds:
         try:
             _until, saved, ends = kept
             try:
+                if len(request["upto"]) > limits.MQTT_CLUSTER_MAX_PEERS + 1 or \
+                        any(len(positions) > limits.MQTT_CLUSTER_MAX_FOLLOWED for _o, positions in request["upto"]):
+                    raise ValueError("more than %d origins (MQTT_CLUSTER_MAX_PEERS and the taker) or %d positions of "
+                                     "one (MQTT_CLUSTER_MAX_FOLLOWED)" % (limits.MQTT_CLUSTER_MAX_PEERS + 1,
+                                                                         limits.MQTT_CLUSTER_MAX_FOLLOWED))
                 upto = {int(origin): {(str(t), int(p)): int(o) for t, p, o in positions}
                         for origin, positions in request["upto"]}
                 wait = min(float(request.get("wait", 0)), limits.MQTT_HANDOVER_END_S)
@@ -417,9 +432,10 @@ class ClientIds:
 
     def _caught_up(self, upto, deadline):
         """Wait, until ``deadline`` at most, until this broker's copies of each other origin's partition in ``upto``
-        that it follows reach the position there; True when they did."""
+        that its route reads reach the position there; True when they did."""
+        reads = self.cluster.topics_read()
         while True:
-            if not any(self._behind(origin, wanted) for origin, wanted in upto.items() if origin != self.broker_id):
+            if not self._behind(upto, reads):
                 return True
             if time.monotonic() >= deadline:
                 return False
@@ -537,9 +553,9 @@ class ClientIds:
     def _call(self, broker_id, address, request, timeout_s=None, exclusive=False):
         """``client.call`` to member ``broker_id`` at ``address``: any answer renews this broker's lease of it (it went
         both ways; an older broker answers a ``lease`` as an unknown op), so calls queued behind others renew it too.
-        Raises PeerUnreachable."""
+        A ``lease`` call goes in the turns kept for it (``PeerClient.call``). Raises PeerUnreachable."""
         sent = time.monotonic()
-        answer = self.client.call(address, request, timeout_s, exclusive)
+        answer = self.client.call(address, request, timeout_s, exclusive, lease=request.get("op") == "lease")
         self._renewed(broker_id, sent)
         return answer
 
@@ -582,11 +598,14 @@ class ClientIds:
             pass
 
     def _end_unleased(self):
-        """Close the connections of the ids whose home's lease ran out (a home first seen now gets a lease's time)."""
+        """Close the connections of the ids whose home's lease ran out (a home first seen now gets a lease's time).
+        A lease counts as out one look (a quarter of it) and LEASE_MARGIN_S before its end, so that the closes are
+        done by its end, its look's period and a busy loop included: well within the home's wait (``_lease_gone``)."""
         now = time.monotonic()
+        early = self.lease_s / 4 + LEASE_MARGIN_S
         lapsed = set()
         for home in self.members:
-            if home != self.broker_id and self._leases.setdefault(home, now + self.lease_s) < now:
+            if home != self.broker_id and self._leases.setdefault(home, now + self.lease_s) - early < now:
                 lapsed.add(home)
         if not lapsed:
             return

@@ -471,8 +471,9 @@ class MqttSection(_Section):
     cluster_holder_share_percent: int = Field(limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT, ge=1, le=100)
     # how long a master beginning to keep sessions holds CONNACKs and wills until its peers follow it (mqttcluster)
     cluster_start_hold_s: float = Field(limits.MQTT_CLUSTER_START_HOLD_S, ge=0)
-    # how long a broker keeps a connection of a client id whose home it cannot reach (mqttcluster: ClientIds)
-    cluster_id_lease_s: float = Field(limits.MQTT_CLUSTER_ID_LEASE_S, gt=0, le=60)
+    # how long a broker keeps a connection of a client id whose home it cannot reach (mqttcluster: ClientIds); at
+    # least 1 s: the holder counts it out a quarter of it and 0.25 s early, and renews it every quarter of it
+    cluster_id_lease_s: float = Field(limits.MQTT_CLUSTER_ID_LEASE_S, ge=1, le=60)
 
     @field_validator("host")
     @classmethod

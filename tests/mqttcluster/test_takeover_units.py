@@ -11,12 +11,15 @@ import gevent
 import pytest
 from pydantic import ValidationError
 
+from metaq import limits
 from metaq.errors import RemoteProtocolError
-from metaq.mqttcluster.calls import PeerUnreachable
+from metaq.mqtt.port import MqttPort
+from metaq.mqttcluster import service
+from metaq.mqttcluster.calls import PeerClient, PeerUnreachable
 from metaq.mqttcluster.ids import home_of
 from metaq.mqttcluster.link import ACK_EXPECTED_S, PeerLink
 from metaq.mqttcluster.peers import MqttCluster
-from metaq.mqttcluster.serve import PeerFollow
+from metaq.mqttcluster.serve import FilterSet, PeerFollow
 from metaq.mqttcluster.service import LEASE_MARGIN_S, ClientIds
 from metaq.protocol import replication as rp
 from metaq.server.config import ServerConfig
@@ -59,6 +62,27 @@ def test_a_route_names_its_version_and_the_master_acks_it_before_any_record_it_c
     assert ROUTED not in [e.kind for e in follow.batch(None)]  # no version, no ack (an older peer)
 
 
+def test_a_routes_ack_waits_for_the_positions_of_its_partitions_when_its_rescan_yields(monkeypatch):
+    """A batch sent while the route's rescan shares the loop does not ack it: the ack would reach the taker before the
+    POSITIONs of the partitions the route reads, and the taker would name no position for them."""
+    follow = PeerFollow(RecordsStore({"t": 1, "u": 1}), rp.Routes(1, ("t",), (("t", 0, 0),), version=7))
+    follow.batch(None)
+    looked = FilterSet.topics
+
+    def topics(self, known):
+        gevent.sleep(0)
+        return looked(self, known)
+
+    monkeypatch.setattr(FilterSet, "topics", topics)
+    seen = []
+    sender = gevent.spawn(lambda: seen.extend((e.kind, e.topic) for e in follow.batch(None)))
+    follow.set_filters(("t", "u"), (), 8)
+    sender.join()
+    assert (ROUTED, "") not in seen  # sent during the rescan: no ack yet
+    kinds = [(e.kind, e.topic, e.offset) for e in follow.batch(None)]
+    assert kinds.index((POSITION, "u", 5)) < kinds.index((ROUTED, "", 8))
+
+
 def _cluster(filters=()):
     port = SimpleNamespace(subscribed_filters=lambda: iter(filters), topics=SimpleNamespace(
         topics_for=lambda f: ((f.split("/", 1)[0],), f.startswith("#"))))
@@ -69,7 +93,7 @@ def _cluster(filters=()):
 
 def test_pinned_filters_stay_in_the_route_and_the_takers_wait_ends_with_every_linked_peers_ack():
     """A peer whose link is down, or that never acked a route in ACK_EXPECTED_S (the version before the acks), is not
-    waited for."""
+    waited for, and the wait says the end is short."""
     cluster = _cluster(["a/1"])
     cluster.routes_changed()
     cluster.pin("x", ["b/#"])
@@ -94,8 +118,13 @@ def test_pinned_filters_stay_in_the_route_and_the_takers_wait_ends_with_every_li
         up._acks([version])
 
     acker = gevent.spawn(ack)
-    assert cluster.routed(["c/#"], time.monotonic() + 5)  # the link that is down sends its route when back
+    started = time.monotonic()
+    assert not cluster.routed(["c/#"], started + 5)  # not waited for, but short: peers 2 and 3 did not act on it
+    assert time.monotonic() - started < 1
     acker.join()
+    cluster.links = {1: up}
+    assert cluster.routed(["c/#"], time.monotonic() + 5)  # every member's link up and acked
+    cluster.links = {1: up, 2: down, 3: older}
     cluster.positions.copied(1, "c", 0, 41)
     cluster.positions.copied(1, "d", 0, 9)
     cluster.positions.copied(2, "c", 1, 4)
@@ -143,7 +172,8 @@ def test_a_holder_keeps_at_most_max_lingering_handovers_the_oldest_forgotten():
 def test_the_lease_is_a_setting_within_its_bounds():
     assert ServerConfig().mqtt.cluster_id_lease_s == 4.0
     assert ServerConfig.model_validate({"mqtt": {"cluster_id_lease_s": 60}}).mqtt.cluster_id_lease_s == 60
-    for bad in (0, -1, 61):
+    assert ServerConfig.model_validate({"mqtt": {"cluster_id_lease_s": 1}}).mqtt.cluster_id_lease_s == 1
+    for bad in (0, -1, 0.99, 61):  # below 1 s the early count-out would leave no lease
         with pytest.raises(ValidationError, match="cluster_id_lease_s"):
             ServerConfig.model_validate({"mqtt": {"cluster_id_lease_s": bad}})
 
@@ -158,8 +188,8 @@ def test_a_broker_closes_the_connections_of_the_ids_whose_homes_lease_ran_out():
     ids._end_unleased()
     assert closed == []  # a home first seen: a lease's time from now
     now = time.monotonic()
-    ids._leases = {1: now - 0.01, 2: now + 1}
-    ids._end_unleased()
+    ids._leases = {1: now + 4 / 4 + LEASE_MARGIN_S - 0.01, 2: now + 4 / 4 + LEASE_MARGIN_S + 0.1}
+    ids._end_unleased()  # out a look and a margin before its end: closed by then, a busy loop included
     assert sorted(closed) == sorted(homed[1]) and ids.lease_closed == 2  # its own ids (3) never
     ids._renewed(1, time.monotonic())
     closed.clear()
@@ -168,7 +198,7 @@ def test_a_broker_closes_the_connections_of_the_ids_whose_homes_lease_ran_out():
 
 
 def test_a_home_takes_an_id_from_a_holder_that_does_not_answer_only_once_its_lease_surely_ran_out():
-    def unreachable(address, request, timeout_s=None, exclusive=False):
+    def unreachable(address, request, timeout_s=None, exclusive=False, lease=False):
         raise PeerUnreachable("no answer")
 
     ids = _ids(lease_s=0.4, client=SimpleNamespace(call=unreachable, close=lambda: None))
@@ -187,7 +217,7 @@ def test_a_home_takes_an_id_from_a_holder_that_does_not_answer_only_once_its_lea
 def test_a_takeover_that_passed_the_share_is_not_refused_by_it_after_the_handover():
     """The home checks the taker's share, then the old holder gives the session up (a network call) while other ids
     of the same taker fill its share: the handed-over session is registered, not thrown away."""
-    def give_up(address, request, timeout_s=None, exclusive=False):
+    def give_up(address, request, timeout_s=None, exclusive=False, lease=False):
         for i in range(2):  # the taker's other CONNECTs registered meanwhile: its share is full
             ids.registry.register("other-%d" % i, 2)
         return {"session": "handed"}
@@ -218,3 +248,135 @@ def test_the_records_before_a_malformed_entry_are_made_visible():
     with pytest.raises(RemoteProtocolError, match="leaves 1 bytes over"):
         cluster.apply(2, frame.entries)
     assert visible == [0]
+
+
+class EndCluster(FakeCluster):
+    """What a takeover's end asks of the cluster: every peer acted on the route (``acted``); copies appended to the
+    inbox up to offset 5, readable here up to ``visible``."""
+
+    def __init__(self, acted=True, visible=5):
+        super().__init__()
+        self.acted, self.visible = acted, visible
+
+    def routed(self, filters, deadline):
+        return self.acted
+
+    def inbox_marks(self):
+        return {0: 5}
+
+    def inbox_visible(self, marks):
+        return all(self.visible >= end for end in marks.values())
+
+    def positions_for(self, filters):
+        return {1: {("a", 0): 3}}
+
+    def topics_read(self):
+        return {"a"}, False
+
+
+def test_a_takeovers_end_is_short_when_the_copies_the_positions_count_are_not_readable_in_time(monkeypatch):
+    """The positions count the copies appended, the session reads from the readable end: when the copies did not
+    become readable within MQTT_HANDOVER_END_S, the end is counted short (they may come twice), not complete."""
+    monkeypatch.setattr(limits, "MQTT_HANDOVER_END_S", 0.05)
+
+    def call(address, request, timeout_s=None, exclusive=False, lease=False):
+        return {"complete": True, "queued": []}
+
+    state = {"subs": [["a/#", 1, False, ["a"]]], "inf": [], "queued": []}
+    answer = {"rest": True, "from": 1}
+    for visible, short in ((5, 0), (4, 1)):
+        ids = _ids(SimpleNamespace(cluster_topics=set()), client=SimpleNamespace(call=call, close=lambda: None))
+        ids.store, ids.cluster = RecordsStore({"a": 1}), EndCluster(visible=visible)
+        assert ids._takeover_end("x", state, answer, ("taking", "x", 1)) == {("a", 0): 5}
+        assert ids.ends_short == short
+
+
+def test_lease_renewals_have_turns_of_their_own_that_other_calls_never_fill():
+    """However many registrations wait for a peer, a lease renewal to it goes at once (MQTT_CLUSTER_LEASE_CONNECTIONS);
+    the others share the rest of MQTT_CLUSTER_PEER_CONNECTIONS."""
+    client, going = PeerClient(0, None), []
+
+    def answer(address, body, deadline):
+        going.append(json.loads(body))
+        gevent.sleep(0.2)
+        return {}
+
+    client._call = answer
+    others = limits.MQTT_CLUSTER_PEER_CONNECTIONS - limits.MQTT_CLUSTER_LEASE_CONNECTIONS
+    storm = [gevent.spawn(client.call, "h:1", {"op": "register"}, 5) for _ in range(3 * others)]
+    gevent.sleep(0.01)
+    assert len(going) == others  # at their limit; the rest wait
+    started = time.monotonic()
+    assert client.call("h:1", {"op": "lease"}, 1, lease=True) == {}
+    assert time.monotonic() - started < 0.3  # not behind the storm
+    gevent.joinall(storm, timeout=5)
+    assert all(g.value == {} for g in storm)
+
+
+def test_a_lease_lost_closes_its_connections_sharing_the_loop():
+    """Many connections closed at once (their home's lease out) let the other greenlets run between them."""
+    ran, closed = [], []
+
+    def move_away(client_id):
+        time.sleep(0.002)  # a close's cost, without yielding
+        closed.append(client_id)
+
+    port = SimpleNamespace(_clients={"d-%d" % i: SimpleNamespace(move_away=lambda _new, _why, i=i: move_away(i))
+                                     for i in range(30)})
+    other = gevent.spawn(lambda: ran.append(len(closed)))
+    MqttPort.lease_lost(port, list(port._clients), "its home is not reached")
+    other.join()
+    assert len(closed) == 30 and ran and ran[0] < 30
+
+
+class Copies:
+    """A broker's copies of its peers' partitions: each at ``at``, a look costing ``cost`` seconds (no yield)."""
+
+    def __init__(self, at, cost=0.0):
+        self.at, self.cost = at, cost
+
+    def get(self, origin, topic, partition):
+        time.sleep(self.cost)
+        return self.at
+
+
+def test_a_call_for_the_rest_names_at_most_max_followed_positions_of_each_origin(monkeypatch):
+    """The rest's positions at MQTT_CLUSTER_MAX_FOLLOWED of an origin (and MQTT_CLUSTER_MAX_PEERS origins and the
+    taker) are looked at; one past is a clear error, nothing handed, the session's filters unpinned."""
+    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_FOLLOWED", 3)
+    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_PEERS", 1)
+    monkeypatch.setattr(service.handover, "rest", lambda *_a: {"queued": [], "dropped": 0})
+    saved = SimpleNamespace(subscriptions=[("a/#", 1, False, ("a",), False, None)])
+    at_limit = [[2, [["a", p, 5] for p in range(3)]], [1, []]]
+    for upto, ok in ((at_limit, True), ([[2, [["a", p, 5] for p in range(4)]]], False),
+                     (at_limit + [[3, []]], False)):
+        ids = _ids()
+        ids.cluster = EndCluster()
+        ids.cluster.positions = Copies(5)
+        ids._linger(("x", 1), saved)
+        answer = ids._rest(1, {"c": "x", "upto": upto, "wait": 0.1})
+        assert answer.get("complete") is ok or ("MQTT_CLUSTER_MAX_FOLLOWED" in answer["error"] and not ok)
+        assert ("given", "x", 1) not in ids.cluster.pins
+
+
+def test_the_rests_look_at_the_copies_shares_the_loop():
+    ids, ran = _ids(), []
+    ids.cluster = EndCluster()
+    ids.cluster.positions = Copies(5, cost=0.002)
+    other = gevent.spawn(lambda: ran.append(True))
+    assert ids._caught_up({2: {("a", p): 5 for p in range(30)}}, time.monotonic() + 1)
+    assert ran  # it ran during the look
+    other.join()
+
+
+def test_the_old_broker_waits_for_a_copy_its_route_reads_that_has_no_position_yet():
+    """A partition the taker names that this broker's route reads but whose copy has not begun here (no position yet)
+    is behind, not caught up; one of a topic its route does not read is not waited for."""
+    ids = _ids()
+    ids.cluster = EndCluster()
+    ids.cluster.positions = Copies(None)
+    started = time.monotonic()
+    assert not ids._caught_up({2: {("a", 0): 5}}, started + 0.05)
+    assert time.monotonic() - started >= 0.05
+    assert ids._caught_up({2: {("b", 0): 5}}, time.monotonic() + 0.05)
+    assert ids._caught_up({ids.broker_id: {("a", 0): 5}}, time.monotonic() + 0.05)  # its own log: nothing to copy
