@@ -459,8 +459,8 @@ class Roles:
         """Refuse writes until the keeper has recorded ``epoch`` (or yielded): ``why`` it is not recorded yet. A
         master without a replication port serves meanwhile: no member can have followed it, so none holds a later
         epoch begun from its log (a standalone broker serves while ZooKeeper is down, as it always did)."""
-        if not self.config.replication.port:
-            log.warning("epoch record: epoch %d of broker %d not recorded yet (%s): recorded once ZooKeeper answers; "
+        if not self.config.replication.port:  # debug: the registry says once that ZooKeeper does not answer
+            log.debug("epoch record: epoch %d of broker %d not recorded yet (%s): recorded once ZooKeeper answers; "
                         "this broker serves meanwhile (it has no replication port, so no slave of it exists)",
                         epoch, self.config.broker.id, why)
             if self.keeper is not None:
