@@ -21,7 +21,8 @@ from metaq import limits
 from metaq.client.local import small_config
 from metaq.mqttcluster.calls import PeerClient, PeerUnreachable
 from tests.harness.broker import under_nofile, wait_for
-from tests.harness.mqttcluster import Cluster, cluster_config
+from tests.harness.mqttcluster import Cluster, PaperMembers, cluster_config
+from tests.harness.replication import stats
 
 CAP = 100
 #: RLIMIT_NOFILE's soft limit of a Debian or Ubuntu login and of a systemd service by default.
@@ -170,20 +171,23 @@ def test_clients_filling_the_cap_of_a_cluster_broker_keep_none_of_its_peers_link
     why. The links are opened and proved as the cluster's brokers open them (``PeerClient``, from two loopback
     addresses: one host holds at most MQTT_CLUSTER_PEERS_PER_ADDRESS), not by that many real brokers: the
     limits behind them (MQTT_CLUSTER_MAX_PEERS, MQTT_CLUSTER_PEER_CONNECTIONS) are not settings, and 64 brokers
-    are more than a test machine runs."""
+    are more than a test machine runs. The callers are members ZooKeeper names (``PaperMembers``, one per loopback
+    address: a broker serves members only, ``mqttcluster.asks``)."""
     (b,) = Cluster(broker_factory, tmp_path, zk_connect, 1,
                    limits={"max_connections": FULL_CAP, "max_connections_per_address": FULL_CAP}).start().brokers
     address = "127.0.0.1:%d" % b.config["replication"]["port"]
     headroom = limits.REPLICATION_HEADROOM + limits.MQTT_CLUSTER_PEER_HEADROOM
     own_host = limits.MQTT_CLUSTER_PEERS_PER_ADDRESS
     assert limits.REPLICATION_HEADROOM < own_host < headroom <= 2 * own_host  # what this test needs of the limits
-    clients = [socket.create_connection(("127.0.0.1", b.port)) for _ in range(FULL_CAP)]
-    held = []
+    members = PaperMembers(zk_connect, [100, 500, 999])
+    clients, held = [], []
     try:
+        wait_for(lambda: stats(b).get("mqtt_cluster_members") == "4", 10, "the callers members")  # before the cap fills
+        clients += [socket.create_connection(("127.0.0.1", b.port)) for _ in range(FULL_CAP)]
         with socket.create_connection(("127.0.0.1", b.port)) as extra:  # the cap is full
             assert b"too many connections: the limit is %d" % FULL_CAP in extra.recv(200)
-        held = [_peer_link(monkeypatch, 100 + i, address, "127.0.0.1") for i in range(own_host)]
-        held += [_peer_link(monkeypatch, 500 + i, address, "127.0.0.2") for i in range(headroom - own_host)]
+        held = [_peer_link(monkeypatch, 100, address, "127.0.0.1") for _ in range(own_host)]
+        held += [_peer_link(monkeypatch, 500, address, "127.0.0.2") for _ in range(headroom - own_host)]
         refused = [(i, a) for i, (_c, a) in enumerate(held) if isinstance(a, PeerUnreachable)]
         assert refused == [], (len(refused), refused[:3], b.log_text()[-2000:])
         past, answer = _peer_link(monkeypatch, 999, address, "127.0.0.3")  # one past the headroom
@@ -196,3 +200,4 @@ def test_clients_filling_the_cap_of_a_cluster_broker_keep_none_of_its_peers_link
             client.close()
         for s in clients:
             s.close()
+        members.close()
