@@ -2,8 +2,10 @@
 ``serve_calls`` and the follows' ``serve.PeerServer`` ask it; docs/security.md "Replication").
 
 A peer that proved the replication secret is taken at no word about who it is: it must be a member ZooKeeper names
-(``members.Members``, its last reading kept while ZooKeeper cannot be read), other than this broker, and each of its
-calls is held to what that member may ask:
+(``members.Members``, its last reading kept while ZooKeeper cannot be read), other than this broker, or one whose
+follow of this broker, begun while it was named, is still open (``linked``: a member cut off from ZooKeeper only, its
+nodes expired, keeps its links and its sessions, docs/mqtt.md "Failures in a cluster"), and each of its calls is held
+to what that member may ask:
 
 * ``register`` (a CONNECT of a client id on the caller) only of an id whose home is this broker;
 * ``give_up`` (end this broker's copy of a client id and hand its session on) only from the id's home;
@@ -33,6 +35,9 @@ class Asks:
         self.broker_id = broker_id
         self._members = members
         self._known = {}  # the last reading that was not None
+        #: ``linked(broker_id)``: a follow of this broker by that peer is open now, admitted while it was a member
+        #: (``serve.PeerServer`` sets it; none by default)
+        self.linked = lambda _broker_id: False
         self.refused = 0  # calls and links refused since the start
         #: op -> check(caller, request) -> (refusal, request)
         self._checks = {"register": self._register, "give_up": self._give_up, "hold": self._homed_here,
@@ -50,10 +55,12 @@ class Asks:
         return self._known
 
     def stranger(self, broker_id):
-        """Why peer ``broker_id`` may not be served, or None: it is a member and not this broker."""
+        """Why peer ``broker_id`` may not be served, or None: it is a member and not this broker, or ZooKeeper dropped
+        it while its follow of this broker stayed open (``linked``: cut off from ZooKeeper only, it keeps its links
+        and its sessions)."""
         if broker_id == self.broker_id:
             return "broker %d is this broker" % broker_id
-        if broker_id not in self.members():
+        if broker_id not in self.members() and not self.linked(broker_id):
             return "broker %d is no member of the MQTT cluster (ZooKeeper names %s)" % (broker_id,
                                                                                      sorted(self.members()))
         return None

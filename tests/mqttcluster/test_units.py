@@ -672,7 +672,8 @@ def test_a_start_hold_of_0_holds_nothing():
 
 
 def test_asks_hold_each_call_to_its_member():
-    """``asks.Asks``: a peer that is no member (or this broker) is refused; ``give_up`` only from the id's home;
+    """``asks.Asks``: a peer that is no member (or this broker) is refused, unless its follow of this broker is still
+    open (``linked``: a member ZooKeeper dropped, cut off from it only); ``give_up`` only from the id's home;
     ``register`` only of an id homed here; ``hold`` and ``release`` keep only the ids homed here, ``drop`` only
     those homed on the caller; at most
     MQTT_CLUSTER_ID_BATCH ids a call (at the limit served, one past refused); a malformed call refused, not raised."""
@@ -705,6 +706,11 @@ def test_asks_hold_each_call_to_its_member():
     kept.members()
     kept._members = lambda: None  # ZooKeeper unreadable now: the last reading stands
     assert kept.stranger(2) is None
+    dropped = Asks(1, lambda: {1: ("a", 0)})  # ZooKeeper dropped broker 2 (cut off from it only)
+    assert "no member" in dropped.stranger(2)
+    dropped.linked = lambda broker_id: broker_id == 2  # its follow of broker 1, admitted as a member, still open
+    assert dropped.stranger(2) is None and "no member" in dropped.stranger(9)
+    assert "this broker" in dropped.stranger(1)
 
 
 def test_a_handover_is_checked_whole_before_it_is_adopted():
