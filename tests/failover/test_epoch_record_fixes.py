@@ -14,7 +14,7 @@ from metaq.admin import cli as admin
 from metaq.client.local import free_port, small_config
 from tests.harness.broker import wait_for
 from tests.harness.faults import LinkProxy
-from tests.harness.ha import Group, put_until_ok
+from tests.harness.ha import Group, manual_pair, put_until_ok
 from tests.harness.replication import caught_up, master_config, stats
 
 pytestmark = [pytest.mark.fault]
@@ -52,13 +52,7 @@ def test_manual_a_master_without_replication_port_serves_while_zookeeper_is_out_
 
 def test_manual_a_promotion_whose_epoch_cannot_be_recorded_is_refused_and_the_slave_stays_one(
         broker_factory, tmp_path, zk_connect, capsys):
-    rport = free_port()
-    zkcfg = {"connect": zk_connect, "session_timeout_ms": 4000}
-    m = broker_factory(dict(master_config(tmp_path / "m", rport), zk=dict(zkcfg)), workdir=tmp_path / "m")
-    s = broker_factory(small_config(os.path.join(str(tmp_path / "s"), "data"), zk=dict(zkcfg)), workdir=tmp_path / "s",
-                       extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1"])
-    put_until_ok(m, TOPIC, b"before")
-    caught_up(m, s)
+    m, s, rport, _ = manual_pair(broker_factory, tmp_path, zk_connect, TOPIC, slave_replication=False)
     zk = KazooClient(hosts=zk_connect)
     zk.start()
     try:
@@ -149,14 +143,7 @@ def test_auto_a_member_whose_epoch_cannot_be_recorded_backs_off_and_says_so_once
 @pytest.mark.slow
 def test_manual_a_member_that_yielded_follows_the_promoted_one_to_its_new_address(broker_factory, tmp_path,
                                                                                 zk_connect, capsys):
-    rport, srport = free_port(), free_port()
-    zkcfg = {"connect": zk_connect, "session_timeout_ms": 4000}
-    m = broker_factory(dict(master_config(tmp_path / "m", rport), zk=dict(zkcfg)), workdir=tmp_path / "m")
-    s = broker_factory(small_config(os.path.join(str(tmp_path / "s"), "data"), zk=dict(zkcfg)), workdir=tmp_path / "s",
-                       extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1", "--replication-port",
-                                   str(srport)])
-    put_until_ok(m, TOPIC, b"before")
-    caught_up(m, s)
+    m, s, rport, srport = manual_pair(broker_factory, tmp_path, zk_connect, TOPIC)
     m.kill()
     wait_for(lambda: stats(s)["replication_link"] == "down", 10, "the slave sees its master gone")
     assert admin.main(["promote", "127.0.0.1:%d" % s.port]) == admin.EXIT_OK, capsys.readouterr()

@@ -14,10 +14,10 @@ from kazoo.exceptions import NoNodeError
 from metaq.admin import cli as admin
 from metaq.client import devcluster
 from metaq.client.raw import TextClient
-from metaq.client.local import free_port, small_config
+from metaq.client.local import free_port
 from tests.harness.broker import wait_for
 from tests.harness.devcluster import free_base
-from tests.harness.ha import Group, put_until_ok
+from tests.harness.ha import Group, manual_pair, put_until_ok
 from tests.harness.replication import caught_up, master_config, stats
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
@@ -53,15 +53,7 @@ def zk_master(zk):
 @pytest.mark.parametrize("stale_first", [True, False], ids=["stale-first", "promoted-first"])
 def test_manual_a_stale_master_restarted_follows_the_promoted_one(broker_factory, tmp_path, zk_connect, capsys,
                                                                   stale_first):
-    rport, srport = free_port(), free_port()
-    zkcfg = {"connect": zk_connect, "session_timeout_ms": 4000}
-    mcfg = dict(master_config(tmp_path / "m", rport), zk=dict(zkcfg))
-    scfg = small_config(os.path.join(str(tmp_path / "s"), "data"), zk=dict(zkcfg))
-    m = broker_factory(mcfg, workdir=tmp_path / "m")
-    s = broker_factory(scfg, workdir=tmp_path / "s", extra_args=[
-        "--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1", "--replication-port", str(srport)])
-    put_until_ok(m, TOPIC, b"before")
-    caught_up(m, s)
+    m, s, rport, srport = manual_pair(broker_factory, tmp_path, zk_connect, TOPIC)
     m.kill()
     wait_for(lambda: stats(s)["replication_link"] == "down", 10, "the slave sees its master gone")
     assert admin.main(["promote", "127.0.0.1:%d" % s.port]) == admin.EXIT_OK, capsys.readouterr()
@@ -112,14 +104,7 @@ def test_manual_a_master_holding_the_master_node_yields_to_a_later_recorded_epoc
     """A promotion by force while the old master lives: the old master holds ZooKeeper's master node, and the
     promoted member could register only once it is gone. The old master finds the later epoch recorded, stops
     acknowledging and follows the promoted member, which then registers."""
-    rport, srport = free_port(), free_port()
-    zkcfg = {"connect": zk_connect, "session_timeout_ms": 4000}
-    m = broker_factory(dict(master_config(tmp_path / "m", rport), zk=dict(zkcfg)), workdir=tmp_path / "m")
-    s = broker_factory(small_config(os.path.join(str(tmp_path / "s"), "data"), zk=dict(zkcfg)), workdir=tmp_path / "s",
-                       extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1", "--replication-port",
-                                   str(srport)])
-    put_until_ok(m, TOPIC, b"before")
-    caught_up(m, s)
+    m, s, rport, srport = manual_pair(broker_factory, tmp_path, zk_connect, TOPIC)
     assert admin.main(["promote", "--force", "127.0.0.1:%d" % s.port]) == admin.EXIT_OK, capsys.readouterr()
     zk = KazooClient(hosts=zk_connect)
     zk.start()

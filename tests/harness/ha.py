@@ -5,7 +5,7 @@ import time
 
 from metaq.client.local import free_port, small_config
 from tests.harness.broker import wait_for
-from tests.harness.replication import stats
+from tests.harness.replication import caught_up, master_config, stats
 
 SESSION_MS = 4000  # the shortest session ZooKeeper allows with the harness's 2 s tick
 
@@ -184,3 +184,21 @@ def put_until_ok(broker, topic, body, timeout=30.0, partition=0):
             last = exc
         time.sleep(0.1)
     raise AssertionError("no put accepted within %.0f s: %r" % (timeout, last))
+
+
+def manual_pair(broker_factory, tmp_path, zk_connect, topic, slave_replication=True):
+    """``(master, slave, master's replication port, slave's or None)``: an ``ha: manual`` pair registered in ZooKeeper
+    (a 4 s session), the slave caught up with one message put to ``topic``; the slave has a replication port of its
+    own when ``slave_replication`` (what a promoted member serves its slaves on)."""
+    rport = free_port()
+    srport = free_port() if slave_replication else None
+    zkcfg = {"connect": zk_connect, "session_timeout_ms": 4000}
+    m = broker_factory(dict(master_config(tmp_path / "m", rport), zk=dict(zkcfg)), workdir=tmp_path / "m")
+    args = ["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1"]
+    if srport is not None:
+        args += ["--replication-port", str(srport)]
+    s = broker_factory(small_config(os.path.join(str(tmp_path / "s"), "data"), zk=dict(zkcfg)), workdir=tmp_path / "s",
+                       extra_args=args)
+    put_until_ok(m, topic, b"before")
+    caught_up(m, s)
+    return m, s, rport, srport
