@@ -7,6 +7,7 @@ import time
 
 from metaq.admin import cli as admin
 from metaq.client.local import free_port, small_config
+from metaq.mqttcluster.ids import home_of
 from tests.harness.acl import login
 from tests.harness.broker import wait_for
 from tests.harness.mqtt import V311, Paho, with_mqtt
@@ -128,3 +129,14 @@ class FollowedGroup:
         assert code == 0, capsys.readouterr()
         wait_for(lambda: stats(self.b0).get("mqtt_cluster_peer_1", "").startswith("up 127.0.0.1:%d" % self.s1_port),
                  30, "0 follows the new master of broker 1")
+
+
+def homed(n, home, members, prefix):
+    """``n`` client ids ``<prefix>-<i>`` whose home is broker ``home`` among ``members`` (``ids.home_of``)."""
+    out, i = [], 0
+    while len(out) < n:
+        client_id = "%s-%d" % (prefix, i)
+        if home_of(client_id, members) == home:
+            out.append(client_id)
+        i += 1
+    return out

@@ -20,7 +20,7 @@ from paho.mqtt.properties import Properties
 
 from metaq.client.local import free_port
 from metaq.mqtt import wire
-from metaq.mqttcluster.ids import home_of
+from tests.harness.mqttcluster import homed as _homed
 from tests.harness.broker import wait_for
 from tests.harness.mqtt import V5 as PAHO_V5
 from tests.harness.mqtt import V311 as PAHO_V311
@@ -140,16 +140,6 @@ def _open(raw, wait=0.2):
         return False
     except TimeoutError:
         return True
-
-
-def _homed(n, home, members, prefix):
-    out, i = [], 0
-    while len(out) < n:
-        client_id = "%s-%d" % (prefix, i)
-        if home_of(client_id, members) == home:
-            out.append(client_id)
-        i += 1
-    return out
 
 
 def test_registry_limit_at_and_past_it(broker_factory, tmp_path, zk_connect):

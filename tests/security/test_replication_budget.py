@@ -27,7 +27,7 @@ from metaq.server.replication import handshake
 from tests.harness.broker import wait_for
 from tests.harness.faults import PauseProcess
 from tests.harness.mqtt import Raw, mqtt_config
-from tests.harness.mqttcluster import PaperMembers
+from tests.harness.mqttcluster import PaperMembers, homed
 from tests.harness.replication import master_config, stats
 
 pytestmark = pytest.mark.integration
@@ -292,16 +292,6 @@ def cluster(broker_factory, tmp_path, zk_connect, n=2):
     for b in brokers:
         wait_for(lambda b=b: stats(b).get("mqtt_cluster_members") == str(n), 30, "the cluster's members")
     return brokers
-
-
-def homed(n, home, members, prefix):
-    out, i = [], 0
-    while len(out) < n:
-        client_id = "%s-%d" % (prefix, i)
-        if home_of(client_id, members) == home:
-            out.append(client_id)
-        i += 1
-    return out
 
 
 def still_open(raw, wait=0.5):
