@@ -1,7 +1,12 @@
 from setuptools import Extension, find_packages, setup
 
+import ast
 import os
 import re
+import shutil
+import sysconfig
+
+from setuptools.command.build_ext import build_ext
 
 with open("metaq/__init__.py") as f:
     VERSION = re.search(r'__version__ = "([^"]+)"', f.read()).group(1)
@@ -45,6 +50,54 @@ def speedups_extension():
                      include_dirs=["metaq"], libraries=libraries, define_macros=macros, optional=True)
 
 
+def _compiled_names():
+    with open("metaq/native/__init__.py") as f:
+        tree = ast.parse(f.read())
+    table = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                 and getattr(node.targets[0], "id", None) == "COMPILED")
+    return ast.literal_eval(table)
+
+
+def compiled_extensions():
+    """The modules of metaq.native.COMPILED compiled with Cython from their Python source (and the ``.pxd`` beside
+    it), each an extension of the module's own name. Optional like the C helper: without Cython, or with
+    METAQ_NO_CYTHON=1, nothing is compiled and the sources run as they are."""
+    if not _wanted("METAQ_NO_CYTHON"):
+        return []
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        return []
+    extensions = [Extension(name, [name.replace(".", "/") + ".py"], optional=True) for name in _compiled_names()]
+    if not extensions:
+        return []
+    return cythonize(extensions, build_dir=os.path.join("build", "cython"), quiet=True,
+                     compiler_directives={"language_level": 3})
+
+
+class BuildExt(build_ext):
+    """build_ext that keeps an in-place build of a compiled module under metaq/native/<package>/, where
+    metaq.native's finder loads it, not beside its source, where it would shadow the Python under
+    METAQ_PURE_PYTHON=1 (an editable install builds in place)."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if self.parallel is None:
+            self.parallel = os.cpu_count() or 1  # Cython's C for a module is long: compile them side by side
+
+    def run(self):
+        super().run()
+        if not self.inplace:
+            return
+        for name in _compiled_names():
+            parts = name.split(".")
+            built = os.path.join(*parts) + sysconfig.get_config_var("EXT_SUFFIX")
+            if os.path.exists(built):
+                where = os.path.join("metaq", "native", *parts[1:-1])
+                os.makedirs(where, exist_ok=True)
+                shutil.move(built, os.path.join(where, os.path.basename(built)))
+
+
 setup(
     name="metaq",
     version=VERSION,
@@ -54,7 +107,8 @@ setup(
     packages=find_packages(include=["metaq", "metaq.*"]),
     # The put-burst fast path in C. Optional: if it cannot be built (no compiler,
     # no zlib headers) the install goes on and the exact pure-Python twins run.
-    ext_modules=[speedups_extension()],
+    ext_modules=[speedups_extension()] + compiled_extensions(),
+    cmdclass={"build_ext": BuildExt},
     package_data={"metaq.server.http": ["static/*"]},  # the dashboard's script and style
     python_requires=">=3.11",
     install_requires=[

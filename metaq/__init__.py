@@ -2,6 +2,10 @@
 
 __version__ = "0.1.0"
 
+import metaq.native  # noqa: E402  (the compiled modules found first: metaq/native/__init__.py)
+
+metaq.native.install()
+
 
 def lazy_exports(package, exports):
     """A module ``__getattr__`` that imports ``exports[name]`` only when ``name`` is first used.

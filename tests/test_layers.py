@@ -44,6 +44,8 @@ RULES = {
     # metaq/__init__.py and the C helper's loader: stdlib only.
     "root": ({"metaq"}, IO_MODULES),
     "speedups": ({"metaq"}, IO_MODULES),
+    # The native layer's finder of compiled modules: stdlib only.
+    "native": ({"metaq"}, IO_MODULES),
 }
 
 
@@ -151,7 +153,7 @@ def imported_names(tree):
 
 
 #: The optional C helper and its loader (stdlib only, no metaq imports): any layer may use them.
-LEAVES = {"metaq._speedups", "metaq.speedups"}
+LEAVES = {"metaq._speedups", "metaq.speedups", "metaq.native"}
 
 
 def allowed(name, metaq_ok):

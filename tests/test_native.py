@@ -1,0 +1,73 @@
+"""The native layer (metaq/native/__init__.py): each compiled module is its Python source built with Cython, found
+as its extension when built and current, and the source itself otherwise or under METAQ_PURE_PYTHON=1."""
+
+import importlib
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+
+from metaq import native
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("name", native.COMPILED)
+def test_each_compiled_module_has_its_source(name):
+    assert pathlib.Path(native.source_path(name)).is_file()
+
+
+@pytest.mark.parametrize("name", native.COMPILED)
+def test_a_built_module_runs_compiled_unless_pure_python_is_asked(name):
+    built = native.extension_path(name)
+    if not os.path.exists(built):
+        pytest.skip("not built here (no Cython or compiler): the source runs")
+    module = importlib.import_module(name)
+    if native.pure():
+        assert module.__file__ == native.source_path(name)
+    else:
+        assert module.__file__ == built and name in native.running()
+
+
+def test_pure_python_runs_every_source():
+    code = "import importlib, metaq.native as n; print(all(importlib.import_module(m).__file__.endswith('.py') " \
+           "for m in n.COMPILED), n.running())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
+                         env=dict(os.environ, METAQ_PURE_PYTHON="1")).stdout.split()
+    assert out == ["True", "[]"]
+
+
+def _package(tmp_path, built_age_s):
+    """A fake metaq tree with one module and a stand-in for its extension, ``built_age_s`` older than the source."""
+    (tmp_path / "pkg").mkdir()
+    source = tmp_path / "pkg" / "mod.py"
+    source.write_text("X = 1\n")
+    built = pathlib.Path(native.extension_path("metaq.pkg.mod", str(tmp_path)))
+    built.parent.mkdir(parents=True)
+    built.write_bytes(b"")
+    now = time.time()
+    os.utime(source, (now, now))
+    os.utime(built, (now - built_age_s, now - built_age_s))
+    return native.CompiledFinder(["metaq.pkg.mod"], str(tmp_path))
+
+
+def test_a_current_extension_is_found(tmp_path):
+    finder = _package(tmp_path, -5)
+    spec = finder.find_spec("metaq.pkg.mod")
+    assert spec.origin == native.extension_path("metaq.pkg.mod", str(tmp_path))
+    assert finder.loaded() == ["metaq.pkg.mod"]
+    assert finder.find_spec("metaq.pkg.other") is None
+
+
+def test_an_extension_older_than_its_source_is_not_loaded_and_says_so(tmp_path):
+    finder = _package(tmp_path, 5)
+    with pytest.warns(RuntimeWarning, match="rebuild"):
+        assert finder.find_spec("metaq.pkg.mod") is None
+    assert finder.loaded() == []
+
+
+def test_a_module_never_built_runs_its_source(tmp_path):
+    assert native.CompiledFinder(["metaq.pkg.mod"], str(tmp_path)).find_spec("metaq.pkg.mod") is None
