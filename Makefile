@@ -108,13 +108,14 @@ stop-postgres:
 # (broker ids 0..N-1, SLAVES slaves each) on 127.0.0.1, broker s's ports from CLUSTER_PORT + 10*s, files under
 # CLUSTER_DIR/<id>. It runs in the foreground: Ctrl-C stops it; `make stop-cluster` from another terminal too.
 N ?= 3
-SLAVES ?= 0
+SLAVES ?= 1
+HA ?= auto
 CLUSTER_DIR ?= data/cluster
 CLUSTER_PORT ?= 8123
 cluster: $(VENV)/.core
 	@$(MAKE) --no-print-directory sysdeps SYSDEPS=zookeeper
-	$(PY) -m metaq.client.devcluster start -n $(N) --slaves $(SLAVES) --dir $(CLUSTER_DIR) --base-port $(CLUSTER_PORT) \
-	  --zk-port $(ZK_PORT)
+	$(PY) -m metaq.client.devcluster start -n $(N) --slaves $(SLAVES) --ha $(HA) --dir $(CLUSTER_DIR) \
+	  --base-port $(CLUSTER_PORT) --zk-port $(ZK_PORT)
 stop-cluster:
 	$(PY) -m metaq.client.devcluster stop --dir $(CLUSTER_DIR)
 

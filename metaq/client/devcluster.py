@@ -1,7 +1,7 @@
 """``metaq-cluster``: a cluster of N brokers and its ZooKeeper on this machine, for development (``make cluster``).
 
-    metaq-cluster start -n 3 [--slaves 1] [--dir data/cluster] [--base-port 8123] [--zk-port 2181 | --zk HOST:PORT]
-                        [--background]
+    metaq-cluster start -n 3 [--slaves 1] [--ha auto|manual] [--dir data/cluster] [--base-port 8123]
+                        [--zk-port 2181 | --zk HOST:PORT] [--background]
     metaq-cluster stop   [--dir data/cluster]
     metaq-cluster status [--dir data/cluster]
 
@@ -14,6 +14,13 @@ slaves in order: broker 0, its slaves, broker 1, ...) has the ports ``base + 10*
 ``<dir>/cluster.json`` as each process starts. In the foreground (the default) Ctrl-C or SIGTERM stops them;
 ``stop`` (``make stop-cluster``) stops them from another terminal: slaves, then masters, then ZooKeeper, each by
 its recorded PID and only while that PID still runs the command it was started with (a reused PID is not ours).
+
+With ``--ha auto`` (the default) each broker id's members elect their master through ZooKeeper, as a deployed
+cluster does (``replication.ha: auto``): a killed master's place is taken within seconds with no command typed
+(ZooKeeper sessions of ``ZK_SESSION_MS``). Its replication is ``sync`` where the group keeps taking writes with one
+member down (two slaves or more) and ``async`` with one slave (a sync pair stops writing when either member is
+away: docs/cluster.md). ``--ha manual``: the first member of each id is the master, its slaves follow it, and a
+person promotes one (``metaq-admin promote``).
 """
 
 import argparse
@@ -29,6 +36,7 @@ from dataclasses import dataclass
 import yaml
 
 from metaq import limits
+from metaq.client.raw import TextClient
 
 __all__ = ["Member", "plan", "broker_config", "start", "stop", "status", "main"]
 
@@ -41,6 +49,9 @@ ZK_CONF_DIR = "/etc/zookeeper/conf"
 ZK_MARKER = "QuorumPeerMain"
 #: Seconds a broker or ZooKeeper may take to answer after it is started, and to exit after SIGTERM.
 START_TIMEOUT_S = 60.0
+#: The brokers' ZooKeeper session with ``--ha auto``: the shortest the cluster's ZooKeeper allows (two ticks of
+#: 2 s), so that a dead master's election follows its death within seconds.
+ZK_SESSION_MS = 4000
 STOP_TIMEOUT_S = 30.0
 HOST = "127.0.0.1"
 
@@ -91,20 +102,33 @@ def plan(brokers, slaves, base_port, root):
     return members
 
 
-def broker_config(member, master, zk_connect):
+def replication_mode(slaves):
+    """The replication mode of a group of one master and ``slaves`` slaves with ``ha: auto``: ``sync`` when it keeps
+    taking writes with one member down (two slaves or more), ``async`` otherwise."""
+    return "sync" if slaves >= 2 else "async"
+
+
+def broker_config(member, master, zk_connect, ha="manual", slaves=0):
     """A member's server.yaml as a dict: its ports, its store under ``<home>/data``, the cluster's ZooKeeper, and
-    for a slave its master's replication port. Small store files (64 MiB segments), as conf/server.yaml's laptop
-    settings."""
+    its replication: with ``ha`` "auto" elected through ZooKeeper (member id: 0 for the first, k for slave k), with
+    "manual" a slave following its master's replication port. Small store files (64 MiB segments), as
+    conf/server.yaml's laptop settings."""
     p = member.ports
-    replication = {"port": p["replication"], "mode": "async"}
-    if member.slave_id is not None:
-        replication.update(role="slave", slave_of="%s:%d" % (HOST, master.ports["replication"]),
-                           slave_id=member.slave_id)
+    zk = {"connect": zk_connect}
+    if ha == "auto":
+        replication = {"port": p["replication"], "ha": "auto", "slave_id": member.slave_id or 0,
+                       "mode": replication_mode(slaves)}
+        zk["session_timeout_ms"] = ZK_SESSION_MS
+    else:
+        replication = {"port": p["replication"], "mode": "async"}
+        if member.slave_id is not None:
+            replication.update(role="slave", slave_of="%s:%d" % (HOST, master.ports["replication"]),
+                               slave_id=member.slave_id)
     return {
         "broker": {"id": member.broker_id, "host": HOST, "port": p["text"],
                    "data_dir": os.path.join(member.home, "data")},
         "store": {"segment_size": 64 << 20, "key_index_slots": 1 << 16, "key_index_entries": 1 << 17},
-        "zk": {"connect": zk_connect},
+        "zk": zk,
         "replication": replication,
         "remoting": {"port": p["remoting"]},
         "http": {"port": p["http"]},
@@ -174,11 +198,11 @@ def _start_zookeeper(root, port):
     return proc, {"pid": proc.pid, "marker": cfg, "port": port, "log": log_path}
 
 
-def _start_broker(member, master, zk_connect):
+def _start_broker(member, master, zk_connect, ha, slaves):
     os.makedirs(member.home, exist_ok=True)
     cfg = os.path.join(member.home, "server.yaml")
     with open(cfg, "w") as f:
-        yaml.safe_dump(broker_config(member, master, zk_connect), f, sort_keys=False)
+        yaml.safe_dump(broker_config(member, master, zk_connect, ha, slaves), f, sort_keys=False)
     log_path = os.path.join(member.home, "broker.log")
     proc = _spawn([sys.executable, "-m", "metaq.server", "-c", cfg], log_path, member.home)
     return proc, {"name": member.name, "broker_id": member.broker_id, "slave_id": member.slave_id,
@@ -242,9 +266,12 @@ def stop_recorded(state, say=print):
 # -- commands ---------------------------------------------------------------------------------------------------
 
 
-def start(root, brokers, slaves=0, base_port=8123, zk_port=2181, zk_connect=None, say=print):
+def start(root, brokers, slaves=0, base_port=8123, zk_port=2181, zk_connect=None, say=print, ha="auto"):
     """Start ZooKeeper (unless ``zk_connect``), the masters, then their slaves; the state written to
-    ``<root>/cluster.json`` as each starts. On a failure what was started is stopped and ClusterError raised."""
+    ``<root>/cluster.json`` as each starts. On a failure what was started is stopped and ClusterError raised.
+    ``ha``: "auto" (elected masters) or "manual" (module docstring)."""
+    if ha not in ("auto", "manual"):
+        raise ClusterError("--ha is auto or manual, not %r" % (ha,))
     root = os.path.abspath(root)
     old = _read_state(root)
     if old and _running(old):
@@ -260,7 +287,7 @@ def start(root, brokers, slaves=0, base_port=8123, zk_port=2181, zk_connect=None
                            % (busy[0][2], busy[0][0], busy[0][1], " or --zk-port" if busy[0][0] == "zookeeper" else ""))
     os.makedirs(root, exist_ok=True)
     state = {"supervisor": None, "zookeeper": None, "zk_connect": zk_connect or "%s:%d" % (HOST, zk_port),
-             "brokers": []}
+             "ha": ha, "brokers": []}
     try:
         if zk_connect is None:
             proc, state["zookeeper"] = _start_zookeeper(root, zk_port)
@@ -270,16 +297,42 @@ def start(root, brokers, slaves=0, base_port=8123, zk_port=2181, zk_connect=None
         for wave in ([m for m in members if m.slave_id is None], [m for m in members if m.slave_id is not None]):
             started = []
             for m in wave:
-                proc, entry = _start_broker(m, masters[m.broker_id], state["zk_connect"])
+                proc, entry = _start_broker(m, masters[m.broker_id], state["zk_connect"], ha, slaves)
                 state["brokers"].append(entry)
                 _write_state(root, state)
                 started.append((m, proc, entry))
             for m, proc, entry in started:
                 _wait(lambda m=m: _answers(m.ports["text"]), "broker %s" % m.name, proc, entry["log"])
+        if ha == "auto":
+            for broker_id in sorted(masters):
+                group = [m for m in members if m.broker_id == broker_id]
+                _wait_until(lambda group=group: _elected(group), "broker %d's election of a master that takes "
+                            "writes" % broker_id, [b["log"] for b in state["brokers"] if b["broker_id"] == broker_id])
     except BaseException:
         stop_recorded(state, say)
         raise
     return state
+
+
+def _elected(group):
+    """True when one member of ``group`` reports itself master and may acknowledge writes."""
+    for m in group:
+        try:
+            with TextClient(HOST, m.ports["text"], timeout=2.0) as client:
+                seen = client.stats_dict()
+        except (OSError, AssertionError, ValueError):
+            continue
+        if seen.get("replication_role") == "master" and str(seen.get("replication_writable", "")).startswith("yes"):
+            return True
+    return False
+
+
+def _wait_until(check, what, logs, timeout=START_TIMEOUT_S):
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise ClusterError("no %s within %.0f s; the logs: %s" % (what, timeout, ", ".join(logs)))
+        time.sleep(0.2)
 
 
 def _answers(port):
@@ -291,14 +344,27 @@ def _answers(port):
         return False
 
 
-def table(state):
-    """What ``start`` and ``status`` print: one line per broker with its addresses."""
+def role_now(port):
+    """The role a member reports now (its ``replication_role`` stat: ``master``, ``slave``, ...), or None when it
+    does not answer."""
+    try:
+        with TextClient(HOST, port, timeout=2.0) as client:
+            return client.stats_dict().get("replication_role")
+    except (OSError, AssertionError, ValueError):
+        return None
+
+
+def table(state, live=True):
+    """What ``start`` and ``status`` print: one line per broker with its role now (asked of it when ``live``; its
+    role at start otherwise) and its addresses."""
     columns = ("BROKER", "ROLE", "PID", "TEXT", "HTTP", "MQTT", "GRPC", "REMOTING", "REPLICATION", "DIR")
     rows = [columns]
     for b in state["brokers"]:
         p = b["ports"]
-        role = "master" if b["slave_id"] is None else "slave %d" % b["slave_id"]
         up = _alive(b["pid"], b["marker"])
+        role = role_now(p["text"]) if live and up else None
+        if role is None:
+            role = ("master" if b["slave_id"] is None else "slave") + (" at start" if live else "")
         rows.append((b["name"], role, "%d" % b["pid"] if up else "down", "meta://%s:%d" % (HOST, p["text"]),
                      "http://%s:%d" % (HOST, p["http"]), "mqtt://%s:%d" % (HOST, p["mqtt"]),
                      "%s:%d" % (HOST, p["grpc"]), "%s:%d" % (HOST, p["remoting"]), "%s:%d" % (HOST, p["replication"]),
@@ -360,6 +426,9 @@ def main(argv=None):
     s = sub.add_parser("start", help="start ZooKeeper and N brokers; Ctrl-C stops them")
     s.add_argument("-n", "--brokers", type=int, default=3, help="masters, broker ids 0..N-1 (default 3)")
     s.add_argument("--slaves", type=int, default=0, help="slaves per master (default 0)")
+    s.add_argument("--ha", choices=("auto", "manual"), default="auto",
+                   help="auto: each broker id elects its master through ZooKeeper, a dead master replaced within "
+                   "seconds (default); manual: the first member is the master until metaq-admin promote")
     s.add_argument("--base-port", type=int, default=8123, help="broker 0's text port (default 8123)")
     s.add_argument("--zk-port", type=int, default=2181, help="the ZooKeeper this command runs (default 2181)")
     s.add_argument("--zk", help="HOST:PORT[/chroot] of a ZooKeeper already running: none is started")
@@ -377,7 +446,7 @@ def main(argv=None):
             return stop(args.dir, say)
         if args.command == "status":
             return status(args.dir, say)
-        state = start(args.dir, args.brokers, args.slaves, args.base_port, args.zk_port, args.zk, say)
+        state = start(args.dir, args.brokers, args.slaves, args.base_port, args.zk_port, args.zk, say, args.ha)
     except (ClusterError, OSError) as exc:
         print("metaq-cluster: %s" % exc, file=sys.stderr)
         return 1

@@ -62,6 +62,20 @@ def test_plan_gives_each_member_its_ports_and_directory(tmp_path):
     assert slave["broker"]["data_dir"] == os.path.join(members[1].home, "data")
 
 
+def test_with_ha_auto_each_member_is_elected_sync_only_where_the_group_keeps_writing_with_one_down(tmp_path):
+    pair = devcluster.plan(1, 1, 8123, str(tmp_path))
+    first = devcluster.broker_config(pair[0], pair[0], "127.0.0.1:2181", "auto", 1)
+    assert first["replication"] == {"port": 8125, "ha": "auto", "slave_id": 0, "mode": "async"}
+    assert first["zk"] == {"connect": "127.0.0.1:2181", "session_timeout_ms": devcluster.ZK_SESSION_MS}
+    three = devcluster.plan(1, 2, 8123, str(tmp_path))
+    assert [devcluster.broker_config(m, three[0], "z:1", "auto", 2)["replication"]["slave_id"] for m in three] == [
+        0, 1, 2]
+    assert {devcluster.broker_config(m, three[0], "z:1", "auto", 2)["replication"]["mode"] for m in three} == {"sync"}
+    assert devcluster.replication_mode(0) == "async"
+    with pytest.raises(devcluster.ClusterError, match="auto or manual"):
+        devcluster.start(str(tmp_path), 1, 0, ha="maybe")
+
+
 def test_plan_refuses_what_the_ids_or_ports_cannot_hold(tmp_path):
     assert len(devcluster.plan(limits.MAX_BROKER_ID + 1, 0, 1, str(tmp_path))) == limits.MAX_BROKER_ID + 1
     with pytest.raises(devcluster.ClusterError, match="broker ids end at"):
@@ -132,7 +146,9 @@ def test_background_cluster_with_slaves_replicates_and_stop_ends_it(tmp_path, zk
                     return isinstance(got, list) and payload in [x.payload for x in got]
             wait_for(copied, 30, "the slave's copy")
         status = subprocess.run(_command("status", "--dir", root), capture_output=True, text=True, timeout=60)
-        assert status.returncode == 0 and "slave 1" in status.stdout, status
+        assert status.returncode == 0, status
+        roles = {line.split()[0]: line.split()[1] for line in status.stdout.splitlines()[2:]}
+        assert roles == {"0": "master", "1": "master", "0-s1": "slave", "1-s1": "slave"}, status.stdout  # as now
     finally:
         stopped = subprocess.run(_command("stop", "--dir", root), capture_output=True, text=True, timeout=180)
     assert stopped.returncode == 0, stopped

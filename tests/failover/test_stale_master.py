@@ -127,16 +127,17 @@ def test_make_cluster_after_a_promotion_and_a_restart_serves_the_acknowledged_me
     """As a new user tries it: ``metaq-cluster start -n 1 --slaves 1``, kill -9 of broker 0's master, ``metaq-admin
     promote`` of its slave, a put to it acknowledged, the cluster stopped and started again (masters first)."""
     root, base = str(tmp_path / "cluster"), free_base(2)
-    state = devcluster.start(root, 1, 1, base, zk_connect=zk_connect, say=lambda text: None)
+    state = devcluster.start(root, 1, 1, base, zk_connect=zk_connect, say=lambda text: None, ha="manual")
     old, promoted = [b for b in state["brokers"] if b["broker_id"] == 0]
     member = At(promoted["ports"]["text"])
     try:
+        wait_for(lambda: stats(member).get("replication_link") == "connected", 20, "the slave follows its master")
         os.kill(old["pid"], signal.SIGKILL)
         wait_for(lambda: admin.main(["promote", "127.0.0.1:%d" % member.port]) == admin.EXIT_OK, 20,
                  "the slave promoted once it sees its master gone")
         _id, _part, offset = put_until_ok(member, TOPIC, b"acknowledged-by-the-promoted")
         devcluster.stop(root, say=lambda text: None)
-        devcluster.start(root, 1, 1, base, zk_connect=zk_connect, say=lambda text: None)
+        devcluster.start(root, 1, 1, base, zk_connect=zk_connect, say=lambda text: None, ha="manual")
 
         def masters():
             capsys.readouterr()
