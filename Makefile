@@ -35,7 +35,9 @@ all: test
 # (the dashboard is loaded in headless Chromium: its DOM after the page's script ran, and
 # the screenshot docs/dashboard.png), and mosquitto-clients (the MQTT port's tests publish and
 # subscribe with Mosquitto's mosquitto_pub and mosquitto_sub, clients nobody here wrote).
-SYSDEPS := zookeeper postgresql openssh-server libfuse2 openssl prometheus chromium mosquitto-clients
+# systemd's systemd-analyze checks the unit `fab deploy` writes for each broker (Debian installs systemd; a
+# minimal container image may not).
+SYSDEPS := zookeeper postgresql openssh-server libfuse2 openssl prometheus chromium mosquitto-clients systemd
 # The benchmark measures Redis Streams and NATS JetStream beside metaq when redis-server and
 # nats-server are there (Debian's nats-server runs as a plain process with its own store dir), and
 # the MQTT port beside Mosquitto (Debian's mosquitto broker, run as a plain process with its own config).

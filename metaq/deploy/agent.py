@@ -37,6 +37,7 @@ import sys
 import time
 
 from metaq import errors
+from metaq.deploy import units
 from metaq.deploy.layout import Layout
 
 POLL_S = 0.05
@@ -268,17 +269,28 @@ def start(layout, timeout, require_zk=False, security=None):
     os.makedirs(os.path.dirname(layout.log), exist_ok=True)
     log_start = os.path.getsize(layout.log) if os.path.exists(layout.log) else 0
     started = time.monotonic()
-    with open(layout.log, "ab") as log, open(os.devnull, "rb") as devnull:
-        proc = subprocess.Popen([server, "-c", layout.config], stdin=devnull, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=layout.home, start_new_session=True, close_fds=True)
+    unit = service(layout)
+    if unit is not None:  # systemd runs it: restarted on failure, started at boot
+        ok, pid, why = _systemctl_start(unit, timeout)
+        if not ok:
+            return False, {"state": "down", "message": "systemctl start %s failed: %s; its log:\n%s"
+                           % (unit, why, _log_tail(layout, log_start))}
+        proc = _Started(pid)
+    else:
+        with open(layout.log, "ab") as log, open(os.devnull, "rb") as devnull:
+            proc = subprocess.Popen([server, "-c", layout.config], stdin=devnull, stdout=log,
+                                    stderr=subprocess.STDOUT, cwd=layout.home, start_new_session=True,
+                                    close_fds=True)
     _write_pidfile(layout, proc.pid, address, os.path.basename(release))
     report = {"pid": proc.pid, "release": os.path.basename(release)}
+    if unit is not None:
+        report["unit"] = unit
     waiting_for = "an answer to `version`"
     while time.monotonic() - started < timeout:
         code = proc.poll()
         if code is not None:
             _remove_pidfile(layout)
-            report.update(state="down", message="the broker exited with code %d while starting; its log:\n%s"
+            report.update(state="down", message="the broker exited with code %s while starting; its log:\n%s"
                           % (code, _log_tail(layout, log_start)))
             return False, report
         try:
@@ -308,10 +320,18 @@ def start(layout, timeout, require_zk=False, security=None):
 
 def stop(layout, timeout, force=False):
     pid = running_pid(layout)
-    if pid is None:
+    unit = service(layout)
+    if pid is None and unit is None:
         _remove_pidfile(layout)
         return True, {"state": "down", "message": "not running"}
     started = time.monotonic()
+    if unit is not None:  # through systemd, or it would start the broker again (Restart=on-failure)
+        ok, why = _systemctl("stop", unit, timeout=timeout + 15)
+        if not ok:
+            return False, {"state": "up", "pid": pid, "message": "systemctl stop %s failed: %s" % (unit, why)}
+        _remove_pidfile(layout)
+        return True, {"state": "down", "pid": pid, "unit": unit, "seconds": round(time.monotonic() - started, 2),
+                      "message": "stopped %s in %.1f s" % (unit, time.monotonic() - started)}
     os.kill(pid, signal.SIGTERM)
     signals = ["SIGTERM"]
     deadline = started + timeout
@@ -327,6 +347,49 @@ def stop(layout, timeout, force=False):
     _remove_pidfile(layout)
     return True, {"state": "down", "pid": pid, "seconds": round(time.monotonic() - started, 2),
                   "message": "stopped (pid %d, %s) in %.1f s" % (pid, "+".join(signals), time.monotonic() - started)}
+
+
+class _Started:
+    """A broker systemd started: its main pid, polled like a child process (None while it runs)."""
+
+    def __init__(self, pid):
+        self.pid = pid
+
+    def poll(self):
+        return None if alive(self.pid) else "(see systemctl status)"
+
+
+def service(layout):
+    """The systemd unit that runs this install's broker: when systemd is the host's init and ``fab deploy``
+    installed the unit (metaq/deploy/units.py); None otherwise (the agent runs the broker itself)."""
+    if not os.path.isdir("/run/systemd/system"):
+        return None
+    try:
+        with open(layout.state) as f:
+            name = json.load(f)["broker"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return units.unit_name(name) if os.path.exists(units.installed_path(name)) else None
+
+
+def _systemctl(verb, unit, timeout):
+    """(ok, why) of ``systemctl <verb> <unit>`` within ``timeout`` seconds."""
+    try:
+        r = subprocess.run(["systemctl", verb, unit], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, str(exc)
+    return r.returncode == 0, (r.stderr or r.stdout).strip()
+
+
+def _systemctl_start(unit, timeout):
+    """(ok, main pid, why) of starting ``unit``."""
+    ok, why = _systemctl("start", unit, timeout)
+    if not ok:
+        return False, None, why
+    r = subprocess.run(["systemctl", "show", "-p", "MainPID", "--value", unit], capture_output=True, text=True,
+                       timeout=timeout)
+    pid = int(r.stdout.strip() or 0) if r.returncode == 0 and r.stdout.strip().isdigit() else 0
+    return (True, pid, "") if pid else (False, None, "no main pid (%s)" % (r.stderr or r.stdout).strip())
 
 
 def status(layout, security=None):

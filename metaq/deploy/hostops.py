@@ -5,12 +5,15 @@ returning a result with ``exited``/``stdout``/``stderr``, and ``sftp()``. Every 
 returns a one-line report or raises ``HostFailure`` with a message an operator can act on.
 """
 
+import hashlib
 import io
 import json
 import posixpath
 import socket
 import time
 
+from metaq.deploy import units
+from metaq.deploy.inventory import server_config
 from metaq.deploy.layout import Layout
 from metaq.deploy.remote import agent_command, facts_command, pip_install_command, q
 
@@ -54,7 +57,8 @@ def _tail(text, lines=_TAIL):
 
 
 def facts(conn, broker):
-    r = conn.run(facts_command(broker.python, broker.install_dir), hide=True, warn=True, in_stream=False, pty=False)
+    r = conn.run(facts_command(broker.python, broker.install_dir, broker.name), hide=True, warn=True,
+                 in_stream=False, pty=False)
     try:
         return json.loads(r.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
@@ -79,7 +83,11 @@ def deploy(conn, broker, bundle, cluster_name):
     package_ok = (state.get("package_sha256") == bundle.sha256 and found["current"] == bundle.id
                   and found["current_ok"])
     config_ok = found["config_sha256"] == broker.config_sha256 == state.get("config_sha256")
-    if package_ok and config_ok:
+    unit = broker_unit(layout, broker, cluster_name, found["user"])
+    unit_sha256 = hashlib.sha256(unit.encode("utf-8")).hexdigest()
+    as_service = found["systemd"] and found["root"]
+    unit_ok = found["unit_sha256"] == unit_sha256 and (not as_service or found["installed_unit_sha256"] == unit_sha256)
+    if package_ok and config_ok and unit_ok:
         return "unchanged (package %s, config %s)" % (bundle.id, broker.config_sha256[:12])
     run(conn, q("mkdir", "-p", layout.wheels, layout.releases, *sorted({posixpath.dirname(p) for p in (
         layout.config, layout.pidfile, layout.log)}), broker.data_dir), "creating directories")
@@ -93,6 +101,8 @@ def deploy(conn, broker, bundle, cluster_name):
     if found["config_sha256"] != broker.config_sha256:
         _upload_config(conn, layout, broker)
         changes.append("server.yaml updated (config %s)" % broker.config_sha256[:12])
+    if not unit_ok:
+        changes.append(_install_unit(conn, layout, broker, unit, as_service, found))
     _write_state(conn, layout, broker, bundle, cluster_name)
     _prune(conn, layout, bundle, found)
     if found["pid"]:
@@ -102,6 +112,28 @@ def deploy(conn, broker, bundle, cluster_name):
         changes.append("the running broker (pid %s) still has the previous %s: restart to apply (fab rolling-restart)"
                        % (found["pid"], what))
     return "; ".join(changes) or "state recorded (package %s, config %s)" % (bundle.id, broker.config_sha256[:12])
+
+
+def broker_unit(layout, broker, cluster_name, user):
+    """The text of the broker's systemd unit, run as ``user`` (the deploying user, who owns its files)."""
+    from metaq.server.config import ServerConfig
+
+    return units.unit_text(layout, broker.name, cluster_name, user,
+                           units.nofile(ServerConfig.model_validate(server_config(broker))))
+
+
+def _install_unit(conn, layout, broker, unit, as_service, found):
+    """Keep the unit under conf/; where systemd is the host's init and we are root, install and enable it."""
+    _put_text(conn, layout.unit(broker.name), unit)
+    if not as_service:
+        why = "systemd is not this host's init" if not found["systemd"] else "%s is not root" % found["user"]
+        return "systemd unit written to %s, not installed (%s): the agent runs the broker as its own daemon" % (
+            layout.unit(broker.name), why)
+    name = units.unit_name(broker.name)
+    _put_text(conn, units.installed_path(broker.name), unit)
+    run(conn, "%s && %s" % (q("systemctl", "daemon-reload"), q("systemctl", "enable", name)),
+        "enabling the systemd unit %s" % name)
+    return "systemd unit %s installed and enabled (restart on failure, start at boot)" % name
 
 
 def _upload_wheels(conn, layout, bundle, on_host):
@@ -214,6 +246,9 @@ def uninstall(conn, broker, purge_data):
         if conn.run(q("test", "-f", layout.state), hide=True, warn=True, in_stream=False).exited != 0:
             raise HostFailure("not removed: %s has no %s, so deploy did not make it" % (
                 layout.home, posixpath.basename(layout.state)))
+        unit = units.installed_path(broker.name)
+        run(conn, "if [ -f %s ]; then %s; %s && %s; fi" % (q(unit), q("systemctl", "disable", units.unit_name(
+            broker.name)), q("rm", "-f", unit), q("systemctl", "daemon-reload")), "removing the systemd unit")
         run(conn, q("rm", "-rf", "--", layout.home), "removing the install dir")
         gone.append(layout.home)
     if purge_data:

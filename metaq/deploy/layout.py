@@ -6,6 +6,7 @@
         releases/<package-id>/venv   one virtualenv per package, never changed after it is built
         current -> releases/<id>     switched atomically once a release is installed
         conf/server.yaml             the broker's configuration, rendered from the inventory
+        conf/metaq-<name>.service    its systemd unit (metaq/deploy/units.py), installed where systemd runs
         run/metaq.pid                the running broker's pid
         run/metaq.json               its pid, address and release, as it was started
         log/metaq.log                the broker's stdout and stderr
@@ -85,6 +86,10 @@ class Layout:
 
     def server_script(self, release_id=None):
         return posixpath.join(self.venv(release_id), "bin", "metaq-server")
+
+    def unit(self, broker_name):
+        """The copy of the broker's systemd unit kept with its configuration."""
+        return self.path("conf", "metaq-%s.service" % broker_name)
 
     def agent(self):
         """The command prefix that runs the agent from the current release."""

@@ -2,17 +2,20 @@
 
 ``facts_command`` runs before metaq is installed there, with the host's own Python (3.6 or
 later), and prints one JSON object: that Python's version and machine, what the last deploy
-recorded, the checksum of the server.yaml in place, the wheels already uploaded and the release
-a running broker uses. ``deploy`` decides everything from it in one round trip.
+recorded, the checksum of the server.yaml in place, the wheels already uploaded, the release
+a running broker uses, the user, whether systemd is the host's init and the checksums of the
+broker's systemd unit (its copy under conf/ and the installed one). ``deploy`` decides everything
+from it in one round trip.
 """
 
 import shlex
 
 from metaq.deploy.layout import Layout
+from metaq.deploy.units import installed_path
 
 _FACTS = r"""
-import hashlib, json, os, platform, sys
-home, config, pidfile, wheels, current, state = sys.argv[1:7]
+import hashlib, json, os, platform, pwd, sys
+home, config, pidfile, wheels, current, state, unit, installed_unit = sys.argv[1:9]
 def sha(path):
     try:
         with open(path, 'rb') as f:
@@ -51,6 +54,9 @@ print(json.dumps({
     'wheels': dict((n, sha(os.path.join(wheels, n))) for n in names if n.endswith('.whl')),
     'releases': releases,
     'pid': pid, 'running_release': running,
+    'user': pwd.getpwuid(os.getuid()).pw_name, 'root': os.getuid() == 0,
+    'systemd': os.path.isdir('/run/systemd/system'),
+    'unit_sha256': sha(unit), 'installed_unit_sha256': sha(installed_unit),
 }))
 """
 
@@ -60,10 +66,10 @@ def q(*args):
     return " ".join(shlex.quote(str(a)) for a in args)
 
 
-def facts_command(python, home):
+def facts_command(python, home, broker_name):
     layout = Layout(home)
     return q(python, "-c", _FACTS, layout.home, layout.config, layout.pidfile, layout.wheels, layout.current,
-             layout.state)
+             layout.state, layout.unit(broker_name), installed_path(broker_name))
 
 
 def agent_command(home, command, *options):

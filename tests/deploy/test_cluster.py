@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import threading
 import time
 
@@ -15,8 +16,9 @@ import pytest
 import yaml
 
 from metaq.client import Message, Producer
-from metaq.deploy import agent
+from metaq.deploy import agent, units
 from metaq.deploy.layout import Layout
+from metaq.server.config import ServerConfig
 from metaq.protocol import stats as stats_codec
 from metaq.client.raw import TextClient
 from tests.harness.broker import consume_all, wait_for
@@ -284,3 +286,20 @@ def test_uninstall_removes_the_install_and_keeps_the_data(deployed_cluster):
     assert "[b1] not installed (no %s)" % b1["install_dir"] in r.out, r
     assert status_table(r)["b1"]["STATE"] == "not deployed", r
     assert not os.path.exists(b1["install_dir"]) and os.path.isdir(b1["data_dir"])
+
+
+def test_each_broker_gets_a_systemd_unit_that_systemd_accepts(deployed_cluster):
+    """Where systemd is not the host's init (this test's hosts) the unit is written beside server.yaml, not
+    installed; `systemd-analyze verify` reads it as systemd would: the deployed release's server, restart on
+    failure, start at boot, LimitNOFILE from the broker's connection limits."""
+    cluster = deployed_cluster
+    cluster.deploy()
+    for name, b in cluster.brokers.items():
+        path = Layout(b["install_dir"]).unit(name)
+        text = open(path).read()
+        assert "Restart=on-failure" in text and "WantedBy=multi-user.target" in text, text
+        config = ServerConfig.model_validate(yaml.safe_load(open(Layout(b["install_dir"]).config)))
+        assert "LimitNOFILE=%d" % units.nofile(config) in text.splitlines(), text
+        verified = subprocess.run(["systemd-analyze", "verify", path], capture_output=True, text=True, timeout=60)
+        assert verified.returncode == 0 and verified.stderr.strip() == "", verified
+        assert not os.path.exists(units.installed_path(name))
