@@ -38,8 +38,9 @@ from metaq.deploy import hostops  # noqa: E402
 from metaq.deploy.bundle import BundleError, build_bundle  # noqa: E402
 from metaq.deploy.groups import start_waves, stop_waves  # noqa: E402
 from metaq.deploy.hostops import HostFailure  # noqa: E402
-from metaq.deploy.inventory import InventoryError, load_inventory, mqtt_cluster_notes  # noqa: E402
+from metaq.deploy.inventory import InventoryError, load_inventory, mqtt_cluster_notes, ports  # noqa: E402
 from metaq.deploy.layout import Layout  # noqa: E402
+from metaq.deploy import files as host_files  # noqa: E402
 from metaq.deploy import rolling  # noqa: E402
 
 _print_lock = threading.Lock()
@@ -177,6 +178,10 @@ def check(c, inventory=None, only=None, show_config=False):
              b.broker_id, b.listen, b.port, b.replication_port or "-", b.install_dir, b.data_dir, b.zk_connect or "-")
             for b in brokers]
     _say(hostops.table(rows, header))
+    names = ("text", "replication", "remoting", "http", "mqtt", "grpc")
+    _say("\nports (- : off):")
+    _say(hostops.table([(b.name, b.listen) + tuple(ports(b)[n] or "-" for n in names) for b in brokers],
+                       ("BROKER", "LISTEN") + tuple(n.upper() for n in names)))
     for note in cluster.notes + tuple(_group_notes(cluster, brokers)) + tuple(mqtt_cluster_notes(brokers)):
         _say("note: %s" % note)
     if show_config:
@@ -208,6 +213,23 @@ def _group_notes(cluster, brokers):
                          "(503 SLAVE_NOT_AVAILABLE); a second slave avoids that" % (master.name, master.broker_id,
                                                                                   slaves[0].name))
     return notes
+
+
+@task(help={kind: "local path of %s ({host}, {name}: the broker's)" % what
+            for kind, (what, _where) in host_files.KINDS.items()})
+def files(c, inventory=None, only=None, acl=None, secret=None, cert=None, key=None, ca=None, credentials=None):
+    """Send the files the brokers' settings name on their hosts (ACL, replication secret, TLS, credentials) from
+    local paths, mode 0600: no secret ever goes into the inventory."""
+    _, brokers = _brokers(c, inventory, only)
+    given = {"acl": acl, "secret": secret, "cert": cert, "key": key, "ca": ca, "credentials": credentials}
+    if not any(given.values()):
+        raise Exit("give at least one of --%s" % ", --".join(host_files.KINDS), code=2)
+    try:
+        plans = {b.name: host_files.planned(b, given) for b in brokers}
+    except InventoryError as exc:
+        raise Exit(str(exc), code=2) from exc
+    _finish("files", _on_hosts(c, brokers, lambda conn, b: hostops.send_files(conn, b, plans[b.name]),
+                               parallel=True))
 
 
 @task

@@ -17,7 +17,8 @@ from metaq.deploy.inventory import server_config
 from metaq.deploy.layout import Layout
 from metaq.deploy.remote import agent_command, facts_command, pip_install_command, q
 
-__all__ = ["HostFailure", "deploy", "agent", "logs", "uninstall", "status_row", "status_note", "report_line",
+__all__ = ["HostFailure", "deploy", "agent", "logs", "uninstall", "send_files",
+           "status_row", "status_note", "report_line",
            "STATUS_COLUMNS"]
 
 _TAIL = 12
@@ -233,6 +234,26 @@ def logs(conn, broker, lines):
     if r.exited != 0:
         return "(no log at %s)" % layout.log
     return r.stdout.rstrip("\n")
+
+
+def send_files(conn, broker, plan):
+    """Upload each ``(kind, local path, host path)`` of ``plan`` (metaq.deploy.files.planned): mode 0600, whole or
+    not at all; a missing directory made 0700. The report names what went where."""
+    if not plan:
+        return "nothing to send"
+    run(conn, " && ".join("{ [ -d %s ] || mkdir -p -m 0700 %s; }" % (q(posixpath.dirname(target)),
+                                                                     q(posixpath.dirname(target)))
+                          for _kind, _local, target in plan), "making the files' directories")
+    sftp = conn.sftp()
+    for _kind, local, target in plan:
+        with open(local, "rb") as f:
+            data = f.read()
+        tmp = target + ".tmp"
+        with sftp.open(tmp, "wb") as out:
+            out.chmod(0o600)  # before the first byte: the secret is never readable by others
+            out.write(data)
+        sftp.posix_rename(tmp, target)
+    return "sent %s (mode 0600)" % ", ".join("%s -> %s" % (kind, target) for kind, _local, target in plan)
 
 
 def uninstall(conn, broker, purge_data):

@@ -49,7 +49,7 @@ from metaq.deploy.placement import SERVER_PORTS
 from metaq.errors import ConfigError
 from metaq.protocol.registration import mqtt_membership
 
-__all__ = ["Broker", "Cluster", "InventoryError", "load_inventory", "parse_inventory"]
+__all__ = ["Broker", "Cluster", "InventoryError", "load_inventory", "parse_inventory", "ports"]
 
 # Paths on a host: absolute, normalised, plain characters only (they end up in shell commands,
 # quoted, and uninstall removes install_dir, so "/" or "/opt" must never be one).
@@ -494,6 +494,16 @@ def _listeners(broker):
         values = broker.server.get(section)
         if isinstance(values, dict) and isinstance(values.get("port"), int) and values["port"]:
             out.append(("server.%s.port" % section, values["port"]))
+    return out
+
+
+def ports(broker):
+    """Every port the broker listens on, by name (text, replication, remoting, http, mqtt, grpc; None: off):
+    what ``fab check`` prints, so that nothing about broker k's ports is left to work out."""
+    out = {"text": broker.port, "replication": broker.replication_port}
+    for section in SERVER_PORTS:
+        values = broker.server.get(section)
+        out[section] = values.get("port") or None if isinstance(values, dict) else None
     return out
 
 

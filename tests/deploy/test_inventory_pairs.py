@@ -168,7 +168,8 @@ def test_fab_check_shows_pairs_and_what_a_restart_costs(tmp_path):
     path.write_text(inventory(M0, S1, {"name": "b1", "host": "10.0.0.12", "broker_id": 1}, replication_mode="sync"))
     r = run_fab(path, "check", "--show-config")
     assert r.code == 0, r
-    rows = {line.split()[0]: line for line in r.out.splitlines() if line.startswith(("m0 ", "s1 ", "b1 "))}
+    placement = r.out.split("ports (- : off):")[0]  # the first table; the ports table follows
+    rows = {line.split()[0]: line for line in placement.splitlines() if line.startswith(("m0 ", "s1 ", "b1 "))}
     assert "slave of m0" in rows["s1"] and "8124" in rows["s1"].split("slave of m0")[1], r
     assert "- " in rows["b1"].split("10.0.0.12:22")[1], "b1 has no replication port: %r" % r
     assert ("note: m0 with s1 (ha manual): start runs masters before slaves, stop slaves before masters; "

@@ -143,11 +143,17 @@ def test_per_host_refuses_a_port_step_that_lands_one_brokers_port_on_anothers():
 
 @pytest.mark.parametrize("page", ["deploy.md", "cluster.md"])
 def test_the_docs_per_host_inventories_place_what_they_say(page):
+    """Three hosts of 4 cores: 12 brokers, 6 groups of a master and its slave, two masters a host, MQTT on 8883 +
+    10 k (what the pages say of their per_host: inventories)."""
     with open("%s/docs/%s" % (REPO, page), encoding="utf-8") as f:
-        [text] = [b for b in re.findall(r"```yaml\n(.*?)```", f.read(), re.S) if "per_host:" in b]
-    cluster = parse_inventory(text, cores=lambda host, ssh: 4)
-    brokers = {b.name: b for b in cluster.brokers}
-    assert len(brokers) == 12 and sorted(b.broker_id for b in brokers.values() if b.role == "master") == list(range(6))
-    assert all(b.host != brokers[b.master].host for b in brokers.values() if b.role == "slave")
-    mqtt = {(b.host, yaml.safe_load(b.config_text)["mqtt"]["port"]) for b in brokers.values()}
-    assert len(mqtt) == 12 and {port for _h, port in mqtt} == {8883, 8893, 8903, 8913}
+        blocks = [b for b in re.findall(r"```yaml\n(.*?)```", f.read(), re.S) if "per_host:" in b]
+    assert blocks
+    for text in blocks:
+        cluster = parse_inventory(text, cores=lambda host, ssh: 4)
+        brokers = {b.name: b for b in cluster.brokers}
+        masters = [b for b in brokers.values() if b.role == "master"]
+        assert len(brokers) == 12 and sorted(b.broker_id for b in masters) == list(range(6))
+        assert sorted(sum(1 for m in masters if m.host == h) for h in {b.host for b in brokers.values()}) == [2, 2, 2]
+        assert all(b.host != brokers[b.master].host for b in brokers.values() if b.role == "slave")
+        mqtt = {(b.host, yaml.safe_load(b.config_text)["mqtt"]["port"]) for b in brokers.values()}
+        assert len(mqtt) == 12 and {port for _h, port in mqtt} == {8883, 8893, 8903, 8913}
