@@ -24,7 +24,8 @@ def _wanted(name):
 def speedups_extension():
     """metaq._speedups, with Intel's ISA-L CRC-32 when its headers are installed (Debian: libisal-dev), and
     OpenSSL's libcrypto for a served message's MD5 digest when its headers are (Debian: libssl-dev); without
-    one, zlib's CRC-32 and hashlib's MD5 (called back) serve. METAQ_NO_ISAL=1 or METAQ_NO_OPENSSL=1 leaves one out."""
+    one, zlib's CRC-32 serves, and a served message is written by its Python definition (no served_record in C).
+    METAQ_NO_ISAL=1 or METAQ_NO_OPENSSL=1 leaves one out."""
     libraries, macros = ["z"], []
     if _wanted("METAQ_NO_ISAL") and _headers("isa-l/crc.h"):
         libraries.append("isal")

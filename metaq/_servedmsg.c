@@ -1,9 +1,11 @@
 /*
- * metaq._speedups.served_record: the twin of metaq.rmq5.messagebytes.served_record_py (see its docstring;
- * tests/rmq5/test_messagebytes.py holds the two equal). A served RocketMQ 5 message's response bytes (a
- * ReceiveMessageResponse's or PullMessageResponse's field 2, the Message) written straight from a log record a
- * RocketMQ or gRPC producer wrote, in one pass over its properties; None for any record it leaves to the general
- * mapping (the twin's docstring says which).
+ * metaq._speedups.served_record: metaq.rmq5.messagebytes.served_record_py in C (see its docstring; the tests run
+ * each case against both). A served RocketMQ 5 message's response bytes (a ReceiveMessageResponse's or
+ * PullMessageResponse's field 2, the Message) written straight from a log record a RocketMQ or gRPC producer wrote,
+ * in one pass over its properties; None for any record it leaves to the general mapping (the Python definition's
+ * docstring says which); the born host's text when the context's hosts do not know it yet. Built only with OpenSSL's
+ * libcrypto, which digests the body (without it the Python definition serves); a record whose MD5 libcrypto cannot
+ * give (a FIPS-only configuration) is left to the general mapping.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -14,9 +16,9 @@
 #ifdef METAQ_HAVE_OPENSSL
 #include <openssl/err.h>
 #include <openssl/evp.h>
-#endif
 
-/* The names the pass looks for: the first item of the context (messagebytes._CONTEXT), in this order. */
+/* The names the pass looks for: the first item of the context (messagebytes._CONTEXT), in this order. The context:
+   (names, untrimmed characters, most user properties, reserved names, hosts, longest born host text). */
 enum { N_UNIQ, N_KEYS, N_TAGS, N_GROUP, N_DELIVER, N_BORNHOST, N_SYSFLAG, N_NAMES };
 /* The most user properties the context may let the pass sort out itself (repeats are looked for among them). */
 #define USER_CAP 256
@@ -176,7 +178,7 @@ static int ascii(const char *p, Py_ssize_t n) {
 /* A new str of a span known to be valid UTF-8. */
 static PyObject *text(span s) { return PyUnicode_DecodeUTF8(s.p, s.n, "strict"); }
 
-/* The message's bytes into g; 1 when written, 0 for a record left to the general mapping, -1 with an error set. */
+/* 0 when o is a str, else -1 with a TypeError naming what it is. */
 static int require_text(PyObject *o, const char *what) {
     if (PyUnicode_Check(o))
         return 0;
@@ -184,9 +186,8 @@ static int require_text(PyObject *o, const char *what) {
     return -1;
 }
 
-#ifdef METAQ_HAVE_OPENSSL
 /* MD5 from OpenSSL's libcrypto, fetched once, and one digest context reused (the GIL is held); none where the
-   library has no MD5 (a FIPS-only configuration): the context's digest function serves then. */
+   library has no MD5 (a FIPS-only configuration). */
 static EVP_MD *md5_md;
 static EVP_MD_CTX *md5_ctx;
 static int md5_tried;
@@ -216,7 +217,6 @@ static int md5_upper_hex(const char *p, Py_ssize_t n, unsigned char *out) {
     }
     return 1;
 }
-#endif
 
 /* The message id of a message whose client gave none, "%X" % msg_id (its metaq id in upper-case hex), as system
    property 3: an int of 64 bits written here, anything else formatted as Python formats it. */
@@ -249,90 +249,43 @@ static int id_field(growable *sys, PyObject *msg_id) {
     return r;
 }
 
-/* The body's digest (DigestType MD5, its upper-case hex) as system property 4: from libcrypto when the helper was
-   built with it, else (or where it has no MD5) by the context's digest function. */
-static int digest_field(growable *sys, const char *body, Py_ssize_t body_n, PyObject *ctx) {
+/* The body's digest (DigestType MD5, its upper-case hex) as system property 4: 1, or 0 when libcrypto cannot give
+   it, -1 with an error set. */
+static int digest_field(growable *sys, const char *body, Py_ssize_t body_n) {
     if (grow(sys, 32 + 30) < 0)
         return -1;
-#ifdef METAQ_HAVE_OPENSSL
-    if (md5_upper_hex(body, body_n, sys->p + sys->len + 6)) { /* after the 6 bytes of tags and lengths below */
-        put_v(sys, 4 << 3 | 2);
-        put_v(sys, 2 + 2 + 32);
-        put_v(sys, 1 << 3);
-        put_v(sys, DIGEST_MD5);
-        put_v(sys, 2 << 3 | 2);
-        put_v(sys, 32);
-        sys->len += 32;
+    if (!md5_upper_hex(body, body_n, sys->p + sys->len + 6)) /* after the 6 bytes of tags and lengths below */
         return 0;
-    }
-#endif
-    PyObject *copy = PyBytes_FromStringAndSize(body, body_n); /* the digest function's own: it may keep it */
-    if (copy == NULL)
-        return -1;
-    PyObject *dig = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, 4), copy);
-    Py_DECREF(copy);
-    if (dig == NULL || require_text(dig, "a digest") < 0) {
-        Py_XDECREF(dig);
-        return -1;
-    }
-    Py_ssize_t dn;
-    const char *digest = PyUnicode_AsUTF8AndSize(dig, &dn);
-    if (digest == NULL || grow(sys, dn + 30) < 0) {
-        Py_DECREF(dig);
-        return -1;
-    }
     put_v(sys, 4 << 3 | 2);
-    put_v(sys, (uint64_t)(2 + 1 + vsize((uint64_t)dn) + dn));
+    put_v(sys, 2 + 2 + 32);
     put_v(sys, 1 << 3);
     put_v(sys, DIGEST_MD5);
     put_v(sys, 2 << 3 | 2);
-    put_v(sys, (uint64_t)dn);
-    memcpy(sys->p + sys->len, digest, (size_t)dn);
-    sys->len += dn;
-    Py_DECREF(dig);
-    return 0;
+    put_v(sys, 32);
+    sys->len += 32;
+    return 1;
 }
 
-/* The last born host text of at most BORN_KEPT bytes, the function asked and its answer: a receive's messages
-   mostly share a producer, and the function (the context's) is pure, so the same text of the same function is
-   answered without a call. */
-#define BORN_KEPT 64
-static char born_in[BORN_KEPT];
-static Py_ssize_t born_in_n = -1;
-static PyObject *born_fn, *born_out;
-
-/* The born host function fn's answer for the text born (valid UTF-8): a str or None (new references), NULL with
-   an error set. */
-static PyObject *born_text(span born, PyObject *fn) {
-    if (fn == born_fn && born.n == born_in_n && memcmp(born.p, born_in, (size_t)born.n) == 0)
-        return Py_NewRef(born_out);
-    PyObject *in = text(born);
-    if (in == NULL)
-        return NULL;
-    PyObject *out = PyObject_CallOneArg(fn, in);
-    Py_DECREF(in);
-    if (out == NULL || (out != Py_None && require_text(out, "a host") < 0)) {
-        Py_XDECREF(out);
-        return NULL;
-    }
-    if (born.n <= BORN_KEPT) { /* the old references let go last: their release may run any code */
-        PyObject *old_fn = born_fn, *old_out = born_out;
-        born_fn = Py_NewRef(fn);
-        born_out = Py_NewRef(out);
-        memcpy(born_in, born.p, (size_t)born.n);
-        born_in_n = born.n;
-        Py_XDECREF(old_fn);
-        Py_XDECREF(old_out);
-    }
-    return out;
+/* How many characters the valid UTF-8 of s holds, counted up to one more than most. */
+static Py_ssize_t chars_past(span s, Py_ssize_t most) {
+    Py_ssize_t n = 0;
+    if (s.n <= most)
+        return s.n; /* no more characters than bytes */
+    for (Py_ssize_t i = 0; i < s.n && n <= most; i++)
+        n += ((unsigned char)s.p[i] & 0xC0) != 0x80;
+    return n;
 }
 
+/* The message's bytes into g: 1 when written, 0 for a record left to the general mapping, 2 when the born host's text
+   is not among the context's hosts (*unknown: that text, a new reference), -1 with an error set. */
 static int served(growable *g, const char *data, Py_ssize_t size, long long flag, PyObject *topic,
                   long long queue_id, long long queue_offset, long long born_ms, long long store_ms, PyObject *msg_id,
-                  PyObject *endpoint, PyObject *handle, long long attempt, long long invisible_ms, PyObject *ctx) {
-    PyObject *names = PyTuple_GET_ITEM(ctx, 0), *reserved = PyTuple_GET_ITEM(ctx, 3);
+                  PyObject *endpoint, PyObject *handle, long long attempt, long long invisible_ms, PyObject *ctx,
+                  PyObject **unknown) {
+    PyObject *names = PyTuple_GET_ITEM(ctx, 0), *reserved = PyTuple_GET_ITEM(ctx, 3), *hosts = PyTuple_GET_ITEM(ctx, 4);
     Py_ssize_t room = PyLong_AsSsize_t(PyTuple_GET_ITEM(ctx, 1)), user_max = PyLong_AsSsize_t(PyTuple_GET_ITEM(ctx, 2));
-    if ((room == -1 || user_max == -1) && PyErr_Occurred())
+    Py_ssize_t born_max = PyLong_AsSsize_t(PyTuple_GET_ITEM(ctx, 5));
+    if ((room == -1 || user_max == -1 || born_max == -1) && PyErr_Occurred())
         return -1;
     if (user_max < 0 || user_max > USER_CAP) {
         PyErr_Format(PyExc_ValueError, "served_record: at most %d user properties", USER_CAP);
@@ -431,6 +384,8 @@ static int served(growable *g, const char *data, Py_ssize_t size, long long flag
     }
     if (!in_range(born_ms) || !in_range(store_ms))
         return 0;
+    if (born.n > 0 && chars_past(born, born_max) > born_max) /* a forged text: never kept among the hosts */
+        return 0;
     const char *body = end;
     Py_ssize_t body_n = data + size - end;
     int shown = tags.n > 0 && memchr(tags.p, '\x01', (size_t)tags.n) == NULL;
@@ -439,8 +394,8 @@ static int served(growable *g, const char *data, Py_ssize_t size, long long flag
 
     /* system properties */
     growable sys = {NULL, 0, 0};
-    int ok = -1;
-    PyObject *borntext = NULL;
+    int ok = -1, r;
+    PyObject *borntext = NULL; /* borrowed from hosts */
     if (tag.n > 0 && bytes_field(&sys, 1, tag.p, tag.n) < 0)
         goto done;
     if (keys.n > 0) {
@@ -460,14 +415,29 @@ static int served(growable *g, const char *data, Py_ssize_t size, long long flag
     } else if (id_field(&sys, msg_id) < 0) {
         goto done;
     }
-    if (digest_field(&sys, body, body_n, ctx) < 0)
+    if ((r = digest_field(&sys, body, body_n)) <= 0) {
+        ok = r;
         goto done;
+    }
     if (int_field(&sys, 5, ENCODING_IDENTITY) < 0 || int_field(&sys, 6, (uint64_t)kind) < 0 ||
         time_field(&sys, 7, born_ms) < 0)
         goto done;
     if (born.n > 0) {
-        borntext = born_text(born, PyTuple_GET_ITEM(ctx, 5));
-        if (borntext == NULL)
+        PyObject *key = text(born);
+        if (key == NULL)
+            goto done;
+        borntext = PyDict_GetItemWithError(hosts, key);
+        if (borntext == NULL) {
+            if (!PyErr_Occurred()) {
+                *unknown = key;
+                ok = 2;
+            } else {
+                Py_DECREF(key);
+            }
+            goto done;
+        }
+        Py_DECREF(key); /* hosts holds its own key and the host, and no Python runs before borntext is used */
+        if (borntext != Py_None && require_text(borntext, "a host") < 0)
             goto done;
     }
     if (str_field(&sys, 8, borntext != NULL && borntext != Py_None ? borntext : endpoint) < 0 ||
@@ -536,7 +506,6 @@ static int served(growable *g, const char *data, Py_ssize_t size, long long flag
     ok = 1;
 done:
     PyMem_Free(sys.p);
-    Py_XDECREF(borntext);
     return ok;
 }
 
@@ -563,7 +532,8 @@ PyObject *served_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     long long v[5], attempt = 0, invisible_ms = 0;
     int wide = 0;
     if (!PyTuple_Check(ctx) || PyTuple_GET_SIZE(ctx) != 6 || !PyTuple_Check(PyTuple_GET_ITEM(ctx, 0)) ||
-        PyTuple_GET_SIZE(PyTuple_GET_ITEM(ctx, 0)) != N_NAMES || !PyAnySet_Check(PyTuple_GET_ITEM(ctx, 3))) {
+        PyTuple_GET_SIZE(PyTuple_GET_ITEM(ctx, 0)) != N_NAMES || !PyAnySet_Check(PyTuple_GET_ITEM(ctx, 3)) ||
+        !PyDict_CheckExact(PyTuple_GET_ITEM(ctx, 4))) {
         PyErr_SetString(PyExc_TypeError, "served_record: a context as messagebytes makes it");
         return NULL;
     }
@@ -610,14 +580,15 @@ PyObject *served_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (PyObject_GetBuffer(args[0], &b, PyBUF_SIMPLE) < 0)
         return NULL;
     growable g = {NULL, 0, 0};
-    int r = served(&g, b.buf, b.len, v[0], topic, v[1], v[2], v[3], v[4], msg_id, endpoint, handle, attempt,
-                   invisible_ms, ctx);
-    PyBuffer_Release(&b);
     PyObject *out = NULL;
-    if (r > 0)
+    int r = served(&g, b.buf, b.len, v[0], topic, v[1], v[2], v[3], v[4], msg_id, endpoint, handle, attempt,
+                   invisible_ms, ctx, &out);
+    PyBuffer_Release(&b);
+    if (r == 1)
         out = PyBytes_FromStringAndSize((const char *)g.p, g.len);
     else if (r == 0)
         out = Py_NewRef(Py_None);
     PyMem_Free(g.p);
     return out;
 }
+#endif /* METAQ_HAVE_OPENSSL */

@@ -1186,9 +1186,11 @@ static PyMethodDef methods[] = {
      "pop_handle(partition, offset, attempt, deadline_ms) -> a receipt handle's text (_pophandles.c)"},
     {"pop_parse_handles", pop_parse_handles, METH_O,
      "pop_parse_handles(handles) -> (partition, offset, attempt, deadline_ms) or None a handle (_pophandles.c)"},
+#ifdef METAQ_HAVE_OPENSSL
     {"served_record", (PyCFunction)(void (*)(void))served_record, METH_FASTCALL,
      "served_record(data, flag, topic, queue_id, queue_offset, born_ms, store_ms, msg_id, endpoint, served, context) "
-     "-> a served message's response bytes, or None (_servedmsg.c; rmq5.messagebytes)"},
+     "-> a served message's response bytes, None, or its unknown born host's text (_servedmsg.c; rmq5.messagebytes)"},
+#endif
     {"grpc_frames", grpc_frames, METH_O,
      "grpc_frames(items) -> the gRPC messages items, each length-prefixed, joined (_pbwrite.c; rmq5.wire)"},
     {NULL, NULL, 0, NULL},
@@ -1604,8 +1606,12 @@ static PyObject *mqtt_burst_frames(PyObject *self, PyObject *const *args, Py_ssi
             if (tb == NULL) {
                 if (PyErr_Occurred())
                     goto fail;
-                PyObject *made = PyUnicode_Check(topic) ? PyUnicode_AsASCIIString(topic)
-                                                        : PyObject_CallMethod(topic, "encode", "s", "ascii");
+                if (!PyUnicode_Check(topic)) {
+                    PyErr_Format(PyExc_TypeError, "mqtt_burst_frames: entry %zd's topic is %.100s, not str", k,
+                                 Py_TYPE(topic)->tp_name);
+                    goto fail;
+                }
+                PyObject *made = PyUnicode_AsASCIIString(topic);
                 if (made == NULL)
                     goto fail;
                 int bad = PyDict_SetItem(names, topic, made) < 0;

@@ -125,8 +125,11 @@ PyObject *encode_fields(PyObject *self, PyObject *args);
 PyObject *pop_parse_handles(PyObject *self, PyObject *handles);
 /* pop_handle (_pophandles.c): a receipt handle's text; metaq/pop/records.py. */
 PyObject *pop_handle(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-/* served_record (_servedmsg.c): a served RocketMQ 5 message's bytes from its log record; metaq/rmq5/messagebytes.py. */
+/* served_record (_servedmsg.c): a served RocketMQ 5 message's bytes from its log record; metaq/rmq5/messagebytes.py.
+   Built with OpenSSL's libcrypto only (its MD5). */
+#ifdef METAQ_HAVE_OPENSSL
 PyObject *served_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+#endif
 /* grpc_frames (_pbwrite.c): gRPC messages length-prefixed and joined; metaq/rmq5/wire.py. */
 PyObject *grpc_frames(PyObject *self, PyObject *items);
 

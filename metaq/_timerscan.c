@@ -118,29 +118,12 @@ static void entry_head(unsigned char *r, const struct put_at *f, long long now, 
     be64(r + 28, (uint64_t)now);
 }
 
-/* 1 when entry_type is a tuple subclass with eight _fields (a NamedTuple such as TimerEntry): its entries are
- * then made by tuple.__new__ from C (new_entry), else 0: it is called (an error finding _fields counts as 0). */
-static int eight_field_tuple(PyObject *entry_type) {
-    if (!PyType_Check(entry_type) || !PyType_IsSubtype((PyTypeObject *)entry_type, &PyTuple_Type))
-        return 0;
-    PyObject *fields = PyObject_GetAttrString(entry_type, "_fields");
-    if (fields == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    int eight = PyTuple_Check(fields) && PyTuple_GET_SIZE(fields) == 8;
-    Py_DECREF(fields);
-    return eight;
-}
-
-/* entry_type(topic, partition, 0, checksum, due, now, body, owner). A NamedTuple's generated __new__ is
- * tuple.__new__(cls, fields): called here directly (tuple's tp_new builds the subclass's instance, whatever the
- * Python version needs of it, such as 3.14's hash cache), without the Python frame of the generated __new__ per
- * message. Any other type (fast == 0) is called. */
-static PyObject *new_entry(PyObject *entry_type, int fast, PyObject *topic, long long partition,
-                           long long checksum, long long due, long long now, PyObject *body, PyObject *owner) {
-    if (!fast)
-        return PyObject_CallFunction(entry_type, "OLiLLLOO", topic, partition, 0, checksum, due, now, body, owner);
+/* entry_type((topic, partition, 0, checksum, due, now, body, owner)) as tuple.__new__ makes it: entry_type is tuple
+ * or a subclass of it whose instances are its eight fields (a NamedTuple such as TimerEntry, whose generated
+ * __new__ is tuple.__new__(cls, fields)). Tuple's tp_new builds it, whatever the Python version needs of it (such as
+ * 3.14's hash cache); nothing of entry_type is read and no Python runs. */
+static PyObject *new_entry(PyObject *entry_type, PyObject *topic, long long partition, long long checksum,
+                           long long due, long long now, PyObject *body, PyObject *owner) {
     PyObject *fields = Py_BuildValue("(OLiLLLOO)", topic, partition, 0, checksum, due, now, body, owner);
     if (fields == NULL)
         return NULL;
@@ -168,7 +151,9 @@ PyObject *scan_put_ats(PyObject *self, PyObject *args) {
     if (olen != 0 && (olen < 2 || (unsigned char)ofield[0] != olen - 1))
         return PyErr_Format(PyExc_ValueError, "the owner field must be its length byte and the name");
     int owned = olen > 0;
-    int fast = eight_field_tuple(entry_type);
+    if (!PyType_Check(entry_type) || !PyType_IsSubtype((PyTypeObject *)entry_type, &PyTuple_Type))
+        return PyErr_Format(PyExc_TypeError, "entry_type is tuple or a NamedTuple of eight fields, not %.100s",
+                            Py_TYPE(entry_type)->tp_name);
     Py_buffer b;
     if (PyObject_GetBuffer(obj, &b, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -198,8 +183,7 @@ PyObject *scan_put_ats(PyObject *self, PyObject *args) {
         PyObject *body = PyBytes_FromStringAndSize((const char *)f.body, f.length);
         PyObject *entry = NULL, *item = NULL;
         if (topic != NULL && body != NULL)
-            entry = new_entry(entry_type, fast, topic, f.partition, (long long)(f.crc & 0x7FFFFFFFul), f.due, now, body,
-                              owner);
+            entry = new_entry(entry_type, topic, f.partition, (long long)(f.crc & 0x7FFFFFFFul), f.due, now, body, owner);
         Py_XDECREF(body);
         if (entry != NULL) /* N: the item takes these references, also when it cannot be built */
             item = Py_BuildValue("(NLLnn(OiiLnnk)N)", topic, f.partition, f.opaque,

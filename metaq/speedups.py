@@ -13,14 +13,15 @@ import os
 
 
 def load(name, twin):
-    """``metaq._speedups.<name>`` if it is built and wanted, else ``twin``."""
+    """``metaq._speedups.<name>`` if it is built and wanted, else ``twin`` (also when the helper was built without
+    that function: ``served_record`` needs OpenSSL's libcrypto)."""
     if os.environ.get("METAQ_PURE_PYTHON", "") not in ("", "0"):
         return twin
     try:
         from metaq import _speedups
     except ImportError:
         return twin
-    return getattr(_speedups, name)
+    return getattr(_speedups, name, twin)
 
 
 def built():

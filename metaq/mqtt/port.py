@@ -74,14 +74,18 @@ def burst_frames_py(staged, largest):
     """The store's burst frames of ``staged`` (``MqttPort.stage``'s entries, each perhaps with more fields after its
     four): ``(frames, src, general, names)``, a frame ``(topic bytes, partition, flag, 0, start in src, length,
     CRC-32)`` per entry over ``src``, their data back to back; ``general`` the indexes of those whose data and topic
-    pass ``largest`` bytes (the burst writer does not take them), ``names`` each metaq topic's ASCII bytes.
-    ``metaq._speedups``'s ``mqtt_burst_frames`` is this function in C (the tests hold the two equal)."""
+    pass ``largest`` bytes (the burst writer does not take them), ``names`` each metaq topic's ASCII bytes. A topic
+    is a str (TypeError otherwise). ``metaq._speedups``'s ``mqtt_burst_frames`` is this function in C (the tests
+    hold the two equal)."""
     names, frames, datas, general = {}, [], [], []
     at = 0
     for k, entry in enumerate(staged):
         topic, partition, flag, data = entry[0], entry[1], entry[2], entry[3]
         tb = names.get(topic)
         if tb is None:
+            if not isinstance(topic, str):
+                raise TypeError("mqtt_burst_frames: entry %d's topic is %s, not str"
+                                % (k, type(topic).__name__))
             tb = names[topic] = topic.encode("ascii")
         n = len(data)
         if n + len(tb) > largest:

@@ -216,13 +216,31 @@ def _in_range(ms):
     return _TS_MIN_S <= ms // 1000 <= _TS_MAX_S
 
 
+#: The most ``@BORNHOST`` texts whose ``ip:port`` ``served_record`` is given (``_BORN_HOSTS``; when full it is
+#: emptied and refilled as records name them), and the longest such text in characters (an IPv6 address in brackets
+#: and a port take 53; a longer, forged one is left to the general mapping, never kept).
+BORN_HOSTS_KEPT = 1024
+BORN_HOST_CHARS = 64
+
+#: Each ``@BORNHOST`` text seen (at most ``BORN_HOST_CHARS``) to its ``ip:port``, or None when it is not a
+#: producer's address (``_born_text``); ``learn_born_host`` fills it.
+_BORN_HOSTS = {}
+_NOT_KNOWN = object()
+
 #: What ``served_record`` is given besides a record: the property names it looks for (as bytes, in the C helper's
 #: order), the most characters of properties served untrimmed, the most user properties it sorts out itself (the
-#: proxy's bound), the names no user property may take, and the digest and born host functions (the C helper
-#: digests the body with OpenSSL's libcrypto when it was built with it, the digest function otherwise).
+#: proxy's bound), the names no user property may take, the born hosts known and the longest born host text.
 _CONTEXT = (tuple(name.encode() for name in (PROP_UNIQ_KEY, PROP_KEYS, PROP_TAGS, PROP_SHARDING_KEY, PROP_DELIVER_MS,
                                              PROP_BORNHOST, PROP_SYSFLAG)),
-            UNTRIMMED_CHARS, MAX_USER_PROPERTIES, RESERVED_PROPERTIES, _digest, _born_text)
+            UNTRIMMED_CHARS, MAX_USER_PROPERTIES, RESERVED_PROPERTIES, _BORN_HOSTS, BORN_HOST_CHARS)
+
+
+def learn_born_host(text):
+    """Keep the ``ip:port`` of the ``@BORNHOST`` text ``served_record`` answered (a text it was not given yet)
+    among the born hosts it is given, at most ``BORN_HOSTS_KEPT`` of them."""
+    if len(_BORN_HOSTS) >= BORN_HOSTS_KEPT:
+        _BORN_HOSTS.clear()
+    _BORN_HOSTS[text] = _born_text(text)
 _INT64 = range(-2 ** 63, 2 ** 63)
 
 
@@ -231,13 +249,16 @@ def served_record_py(data, flag, topic, queue_id, queue_offset, born_ms, store_m
     RocketMQ or gRPC producer wrote, in one pass over its properties, each read into its field: the record's
     ``data`` and ``flag``, its topic, queue, offset, times and metaq id (the message id when the record has no
     ``UNIQ_KEY``, in hex as ``_message_id`` writes it); ``endpoint`` the store host's ``ip:port``;
-    ``served`` a receive's ``Served`` or None; ``context`` the module's ``_CONTEXT``. None for any other record,
+    ``served`` a receive's ``Served`` or None; ``context`` the module's ``_CONTEXT``, whose hosts give a
+    ``@BORNHOST`` text's ``ip:port`` (None: the endpoint serves). The ``@BORNHOST`` text itself (a str) when the
+    hosts do not hold it: the caller learns it (``learn_born_host``) and asks again. None for any other record,
     which the general mapping serves: no attribute block or a malformed one, attribute bytes not UTF-8, no property
     part (a text put's), properties that could be trimmed (more than ``UNTRIMMED_CHARS`` characters with the tags'
     key), ``@SYSFLAG`` (a body to inflate), more user properties than the context's bound, a delivery time (without
-    a message group) not in ASCII or past 18 digits, a timestamp outside protobuf's range, an int past 64 bits. The
-    C helper's ``served_record`` is its twin."""
-    _names, room, user_max, reserved, _digest_of, born_text = context
+    a message group) not in ASCII or past 18 digits, a timestamp outside protobuf's range, a ``@BORNHOST`` text past
+    the context's longest, an int past 64 bits. ``metaq._speedups.served_record`` is this function in C (built with
+    OpenSSL's libcrypto, its MD5; where that has none, it leaves every record to the general mapping)."""
+    _names, room, user_max, reserved, hosts, born_max = context
     ints = (flag, queue_id, queue_offset, born_ms, store_ms) if served is None else \
         (flag, served.queue_id, served.queue_offset, born_ms, store_ms, served.attempt, served.invisible_ms)
     if not all(v in _INT64 for v in ints) or not flag & 1 or len(data) < 4:
@@ -259,10 +280,19 @@ def served_record_py(data, flag, topic, queue_id, queue_offset, born_ms, store_m
         return None
     if not (_in_range(born_ms) and _in_range(store_ms)):
         return None
+    if born and len(born) > born_max:
+        return None
     shown = shown_tags(tags or None)
-    born = born_text(born) if born else None
+    message_id = uniq or _message_id(msg_id)
+    host = None
+    if born:
+        host = hosts.get(born, _NOT_KNOWN)
+        if host is _NOT_KNOWN:
+            return born
+        if host is not None and not isinstance(host, str):
+            raise TypeError("a host is text")
     return encode_fields((2, _layout(topic, queue_id, queue_offset, tag if shown is None else shown, keys,
-                                     uniq or _message_id(msg_id), group, deliver, born_ms, born or endpoint, store_ms,
+                                     message_id, group, deliver, born_ms, host or endpoint, store_ms,
                                      endpoint, user.items(), bytes(data[4 + size:]), served)))
 
 
@@ -313,11 +343,22 @@ def response_bytes(msg, endpoint, max_transfer, msg_id, served=None):
     return encode_fields((2, message_fields(msg, endpoint, max_transfer, msg_id, served)))
 
 
+def served_bytes(rec, host, served):
+    """``served_record`` of the log record ``rec`` (``host``: the store host's ``ip:port``): its bytes, or None for
+    the general mapping; a born host it did not know is learned and it is asked again."""
+    out = served_record(rec.data, rec.flag, rec.topic, rec.partition, rec.queue_offset, rec.born_ts_ms, rec.store_ts_ms,
+                        rec.msg_id, host, served, _CONTEXT)
+    if out.__class__ is str:
+        learn_born_host(out)
+        out = served_record(rec.data, rec.flag, rec.topic, rec.partition, rec.queue_offset, rec.born_ts_ms,
+                            rec.store_ts_ms, rec.msg_id, host, served, _CONTEXT)
+    return out
+
+
 def record_response_bytes(rec, endpoint, max_transfer, served=None):
     """``response_bytes`` of the log record ``rec`` as the general mapping serves it
     (``message_of_record``, then ``message_fields``), written in one pass by ``served_record`` when it takes it."""
-    out = served_record(rec.data, rec.flag, rec.topic, rec.partition, rec.queue_offset, rec.born_ts_ms, rec.store_ts_ms,
-                        rec.msg_id, _host(endpoint), served, _CONTEXT)
+    out = served_bytes(rec, _host(endpoint), served)
     if out is None:
         out = response_bytes(message_of_record(rec, endpoint), endpoint, max_transfer, rec.msg_id, served)
     return out
@@ -337,6 +378,8 @@ def received_response_bytes(received, endpoint, max_transfer, invisible_ms):
         served = _served_of((r.topic, r.partition, r.offset, r.handle, r.attempt, invisible_ms))
         data = served_record(rec.data, rec.flag, rec.topic, rec.partition, rec.queue_offset, rec.born_ts_ms,
                              rec.store_ts_ms, rec.msg_id, host, served, _CONTEXT)
+        if data.__class__ is str:  # a born host not known yet
+            data = served_bytes(rec, host, served)
         if data is None:
             data = response_bytes(message_of_record(rec, endpoint), endpoint, max_transfer, rec.msg_id, served)
         out.append(data)

@@ -22,6 +22,7 @@ from metaq.timers.records import ENTRY, KIND_ENTRY, KIND_OWNED, MAGIC, VERSION, 
 _LINE = re.compile(rb"put_at ([\x21-\x7e]{1,255}) (\d{1,10}) (\d{1,10}) 0 (-1|\d{1,10}) ([@+]\d{1,19}) "
                    rb"(-?\d{1,10})\r\n")
 _INT32 = 2 ** 31
+_new_tuple = tuple.__new__
 
 
 def scan_put_ats_py(buf, pos, end, max_body, max_frames, now_ms, timer_topic, entry_type, owner=None):
@@ -30,8 +31,10 @@ def scan_put_ats_py(buf, pos, end, max_body, max_frames, now_ms, timer_topic, en
 
     Each item is ``(topic, partition, opaque, frame end, body length, burst frame, entry)``: ``topic`` a str, the
     burst frame ``(timer_topic, 0, 0, opaque, start in src, ENTRY record data length, its CRC-32)`` as
-    ``put_burst`` takes it, ``entry`` the ``entry_type(topic, partition, 0, checksum, due_ms, now_ms, body)`` the
-    record holds (and ``owner``). ``src``: the ENTRY records' data, end to end.
+    ``put_burst`` takes it, ``entry`` the record's ``(topic, partition, 0, checksum, due_ms, now_ms, body, owner)``
+    as ``tuple.__new__(entry_type, ...)`` makes it: ``entry_type`` is tuple or a NamedTuple of those eight fields
+    (TimerEntry), whose instances the C twin makes without calling anything of it (TypeError for any other type).
+    ``src``: the ENTRY records' data, end to end.
     """
     items, src, at = [], [], 0
     kind, ofield = (KIND_ENTRY, b"") if owner is None else (KIND_OWNED, owner_field(owner))
@@ -60,7 +63,7 @@ def scan_put_ats_py(buf, pos, end, max_body, max_frames, now_ms, timer_topic, en
                           topic_b, ofield, body))
         items.append((topic, partition, opaque, body_end, length, (timer_topic, 0, 0, opaque, at, len(entry),
                                                                    crc32(entry)),
-                       entry_type(topic, partition, 0, computed, due, now_ms, body, owner)))
+                       _new_tuple(entry_type, (topic, partition, 0, computed, due, now_ms, body, owner))))
         src.append(entry)
         at += len(entry)
         pos = body_end

@@ -310,6 +310,12 @@ def test_burst_frames_refuse_a_topic_that_is_not_ascii_as_the_twin_does():
             frames([("é", 0, 1, b"x")], 100)
 
 
+def test_burst_frames_refuse_a_topic_that_is_not_a_str_as_the_twin_does():
+    for frames in filter(None, (port.burst_frames_py, burst_frames_c)):
+        with pytest.raises(TypeError, match="entry 1's topic is bytes, not str"):
+            frames([("a", 0, 1, b"x"), (b"a", 0, 1, b"y")], 100)
+
+
 @pytest.mark.parametrize("extra", [0, 1], ids=["at", "past"])
 def test_a_record_at_the_largest_a_burst_takes_is_framed_and_one_past_left_to_the_general_path(extra):
     staged = [("ab", 0, 1, b"x" * 8), ("ab", 1, 1, b"y" * (8 + extra))]

@@ -1,17 +1,16 @@
-"""Receipt handles in C: an ack's handles read in one call (``pop_parse_handles`` against its Python twin, and both
-against the one-handle ``parse_handle``: four runs of ASCII digits, at most 96 characters), and a handle's text
-written (``pop_handle`` against ``handle_py``)."""
+"""Receipt handles: an ack's handles read in one call (``parse_handles_py`` and the C helper's ``pop_parse_handles``,
+each case run against both, and both against the one-handle ``parse_handle``: four runs of ASCII digits, at most 96
+characters), and a handle's text written (``handle_py`` and ``pop_handle``)."""
 
 import random
 
 import pytest
 
-from metaq import speedups
-from metaq.pop.records import InvalidHandle, handle, parse_handle, parse_handles_py
+from metaq.pop.records import InvalidHandle, handle, handle_py, parse_handle, parse_handles_py
+from tests.harness.native import both, built
 
-if not speedups.built():
-    pytest.skip("metaq._speedups was not built", allow_module_level=True)
-from metaq._speedups import pop_parse_handles  # noqa: E402
+PARSERS = both(parse_handles_py, "pop_parse_handles")
+WRITERS = both(handle_py, "pop_handle")
 
 
 def _expected(text):
@@ -31,16 +30,17 @@ CASES = [
 ]
 
 
-def test_each_case_as_parse_handle_reads_it():
+@pytest.mark.parametrize("parse_handles", PARSERS)
+def test_each_case_as_parse_handle_reads_it(parse_handles):
     assert len(CASES[22]) == 96 and len(CASES[23]) == 97
     want = [_expected(t) for t in CASES]
     assert want[0] == (0, 0, 1, 1764300000000) and want[3] == (7, 8, 9, 10)
     assert want[22] == (1, 2, 3, int("1" * 90)) and want[23] is None and want[21] == (1, 2, 3, 10 ** 19 - 1)
-    assert parse_handles_py(CASES) == want
-    assert pop_parse_handles(CASES) == want
+    assert parse_handles(CASES) == want
 
 
-def test_seeded_fuzz_twins_agree():
+@pytest.mark.parametrize("parse_handles", PARSERS)
+def test_seeded_fuzz_as_parse_handle_reads_it(parse_handles):
     rnd = random.Random(57)
     alphabet = "0123456789" * 4 + "::::" + "ab -+\u0663\u00e9"
     texts = []
@@ -49,30 +49,35 @@ def test_seeded_fuzz_twins_agree():
         texts.append("".join(rnd.choice(alphabet) for _ in range(n)))
         parts = [str(rnd.choice((0, 1, rnd.randint(0, 10 ** rnd.randint(1, 25))))) for _ in range(4)]
         texts.append(":".join(parts))
-    got = pop_parse_handles(texts)
-    assert got == parse_handles_py(texts) == [_expected(t) for t in texts]
+    got = parse_handles(texts)
+    assert got == [_expected(t) for t in texts]
     assert sum(1 for g in got if g is not None) > 20000  # the fuzz reaches both sides
 
 
-def test_a_list_is_required():
+@pytest.mark.skipif(built("pop_parse_handles") is None, reason="metaq._speedups was not built")
+def test_the_c_one_requires_a_list():
+    pop_parse_handles = built("pop_parse_handles")
     with pytest.raises(TypeError, match="a list expected"):
         pop_parse_handles(("1:2:3:4",))
     assert pop_parse_handles([]) == []
 
 
-def test_handle_text_as_the_twin_writes_it():
-    from metaq._speedups import pop_handle
-    from metaq.pop.records import handle_py
+@pytest.mark.parametrize("write", WRITERS)
+def test_handle_text_as_the_format_writes_it(write):
     rnd = random.Random(61)
     cases = [(0, 0, 1, 1764300000000), (3, 2 ** 63 - 1, 2, -(2 ** 63)), (True, False, 1, 0), (1, 2 ** 64, 3, 4),
              (-(2 ** 70), 0, 0, 0)]
     cases += [tuple(rnd.choice((rnd.randint(-10, 10), rnd.randint(0, 2 ** 63 - 1), rnd.randint(-2 ** 80, 2 ** 80)))
                     for _ in range(4)) for _ in range(5000)]
     for c in cases:
-        assert pop_handle(*c) == handle_py(*c)
-    texts = [pop_handle(p, o, a, d) for p, o, a, d in [(1, 2, 3, 4), (0, 2 ** 40, 1, 1764300000000)]]
-    assert pop_parse_handles(texts) == [(1, 2, 3, 4), (0, 2 ** 40, 1, 1764300000000)]
-    with pytest.raises(TypeError, match="an int expected"):
-        pop_handle(1, 2, 3, 4.0)
+        assert write(*c) == "%d:%d:%d:%d" % c
+    texts = [write(p, o, a, d) for p, o, a, d in [(1, 2, 3, 4), (0, 2 ** 40, 1, 1764300000000)]]
+    assert parse_handles_py(texts) == [(1, 2, 3, 4), (0, 2 ** 40, 1, 1764300000000)]
     with pytest.raises(TypeError):
-        pop_handle(1, 2, 3)
+        write(1, 2, 3)
+
+
+@pytest.mark.skipif(built("pop_handle") is None, reason="metaq._speedups was not built")
+def test_the_c_writer_refuses_what_is_not_an_int():  # its domain is ints; the format would write a float's
+    with pytest.raises(TypeError, match="an int expected"):
+        built("pop_handle")(1, 2, 3, 4.0)

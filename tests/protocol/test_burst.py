@@ -12,6 +12,7 @@ from metaq.protocol.message import decode_payload, encode_payload
 from metaq.store.record import tag_hash
 from metaq.protocol.stream import NEED_DATA
 from metaq.protocol.text import TextParser, serialize
+from tests.harness.native import both
 
 try:
     from metaq._speedups import scan_puts as scan_puts_c
@@ -19,6 +20,8 @@ except ImportError:  # not built: the Python reference is what runs
     scan_puts_c = None
 
 needs_c = pytest.mark.skipif(scan_puts_c is None, reason="metaq._speedups was not built")
+#: Both definitions of the scan: each case below runs against both.
+SCANS = both(scan_puts_py, "scan_puts")
 
 MAX_BODY, MAX_LINE = 300, 120
 
@@ -82,12 +85,13 @@ def test_c_scanner_refuses_positions_outside_the_buffer():
         scan_puts_c(b"put", 2, 1, 1, 1)
 
 
+@pytest.mark.parametrize("scan", SCANS)
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
-@given(bursts())
-def test_taken_frames_are_what_the_parser_reads(burst):
+@given(burst=bursts())
+def test_taken_frames_are_what_the_parser_reads(scan, burst):
     """Every frame the scanner takes is a Put the general parser reads identically (the same bytes consumed)."""
     buf, end = burst
-    frames, stop = scan_puts_py(buf, 0, end, MAX_BODY, MAX_LINE)
+    frames, stop = scan(buf, 0, end, MAX_BODY, MAX_LINE)
     parser = TextParser(max_line=MAX_LINE, max_body=MAX_BODY)
     if stop:
         parser.receive_data(bytes(buf[:stop]))  # (b"" would mean end of stream)
@@ -107,33 +111,34 @@ def test_taken_frames_are_what_the_parser_reads(burst):
     assert parser.next_event() is NEED_DATA and not parser.in_frame
 
 
-def test_attribute_puts_the_general_path_refuses_or_decompresses_are_left_to_it():
+@pytest.mark.parametrize("scan", SCANS)
+def test_attribute_puts_the_general_path_refuses_or_decompresses_are_left_to_it(scan):
     good = serialize(ev.Put("t", 1, 0, b"abc", 1, metaq_checksum(b"abc")))
     for data in (b"\x00\x00\x00\x09ab", b"\x00\x00", encode_payload(b"x", "a\x02METAQ_PID\x019\x02")[1],
                  encode_payload(b"x", "a\x02@SYSFLAG\x01769\x02")[1],  # a compressed body (zlib)
                  encode_payload(b"x", "\x02K\x01v\x02@SYSFLAG\x012\x02")[1]):  # any @SYSFLAG
         buf = bytearray(good + serialize(ev.Put("t", 1, 1, data, 2, metaq_checksum(data))) + good)
-        for scan in (scan_puts_py, scan_puts_c) if scan_puts_c else (scan_puts_py,):
-            frames, stop = scan(buf, 0, len(buf), MAX_BODY, MAX_LINE)
-            assert len(frames) == 1 and stop == len(good)
-
-
-def test_six_token_puts_are_taken_unchecked_and_a_seven_token_line_is_never_read_as_six():
-    buf = bytearray(b"put t 1 3 0 7\r\nabcput t 1 3 0 -1\r\nabcput t 1 3 0 -1 -8\r\nabcput t 1 3 0 5 -8\r\nabc")
-    for scan in (scan_puts_py, scan_puts_c) if scan_puts_c else (scan_puts_py,):
         frames, stop = scan(buf, 0, len(buf), MAX_BODY, MAX_LINE)
-        # opaques 7 and -1 (6 tokens), -8 (checksum -1); the last has a wrong checksum (5): not taken
-        assert [(f[3], f[5]) for f in frames] == [(7, 3), (-1, 3), (-8, 3)]
-        assert stop == buf.index(b"put t 1 3 0 5 -8")
+        assert len(frames) == 1 and stop == len(good)
 
 
-def test_scan_stops_at_the_first_frame_it_does_not_take():
+@pytest.mark.parametrize("scan", SCANS)
+def test_six_token_puts_are_taken_unchecked_and_a_seven_token_line_is_never_read_as_six(scan):
+    buf = bytearray(b"put t 1 3 0 7\r\nabcput t 1 3 0 -1\r\nabcput t 1 3 0 -1 -8\r\nabcput t 1 3 0 5 -8\r\nabc")
+    frames, stop = scan(buf, 0, len(buf), MAX_BODY, MAX_LINE)
+    # opaques 7 and -1 (6 tokens), -8 (checksum -1); the last has a wrong checksum (5): not taken
+    assert [(f[3], f[5]) for f in frames] == [(7, 3), (-1, 3), (-8, 3)]
+    assert stop == buf.index(b"put t 1 3 0 5 -8")
+
+
+@pytest.mark.parametrize("scan", SCANS)
+def test_scan_stops_at_the_first_frame_it_does_not_take(scan):
     good = [serialize(ev.Put("t", 1, 0, b"abc", i, metaq_checksum(b"abc"))) for i in range(3)]
     bad_crc = serialize(ev.Put("t", 1, 0, b"abc", 9, 12345))
     buf = bytearray(good[0] + good[1] + bad_crc + good[2])
-    frames, stop = scan_puts_py(buf, 0, len(buf), MAX_BODY, MAX_LINE)
+    frames, stop = scan(buf, 0, len(buf), MAX_BODY, MAX_LINE)
     assert [f[3] for f in frames] == [0, 1] and stop == len(good[0] + good[1])
     assert frames[0][0] is frames[1][0]  # one topic object per run of the same topic
     # a body not yet whole: the frame is left for later
-    frames, stop = scan_puts_py(buf, 0, len(good[0]) - 1, MAX_BODY, MAX_LINE)
+    frames, stop = scan(buf, 0, len(good[0]) - 1, MAX_BODY, MAX_LINE)
     assert frames == [] and stop == 0

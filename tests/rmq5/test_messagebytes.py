@@ -272,7 +272,6 @@ ONE_PASS = {
     "no producer's address": _sent(born_host=None),
     "a forged producer's address": _attribute("\x02@BORNHOST\x01not-a-host:1\x02UNIQ_KEY\x01u"),
     "a producer's port out of range": _attribute("\x02@BORNHOST\x011.2.3.4:99999"),
-    "a long forged producer's address": _attribute("\x02@BORNHOST\x01" + "9" * 100 + ":1"),
     "repeated keys: the last value, in the first place": _attribute(
         "T\x02a\x01x\x02b\x01y\x02a\x01z\x02UNIQ_KEY\x01u1\x02UNIQ_KEY\x01u2\x02KEYS\x01p\x02KEYS\x01q r"),
     "items without a separator, an empty key or value, a value holding one": _attribute(
@@ -297,6 +296,7 @@ GENERAL = {
     "@SYSFLAG: a compressed body of an older record": _attribute("\x02@SYSFLAG\x011", zlib.compress(b"z" * 5000)),
     "properties one past the untrimmed bound": _attribute("\x02u\x01" + "v" * (_ROOM - 6 - 3 + 1)),
     "properties trimmed": _attribute("\x02big\x01" + "v" * 40_000 + "\x02small\x01s"),
+    "a long forged producer's address": _attribute("\x02@BORNHOST\x01" + "9" * 100 + ":1"),
 }
 
 
@@ -330,14 +330,21 @@ def test_a_record_past_the_timestamp_range_is_refused_by_both_ways():
             messagebytes.response_bytes(message_of_record(rec, HOST), HOST, MAX_TRANSFER, rec.msg_id)
 
 
+#: Both definitions of ``served_record`` (the C one where it was built: with OpenSSL), each case run against both.
 SERVERS = [messagebytes.served_record_py]
-if speedups.built():
+if speedups.built() and hasattr(_speedups, "served_record"):
     SERVERS.append(_speedups.served_record)
 
 
 def _serve(server, rec, served, endpoint="192.0.2.7:8081"):
-    return server(rec.data, rec.flag, rec.topic, rec.partition, rec.queue_offset, rec.born_ts_ms, rec.store_ts_ms,
-                  rec.msg_id, endpoint, served, messagebytes._CONTEXT)
+    """``server``'s answer for ``rec``, its born host learned first when it did not know it (as ``served_bytes``)."""
+    args = (rec.data, rec.flag, rec.topic, rec.partition, rec.queue_offset, rec.born_ts_ms, rec.store_ts_ms,
+            rec.msg_id, endpoint, served, messagebytes._CONTEXT)
+    out = server(*args)
+    if isinstance(out, str):
+        messagebytes.learn_born_host(out)
+        out = server(*args)
+    return out
 
 
 @pytest.mark.parametrize("served", list(SERVED), ids=list(SERVED))

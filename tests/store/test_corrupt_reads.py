@@ -9,6 +9,7 @@ from metaq.store import gather, record
 from metaq.store.gather import gather_records_py
 from metaq.store.index import UNIT
 from metaq.store.record import encode_record, record_ok_py, scan_records_py
+from tests.harness.native import both
 from tests.harness.store import NOW, open_store
 
 try:
@@ -117,15 +118,15 @@ def test_a_chunk_that_ends_in_a_blank_tail_stops_before_a_corrupt_record_too(dat
     s.close(NOW)
 
 
-def test_scan_records_finds_the_first_bad_record():
+@pytest.mark.parametrize("scan_records", both(scan_records_py, "scan_records"))
+def test_scan_records_finds_the_first_bad_record(scan_records):
     recs = [encode_record("t", 0, i, NOW, NOW, i, 0, b"payload %d" % i) for i in range(5)]
     buf = bytearray(b"".join(recs))
-    assert record.scan_records(buf, 0, len(buf)) == (len(buf), 5)
+    assert scan_records(buf, 0, len(buf)) == (len(buf), 5)
     bad = sum(len(r) for r in recs[:3])
     buf[bad + len(recs[3]) - 2] ^= 1
-    assert record.scan_records(buf, 0, len(buf)) == (bad, 3)
-    assert scan_records_py(buf, 0, len(buf)) == (bad, 3)
-    assert record.scan_records(buf, bad + len(recs[3]), len(buf)) == (len(buf), 1)
+    assert scan_records(buf, 0, len(buf)) == (bad, 3)
+    assert scan_records(buf, bad + len(recs[3]), len(buf)) == (len(buf), 1)
 
 
 @pytest.mark.skipif(scan_records_c is None, reason="metaq._speedups was not built")

@@ -16,6 +16,7 @@ from metaq.store import recovery, recovery_scan
 from metaq.store.index import UNIT
 from metaq.store.record import BLANK_MAGIC, MARKER, check_record, decode_record, encode_record
 from metaq.store.recovery_scan import scan_log_py, write_units_py
+from tests.harness.native import both
 from tests.harness.store import NOW, open_store, payload_of, read_all
 
 try:
@@ -112,12 +113,13 @@ def flatten(result):
     return per
 
 
+@pytest.mark.parametrize("scan", both(scan_log_py, "scan_log"))
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
-@given(st.data())
-def test_the_twin_finds_what_the_record_by_record_reading_finds(data):
+@given(data=st.data())
+def test_each_finds_what_the_record_by_record_reading_finds(scan, data):
     buf = damage(data.draw, bytearray(b"".join(data.draw(records()))))
     base = data.draw(st.sampled_from([0, 4096, 1 << 40]))
-    got = scan_log_py(bytes(buf), 0, len(buf), base, 1 << 20)
+    got = scan(bytes(buf), 0, len(buf), base, 1 << 20)
     want, stop = reference(bytes(buf), 0, len(buf), base)
     assert (got[0], got[1]) == (stop, len(want))
     assert got[2] == (max(w[3] for w in want) if want else None)
