@@ -368,6 +368,11 @@ MAX_STATS_TOPICS = 4096
 #: out and ``metaq_group_rows_left_out`` says how many (100,000 committed offsets made a 15 MB scrape of 2.9 s).
 MAX_METRICS_GROUP_ROWS = 10_000
 
+#: Rows one ``stats groups`` answer holds (a consumer group's position in a partition, of any protocol: committed
+#: offsets, POP groups, MQTT shared groups and persistent sessions); past it the most behind are kept and a last
+#: ``left_out <n>`` line says how many were not sent (``metaq-admin groups`` and ``metaq-spark-report`` say so).
+MAX_GROUP_LAG_ROWS = 10_000
+
 #: An unfiltered ``/metrics`` answer that took more than METRICS_COSTLY_S to build is reused for ten times that, at
 #: most METRICS_REUSE_S: a flood of costly scrapes spends at most a tenth of the event loop on them, and a cheap
 #: answer is always fresh.

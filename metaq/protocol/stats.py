@@ -9,7 +9,9 @@ configuration file, unframed). The items (reference §8.3, docs/text-protocol.md
   empty value). A summary ``replication_slave<N>`` value is one slave's row (``parse_replica``).
 * ``topics``: ``TopicRow`` per topic (``<topic> *Empty*`` when it holds no data).
 * ``offsets``: ``OffsetRow`` per partition.
-* ``groups``: ``GroupRow`` per offset a group keeps in the broker.
+* ``groups``: ``GroupRow`` per position a consumer group of any protocol holds in the broker (committed offsets,
+  POP groups, MQTT shared groups and persistent sessions; ``kind`` says which), at most ``limits.MAX_GROUP_LAG_ROWS``
+  of them, the most behind first; a last ``left_out <n>`` line says how many more there were (``parse_groups_page``).
 * ``transactions``: ``TransactionRow`` per transaction the broker holds.
 * ``quotas``: ``QuotaRow`` per user and quota: what the user holds, its quota (admins only).
 * ``delay``: ``DelayLevelRow`` per level, then ``<key> <n>`` totals.
@@ -35,7 +37,7 @@ __all__ = [
     "TopicRow", "OffsetRow", "GroupRow", "TransactionRow", "QuotaRow", "encode_quotas", "parse_quotas",
     "DelayLevelRow", "ReplicaRow", "Realtime",
     "TopicFigures", "encode_topics", "parse_topics", "encode_offsets", "parse_offsets", "encode_groups",
-    "parse_groups", "encode_transactions", "parse_transactions", "encode_delay", "parse_delay",
+    "parse_groups", "parse_groups_page", "encode_transactions", "parse_transactions", "encode_delay", "parse_delay",
     "encode_topic", "parse_topic",
 ]
 
@@ -177,13 +179,21 @@ class OffsetRow(NamedTuple):
 
 
 class GroupRow(NamedTuple):
+    """``stats groups``: where a consumer group of ``kind`` (``metaq.groups.lag.KINDS``) is in a partition:
+    ``offset`` its position (the first offset it has not consumed), ``max_offset`` the partition's end, ``lag`` the
+    messages it has still to consume (``metaq.groups.lag.lag``), ``committed_ms`` when it last moved (None: not
+    kept), ``in_flight`` the messages handed out and not yet acknowledged (None: the kind has none). A line of a
+    broker before kinds (seven fields) is a committed offset's."""
+
     group: str
     topic: str
     partition: int
     offset: int
     max_offset: int
     lag: int
-    committed_ms: int
+    committed_ms: Optional[int]
+    kind: str = "offsets"
+    in_flight: Optional[int] = None
 
 
 class PopRow(NamedTuple):
@@ -244,7 +254,12 @@ _EMPTY = "*Empty*"
 _OFFSET = _Template("offsets", OffsetRow, "{topic} part {partition:d} min_offset {min_offset:d} "
                                           "max_offset {max_offset:d}")
 _GROUP = _Template("groups", GroupRow, "{group} {topic} {partition:d} offset {offset:d} max_offset {max_offset:d} "
-                                       "lag {lag:d} committed_ms {committed_ms:d}")
+                                       "lag {lag:d} committed_ms {committed_ms:d-} kind {kind} "
+                                       "in_flight {in_flight:d-}")
+#: Words of a committed offset's line as brokers before kinds wrote it (``_GROUP``'s first eleven).
+_OLD_GROUP_WORDS = 11
+#: The last line of a ``stats groups`` reply that left rows out (``limits.MAX_GROUP_LAG_ROWS``).
+LEFT_OUT = "left_out"
 _POP = _Template("pop", PopRow, "{group} {topic} in_flight {in_flight:d} redelivered {redelivered:d} "
                                 "dead_lettered {dead_lettered:d}")
 _TRANSACTION = _Template("transactions", TransactionRow,
@@ -286,12 +301,27 @@ def parse_offsets(body):
     return [_OFFSET.parse(line) for line in lines(body)]
 
 
-def encode_groups(rows):
-    return encode([_GROUP.format(r) for r in rows])
+def encode_groups(rows, left_out=0):
+    """The reply of ``rows``; ``left_out``: rows past the limit not sent (a last ``left_out <n>`` line)."""
+    return encode([_GROUP.format(r) for r in rows] + (["%s %d" % (LEFT_OUT, left_out)] if left_out else []))
+
+
+def parse_groups_page(body):
+    """``(rows, left_out)`` of a ``stats groups`` reply: ``left_out`` the rows the broker did not send (0: none)."""
+    rows, left_out = [], 0
+    for line in lines(body):
+        words = line.split(" ")
+        if len(words) == 2 and words[0] == LEFT_OUT:
+            left_out = _integer(words[1], "groups left_out", line)
+        elif len(words) == _OLD_GROUP_WORDS:
+            rows.append(_GROUP.parse(line + " kind offsets in_flight -"))
+        else:
+            rows.append(_GROUP.parse(line))
+    return rows, left_out
 
 
 def parse_groups(body):
-    return [_GROUP.parse(line) for line in lines(body)]
+    return parse_groups_page(body)[0]
 
 
 def encode_pop(rows):

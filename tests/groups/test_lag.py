@@ -1,0 +1,25 @@
+"""The one decision of a consumer group's lag, of every kind, and the bound on the rows a broker answers."""
+
+import pytest
+
+from metaq.groups.lag import Position, lag, rows
+
+
+def test_lag_per_kind_counts_what_is_left_to_consume():
+    assert lag("offsets", 3, 10) == 7
+    assert lag("pop", 3, 10, done_ahead=2) == 5  # acknowledged out of order above its lowest
+    assert lag("mqtt_shared", 10, 10) == 0
+    assert lag("mqtt_session", 12, 10) == 0  # past a cut end: nothing owed
+    with pytest.raises(ValueError, match="unknown group kind 'kafka'"):
+        lag("kafka", 0, 1)
+
+
+def test_rows_keep_the_most_behind_up_to_the_limit_and_say_how_many_were_left_out():
+    positions = [Position("g%d" % i, "offsets", "t", 0, i) for i in range(5)]
+    positions.append(Position("gone", "pop", "old", 0, 0))
+    ends = {("t", 0): 10}
+    got, left_out = rows(positions, lambda t, p: ends.get((t, p)), 5)
+    assert (len(got), left_out) == (5, 0)  # the position of a gone topic is no row
+    got, left_out = rows(positions, lambda t, p: ends.get((t, p)), 4)
+    assert left_out == 1 and [r.group for r in got] == ["g0", "g1", "g2", "g3"]  # g4, the least behind, left out
+    assert got[0].lag == 10 and got[0].kind == "offsets"
