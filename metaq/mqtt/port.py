@@ -96,6 +96,17 @@ def burst_frames_py(staged, largest):
 burst_frames = load("mqtt_burst_frames", burst_frames_py)
 
 
+def session_positions(client_id, cursors, flying, at_ms):
+    """A persistent session's ``Position`` per partition it reads: ``cursors`` {(topic, partition): next offset},
+    ``flying`` the (topic, partition) of each message in flight (counted per partition), ``at_ms`` its last record's
+    time (None: connected)."""
+    counts = {}
+    for key in flying:
+        key = tuple(key)
+        counts[key] = counts.get(key, 0) + 1
+    return [Position(client_id, "mqtt_session", t, p, o, at_ms, counts.get((t, p), 0)) for (t, p), o in cursors.items()]
+
+
 class MqttPort:
     """See the module doc."""
 
@@ -961,15 +972,11 @@ class MqttPort:
         for key, (cursors, at_ms) in groups.items():
             name = "$share/%s/%s" % key
             out.extend(Position(name, "mqtt_shared", t, p, o, at_ms) for (t, p), o in cursors.items())
-        sessions = {cid: (s.cursors, [w[1:] for w in s.where.values()], None) for cid, s in self._live.items()}
+        sessions = {cid: (s.cursors, [w[1:3] for w in s.where.values()], None) for cid, s in self._live.items()}
         for cid, saved in self.table.sessions.items():
             sessions.setdefault(cid, (saved.cursors, [i[3:5] for i in saved.inflight], saved.at_ms))
         for cid, (cursors, flying, at_ms) in sessions.items():
-            counts = {}
-            for key in flying:
-                counts[tuple(key)] = counts.get(tuple(key), 0) + 1
-            out.extend(Position(cid, "mqtt_session", t, p, o, at_ms, counts.get((t, p), 0))
-                       for (t, p), o in cursors.items())
+            out.extend(session_positions(cid, cursors, flying, at_ms))
         return out
 
     def summary_values(self):

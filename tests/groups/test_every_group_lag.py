@@ -15,7 +15,8 @@ from metaq.protocol import events as ev
 from metaq.protocol import stats as stats_codec
 from metaq.protocol.text import serialize
 from tests.harness.broker import url_of, wait_for
-from tests.harness.mqtt import Paho, with_mqtt
+from metaq.mqtt import wire
+from tests.harness.mqtt import Paho, Raw, with_mqtt
 
 grpc = pytest.importorskip("grpc")
 pytest.importorskip("metaq.rmq5.messages_pb2")
@@ -26,7 +27,8 @@ from tests.rmq5.test_pop_grpc import ack, receive  # noqa: E402
 N = 10
 #: (group, kind) -> (lag, in flight) each group is left with (``groups``): what the report must say.
 EXPECTED = {("txtg", "offsets"): (6, None), ("popg", "pop"): (9, 3),
-            ("$share/sg/lagm/#", "mqtt_shared"): (N, None), ("dev1", "mqtt_session"): (N, 0)}
+            ("$share/sg/lagm/#", "mqtt_shared"): (N, None), ("dev1", "mqtt_session"): (N, 0),
+            ("dev2", "mqtt_session"): (0, N)}
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,8 @@ def groups(tmp_path_factory):
     """One broker (every topic one partition) with four groups of four kinds in known states: ``txtg`` committed
     offset 4 of 10; ``popg`` received 4 of 10 over gRPC and acknowledged the third (out of order: 9 not acknowledged,
     3 in flight); an MQTT persistent session ``dev1`` holding ``lagm/#`` and ``$share/sg/lagm/#``, gone offline
-    before 10 messages were published (both 10 behind)."""
+    before 10 messages were published (both 10 behind); a connected persistent session ``dev2`` sent the 10 and
+    acknowledging none (none behind, 10 in flight)."""
     from metaq.client.local import BrokerProcess
 
     wd = tmp_path_factory.mktemp("everygroup")
@@ -58,11 +61,17 @@ def groups(tmp_path_factory):
         dev.subscribe("$share/sg/lagm/#", qos=1)
         dev.close()
         wait_for(lambda: _stat(b, "mqtt_sessions_offline") == "1", what="dev1 offline")
+        dev2 = Raw(b)
+        assert dev2.connect("dev2", clean_start=False, properties={"session_expiry_interval": 3600}).reason_code == 0
+        dev2.send(wire.Subscribe(1, (wire.Subscription("lagm/#", 1),)))
+        assert dev2.read() == wire.Suback(1, (1,))
         pub = Paho(b, "pub")
         for i in range(N):
             pub.publish("lagm/x", b"m%d" % i, qos=1)
         pub.close()
+        assert [dev2.read().payload for _i in range(N)] == [b"m%d" % i for i in range(N)]  # none acknowledged
         yield b
+        dev2.close()
     finally:
         b.kill()
 

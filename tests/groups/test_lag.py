@@ -23,3 +23,11 @@ def test_rows_keep_the_most_behind_up_to_the_limit_and_say_how_many_were_left_ou
     got, left_out = rows(positions, lambda t, p: ends.get((t, p)), 4)
     assert left_out == 1 and [r.group for r in got] == ["g0", "g1", "g2", "g3"]  # g4, the least behind, left out
     assert got[0].lag == 10 and got[0].kind == "offsets"
+
+
+def test_a_sessions_messages_in_flight_are_counted_per_partition():
+    from metaq.mqtt.port import session_positions
+
+    got = session_positions("dev", {("a", 0): 5, ("a", 1): 7}, [("a", 1), ["a", 1], ("b", 0)], 1234)
+    assert got == [Position("dev", "mqtt_session", "a", 0, 5, 1234, 0),
+                   Position("dev", "mqtt_session", "a", 1, 7, 1234, 2)]
