@@ -18,10 +18,9 @@ position is in the metaq topic its filter reads: the lag counts every message of
 other MQTT names of the topic too.
 """
 
-import heapq
 from typing import NamedTuple, Optional
 
-from metaq.protocol.stats import GroupRow
+from metaq.protocol.stats import GroupRow, group_line
 
 __all__ = ["KINDS", "Position", "lag", "rows"]
 
@@ -48,11 +47,12 @@ def lag(kind, position, end, done_ahead=0):
     return max(0, end - position - done_ahead)
 
 
-def rows(positions, end_of, most):
+def rows(positions, end_of, most, most_bytes=None):
     """``(GroupRows, left_out)``: a row per position with its partition's end (``end_of(topic, partition)``; None:
-    the partition is gone, the position left out) and its ``lag``; at most ``most`` rows (None: every row; the
-    callers that bound their answers another way), the most behind kept, sorted by group, topic, partition and kind;
-    ``left_out`` the rows past ``most``."""
+    the partition is gone, the position left out) and its ``lag``; at most ``most`` rows whose lines
+    (``stats.group_line``) hold at most ``most_bytes`` together (None: no bound; the callers that bound their answers
+    another way), the most behind kept, sorted by group, topic, partition and kind; ``left_out`` the rows past
+    them."""
     out = []
     for p in positions:
         end = end_of(p.topic, p.partition)
@@ -60,8 +60,15 @@ def rows(positions, end_of, most):
             continue
         out.append(GroupRow(p.group, p.topic, p.partition, p.position, end,
                             lag(p.kind, p.position, end, p.done_ahead), p.committed_ms, p.kind, p.in_flight))
-    left_out = 0 if most is None else max(0, len(out) - most)
-    if left_out:
-        out = heapq.nlargest(most, out, key=lambda r: r.lag)
-    out.sort(key=lambda r: (r.group, r.topic, r.partition, r.kind))
-    return out, left_out
+    kept = out
+    if most is not None or most_bytes is not None:
+        out.sort(key=lambda r: r.lag, reverse=True)
+        kept, used = out[:most] if most is not None else out, 0
+        if most_bytes is not None:
+            for n, r in enumerate(kept):
+                used += len(group_line(r).encode("utf-8")) + 2
+                if used > most_bytes:
+                    kept = kept[:n]
+                    break
+    kept.sort(key=lambda r: (r.group, r.topic, r.partition, r.kind))
+    return kept, len(out) - len(kept)

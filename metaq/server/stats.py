@@ -400,15 +400,16 @@ def offset_rows(store):
             for t, p in sorted(store.partition_keys())]
 
 
-def group_rows(store, positions=(), may_see=None, most=limits.MAX_GROUP_LAG_ROWS):
+def group_rows(store, positions=(), may_see=None, most=limits.MAX_GROUP_LAG_ROWS,
+               most_bytes=limits.MAX_GROUP_LAG_BYTES):
     """``(GroupRows, left_out)`` of ``stats groups``: the committed offsets of the store's groups and ``positions``
     (the other kinds', ``metaq.groups.lag.Position``), those ``may_see`` allows, with their lag; at most ``most``
-    rows, the most behind (``lag.rows``)."""
+    rows in ``most_bytes``, the most behind (``lag.rows``)."""
     committed = (lag.Position(group, "offsets", topic, partition, offset, commit_ms)
                  for group, topic, partition, offset, commit_ms in store.consumer_offsets.entries())
     visible = (p for it in (committed, positions) for p in it
                if may_see is None or (may_see("topic", p.topic) and may_see("group", p.group)))
-    return lag.rows(visible, lambda topic, partition: _end(store, topic, partition), most)
+    return lag.rows(visible, lambda topic, partition: _end(store, topic, partition), most, most_bytes)
 
 
 def _end(store, topic, partition):

@@ -27,7 +27,7 @@ from tests.rmq5.test_pop_grpc import ack, receive  # noqa: E402
 N = 10
 #: (group, kind) -> (lag, in flight) each group is left with (``groups``): what the report must say.
 EXPECTED = {("txtg", "offsets"): (6, None), ("popg", "pop"): (9, 3),
-            ("$share/sg/lagm/#", "mqtt_shared"): (N, None), ("dev1", "mqtt_session"): (N, 0),
+            ("$share/sg/lagm/#", "mqtt_shared"): (N, None), ("dev 1", "mqtt_session"): (N, 0),
             ("dev2", "mqtt_session"): (0, N)}
 
 
@@ -35,7 +35,7 @@ EXPECTED = {("txtg", "offsets"): (6, None), ("popg", "pop"): (9, 3),
 def groups(tmp_path_factory):
     """One broker (every topic one partition) with four groups of four kinds in known states: ``txtg`` committed
     offset 4 of 10; ``popg`` received 4 of 10 over gRPC and acknowledged the third (out of order: 9 not acknowledged,
-    3 in flight); an MQTT persistent session ``dev1`` holding ``lagm/#`` and ``$share/sg/lagm/#``, gone offline
+    3 in flight); an MQTT persistent session ``dev 1`` holding ``lagm/#`` and ``$share/sg/lagm/#``, gone offline
     before 10 messages were published (both 10 behind); a connected persistent session ``dev2`` sent the 10 and
     acknowledging none (none behind, 10 in flight)."""
     from metaq.client.local import BrokerProcess
@@ -56,7 +56,7 @@ def groups(tmp_path_factory):
             ack(g, "popg", "lagp", got[2])
         finally:
             g.close()
-        dev = Paho(b, "dev1", clean=False, properties=_expiry())
+        dev = Paho(b, "dev 1", clean=False, properties=_expiry())
         dev.subscribe("lagm/#", qos=1)
         dev.subscribe("$share/sg/lagm/#", qos=1)
         dev.close()

@@ -31,3 +31,24 @@ def test_a_sessions_messages_in_flight_are_counted_per_partition():
     got = session_positions("dev", {("a", 0): 5, ("a", 1): 7}, [("a", 1), ["a", 1], ("b", 0)], 1234)
     assert got == [Position("dev", "mqtt_session", "a", 0, 5, 1234, 0),
                    Position("dev", "mqtt_session", "a", 1, 7, 1234, 2)]
+
+
+def test_rows_fit_in_the_byte_bound_the_most_behind_kept():
+    from metaq.protocol.stats import group_line
+
+    long_name = "$share/g/" + "x" * 1000
+    positions = [Position(long_name, "mqtt_shared", "t", 0, 0), Position("small", "offsets", "t", 0, 5)]
+    first = len(group_line(rows(positions[:1], lambda t, p: 10, None)[0][0]).encode()) + 2
+    got, left_out = rows(positions, lambda t, p: 10, 10, first)  # room for the most behind only
+    assert [r.group for r in got] == [long_name] and left_out == 1
+    got, left_out = rows(positions, lambda t, p: 10, 10, first - 1)  # one byte short of it: nothing fits
+    assert (got, left_out) == ([], 2)
+
+
+def test_a_name_with_spaces_line_ends_or_percent_signs_is_one_word_and_reads_back_as_it_was():
+    from metaq.protocol import stats as codec
+
+    names = ["dev 1", "a\r\nEND", "100%", "caf\u00e9", "billing"]
+    body = codec.encode_groups([codec.GroupRow(n, "t", 0, 1, 2, 1, None, "mqtt_session", 0) for n in names])
+    assert b"billing t 0 " in body and b"dev%201 t 0 " in body and body.count(b"\r\nEND\r\n") == 1
+    assert [r.group for r in codec.parse("groups", body)] == names
