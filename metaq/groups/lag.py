@@ -18,6 +18,7 @@ position is in the metaq topic its filter reads: the lag counts every message of
 other MQTT names of the topic too.
 """
 
+import heapq
 from typing import NamedTuple, Optional
 
 from metaq.protocol.stats import GroupRow, group_line
@@ -53,22 +54,28 @@ def rows(positions, end_of, most, most_bytes=None):
     (``stats.group_line``) hold at most ``most_bytes`` together (None: no bound; the callers that bound their answers
     another way), the most behind kept, sorted by group, topic, partition and kind; ``left_out`` the rows past
     them."""
-    out = []
+    scored = []
     for p in positions:
         end = end_of(p.topic, p.partition)
-        if end is None:
-            continue
-        out.append(GroupRow(p.group, p.topic, p.partition, p.position, end,
-                            lag(p.kind, p.position, end, p.done_ahead), p.committed_ms, p.kind, p.in_flight))
-    kept = out
-    if most is not None or most_bytes is not None:
-        out.sort(key=lambda r: r.lag, reverse=True)
-        kept, used = out[:most] if most is not None else out, 0
-        if most_bytes is not None:
-            for n, r in enumerate(kept):
-                used += len(group_line(r).encode("utf-8")) + 2
-                if used > most_bytes:
-                    kept = kept[:n]
-                    break
-    kept.sort(key=lambda r: (r.group, r.topic, r.partition, r.kind))
-    return kept, len(out) - len(kept)
+        if end is not None:
+            scored.append((lag(p.kind, p.position, end, p.done_ahead), end, p))
+    kept = scored
+    if most is not None and len(scored) > most:
+        kept = heapq.nlargest(most, scored, key=_first)
+    elif most is not None or most_bytes is not None:
+        kept = sorted(scored, key=_first, reverse=True)
+    out = [GroupRow(p.group, p.topic, p.partition, p.position, end, n, p.committed_ms, p.kind, p.in_flight)
+           for n, end, p in kept]
+    if most_bytes is not None:
+        used = 0
+        for i, r in enumerate(out):
+            used += len(group_line(r).encode("utf-8")) + 2
+            if used > most_bytes:
+                out = out[:i]
+                break
+    out.sort(key=lambda r: (r.group, r.topic, r.partition, r.kind))
+    return out, len(scored) - len(out)
+
+
+def _first(item):
+    return item[0]
