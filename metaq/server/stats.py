@@ -28,7 +28,7 @@ ITEMS_HELP = (
     "topics    per topic: partitions, message count and bytes",
     "offsets   per partition: min_offset and max_offset",
     "realtime  put/get/offset counters since the last reset",
-    "groups    per group and partition: offset committed in this broker, max_offset, lag, commit time (ms)",
+    "groups    per group of every protocol and partition: position, max_offset, lag, time (ms), kind, in flight",
     "pop       per group and topic: POP messages in flight, redelivered, dead-lettered",
     "transactions  open, prepared (in-doubt), committing and heuristically decided transactions",
     "quotas    per user and quota: what the user holds and its quota (admins only)",
