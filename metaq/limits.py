@@ -368,6 +368,14 @@ MAX_STATS_TOPICS = 4096
 #: out and ``metaq_group_rows_left_out`` says how many (100,000 committed offsets made a 15 MB scrape of 2.9 s).
 MAX_METRICS_GROUP_ROWS = 10_000
 
+#: Rows one ``stats groups`` answer holds (a consumer group's position in a partition, of any protocol: committed
+#: offsets, POP groups, MQTT shared groups and persistent sessions); past it the most behind are kept and a last
+#: ``left_out <n>`` line says how many were not sent (``metaq-admin groups`` and ``metaq-spark-report`` say so).
+MAX_GROUP_LAG_ROWS = 10_000
+#: Bytes of the rows one ``stats groups`` answer holds (an MQTT shared group's name holds its filter, up to
+#: MQTT_MAX_TOPIC_BYTES): past them the rest is left out as past MAX_GROUP_LAG_ROWS, the most behind kept.
+MAX_GROUP_LAG_BYTES = 2 << 20
+
 #: An unfiltered ``/metrics`` answer that took more than METRICS_COSTLY_S to build is reused for ten times that, at
 #: most METRICS_REUSE_S: a flood of costly scrapes spends at most a tenth of the event loop on them, and a cheap
 #: answer is always fresh.

@@ -76,6 +76,7 @@ FEATURE_ROLES = {
     "cli": "client",  # the feature's metaq-admin command
     "remoting": "front-end",  # RocketMQ remoting's handlers
     "policy": "logic",  # a feature's pure rules (which are due, which are given up)
+    "lag": "logic",  # a consumer group's position and lag, of every protocol (pure)
     "journal": "state", "config": "state",  # a journal's files; a feature's settings
     "resource": "client",  # a resource an application's transaction manager drives (XA)
     "levels": "codec",  # a fixed set of choices and their records (the delay levels)

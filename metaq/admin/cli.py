@@ -72,6 +72,7 @@ class ClusterView:
         self.problems = []
         self.refusals = []  # the problems that are a 401 or 403: the credentials, not the network
         self.hidden = 0  # rows a listing left out (internal topics, `topics` without --all)
+        self.notes = []  # what a listing should say beside its rows (a broker's rows past its limit), on stderr
         self._conns = {}
         self.brokers = {}  # id -> url (ids learnt from each broker's `stats` when not from ZooKeeper)
         if zk_connect:
@@ -255,23 +256,34 @@ def cmd_partitions(view, args):
 
 
 def cmd_groups(view, args):
+    """Every consumer group's position and lag per partition: the offsets groups keep in ZooKeeper (their lag from
+    the partitions' ends), then each broker's ``stats groups`` (every protocol's groups, their lag the broker's:
+    ``metaq.groups.lag``); a broker that left rows out past ``limits.MAX_GROUP_LAG_ROWS`` is named in
+    ``view.notes``."""
     ends = {(topic, "%d-%d" % (bid, p)): mx for bid, topic, p, _mn, mx in view.partitions()}
     rows = []
     for group, topic, part, offset, owner in zk_group_rows(view, args.group):
-        rows.append(_group_row(group, topic, part, offset, owner, "zookeeper", ends))
+        end = ends.get((topic, part))
+        lag = None if end is None or offset is None else max(0, end - offset)
+        rows.append(_group_row(group, topic, part, offset, owner, "zookeeper", end, lag, "offsets", None))
     for bid, url in sorted(view.brokers.items()):
-        for r in view.stats_of(url, "groups") or ():
+        page = view.stats_of(url, "groups", lambda _item, body: stats_codec.parse_groups_page(body))
+        got, left_out = page or ((), 0)
+        if left_out:
+            view.notes.append("broker %d (%s) left out %d group rows past its limit (limits.MAX_GROUP_LAG_ROWS): the "
+                              "most behind are shown" % (bid, url, left_out))
+        for r in got:
             if args.group in (None, r.group):
-                rows.append(_group_row(r.group, r.topic, "%d-%d" % (bid, r.partition), r.offset, "", "broker", ends))
-    rows.sort(key=lambda r: (r["group"], r["topic"], r["partition"], r["store"]))
-    return rows, ["group", "topic", "partition", "owner", "committed", "max_offset", "lag", "store"]
+                rows.append(_group_row(r.group, r.topic, "%d-%d" % (bid, r.partition), r.offset, "", "broker",
+                                       r.max_offset, r.lag, r.kind, r.in_flight))
+    rows.sort(key=lambda r: (r["group"], r["topic"], r["partition"], r["kind"], r["store"]))
+    return rows, ["group", "kind", "topic", "partition", "owner", "committed", "max_offset", "lag", "in_flight",
+                  "store"]
 
 
-def _group_row(group, topic, part, offset, owner, store, ends):
-    end = ends.get((topic, part))
-    lag = None if end is None or offset is None else max(0, end - offset)
-    return {"group": group, "topic": topic, "partition": part, "owner": owner, "committed": offset,
-            "max_offset": end, "lag": lag, "store": store}
+def _group_row(group, topic, part, offset, owner, store, end, lag, kind, in_flight):
+    return {"group": group, "kind": kind, "topic": topic, "partition": part, "owner": owner, "committed": offset,
+            "max_offset": end, "lag": lag, "in_flight": in_flight, "store": store}
 
 
 def cmd_zk(view, args):
@@ -553,7 +565,8 @@ def build_parser():
     admintopics.add_parser(sub)  # topics [list|create|alter|delete] (topics/cli.py)
     s = sub.add_parser("partitions", help="each partition's min and max offsets")
     s.add_argument("topic", nargs="?", help="only this topic")
-    s = sub.add_parser("groups", help="consumer groups: owner, committed offset, lag per partition")
+    s = sub.add_parser("groups", help="consumer groups of every protocol (committed offsets, POP, MQTT shared groups "
+                       "and persistent sessions): position, lag, in flight per partition")
     s.add_argument("group", nargs="?", help="only this group")
     s = sub.add_parser("pop", help="per-message acknowledgement: messages in flight, redelivered, dead-lettered")
     s.add_argument("group", nargs="?", help="only this group")
@@ -628,6 +641,8 @@ def main(argv=None):
     if view.hidden and not args.json:
         print("metaq-admin: %d internal topic%s not shown (--all shows them)" % (view.hidden, "s" * (view.hidden > 1)),
               file=sys.stderr)
+    for note in view.notes:
+        print("metaq-admin: %s" % note, file=sys.stderr)
     for problem in view.problems:
         print("metaq-admin: could not read %s" % problem, file=sys.stderr)
     return EXIT_UNREACHABLE if view.problems else EXIT_OK

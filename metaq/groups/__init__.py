@@ -12,6 +12,8 @@ logic (the protocol layer: pure decisions)
     policy.py    the one decision every front-end asks: may this group consume now, with which maximum of retries,
                  and which broker a slow pull is told to use (``decide``, ``require``, ``max_attempts``,
                  ``max_reconsume_times``, ``suggest_broker``)
+    lag.py       a consumer group's position in a partition, of every protocol (committed offsets, POP, MQTT shared
+                 groups and persistent sessions), and the one decision of its lag (``lag``, ``rows``: ``stats groups``)
 state (the store layer)
     table.py     ``GroupTable`` (``MessageStore.groups``): the settings, their checks, ``<data_dir>/groups.json``
                  written atomically, a slave's ``replace`` (the table travels in the replication TOPICS frame)

@@ -48,6 +48,7 @@ from functools import partial
 import gevent
 
 from metaq import errors, limits
+from metaq.groups.lag import Position
 from metaq.mqtt import direct
 from metaq.mqtt.connection import Connection
 from metaq.mqtt.decoded import Decoded
@@ -97,6 +98,17 @@ def burst_frames_py(staged, largest):
 
 
 burst_frames = load("mqtt_burst_frames", burst_frames_py)
+
+
+def session_positions(client_id, cursors, flying, at_ms):
+    """A persistent session's ``Position`` per partition it reads: ``cursors`` {(topic, partition): next offset},
+    ``flying`` the (topic, partition) of each message in flight (counted per partition), ``at_ms`` its last record's
+    time (None: connected)."""
+    counts = {}
+    for key in flying:
+        key = tuple(key)
+        counts[key] = counts.get(key, 0) + 1
+    return [Position(client_id, "mqtt_session", t, p, o, at_ms, counts.get((t, p), 0)) for (t, p), o in cursors.items()]
 
 
 class MqttPort:
@@ -950,6 +962,26 @@ class MqttPort:
         """In an MQTT cluster, until this broker's peers follow it (``MqttCluster.wait_followed``); else at once."""
         if self.cluster is not None:
             self.cluster.wait_followed()
+
+    def positions(self):
+        """Where every shared group and persistent session is (``stats groups``: ``metaq.groups.lag.Position``): a
+        ``$share`` group (kind ``mqtt_shared``, named ``$share/<name>/<filter>``) at its cursors, in memory while it
+        has members, else as the sessions' log keeps them; a persistent session (kind ``mqtt_session``, named by its
+        client id) at its cursors, connected (in memory) or offline (its last record, ``committed_ms`` when that was
+        written), with its messages in flight per partition."""
+        out = []
+        groups = {key: (g.cursors, None) for key, g in self._groups.items()}
+        for key, saved in self.table.groups.items():
+            groups.setdefault(key, (saved.cursors, saved.at_ms))
+        for key, (cursors, at_ms) in groups.items():
+            name = "$share/%s/%s" % key
+            out.extend(Position(name, "mqtt_shared", t, p, o, at_ms) for (t, p), o in cursors.items())
+        sessions = {cid: (s.cursors, [w[1:3] for w in s.where.values()], None) for cid, s in self._live.items()}
+        for cid, saved in self.table.sessions.items():
+            sessions.setdefault(cid, (saved.cursors, [i[3:5] for i in saved.inflight], saved.at_ms))
+        for cid, (cursors, flying, at_ms) in sessions.items():
+            out.extend(session_positions(cid, cursors, flying, at_ms))
+        return out
 
     def summary_values(self):
         """The ``stats`` summary's MQTT pairs: the port, its connections, the wills published since the start and

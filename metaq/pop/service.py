@@ -41,6 +41,7 @@ import gevent
 from gevent.event import AsyncResult, Event
 
 from metaq import errors, limits
+from metaq.groups import lag as group_lag
 from metaq.groups import policy as group_policy
 from metaq.pop.follow import POP_JOURNAL, POP_LEARN_BATCH, PopLog, replay
 from metaq.pop.records import InvalidHandle, RecordError, handle
@@ -300,6 +301,21 @@ class PopService:
     def rows(self):
         """``(group, topic, in_flight, redelivered, dead_lettered)`` of every pair (``stats pop``)."""
         return self.state.rows()
+
+    def positions(self):
+        """Where every POP group is in each partition of its topic (``stats groups``: ``metaq.groups.lag.Position``
+        of kind ``pop``): its lowest offset not acknowledged, those acknowledged above it, those in flight; a
+        partition it has not received from yet at where its first receive starts (``_start``)."""
+        out = []
+        for group, topic, cursors in self.state.cursors():
+            try:
+                partitions = self.store.partitions_of(topic)
+            except errors.MetaqError:  # the topic is no longer configured
+                continue
+            for p in range(partitions):
+                low, done, flying = cursors.get(p) or (self._start(group, topic, p), 0, 0)
+                out.append(group_lag.Position(group, "pop", topic, p, low, None, flying, done))
+        return out
 
     # -- the role ----------------------------------------------------------------
 

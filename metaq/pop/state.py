@@ -323,6 +323,12 @@ class PopState:
                 out.append((group, "not_received", None))
         return out
 
+    def cursors(self):
+        """``(group, topic, {partition: (low, acknowledged above low, in flight)})`` of every pair (``stats
+        groups``: where each POP group is; a partition it never received from is not in its map)."""
+        return [(g, t, {p: (c.low, len(c.done), len(c.flights)) for p, c in gp.cursors.items()})
+                for (g, t), gp in self.groups.items()]
+
     def rows(self):
         """``(group, topic, in_flight, redelivered, dead_lettered)`` of every pair, sorted."""
         return [(g, t, gp.in_flight(), gp.redelivered, gp.dead) for (g, t), gp in sorted(self.groups.items())]

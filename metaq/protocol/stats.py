@@ -9,7 +9,11 @@ configuration file, unframed). The items (reference §8.3, docs/text-protocol.md
   empty value). A summary ``replication_slave<N>`` value is one slave's row (``parse_replica``).
 * ``topics``: ``TopicRow`` per topic (``<topic> *Empty*`` when it holds no data).
 * ``offsets``: ``OffsetRow`` per partition.
-* ``groups``: ``GroupRow`` per offset a group keeps in the broker.
+* ``groups``: ``GroupRow`` per position a consumer group of any protocol holds in the broker (committed offsets,
+  POP groups, MQTT shared groups and persistent sessions; ``kind`` says which; the name percent-encoded where it
+  holds a space, ``%``, a control or a byte past ASCII: ``quote_name``), at most ``limits.MAX_GROUP_LAG_ROWS`` of
+  them in ``limits.MAX_GROUP_LAG_BYTES``, the most behind; a last ``left_out <n>`` line says how many more there
+  were (``parse_groups_page``).
 * ``transactions``: ``TransactionRow`` per transaction the broker holds.
 * ``quotas``: ``QuotaRow`` per user and quota: what the user holds, its quota (admins only).
 * ``delay``: ``DelayLevelRow`` per level, then ``<key> <n>`` totals.
@@ -24,6 +28,7 @@ literal), so the two directions cannot drift. A malformed body or line raises
 
 import re
 from typing import NamedTuple, Optional
+from urllib.parse import quote, unquote
 
 from metaq.errors import RemoteProtocolError
 from metaq.protocol.integers import is_integer
@@ -35,7 +40,8 @@ __all__ = [
     "TopicRow", "OffsetRow", "GroupRow", "TransactionRow", "QuotaRow", "encode_quotas", "parse_quotas",
     "DelayLevelRow", "ReplicaRow", "Realtime",
     "TopicFigures", "encode_topics", "parse_topics", "encode_offsets", "parse_offsets", "encode_groups",
-    "parse_groups", "encode_transactions", "parse_transactions", "encode_delay", "parse_delay",
+    "parse_groups", "parse_groups_page", "group_line", "quote_name",
+    "encode_transactions", "parse_transactions", "encode_delay", "parse_delay",
     "encode_topic", "parse_topic",
 ]
 
@@ -115,6 +121,17 @@ def parse_summary(body):
 # -- table rows --------------------------------------------------------------------------------
 
 
+#: Bytes a name keeps as they are in a ``{field:q}`` word: printable ASCII but ``%`` (the others percent-encoded).
+_NAME_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
+
+
+def quote_name(name):
+    """``name`` as one word of a line: its UTF-8 bytes that are a space, ``%``, a control or not ASCII
+    percent-encoded (an MQTT client id or shared filter may hold any of them; a group name of the legal alphabet is
+    unchanged)."""
+    return quote(name, safe=_NAME_SAFE)
+
+
 class _Template:
     """One row's line: fields and literal words separated by single spaces."""
 
@@ -122,7 +139,7 @@ class _Template:
         self.item, self.row_type, self.text = item, row_type, text
         self.parts = []
         for word in text.split(" "):
-            m = re.fullmatch(r"\{(\w+)(?::(d-?))?\}", word)
+            m = re.fullmatch(r"\{(\w+)(?::(d-?|q))?\}", word)
             self.parts.append((m.group(1), m.group(2) or "s") if m else (None, word))
         assert [name for name, _ in self.parts if name] == list(row_type._fields), text
 
@@ -135,6 +152,8 @@ class _Template:
             value = getattr(row, name)
             if kind == "s":
                 words.append(str(value))
+            elif kind == "q":
+                words.append(quote_name(value))
             elif kind == "d-" and value is None:
                 words.append("-")
             else:
@@ -153,6 +172,8 @@ class _Template:
                     raise _bad("a %s line has %r where %r belongs" % (self.item, word, kind), line)
             elif kind == "s":
                 values.append(word)
+            elif kind == "q":
+                values.append(unquote(word, errors="replace"))
             elif kind == "d-" and word == "-":
                 values.append(None)
             else:
@@ -177,13 +198,21 @@ class OffsetRow(NamedTuple):
 
 
 class GroupRow(NamedTuple):
+    """``stats groups``: where a consumer group of ``kind`` (``metaq.groups.lag.KINDS``) is in a partition:
+    ``offset`` its position (the first offset it has not consumed), ``max_offset`` the partition's end, ``lag`` the
+    messages it has still to consume (``metaq.groups.lag.lag``), ``committed_ms`` when it last moved (None: not
+    kept), ``in_flight`` the messages handed out and not yet acknowledged (None: the kind has none). A line of a
+    broker before kinds (seven fields) is a committed offset's."""
+
     group: str
     topic: str
     partition: int
     offset: int
     max_offset: int
     lag: int
-    committed_ms: int
+    committed_ms: Optional[int]
+    kind: str = "offsets"
+    in_flight: Optional[int] = None
 
 
 class PopRow(NamedTuple):
@@ -243,8 +272,13 @@ _TOPIC = _Template("topics", TopicRow, "{topic} partitions {partitions:d} messag
 _EMPTY = "*Empty*"
 _OFFSET = _Template("offsets", OffsetRow, "{topic} part {partition:d} min_offset {min_offset:d} "
                                           "max_offset {max_offset:d}")
-_GROUP = _Template("groups", GroupRow, "{group} {topic} {partition:d} offset {offset:d} max_offset {max_offset:d} "
-                                       "lag {lag:d} committed_ms {committed_ms:d}")
+_GROUP = _Template("groups", GroupRow, "{group:q} {topic} {partition:d} offset {offset:d} max_offset {max_offset:d} "
+                                       "lag {lag:d} committed_ms {committed_ms:d-} kind {kind} "
+                                       "in_flight {in_flight:d-}")
+#: Words of a committed offset's line as brokers before kinds wrote it (``_GROUP``'s first eleven).
+_OLD_GROUP_WORDS = 11
+#: The last line of a ``stats groups`` reply that left rows out (``limits.MAX_GROUP_LAG_ROWS``).
+LEFT_OUT = "left_out"
 _POP = _Template("pop", PopRow, "{group} {topic} in_flight {in_flight:d} redelivered {redelivered:d} "
                                 "dead_lettered {dead_lettered:d}")
 _TRANSACTION = _Template("transactions", TransactionRow,
@@ -286,12 +320,32 @@ def parse_offsets(body):
     return [_OFFSET.parse(line) for line in lines(body)]
 
 
-def encode_groups(rows):
-    return encode([_GROUP.format(r) for r in rows])
+def group_line(row):
+    """A ``stats groups`` line of ``row`` (its size bounds a reply: ``metaq.groups.lag.rows``)."""
+    return _GROUP.format(row)
+
+
+def encode_groups(rows, left_out=0):
+    """The reply of ``rows``; ``left_out``: rows past the limit not sent (a last ``left_out <n>`` line)."""
+    return encode([_GROUP.format(r) for r in rows] + (["%s %d" % (LEFT_OUT, left_out)] if left_out else []))
+
+
+def parse_groups_page(body):
+    """``(rows, left_out)`` of a ``stats groups`` reply: ``left_out`` the rows the broker did not send (0: none)."""
+    rows, left_out = [], 0
+    for line in lines(body):
+        words = line.split(" ")
+        if len(words) == 2 and words[0] == LEFT_OUT:
+            left_out = _integer(words[1], "groups left_out", line)
+        elif len(words) == _OLD_GROUP_WORDS:
+            rows.append(_GROUP.parse(line + " kind offsets in_flight -"))
+        else:
+            rows.append(_GROUP.parse(line))
+    return rows, left_out
 
 
 def parse_groups(body):
-    return [_GROUP.parse(line) for line in lines(body)]
+    return parse_groups_page(body)[0]
 
 
 def encode_pop(rows):

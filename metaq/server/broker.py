@@ -210,6 +210,7 @@ class Broker:
         self.stats_service.add_source("delay_levels", self.delay.level_rows)
         self.stats_service.add_source("transactions", self.tx.manager.in_doubt)
         self.stats_service.add_source("pop", self.pop.rows)
+        self.stats_service.add_source("pop_positions", self.pop.positions)
         self.stats_service.add_source("quotas", self.quota_use)
         self.stats_service.add_source("remoting", lambda: remoting_values(self.remoting))
         self.stats_service.add_source("security", lambda: security_values(self.guard, config.security.tls.mode,
@@ -219,6 +220,8 @@ class Broker:
             self.mqtt_cluster.summary_values() + self.peer_asks.summary_values() if self.mqtt_cluster is not None
             else [])) if self.mqtt is not None
                                       else lambda: [("mqtt_port", 0)])
+        if self.mqtt is not None:
+            self.stats_service.add_source("mqtt_positions", self.mqtt.positions)
         self.http = None
         if config.http.port:  # docs/operating.md "The HTTP port"
             views = BrokerViews(self.store, self.stats, self.put_path, self.guard, self.roles,

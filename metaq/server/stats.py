@@ -18,6 +18,7 @@ from typing import NamedTuple
 import metaq
 from metaq import limits
 from metaq.errors import Forbidden, MetaqError
+from metaq.groups import lag
 from metaq.protocol import checksum
 from metaq.protocol import stats as codec
 from metaq.topics import names as topic_names
@@ -27,7 +28,7 @@ ITEMS_HELP = (
     "topics    per topic: partitions, message count and bytes",
     "offsets   per partition: min_offset and max_offset",
     "realtime  put/get/offset counters since the last reset",
-    "groups    per group and partition: offset committed in this broker, max_offset, lag, commit time (ms)",
+    "groups    per group of every protocol and partition: position, max_offset, lag, time (ms), kind, in flight",
     "pop       per group and topic: POP messages in flight, redelivered, dead-lettered",
     "transactions  open, prepared (in-doubt), committing and heuristically decided transactions",
     "quotas    per user and quota: what the user holds and its quota (admins only)",
@@ -212,6 +213,9 @@ SOURCES = {
     "transactions": "``stats transactions``: the transactions the broker holds (key, state, puts, ...)",
     "quotas": "``stats quotas``: [QuotaRow] per user and quota (docs/security.md \"Quotas\")",
     "pop": "``stats pop`` and the summary's pop_* pairs: (group, topic, in flight, redelivered, dead-lettered) rows",
+    "pop_positions": "``stats groups``: the POP groups' ``metaq.groups.lag.Position``s",
+    "mqtt_positions": "``stats groups``: the MQTT shared groups' and persistent sessions' "
+                      "``metaq.groups.lag.Position``s",
 }
 
 
@@ -254,7 +258,7 @@ class StatsService:
         if item == "quotas":
             return codec.encode_quotas(self.sources["quotas"]())
         if item == "groups":
-            return codec.encode_groups(_visible(group_rows(store), may_see))
+            return codec.encode_groups(*group_rows(store, self.positions(), may_see))
         if item == "pop":
             return codec.encode_pop(_visible([codec.PopRow(*r) for r in self.sources.get("pop", list)()], may_see))
         if item == "realtime":
@@ -269,6 +273,13 @@ class StatsService:
         if may_see is not None and not may_see("topic", item):
             raise Forbidden("permission denied: stats %s: the topic is not one this user may subscribe to" % item)
         return codec.encode_topic(topic_figures(item, store, self.counters))
+
+    def positions(self):
+        """The positions of the groups other than committed offsets (POP, MQTT), from their sources."""
+        out = []
+        for name in ("pop_positions", "mqtt_positions"):
+            out.extend(self.sources.get(name, list)())
+        return out
 
     def summary_values(self):
         """The summary's ``(key, value)`` pairs: MetaQ's first (``pid`` … ``config_checksum``), then ours."""
@@ -389,15 +400,24 @@ def offset_rows(store):
             for t, p in sorted(store.partition_keys())]
 
 
-def group_rows(store):
-    rows = []
-    for group, topic, partition, offset, commit_ms in store.consumer_offsets.entries():
-        try:
-            end = store.max_offset(topic, partition)
-        except MetaqError:  # the topic is no longer configured
-            continue
-        rows.append(codec.GroupRow(group, topic, partition, offset, end, max(0, end - offset), commit_ms))
-    return rows
+def group_rows(store, positions=(), may_see=None, most=limits.MAX_GROUP_LAG_ROWS,
+               most_bytes=limits.MAX_GROUP_LAG_BYTES):
+    """``(GroupRows, left_out)`` of ``stats groups``: the committed offsets of the store's groups and ``positions``
+    (the other kinds', ``metaq.groups.lag.Position``), those ``may_see`` allows, with their lag; at most ``most``
+    rows in ``most_bytes``, the most behind (``lag.rows``)."""
+    committed = (lag.Position(group, "offsets", topic, partition, offset, commit_ms)
+                 for group, topic, partition, offset, commit_ms in store.consumer_offsets.entries())
+    visible = (p for it in (committed, positions) for p in it
+               if may_see is None or (may_see("topic", p.topic) and may_see("group", p.group)))
+    return lag.rows(visible, lambda topic, partition: _end(store, topic, partition), most, most_bytes)
+
+
+def _end(store, topic, partition):
+    """The partition's end; None when its topic is no longer configured."""
+    try:
+        return store.max_offset(topic, partition)
+    except MetaqError:
+        return None
 
 
 def _visible(rows, may_see):

@@ -9,8 +9,10 @@ A snapshot reads, at one moment (``clock()``, injectable for tests):
   (``<topic> part <p> min_offset <a> max_offset <b>``);
 * **offsets** — ZooKeeper's ``consumers/<group>/offsets/<topic>/<brokerId>-<p>`` (``msgId-offset``
   or the legacy plain ``offset``; the znode's mtime and version say when and how often it was
-  written) and ``consumers/<group>/owners/...``, plus each broker's own offset store
-  (``stats groups``: ``<group> <topic> <p> offset <o> max_offset <m> lag <l> committed_ms <t>``).
+  written) and ``consumers/<group>/owners/...``, plus each broker's groups of every protocol
+  (``stats groups``: committed offsets, POP groups, MQTT shared groups and persistent sessions, each with its
+  ``kind``, position, lag as the broker decides it (``metaq.groups.lag``) and messages in flight); a broker that left
+  rows out past its limit (``limits.MAX_GROUP_LAG_ROWS``) says so in its row's ``error``.
 
 :func:`write_snapshot` appends it to a history directory as Parquet, one file per table per
 snapshot (``<history>/{snapshots,brokers,partitions,offsets}/snapshot-<ts_ms>-<rand>.parquet``,
@@ -67,7 +69,8 @@ def arrow_schemas():
                                  ("log_start_offset", i64), ("log_end_offset", i64)]),
         "offsets": pa.schema([("ts_ms", i64), ("group", s), ("topic", s), ("broker_id", i32), ("partition", i32),
                               ("store", s), ("committed_offset", i64), ("committed_msg_id", i64), ("commit_ms", i64),
-                              ("commit_version", i64), ("owner", s), ("raw", s)]),
+                              ("commit_version", i64), ("owner", s), ("raw", s), ("kind", s), ("lag", i64),
+                              ("in_flight", i64)]),
     }
 
 
@@ -120,13 +123,17 @@ def _read_broker(url, info, ts_ms, timeout, security):
                               max_backoff=timeout, security=security) as conn:
             broker_id = int(stats_codec.parse_summary(_stats(conn, None, timeout))["broker_id"])
             offsets = stats_codec.parse_offsets(_stats(conn, "offsets", timeout))
-            groups = stats_codec.parse_groups(_stats(conn, "groups", timeout))
+            groups, left_out = stats_codec.parse_groups_page(_stats(conn, "groups", timeout))
     except (errors.MetaqError, OSError, KeyError, ValueError) as exc:
         row.update(status="DOWN", error=str(exc) or type(exc).__name__)
         return row, [], []
     if info["broker_id"] is not None and info["broker_id"] != broker_id:
         row["error"] = "registered as broker %d but answers as %d" % (info["broker_id"], broker_id)
     row["broker_id"] = broker_id
+    if left_out:
+        note = "left out %d group rows past its limit (limits.MAX_GROUP_LAG_ROWS): the most behind are reported" \
+            % left_out
+        row["error"] = note if row["error"] is None else "%s; %s" % (row["error"], note)
     parts = []
     for r in offsets:
         parts.append({"ts_ms": ts_ms, "broker_id": broker_id, "topic": r.topic, "partition": r.partition,
@@ -136,7 +143,7 @@ def _read_broker(url, info, ts_ms, timeout, security):
         stored.append({"ts_ms": ts_ms, "group": r.group, "topic": r.topic, "broker_id": broker_id,
                        "partition": r.partition, "store": "broker", "committed_offset": r.offset,
                        "committed_msg_id": None, "commit_ms": r.committed_ms, "commit_version": None,
-                       "owner": None, "raw": None})
+                       "owner": None, "raw": None, "kind": r.kind, "lag": r.lag, "in_flight": r.in_flight})
     return row, parts, stored
 
 
@@ -186,7 +193,7 @@ def _zk_offsets(zk, root, ts_ms):
                 rows.append({"ts_ms": ts_ms, "group": group, "topic": topic, "broker_id": part.broker_id,
                              "partition": part.partition, "store": "zk", "committed_offset": offset,
                              "committed_msg_id": msg_id, "commit_ms": stat.mtime, "commit_version": stat.version,
-                             "owner": None, "raw": raw})
+                             "owner": None, "raw": raw, "kind": "offsets", "lag": None, "in_flight": None})
     return rows, owners
 
 

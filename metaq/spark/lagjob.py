@@ -1,10 +1,15 @@
 """The lag report as a PySpark job over the collector's history (:mod:`metaq.spark.collector`).
 
-Keys are ``(group, topic, partition, store)``: ``store`` says where the group keeps its
-offsets (``zk`` or ``broker``). "Now" is the time of the latest snapshot. Per key:
+Keys are ``(group, topic, partition, store, kind)``: ``store`` says where the group keeps its
+offsets (``zk`` or ``broker``), ``kind`` the protocol's model (``metaq.groups.lag.KINDS``:
+committed ``offsets``, ``pop``, ``mqtt_shared``, ``mqtt_session``). "Now" is the time of the
+latest snapshot. Per key:
 
-* ``committed_offset``, ``log_end_offset`` (and ``log_start_offset``): the latest snapshot's;
-  ``lag = max(log_end_offset - committed_offset, 0)`` messages (offsets are sequence numbers);
+* ``committed_offset`` (the group's position), ``log_end_offset`` (and ``log_start_offset``):
+  the latest snapshot's; ``lag``: the broker's (``metaq.groups.lag.lag``: a POP group's counts
+  what it has not acknowledged), for offsets kept in ZooKeeper ``max(log_end_offset -
+  committed_offset, 0)`` messages (offsets are sequence numbers); ``in_flight``: messages
+  handed out and not acknowledged (POP, an MQTT session's QoS 1 and 2), empty for the others;
 * ``consume_rate`` / ``produce_rate`` (messages/s): how far the committed offset / the log end
   moved across the last ``intervals`` snapshots, divided by the time between the first and
   the last of them; ``catch_up_s = lag / (consume_rate - produce_rate)`` when that is
@@ -27,14 +32,14 @@ import os
 
 __all__ = ["LagReport", "run_lag_job", "PARTITION_COLUMNS", "GROUP_COLUMNS", "BROKER_COLUMNS"]
 
-PARTITION_COLUMNS = ["group", "topic", "partition", "committed_offset", "log_end_offset", "lag", "status",
-                     "consume_rate", "produce_rate", "catch_up_s", "commit_age_s", "owner", "store",
+PARTITION_COLUMNS = ["group", "kind", "topic", "partition", "committed_offset", "log_end_offset", "lag", "in_flight",
+                     "status", "consume_rate", "produce_rate", "catch_up_s", "commit_age_s", "owner", "store",
                      "log_start_offset", "out_of_range", "window_commits", "complete"]
-GROUP_COLUMNS = ["group", "status", "burrow_status", "topics", "partitions", "total_lag", "max_lag",
+GROUP_COLUMNS = ["group", "kind", "status", "burrow_status", "topics", "partitions", "total_lag", "max_lag",
                  "max_lag_partition", "complete"]
 BROKER_COLUMNS = ["broker_id", "url", "status", "registered", "error"]
 
-_KEY = "`group`, topic, broker_id, `partition`, store"
+_KEY = "`group`, topic, broker_id, `partition`, store, kind"
 _RANK_SQL = ("CASE status WHEN 'REWIND' THEN 6 WHEN 'STALL' THEN 5 WHEN 'STOP' THEN 4 WHEN 'BROKER_DOWN' THEN 3 "
              "WHEN 'ERR' THEN 3 WHEN 'WARN' THEN 2 WHEN 'OK' THEN 1 ELSE 0 END")
 
@@ -101,8 +106,8 @@ def run_lag_job(spark, history_dir, intervals=10, max_age_s=None):
     report = sql(_REPORT_SQL.format(now=now, intervals=intervals, up=up_sql)).cache()
     report.createOrReplaceTempView("mq_report")
     try:
-        partitions = [r.asDict() for r in report.orderBy("group", "topic", "partition", "store").collect()]
-        groups = [r.asDict() for r in sql(_GROUPS_SQL.format(rank=_RANK_SQL)).orderBy("group").collect()]
+        partitions = [r.asDict() for r in report.orderBy("group", "topic", "partition", "kind", "store").collect()]
+        groups = [r.asDict() for r in sql(_GROUPS_SQL.format(rank=_RANK_SQL)).orderBy("group", "kind").collect()]
         history = [r.asDict() for r in sql(
             "SELECT `group`, ts_ms, sum(lag_n) AS lag FROM mq_h WHERE lag_n IS NOT NULL "
             "GROUP BY `group`, ts_ms ORDER BY `group`, ts_ms").collect()]
@@ -112,11 +117,13 @@ def run_lag_job(spark, history_dir, intervals=10, max_age_s=None):
     return LagReport(now, int(info["n"]), partitions, groups, brokers, history)
 
 
-# Every offsets row with the partition's bounds at the same snapshot and the lag then.
+# Every offsets row with the partition's bounds at the same snapshot and the lag then: the broker's (every kind's
+# one decision, metaq.groups.lag), else (ZooKeeper's offsets, a history from before kinds) the end less the offset.
 _HISTORY_SQL = """
-SELECT o.ts_ms, o.`group`, o.topic, o.broker_id, o.`partition`, o.store, o.committed_offset, o.commit_ms,
-       o.commit_version, o.owner, p.log_start_offset, p.log_end_offset,
+SELECT o.ts_ms, o.`group`, o.topic, o.broker_id, o.`partition`, o.store, coalesce(o.kind, 'offsets') AS kind,
+       o.committed_offset, o.commit_ms, o.commit_version, o.owner, o.in_flight, p.log_start_offset, p.log_end_offset,
        CASE WHEN o.committed_offset IS NULL OR p.log_end_offset IS NULL THEN NULL
+            WHEN o.lag IS NOT NULL THEN o.lag
             ELSE greatest(p.log_end_offset - o.committed_offset, 0) END AS lag_n
 FROM mq_offsets o LEFT JOIN mq_partitions p
   ON o.ts_ms = p.ts_ms AND o.topic = p.topic AND o.broker_id = p.broker_id AND o.`partition` = p.`partition`
@@ -126,7 +133,8 @@ FROM mq_offsets o LEFT JOIN mq_partitions p
 _SAMPLES_SQL = """
 SELECT {key},
        array_sort(collect_list(struct(ts_ms, committed_offset AS off, commit_ms, commit_version AS ver,
-                                      log_start_offset AS lstart, log_end_offset AS lend, lag_n, owner))) AS s
+                                      log_start_offset AS lstart, log_end_offset AS lend, lag_n, owner,
+                                      in_flight))) AS s
 FROM mq_h GROUP BY {key}
 """.replace("{key}", _KEY)
 
@@ -152,14 +160,15 @@ FROM (
 """
 
 _REPORT_SQL = """
-SELECT `group`, topic, `partition`, committed_offset, log_end_offset, lag, status, consume_rate, produce_rate,
+SELECT `group`, kind, topic, `partition`, committed_offset, log_end_offset, lag, in_flight, status, consume_rate,
+       produce_rate,
        CASE WHEN lag = 0 THEN 0D
             WHEN consume_rate - produce_rate > 0 THEN lag / (consume_rate - produce_rate) END AS catch_up_s,
        commit_age_s, owner, store, log_start_offset, out_of_range, window_commits, complete
 FROM (
-  SELECT `group`, topic, concat(broker_id, '-', `partition`) AS `partition`, store,
+  SELECT `group`, kind, topic, concat(broker_id, '-', `partition`) AS `partition`, store,
          cur.off AS committed_offset, cur_end AS log_end_offset, cur_start AS log_start_offset,
-         CASE WHEN cur.off IS NULL OR cur_end IS NULL THEN NULL ELSE greatest(cur_end - cur.off, 0) END AS lag,
+         CASE WHEN cur.off IS NULL OR cur_end IS NULL THEN NULL ELSE cur.lag_n END AS lag, cur.in_flight AS in_flight,
          CASE WHEN cur_end IS NOT NULL AND r1.ts_ms > r0.ts_ms
               THEN (r1.off - r0.off) * 1000D / (r1.ts_ms - r0.ts_ms) END AS consume_rate,
          CASE WHEN cur_end IS NOT NULL AND r1.ts_ms > r0.ts_ms
@@ -171,7 +180,7 @@ FROM (
          n AS window_commits, least(n / {intervals}D, 1D) AS complete,
          CASE WHEN NOT broker_up THEN 'BROKER_DOWN'
               WHEN cur.off IS NULL OR cur_end IS NULL THEN 'NOTFOUND'
-              WHEN cur_end - cur.off <= 0 OR any_zero THEN 'OK'
+              WHEN cur.lag_n <= 0 OR any_zero THEN 'OK'
               WHEN n = 0 THEN 'OK'
               WHEN rewind THEN 'REWIND'
               WHEN ({now} - last_ts) > (last_ts - first_ts) THEN 'STOP'
@@ -187,12 +196,12 @@ FROM (
 """
 
 _GROUPS_SQL = """
-SELECT `group`, max_by(status, rank) AS status,
+SELECT `group`, kind, max_by(status, rank) AS status,
        CASE WHEN max(rank) >= 3 THEN 'ERR' ELSE max_by(status, rank) END AS burrow_status,
        concat_ws(',', sort_array(collect_set(topic))) AS topics, count(*) AS partitions,
        sum(lag) AS total_lag, max(lag) AS max_lag,
        max_by(concat(topic, '/', `partition`), coalesce(lag, -1)) AS max_lag_partition,
        avg(CASE WHEN complete >= 1D THEN 1D ELSE 0D END) AS complete
 FROM (SELECT *, {rank} AS rank FROM mq_report)
-GROUP BY `group`
+GROUP BY `group`, kind
 """

@@ -50,8 +50,8 @@ def console_text(report):
                                                           "" if report.snapshots == 1 else "s")]
     if report.brokers_down:
         parts += ["", "BROKERS NOT ANSWERING", render_table(report.brokers_down, BROKER_COLUMNS)]
-    cols = ["group", "topic", "partition", "committed_offset", "log_end_offset", "lag", "status", "consume_rate",
-            "produce_rate", "catch_up_s", "commit_age_s", "owner", "store"]
+    cols = ["group", "kind", "topic", "partition", "committed_offset", "log_end_offset", "lag", "in_flight", "status",
+            "consume_rate", "produce_rate", "catch_up_s", "commit_age_s", "owner", "store"]
     rows = [{c: _fmt(r[c], c) for c in cols} for r in report.partitions]
     groups = [{c: _fmt(g[c], c) for c in GROUP_COLUMNS} for g in report.groups]
     parts += ["", render_table(groups, GROUP_COLUMNS), "", render_table(rows, cols)]
@@ -113,7 +113,8 @@ def _plot_lag_over_time(ax, report):
 
 def _plot_lag_by_partition(ax, report):
     rows = [r for r in report.partitions]
-    labels = ["%s  %s/%s%s" % (r["group"], r["topic"], r["partition"], "" if r["store"] == "zk" else " (broker)")
+    labels = ["%s  %s/%s%s" % (r["group"], r["topic"], r["partition"], "" if r["store"] == "zk" else
+                               " (broker)" if r.get("kind") in (None, "offsets") else " (%s)" % r["kind"])
               for r in rows]
     values = [r["lag"] or 0 for r in rows]
     colors = [STATUS_COLORS.get(r["status"], "#9e9e9e") for r in rows]

@@ -75,13 +75,16 @@ def test_admin_reports_topics_partitions_groups_and_zk(broker_factory, zk_connec
         assert by_key[("billing", "1-0")]["committed"] == 4 and by_key[("billing", "1-0")]["lag"] == 1
         assert by_key[("billing", "1-0")]["owner"] == "billing_host-1"
         assert by_key[("billing", "2-1")]["committed"] == 1 and by_key[("billing", "2-1")]["lag"] == 2
-        assert by_key[("direct", "1-0")] == {"group": "direct", "topic": "orders", "partition": "1-0", "owner": "",
-                                            "committed": 2, "max_offset": 5, "lag": 3, "store": "broker"}
+        assert by_key[("direct", "1-0")] == {"group": "direct", "kind": "offsets", "topic": "orders",
+                                            "partition": "1-0", "owner": "", "committed": 2, "max_offset": 5,
+                                            "lag": 3, "in_flight": None, "store": "broker"}
 
         table = admin("--zk", zk_connect, "groups", "billing").stdout
         lines = table.splitlines()
-        assert lines[0].split() == ["GROUP", "TOPIC", "PARTITION", "OWNER", "COMMITTED", "MAX_OFFSET", "LAG", "STORE"]
-        assert lines[2].split() == ["billing", "orders", "1-0", "billing_host-1", "4", "5", "1", "zookeeper"]
+        assert lines[0].split() == ["GROUP", "KIND", "TOPIC", "PARTITION", "OWNER", "COMMITTED", "MAX_OFFSET", "LAG",
+                                    "IN_FLIGHT", "STORE"]
+        assert lines[2].split() == ["billing", "offsets", "orders", "1-0", "billing_host-1", "4", "5", "1", "-",
+                                    "zookeeper"]
         assert len(lines) == 4  # header, rule, two partitions
 
         tree = admin("--zk", zk_connect, "zk").stdout

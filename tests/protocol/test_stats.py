@@ -36,10 +36,15 @@ def test_table_items_round_trip_with_their_wire_lines():
     assert body == b"STATS\r\ntest part 3 min_offset 0 max_offset 1\r\nEND\r\n"
     assert codec.parse("offsets", body) == offsets
 
-    groups = [codec.GroupRow("billing", "t1", 0, 1, 5, 4, 1700000000000)]
+    groups = [codec.GroupRow("billing", "t1", 0, 1, 5, 4, 1700000000000),
+              codec.GroupRow("sc", "t1", 1, 2, 9, 6, None, "pop", 3)]
     body = codec.encode_groups(groups)
-    assert b"billing t1 0 offset 1 max_offset 5 lag 4 committed_ms 1700000000000\r\n" in body
+    assert b"billing t1 0 offset 1 max_offset 5 lag 4 committed_ms 1700000000000 kind offsets in_flight -\r\n" in body
+    assert b"sc t1 1 offset 2 max_offset 9 lag 6 committed_ms - kind pop in_flight 3\r\n" in body
     assert codec.parse("groups", body) == groups
+    assert codec.parse_groups_page(codec.encode_groups(groups, left_out=7)) == (groups, 7)
+    old = b"STATS\r\nbilling t1 0 offset 1 max_offset 5 lag 4 committed_ms 1700000000000\r\nEND\r\n"
+    assert codec.parse("groups", old) == groups[:1]  # a broker before kinds: committed offsets
 
     txs = [codec.TransactionRow("XID:1:aa:bb:q", "prepared", 3, 30, 5, None, 0),
            codec.TransactionRow("TX:s:1", "open", 1, 2, 5, 7, 60)]

@@ -173,10 +173,10 @@ def test_lag_report_matches_known_group_states_and_reports_a_dead_broker(spark, 
     # the files: CSV with a header, Parquet, HTML with charts that have real content
     with open(os.path.join(out, "lag.csv"), newline="") as f:
         table = list(csv.reader(f))
-    assert table[0][:6] == ["group", "topic", "partition", "committed_offset", "log_end_offset", "lag"]
+    assert table[0][:7] == ["group", "kind", "topic", "partition", "committed_offset", "log_end_offset", "lag"]
     assert len(table) == 1 + len(report.partitions)
-    assert ["lagging", TOPIC, "1-1", str(lagging_slow(last)), str(end_at(last)),
-            str(end_at(last) - lagging_slow(last))] == table[1 + sorted(rows).index(("lagging", "1-1"))][:6]
+    assert ["lagging", "offsets", TOPIC, "1-1", str(lagging_slow(last)), str(end_at(last)),
+            str(end_at(last) - lagging_slow(last))] == table[1 + sorted(rows).index(("lagging", "1-1"))][:7]
     import pyarrow.parquet as pq
 
     assert pq.read_table(os.path.join(out, "lag.parquet")).num_rows == len(report.partitions)

@@ -133,9 +133,7 @@ class BrokerViews:
 
     def group_list(self, may_see=None):
         out = []
-        for r in group_rows(self.store):
-            if may_see is not None and not (may_see("topic", r.topic) and may_see("group", r.group)):
-                continue
+        for r in group_rows(self.store, (), may_see, most=None, most_bytes=None)[0]:
             out.append({"group": r.group, "topic": r.topic, "partition": r.partition, "offset": r.offset,
                         "max_offset": r.max_offset, "lag": r.lag, "commit_ms": r.committed_ms})
         return out
