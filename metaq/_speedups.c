@@ -42,14 +42,10 @@
  *                                                 == metaq.mqtt.wire.read_publishes_py (_mqttturn.c)
  *   mqtt_end_pubacks(buf, pos, v5, max_packet, inflight, where, state)
  *                                                 == metaq.mqtt.wire.end_pubacks_py (_mqttacks.c)
- *   mqtt_plain_turn(append, counted, path, store, deliver, client_id, acks, conn, largest, frames_of, publish,
- *                   most, most_bytes, data, v5, max_packet, plans, decided, room, now)
- *                                                 == metaq.mqtt.publishes.plain_turn_py (_pubturn.c)
  *   slot_getattr(obj, name), slot_setattr(obj, name, value)
  *                                                 == getattr and setattr (_slots.c: the C hot paths' attributes)
  *   mqtt_serve_waiting(waiting, readers, keep_decoded, deliver, most, keys, staged, runs, client_id, now)
  *                                                 == metaq.mqtt.direct.serve_waiting_py (_mqttwaiting.c)
- *   mqtt_pubacks_now(acks, conn, data)            == metaq.mqtt.acks.pubacks_now_py (_pubturn.c)
  *   mqtt_direct_publishes(fd, staged, i, stop, names, session, topic, partition, offset, window, v5, max_packet)
  *                                                 == metaq.mqtt.direct.direct_publishes_py (_mqttdirect.c)
  *   mqtt_split, mqtt_publish_bytes, mqtt_pubacks  == metaq.mqtt.wire's split_py, publish_bytes_py and
@@ -1162,13 +1158,6 @@ static PyMethodDef methods[] = {
     {"mqtt_serve_waiting", (PyCFunction)(void (*)(void))mqtt_serve_waiting, METH_FASTCALL,
      "mqtt_serve_waiting(waiting, readers, keep_decoded, deliver, most, keys, staged, runs, client_id, now) -> "
      "{key: {events}}: metaq.mqtt.direct.serve_waiting_py (_mqttwaiting.c)"},
-    {"mqtt_plain_turn", (PyCFunction)(void (*)(void))mqtt_plain_turn, METH_FASTCALL,
-     "mqtt_plain_turn(append, counted, path, store, deliver, client_id, acks, conn, largest, frames_of, publish, "
-     "most, most_bytes, data, v5, max_packet, plans, decided, room, now) -> None, True or the rest for the caller "
-     "(_pubturn.c)"},
-    {"mqtt_pubacks_now", (PyCFunction)(void (*)(void))mqtt_pubacks_now, METH_FASTCALL,
-     "mqtt_pubacks_now(acks, conn, data) -> True when a burst's PUBACKs were written (all or a part) from the "
-     "reader's turn, False when the caller is to queue them (_pubturn.c)"},
     {"mqtt_direct_publishes", (PyCFunction)(void (*)(void))mqtt_direct_publishes, METH_FASTCALL,
      "mqtt_direct_publishes(fd, staged, i, stop, names, session, topic, partition, offset, window, v5, max_packet) "
      "-> (went, state, rest, err): a run of plain QoS 1 messages sent to a waiting subscriber (_mqttdirect.c)"},

@@ -1,0 +1,94 @@
+"""A device's plain read stored and acknowledged in one step, and a burst's PUBACKs written from the reader's turn
+(docs/mqtt.md): the publisher's hot path, compiled with Cython where it is built (``metaq.native``), this source
+itself elsewhere.
+
+``plain_turn`` is what ``publishes.Publishes.read`` does with a read that holds whole packets and nothing buffered
+before it; ``pubacks_now`` is how it, and ``acks.Acknowledgements.pubacks``, write PUBACKs that may go at once. Both
+work through the public methods and attributes of the objects they are given; the bytes are split and the PUBACKs
+made by the wire's parsers (``wire.read_publishes``), the socket written by descriptor by ``fanout.send_each``.
+"""
+
+from metaq.mqtt.fanout import send_each
+from metaq.mqtt.wire import read_publishes
+from metaq.server.putpath import ACK_NOW
+
+
+def pubacks_now(acks, conn, data):
+    """Write a burst's PUBACKs ``data`` (``Acknowledgements.pubacks``' bytes, acknowledged at once) from the reader's
+    turn when they may go now: nothing queued before them and no writer (``acks.pending`` 0), so they keep their
+    place. By the socket's descriptor while packets may be written that way (``conn.direct_fd``), one non-blocking
+    send: a part written leaves the rest to the connection (``conn.keep_unsent``: written before anything else) and
+    an empty entry queued (``acks.queue(b"")``) so the writer finishes it; a full buffer writes nothing; a failed
+    send closes the connection (``conn.send_failed``). Otherwise (TLS, a writer inside a packet, something unsent,
+    closed) through ``conn.try_send``. When some went, ``acks.unacked`` is lowered by the PUBACKs and ``acks.sent``
+    set: True. False: none went, the caller queues them (``acks.queue_pubacks``)."""
+    if acks.pending or not data:
+        return False
+    size = len(data)
+    fd = conn.direct_fd
+    if fd >= 0:
+        short = send_each((data,), (fd,))
+        n = size
+        if short:
+            n = short[0][1]
+            if n < 0:
+                conn.send_failed(-n)
+                return False
+            if n > 0:
+                conn.keep_unsent(data[n:])
+    else:
+        n = conn.try_send(data) or 0
+    if n <= 0:
+        return False
+    acks.unacked -= size >> 2
+    if n < size:
+        acks.queue(b"")  # the writer writes what the connection keeps first
+    sent = acks.sent
+    if sent is not None:
+        sent.set()
+    return True
+
+
+def plain_turn(port, path, acks, conn, client_id, most, most_bytes, publish, data, v5, max_packet, plans, decided,
+               room, now):
+    """A device's read ``data``, holding whole packets with nothing buffered before it, stored and acknowledged in one
+    step when it is all plain PUBLISHes (``Publishes.read``): split and staged with their PUBACKs
+    (``wire.read_publishes``, at most ``most`` of them and ``most_bytes``, decoded as ``publish``), the QoS 1 ones
+    added to ``acks.unacked``; when they are the whole read, their burst frames (``port.frames_of``) appended by the
+    put path's burst writer (``path.append_burst``), each run counted (``path.counted``), the put path's
+    ``burst_written`` of now called with the delivery (``port.deliver_now``, given ``client_id``) and the PUBACKs
+    written at once when they may be (the mode ACK_NOW: ``pubacks_now``), else queued (``acks.queue_pubacks``) with
+    the wait the mode asks (the store's ``log_cuts`` read before the wake, which may yield): True. None: the read does
+    not begin with a plain PUBLISH (nothing taken). Else ``(entries, how many at QoS 1, their records' bytes,
+    PUBACKs, next pos, taken)`` for the caller's general path: other bytes follow from ``next pos``, a record is one
+    the burst writer does not take, or the burst writer stopped short (``taken``: ``(frames, src, frames written,
+    log end, keys, runs)``, the runs counted; else None)."""
+    entries, pos, qos1, nbytes, pubacks = read_publishes(data, 0, v5, max_packet, plans, decided, room, most,
+                                                         most_bytes, publish)
+    if not entries:
+        return None
+    acks.unacked += qos1
+    if pos < len(data):
+        return entries, qos1, nbytes, pubacks, pos, None
+    frames, src, general, _names = port.frames_of(entries, port.burst_largest)
+    if general:
+        return entries, qos1, nbytes, pubacks, pos, None
+    took, runs = path.append_burst(frames, src, now)
+    keys = set()
+    counted = path.counted
+    for run in runs:
+        key = run[0]
+        counted(key[0], run[1], run[2])
+        keys.add(key)
+    log_end = runs[-1][6] if runs else 0
+    if took < len(entries):
+        return entries, qos1, nbytes, pubacks, pos, (frames, src, took, log_end, keys, runs)
+    cuts = port.store.log_cuts  # nothing yielded since the writes: the wait, if any, begins after the wake
+    mode = path.burst_written(keys, now, None, port.deliver_now, (keys, entries, runs, client_id, now))
+    if pubacks:
+        if mode == ACK_NOW:
+            if not pubacks_now(acks, conn, pubacks):
+                acks.queue_pubacks(pubacks)
+        else:
+            acks.queue_pubacks(pubacks, (keys, log_end, now, cuts))
+    return True
