@@ -1162,8 +1162,8 @@ static PyMethodDef methods[] = {
      "mqtt_direct_publishes(fd, staged, i, stop, names, session, topic, partition, offset, window, v5, max_packet) "
      "-> (went, state, rest, err): a run of plain QoS 1 messages sent to a waiting subscriber (_mqttdirect.c)"},
     {"mqtt_split", (PyCFunction)(void (*)(void))mqtt_split, METH_FASTCALL,
-     "mqtt_split(buf, pos, max_packet, version, names, publish, puback) -> (packet, a, b): the next MQTT packet's "
-     "bounds, a plain PUBLISH or PUBACK decoded (_mqttwire.c)"},
+     "mqtt_split(buf, pos, max_packet, version, names) -> (fields, a, b): the next MQTT packet's bounds, a plain "
+     "PUBLISH's or PUBACK's fields decoded (_mqttwire.c)"},
     {"mqtt_publish_bytes", mqtt_publish_bytes, METH_VARARGS,
      "mqtt_publish_bytes(first, topic, packet_id, props, payload) -> an encoded PUBLISH (_mqttwire.c)"},
     {"mqtt_pubacks", mqtt_pubacks, METH_O, "mqtt_pubacks(packet_ids) -> the successful PUBACKs, joined (_mqttwire.c)"},

@@ -722,12 +722,14 @@ def _plain_publish(buf, start, end, flags, v5):
         if len(_known_names) >= MQTT_KNOWN_NAMES:
             _known_names.clear()
         _known_names[raw] = topic
-    return _known_publish(buf, start, end, flags, v5, _known_names, Publish)
+    fields = _known_publish(buf, start, end, flags, v5, _known_names)
+    return None if fields is None else packet_of(fields)
 
 
-def _known_publish(buf, start, end, flags, v5, names, publish):
-    """The ``publish`` of a PUBLISH body ``buf[start:end]`` without properties whose topic name's bytes are a key of
-    ``names`` (names already checked, to their ``str``), as ``_decode_publish`` decodes it; None for any other."""
+def _known_publish(buf, start, end, flags, v5, names):
+    """The fields ``(PUBLISH, topic, payload, qos, retain, dup, packet id)`` of a PUBLISH body ``buf[start:end]``
+    without properties whose topic name's bytes are a key of ``names`` (names already checked, to their ``str``), as
+    ``_decode_publish`` decodes it (``packet_of`` makes its ``Publish``); None for any other."""
     raw = _name_bytes(buf, start, end, flags)
     topic = None if raw is None else names.get(raw)
     if topic is None:
@@ -746,16 +748,13 @@ def _known_publish(buf, start, end, flags, v5, names, publish):
         if at >= end or buf[at]:
             return None  # properties (or none at all): the general decoder
         at += 1
-    p = _new(publish)  # the dataclass's fields, without its frozen __init__'s per-field object.__setattr__
-    p.__dict__.update(topic=topic, payload=bytes(buf[at:end]), qos=qos, retain=bool(flags & 0x01),
-                      dup=bool(flags & 0x08), packet_id=packet_id, properties={})
-    return p
+    return PUBLISH, topic, bytes(buf[at:end]), qos, bool(flags & 0x01), bool(flags & 0x08), packet_id
 
 
-def _plain_puback(buf, start, end, v5, puback):
-    """The ``puback`` of a PUBACK body ``buf[start:end]`` with a non-zero packet id and no properties (MQTT 5: a
-    reason code a PUBACK may carry, then an empty property length, each optional), as ``_decode_ack`` decodes it;
-    None for any other."""
+def _plain_puback(buf, start, end, v5):
+    """The fields ``(PUBACK, packet id, reason code)`` of a PUBACK body ``buf[start:end]`` with a non-zero packet id
+    and no properties (MQTT 5: a reason code a PUBACK may carry, then an empty property length, each optional), as
+    ``_decode_ack`` decodes it (``packet_of`` makes its ``PubAck``); None for any other."""
     n = end - start
     if n < 2 or (not v5 and n != 2) or n > 4:
         return None
@@ -767,8 +766,19 @@ def _plain_puback(buf, start, end, v5, puback):
         code = buf[start + 2]
         if code not in _PUB_ACK_CODES or (n == 4 and buf[start + 3]):
             return None
-    p = _new(puback)
-    p.__dict__.update(packet_id=packet_id, reason_code=code, properties={})
+    return PUBACK, packet_id, code
+
+
+def packet_of(fields):
+    """The ``Publish`` or ``PubAck`` of ``split``'s fields, made as their frozen ``__init__`` would make it, without
+    its per-field ``object.__setattr__``."""
+    p = _new(Publish if fields[0] == PUBLISH else PubAck)
+    if fields[0] == PUBLISH:
+        _, topic, payload, qos, retain, dup, packet_id = fields
+        p.__dict__.update(topic=topic, payload=payload, qos=qos, retain=retain, dup=dup, packet_id=packet_id,
+                          properties={})
+    else:
+        p.__dict__.update(packet_id=fields[1], reason_code=fields[2], properties={})
     return p
 
 
@@ -776,11 +786,11 @@ def _plain_puback(buf, start, end, v5, puback):
 SPLIT_NEED_DATA, SPLIT_TOO_LONG, SPLIT_NOT_SHORTEST, SPLIT_TOO_LARGE = -1, -2, -3, -4
 
 
-def split_py(buf, pos, max_packet, version, names, publish, puback):
-    """The packet at ``pos`` in ``buf``, split: ``(packet, next pos, next pos)`` when it is a plain PUBLISH of a
-    name in ``names`` (``_known_publish``) or a plain PUBACK (``_plain_puback``), decoded as ``publish`` and
-    ``puback`` (only once ``version``, the protocol level, is known); ``(None, body start, next pos)`` for any other
-    whole packet (the general decoder's); ``(None, SPLIT_NEED_DATA, 0)`` when it is not whole yet;
+def split_py(buf, pos, max_packet, version, names):
+    """The packet at ``pos`` in ``buf``, split: ``(fields, next pos, next pos)`` when it is a plain PUBLISH of a
+    name in ``names`` (``_known_publish``) or a plain PUBACK (``_plain_puback``), decoded to their fields (only once
+    ``version``, the protocol level, is known; ``packet_of`` makes the packet); ``(None, body start, next pos)`` for
+    any other whole packet (the general decoder's); ``(None, SPLIT_NEED_DATA, 0)`` when it is not whole yet;
     ``(None, SPLIT_TOO_LONG or SPLIT_NOT_SHORTEST, 0)`` for a Remaining Length longer than 4 bytes or not in its
     shortest encoding, ``(None, SPLIT_TOO_LARGE, its size)`` for a packet past ``max_packet`` (known as soon as its
     length field is). ``metaq._speedups``'s ``mqtt_split`` is this function in C (the tests hold the two equal)."""
@@ -811,9 +821,9 @@ def split_py(buf, pos, max_packet, version, names, publish, puback):
     packet = None
     if version == MQTT_311 or version == MQTT_5:
         if first >> 4 == PUBLISH:
-            packet = _known_publish(buf, start, end, first & 0x0F, version == MQTT_5, names, publish)
+            packet = _known_publish(buf, start, end, first & 0x0F, version == MQTT_5, names)
         elif first == PUBACK << 4:
-            packet = _plain_puback(buf, start, end, version == MQTT_5, puback)
+            packet = _plain_puback(buf, start, end, version == MQTT_5)
     return (None, start, end) if packet is None else (packet, end, end)
 
 
@@ -982,10 +992,10 @@ class MqttParser(StreamParser):
 
     def _next_event(self):
         buf, pos = self._buf, self._pos
-        packet, start, end = split(buf, pos, self.max_packet, self.version, _known_names, Publish, PubAck)
-        if packet is not None:
+        fields, start, end = split(buf, pos, self.max_packet, self.version, _known_names)
+        if fields is not None:
             self._pos = end
-            return packet
+            return packet_of(fields)
         if start < 0:
             if start == SPLIT_NEED_DATA:
                 return self._need_data()
