@@ -5,10 +5,11 @@ itself elsewhere.
 ``plain_turn`` is what ``publishes.Publishes.read`` does with a read that holds whole packets and nothing buffered
 before it; ``pubacks_now`` is how it, and ``acks.Acknowledgements.pubacks``, write PUBACKs that may go at once. Both
 work through the public methods and attributes of the objects they are given; the bytes are split and the PUBACKs
-made by the wire's parsers (``wire.read_publishes``), the socket written by descriptor by ``fanout.send_each``.
+made by the wire's parsers (``wire.read_publishes``).
 """
 
-from metaq.mqtt.fanout import send_each
+from os import write as _write
+
 from metaq.mqtt.wire import read_publishes
 from metaq.server.putpath import ACK_NOW
 
@@ -16,26 +17,26 @@ from metaq.server.putpath import ACK_NOW
 def pubacks_now(acks, conn, data):
     """Write a burst's PUBACKs ``data`` (``Acknowledgements.pubacks``' bytes, acknowledged at once) from the reader's
     turn when they may go now: nothing queued before them and no writer (``acks.pending`` 0), so they keep their
-    place. By the socket's descriptor while packets may be written that way (``conn.direct_fd``), one non-blocking
-    send: a part written leaves the rest to the connection (``conn.keep_unsent``: written before anything else) and
-    an empty entry queued (``acks.queue(b"")``) so the writer finishes it; a full buffer writes nothing; a failed
-    send closes the connection (``conn.send_failed``). Otherwise (TLS, a writer inside a packet, something unsent,
-    closed) through ``conn.try_send``. When some went, ``acks.unacked`` is lowered by the PUBACKs and ``acks.sent``
-    set: True. False: none went, the caller queues them (``acks.queue_pubacks``)."""
+    place. By the socket's descriptor while packets may be written that way (``conn.direct_fd``), one write that
+    never waits: a part written leaves the rest to the connection (``conn.keep_unsent``: written before anything
+    else) and an empty entry queued (``acks.queue(b"")``) so the writer finishes it; a full buffer writes nothing; a
+    failed write closes the connection (``conn.send_failed``). Otherwise (TLS, a writer inside a packet, something
+    unsent, closed) through ``conn.try_send``. When some went, ``acks.unacked`` is lowered by the PUBACKs and
+    ``acks.sent`` set: True. False: none went, the caller queues them (``acks.queue_pubacks``)."""
     if acks.pending or not data:
         return False
     size = len(data)
     fd = conn.direct_fd
     if fd >= 0:
-        short = send_each((data,), (fd,))
-        n = size
-        if short:
-            n = short[0][1]
-            if n < 0:
-                conn.send_failed(-n)
-                return False
-            if n > 0:
-                conn.keep_unsent(data[n:])
+        try:
+            n = _write(fd, data)  # the descriptor is non-blocking; the interpreter ignores SIGPIPE (EPIPE instead)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            conn.send_failed(exc.errno)
+            return False
+        if 0 < n < size:
+            conn.keep_unsent(data[n:])
     else:
         n = conn.try_send(data) or 0
     if n <= 0:
