@@ -1,7 +1,7 @@
 /* The MQTT publisher's one-read turn in one C call (metaq.mqtt.wire.read_publishes_py in C; the tests hold the two
  * equal):
  *
- *   mqtt_read_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish)
+ *   mqtt_read_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes)
  *       -> (entries, next pos, how many at QoS 1, their records' bytes, PUBACKs)
  *
  * mqtt_plain_publishes's split and staging (_speedups.c) and the successful PUBACKs of the QoS 1 PUBLISHes it took,

@@ -65,14 +65,14 @@ PyObject *mqtt_pubacks(PyObject *self, PyObject *ids);
    the second with the PUBACKs of its QoS 1 PUBLISHes. */
 PyObject *mqtt_plain_publishes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *mqtt_read_publishes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-/* Their arguments (buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish) checked as
-   PyArg_ParseTuple's "y*npLO!O!LnLO!" checked them, the buffer held (released with PyBuffer_Release(&in->b)). */
+/* Their arguments (buf, pos, v5, max_packet, plans, decided, room, count, nbytes) checked as PyArg_ParseTuple's
+   "y*npLO!O!LnL" checked them, the buffer held (released with PyBuffer_Release(&in->b)). */
 typedef struct {
     Py_buffer b;
     Py_ssize_t pos, count;
     long long max_packet, room, nbytes;
     int v5;
-    PyObject *plans, *decided, *cls;
+    PyObject *plans, *decided;
 } metaq_publishes_in;
 int metaq_publishes_args(PyObject *const *args, Py_ssize_t nargs, metaq_publishes_in *in);
 /* The split (_speedups.c): its entries (a new list), in->pos moved to the next pos, how many at QoS 1 and their

@@ -10,8 +10,29 @@ made by the wire's parsers (``wire.read_publishes``).
 
 from os import write as _write
 
-from metaq.mqtt.wire import read_publishes
+from metaq.mqtt.wire import Publish, read_publishes
 from metaq.server.putpath import ACK_NOW
+
+_new = object.__new__
+
+
+def entries_of(split):
+    """The burst's entries of the plain PUBLISHes ``wire.plain_publishes`` split (its plain values): ``(metaq topic,
+    partition, flag, record data, Publish, name)`` each, the ``Publish`` made as its frozen ``__init__`` would make
+    it, without its per-field ``object.__setattr__``."""
+    out = []
+    for topic, partition, flag, data, name, payload, qos, dup, packet_id in split:
+        p = _new(Publish)
+        d = p.__dict__
+        d["topic"] = name
+        d["payload"] = payload
+        d["qos"] = qos
+        d["retain"] = False
+        d["dup"] = dup
+        d["packet_id"] = packet_id
+        d["properties"] = {}
+        out.append((topic, partition, flag, data, p, name))
+    return out
 
 
 def pubacks_now(acks, conn, data):
@@ -50,11 +71,11 @@ def pubacks_now(acks, conn, data):
     return True
 
 
-def plain_turn(port, path, acks, conn, client_id, most, most_bytes, publish, data, v5, max_packet, plans, decided,
-               room, now):
+def plain_turn(port, path, acks, conn, client_id, most, most_bytes, data, v5, max_packet, plans, decided, room,
+               now):
     """A device's read ``data``, holding whole packets with nothing buffered before it, stored and acknowledged in one
     step when it is all plain PUBLISHes (``Publishes.read``): split and staged with their PUBACKs
-    (``wire.read_publishes``, at most ``most`` of them and ``most_bytes``, decoded as ``publish``), the QoS 1 ones
+    (``wire.read_publishes``, at most ``most`` of them and ``most_bytes``; ``entries_of``), the QoS 1 ones
     added to ``acks.unacked``; when they are the whole read, their burst frames (``port.frames_of``) appended by the
     put path's burst writer (``path.append_burst``), each run counted (``path.counted``), the put path's
     ``burst_written`` of now called with the delivery (``port.deliver_now``, given ``client_id``) and the PUBACKs
@@ -64,10 +85,11 @@ def plain_turn(port, path, acks, conn, client_id, most, most_bytes, publish, dat
     PUBACKs, next pos, taken)`` for the caller's general path: other bytes follow from ``next pos``, a record is one
     the burst writer does not take, or the burst writer stopped short (``taken``: ``(frames, src, frames written,
     log end, keys, runs)``, the runs counted; else None)."""
-    entries, pos, qos1, nbytes, pubacks = read_publishes(data, 0, v5, max_packet, plans, decided, room, most,
-                                                         most_bytes, publish)
-    if not entries:
+    split, pos, qos1, nbytes, pubacks = read_publishes(data, 0, v5, max_packet, plans, decided, room, most,
+                                                       most_bytes)
+    if not split:
         return None
+    entries = entries_of(split)
     acks.unacked += qos1
     if pos < len(data):
         return entries, qos1, nbytes, pubacks, pos, None

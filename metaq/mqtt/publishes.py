@@ -21,7 +21,7 @@ import time
 from metaq import errors, limits
 from metaq.limits import MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES
 from metaq.mqtt import wire
-from metaq.mqtt.plainturn import plain_turn
+from metaq.mqtt.plainturn import entries_of, plain_turn
 from metaq.mqtt.records import RecordRefusal, plain_plan
 from metaq.mqtt.wire import MQTT_5
 from metaq.server.clock import now_ms
@@ -195,13 +195,13 @@ class Publishes:
         ``mqtt.receive_maximum``) and add them to the burst, as ``publish`` adds each. None when there were none;
         else False when the connection must close."""
         burst = self._burst
-        staged, qos1, nbytes = parser.plain_publishes(
+        split, qos1, nbytes = parser.plain_publishes(
             self.plans, self._decisions(), self.conn.settings.receive_maximum - self.acks.unacked,
             limits.MQTT_PUBLISH_BURST - len(burst), limits.MQTT_PUBLISH_BURST_BYTES - self._burst_bytes)
-        if not staged:
+        if not split:
             return None
         self._pubacks = None
-        return self._add(staged, qos1, nbytes)
+        return self._add(entries_of(split), qos1, nbytes)
 
     def read(self, parser, data, whole=False):
         """The bytes a read brought (``data``, not empty) to the reader's turn, which begins with no burst staged:
@@ -227,28 +227,29 @@ class Publishes:
             if whole:
                 port = self.port
                 went = plain_turn(port, port.put_path, acks, conn, conn.mqtt.client_id, MQTT_PUBLISH_BURST,
-                                  MQTT_PUBLISH_BURST_BYTES, wire.Publish, data, parser.version == MQTT_5,
-                                  parser.max_packet, self.plans, decided, room, now)
+                                  MQTT_PUBLISH_BURST_BYTES, data, parser.version == MQTT_5, parser.max_packet,
+                                  self.plans, decided, room, now)
                 if went is True:
                     return False if conn.closed else True
                 if went is None:
                     parser.receive_data(data)
                     return None
-                staged, qos1, nbytes, pubacks, pos, taken = went  # (its QoS 1 ones counted in ``acks.unacked``)
+                entries, qos1, nbytes, pubacks, pos, taken = went  # (its QoS 1 ones counted in ``acks.unacked``)
                 rest = pos < len(data)
                 if rest:
                     parser.receive_data(data[pos:])
             else:
-                staged, qos1, nbytes, pubacks, rest = parser.plain_read(
+                split, qos1, nbytes, pubacks, rest = parser.plain_read(
                     data, self.plans, decided, room, MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES)
-                if not staged:
+                if not split:
                     return None
                 acks.unacked += qos1
-            self._burst = staged
+                entries = entries_of(split)
+            self._burst = entries
             self._burst_now = now
             self._burst_bytes = nbytes
             self._pubacks = pubacks
-            if len(staged) >= MQTT_PUBLISH_BURST or nbytes >= MQTT_PUBLISH_BURST_BYTES or not rest:
+            if len(entries) >= MQTT_PUBLISH_BURST or nbytes >= MQTT_PUBLISH_BURST_BYTES or not rest:
                 if not self.flush(taken):
                     return False
             return False if conn.closed else (None if rest else True)

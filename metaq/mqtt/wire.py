@@ -827,15 +827,16 @@ def split_py(buf, pos, max_packet, version, names):
     return (None, start, end) if packet is None else (packet, end, end)
 
 
-def plain_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish=Publish):
+def plain_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nbytes):
     """The consecutive plain PUBLISHes whole in ``buf`` from ``pos``, split and staged in one step: ``(entries, next
     pos, how many at QoS 1, their records' bytes)``. A plain PUBLISH is one at QoS 0 or 1, not retained, without
     properties (MQTT 5: ``v5``, an empty property length), within ``max_packet``, whose topic name's bytes are a key
     of ``plans`` and whose metaq topic (the plan's second field) is a key of ``decided``; a QoS 1 one only while
     ``room`` (how many more QoS 1 PUBLISHes may be unacknowledged) is left. ``plans`` maps a name's bytes to
     ``(name, metaq topic, name hash, flag, record prefix at QoS 0, at QoS 1)`` (``records.plain_plan``), ``decided``
-    a metaq topic to its partition count (``MqttPort.stage``'s). Each entry is ``(metaq topic, hash % partitions,
-    flag, prefix + payload, Publish, name)``: what ``MqttPort.stage`` gives, with the packet and its name after. The
+    a metaq topic to its partition count (``MqttPort.stage``'s). Each entry is the plain values ``(metaq topic, hash
+    % partitions, flag, prefix + payload, name, payload, qos, dup, packet id or None)``: what ``MqttPort.stage``
+    gives, with the PUBLISH's name and fields after (``plainturn.entries_of`` makes the burst's entries of them). The
     split stops before the first packet that is not such a PUBLISH (anything else, a refusal included, is the general
     path's: ``_next_event``), and after ``count`` entries or once their records' bytes reach ``nbytes``.
     ``metaq._speedups``'s ``mqtt_plain_publishes`` is this function in C (the tests hold the two equal)."""
@@ -866,10 +867,8 @@ def plain_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nb
             break
         payload = bytes(buf[at:stop])
         data = plan[4 + qos] + payload
-        p = _new(publish)
-        p.__dict__.update(topic=plan[0], payload=payload, qos=qos, retain=False, dup=bool(first & 0x08),
-                          packet_id=packet_id, properties={})
-        out.append((plan[1], plan[2] % partitions, plan[3], data, p, plan[0]))
+        out.append((plan[1], plan[2] % partitions, plan[3], data, plan[0], payload, qos, bool(first & 0x08),
+                    packet_id))
         pos = stop
         count -= 1
         nbytes -= len(data)
@@ -879,14 +878,13 @@ def plain_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nb
     return out, pos, qos1, taken
 
 
-def read_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish=Publish):
+def read_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nbytes):
     """``plain_publishes``'s split and staging and the successful PUBACKs of the QoS 1 PUBLISHes it took, in their
     order, as one byte string (``encode_pubacks``'s): ``(entries, next pos, how many at QoS 1, their records' bytes,
     PUBACKs)``, the reader's turn of a device in one step. ``metaq._speedups``'s ``mqtt_read_publishes`` is this
     function in C (the tests hold the two equal)."""
-    entries, pos, qos1, taken = plain_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nbytes,
-                                                   publish)
-    return entries, pos, qos1, taken, encode_pubacks_py([e[4].packet_id for e in entries if e[4].qos])
+    entries, pos, qos1, taken = plain_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nbytes)
+    return entries, pos, qos1, taken, encode_pubacks_py([e[8] for e in entries if e[6]])
 
 
 def plain_pubacks_py(buf, pos, v5, max_packet):
@@ -1025,7 +1023,7 @@ class MqttParser(StreamParser):
         if self._fatal is not None or self.version is None:
             return (), 0, 0
         entries, pos, qos1, taken = plain_publishes(self._buf, self._pos, self.version == MQTT_5, self.max_packet,
-                                                    plans, decided, room, count, nbytes, Publish)
+                                                    plans, decided, room, count, nbytes)
         if entries:
             self._pos = pos
             self._completed += len(entries)
@@ -1045,7 +1043,7 @@ class MqttParser(StreamParser):
         else:
             start = 0
         entries, pos, qos1, taken, acks = read_publishes(data, start, self.version == MQTT_5, self.max_packet, plans,
-                                                         decided, room, count, nbytes, Publish)
+                                                         decided, room, count, nbytes)
         if entries:
             self._completed += len(entries)
         if data is self._buf:

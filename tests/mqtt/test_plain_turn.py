@@ -13,7 +13,7 @@ import pytest
 from metaq.client.consumer import Consumer
 from metaq.limits import MQTT_MAX_PACKET_BYTES, MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES
 from metaq.mqtt import port, wire
-from metaq.mqtt.plainturn import plain_turn
+from metaq.mqtt.plainturn import entries_of, plain_turn
 from metaq.mqtt.records import partition_for
 from metaq.mqtt.wire import Publish
 from metaq.server.putpath import ACK_NOW
@@ -84,16 +84,17 @@ class _Event:
 
 def _turn(world, data, v5, max_packet, plans, decided, room, now):
     try:
-        return plain_turn(world, world, world, world, "dev-1", MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES, Publish,
-                          data, v5, max_packet, plans, decided, room, now)
+        return plain_turn(world, world, world, world, "dev-1", MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES, data, v5,
+                          max_packet, plans, decided, room, now)
     except OSError as exc:
         return ("raised", str(exc))
 
 
 def _check(world, went, unacked, data, v5, max_packet, plans, decided, room, now):
     """What the turn called and handed back, against the wire's split of the read: the way out it took."""
-    entries, pos, qos1, nbytes, pubacks = wire.read_publishes(data, 0, v5, max_packet, plans, decided, room,
-                                                              MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES, Publish)
+    split, pos, qos1, nbytes, pubacks = wire.read_publishes(data, 0, v5, max_packet, plans, decided, room,
+                                                            MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES)
+    entries = entries_of(split)
     log = world.log
     if went is None:
         assert not entries and not log and world.unacked == unacked
