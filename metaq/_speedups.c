@@ -1550,8 +1550,12 @@ static PyObject *mqtt_burst_frames(PyObject *self, PyObject *const *args, Py_ssi
             if (tb == NULL) {
                 if (PyErr_Occurred())
                     goto fail;
-                PyObject *made = PyUnicode_Check(topic) ? PyUnicode_AsASCIIString(topic)
-                                                        : PyObject_CallMethod(topic, "encode", "s", "ascii");
+                if (!PyUnicode_Check(topic)) {
+                    PyErr_Format(PyExc_TypeError, "mqtt_burst_frames: entry %zd's topic is %.100s, not str", k,
+                                 Py_TYPE(topic)->tp_name);
+                    goto fail;
+                }
+                PyObject *made = PyUnicode_AsASCIIString(topic);
                 if (made == NULL)
                     goto fail;
                 int bad = PyDict_SetItem(names, topic, made) < 0;

@@ -81,6 +81,8 @@ def burst_frames_py(staged, largest):
         topic, partition, flag, data = entry[0], entry[1], entry[2], entry[3]
         tb = names.get(topic)
         if tb is None:
+            if not isinstance(topic, str):
+                raise TypeError("mqtt_burst_frames: entry %d's topic is %s, not str" % (k, type(topic).__name__))
             tb = names[topic] = topic.encode("ascii")
         n = len(data)
         if n + len(tb) > largest:

@@ -309,6 +309,8 @@ def test_burst_frames_refuse_a_topic_that_is_not_ascii_as_the_twin_does():
     for frames in filter(None, (port.burst_frames_py, burst_frames_c)):
         with pytest.raises(UnicodeEncodeError):
             frames([("é", 0, 1, b"x")], 100)
+        with pytest.raises(TypeError, match="not str"):
+            frames([("a", 0, 1, b"x"), (b"a", 0, 1, b"x")], 100)
 
 
 @pytest.mark.parametrize("extra", [0, 1], ids=["at", "past"])
