@@ -40,8 +40,7 @@
  *   mqtt_burst_frames(staged, largest)            == metaq.mqtt.port.burst_frames_py
  *   mqtt_read_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes)
  *                                                 == metaq.mqtt.wire.read_publishes_py (_mqttturn.c)
- *   mqtt_end_pubacks(buf, pos, v5, max_packet, inflight, where, state)
- *                                                 == metaq.mqtt.wire.end_pubacks_py (_mqttacks.c)
+ *   mqtt_plain_pubacks(buf, pos, v5, max_packet)  == metaq.mqtt.wire.plain_pubacks_py (_mqttacks.c)
  *   slot_getattr(obj, name), slot_setattr(obj, name, value)
  *                                                 == getattr and setattr (_slots.c: the C hot paths' attributes)
  *   mqtt_serve_waiting(waiting, readers, keep_decoded, deliver, most, keys, staged, runs, client_id, now)
@@ -1148,9 +1147,8 @@ static PyMethodDef methods[] = {
     {"mqtt_read_publishes", (PyCFunction)(void (*)(void))mqtt_read_publishes, METH_FASTCALL,
      "mqtt_read_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes) -> (entries, pos, "
      "qos1, nbytes, pubacks): mqtt_plain_publishes and the PUBACKs of the QoS 1 ones (_mqttturn.c)"},
-    {"mqtt_end_pubacks", mqtt_end_pubacks, METH_VARARGS,
-     "mqtt_end_pubacks(buf, pos, v5, max_packet, inflight, where, state) -> (taken, ended, pos): the plain PUBACKs "
-     "next in buf, each ending its message in flight (_mqttacks.c)"},
+    {"mqtt_plain_pubacks", mqtt_plain_pubacks, METH_VARARGS,
+     "mqtt_plain_pubacks(buf, pos, v5, max_packet) -> ([packet ids], next pos): a read's plain PUBACKs (_mqttacks.c)"},
     {"slot_getattr", (PyCFunction)(void (*)(void))slot_getattr, METH_FASTCALL,
      "slot_getattr(obj, name) -> getattr(obj, name), an object slot read at its offset (_slots.c)"},
     {"slot_setattr", (PyCFunction)(void (*)(void))slot_setattr, METH_FASTCALL,

@@ -80,10 +80,10 @@ int metaq_publishes_args(PyObject *const *args, Py_ssize_t nargs, metaq_publishe
 PyObject *metaq_plain_split(metaq_publishes_in *in, Py_ssize_t *qos1, Py_ssize_t *taken);
 /* A tuple of n new references, stolen; NULL (and none kept) when one is NULL or the tuple cannot be made. */
 PyObject *metaq_tuple_of(Py_ssize_t n, PyObject **items);
-/* mqtt_end_pubacks (_mqttacks.c): the MQTT subscriber's read of PUBACKs split and its messages in flight ended in one
-   step. */
-PyObject *mqtt_end_pubacks(PyObject *self, PyObject *args);
-/* metaq_end_acks (_mqttacks.c): mqtt_end_pubacks' loop over buf[pos:end): the next pos, or -1 with an error set. */
+/* mqtt_plain_pubacks (_mqttacks.c): the MQTT subscriber's read of PUBACKs split: their packet ids and the next pos. */
+PyObject *mqtt_plain_pubacks(PyObject *self, PyObject *args);
+/* metaq_end_acks (_mqttacks.c): the PUBACKs of buf[pos:end), each ending its message in flight (MqttAckTurn's): the
+   next pos, or -1 with an error set. */
 Py_ssize_t metaq_end_acks(const unsigned char *buf, Py_ssize_t end, Py_ssize_t pos, int v5, Py_ssize_t max_packet,
                           PyObject *inflight, PyObject *where, PyObject *state, Py_ssize_t *taken_out,
                           Py_ssize_t *ended_out);

@@ -892,9 +892,11 @@ def plain_pubacks_py(buf, pos, v5, max_packet):
     (``v5``) an optional reason code a PUBACK may carry and an optional empty property length), within
     ``max_packet``: ``(their packet ids, in order, next pos)``, the subscriber's read of acknowledgements in one
     step. It stops before the first packet that is not one (anything else, a refusal included, is the general
-    path's: ``_next_event``); ``end_pubacks``'s split."""
+    path's: ``_next_event``); ``end_pubacks``'s split. ``metaq._speedups``'s ``mqtt_plain_pubacks`` is this function
+    in C (the tests hold the two equal)."""
     ids = []
     end = len(buf)
+    pos = max(pos, 0)
     while end - pos >= 4 and buf[pos] == 0x40:
         n = buf[pos + 1]
         if n < 2 or n > (4 if v5 else 2) or 2 + n > max_packet or pos + 2 + n > end:
@@ -907,13 +909,12 @@ def plain_pubacks_py(buf, pos, v5, max_packet):
     return ids, pos
 
 
-def end_pubacks_py(buf, pos, v5, max_packet, inflight, where, state):
-    """``plain_pubacks_py``'s PUBACKs, each ending its packet id's message in flight as ``MqttSession.acknowledged``
+def end_pubacks(buf, pos, v5, max_packet, inflight, where, state):
+    """``plain_pubacks``' PUBACKs, each ending its packet id's message in flight as ``MqttSession.acknowledged``
     does: deleted from ``inflight`` (a session's, packet id -> state) when held there in ``state``, and from
     ``where``. ``(how many PUBACKs taken, how many messages ended, next pos)``: the subscriber's read of
-    acknowledgements and their effect in one step. ``metaq._speedups``'s ``mqtt_end_pubacks`` is this function in C
-    (the tests hold the two equal)."""
-    ids, pos = plain_pubacks_py(buf, pos, v5, max_packet)
+    acknowledgements and their effect in one step."""
+    ids, pos = plain_pubacks(buf, pos, v5, max_packet)
     ended = 0
     for packet_id in ids:
         if inflight.get(packet_id) == state:
@@ -1122,7 +1123,7 @@ class MqttParser(StreamParser):
 
 plain_publishes = load("mqtt_plain_publishes", plain_publishes_py)
 read_publishes = load("mqtt_read_publishes", read_publishes_py)
-end_pubacks = load("mqtt_end_pubacks", end_pubacks_py)
+plain_pubacks = load("mqtt_plain_pubacks", plain_pubacks_py)
 split = load("mqtt_split", split_py)
 
 
