@@ -42,7 +42,6 @@ def speedups_extension():
                                          "metaq/_mqttdeliver.c",
                                          "metaq/_burstrun.c",
                                          "metaq/_putturn.c",
-                                         "metaq/_pubturn.c",
                                          "metaq/_mqttwaiting.c",
                                          "metaq/_slots.c",
                                          "metaq/_pbwrite.c",

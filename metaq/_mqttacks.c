@@ -1,13 +1,11 @@
-/* The MQTT subscriber's read of acknowledgements in one C call (metaq.mqtt.wire.end_pubacks_py in C; the tests hold
- * the two equal):
+/* The MQTT subscriber's read of acknowledgements (metaq.mqtt.wire.plain_pubacks_py in C; the tests hold the two equal):
  *
- *   mqtt_end_pubacks(buf, pos, v5, max_packet, inflight, where, state) -> (PUBACKs taken, messages ended, next pos)
+ *   mqtt_plain_pubacks(buf, pos, v5, max_packet) -> ([packet ids], next pos)
  *
  * The consecutive plain PUBACKs whole in buf from pos (a non-zero packet id; MQTT 5: an optional reason code a PUBACK
- * may carry and an optional empty property length), within max_packet; it stops before the first other packet. Each
- * ends its packet id's message in flight when inflight (the session's, a dict or an OrderedDict) holds it in state
- * (MqttSession.acknowledged's test): deleted from inflight (through its own mapping, so an OrderedDict's order stays
- * whole) and from where. */
+ * may carry and an optional empty property length), within max_packet; it stops before the first other packet.
+ * wire.end_pubacks ends their messages in flight. metaq_end_acks (the same split, each message ended in the session's
+ * inflight and where) is what MqttAckTurn (_mqttdeliver.c) still calls. */
 #include "_speedups.h"
 
 /* The reason codes a PUBACK may carry (wire._PUB_ACK_CODES). */
@@ -77,21 +75,31 @@ Py_ssize_t metaq_end_acks(const unsigned char *buf, Py_ssize_t end, Py_ssize_t p
     return pos;
 }
 
-PyObject *mqtt_end_pubacks(PyObject *self, PyObject *args) {
-    PyObject *data, *inflight, *where, *state;
-    Py_ssize_t pos, max_packet;
-    int v5;
-    if (!PyArg_ParseTuple(args, "OnpnO!O!O:mqtt_end_pubacks", &data, &pos, &v5, &max_packet, &PyDict_Type, &inflight,
-                          &PyDict_Type, &where, &state))
-        return NULL;
+PyObject *mqtt_plain_pubacks(PyObject *self, PyObject *args) {
     Py_buffer b;
-    if (PyObject_GetBuffer(data, &b, PyBUF_SIMPLE) < 0)
+    Py_ssize_t pos, max_packet, size = 0;
+    int v5;
+    if (!PyArg_ParseTuple(args, "y*npn:mqtt_plain_pubacks", &b, &pos, &v5, &max_packet))
         return NULL;
-    Py_ssize_t taken = 0, ended = 0;
-    pos = metaq_end_acks((const unsigned char *)b.buf, b.len, pos, v5, max_packet, inflight, where, state, &taken,
-                         &ended);
-    PyBuffer_Release(&b);
+    PyObject *ids = PyList_New(0);
+    if (ids == NULL) {
+        PyBuffer_Release(&b);
+        return NULL;
+    }
     if (pos < 0)
-        return NULL;
-    return Py_BuildValue("(nnn)", taken, ended, pos);
+        pos = 0;
+    long packet_id;
+    while ((packet_id = acks_at((const unsigned char *)b.buf, b.len, pos, v5, max_packet, &size)) != 0) {
+        PyObject *id = PyLong_FromLong(packet_id);
+        if (id == NULL || PyList_Append(ids, id) < 0) {
+            Py_XDECREF(id);
+            Py_DECREF(ids);
+            PyBuffer_Release(&b);
+            return NULL;
+        }
+        Py_DECREF(id);
+        pos += size;
+    }
+    PyBuffer_Release(&b);
+    return Py_BuildValue("(Nn)", ids, pos);
 }

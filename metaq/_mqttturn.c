@@ -1,16 +1,15 @@
 /* The MQTT publisher's one-read turn in one C call (metaq.mqtt.wire.read_publishes_py in C; the tests hold the two
  * equal):
  *
- *   mqtt_read_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish)
+ *   mqtt_read_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes)
  *       -> (entries, next pos, how many at QoS 1, their records' bytes, PUBACKs)
  *
  * mqtt_plain_publishes's split and staging (_speedups.c) and the successful PUBACKs of the QoS 1 PUBLISHes it took,
- * in their order, as one byte string (mqtt_pubacks's bytes, _mqttwire.c): what the reader stores and answers.
- * metaq_read_publishes is the same with its arguments already checked (mqtt_plain_turn calls it without a tuple). */
+ * in their order, as one byte string (mqtt_pubacks's bytes, _mqttwire.c): what the reader stores and answers. */
 #include "_speedups.h"
 
-PyObject *metaq_read_publishes(metaq_publishes_in *in, Py_ssize_t *qos1_out, Py_ssize_t *taken,
-                               PyObject **acks_out) {
+static PyObject *read_publishes(metaq_publishes_in *in, Py_ssize_t *qos1_out, Py_ssize_t *taken,
+                                PyObject **acks_out) {
     Py_ssize_t pos = in->pos, qos1;
     PyObject *entries = metaq_plain_split(in, &qos1, taken);
     if (entries == NULL)
@@ -59,7 +58,7 @@ PyObject *mqtt_read_publishes(PyObject *self, PyObject *const *args, Py_ssize_t 
     PyObject *acks;
     if (!metaq_publishes_args(args, nargs, &in))
         return NULL;
-    PyObject *entries = metaq_read_publishes(&in, &qos1, &taken, &acks);
+    PyObject *entries = read_publishes(&in, &qos1, &taken, &acks);
     PyBuffer_Release(&in.b);
     if (entries == NULL)
         return NULL;

@@ -3,7 +3,7 @@
  * pure-Python function of metaq/mqtt/wire.py that runs when the helper was not built (tests/mqtt/test_wire_c.py
  * holds them equal):
  *
- *   mqtt_split(buf, pos, max_packet, version, names, publish, puback)   == metaq.mqtt.wire.split_py
+ *   mqtt_split(buf, pos, max_packet, version, names)                    == metaq.mqtt.wire.split_py
  *   mqtt_publish_bytes(first, topic, packet_id, props, payload)         == metaq.mqtt.wire.publish_bytes_py
  *   mqtt_pubacks(packet_ids)                                            == metaq.mqtt.wire.encode_pubacks_py
  *
@@ -21,56 +21,11 @@
 #define SPLIT_NOT_SHORTEST (-3)
 #define SPLIT_TOO_LARGE (-4)
 
-static PyObject *wire_keys[7]; /* the dataclasses' field names, interned */
-static const char *const WIRE_KEY_NAMES[7] = {"topic", "payload", "qos", "retain", "dup", "packet_id", "properties"};
-#define K_TOPIC 0
-#define K_PAYLOAD 1
-#define K_QOS 2
-#define K_RETAIN 3
-#define K_DUP 4
-#define K_PACKET_ID 5
-#define K_PROPERTIES 6
-static PyObject *wire_reason_code; /* "reason_code", PubAck's field */
-
-static int wire_keys_ready(void) {
-    if (wire_reason_code != NULL)
-        return 0;
-    for (int k = 0; k < 7; k++) {
-        if (wire_keys[k] == NULL && (wire_keys[k] = PyUnicode_InternFromString(WIRE_KEY_NAMES[k])) == NULL)
-            return -1;
-    }
-    wire_reason_code = PyUnicode_InternFromString("reason_code");
-    return wire_reason_code == NULL ? -1 : 0;
-}
-
-/* An instance of the frozen dataclass ``cls`` with its __dict__ set from keys/values (steals nothing), as wire.py
-   makes its fast-path packets: object.__new__ and the fields put in its __dict__, not the frozen __init__. */
-static PyObject *wire_packet(PyObject *cls, PyObject *const *keys, PyObject *const *values, int n) {
-    PyTypeObject *type = (PyTypeObject *)cls;
-    PyObject *p = type->tp_alloc(type, 0);
-    if (p == NULL)
-        return NULL;
-    PyObject *d = PyObject_GenericGetDict(p, NULL);
-    if (d == NULL) {
-        Py_DECREF(p);
-        return NULL;
-    }
-    for (int k = 0; k < n; k++) {
-        if (PyDict_SetItem(d, keys[k], values[k]) < 0) {
-            Py_DECREF(d);
-            Py_DECREF(p);
-            return NULL;
-        }
-    }
-    Py_DECREF(d);
-    return p;
-}
-
-/* A PUBLISH body buf[start:end] without properties whose topic name is a key of ``names`` (wire._known_names: names
-   already checked, by their bytes), as wire._plain_publish decodes it; Py_None when it is not such a one (NULL on an
-   error). */
+/* The fields (PUBLISH, topic, payload, qos, retain, dup, packet id) of a PUBLISH body buf[start:end] without
+   properties whose topic name is a key of ``names`` (wire._known_names: names already checked, by their bytes), as
+   wire._known_publish decodes it; Py_None when it is not such a one (NULL on an error). */
 static PyObject *wire_known_publish(const unsigned char *buf, Py_ssize_t start, Py_ssize_t end, int flags, int v5,
-                                    PyObject *names, PyObject *cls) {
+                                    PyObject *names) {
     int qos = (flags >> 1) & 0x03;
     if (qos == 3 || ((flags & 0x08) && !qos) || end - start < 2)
         Py_RETURN_NONE;
@@ -98,21 +53,12 @@ static PyObject *wire_known_publish(const unsigned char *buf, Py_ssize_t start, 
             Py_RETURN_NONE; /* properties (or none at all): the general decoder */
         at += 1;
     }
-    Py_INCREF(topic); /* the dict may drop it while the packet is made */
-    PyObject *payload = PyBytes_FromStringAndSize((const char *)buf + at, end - at);
-    PyObject *pid = qos ? PyLong_FromLong(packet_id) : Py_NewRef(Py_None);
-    PyObject *q = PyLong_FromLong(qos), *props = PyDict_New(), *p = NULL;
-    if (payload != NULL && pid != NULL && q != NULL && props != NULL) {
-        PyObject *values[7] = {topic, payload, q, (flags & 0x01) ? Py_True : Py_False,
-                               (flags & 0x08) ? Py_True : Py_False, pid, props};
-        p = wire_packet(cls, wire_keys, values, 7);
-    }
-    Py_DECREF(topic);
-    Py_XDECREF(payload);
-    Py_XDECREF(pid);
-    Py_XDECREF(q);
-    Py_XDECREF(props);
-    return p;
+    Py_INCREF(topic); /* held before anything is made: the tuple takes this reference */
+    PyObject *fields[7] = {PyLong_FromLong(3), topic, PyBytes_FromStringAndSize((const char *)buf + at, end - at),
+                           PyLong_FromLong(qos), Py_NewRef((flags & 0x01) ? Py_True : Py_False),
+                           Py_NewRef((flags & 0x08) ? Py_True : Py_False),
+                           qos ? PyLong_FromLong(packet_id) : Py_NewRef(Py_None)}; /* 3: PUBLISH */
+    return metaq_tuple_of(7, fields);
 }
 
 /* The reason codes a PUBACK may carry (wire._PUB_ACK_CODES). */
@@ -121,10 +67,9 @@ static int wire_puback_code(int code) {
            code == 0x91 || code == 0x97 || code == 0x99;
 }
 
-/* A PUBACK body buf[start:end] with a non-zero packet id and no properties, as wire._decode_ack decodes it; Py_None
-   for any other (NULL on an error). */
-static PyObject *wire_plain_puback(const unsigned char *buf, Py_ssize_t start, Py_ssize_t end, int v5,
-                                   PyObject *cls) {
+/* The fields (PUBACK, packet id, reason code) of a PUBACK body buf[start:end] with a non-zero packet id and no
+   properties, as wire._plain_puback decodes it; Py_None for any other (NULL on an error). */
+static PyObject *wire_plain_puback(const unsigned char *buf, Py_ssize_t start, Py_ssize_t end, int v5) {
     Py_ssize_t n = end - start;
     int code = 0;
     if (n < 2 || (!v5 && n != 2) || n > 4)
@@ -137,33 +82,23 @@ static PyObject *wire_plain_puback(const unsigned char *buf, Py_ssize_t start, P
         if (!wire_puback_code(code) || (n == 4 && buf[start + 3]))
             Py_RETURN_NONE;
     }
-    PyObject *pid = PyLong_FromLong(packet_id), *c = PyLong_FromLong(code), *props = PyDict_New(), *p = NULL;
-    if (pid != NULL && c != NULL && props != NULL) {
-        PyObject *keys[3] = {wire_keys[K_PACKET_ID], wire_reason_code, wire_keys[K_PROPERTIES]};
-        PyObject *values[3] = {pid, c, props};
-        p = wire_packet(cls, keys, values, 3);
-    }
-    Py_XDECREF(pid);
-    Py_XDECREF(c);
-    Py_XDECREF(props);
-    return p;
+    PyObject *fields[3] = {PyLong_FromLong(4), PyLong_FromLong(packet_id), PyLong_FromLong(code)}; /* PUBACK */
+    return metaq_tuple_of(3, fields);
 }
 
 static PyObject *wire_split_answer(PyObject *packet, Py_ssize_t a, long long b) {
     return Py_BuildValue("(Nnl)", packet, a, (long)b);
 }
 
-/* mqtt_split(buf, pos, max_packet, version, names, publish, puback) -> (packet, a, b): wire.split_py in C. */
+/* mqtt_split(buf, pos, max_packet, version, names) -> (fields, a, b): wire.split_py in C. */
 PyObject *mqtt_split(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "mqtt_split takes 7 arguments");
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "mqtt_split takes 5 arguments");
         return NULL;
     }
-    if (wire_keys_ready() < 0)
-        return NULL;
-    PyObject *names = args[4], *publish = args[5], *puback = args[6];
-    if (!PyDict_Check(names) || !PyType_Check(publish) || !PyType_Check(puback)) {
-        PyErr_SetString(PyExc_TypeError, "mqtt_split: names must be a dict, publish and puback types");
+    PyObject *names = args[4];
+    if (!PyDict_Check(names)) {
+        PyErr_SetString(PyExc_TypeError, "mqtt_split: names must be a dict");
         return NULL;
     }
     Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
@@ -226,9 +161,9 @@ PyObject *mqtt_split(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *packet = Py_None;
     if (version == 4 || version == 5) {
         if (first >> 4 == 3)
-            packet = wire_known_publish(buf, start, end, first & 0x0F, version == 5, names, publish);
+            packet = wire_known_publish(buf, start, end, first & 0x0F, version == 5, names);
         else if (first == 0x40)
-            packet = wire_plain_puback(buf, start, end, version == 5, puback);
+            packet = wire_plain_puback(buf, start, end, version == 5);
         else
             Py_INCREF(packet);
     } else {

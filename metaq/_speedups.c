@@ -35,21 +35,16 @@
  *   write_units(dst, at, src, src_at, n)          == metaq.store.recovery_scan.write_units_py (_recoveryscan.c)
  *   nonzero_end(buf, start, end)                  == metaq.store.mapped.nonzero_end_py (_recoveryscan.c)
  *   keyed_records(buf, rel, stop, end)            == metaq.keys.index.keyed_records_py (_recoveryscan.c)
- *   mqtt_plain_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish)
+ *   mqtt_plain_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes)
  *                                                 == metaq.mqtt.wire.plain_publishes_py
  *   mqtt_burst_frames(staged, largest)            == metaq.mqtt.port.burst_frames_py
- *   mqtt_read_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish)
+ *   mqtt_read_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes)
  *                                                 == metaq.mqtt.wire.read_publishes_py (_mqttturn.c)
- *   mqtt_end_pubacks(buf, pos, v5, max_packet, inflight, where, state)
- *                                                 == metaq.mqtt.wire.end_pubacks_py (_mqttacks.c)
- *   mqtt_plain_turn(append, counted, path, store, deliver, client_id, acks, conn, largest, frames_of, publish,
- *                   most, most_bytes, data, v5, max_packet, plans, decided, room, now)
- *                                                 == metaq.mqtt.publishes.plain_turn_py (_pubturn.c)
+ *   mqtt_plain_pubacks(buf, pos, v5, max_packet)  == metaq.mqtt.wire.plain_pubacks_py (_mqttacks.c)
  *   slot_getattr(obj, name), slot_setattr(obj, name, value)
  *                                                 == getattr and setattr (_slots.c: the C hot paths' attributes)
  *   mqtt_serve_waiting(waiting, readers, keep_decoded, deliver, most, keys, staged, runs, client_id, now)
  *                                                 == metaq.mqtt.direct.serve_waiting_py (_mqttwaiting.c)
- *   mqtt_pubacks_now(acks, conn, data)            == metaq.mqtt.acks.pubacks_now_py (_pubturn.c)
  *   mqtt_direct_publishes(fd, staged, i, stop, names, session, topic, partition, offset, window, v5, max_packet)
  *                                                 == metaq.mqtt.direct.direct_publishes_py (_mqttdirect.c)
  *   mqtt_split, mqtt_publish_bytes, mqtt_pubacks  == metaq.mqtt.wire's split_py, publish_bytes_py and
@@ -1147,14 +1142,13 @@ static PyMethodDef methods[] = {
     {"keyed_records", keyed_records, METH_VARARGS,
      "keyed_records(buf, rel, stop, end) -> (where the walk stopped, [rel of each record with attributes])"},
     {"mqtt_plain_publishes", (PyCFunction)(void (*)(void))mqtt_plain_publishes, METH_FASTCALL,
-     "mqtt_plain_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish) -> (entries, pos, "
+     "mqtt_plain_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes) -> (entries, pos, "
      "qos1, nbytes)"},
     {"mqtt_read_publishes", (PyCFunction)(void (*)(void))mqtt_read_publishes, METH_FASTCALL,
-     "mqtt_read_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish) -> (entries, pos, "
+     "mqtt_read_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes) -> (entries, pos, "
      "qos1, nbytes, pubacks): mqtt_plain_publishes and the PUBACKs of the QoS 1 ones (_mqttturn.c)"},
-    {"mqtt_end_pubacks", mqtt_end_pubacks, METH_VARARGS,
-     "mqtt_end_pubacks(buf, pos, v5, max_packet, inflight, where, state) -> (taken, ended, pos): the plain PUBACKs "
-     "next in buf, each ending its message in flight (_mqttacks.c)"},
+    {"mqtt_plain_pubacks", mqtt_plain_pubacks, METH_VARARGS,
+     "mqtt_plain_pubacks(buf, pos, v5, max_packet) -> ([packet ids], next pos): a read's plain PUBACKs (_mqttacks.c)"},
     {"slot_getattr", (PyCFunction)(void (*)(void))slot_getattr, METH_FASTCALL,
      "slot_getattr(obj, name) -> getattr(obj, name), an object slot read at its offset (_slots.c)"},
     {"slot_setattr", (PyCFunction)(void (*)(void))slot_setattr, METH_FASTCALL,
@@ -1162,19 +1156,12 @@ static PyMethodDef methods[] = {
     {"mqtt_serve_waiting", (PyCFunction)(void (*)(void))mqtt_serve_waiting, METH_FASTCALL,
      "mqtt_serve_waiting(waiting, readers, keep_decoded, deliver, most, keys, staged, runs, client_id, now) -> "
      "{key: {events}}: metaq.mqtt.direct.serve_waiting_py (_mqttwaiting.c)"},
-    {"mqtt_plain_turn", (PyCFunction)(void (*)(void))mqtt_plain_turn, METH_FASTCALL,
-     "mqtt_plain_turn(append, counted, path, store, deliver, client_id, acks, conn, largest, frames_of, publish, "
-     "most, most_bytes, data, v5, max_packet, plans, decided, room, now) -> None, True or the rest for the caller "
-     "(_pubturn.c)"},
-    {"mqtt_pubacks_now", (PyCFunction)(void (*)(void))mqtt_pubacks_now, METH_FASTCALL,
-     "mqtt_pubacks_now(acks, conn, data) -> True when a burst's PUBACKs were written (all or a part) from the "
-     "reader's turn, False when the caller is to queue them (_pubturn.c)"},
     {"mqtt_direct_publishes", (PyCFunction)(void (*)(void))mqtt_direct_publishes, METH_FASTCALL,
      "mqtt_direct_publishes(fd, staged, i, stop, names, session, topic, partition, offset, window, v5, max_packet) "
      "-> (went, state, rest, err): a run of plain QoS 1 messages sent to a waiting subscriber (_mqttdirect.c)"},
     {"mqtt_split", (PyCFunction)(void (*)(void))mqtt_split, METH_FASTCALL,
-     "mqtt_split(buf, pos, max_packet, version, names, publish, puback) -> (packet, a, b): the next MQTT packet's "
-     "bounds, a plain PUBLISH or PUBACK decoded (_mqttwire.c)"},
+     "mqtt_split(buf, pos, max_packet, version, names) -> (fields, a, b): the next MQTT packet's bounds, a plain "
+     "PUBLISH's or PUBACK's fields decoded (_mqttwire.c)"},
     {"mqtt_publish_bytes", mqtt_publish_bytes, METH_VARARGS,
      "mqtt_publish_bytes(first, topic, packet_id, props, payload) -> an encoded PUBLISH (_mqttwire.c)"},
     {"mqtt_pubacks", mqtt_pubacks, METH_O, "mqtt_pubacks(packet_ids) -> the successful PUBACKs, joined (_mqttwire.c)"},
@@ -1335,53 +1322,19 @@ done:
 /* MQTT: the plain PUBLISHes of a reader's buffer, split and staged in one call                               */
 /* ======================================================================================================== */
 
-/* mqtt_plain_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish)
+/* mqtt_plain_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes)
    -> (entries, next pos, how many at QoS 1, their records' bytes):
-   metaq.mqtt.wire.plain_publishes_py in C (see its docstring; the tests hold the two equal). Each entry is
-   (metaq topic, hash % partitions, flag, prefix + payload, Publish, name), the Publish made as wire._plain_publish
-   makes it (object.__new__ and its __dict__ set, not its frozen __init__). */
-static PyObject *mqtt_keys[7];
-static const char *const MQTT_KEY_NAMES[7] = {"topic", "payload", "qos", "retain", "dup", "packet_id", "properties"};
-
-static PyObject *mqtt_publish_of(PyTypeObject *cls, PyObject *name, PyObject *payload, int qos, int dup,
-                                 long packet_id) {
-    PyObject *p = cls->tp_alloc(cls, 0);
-    if (p == NULL)
-        return NULL;
-    PyObject *d = PyObject_GenericGetDict(p, NULL);
-    if (d == NULL) {
-        Py_DECREF(p);
-        return NULL;
-    }
-    PyObject *props = PyDict_New();
-    PyObject *pid = qos ? PyLong_FromLong(packet_id) : Py_NewRef(Py_None);
-    PyObject *values[7] = {name, payload, qos ? PyLong_FromLong(1) : PyLong_FromLong(0), Py_False,
-                           dup ? Py_True : Py_False, pid, props};
-    int bad = props == NULL || pid == NULL || values[2] == NULL;
-    for (int k = 0; k < 7 && !bad; k++)
-        bad = PyDict_SetItem(d, mqtt_keys[k], values[k]) < 0;
-    Py_XDECREF(values[2]);
-    Py_XDECREF(pid);
-    Py_XDECREF(props);
-    Py_DECREF(d);
-    if (bad) {
-        Py_DECREF(p);
-        return NULL;
-    }
-    return p;
-}
-
+   metaq.mqtt.wire.plain_publishes_py in C (see its docstring; the tests hold the two equal). Each entry is the plain
+   values (metaq topic, hash % partitions, flag, prefix + payload, name, payload, qos, dup, packet id or None). */
 int metaq_publishes_args(PyObject *const *args, Py_ssize_t nargs, metaq_publishes_in *in) {
-    if (!metaq_nargs(nargs, 10) || PyObject_GetBuffer(args[0], &in->b, PyBUF_SIMPLE) < 0)
+    if (!metaq_nargs(nargs, 9) || PyObject_GetBuffer(args[0], &in->b, PyBUF_SIMPLE) < 0)
         return 0;
     if (metaq_arg_ssize(args[1], &in->pos) && (in->v5 = PyObject_IsTrue(args[2])) >= 0 &&
         metaq_arg_ll(args[3], &in->max_packet) && metaq_arg_type(5, args[4], &PyDict_Type) &&
         metaq_arg_type(6, args[5], &PyDict_Type) && metaq_arg_ll(args[6], &in->room) &&
-        metaq_arg_ssize(args[7], &in->count) && metaq_arg_ll(args[8], &in->nbytes) &&
-        metaq_arg_type(10, args[9], &PyType_Type)) {
+        metaq_arg_ssize(args[7], &in->count) && metaq_arg_ll(args[8], &in->nbytes)) {
         in->plans = args[4];
         in->decided = args[5];
-        in->cls = args[9];
         return 1;
     }
     PyBuffer_Release(&in->b);
@@ -1392,13 +1345,7 @@ PyObject *metaq_plain_split(metaq_publishes_in *in, Py_ssize_t *qos1_out, Py_ssi
     Py_ssize_t pos = in->pos, count = in->count, qos1 = 0, taken = 0;
     long long max_packet = in->max_packet, room = in->room, nbytes = in->nbytes;
     int v5 = in->v5;
-    PyObject *plans = in->plans, *decided = in->decided, *cls = in->cls;
-    if (mqtt_keys[0] == NULL) {
-        for (int k = 0; k < 7; k++) {
-            if ((mqtt_keys[k] = PyUnicode_InternFromString(MQTT_KEY_NAMES[k])) == NULL)
-                return NULL;
-        }
-    }
+    PyObject *plans = in->plans, *decided = in->decided;
     PyObject *out = PyList_New(0);
     if (out == NULL)
         return NULL;
@@ -1493,21 +1440,18 @@ PyObject *metaq_plain_split(metaq_publishes_in *in, Py_ssize_t *qos1_out, Py_ssi
             goto fail;
         }
         Py_ssize_t plen = PyBytes_GET_SIZE(prefix), n = stop - at;
-        PyObject *payload = PyBytes_FromStringAndSize((const char *)buf + at, n);
         PyObject *data = PyBytes_FromStringAndSize(NULL, plen + n);
-        PyObject *partition = PyLong_FromUnsignedLongLong(crc % (unsigned long long)nparts);
-        PyObject *p = NULL, *entry = NULL;
-        if (payload != NULL && data != NULL && partition != NULL) {
+        if (data != NULL) {
             memcpy(PyBytes_AS_STRING(data), PyBytes_AS_STRING(prefix), plen);
             memcpy(PyBytes_AS_STRING(data) + plen, buf + at, n);
-            p = mqtt_publish_of((PyTypeObject *)cls, name, payload, qos, first & 0x08, packet_id);
         }
-        if (p != NULL)
-            entry = PyTuple_Pack(6, topic, partition, flag, data, p, name);
-        Py_XDECREF(payload);
-        Py_XDECREF(data);
-        Py_XDECREF(partition);
-        Py_XDECREF(p);
+        /* the plan's items, borrowed, stay alive: no Python code runs while the fields are made */
+        PyObject *fields[9] = {Py_NewRef(topic), PyLong_FromUnsignedLongLong(crc % (unsigned long long)nparts),
+                               Py_NewRef(flag), data, Py_NewRef(name),
+                               PyBytes_FromStringAndSize((const char *)buf + at, n), PyLong_FromLong(qos),
+                               Py_NewRef((first & 0x08) ? Py_True : Py_False),
+                               qos ? PyLong_FromLong(packet_id) : Py_NewRef(Py_None)};
+        PyObject *entry = metaq_tuple_of(9, fields);
         if (entry == NULL)
             goto fail;
         int added = PyList_Append(out, entry);

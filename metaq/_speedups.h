@@ -65,27 +65,25 @@ PyObject *mqtt_pubacks(PyObject *self, PyObject *ids);
    the second with the PUBACKs of its QoS 1 PUBLISHes. */
 PyObject *mqtt_plain_publishes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *mqtt_read_publishes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-/* Their arguments (buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish) checked as
-   PyArg_ParseTuple's "y*npLO!O!LnLO!" checked them, the buffer held (released with PyBuffer_Release(&in->b)). */
+/* Their arguments (buf, pos, v5, max_packet, plans, decided, room, count, nbytes) checked as PyArg_ParseTuple's
+   "y*npLO!O!LnL" checked them, the buffer held (released with PyBuffer_Release(&in->b)). */
 typedef struct {
     Py_buffer b;
     Py_ssize_t pos, count;
     long long max_packet, room, nbytes;
     int v5;
-    PyObject *plans, *decided, *cls;
+    PyObject *plans, *decided;
 } metaq_publishes_in;
 int metaq_publishes_args(PyObject *const *args, Py_ssize_t nargs, metaq_publishes_in *in);
 /* The split (_speedups.c): its entries (a new list), in->pos moved to the next pos, how many at QoS 1 and their
    records' bytes; NULL with an exception set. */
 PyObject *metaq_plain_split(metaq_publishes_in *in, Py_ssize_t *qos1, Py_ssize_t *taken);
-/* The read (_mqttturn.c): the split and the PUBACKs of its QoS 1 PUBLISHes (*acks, new bytes). */
-PyObject *metaq_read_publishes(metaq_publishes_in *in, Py_ssize_t *qos1, Py_ssize_t *taken, PyObject **acks);
 /* A tuple of n new references, stolen; NULL (and none kept) when one is NULL or the tuple cannot be made. */
 PyObject *metaq_tuple_of(Py_ssize_t n, PyObject **items);
-/* mqtt_end_pubacks (_mqttacks.c): the MQTT subscriber's read of PUBACKs split and its messages in flight ended in one
-   step. */
-PyObject *mqtt_end_pubacks(PyObject *self, PyObject *args);
-/* metaq_end_acks (_mqttacks.c): mqtt_end_pubacks' loop over buf[pos:end): the next pos, or -1 with an error set. */
+/* mqtt_plain_pubacks (_mqttacks.c): the MQTT subscriber's read of PUBACKs split: their packet ids and the next pos. */
+PyObject *mqtt_plain_pubacks(PyObject *self, PyObject *args);
+/* metaq_end_acks (_mqttacks.c): the PUBACKs of buf[pos:end), each ending its message in flight (MqttAckTurn's): the
+   next pos, or -1 with an error set. */
 Py_ssize_t metaq_end_acks(const unsigned char *buf, Py_ssize_t end, Py_ssize_t pos, int v5, Py_ssize_t max_packet,
                           PyObject *inflight, PyObject *where, PyObject *state, Py_ssize_t *taken_out,
                           Py_ssize_t *ended_out);
@@ -101,9 +99,6 @@ int metaq_direct_run(long fd, PyObject *staged, Py_ssize_t i, Py_ssize_t stop, P
    waiting subscriber's delivery from the publisher's turn, and its PUBACK turn, each one C call. */
 extern PyTypeObject MqttDirectPathType;
 extern PyTypeObject MqttAckTurnType;
-/* mqtt_plain_turn (_pubturn.c): a device's plain read split, appended, counted, made visible and acknowledged in one
-   step (metaq/mqtt/publishes.py). */
-PyObject *mqtt_plain_turn(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* metaq_getattr and metaq_setattr (_slots.c): PyObject_GetAttr and PyObject_SetAttr, an object slot of the object's
    type read or written at its offset, found once per type and name (the hot paths' attributes). ``name``: any str;
    the interned names the C files keep are found by identity. */
@@ -116,9 +111,6 @@ PyObject *slot_setattr(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* mqtt_serve_waiting (_mqttwaiting.c): the deliveries waiting on a publisher's burst served from its turn
    (metaq/mqtt/direct.py, MqttPort.deliver_now). */
 PyObject *mqtt_serve_waiting(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-/* mqtt_pubacks_now (_pubturn.c): a burst's PUBACKs written from the reader's turn when they may go at once
-   (metaq/mqtt/acks.py); mqtt_plain_turn uses it too. */
-PyObject *mqtt_pubacks_now(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* encode_fields (_pbwrite.c): protobuf fields written from (field number, value) pairs; metaq/rmq5/messagebytes.py. */
 PyObject *encode_fields(PyObject *self, PyObject *args);
 /* pop_parse_handles (_pophandles.c): an ack's receipt handles read in one call; metaq/pop/records.py. */

@@ -34,6 +34,8 @@ front-end (the server layer)
     publishes.py   PUBLISH (topic aliases, QoS 1/2 state, a read's PUBLISHes stored as one burst) and PUBREL
     acks.py        the acknowledgements sent for what the client published, in order, once each put may be
                    acknowledged; the count of its unacknowledged PUBLISHes (mqtt.receive_maximum)
+    plainturn.py   a device's read of plain PUBLISHes stored and acknowledged in one step; a burst's PUBACKs
+                   written from the reader's turn (compiled with Cython where built: ``metaq.native``)
     subscriptions.py  SUBSCRIBE, UNSUBSCRIBE, the shared groups left, the client's acknowledgements of deliveries;
                    the connection's delivery
     delivery.py    what a connection's subscriptions read from the log and send: ``Delivery`` and its greenlet's loop

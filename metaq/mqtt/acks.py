@@ -4,7 +4,7 @@ be acknowledged as a text ``put`` would be (``PutPath.durable``, ``MqttPort.burs
 client's QoS 1/2 PUBLISHes not yet acknowledged that ``mqtt.receive_maximum`` bounds (docs/mqtt.md).
 
 A burst's PUBACKs that may go at once and find nothing queued before them are written from the reader's turn
-(``pubacks_now``: by the socket's descriptor when it may be written that way, ``Connection.direct_fd``, else
+(``plainturn.pubacks_now``: by the socket's descriptor when it may be written that way, ``Connection.direct_fd``, else
 ``Connection.try_send``); the others are queued for a writer greenlet that exists only while some wait, so an idle
 connection holds none.
 """
@@ -18,9 +18,8 @@ from gevent.event import Event
 
 from metaq import errors
 from metaq.mqtt import wire
-from metaq.mqtt.direct import send_now
+from metaq.mqtt.plainturn import pubacks_now
 from metaq.mqtt.wire import MQTT_5, encode
-from metaq.speedups import load
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +32,7 @@ class Acknowledgements:
     them, set by a resumed session (``connect``) and counted down as their acknowledgements go; ``pending`` the
     acknowledgements queued and not yet written (0: none queued and no writer running, so a burst's PUBACKs
     acknowledged at once may be written from the reader's turn: ``pubacks_now``, which ``pubacks`` and the
-    reader's one-step turn, ``publishes.plain_turn``, both use); ``sent`` an Event once waited on
+    reader's one-step turn, ``plainturn.plain_turn``, both use); ``sent`` an Event once waited on
     (``wait_for_room``, the reader's), set after each acknowledgement written, here or by ``pubacks_now``."""
 
     __slots__ = ("conn", "put_path", "burst_durable", "unacked", "pending", "sent", "_queue", "_writer")
@@ -192,42 +191,6 @@ class Acknowledgements:
             return type(packet)(packet.packet_id, wire.UNSPECIFIED_ERROR)
         conn.close()
         return None
-
-
-def pubacks_now_py(acks, conn, data):
-    """Write a burst's PUBACKs ``data`` (``Acknowledgements.pubacks``' bytes, acknowledged at once) from the reader's
-    turn when they may go now: nothing queued before them and no writer (``acks.pending`` 0), so they keep their
-    place. By the socket's descriptor while packets may be written that way (``conn.direct_fd``), one non-blocking
-    send: a part written leaves the rest to the connection (``conn.keep_unsent``: written before anything else) and
-    an empty entry queued (``acks.queue(b"")``) so the writer finishes it; a full buffer writes nothing; a failed
-    send closes the connection (``conn.send_failed``). Otherwise (TLS, a writer inside a packet, something unsent,
-    closed) through ``conn.try_send``. When some went, ``acks.unacked`` is lowered by the PUBACKs and ``acks.sent``
-    set: True. False: none went, the caller queues them (``acks.queue_pubacks``). ``metaq._speedups``'
-    ``mqtt_pubacks_now`` is this function in C (the tests hold the two equal)."""
-    if acks.pending:
-        return False
-    fd = conn.direct_fd
-    if fd >= 0:
-        n, err = send_now(fd, data)
-        if err:
-            conn.send_failed(err)
-            return False
-        if 0 < n < len(data):
-            conn.keep_unsent(data[n:])
-    else:
-        n = conn.try_send(data) or 0
-    if n <= 0:
-        return False
-    acks.unacked -= len(data) >> 2
-    if n < len(data):
-        acks.queue(b"")  # the writer writes what the connection keeps first
-    if acks.sent is not None:
-        acks.sent.set()
-    return True
-
-
-#: ``pubacks_now_py``, in C when built: the reader's turn (``publishes.plain_turn``) calls the C one from C.
-pubacks_now = load("mqtt_pubacks_now", pubacks_now_py)
 
 
 class PubAckRun:

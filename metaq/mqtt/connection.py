@@ -17,7 +17,7 @@ request deadline, the login deadline; an idle connection parks, holding no green
 The socket is written by the reader's answers, the acknowledgement writer, the delivery and the port's fan-out
 readers: whole packets, in order, under one write lock that a fan-out reader never waits on (``try_send``,
 ``fan_fd``). The C helper's writers, the delivery from a publisher's turn and a burst's PUBACKs from the reader's
-(``acks.pubacks_now``), write by descriptor while no other writer is inside a packet (``direct_fd``), keeping what
+(``plainturn.pubacks_now``), write by descriptor while no other writer is inside a packet (``direct_fd``), keeping what
 the socket did not take for the next writer (``keep_unsent``). Bad input is answered as the specification says and
 closed, one log line, never a traceback.
 """
@@ -75,7 +75,7 @@ class Connection(core.Connection):
         self._unsent = None  # what a try_send left of its packet: written before anything else
         self._fd = self.raw_sock.fileno() if self.raw_sock is not None else -1  # (TLS: never written by descriptor)
         #: ``fan_fd``'s answer kept as it changes, for the C helper's writers (the delivery, ``direct.DirectPathPy``;
-        #: a burst's PUBACKs, ``acks.pubacks_now``): the socket's descriptor while packets may be written to it by
+        #: a burst's PUBACKs, ``plainturn.pubacks_now``): the socket's descriptor while packets may be written to it by
         #: descriptor, else -1 (TLS, a writer inside a packet, something unsent, closed). Set wherever the write lock
         #: is held across a wait or ``_unsent`` changes.
         self.direct_fd = self._fd

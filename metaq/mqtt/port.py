@@ -43,7 +43,6 @@ import logging
 import os
 import time
 import zlib
-from functools import partial
 
 import gevent
 
@@ -132,13 +131,6 @@ class MqttPort:
         self.decoded = Decoded(self.topics)  # records decoded, QoS 0 PUBLISHes encoded, once for all their subscribers
         self.fanouts = Fanouts(store, waiters, self.decoded, max_transfer)  # one reader per partition for many
         self.waiting = {}  # (topic, partition) -> the Deliveries waiting on it now (``deliver_now``)
-        #: ``deliver_now(keys, staged, runs, client_id, now)``: a burst just appended to partitions ``keys`` and made
-        #: visible (``staged`` and ``runs``: ``write_burst``'s) served from the publisher's turn to the deliveries
-        #: waiting on it (``direct.serve_waiting``, at most ``limits.MQTT_DIRECT_DELIVERIES``): the messages neither
-        #: read back from the log nor decoded, the subscriber's wake saved; the others are kept decoded for their
-        #: readers (``_keep_decoded``). Returns ``{key: events}``, the waits the append's wake passes over.
-        self.deliver_now = partial(direct.serve_waiting, self.waiting, self.fanouts.readers, self._keep_decoded,
-                                   direct.deliver_now, limits.MQTT_DIRECT_DELIVERIES)
         self._clients = {}  # client id -> its Connection
         self._ids = itertools.count(1)
         self._id_salt = os.urandom(4).hex()
@@ -813,6 +805,15 @@ class MqttPort:
                     runs.append(BurstRun((topic, partition), 1, len(data), r.msg_id, r.offset, i, r.log_end))
                 i += 1
         return n, log_end, keys, None
+
+    def deliver_now(self, keys, staged, runs, client_id, now):
+        """A burst just appended to partitions ``keys`` and made visible (``staged`` and ``runs``: ``write_burst``'s)
+        served from the publisher's turn to the deliveries waiting on it (``direct.serve_waiting``, at most
+        ``limits.MQTT_DIRECT_DELIVERIES``): the messages neither read back from the log nor decoded, the subscriber's
+        wake saved; the others are kept decoded for their readers (``_keep_decoded``). Returns ``{key: events}``, the
+        waits the append's wake passes over."""
+        return direct.serve_waiting(self.waiting, self.fanouts.readers, self._keep_decoded, direct.deliver_now,
+                                    limits.MQTT_DIRECT_DELIVERIES, keys, staged, runs, client_id, now)
 
     def _keep_decoded(self, key, kruns, staged, client_id, now, made):
         """Keep the messages of partition ``key``'s runs ``kruns`` of the burst (``deliver_now``'s; ``made``: those

@@ -17,17 +17,15 @@ PUBACK/PUBREC, MQTT 5 QoS 0 is dropped (logged), MQTT 3.1.1 (which has no negati
 
 import logging
 import time
-from functools import partial
 
 from metaq import errors, limits
 from metaq.limits import MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES
 from metaq.mqtt import wire
-from metaq.mqtt.acks import pubacks_now
+from metaq.mqtt.plainturn import entries_of, plain_turn
 from metaq.mqtt.records import RecordRefusal, plain_plan
 from metaq.mqtt.wire import MQTT_5
 from metaq.server.clock import now_ms
 from metaq.server.putpath import ACK_NOW
-from metaq.speedups import load
 
 log = logging.getLogger(__name__)
 _time = time.time
@@ -68,54 +66,6 @@ def remember_plan(plans, topics, name, client_id):
         plans[key] = plain_plan(topics, name, client_id)
 
 
-def plain_turn_py(append, counted, path, store, deliver, client_id, acks, conn, largest, frames_of, publish, most,
-                  most_bytes, data, v5, max_packet, plans, decided, room, now):
-    """A device's read ``data``, holding whole packets with nothing buffered before it, stored and acknowledged in one
-    step when it is all plain PUBLISHes (``Publishes.read``; bound once per connection with ``functools.partial``):
-    split and staged with their PUBACKs (``wire.read_publishes``, at most ``most`` of them and ``most_bytes``), the
-    QoS 1 ones added to ``acks.unacked``; when they are the whole read, their burst frames (``frames_of``:
-    ``port.burst_frames``) appended by the store's burst writer (``append``: ``PutPath.append_burst``), each run
-    counted (``counted``), the put path's ``burst_written`` of now called with the delivery (``deliver``:
-    ``MqttPort.deliver_now``) and the PUBACKs written at once when they may be (the mode ACK_NOW:
-    ``pubacks_now``, metaq/mqtt/acks.py: the decision and the write ``Acknowledgements.pubacks`` makes), else queued
-    (``acks.queue_pubacks``) with the wait the mode asks (the log's ``log_cuts`` read before the wake, which may
-    yield): True. None: the read does not begin with a plain PUBLISH (nothing taken). Else ``(entries, how many at
-    QoS 1, their records' bytes, PUBACKs, next pos, taken)`` for the caller's general path: other bytes follow from
-    ``next pos``, a record is one the burst writer does not take, or the burst writer stopped short (``taken``:
-    ``(frames, src, frames written, log end, keys, runs)``, the runs counted; else None). ``metaq._speedups``'s
-    ``mqtt_plain_turn`` is this function in C (the tests hold the two equal)."""
-    entries, pos, qos1, nbytes, pubacks = wire.read_publishes(data, 0, v5, max_packet, plans, decided, room, most,
-                                                              most_bytes, publish)
-    if not entries:
-        return None
-    acks.unacked += qos1
-    if pos < len(data):
-        return entries, qos1, nbytes, pubacks, pos, None
-    frames, src, general, _names = frames_of(entries, largest)
-    if general:
-        return entries, qos1, nbytes, pubacks, pos, None
-    took, runs = append(frames, src, now)
-    keys = set()
-    for run in runs:
-        counted(run[0][0], run[1], run[2])
-        keys.add(run[0])
-    log_end = runs[-1][6] if runs else 0
-    if took < len(entries):
-        return entries, qos1, nbytes, pubacks, pos, (frames, src, took, log_end, keys, runs)
-    cuts = store.log_cuts
-    mode = path.burst_written(keys, now, None, deliver, (keys, entries, runs, client_id, now))
-    if pubacks:
-        if mode == ACK_NOW:
-            if not pubacks_now(acks, conn, pubacks):
-                acks.queue_pubacks(pubacks)
-        else:
-            acks.queue_pubacks(pubacks, (keys, log_end, now, cuts))
-    return True
-
-
-plain_turn = load("mqtt_plain_turn", plain_turn_py)
-
-
 class Publishes:
     """One connection's PUBLISHes and PUBRELs (see the module doc): read from ``conn`` (its session, version,
     settings, ``disconnect``), stored through ``port`` (``stage``, ``write_burst``, ``put``, ``save``, the fan-out's
@@ -124,7 +74,7 @@ class Publishes:
     the decision reads changed, ``PutPath.decision_stands``, or the session's user did)."""
 
     __slots__ = ("conn", "port", "acks", "decided", "plans", "_decided_at", "_aliases", "_burst", "_burst_bytes",
-                 "_burst_now", "_pubacks", "_turn")
+                 "_burst_now", "_pubacks")
 
     def __init__(self, conn, port, acks):
         self.conn = conn
@@ -138,7 +88,6 @@ class Publishes:
         self._burst_bytes = 0
         self._burst_now = 0  # the burst's time (epoch ms): its records' store time
         self._pubacks = None  # the burst's PUBACKs as one read's split made them (``read``), while it is all of it
-        self._turn = None  # ``plain_turn`` bound to this connection's objects, once a whole read came (``read``)
 
     def publish(self, p):
         """A PUBLISH: staged in the burst, or stored alone (QoS 2, retained); False when the connection must close."""
@@ -246,20 +195,20 @@ class Publishes:
         ``mqtt.receive_maximum``) and add them to the burst, as ``publish`` adds each. None when there were none;
         else False when the connection must close."""
         burst = self._burst
-        staged, qos1, nbytes = parser.plain_publishes(
+        split, qos1, nbytes = parser.plain_publishes(
             self.plans, self._decisions(), self.conn.settings.receive_maximum - self.acks.unacked,
             limits.MQTT_PUBLISH_BURST - len(burst), limits.MQTT_PUBLISH_BURST_BYTES - self._burst_bytes)
-        if not staged:
+        if not split:
             return None
         self._pubacks = None
-        return self._add(staged, qos1, nbytes)
+        return self._add(entries_of(split), qos1, nbytes)
 
     def read(self, parser, data, whole=False):
         """The bytes a read brought (``data``, not empty) to the reader's turn, which begins with no burst staged:
         the plain PUBLISHes they begin with are split and staged in one step and, when nothing follows them, stored
         and acknowledged at once (the PUBACKs sent as made). ``whole``: nothing was buffered before ``data`` (the
         reader's last read was taken whole, or its parser holds nothing): then the whole step is one call
-        (``plain_turn``, bound to this connection's objects at its first such read), which hands back what it does
+        (``plainturn.plain_turn``), which hands back what it does
         not end itself; else the parser splits (``wire.MqttParser.plain_read``) and ``flush`` stores. None when
         the rest is for the general path (``Connection._process``, with what is staged): the read began with no
         such PUBLISH, or other or partial packets follow them (all not taken is in the parser's buffer); else False
@@ -276,45 +225,37 @@ class Publishes:
         taken = None
         try:
             if whole:
-                turn = self._turn
-                if turn is None:
-                    turn = self._turn = self._bind_turn()
-                went = turn(data, parser.version == MQTT_5, parser.max_packet, self.plans, decided, room, now)
+                port = self.port
+                went = plain_turn(port, port.put_path, acks, conn, conn.mqtt.client_id, MQTT_PUBLISH_BURST,
+                                  MQTT_PUBLISH_BURST_BYTES, data, parser.version == MQTT_5, parser.max_packet,
+                                  self.plans, decided, room, now)
                 if went is True:
                     return False if conn.closed else True
                 if went is None:
                     parser.receive_data(data)
                     return None
-                staged, qos1, nbytes, pubacks, pos, taken = went  # (its QoS 1 ones counted in ``acks.unacked``)
+                entries, qos1, nbytes, pubacks, pos, taken = went  # (its QoS 1 ones counted in ``acks.unacked``)
                 rest = pos < len(data)
                 if rest:
                     parser.receive_data(data[pos:])
             else:
-                staged, qos1, nbytes, pubacks, rest = parser.plain_read(
+                split, qos1, nbytes, pubacks, rest = parser.plain_read(
                     data, self.plans, decided, room, MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES)
-                if not staged:
+                if not split:
                     return None
                 acks.unacked += qos1
-            self._burst = staged
+                entries = entries_of(split)
+            self._burst = entries
             self._burst_now = now
             self._burst_bytes = nbytes
             self._pubacks = pubacks
-            if len(staged) >= MQTT_PUBLISH_BURST or nbytes >= MQTT_PUBLISH_BURST_BYTES or not rest:
+            if len(entries) >= MQTT_PUBLISH_BURST or nbytes >= MQTT_PUBLISH_BURST_BYTES or not rest:
                 if not self.flush(taken):
                     return False
             return False if conn.closed else (None if rest else True)
         except BaseException:
             self.drop()  # not stored: the connection closes without acknowledging them
             raise
-
-    def _bind_turn(self):
-        """``plain_turn`` bound to this connection's objects (none replaced while it lives: the port's store, put path
-        and delivery, the session's client id, the acknowledgements)."""
-        port = self.port
-        path = port.put_path
-        return partial(plain_turn, path.append_burst, path.counted, path, port.store, port.deliver_now,
-                       self.conn.mqtt.client_id, self.acks, self.conn, port.burst_largest, port.frames_of, wire.Publish,
-                       MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES)
 
     def _add(self, staged, qos1, nbytes):
         """Add ``staged`` (split and staged entries, ``qos1`` of them at QoS 1, their records' ``nbytes``) to the

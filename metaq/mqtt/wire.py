@@ -722,12 +722,14 @@ def _plain_publish(buf, start, end, flags, v5):
         if len(_known_names) >= MQTT_KNOWN_NAMES:
             _known_names.clear()
         _known_names[raw] = topic
-    return _known_publish(buf, start, end, flags, v5, _known_names, Publish)
+    fields = _known_publish(buf, start, end, flags, v5, _known_names)
+    return None if fields is None else packet_of(fields)
 
 
-def _known_publish(buf, start, end, flags, v5, names, publish):
-    """The ``publish`` of a PUBLISH body ``buf[start:end]`` without properties whose topic name's bytes are a key of
-    ``names`` (names already checked, to their ``str``), as ``_decode_publish`` decodes it; None for any other."""
+def _known_publish(buf, start, end, flags, v5, names):
+    """The fields ``(PUBLISH, topic, payload, qos, retain, dup, packet id)`` of a PUBLISH body ``buf[start:end]``
+    without properties whose topic name's bytes are a key of ``names`` (names already checked, to their ``str``), as
+    ``_decode_publish`` decodes it (``packet_of`` makes its ``Publish``); None for any other."""
     raw = _name_bytes(buf, start, end, flags)
     topic = None if raw is None else names.get(raw)
     if topic is None:
@@ -746,16 +748,13 @@ def _known_publish(buf, start, end, flags, v5, names, publish):
         if at >= end or buf[at]:
             return None  # properties (or none at all): the general decoder
         at += 1
-    p = _new(publish)  # the dataclass's fields, without its frozen __init__'s per-field object.__setattr__
-    p.__dict__.update(topic=topic, payload=bytes(buf[at:end]), qos=qos, retain=bool(flags & 0x01),
-                      dup=bool(flags & 0x08), packet_id=packet_id, properties={})
-    return p
+    return PUBLISH, topic, bytes(buf[at:end]), qos, bool(flags & 0x01), bool(flags & 0x08), packet_id
 
 
-def _plain_puback(buf, start, end, v5, puback):
-    """The ``puback`` of a PUBACK body ``buf[start:end]`` with a non-zero packet id and no properties (MQTT 5: a
-    reason code a PUBACK may carry, then an empty property length, each optional), as ``_decode_ack`` decodes it;
-    None for any other."""
+def _plain_puback(buf, start, end, v5):
+    """The fields ``(PUBACK, packet id, reason code)`` of a PUBACK body ``buf[start:end]`` with a non-zero packet id
+    and no properties (MQTT 5: a reason code a PUBACK may carry, then an empty property length, each optional), as
+    ``_decode_ack`` decodes it (``packet_of`` makes its ``PubAck``); None for any other."""
     n = end - start
     if n < 2 or (not v5 and n != 2) or n > 4:
         return None
@@ -767,8 +766,19 @@ def _plain_puback(buf, start, end, v5, puback):
         code = buf[start + 2]
         if code not in _PUB_ACK_CODES or (n == 4 and buf[start + 3]):
             return None
-    p = _new(puback)
-    p.__dict__.update(packet_id=packet_id, reason_code=code, properties={})
+    return PUBACK, packet_id, code
+
+
+def packet_of(fields):
+    """The ``Publish`` or ``PubAck`` of ``split``'s fields, made as their frozen ``__init__`` would make it, without
+    its per-field ``object.__setattr__``."""
+    p = _new(Publish if fields[0] == PUBLISH else PubAck)
+    if fields[0] == PUBLISH:
+        _, topic, payload, qos, retain, dup, packet_id = fields
+        p.__dict__.update(topic=topic, payload=payload, qos=qos, retain=retain, dup=dup, packet_id=packet_id,
+                          properties={})
+    else:
+        p.__dict__.update(packet_id=fields[1], reason_code=fields[2], properties={})
     return p
 
 
@@ -776,11 +786,11 @@ def _plain_puback(buf, start, end, v5, puback):
 SPLIT_NEED_DATA, SPLIT_TOO_LONG, SPLIT_NOT_SHORTEST, SPLIT_TOO_LARGE = -1, -2, -3, -4
 
 
-def split_py(buf, pos, max_packet, version, names, publish, puback):
-    """The packet at ``pos`` in ``buf``, split: ``(packet, next pos, next pos)`` when it is a plain PUBLISH of a
-    name in ``names`` (``_known_publish``) or a plain PUBACK (``_plain_puback``), decoded as ``publish`` and
-    ``puback`` (only once ``version``, the protocol level, is known); ``(None, body start, next pos)`` for any other
-    whole packet (the general decoder's); ``(None, SPLIT_NEED_DATA, 0)`` when it is not whole yet;
+def split_py(buf, pos, max_packet, version, names):
+    """The packet at ``pos`` in ``buf``, split: ``(fields, next pos, next pos)`` when it is a plain PUBLISH of a
+    name in ``names`` (``_known_publish``) or a plain PUBACK (``_plain_puback``), decoded to their fields (only once
+    ``version``, the protocol level, is known; ``packet_of`` makes the packet); ``(None, body start, next pos)`` for
+    any other whole packet (the general decoder's); ``(None, SPLIT_NEED_DATA, 0)`` when it is not whole yet;
     ``(None, SPLIT_TOO_LONG or SPLIT_NOT_SHORTEST, 0)`` for a Remaining Length longer than 4 bytes or not in its
     shortest encoding, ``(None, SPLIT_TOO_LARGE, its size)`` for a packet past ``max_packet`` (known as soon as its
     length field is). ``metaq._speedups``'s ``mqtt_split`` is this function in C (the tests hold the two equal)."""
@@ -811,21 +821,22 @@ def split_py(buf, pos, max_packet, version, names, publish, puback):
     packet = None
     if version == MQTT_311 or version == MQTT_5:
         if first >> 4 == PUBLISH:
-            packet = _known_publish(buf, start, end, first & 0x0F, version == MQTT_5, names, publish)
+            packet = _known_publish(buf, start, end, first & 0x0F, version == MQTT_5, names)
         elif first == PUBACK << 4:
-            packet = _plain_puback(buf, start, end, version == MQTT_5, puback)
+            packet = _plain_puback(buf, start, end, version == MQTT_5)
     return (None, start, end) if packet is None else (packet, end, end)
 
 
-def plain_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish=Publish):
+def plain_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nbytes):
     """The consecutive plain PUBLISHes whole in ``buf`` from ``pos``, split and staged in one step: ``(entries, next
     pos, how many at QoS 1, their records' bytes)``. A plain PUBLISH is one at QoS 0 or 1, not retained, without
     properties (MQTT 5: ``v5``, an empty property length), within ``max_packet``, whose topic name's bytes are a key
     of ``plans`` and whose metaq topic (the plan's second field) is a key of ``decided``; a QoS 1 one only while
     ``room`` (how many more QoS 1 PUBLISHes may be unacknowledged) is left. ``plans`` maps a name's bytes to
     ``(name, metaq topic, name hash, flag, record prefix at QoS 0, at QoS 1)`` (``records.plain_plan``), ``decided``
-    a metaq topic to its partition count (``MqttPort.stage``'s). Each entry is ``(metaq topic, hash % partitions,
-    flag, prefix + payload, Publish, name)``: what ``MqttPort.stage`` gives, with the packet and its name after. The
+    a metaq topic to its partition count (``MqttPort.stage``'s). Each entry is the plain values ``(metaq topic, hash
+    % partitions, flag, prefix + payload, name, payload, qos, dup, packet id or None)``: what ``MqttPort.stage``
+    gives, with the PUBLISH's name and fields after (``plainturn.entries_of`` makes the burst's entries of them). The
     split stops before the first packet that is not such a PUBLISH (anything else, a refusal included, is the general
     path's: ``_next_event``), and after ``count`` entries or once their records' bytes reach ``nbytes``.
     ``metaq._speedups``'s ``mqtt_plain_publishes`` is this function in C (the tests hold the two equal)."""
@@ -856,10 +867,8 @@ def plain_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nb
             break
         payload = bytes(buf[at:stop])
         data = plan[4 + qos] + payload
-        p = _new(publish)
-        p.__dict__.update(topic=plan[0], payload=payload, qos=qos, retain=False, dup=bool(first & 0x08),
-                          packet_id=packet_id, properties={})
-        out.append((plan[1], plan[2] % partitions, plan[3], data, p, plan[0]))
+        out.append((plan[1], plan[2] % partitions, plan[3], data, plan[0], payload, qos, bool(first & 0x08),
+                    packet_id))
         pos = stop
         count -= 1
         nbytes -= len(data)
@@ -869,14 +878,13 @@ def plain_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nb
     return out, pos, qos1, taken
 
 
-def read_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish=Publish):
+def read_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nbytes):
     """``plain_publishes``'s split and staging and the successful PUBACKs of the QoS 1 PUBLISHes it took, in their
     order, as one byte string (``encode_pubacks``'s): ``(entries, next pos, how many at QoS 1, their records' bytes,
     PUBACKs)``, the reader's turn of a device in one step. ``metaq._speedups``'s ``mqtt_read_publishes`` is this
     function in C (the tests hold the two equal)."""
-    entries, pos, qos1, taken = plain_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nbytes,
-                                                   publish)
-    return entries, pos, qos1, taken, encode_pubacks_py([e[4].packet_id for e in entries if e[4].qos])
+    entries, pos, qos1, taken = plain_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nbytes)
+    return entries, pos, qos1, taken, encode_pubacks_py([e[8] for e in entries if e[6]])
 
 
 def plain_pubacks_py(buf, pos, v5, max_packet):
@@ -884,9 +892,11 @@ def plain_pubacks_py(buf, pos, v5, max_packet):
     (``v5``) an optional reason code a PUBACK may carry and an optional empty property length), within
     ``max_packet``: ``(their packet ids, in order, next pos)``, the subscriber's read of acknowledgements in one
     step. It stops before the first packet that is not one (anything else, a refusal included, is the general
-    path's: ``_next_event``); ``end_pubacks``'s split."""
+    path's: ``_next_event``); ``end_pubacks``'s split. ``metaq._speedups``'s ``mqtt_plain_pubacks`` is this function
+    in C (the tests hold the two equal)."""
     ids = []
     end = len(buf)
+    pos = max(pos, 0)
     while end - pos >= 4 and buf[pos] == 0x40:
         n = buf[pos + 1]
         if n < 2 or n > (4 if v5 else 2) or 2 + n > max_packet or pos + 2 + n > end:
@@ -899,13 +909,12 @@ def plain_pubacks_py(buf, pos, v5, max_packet):
     return ids, pos
 
 
-def end_pubacks_py(buf, pos, v5, max_packet, inflight, where, state):
-    """``plain_pubacks_py``'s PUBACKs, each ending its packet id's message in flight as ``MqttSession.acknowledged``
+def end_pubacks(buf, pos, v5, max_packet, inflight, where, state):
+    """``plain_pubacks``' PUBACKs, each ending its packet id's message in flight as ``MqttSession.acknowledged``
     does: deleted from ``inflight`` (a session's, packet id -> state) when held there in ``state``, and from
     ``where``. ``(how many PUBACKs taken, how many messages ended, next pos)``: the subscriber's read of
-    acknowledgements and their effect in one step. ``metaq._speedups``'s ``mqtt_end_pubacks`` is this function in C
-    (the tests hold the two equal)."""
-    ids, pos = plain_pubacks_py(buf, pos, v5, max_packet)
+    acknowledgements and their effect in one step."""
+    ids, pos = plain_pubacks(buf, pos, v5, max_packet)
     ended = 0
     for packet_id in ids:
         if inflight.get(packet_id) == state:
@@ -982,10 +991,10 @@ class MqttParser(StreamParser):
 
     def _next_event(self):
         buf, pos = self._buf, self._pos
-        packet, start, end = split(buf, pos, self.max_packet, self.version, _known_names, Publish, PubAck)
-        if packet is not None:
+        fields, start, end = split(buf, pos, self.max_packet, self.version, _known_names)
+        if fields is not None:
             self._pos = end
-            return packet
+            return packet_of(fields)
         if start < 0:
             if start == SPLIT_NEED_DATA:
                 return self._need_data()
@@ -1015,7 +1024,7 @@ class MqttParser(StreamParser):
         if self._fatal is not None or self.version is None:
             return (), 0, 0
         entries, pos, qos1, taken = plain_publishes(self._buf, self._pos, self.version == MQTT_5, self.max_packet,
-                                                    plans, decided, room, count, nbytes, Publish)
+                                                    plans, decided, room, count, nbytes)
         if entries:
             self._pos = pos
             self._completed += len(entries)
@@ -1035,7 +1044,7 @@ class MqttParser(StreamParser):
         else:
             start = 0
         entries, pos, qos1, taken, acks = read_publishes(data, start, self.version == MQTT_5, self.max_packet, plans,
-                                                         decided, room, count, nbytes, Publish)
+                                                         decided, room, count, nbytes)
         if entries:
             self._completed += len(entries)
         if data is self._buf:
@@ -1114,7 +1123,7 @@ class MqttParser(StreamParser):
 
 plain_publishes = load("mqtt_plain_publishes", plain_publishes_py)
 read_publishes = load("mqtt_read_publishes", read_publishes_py)
-end_pubacks = load("mqtt_end_pubacks", end_pubacks_py)
+plain_pubacks = load("mqtt_plain_pubacks", plain_pubacks_py)
 split = load("mqtt_split", split_py)
 
 

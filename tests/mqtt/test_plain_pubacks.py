@@ -1,6 +1,7 @@
-"""A subscriber's read of PUBACKs split and its messages in flight ended in one step (``wire.end_pubacks_py`` and its C
-twin ``metaq._speedups``'s ``mqtt_end_pubacks``; ``MqttParser.end_acks``): the two give the same answers and leave the
-same session state (an OrderedDict's order included) on every input, and the parser takes exactly the PUBACKs
+"""A subscriber's read of PUBACKs split and its messages in flight ended in one step (``wire.end_pubacks``, its split
+``wire.plain_pubacks``, in C as ``metaq._speedups``'s ``mqtt_plain_pubacks``; ``MqttParser.end_acks``): the C split
+and its twin give the same answers on every input, each PUBACK ends its message as ``MqttSession.acknowledged``
+would (an OrderedDict's order kept whole), and the parser takes exactly the PUBACKs
 ``next_event`` would have returned, ending each as ``MqttSession.acknowledged`` would, leaving the rest (another
 packet, a PUBACK the general decoder refuses, a part of one) to ``next_event``, whether the bytes come whole or split
 at any byte."""
@@ -15,13 +16,13 @@ from metaq.mqtt.session import PUBLISH_SENT, PUBREL_SENT
 from metaq.mqtt.wire import MQTT_5, MQTT_311, MqttError, MqttParser, PubAck, encode
 
 try:
-    from metaq._speedups import mqtt_end_pubacks
+    from metaq._speedups import mqtt_plain_pubacks
 except ImportError:  # the C helper was not built
-    mqtt_end_pubacks = None
+    mqtt_plain_pubacks = None
 
-needs_c = pytest.mark.skipif(mqtt_end_pubacks is None, reason="metaq._speedups was not built")
-TWINS = [pytest.param(wire.end_pubacks_py, id="python"),
-         pytest.param(mqtt_end_pubacks, id="c", marks=needs_c)]
+needs_c = pytest.mark.skipif(mqtt_plain_pubacks is None, reason="metaq._speedups was not built")
+TWINS = [pytest.param(wire.plain_pubacks_py, id="python"),
+         pytest.param(mqtt_plain_pubacks, id="c", marks=needs_c)]
 
 #: The packet ids PIECES' PUBACKs carry.
 IDS = (1, 0xFFFF, 0x1234, 9, 7, 5, 3, 4)
@@ -61,19 +62,32 @@ def test_the_c_split_and_the_twin_answer_the_same():
     for _ in range(3000):
         buf = _stream(rng)
         cut = rng.randrange(0, len(buf) + 1)
-        inflight, where = _session(rng)
         for v5 in (False, True):
             for max_packet in (3, 4, 5, 6, 1 << 20):
-                for pos in (0, min(cut, len(buf))):
+                for pos in (-1, 0, min(cut, len(buf)), len(buf) + 1):
                     for data in (buf, buf[:cut], bytearray(buf)):
-                        c_state = (OrderedDict(inflight), dict(where))
-                        py_state = (OrderedDict(inflight), dict(where))
-                        assert mqtt_end_pubacks(data, pos, v5, max_packet, *c_state, PUBLISH_SENT) == \
-                            wire.end_pubacks_py(data, pos, v5, max_packet, *py_state, PUBLISH_SENT), \
-                            (data, pos, v5, max_packet)
-                        assert [list(d.items()) for d in c_state] == [list(d.items()) for d in py_state]
-                        c_state[0][0x7777] = PUBLISH_SENT  # the OrderedDict still whole after deletions
-                        assert list(c_state[0])[-1] == 0x7777
+                        assert mqtt_plain_pubacks(data, pos, v5, max_packet) == \
+                            wire.plain_pubacks_py(data, pos, v5, max_packet), (data, pos, v5, max_packet)
+
+
+@pytest.mark.parametrize("split", TWINS)
+def test_each_pubacks_message_in_flight_is_ended_as_acknowledged_ends_it(monkeypatch, split):
+    """``end_pubacks`` over seeded reads and sessions: each PUBACK the split takes ends its message when it is in
+    flight as a PUBLISH sent (not a PUBREL), from ``inflight`` and ``where``, the others untouched, in order."""
+    monkeypatch.setattr(wire, "plain_pubacks", split)
+    rng = random.Random(58)
+    for _ in range(1000):
+        buf = _stream(rng)
+        inflight, where = _session(rng)
+        v5, max_packet = rng.random() < 0.5, rng.choice((4, 6, 1 << 20))
+        ids, pos = wire.plain_pubacks_py(buf, 0, v5, max_packet)
+        want = OrderedDict(inflight)
+        gone = [i for i in ids if want.get(i) == PUBLISH_SENT and want.pop(i)]
+        got = wire.end_pubacks(buf, 0, v5, max_packet, inflight, where, PUBLISH_SENT)
+        assert got == (len(ids), len(gone), pos)
+        assert list(inflight.items()) == list(want.items()) and not set(gone) & set(where)
+        inflight[0x7777] = PUBLISH_SENT  # the OrderedDict still whole after deletions
+        assert list(inflight)[-1] == 0x7777
 
 
 def _ended(inflight, ids):
@@ -123,7 +137,7 @@ def _rest(parser, ids):
 @pytest.mark.parametrize("twin", TWINS)
 @pytest.mark.parametrize("version", [MQTT_5, MQTT_311], ids=["v5", "v311"])
 def test_the_parser_takes_what_next_event_would_split_at_every_byte(monkeypatch, twin, version):
-    monkeypatch.setattr(wire, "end_pubacks", twin)
+    monkeypatch.setattr(wire, "plain_pubacks", twin)
     rng = random.Random(version)
     streams = [b"".join(PIECES[:6]) + PIECES[11] + PIECES[0], encode(PubAck(3), version) + PIECES[11]]
     streams += [s for s in (_stream(rng) for _ in range(200)) if s]  # a read is never empty
@@ -135,7 +149,7 @@ def test_the_parser_takes_what_next_event_would_split_at_every_byte(monkeypatch,
 
 @pytest.mark.parametrize("twin", TWINS)
 def test_no_pubacks_before_the_version_is_known(monkeypatch, twin):
-    monkeypatch.setattr(wire, "end_pubacks", twin)
+    monkeypatch.setattr(wire, "plain_pubacks", twin)
     parser = MqttParser(sender="client")
     inflight = OrderedDict([(1, PUBLISH_SENT)])
     assert parser.end_acks(bytes([0x40, 2, 0, 1]), inflight, {}, PUBLISH_SENT)[:2] == (0, 0) and 1 in inflight

@@ -1,6 +1,6 @@
 """The plain PUBLISHes a reader's buffer holds, split and staged in one step (``wire.plain_publishes``, in C as
-``metaq._speedups.mqtt_plain_publishes``): the C function and its Python twin give the same entries and stop at the
-same byte, refusals included; the parser with the split gives the packets and refusals it gives without it; each
+``metaq._speedups.mqtt_plain_publishes``): the C function and its Python twin give the same plain values and stop at
+the same byte, refusals included; the parser with the split gives the packets and refusals it gives without it; each
 entry's record is ``record_data``'s, byte for byte, in the partition ``partition_for`` names."""
 
 import random
@@ -10,6 +10,7 @@ import pytest
 from metaq.limits import MQTT_MAX_PACKET_BYTES
 from metaq.mqtt import port, publishes, wire
 from metaq.mqtt.acks import PubAckRun
+from metaq.mqtt.plainturn import entries_of
 from metaq.mqtt.records import partition_for, placement, plain_plan, record_data
 from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.mqtt.wire import MQTT_5, MQTT_311, MqttError, MqttParser, Publish, encode, encode_varint
@@ -70,8 +71,8 @@ def _random_packet(rng, v5):
 
 
 def _both(buf, pos, v5, max_packet, plans, decided, room, count, nbytes):
-    py = wire.plain_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, Publish)
-    c = plain_publishes_c(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, Publish)
+    py = wire.plain_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nbytes)
+    c = plain_publishes_c(buf, pos, v5, max_packet, plans, decided, room, count, nbytes)
     return py, c
 
 
@@ -91,7 +92,7 @@ def test_the_c_split_and_its_python_twin_give_the_same_entries_and_stop_at_the_s
                 rng.randrange(1, 10), rng.choice([1, 100, 1 << 20]))
         py, c = _both(*args)
         assert c == py
-        assert [type(e[4]) for e in c[0]] == [Publish] * len(c[0])
+        assert [[type(f) for f in e] for e in c[0]] == [[type(f) for f in e] for e in py[0]]  # plain values alike
 
 
 @needs_c
@@ -110,11 +111,11 @@ def test_the_c_read_split_and_its_python_twin_give_the_same_entries_and_the_puba
         pos = rng.randrange(min(3, len(buf) + 1))
         decided = {t: n for t, n in PARTITIONS.items() if rng.random() < 0.9}
         args = (buf, pos, v5, rng.choice([MQTT_MAX_PACKET_BYTES, 40, 150]), plans, decided, rng.randrange(-1, 6),
-                rng.randrange(1, 10), rng.choice([1, 100, 1 << 20]), Publish)
+                rng.randrange(1, 10), rng.choice([1, 100, 1 << 20]))
         py, c = wire.read_publishes_py(*args), read_publishes_c(*args)
         assert c == py
         assert c[:4] == tuple(plain_publishes_c(*args))
-        assert c[4] == wire.encode_pubacks_py([e[4].packet_id for e in c[0] if e[4].qos])
+        assert c[4] == wire.encode_pubacks_py([e[4].packet_id for e in entries_of(c[0]) if e[4].qos])
 
 
 def test_a_pubacks_run_made_from_its_bytes_reads_back_its_ids():
@@ -134,13 +135,13 @@ def _reads(data, version, cuts, plans, decided):
         if bounds[k] == bounds[k + 1]:
             continue  # (an empty read is the end of the stream)
         got = p.plain_read(data[bounds[k]:bounds[k + 1]], plans, decided, 1 << 20, 1 << 20, 1 << 40)
-        out += [e[4] for e in got[0]]
-        assert got[3] == wire.encode_pubacks_py([e[4].packet_id for e in got[0] if e[4].qos])
+        out += [e[4] for e in entries_of(got[0])]
+        assert got[3] == wire.encode_pubacks_py([e[4].packet_id for e in entries_of(got[0]) if e[4].qos])
         assert got[4] == (p.buffered > 0)  # whether bytes are left buffered
         while True:
             got = p.plain_publishes(plans, decided, 1 << 20, 1 << 20, 1 << 40)[0]
             if got:
-                out += [e[4] for e in got]
+                out += [e[4] for e in entries_of(got)]
                 continue
             event = p.next_event()
             assert event is not CLOSED
@@ -182,9 +183,9 @@ def test_reads_given_to_plain_read_cut_at_every_byte_give_the_packets_the_buffer
 def test_the_c_split_refuses_what_is_not_a_plan_or_a_buffer_as_its_caller_would_see():
     buf = _packet(0x30, _s(b"a/b") + b"x")
     with pytest.raises(TypeError):
-        plain_publishes_c(buf, 0, False, 1000, {b"a/b": ("a/b",)}, {"a": 1}, 0, 1, 100, Publish)
+        plain_publishes_c(buf, 0, False, 1000, {b"a/b": ("a/b",)}, {"a": 1}, 0, 1, 100)
     with pytest.raises(ValueError):
-        plain_publishes_c(buf, len(buf) + 1, False, 1000, _plans(), {"a": 1}, 0, 1, 100, Publish)
+        plain_publishes_c(buf, len(buf) + 1, False, 1000, _plans(), {"a": 1}, 0, 1, 100)
 
 
 def _parse(data, version, split, plans=None, decided=None, room=1 << 20, count=1 << 20, nbytes=1 << 40):
@@ -197,7 +198,7 @@ def _parse(data, version, split, plans=None, decided=None, room=1 << 20, count=1
         if split:
             got = p.plain_publishes(plans, decided, room, count, nbytes)[0]
             if got:
-                out += [e[4] for e in got]
+                out += [e[4] for e in entries_of(got)]
                 continue
         event = p.next_event()
         if event is NEED_DATA or event is CLOSED:
@@ -242,8 +243,9 @@ def test_each_entry_is_what_stage_gives_its_record_record_datas_byte_for_byte(v5
             for qos in [rng.choice([0, 1]) for _ in range(200)]]
     buf = bytearray(b"".join(encode(p, version) for p in sent))
     for split in (wire.plain_publishes_py, wire.plain_publishes):
-        entries, pos, qos1, nbytes = split(buf, 0, v5, MQTT_MAX_PACKET_BYTES, plans, PARTITIONS, 1 << 20, 1 << 20,
-                                           1 << 40, Publish)
+        split_, pos, qos1, nbytes = split(buf, 0, v5, MQTT_MAX_PACKET_BYTES, plans, PARTITIONS, 1 << 20, 1 << 20,
+                                          1 << 40)
+        entries = entries_of(split_)
         assert pos == len(buf) and [e[4] for e in entries] == sent
         assert (qos1, nbytes) == (sum(p.qos for p in sent), sum(len(e[3]) for e in entries))
         for (topic, partition, flag, data, _p, name), want in zip(entries, sent, strict=True):
@@ -260,8 +262,7 @@ def test_the_split_stops_at_its_count_its_bytes_and_the_qos1_room_at_and_one_pas
     one = len(plan_data := plans[b"a/b"][5] + b"p0")
 
     def taken(buf, room=100, count=100, nbytes=1 << 20):
-        return len(split(bytearray(buf), 0, False, MQTT_MAX_PACKET_BYTES, plans, PARTITIONS, room, count, nbytes,
-                         Publish)[0])
+        return len(split(bytearray(buf), 0, False, MQTT_MAX_PACKET_BYTES, plans, PARTITIONS, room, count, nbytes)[0])
 
     assert plan_data.endswith(b"p0")
     assert taken(qos1, count=4) == 4 and taken(qos1, count=5) == 5
@@ -275,8 +276,8 @@ def test_the_split_stops_at_its_count_its_bytes_and_the_qos1_room_at_and_one_pas
 def test_a_publish_at_the_packet_limit_is_taken_and_one_past_is_left_to_the_general_path():
     data = encode(Publish("a/b", b"x" * 10), MQTT_311)
     for split in (wire.plain_publishes_py, wire.plain_publishes):
-        at = split(bytearray(data), 0, False, len(data), _plans(), PARTITIONS, 1, 1, 1000, Publish)
-        past = split(bytearray(data), 0, False, len(data) - 1, _plans(), PARTITIONS, 1, 1, 1000, Publish)
+        at = split(bytearray(data), 0, False, len(data), _plans(), PARTITIONS, 1, 1, 1000)
+        past = split(bytearray(data), 0, False, len(data) - 1, _plans(), PARTITIONS, 1, 1, 1000)
         assert (len(at[0]), at[1]) == (1, len(data)) and past == ([], 0, 0, 0)
 
 
@@ -308,6 +309,8 @@ def test_burst_frames_refuse_a_topic_that_is_not_ascii_as_the_twin_does():
     for frames in filter(None, (port.burst_frames_py, burst_frames_c)):
         with pytest.raises(UnicodeEncodeError):
             frames([("é", 0, 1, b"x")], 100)
+        with pytest.raises(TypeError, match="not str"):
+            frames([("a", 0, 1, b"x"), (b"a", 0, 1, b"x")], 100)
 
 
 def test_burst_frames_refuse_a_topic_that_is_not_a_str_as_the_twin_does():

@@ -1,8 +1,8 @@
-"""A device's plain read stored and acknowledged in one step (``publishes.plain_turn``, in C as
-``metaq._speedups.mqtt_plain_turn``): the C function and its Python twin make the same calls with the same arguments
-and hand back the same rest (seeded); on a real broker, a turn the burst writer stops short of (a segment roll, the
-next index file) goes on through the general path with every message stored once, in order, and acknowledged, and
-a read that is not wholly plain PUBLISHes is left to the general path (docs/mqtt.md)."""
+"""A device's plain read stored and acknowledged in one step (``plainturn.plain_turn``; compiled where built): seeded
+reads hold every way out of the turn to what it must call and hand back; on a real broker, a turn the burst writer
+stops short of (a segment roll, the next index file) goes on through the general path with every message stored
+once, in order, and acknowledged, and a read that is not wholly plain PUBLISHes is left to the general path
+(docs/mqtt.md)."""
 
 import os
 import random
@@ -12,29 +12,27 @@ import pytest
 
 from metaq.client.consumer import Consumer
 from metaq.limits import MQTT_MAX_PACKET_BYTES, MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES
-from metaq.mqtt import port, publishes, wire
+from metaq.mqtt import port, wire
+from metaq.mqtt.plainturn import entries_of, plain_turn
 from metaq.mqtt.records import partition_for
 from metaq.mqtt.wire import Publish
+from metaq.server.putpath import ACK_NOW
 from metaq.store.results import BurstRun
 from tests.harness.broker import url_of
 from tests.harness.mqtt import Raw, mqtt_config
 from tests.mqtt.test_plain_publishes import NAMES, PARTITIONS, _plans, _random_packet
 
-try:
-    from metaq._speedups import mqtt_plain_turn as plain_turn_c
-except ImportError:  # the C helper was not built
-    plain_turn_c = None
-
-needs_c = pytest.mark.skipif(plain_turn_c is None, reason="metaq._speedups was not built")
-
 
 class _World:
-    """The objects a turn is bound to, recording every call made of them in one log."""
+    """The objects a turn is given (the port and its store, the put path, the acknowledgements, the connection),
+    recording every call made of them in one log."""
 
-    def __init__(self, rng, unacked):
+    def __init__(self, rng, unacked, largest):
         self.log = []
         self.rng = rng
         self.unacked = unacked
+        self.burst_largest = largest
+        self.store = self
         self.mode = rng.choice([0, 0, 1, 2])
         self.log_cuts = rng.randrange(5)
         self.fail = rng.random() < 0.05
@@ -43,8 +41,10 @@ class _World:
         self.direct_fd = -1  # (written by descriptor: tests/mqtt/test_pubacks_now.py)
         self.sent = _Event(self.log) if rng.random() < 0.3 else None  # ``wait_for_room`` waited once
 
+    frames_of = staticmethod(port.burst_frames)
+
     # the burst writer: takes a random number of the frames, one run a frame
-    def append(self, frames, src, now):
+    def append_burst(self, frames, src, now):
         self.log.append(("append", list(frames), bytes(src), now))
         if self.fail:
             raise OSError("the disk went away")
@@ -59,6 +59,9 @@ class _World:
     def burst_written(self, keys, now, quiet, deliver, args):
         self.log.append(("written", sorted(keys), now, quiet, deliver, args))
         return self.mode
+
+    def deliver_now(self, *args):
+        raise AssertionError("the put path calls it, not the turn")
 
     def queue_pubacks(self, data, wait=None):
         self.log.append(("queue_pubacks", data, wait, self.unacked))
@@ -79,30 +82,69 @@ class _Event:
         self.log.append(("sent",))
 
 
-def _deliver(*args):
-    raise AssertionError("the put path calls it, not the turn")
-
-
-def _turn(turn, world, data, v5, max_packet, plans, decided, room, largest, now):
+def _turn(world, data, v5, max_packet, plans, decided, room, now):
     try:
-        went = turn(world.append, world.counted, world, world, _deliver, "dev-1", world, world, largest,
-                    port.burst_frames, Publish, MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES, data, v5, max_packet,
-                    plans, decided, room, now)
+        return plain_turn(world, world, world, world, "dev-1", MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES, data, v5,
+                          max_packet, plans, decided, room, now)
     except OSError as exc:
-        went = ("raised", str(exc))
-    return went, world.log, world.unacked
+        return ("raised", str(exc))
 
 
-@needs_c
+def _check(world, went, unacked, data, v5, max_packet, plans, decided, room, now):
+    """What the turn called and handed back, against the wire's split of the read: the way out it took."""
+    split, pos, qos1, nbytes, pubacks = wire.read_publishes(data, 0, v5, max_packet, plans, decided, room,
+                                                            MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES)
+    entries = entries_of(split)
+    log = world.log
+    if went is None:
+        assert not entries and not log and world.unacked == unacked
+        return "none"
+    assert world.unacked >= unacked + qos1 - (len(pubacks) >> 2)
+    frames, src, general, _names = port.burst_frames(entries, world.burst_largest)
+    if pos < len(data) or general:  # other bytes follow, or a record the burst writer does not take: no write
+        assert went == (entries, qos1, nbytes, pubacks, pos, None) and not log and world.unacked == unacked + qos1
+        return "rest"
+    assert log[0] == ("append", frames, src, now)
+    if went is not True and went[0] == "raised":
+        assert len(log) == 1
+        return "raised"
+    took = len(frames) if went is True else went[5][2]
+    runs = [BurstRun((f[0].decode(), f[1]), 1, f[5], 1000 + k, 50 + k, k, 4096 + 100 * k)
+            for k, f in enumerate(frames[:took])]
+    keys = {r[0] for r in runs}
+    log_end = runs[-1][6] if runs else 0
+    assert log[1:1 + len(runs)] == [("counted", r[0][0], r[1], r[2]) for r in runs]  # each run counted once
+    rest = log[1 + len(runs):]
+    if went is not True:  # the writer stopped short: the general path goes on from there, nothing acknowledged
+        assert went == (entries, qos1, nbytes, pubacks, pos, (frames, src, took, log_end, keys, runs)) and not rest
+        assert world.unacked == unacked + qos1
+        return "taken"
+    assert rest[0] == ("written", sorted(keys), now, None, world.deliver_now, (keys, entries, runs, "dev-1", now))
+    acked = rest[1:]
+    if not pubacks:
+        assert not acked and world.unacked == unacked + qos1
+    elif world.mode != ACK_NOW:  # they wait for the flush or the slaves, behind what is queued
+        assert acked == [("queue_pubacks", pubacks, (keys, log_end, now, world.log_cuts), unacked + qos1)]
+    elif world.pending or not world.takes:  # not now: queued as they are
+        assert acked[-1] == ("queue_pubacks", pubacks, None, unacked + qos1) and world.unacked == unacked + qos1
+    else:  # written now, counted as they went; a part's rest finished by the writer
+        n = len(pubacks) >> 2
+        assert acked[0] == ("try_send", pubacks, unacked + qos1) and world.unacked == unacked + qos1 - n
+        assert acked[1:] == ([("queue", b"", unacked + qos1 - n)] if world.takes < len(pubacks) else []) + (
+            [("sent",)] if world.sent is not None else [])
+    return "done"
+
+
 @pytest.mark.parametrize("v5", [False, True], ids=["v311", "v5"])
-def test_the_c_turn_and_its_python_twin_make_the_same_calls_and_hand_back_the_same_rest(v5):
+def test_each_way_out_of_the_turn_makes_the_calls_it_must_and_hands_back_the_rest(v5):
     """Seeded reads (plain PUBLISHes most often, odd ones and other packets among them, cut short sometimes), the burst
-    writer taking all or some of them, records too large for it, each mode of the put path: the two turns return the
-    same, call the burst writer, the count, the put path and the acknowledgements with the same arguments in the same
-    order, and leave the same unacknowledged count."""
+    writer taking all or some of them or failing, records too large for it, each mode of the put path, each answer
+    of the socket: the turn stores what it takes once, counts each run, makes it visible with the delivery, and
+    writes, queues or hands back the PUBACKs as the mode and the socket say; what it does not end it hands back
+    whole."""
     rng = random.Random(5957 + v5)
     plans = _plans()
-    kinds, sends, calls = set(), set(), set()
+    kinds, sends = set(), set()
     for k in range(800):
         if rng.random() < 0.5:  # a device's common read: plain QoS 1 PUBLISHes of names staged before
             data = b"".join(wire.encode(Publish(rng.choice(NAMES), rng.randbytes(rng.randrange(200)), 1, False, False,
@@ -114,22 +156,15 @@ def test_the_c_turn_and_its_python_twin_make_the_same_calls_and_hand_back_the_sa
             data = data[:rng.randrange(1, len(data) + 1)]
         decided = {t: n for t, n in PARTITIONS.items() if rng.random() < 0.9}
         args = (data, v5, rng.choice([MQTT_MAX_PACKET_BYTES, 150]), plans, decided, rng.randrange(0, 6),
-                rng.choice([1 << 20, 1 << 20, 100]), 1_700_000_000_000 + k)
-        seed = rng.random()
+                1_700_000_000_000 + k)
         unacked = rng.randrange(3)
-        py = _turn(publishes.plain_turn_py, _World(random.Random(seed), unacked), *args)
-        world = _World(random.Random(seed), unacked)
-        c = _turn(plain_turn_c, world, *args)
-        assert c == py
-        if any(call[0] == "try_send" for call in c[1]):
+        world = _World(random.Random(rng.random()), unacked, rng.choice([1 << 20, 1 << 20, 100]))
+        went = _turn(world, *args)
+        kinds.add(_check(world, went, unacked, *args))
+        if any(call[0] == "try_send" for call in world.log):
             sends.add(world.takes)
-        calls.update(call[0] for call in c[1])
-        went = c[0]
-        kinds.add("none" if went is None else "done" if went is True else "raised" if went[0] == "raised"
-                  else "rest" if went[5] is None else "taken")
     assert kinds == {"none", "done", "rest", "taken", "raised"}  # every way out was met
     assert sends == {None, 0, 1, 2, 1 << 20}  # and every answer of the socket to the PUBACKs
-    assert {"sent", "queue", "queue_pubacks"} <= calls  # some set the waiter's event, finished by the writer, queued
 
 
 # -- on a real broker --------------------------------------------------------------------------------------------------
