@@ -89,18 +89,6 @@ PyObject *mqtt_end_pubacks(PyObject *self, PyObject *args);
 Py_ssize_t metaq_end_acks(const unsigned char *buf, Py_ssize_t end, Py_ssize_t pos, int v5, Py_ssize_t max_packet,
                           PyObject *inflight, PyObject *where, PyObject *state, Py_ssize_t *taken_out,
                           Py_ssize_t *ended_out);
-/* mqtt_direct_publishes (_mqttdirect.c): a run of plain QoS 1 messages sent from a publisher's turn to a waiting
-   subscriber in one step (packet ids, in flight, PUBLISHes, one send). */
-PyObject *mqtt_direct_publishes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-/* metaq_direct_run (_mqttdirect.c): mqtt_direct_publishes' work, the session's inflight and where given. */
-int metaq_direct_run(long fd, PyObject *staged, Py_ssize_t i, Py_ssize_t stop, PyObject *names, PyObject *session,
-                     PyObject *inflight, PyObject *where, PyObject *topic, PyObject *partition, long long offset,
-                     Py_ssize_t window, int v5, Py_ssize_t max_packet, Py_ssize_t *went_out, int *state_out,
-                     PyObject **rest_out, int *err_out);
-/* The MqttDirectPath and MqttAckTurn types (_mqttdeliver.c), registered by the module's init (_speedups.c): a
-   waiting subscriber's delivery from the publisher's turn, and its PUBACK turn, each one C call. */
-extern PyTypeObject MqttDirectPathType;
-extern PyTypeObject MqttAckTurnType;
 /* mqtt_plain_turn (_pubturn.c): a device's plain read split, appended, counted, made visible and acknowledged in one
    step (metaq/mqtt/publishes.py). */
 PyObject *mqtt_plain_turn(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
@@ -113,9 +101,6 @@ int metaq_setattr(PyObject *obj, PyObject *name, PyObject *value);
    tests. */
 PyObject *slot_getattr(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *slot_setattr(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-/* mqtt_serve_waiting (_mqttwaiting.c): the deliveries waiting on a publisher's burst served from its turn
-   (metaq/mqtt/direct.py, MqttPort.deliver_now). */
-PyObject *mqtt_serve_waiting(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* mqtt_pubacks_now (_pubturn.c): a burst's PUBACKs written from the reader's turn when they may go at once
    (metaq/mqtt/acks.py); mqtt_plain_turn uses it too. */
 PyObject *mqtt_pubacks_now(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

@@ -21,6 +21,7 @@ import warnings
 #: The modules compiled with Cython from their Python source (read by setup.py; keep it a plain literal).
 COMPILED = (
     "metaq.store.store",
+    "metaq.mqtt.direct",
 )
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
