@@ -4,8 +4,7 @@
  *
  * The consecutive plain PUBACKs whole in buf from pos (a non-zero packet id; MQTT 5: an optional reason code a PUBACK
  * may carry and an optional empty property length), within max_packet; it stops before the first other packet.
- * wire.end_pubacks ends their messages in flight. metaq_end_acks (the same split, each message ended in the session's
- * inflight and where) is what MqttAckTurn (_mqttdeliver.c) still calls. */
+ * wire.end_pubacks ends their messages in flight. */
 #include "_speedups.h"
 
 /* The reason codes a PUBACK may carry (wire._PUB_ACK_CODES). */
@@ -28,51 +27,6 @@ static long acks_at(const unsigned char *buf, Py_ssize_t end, Py_ssize_t pos, in
         return 0;
     *size = 2 + n;
     return packet_id;
-}
-
-/* End packet_id's message in flight when inflight holds it in state: 1 ended, 0 not, -1 an error. */
-static int acks_end(PyObject *inflight, PyObject *where, PyObject *state, long packet_id) {
-    PyObject *key = PyLong_FromLong(packet_id);
-    if (key == NULL)
-        return -1;
-    int ended = 0;
-    PyObject *now = PyDict_GetItemWithError(inflight, key); /* borrowed */
-    if (now != NULL) {
-        Py_INCREF(now);
-        ended = PyObject_RichCompareBool(now, state, Py_EQ);
-        Py_DECREF(now);
-        if (ended == 1 && PyObject_DelItem(inflight, key) < 0)
-            ended = -1;
-        if (ended == 1) {
-            int held = PyDict_Contains(where, key);
-            if (held < 0 || (held && PyObject_DelItem(where, key) < 0))
-                ended = -1;
-        }
-    } else if (PyErr_Occurred()) {
-        ended = -1;
-    }
-    Py_DECREF(key);
-    return ended;
-}
-
-Py_ssize_t metaq_end_acks(const unsigned char *buf, Py_ssize_t end, Py_ssize_t pos, int v5, Py_ssize_t max_packet,
-                          PyObject *inflight, PyObject *where, PyObject *state, Py_ssize_t *taken_out,
-                          Py_ssize_t *ended_out) {
-    Py_ssize_t taken = 0, ended = 0, size = 0;
-    if (pos < 0)
-        pos = 0;
-    long packet_id;
-    while ((packet_id = acks_at(buf, end, pos, v5, max_packet, &size)) != 0) {
-        int one = acks_end(inflight, where, state, packet_id);
-        if (one < 0)
-            return -1;
-        ended += one;
-        taken++;
-        pos += size;
-    }
-    *taken_out = taken;
-    *ended_out = ended;
-    return pos;
 }
 
 PyObject *mqtt_plain_pubacks(PyObject *self, PyObject *args) {

@@ -43,10 +43,6 @@
  *   mqtt_plain_pubacks(buf, pos, v5, max_packet)  == metaq.mqtt.wire.plain_pubacks_py (_mqttacks.c)
  *   slot_getattr(obj, name), slot_setattr(obj, name, value)
  *                                                 == getattr and setattr (_slots.c: the C hot paths' attributes)
- *   mqtt_serve_waiting(waiting, readers, keep_decoded, deliver, most, keys, staged, runs, client_id, now)
- *                                                 == metaq.mqtt.direct.serve_waiting_py (_mqttwaiting.c)
- *   mqtt_direct_publishes(fd, staged, i, stop, names, session, topic, partition, offset, window, v5, max_packet)
- *                                                 == metaq.mqtt.direct.direct_publishes_py (_mqttdirect.c)
  *   mqtt_split, mqtt_publish_bytes, mqtt_pubacks  == metaq.mqtt.wire's split_py, publish_bytes_py and
  *                                                 encode_pubacks_py (_mqttwire.c)
  *   store_should_flush, put_visible, waiters_notify == MessageStore.should_flush, putpath.visible_py,
@@ -1153,12 +1149,6 @@ static PyMethodDef methods[] = {
      "slot_getattr(obj, name) -> getattr(obj, name), an object slot read at its offset (_slots.c)"},
     {"slot_setattr", (PyCFunction)(void (*)(void))slot_setattr, METH_FASTCALL,
      "slot_setattr(obj, name, value) -> setattr(obj, name, value), an object slot written at its offset (_slots.c)"},
-    {"mqtt_serve_waiting", (PyCFunction)(void (*)(void))mqtt_serve_waiting, METH_FASTCALL,
-     "mqtt_serve_waiting(waiting, readers, keep_decoded, deliver, most, keys, staged, runs, client_id, now) -> "
-     "{key: {events}}: metaq.mqtt.direct.serve_waiting_py (_mqttwaiting.c)"},
-    {"mqtt_direct_publishes", (PyCFunction)(void (*)(void))mqtt_direct_publishes, METH_FASTCALL,
-     "mqtt_direct_publishes(fd, staged, i, stop, names, session, topic, partition, offset, window, v5, max_packet) "
-     "-> (went, state, rest, err): a run of plain QoS 1 messages sent to a waiting subscriber (_mqttdirect.c)"},
     {"mqtt_split", (PyCFunction)(void (*)(void))mqtt_split, METH_FASTCALL,
      "mqtt_split(buf, pos, max_packet, version, names) -> (fields, a, b): the next MQTT packet's bounds, a plain "
      "PUBLISH's or PUBACK's fields decoded (_mqttwire.c)"},
@@ -1189,8 +1179,6 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "metaq._speedups",
 PyMODINIT_FUNC PyInit__speedups(void) {
     if (PyType_Ready(&SyncWorkerType) < 0)
         return NULL;
-    if (PyType_Ready(&MqttDirectPathType) < 0 || PyType_Ready(&MqttAckTurnType) < 0)
-        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
@@ -1198,13 +1186,6 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     if (PyModule_AddStringConstant(m, "CRC32_IMPL", CRC32_IMPL_NAME) < 0 ||
         PyModule_AddObject(m, "SyncWorker", (PyObject *)&SyncWorkerType) < 0) {
         Py_DECREF(&SyncWorkerType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&MqttDirectPathType);
-    Py_INCREF(&MqttAckTurnType);
-    if (PyModule_AddObject(m, "MqttDirectPath", (PyObject *)&MqttDirectPathType) < 0 ||
-        PyModule_AddObject(m, "MqttAckTurn", (PyObject *)&MqttAckTurnType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -82,23 +82,6 @@ PyObject *metaq_plain_split(metaq_publishes_in *in, Py_ssize_t *qos1, Py_ssize_t
 PyObject *metaq_tuple_of(Py_ssize_t n, PyObject **items);
 /* mqtt_plain_pubacks (_mqttacks.c): the MQTT subscriber's read of PUBACKs split: their packet ids and the next pos. */
 PyObject *mqtt_plain_pubacks(PyObject *self, PyObject *args);
-/* metaq_end_acks (_mqttacks.c): the PUBACKs of buf[pos:end), each ending its message in flight (MqttAckTurn's): the
-   next pos, or -1 with an error set. */
-Py_ssize_t metaq_end_acks(const unsigned char *buf, Py_ssize_t end, Py_ssize_t pos, int v5, Py_ssize_t max_packet,
-                          PyObject *inflight, PyObject *where, PyObject *state, Py_ssize_t *taken_out,
-                          Py_ssize_t *ended_out);
-/* mqtt_direct_publishes (_mqttdirect.c): a run of plain QoS 1 messages sent from a publisher's turn to a waiting
-   subscriber in one step (packet ids, in flight, PUBLISHes, one send). */
-PyObject *mqtt_direct_publishes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-/* metaq_direct_run (_mqttdirect.c): mqtt_direct_publishes' work, the session's inflight and where given. */
-int metaq_direct_run(long fd, PyObject *staged, Py_ssize_t i, Py_ssize_t stop, PyObject *names, PyObject *session,
-                     PyObject *inflight, PyObject *where, PyObject *topic, PyObject *partition, long long offset,
-                     Py_ssize_t window, int v5, Py_ssize_t max_packet, Py_ssize_t *went_out, int *state_out,
-                     PyObject **rest_out, int *err_out);
-/* The MqttDirectPath and MqttAckTurn types (_mqttdeliver.c), registered by the module's init (_speedups.c): a
-   waiting subscriber's delivery from the publisher's turn, and its PUBACK turn, each one C call. */
-extern PyTypeObject MqttDirectPathType;
-extern PyTypeObject MqttAckTurnType;
 /* metaq_getattr and metaq_setattr (_slots.c): PyObject_GetAttr and PyObject_SetAttr, an object slot of the object's
    type read or written at its offset, found once per type and name (the hot paths' attributes). ``name``: any str;
    the interned names the C files keep are found by identity. */
@@ -108,9 +91,6 @@ int metaq_setattr(PyObject *obj, PyObject *name, PyObject *value);
    tests. */
 PyObject *slot_getattr(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *slot_setattr(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-/* mqtt_serve_waiting (_mqttwaiting.c): the deliveries waiting on a publisher's burst served from its turn
-   (metaq/mqtt/direct.py, MqttPort.deliver_now). */
-PyObject *mqtt_serve_waiting(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* encode_fields (_pbwrite.c): protobuf fields written from (field number, value) pairs; metaq/rmq5/messagebytes.py. */
 PyObject *encode_fields(PyObject *self, PyObject *args);
 /* pop_parse_handles (_pophandles.c): an ack's receipt handles read in one call; metaq/pop/records.py. */

@@ -36,14 +36,7 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 TRANSITIONAL = {
     "_putturn.c": "the put path's after-write step: being converted to compiled Python",
     "_burstrun.c": "the put path's burst run: being converted to compiled Python",
-    "_pubturn.c": "the MQTT publisher's turn: being converted to compiled Python",
-    "_mqttwire.c": "the MQTT publisher's wire steps: being converted to compiled Python",
-    "_mqttdeliver.c": "the MQTT subscriber's delivery: being converted to compiled Python",
-    "_mqttdirect.c": "the MQTT subscriber's direct run: being converted to compiled Python",
-    "_mqttwaiting.c": "the MQTT subscriber's waiting deliveries: being converted to compiled Python",
     "_slots.c": "the MQTT subscriber's slot access: being converted to compiled Python",
-    "_speedups.c:mqtt_publish_of": "the MQTT publisher's split fills a Publish's __dict__: converted with it",
-    "_speedups.c:metaq_plain_split": "the MQTT publisher's split interns Publish's names: converted with it",
 }
 
 _FORBIDDEN = re.compile(

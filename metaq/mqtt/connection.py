@@ -74,7 +74,7 @@ class Connection(core.Connection):
         self._write_lock = Semaphore()
         self._unsent = None  # what a try_send left of its packet: written before anything else
         self._fd = self.raw_sock.fileno() if self.raw_sock is not None else -1  # (TLS: never written by descriptor)
-        #: ``fan_fd``'s answer kept as it changes, for the C helper's writers (the delivery, ``direct.DirectPathPy``;
+        #: ``fan_fd``'s answer kept as it changes, for the writers by descriptor (the delivery, ``direct.DirectPath``;
         #: a burst's PUBACKs, ``plainturn.pubacks_now``): the socket's descriptor while packets may be written to it by
         #: descriptor, else -1 (TLS, a writer inside a packet, something unsent, closed). Set wherever the write lock
         #: is held across a wait or ``_unsent`` changes.

@@ -3,12 +3,15 @@ a publisher's burst, once visible, has it send what the burst brought at once (`
 ``MqttPort.deliver_now``): non-blocking writes only, the QoS 1 window respected, each
 message decided and encoded as the greenlet would (``outbound.Outbound``). What it cannot send so is left to the
 greenlet, which the append woke as before. A run of plain QoS 1 messages goes out in one step
-(``direct_publishes``, in C when built): their packet ids, their place in flight, their PUBLISHes and one write.
+(``direct_publishes``): their packet ids, their place in flight, their PUBLISHes and one write.
+
+This module is compiled with Cython where it is built (``metaq.native``): the publisher's turn runs it for every
+waiting subscriber of a burst; the bytes are made and written by the C helper (``wire.publish_bytes``,
+``fanout.send_each``).
 """
 
-import _socket
-
-from metaq import errors, limits, speedups
+from metaq import errors, limits
+from metaq.mqtt.fanout import send_each
 from metaq.mqtt.outbound import DROPPED, HELD
 from metaq.mqtt.records import stored_message
 from metaq.mqtt.session import PUBLISH_SENT
@@ -21,7 +24,7 @@ from metaq.store.record import FIXED_OVERHEAD
 DONE, DECIDE, SHORT = 0, 1, 2
 
 
-def serve_waiting_py(waiting, readers, keep_decoded, deliver, most, keys, staged, runs, client_id, now):
+def serve_waiting(waiting, readers, keep_decoded, deliver, most, keys, staged, runs, client_id, now):
     """A burst just appended to partitions ``keys`` and made visible (``staged`` and ``runs``: ``MqttPort
     .write_burst``'s; published by ``client_id`` at ``now``): the deliveries in ``waiting`` (``{key: {Delivery:
     None}}``, each one's greenlet waiting between passes with nothing of its own to send first) send what it
@@ -30,8 +33,7 @@ def serve_waiting_py(waiting, readers, keep_decoded, deliver, most, keys, staged
     ``staged_messages``, made once when one needs them). A partition that a waiting delivery was not served or left
     caught up on, or that a fan-out reader reads (``readers``), has its messages kept decoded for them
     (``keep_decoded(key, kruns, staged, client_id, now, made)``). Returns ``{key: events}``: the waits
-    (``Delivery.event``) of the deliveries it left caught up on ``key``, which the append's wake passes over.
-    ``metaq._speedups``'s ``mqtt_serve_waiting`` is this function in C (the tests hold the two equal)."""
+    (``Delivery.event``) of the deliveries it left caught up on ``key``, which the append's wake passes over."""
     caught_up = {}
     if not waiting:
         return caught_up
@@ -64,9 +66,6 @@ def serve_waiting_py(waiting, readers, keep_decoded, deliver, most, keys, staged
         if served < len(ds) or key in readers:
             keep_decoded(key, kruns, staged, client_id, now, made)
     return caught_up
-
-
-serve_waiting = speedups.load("mqtt_serve_waiting", serve_waiting_py)
 
 
 def deliver_now(out, key, runs, staged, client_id, now, made):
@@ -138,7 +137,7 @@ def deliver_now(out, key, runs, staged, client_id, now, made):
     return cursors[key] >= end
 
 
-class DirectPathPy:
+class DirectPath:
     """A waiting subscriber's share of a publisher's burst in one call, the common case of ``deliver_now`` kept per
     subscriber (``Delivery.path``, made once its CONNECT fixed the connection's version, Maximum Packet Size, topic
     aliases and TLS): ``path(key, runs, staged, client_id)`` sends the plain QoS 1 runs of partition ``key`` from the
@@ -150,10 +149,10 @@ class DirectPathPy:
     unknown; the topic is not ``sendable``; a record is not one ``direct_publishes`` takes; the session is in a
     shared group. The plain names it passes are those ``Outbound.plain_names`` answered, kept (one topic and
     publisher at a time) while the stamp ``plain_names`` keeps them by stands (the put path's version, the user, the
-    subscriptions' changes), and dropped when the outbound drops its own (``drop``). ``metaq._speedups``'s
-    ``MqttDirectPath`` is this class in C (the tests hold the two equal)."""
+    subscriptions' changes), and dropped when the outbound drops its own (``drop``)."""
 
-    __slots__ = ("out", "conn", "session", "put_path", "client_id", "usable", "v5", "max_packet", "kept")
+    __slots__ = ("out", "conn", "session", "put_path", "client_id", "cursors", "usable", "v5", "max_packet",
+                 "kept_names", "kept_topic", "kept_own", "kept_version", "kept_user", "kept_changes")
 
     def __init__(self, out):
         conn = self.conn = out.conn
@@ -161,25 +160,31 @@ class DirectPathPy:
         self.session = out.session
         self.put_path = out.port.put_path
         self.client_id = out.session.client_id
+        self.cursors = out.session.cursors  # (the session's, never replaced)
         self.usable = not conn.tls and conn.outbound_aliases is None
         self.v5 = conn.version == MQTT_5
         self.max_packet = conn.client_max_packet
-        self.kept = None  # (topic, own, names, (version, user, changes))
+        self.kept_names = None  # kept for (kept_topic, kept_own) at the stamp (kept_version, kept_user, kept_changes)
+        self.kept_topic = self.kept_version = self.kept_user = self.kept_changes = None
+        self.kept_own = False
 
     def drop(self):
         """Forget the plain names kept (the outbound dropped its own)."""
-        self.kept = None
+        self.kept_names = self.kept_topic = self.kept_version = self.kept_user = self.kept_changes = None
 
     def _names(self, topic, own):
-        stamp = (self.put_path.version, self.conn.session.user, self.session.changes)
-        kept = self.kept
-        if kept is not None and kept[1] == own and kept[0] == topic and kept[3] == stamp:
-            return kept[2]
-        self.kept = None
+        version, user, changes = self.put_path.version, self.conn.session.user, self.session.changes
+        if self.kept_names is not None and self.kept_own == own and self.kept_topic == topic \
+                and self.kept_version == version and self.kept_user == user and self.kept_changes == changes:
+            return self.kept_names
+        self.drop()
         names = self.out.plain_names(topic, own)
         if names is None:
             return None
-        self.kept = (topic, own, names, (self.put_path.version, self.conn.session.user, self.session.changes))
+        self.kept_names, self.kept_topic, self.kept_own = names, topic, own
+        # (the stamp read again: plain_names made its own current; nothing yields in it)
+        self.kept_version, self.kept_user = self.put_path.version, self.conn.session.user
+        self.kept_changes = self.session.changes
         return names
 
     def __call__(self, key, runs, staged, client_id):
@@ -190,7 +195,7 @@ class DirectPathPy:
         if fd < 0:
             return None
         session = self.session
-        cursors = session.cursors
+        cursors = self.cursors
         offset = cursors.get(key)
         if offset is None:
             return None
@@ -366,7 +371,7 @@ def _send(out, key, queue_offset, dkey, m, granted, ids, retain):
     return True
 
 
-def direct_publishes_py(fd, staged, i, stop, names, session, topic, partition, offset, window, v5, max_packet):
+def direct_publishes(fd, staged, i, stop, names, session, topic, partition, offset, window, v5, max_packet):
     """A run of plain QoS 1 messages of a publisher's burst written to a waiting subscriber in one step:
     ``staged[i:stop]`` (``MqttPort.write_burst``'s entries, ``(topic, partition, flag, data, Publish, name)``, the
     first at queue offset ``offset`` of partition ``(topic, partition)``), from the first while each is one it takes:
@@ -386,27 +391,49 @@ def direct_publishes_py(fd, staged, i, stop, names, session, topic, partition, o
     takes: for the general path) or ``SHORT`` (the write took less than all, or the window is full at a record it
     takes: the rest is the greenlet's); ``rest`` the unsent bytes of the PUBLISH begun (None when none was);
     ``err`` the errno of a failed send (0: none; nothing of it then went). ``session.dirty`` is set when an id was
-    taken. ``metaq._speedups``'s ``mqtt_direct_publishes`` is this function in C (the tests hold the two equal)."""
+    taken."""
     prop = b"\x00" if v5 else None
-    plan, state = _plan(staged, i, stop, names, window - len(session.inflight), prop, max_packet)
-    if not plan:
-        return 0, state, None, 0
-    inflight, where = session.inflight, session.where
-    ids, chunks = [], []
-    for j, (entry, large) in enumerate(plan):
-        packet_id = session.last_id % 65535 + 1
+    inflight = session.inflight
+    room = window - len(inflight)
+    last = session.last_id
+    ids, chunks = [], []  # what it takes, decided and made before anything changes
+    total = 0
+    state = DONE
+    for k in range(i, stop):
+        entry = staged[k]
+        p, name = entry[4], entry[5]
+        if p.qos != 1 or p.properties or name not in names:
+            state = DECIDE
+            break
+        if room <= 0:
+            publish_bytes(0x32, name, 1, prop, p.payload)  # (one it could not encode says so first)
+            state = SHORT
+            break
+        packet_id = last % 65535 + 1
         while packet_id in inflight:  # (room left: one is free)
             packet_id = packet_id % 65535 + 1
-        session.last_id = packet_id
+        data = publish_bytes(0x32, name, packet_id, prop, p.payload)
+        last = packet_id
         ids.append(packet_id)
-        if large:
-            chunks.append(b"")
+        if max_packet is not None and len(data) > max_packet:
+            chunks.append(b"")  # not sent, as if delivered: its id is not recorded in flight
             continue
-        inflight[packet_id] = PUBLISH_SENT
-        where[packet_id] = (1, topic, partition, offset + j)
-        chunks.append(publish_bytes(0x32, entry[5], packet_id, prop, entry[4].payload))
+        room -= 1
+        chunks.append(data)
+        total += len(data)
+    taken = len(ids)
+    if not taken:
+        return 0, state, None, 0
+    where = session.where
+    for j in range(taken):
+        if chunks[j]:
+            inflight[ids[j]] = PUBLISH_SENT
+            where[ids[j]] = (1, topic, partition, offset + j)
+    session.last_id = last
     session.dirty = True
-    n, err = send_now(fd, b"".join(chunks))
+    n, err = send_now(fd, chunks[0] if taken == 1 else b"".join(chunks)) if total else (0, 0)
+    if n == total:
+        return taken, state, None, err
     went, pos, rest = 0, 0, None
     for chunk in chunks:
         after = pos + len(chunk)
@@ -418,56 +445,21 @@ def direct_publishes_py(fd, staged, i, stop, names, session, topic, partition, o
             rest = chunk[n - pos:]
             went += 1
         break
-    if went < len(plan) or rest is not None:
-        state = SHORT
-        session.last_id = ids[went - (rest is not None)]  # the first not written whole
-        for packet_id in ids[went:]:
-            if inflight.pop(packet_id, None) is not None:
-                where.pop(packet_id, None)
-    return went, state, rest, err
-
-
-def _plan(staged, i, stop, names, room, prop, max_packet):
-    """``direct_publishes_py``'s records taken, decided before anything changes: ``([(entry, past max_packet)],
-    state)``, the state ``DONE`` when it reached ``stop``."""
-    plan = []
-    for k in range(i, stop):
-        entry = staged[k]
-        p, name = entry[4], entry[5]
-        if p.qos != 1 or p.properties or name not in names:
-            return plan, DECIDE
-        size = len(publish_bytes(0x32, name, 1, prop, p.payload))
-        if room <= 0:
-            return plan, SHORT
-        large = max_packet is not None and size > max_packet
-        if not large:
-            room -= 1
-        plan.append((entry, large))
-    return plan, DONE
+    session.last_id = ids[went - (rest is not None)]  # the first not written whole
+    for packet_id in ids[went:]:
+        if inflight.pop(packet_id, None) is not None:
+            where.pop(packet_id, None)
+    return went, SHORT, rest, err
 
 
 def send_now(fd, data):
     """``(bytes taken, errno)`` of one non-blocking send of ``data`` on socket descriptor ``fd`` (nothing when
-    ``data`` is empty; 0 taken when its buffer is full): the Python twins' write by descriptor (here and
-    ``acks.pubacks_now_py``)."""
+    ``data`` is empty; 0 taken when its buffer is full): a write by descriptor (here and ``acks.pubacks_now_py``),
+    ``fanout.send_each``'s to one socket."""
     if not data:
         return 0, 0
-    try:
-        s = _socket.socket(fileno=fd)  # no duplicate: let go (detach) after the send
-    except OSError as exc:
-        return 0, exc.errno  # not an open socket: the C helper's send fails alike
-    try:
-        return s.send(data, _socket.MSG_DONTWAIT | _socket.MSG_NOSIGNAL), 0
-    except BlockingIOError:
-        return 0, 0
-    except OSError as exc:
-        return 0, exc.errno
-    finally:
-        s.detach()
-
-
-#: ``direct_publishes_py``, in C when built.
-direct_publishes = speedups.load("mqtt_direct_publishes", direct_publishes_py)
-
-#: ``DirectPathPy``, in C when built.
-DirectPath = speedups.load("MqttDirectPath", DirectPathPy)
+    short = send_each((data,), (fd,))
+    if not short:
+        return len(data), 0
+    n = short[0][1]
+    return (0, -n) if n < 0 else (n, 0)

@@ -204,7 +204,7 @@ class MqttSession:
         """A packet id no message in flight uses (1..65535, wrapping): the first after ``last_id`` not in
         ``inflight``, which becomes ``last_id``; None when all are in use. The rule every writer of the session's
         messages in flight takes ids by: ``sent_next``, and a publisher's turn writing a run of QoS 1 PUBLISHes in one
-        step (``direct.direct_publishes``, in C ``mqtt_direct_publishes``), which takes them, records them in
+        step (``direct.direct_publishes``), which takes them, records them in
         ``inflight`` and ``where`` and gives back those it did not write as ``sent_next`` and ``dropped`` do, and sets
         ``last_id`` and ``dirty`` alike: the documented contract of those four attributes."""
         for _ in range(65535):

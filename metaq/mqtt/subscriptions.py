@@ -11,7 +11,6 @@ import logging
 
 from gevent.event import Event
 
-from metaq import speedups
 from metaq.mqtt import wire
 from metaq.mqtt.delivery import Delivery
 from metaq.mqtt.session import PUBLISH_SENT
@@ -27,18 +26,15 @@ class Subscriptions:
     """One connection's subscriptions and its delivery (see the module doc): answered on ``conn`` (its session,
     version, ``send``), saved and grouped through ``port`` (``save``, ``save_first``, ``leave_group``; the delivery
     is given the port), the PUBREL of a persistent session's first PUBREC sent through ``acks``. ``delivery`` is
-    None until the client subscribes or resumes a session. ``read_pubacks(parser, data)``: a subscriber's read of
-    PUBACKs, ``read_pubacks_py`` in one C call when built (``metaq._speedups.MqttAckTurn``, which takes the general
-    way, ``read_pubacks_py`` itself, whenever the parser holds bytes before ``data``)."""
+    None until the client subscribes or resumes a session."""
 
-    __slots__ = ("conn", "port", "acks", "delivery", "read_pubacks")
+    __slots__ = ("conn", "port", "acks", "delivery")
 
     def __init__(self, conn, port, acks):
         self.conn = conn
         self.port = port
         self.acks = acks
         self.delivery = None
-        self.read_pubacks = _ack_turn(self, conn, PUBLISH_SENT) if _ack_turn is not None else self.read_pubacks_py
 
     def delivery_of(self):
         """The connection's delivery, created (and the connection's ``room`` with it) at the first call."""
@@ -128,7 +124,7 @@ class Subscriptions:
                 delivery.wake()
         return True
 
-    def read_pubacks_py(self, parser, data):
+    def read_pubacks(self, parser, data):
         """The bytes a read brought (``data``, beginning as a PUBACK does) to a connected client, a subscriber's
         common turn: the plain PUBACKs they begin with are split and end their messages in flight in one step
         (``wire.MqttParser.end_acks``: as ``acknowledged`` ends each), the delivery woken once when one of them would
@@ -170,7 +166,3 @@ class Subscriptions:
                 self.acks.send_in_order(encode(wire.PubRel(p.packet_id), conn.version))  # after one queued before
             return not conn.closed
         return conn.send(wire.PubRel(p.packet_id, wire.PACKET_IDENTIFIER_NOT_FOUND if conn.version == MQTT_5 else 0))
-
-
-#: ``Subscriptions.read_pubacks_py`` in C (``MqttAckTurn(subscriptions, conn, state)``), None when not built.
-_ack_turn = speedups.load("MqttAckTurn", None)

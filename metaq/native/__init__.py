@@ -22,6 +22,7 @@ import warnings
 COMPILED = (
     "metaq.store.store",
     "metaq.mqtt.plainturn",
+    "metaq.mqtt.direct",
 )
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,7 +1,8 @@
-"""A waiting subscriber's two per-message steps, each one call kept per subscriber: its share of a publisher's burst
-(``Delivery.path``: ``direct.DirectPathPy`` and its C twin ``metaq._speedups.MqttDirectPath``) and its read of
-PUBACKs (``Subscriptions.read_pubacks``: ``read_pubacks_py`` and ``metaq._speedups.MqttAckTurn``). The twins give the
-same answers, write the same bytes and leave the same state on seeded inputs; what the path keeps (the plain names
+"""A waiting subscriber's two per-message steps: its share of a publisher's burst (``Delivery.path``: a
+``direct.DirectPath``, compiled where built) and its read of PUBACKs (``Subscriptions.read_pubacks``). The path
+compiled and run from its source gives the same answers, writes the same bytes and leaves the same state on seeded
+inputs; the read of PUBACKs leaves what the general path leaves handling them one at a time (``next_event``,
+``Subscriptions.acknowledged``); what the path keeps (the plain names
 ``Outbound.plain_names`` answered) is asked again whenever its stamp moves or the outbound drops its own; and on a
 real broker (``flush: async``, where the publisher's turn sends to a subscriber waiting caught up) a subscription
 changed between two messages, or a publisher whose own messages its No Local filters out, is decided by the general
@@ -22,17 +23,9 @@ from metaq.mqtt.session import PUBLISH_SENT, PUBREL_SENT, MqttSession
 from metaq.mqtt.subscriptions import Subscriptions
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from tests.harness.mqtt import Raw, next_publish, with_mqtt
-from tests.mqtt.test_direct_publishes import _drain
+from tests.mqtt.test_direct_publishes import SOURCE, _drain
 
-try:
-    from metaq._speedups import MqttAckTurn, MqttDirectPath
-except ImportError:  # the C helper was not built
-    MqttAckTurn = MqttDirectPath = None
-
-needs_c = pytest.mark.skipif(MqttDirectPath is None, reason="metaq._speedups was not built")
-
-
-# -- the delivery's path: the C object against its twin ------------------------------------------------------------
+# -- the delivery's path: compiled against its source ----------------------------------------------------------------
 
 class _Out:
     """What a path reads of its ``Outbound``: ``plain_names`` answered from a table, counting the questions."""
@@ -197,17 +190,16 @@ def _steps(rng):
     return steps
 
 
-@needs_c
-def test_the_c_path_and_its_twin_answer_write_and_leave_the_same():
+def test_the_path_compiled_and_its_source_answer_write_and_leave_the_same():
     rng = random.Random(5859)
     for _ in range(400):
         world = _world(rng, -1)
         steps = _steps(rng)
-        assert _play(MqttDirectPath, world, steps) == _play(direct.DirectPathPy, world, steps), steps
+        assert _play(direct.DirectPath, world, steps) == _play(SOURCE.DirectPath, world, steps), steps
 
 
-@pytest.mark.parametrize("make", [pytest.param(direct.DirectPathPy, id="python"),
-                                  pytest.param(MqttDirectPath, id="c", marks=needs_c)])
+@pytest.mark.parametrize("make", [pytest.param(direct.DirectPath, id="module"),
+                                  pytest.param(SOURCE.DirectPath, id="source")])
 def test_the_plain_names_are_asked_again_when_the_stamp_moves_or_the_outbound_drops_them(make):
     """The path keeps ``plain_names``' answer while the put path's version, the user and the subscriptions' changes
     stand: a moved one, or the outbound's ``drop``, has the next burst ask again and use the new answer."""
@@ -246,7 +238,7 @@ def test_the_plain_names_are_asked_again_when_the_stamp_moves_or_the_outbound_dr
         theirs.close()
 
 
-# -- the subscriber's read of PUBACKs: the C object against its twin -------------------------------------------------
+# -- the subscriber's read of PUBACKs against the general path ------------------------------------------------------
 
 class _Delivery:
     def __init__(self):
@@ -283,7 +275,35 @@ def _ack_bytes(rng, v5):
     return out
 
 
-def _ack_play(turn_of, seed):
+def _events(parser):
+    """What the parser hands the general path next, up to the end of what it holds (a refusal: its reason code)."""
+    events = []
+    while True:
+        try:
+            event = parser.next_event()
+        except wire.MqttError as exc:
+            events.append(("refused", exc.reason_code))
+            return events
+        if event is NEED_DATA or event is CLOSED:
+            return events
+        events.append(event)
+
+
+def _one_at_a_time(subs, parser, data):
+    """The general path's handling of a read's leading PUBACKs: each by ``Subscriptions.acknowledged``; what follows
+    the first other packet is left. ``(PUBACKs taken, events left)``."""
+    parser.receive_data(data)
+    events = _events(parser)
+    taken = 0
+    while taken < len(events) and isinstance(events[taken], wire.PubAck):
+        subs.acknowledged(events[taken].packet_id, PUBLISH_SENT)
+        taken += 1
+    return taken, events[taken:]
+
+
+def _ack_play(seed, general):
+    """A seeded subscriber's read of PUBACKs handled by its turn (or, ``general``, one at a time): the answer, what
+    is left for the general path, and the state left."""
     rng = random.Random(seed)
     v5 = rng.random() < 0.5
     parser = wire.MqttParser(version=wire.MQTT_5 if v5 else wire.MQTT_311, sender="client")
@@ -293,33 +313,34 @@ def _ack_play(turn_of, seed):
     conn = SimpleNamespace(mqtt=session, closed=rng.random() < 0.05, inflight_window=rng.choice((1, 3, 10, 100)))
     subs = Subscriptions(conn, None, None)
     subs.delivery = _Delivery() if rng.random() < 0.9 else None
-    turn = turn_of(subs, conn)
     data = _ack_bytes(rng, v5) or wire.encode(wire.PubAck(1), wire.MQTT_311)
     data = data if data[0] == 0x40 else bytes((0x40, 2, 0, 7)) + data
-    try:
-        answer = turn(parser, data)
-    except Exception as exc:  # noqa: BLE001 (both must raise alike)
-        answer = ("raised", type(exc).__name__)
-    events = []
-    while True:
-        try:
-            event = parser.next_event()
-        except wire.MqttError as exc:
-            events.append(("refused", exc.reason_code))
-            break
-        if event is NEED_DATA or event is CLOSED:
-            break
-        events.append(event)
+    if general:
+        answer, events = _one_at_a_time(subs, parser, data)
+    else:
+        answer = subs.read_pubacks(parser, data)
+        events = _events(parser)
     return (answer, events, parser.completed, list(session.inflight.items()), session.where, session.dirty,
-            subs.delivery.woken if subs.delivery is not None else None)
+            bool(subs.delivery.woken) if subs.delivery is not None else None, conn.closed)
 
 
-@needs_c
-def test_the_c_ack_turn_and_its_twin_answer_and_leave_the_same():
+def test_the_ack_turn_leaves_what_the_general_path_leaves_one_at_a_time():
+    """The messages ended, the packets left in their order (a refusal where the general path meets it), the packets
+    counted, the session's state and whether the delivery was woken, on 3,000 seeded reads; the turn's answer says
+    whether it took any (None: none), whether the connection must close (False) and whether anything is left."""
     for seed in range(3000):
-        c = _ack_play(lambda subs, conn: MqttAckTurn(subs, conn, PUBLISH_SENT), seed)
-        py = _ack_play(lambda subs, conn: subs.read_pubacks_py, seed)
-        assert c == py, seed
+        answer, *turn = _ack_play(seed, False)
+        taken, *general = _ack_play(seed, True)
+        assert turn == general, seed
+        events, closed = turn[0], turn[-1]
+        if not taken:
+            assert answer is None, seed
+        elif closed:
+            assert answer is False, seed
+        elif events:
+            assert answer is None, seed
+        else:
+            assert answer in (True, None), seed  # None: part of a packet is buffered
 
 
 # -- on a real broker: what the path must not keep ------------------------------------------------------------------

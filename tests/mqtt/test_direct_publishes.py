@@ -1,31 +1,36 @@
-"""A run of plain QoS 1 messages sent from a publisher's turn in one step (``direct.direct_publishes_py`` and its C
-twin ``metaq._speedups``'s ``mqtt_direct_publishes``): the two give the same answers, write the same bytes and leave
-the same session state (an OrderedDict's order included) on every input, and what they leave is what the
-one-at-a-time send (``direct._plain``: ``MqttSession.sent_next``, ``wire.publish_bytes``, ``dropped`` when nothing of
-a PUBLISH was written or it is past the client's Maximum Packet Size) leaves for the same bytes taken by the socket:
-the packet ids in flight and their ``where``, ``last_id``, the cursor, the rest of a PUBLISH begun."""
+"""A run of plain QoS 1 messages sent from a publisher's turn in one step (``direct.direct_publishes``, compiled where
+built): compiled and run from its source it gives the same answers, writes the same bytes and leaves the same session
+state (an OrderedDict's order included) on every input, and what it leaves is what the one-at-a-time send
+(``direct._plain``: ``MqttSession.sent_next``, ``wire.publish_bytes``, ``dropped`` when nothing of a PUBLISH was
+written or it is past the client's Maximum Packet Size) leaves for the same bytes taken by the socket: the packet ids
+in flight and their ``where``, ``last_id``, the cursor, the rest of a PUBLISH begun."""
 
 import errno
+import importlib.util
 import os
 import random
 import socket
 from collections import OrderedDict
 from types import SimpleNamespace
 
-import pytest
-
+from metaq import native
 from metaq.mqtt import direct, wire
 from metaq.mqtt.records import stored_message
 from metaq.mqtt.session import PUBLISH_SENT, PUBREL_SENT, MqttSession
 
-try:
-    from metaq._speedups import mqtt_direct_publishes
-except ImportError:  # the C helper was not built
-    mqtt_direct_publishes = None
 
-needs_c = pytest.mark.skipif(mqtt_direct_publishes is None, reason="metaq._speedups was not built")
-TWINS = [pytest.param(direct.direct_publishes_py, id="python"),
-         pytest.param(mqtt_direct_publishes, id="c", marks=needs_c)]
+
+def source_module(name):
+    """Module ``name`` run from its Python source, under a name of its own beside the one imported (compiled where
+    built): the compiled module is held to its source on the same cases (under ``METAQ_PURE_PYTHON=1`` both are the
+    source)."""
+    spec = importlib.util.spec_from_file_location(name + "__source", native.source_path(name))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SOURCE = source_module("metaq.mqtt.direct")
 
 NAMES = ("one/t", "one/u", "one/ü/x", "")
 
@@ -112,11 +117,11 @@ def _case(rng):
                 offset=rng.randrange(0, 1 << 40))
 
 
-def _run(twin, case, session):
+def _run(step, case, session):
     ours, theirs = _pair(case["fill"], case["sndbuf"])
     try:
         before = _drain(theirs)
-        answer = twin(ours.fileno(), case["staged"], case["i"], case["stop"], case["names"], session, "one", 0,
+        answer = step(ours.fileno(), case["staged"], case["i"], case["stop"], case["names"], session, "one", 0,
                       case["offset"], case["window"], case["v5"], case["max_packet"])
         return answer, _drain(theirs), len(before)
     finally:
@@ -124,15 +129,14 @@ def _run(twin, case, session):
         theirs.close()
 
 
-@needs_c
-def test_the_c_step_and_the_twin_answer_and_write_the_same():
+def test_the_step_compiled_and_its_source_answer_and_write_the_same():
     rng = random.Random(5857)
     for _ in range(1500):
         case = _case(rng)
         session = _session(rng)
         c_session, py_session = _copy(session), _copy(session)
-        c = _run(mqtt_direct_publishes, case, c_session)
-        py = _run(direct.direct_publishes_py, case, py_session)
+        c = _run(direct.direct_publishes, case, c_session)
+        py = _run(SOURCE.direct_publishes, case, py_session)
         assert c == py, case
         assert _state(c_session) == _state(py_session), case
         c_session.inflight[0x7777] = PUBLISH_SENT  # the OrderedDict still whole after its deletions
@@ -159,8 +163,7 @@ class _Socket:
         return n
 
 
-@pytest.mark.parametrize("twin", TWINS)
-def test_the_one_step_leaves_what_the_one_at_a_time_send_leaves(twin):
+def test_the_one_step_leaves_what_the_one_at_a_time_send_leaves():
     """For the bytes the socket took, the session state, cursor and bytes are ``direct._plain``'s, one message at a
     time, stopping where it stops."""
     rng = random.Random(57)
@@ -168,7 +171,7 @@ def test_the_one_step_leaves_what_the_one_at_a_time_send_leaves(twin):
         case = _case(rng)
         session = _session(rng)
         one_step = _copy(session)
-        (went, state, rest, err), wrote, _before = _run(twin, case, one_step)
+        (went, state, rest, err), wrote, _before = _run(direct.direct_publishes, case, one_step)
         assert err == 0
         key = ("one", 0)
         conn = _Socket(len(wrote), wire.MQTT_5 if case["v5"] else wire.MQTT_311, case["max_packet"], case["window"])
@@ -195,29 +198,28 @@ def test_the_one_step_leaves_what_the_one_at_a_time_send_leaves(twin):
             assert case["i"] + went == case["stop"]
 
 
-@pytest.mark.parametrize("twin", TWINS)
-def test_a_failed_send_gives_every_id_back_and_says_why(twin):
+def test_a_failed_send_gives_every_id_back_and_says_why():
     session = MqttSession("sub", wire.MQTT_311, 10)
     staged = [("one", 0, 0, b"", wire.Publish("one/t", b"x", 1, packet_id=1), "one/t") for _ in range(3)]
     ours, theirs = socket.socketpair()
     theirs.close()
     try:
-        went, state, rest, err = twin(ours.fileno(), staged, 0, 3, {"one/t": True}, session, "one", 0, 7, 10, False,
-                                      None)
+        went, state, rest, err = direct.direct_publishes(ours.fileno(), staged, 0, 3, {"one/t": True}, session,
+                                                         "one", 0, 7, 10, False, None)
     finally:
         ours.close()
     assert (went, state, rest, err) == (0, direct.SHORT, None, errno.EPIPE)
     assert not session.inflight and not session.where and session.last_id == 1
 
 
-@pytest.mark.parametrize("twin", TWINS)
-def test_a_run_taken_whole_is_the_publishes_the_general_encoder_makes(twin):
+def test_a_run_taken_whole_is_the_publishes_the_general_encoder_makes():
     session = MqttSession("sub", wire.MQTT_5, 10)
     session.inflight[2] = PUBREL_SENT
     staged = [("one", 0, 0, b"", wire.Publish("one/t", b"p%d" % k, 1, packet_id=9), "one/t") for k in range(3)]
     ours, theirs = socket.socketpair()
     try:
-        answer = twin(ours.fileno(), staged, 0, 3, {"one/t": True}, session, "one", 4, 10, 10, True, None)
+        answer = direct.direct_publishes(ours.fileno(), staged, 0, 3, {"one/t": True}, session, "one", 4, 10, 10, True,
+                                         None)
         got = theirs.recv(1 << 16)
     finally:
         ours.close()
@@ -231,14 +233,8 @@ def test_a_run_taken_whole_is_the_publishes_the_general_encoder_makes(twin):
     assert session.last_id == 4 and session.dirty
 
 
-def test_the_c_step_is_the_one_direct_uses_when_built():
-    assert direct.direct_publishes is (direct.direct_publishes_py if mqtt_direct_publishes is None
-                                       or os.environ.get("METAQ_PURE_PYTHON", "") not in ("", "0")
-                                       else mqtt_direct_publishes)
-
-
 def test_its_in_flight_state_is_the_sessions():
-    """What the C step writes in ``inflight`` is the session's ``PUBLISH_SENT`` (a PUBACK ends it)."""
+    """What the step writes in ``inflight`` is the session's ``PUBLISH_SENT`` (a PUBACK ends it)."""
     session = MqttSession("sub", wire.MQTT_311, 10)
     ours, theirs = socket.socketpair()
     try:

@@ -1,5 +1,5 @@
 """The deliveries waiting on a publisher's burst served from its turn (``direct.serve_waiting``, ``MqttPort
-.deliver_now``): the C helper's ``mqtt_serve_waiting`` held equal to its Python twin on seeded scenarios (which
+.deliver_now``), compiled where built, held equal to its source run uncompiled on seeded scenarios (which
 deliveries are called, in which order, with what; which are left caught up; what is kept decoded), at the limit of
 deliveries a burst serves and past it, and with paths that take their delivery out of ``waiting`` as they run."""
 
@@ -10,9 +10,7 @@ import pytest
 from metaq import limits
 from metaq.mqtt import direct
 from metaq.store.batch import BurstRun
-
-C = direct.serve_waiting
-needs_c = pytest.mark.skipif(C is direct.serve_waiting_py, reason="the C helper is not built")
+from tests.mqtt.test_direct_publishes import SOURCE
 
 
 class Delivery:
@@ -70,15 +68,14 @@ def run(fn, seed):
     return out, log, left
 
 
-@needs_c
-def test_the_c_helper_serves_the_waiting_deliveries_as_its_python_twin_does():
+def test_the_compiled_step_serves_the_waiting_deliveries_as_its_source_does():
     """The same calls in the same order (paths, the general path with ``made``, the decoded kept), the same
     deliveries left caught up, the same ``waiting`` after paths that left it, on 400 seeded bursts."""
     for seed in range(400):
-        assert run(C, seed) == run(direct.serve_waiting_py, seed), seed
+        assert run(direct.serve_waiting, seed) == run(SOURCE.serve_waiting, seed), seed
 
 
-@pytest.mark.parametrize("fn", [direct.serve_waiting_py, C], ids=["python", "c"])
+@pytest.mark.parametrize("fn", [direct.serve_waiting, SOURCE.serve_waiting], ids=["module", "source"])
 def test_a_burst_serves_at_most_its_limit_of_deliveries_and_keeps_the_rest_decoded(fn):
     """Of 3 deliveries waiting on the partition, a limit of 2 serves the first 2 (in the order they began to wait):
     the third is left to its greenlet, and the burst's messages are kept decoded for it; at 3, all three, nothing
@@ -95,7 +92,7 @@ def test_a_burst_serves_at_most_its_limit_of_deliveries_and_keeps_the_rest_decod
         assert kept == ([key] if most == 2 else [])
 
 
-@pytest.mark.parametrize("fn", [direct.serve_waiting_py, C], ids=["python", "c"])
+@pytest.mark.parametrize("fn", [direct.serve_waiting, SOURCE.serve_waiting], ids=["module", "source"])
 def test_a_path_that_takes_the_last_delivery_out_of_waiting_leaves_nothing_dangling(fn):
     """The only delivery waiting on a partition leaves ``waiting`` inside its path (its dict is dropped with it):
     the burst still counts it served and keeps nothing decoded for a delivery no longer there."""
@@ -110,7 +107,7 @@ def test_a_path_that_takes_the_last_delivery_out_of_waiting_leaves_nothing_dangl
     assert out == {key: {"event-a"}} and waiting == {} and kept == []
 
 
-@pytest.mark.parametrize("fn", [direct.serve_waiting_py, C], ids=["python", "c"])
+@pytest.mark.parametrize("fn", [direct.serve_waiting, SOURCE.serve_waiting], ids=["module", "source"])
 def test_an_error_in_a_path_reaches_the_publishers_turn(fn):
     """A delivery's path that raises is not swallowed: the publisher's turn sees it (and closes, as any)."""
     key = ("t", 0)
@@ -126,5 +123,5 @@ def test_an_error_in_a_path_reaches_the_publishers_turn(fn):
 
 def test_nothing_waiting_serves_nothing_and_asks_nothing():
     """No delivery waiting: an empty answer, no path or keep called (the common burst of a topic nobody waits on)."""
-    for fn in {direct.serve_waiting_py, C}:
+    for fn in (direct.serve_waiting, SOURCE.serve_waiting):
         assert fn({}, {("t", 0): "reader"}, None, None, 8, {("t", 0)}, [], [], "pub", 0) == {}

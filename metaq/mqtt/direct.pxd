@@ -1,0 +1,19 @@
+# Declarations for Cython's compile of direct.py (metaq.native): the per-subscriber path a C struct, the one step's
+# counts C integers. The .py stays the one definition; without Cython it runs as it is.
+cimport cython
+
+
+cdef class DirectPath:
+    cdef public object out, conn, session, put_path, client_id, cursors, max_packet
+    cdef public object kept_names, kept_topic, kept_version, kept_user, kept_changes
+    cdef public bint usable, v5, kept_own
+
+    cpdef drop(self)
+    cdef object _names(self, object topic, bint own)
+
+
+@cython.locals(room=Py_ssize_t, total=Py_ssize_t, taken=Py_ssize_t, j=Py_ssize_t, went=Py_ssize_t,
+               pos=Py_ssize_t, after=Py_ssize_t, n=Py_ssize_t, packet_id=long, last=long)
+cpdef tuple direct_publishes(object fd, object staged, object i, object stop, object names, object session,
+                             object topic, object partition, object offset, object window, object v5,
+                             object max_packet)
