@@ -28,8 +28,8 @@ RULES = {
     # Users, permissions and proofs of a secret (hmac, ipaddress): pure, like protocol.
     "auth": ({"metaq.errors", "metaq.limits", "metaq.auth"}, IO_MODULES | {"logging", "time"}),
     "store": ({"metaq.errors", "metaq.limits", "metaq.protocol", "metaq.store"}, IO_MODULES | {"time", "datetime"}),
-    "server": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.auth", "metaq.store",
-                "metaq.server"}, set()),
+    "server": ({"metaq", "metaq.errors", "metaq.limits", "metaq.clock", "metaq.protocol", "metaq.auth",
+                "metaq.store", "metaq.server"}, set()),
     # The client talks to ZooKeeper through kazoo (its threading handler), never through gevent.
     "client": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.auth", "metaq.client"}, {"gevent"}),
     "spark": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.auth", "metaq.client", "metaq.spark"},
@@ -44,6 +44,8 @@ RULES = {
     # metaq/__init__.py and the C helper's loader: stdlib only.
     "root": ({"metaq"}, IO_MODULES),
     "speedups": ({"metaq"}, IO_MODULES),
+    # The broker's wall clock: time and the C helper's loader; the server and the features' services read it.
+    "clock": ({"metaq"}, IO_MODULES),
 }
 
 
@@ -132,7 +134,7 @@ def layer_of(path, root=ROOT):
     rel = path.relative_to(root)
     if len(rel.parts) == 1:
         return {"errors.py": "errors", "limits.py": "limits", "__init__.py": "root",
-                "speedups.py": "speedups"}.get(rel.parts[0])
+                "speedups.py": "speedups", "clock.py": "clock"}.get(rel.parts[0])
     if rel.parts[0] in FEATURES:
         return feature_module_layer(list(rel.with_suffix("").parts))
     return rel.parts[0]

@@ -30,7 +30,7 @@ import time
 
 from metaq import errors
 from metaq.auth.acl import ADMIN
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from metaq.server.http.routes import READ, json_response
 from metaq.topics.wire import MAX_SETTINGS
 

@@ -25,7 +25,7 @@ from metaq.mqtt import wire
 from metaq.mqtt.acks import pubacks_now
 from metaq.mqtt.records import RecordRefusal, plain_plan
 from metaq.mqtt.wire import MQTT_5
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from metaq.server.putpath import ACK_NOW
 from metaq.speedups import load
 

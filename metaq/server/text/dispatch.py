@@ -22,7 +22,7 @@ from metaq.priorities.wire import PriorityGet, PriorityPut
 from metaq.protocol.putbatch import PutBatch
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.transactions.wire import xa_error_body
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from metaq.server.guard import ADMIN, PUB, SUB
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 from metaq.server.putpath import ACK_NOW
