@@ -134,7 +134,9 @@ def layer_of(path, root=ROOT):
     rel = path.relative_to(root)
     if len(rel.parts) == 1:
         return {"errors.py": "errors", "limits.py": "limits", "__init__.py": "root",
-                "speedups.py": "speedups", "clock.py": "clock"}.get(rel.parts[0])
+                "speedups.py": "speedups", "clock.py": "clock",
+                # the text command set: protocol/'s registry and the features' wire modules (codecs), composed
+                "textcommands.py": "protocol"}.get(rel.parts[0])
     if rel.parts[0] in FEATURES:
         return feature_module_layer(list(rel.with_suffix("").parts))
     return rel.parts[0]

@@ -7,7 +7,7 @@ layer may, and of this package only modules of its own role's layer or a lower o
 
 codec (the protocol layer: bytes in, values out; no socket, log or clock)
     wire.py      the group_info / reset_offset / dlq_list / dlq_resend text commands: events, parsers, serializers,
-                 their registration in ``protocol.commands`` (``protocol.textcommands`` lists it, so the registry is
+                 their registration in ``protocol.commands`` (``metaq.textcommands`` lists it, so the registry is
                  complete), the JSON reply body
 service (the server layer: gevent)
     service.py   AdminOps: a group's live members and offsets, offset resets, dead letters listed and resent (the

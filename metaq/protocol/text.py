@@ -509,7 +509,7 @@ class TextParser(StreamParser):
     ``next_event`` until it returns ``NEED_DATA`` (or ``CLOSED`` after a clean
     end of stream). It never does IO, never logs and raises nothing but
     ``RemoteProtocolError``. It reads the whole command table: made before
-    ``metaq.protocol.textcommands`` is imported, it raises RuntimeError.
+    ``metaq.textcommands`` is imported, it raises RuntimeError.
     """
 
     def __init__(self, max_line=limits.MAX_LINE_BYTES, max_body=limits.MAX_BODY_BYTES):

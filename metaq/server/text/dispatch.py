@@ -17,7 +17,7 @@ from metaq.admin import wire as adminwire
 from metaq.admin.text import TextAdmin
 from metaq.filters.text import TagScan
 from metaq.protocol import commands, events as ev
-from metaq.protocol import textcommands  # noqa: F401 - every text command declared (the whole table)
+from metaq import textcommands  # noqa: F401 - every text command declared (the whole table)
 from metaq.priorities.wire import PriorityGet, PriorityPut
 from metaq.protocol.putbatch import PutBatch
 from metaq.protocol.text import encode_result, encode_value_header

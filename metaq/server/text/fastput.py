@@ -26,7 +26,7 @@ either way).
 
 from metaq.limits import BURST_SCAN_FRAMES
 from metaq.protocol import commands
-from metaq.protocol import textcommands  # noqa: F401 - every text command declared (the whole table)
+from metaq import textcommands  # noqa: F401 - every text command declared (the whole table)
 from metaq.protocol.burst import encode_put_acks, encode_results, scan_puts
 from metaq.clock import now_ms
 from metaq.server.putpath import ACK_NOW

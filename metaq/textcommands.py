@@ -5,6 +5,8 @@ MetaQ's own commands and the core extensions are declared in ``metaq.protocol.te
 each of them once, then completes the registry (``metaq.protocol.commands.complete``); the parser, the serializer,
 the server's permission check and fast path read the table only after that. The registry and the parser import no
 feature, so the import graph has no cycle; a feature with text commands adds its wire module here, and nowhere else.
+It lives at the package root, above protocol/ and the feature packages, so that protocol/ imports no feature: the
+features' wire modules import protocol/, and this list imports both.
 
 Whatever parses or serializes text frames (the server's text front-end, the client, the deploy agent's probe)
 imports this module once.
