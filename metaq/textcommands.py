@@ -14,6 +14,7 @@ imports this module once.
 
 from metaq.protocol import commands, putbatch, text
 from metaq.admin import wire as admin_wire
+from metaq.filters import wire as filters_wire
 from metaq.groups import wire as groups_wire
 from metaq.idempotence import wire as idempotence_wire
 from metaq.keys import wire as keys_wire
@@ -25,7 +26,7 @@ from metaq.topics import wire as topics_wire
 from metaq.trace import wire as trace_wire
 
 #: Every module that declares text commands, in the order they register.
-DECLARING_MODULES = (text, putbatch, admin_wire, groups_wire, idempotence_wire, keys_wire, pop_wire,
+DECLARING_MODULES = (text, putbatch, admin_wire, filters_wire, groups_wire, idempotence_wire, keys_wire, pop_wire,
                      priorities_wire, reqreply_wire, timers_wire, topics_wire, trace_wire)
 
 commands.complete()
