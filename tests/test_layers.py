@@ -136,7 +136,9 @@ def layer_of(path, root=ROOT):
         return {"errors.py": "errors", "limits.py": "limits", "__init__.py": "root",
                 "speedups.py": "speedups", "clock.py": "clock",
                 # the text command set: protocol/'s registry and the features' wire modules (codecs), composed
-                "textcommands.py": "protocol"}.get(rel.parts[0])
+                "textcommands.py": "protocol",
+                # metaq-admin: its own commands and each feature's cli.py, composed
+                "admincli.py": "client"}.get(rel.parts[0])
     if rel.parts[0] in FEATURES:
         return feature_module_layer(list(rel.with_suffix("").parts))
     return rel.parts[0]

@@ -43,6 +43,6 @@ front-end (the server layer: a front-end's handlers)
     http.py      the HTTP port's timer routes: pending timers listed, one cancelled (admin)
 client (the client layer)
     client.py    the producer's side: a ``when`` checked and encoded, a cancel sent and its reply read
-    cli.py       ``metaq-admin timers list|cancel``: every broker's pending timers, one cancelled (``admin/cli.py``
+    cli.py       ``metaq-admin timers list|cancel``: every broker's pending timers, one cancelled (``metaq/admincli.py``
                  adds its parser and runs it)
 """
