@@ -30,7 +30,10 @@ RULES = {
     "auth": ({"metaq.errors", "metaq.limits", "metaq.auth"}, IO_MODULES | {"logging", "time"}),
     "store": ({"metaq.errors", "metaq.limits", "metaq.protocol", "metaq.store"}, IO_MODULES | {"time", "datetime"}),
     "server": ({"metaq", "metaq.errors", "metaq.limits", "metaq.clock", "metaq.protocol", "metaq.auth",
-                "metaq.store", "metaq.server"}, set()),
+                "metaq.store", "metaq.loop", "metaq.server"}, set()),
+    # What the front-ends' handlers share of the event loop (cold pages, inflated bodies, a get's expect): gevent,
+    # below the server and the features' services and handlers, importing neither.
+    "loop": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.loop"}, set()),
     # The client talks to ZooKeeper through kazoo (its threading handler), never through gevent.
     "client": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.auth", "metaq.client"}, {"gevent"}),
     "spark": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.auth", "metaq.client", "metaq.spark"},
@@ -444,8 +447,8 @@ UPWARD = {
     ("client", "transactions"): CLIENT_OFFERS,
     # the text command set the client parses with lists admin's wire module, beside admin's command line
     ("client", "textcommands"): CLIENT_OFFERS,
-    ("admin", "server"): SERVER_PARTS, ("filters", "server"): SERVER_PARTS, ("idempotence", "server"): SERVER_PARTS,
-    ("keys", "server"): SERVER_PARTS, ("mqtt", "server"): SERVER_PARTS, ("mqttcluster", "server"): SERVER_PARTS,
+    ("admin", "server"): SERVER_PARTS, ("idempotence", "server"): SERVER_PARTS,
+    ("mqtt", "server"): SERVER_PARTS, ("mqttcluster", "server"): SERVER_PARTS,
     ("pop", "server"): SERVER_PARTS, ("priorities", "server"): SERVER_PARTS, ("reqreply", "server"): SERVER_PARTS,
     ("rmq5", "server"): SERVER_PARTS, ("timers", "server"): SERVER_PARTS, ("trace", "server"): SERVER_PARTS,
     ("transactions", "server"): SERVER_PARTS,
@@ -454,8 +457,8 @@ UPWARD = {
 
 #: The bounds: arrows that point up, and pairs of folders that import each other. A change that adds one fails; one
 #: that removes one lowers the bound.
-UPWARD_BOUND = 27
-FOLDER_PAIRS_BOUND = 24
+UPWARD_BOUND = 25
+FOLDER_PAIRS_BOUND = 22
 
 
 def folder_of(name):

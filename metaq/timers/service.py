@@ -48,7 +48,7 @@ from metaq.limits import (MAX_PENDING_TIMERS, MAX_TIMER_DONE_IDS, MAX_TIMER_LIST
                           validate_partition)
 from metaq.protocol.checksum import metaq_checksum
 from metaq.clock import now_ms
-from metaq.server.coldpages import bring_in
+from metaq.loop.coldpages import bring_in
 from metaq.server.putpath import BrokerWrites
 from metaq.timers.follow import TimerFollow
 from metaq.timers.handoff import Handoff

@@ -43,7 +43,7 @@ from metaq.filters.remoting import EXPRESSION_SQL92, SqlSubscriptions
 from metaq.filters.sql import SqlFilter, compiled
 from metaq.groups import policy as group_policy
 from metaq.clock import now_ms
-from metaq.server.coldpages import bring_in
+from metaq.loop.coldpages import bring_in
 from metaq.keys import remoting as keys
 from metaq.server.remoting.acl import ACL_EXCEPTION, RemotingAcl
 from metaq.server.remoting.send import RemotingSender

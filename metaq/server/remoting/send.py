@@ -51,7 +51,7 @@ from metaq.timers.records import ENTRY, TIMER_TOPIC, owner_field, timer_due, tim
 from metaq.transactions.policy import immunity_ms
 from metaq.transactions.state import HALF_OWNER, half_txid
 from metaq.clock import now_ms
-from metaq.server.inflate import inflate_body
+from metaq.loop.inflate import inflate_body
 from metaq.server.putpath import AUTHORIZED
 from metaq.store.record import RecordTooLarge, record_size
 

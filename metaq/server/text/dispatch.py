@@ -27,7 +27,7 @@ from metaq.server.guard import ADMIN, PUB, SUB
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 from metaq.server.putpath import ACK_NOW
 from metaq.server.text.batchput import BatchPuts
-from metaq.server.text.expect import check_expected
+from metaq.loop.expect import check_expected
 from metaq.priorities.text import TextPriorities
 from metaq.reqreply.text import TextRequests
 from metaq.offsets.text import TextOffsets
