@@ -16,7 +16,7 @@ from metaq.auth.acl import ADMIN
 from metaq.limits import MAX_TIMER_LIST
 from metaq.protocol.text import INT64_MAX, INT64_MIN
 from metaq.clock import now_ms
-from metaq.server.http.routes import json_response
+from metaq.protocol.httpreply import json_response
 from metaq.timers.records import TIMER_TOPIC
 
 
