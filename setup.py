@@ -149,7 +149,7 @@ setup(
     entry_points={
         "console_scripts": [
             "metaq-server = metaq.server.__main__:main",
-            "metaq-admin = metaq.admin.cli:main",
+            "metaq-admin = metaq.admincli:main",
             "metaq-cluster = metaq.client.devcluster:main",
             "metaq-spark-report = metaq.spark.report:main",
         ],

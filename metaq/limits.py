@@ -606,7 +606,7 @@ UNIT_REPAIR_READ_BYTES = 256 * 1024
 #: of the buffer (which made such a pipeline quadratic), and a producer's pipeline of 64 is one scan.
 BURST_SCAN_FRAMES = 64
 
-# -- compressed bodies (protocol/compression.py, server/inflate.py) ----------------------------------------------
+# -- compressed bodies (protocol/compression.py, loop/inflate.py) ----------------------------------------------
 #: A compressed body arriving at the broker is decompressed this many bytes at a time, other clients served
 #: between two steps (a step is shorter than a thread hop), never past ``limits.max_body_bytes`` in all: a zip bomb
 #: costs the broker at most that much output before it is refused. zstd decompresses a frame in one step.

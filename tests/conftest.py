@@ -14,7 +14,7 @@ import pytest
 from hypothesis import settings
 
 from metaq.client.local import BrokerProcess
-from metaq.protocol import textcommands  # noqa: F401 - every text command declared: the tests parse and serialize any
+from metaq import textcommands  # noqa: F401 - every text command declared: the tests parse and serialize any
 
 # No clock in assertions: Hypothesis's per-example deadline (200 ms) fails a correct test on a busy machine.
 settings.register_profile("metaq", deadline=None)

@@ -1,8 +1,9 @@
 """DESIGN §2: imports go one way, no import cycles, no private names taken across modules; the structure rules.
 
 Walk every module of metaq/ with ast and fail on a forbidden import (by layer; a feature package's module by its
-role's layer, and on a feature module whose name is no role), on a strongly connected
-component of more than one module in the import graph (deferred imports counted), on another module's private
+role's layer, and on a feature module whose name is no role), on a strongly connected component of more than one
+module in the import graph (deferred imports counted), on an arrow between folders that points up unnamed (UPWARD)
+and on more such arrows, or pairs of folders importing each other, than their bounds, on another module's private
 name (``from x import _y``, ``module._y``, ``obj._y`` where obj is not self/cls), on a class split into mixins,
 on a private re-exported under a public name, on a constructor parameter named after a front-end or the broker,
 and on a module over LONG_MODULE_LINES lines whose docstring does not say why.
@@ -28,8 +29,11 @@ RULES = {
     # Users, permissions and proofs of a secret (hmac, ipaddress): pure, like protocol.
     "auth": ({"metaq.errors", "metaq.limits", "metaq.auth"}, IO_MODULES | {"logging", "time"}),
     "store": ({"metaq.errors", "metaq.limits", "metaq.protocol", "metaq.store"}, IO_MODULES | {"time", "datetime"}),
-    "server": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.auth", "metaq.store",
-                "metaq.server"}, set()),
+    "server": ({"metaq", "metaq.errors", "metaq.limits", "metaq.clock", "metaq.protocol", "metaq.auth",
+                "metaq.store", "metaq.loop", "metaq.server"}, set()),
+    # What the front-ends' handlers share of the event loop (cold pages, inflated bodies, a get's expect): gevent,
+    # below the server and the features' services and handlers, importing neither.
+    "loop": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.loop"}, set()),
     # The client talks to ZooKeeper through kazoo (its threading handler), never through gevent.
     "client": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.auth", "metaq.client"}, {"gevent"}),
     "spark": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.auth", "metaq.client", "metaq.spark"},
@@ -46,6 +50,8 @@ RULES = {
     "speedups": ({"metaq"}, IO_MODULES),
     # The native layer's finder of compiled modules: stdlib only.
     "native": ({"metaq"}, IO_MODULES),
+    # The broker's wall clock: time and the C helper's loader; the server and the features' services read it.
+    "clock": ({"metaq"}, IO_MODULES),
 }
 
 
@@ -136,7 +142,11 @@ def layer_of(path, root=ROOT):
     rel = path.relative_to(root)
     if len(rel.parts) == 1:
         return {"errors.py": "errors", "limits.py": "limits", "__init__.py": "root",
-                "speedups.py": "speedups"}.get(rel.parts[0])
+                "speedups.py": "speedups", "clock.py": "clock",
+                # the text command set: protocol/'s registry and the features' wire modules (codecs), composed
+                "textcommands.py": "protocol",
+                # metaq-admin: its own commands and each feature's cli.py, composed
+                "admincli.py": "client"}.get(rel.parts[0])
     if rel.parts[0] in FEATURES:
         return feature_module_layer(list(rel.with_suffix("").parts))
     return rel.parts[0]
@@ -409,6 +419,125 @@ def test_cycle_finder_on_a_graph():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": {"e"}, "e": {"d"}, "f": {"a"}, "g": set(), "h": {"h"}}
     assert import_cycles(graph) == [["a", "b", "c"], ["d", "e"]]
     assert import_cycles({"x": {"y"}, "y": set()}) == []
+
+
+# -- folders that import one way -------------------------------------------------------------------------------
+#
+# A folder is a package directly under metaq/ (its subpackages with it) or a module at the root; the folder graph
+# has an arrow from one folder to another when a module of the first imports one of the second (deferred imports
+# counted). Without the arrows named in UPWARD the graph has no cycle, so its folders stand on floors, each above
+# what it imports; each named arrow points up (the folder it imports reaches back to it), for the reason given.
+# Two folders that import each other are one of those arrows and its way back.
+
+#: Why a lower folder reaches into a feature, or a feature into the server: a folder that gives the features what
+#: they build on and also assembles them. Each is undone by moving the assembly out (as metaq/textcommands.py and
+#: metaq/admincli.py were).
+STORE_BUILDS = ("the store builds the feature's state itself (MessageStore.__init__) while that state is made of "
+                "the store's files, records and follower; store/store.py is to take it from the composition root")
+CLIENT_OFFERS = ("the client's Producer and Consumer offer the feature's calls themselves while the feature's "
+                 "client module builds on the client's messages and replies")
+SERVER_PARTS = ("the feature's service or handlers use the server's parts (the put path, connections, guard, "
+                "put checks, long polls, replication links, the remoting send) while the server assembles the "
+                "feature (server/broker.py, the text and remoting dispatchers, the config schema)")
+TEXT_SET = ("the client parses with the whole text command set, which lists admin's wire module, while admin's "
+            "command-line tools (admin/tools.py) build on the client")
+
+#: The arrows that point up, each with its reason; every other arrow between folders points down.
+UPWARD = {
+    ("store", "filters"): STORE_BUILDS, ("store", "groups"): STORE_BUILDS, ("store", "idempotence"): STORE_BUILDS,
+    ("store", "keys"): STORE_BUILDS, ("store", "offsets"): STORE_BUILDS, ("store", "topics"): STORE_BUILDS,
+    ("client", "keys"): CLIENT_OFFERS, ("client", "offsets"): CLIENT_OFFERS, ("client", "priorities"): CLIENT_OFFERS,
+    ("client", "reqreply"): CLIENT_OFFERS, ("client", "timers"): CLIENT_OFFERS,
+    ("client", "transactions"): CLIENT_OFFERS,
+    ("client", "textcommands"): TEXT_SET,
+    ("idempotence", "server"): SERVER_PARTS, ("mqtt", "server"): SERVER_PARTS, ("mqttcluster", "server"): SERVER_PARTS,
+    ("pop", "server"): SERVER_PARTS, ("priorities", "server"): SERVER_PARTS, ("reqreply", "server"): SERVER_PARTS,
+    ("rmq5", "server"): SERVER_PARTS, ("timers", "server"): SERVER_PARTS, ("transactions", "server"): SERVER_PARTS,
+}
+
+#: The bounds: arrows that point up, and pairs of folders that import each other. A change that adds one fails; one
+#: that removes one lowers the bound.
+UPWARD_BOUND = 22
+FOLDER_PAIRS_BOUND = 20
+
+
+def folder_of(name):
+    """The folder of the module ``name``: ``metaq.server.text.dispatch`` -> ``server``, ``metaq.clock`` -> ``clock``,
+    ``metaq`` -> ``metaq``."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def folder_graph(graph):
+    """``{folder: {folders it imports}}`` of a module import graph, a folder's imports of itself left out."""
+    folders = {}
+    for name, imports in graph.items():
+        mine = folder_of(name)
+        folders.setdefault(mine, set()).update(folder_of(i) for i in imports if folder_of(i) != mine)
+    return folders
+
+
+def folder_pairs(folders):
+    """The pairs of folders that import each other, each sorted, in sorted order."""
+    return sorted({tuple(sorted((a, b))) for a, bs in folders.items() for b in bs if a in folders.get(b, ())})
+
+
+def without(folders, arrows):
+    """``folders`` without ``arrows``."""
+    return {a: {b for b in bs if (a, b) not in arrows} for a, bs in folders.items()}
+
+
+def reaches(folders, start, goal):
+    """True when ``goal`` is reached from ``start`` along the arrows."""
+    seen, todo = set(), [start]
+    while todo:
+        f = todo.pop()
+        if f == goal:
+            return True
+        if f not in seen:
+            seen.add(f)
+            todo.extend(folders.get(f, ()))
+    return False
+
+
+def upward_check(folders, upward):
+    """What is wrong with ``upward`` as the arrows that point up: cycles left without them, and named arrows that
+    are not arrows or do not point up (nothing they import reaches back); empty when right."""
+    rest = without(folders, upward)
+    found = ["cycle without the upward arrows: %s" % " ".join(c) for c in import_cycles(rest)]
+    for a, b in sorted(upward):
+        if b not in folders.get(a, ()):
+            found.append("%s -> %s is no arrow" % (a, b))
+        elif not reaches(rest, b, a):
+            found.append("%s -> %s points down" % (a, b))
+    return found
+
+
+def test_folders_import_one_way_but_the_named_arrows():
+    folders = folder_graph(import_graph())
+    assert upward_check(folders, set(UPWARD)) == []
+    assert len(UPWARD) <= UPWARD_BOUND
+
+
+def test_few_folders_import_each_other():
+    """Each pair of folders that import each other is an upward arrow (named, with its reason) and its way back."""
+    pairs = folder_pairs(folder_graph(import_graph()))
+    assert [p for p in pairs if (p[0], p[1]) not in UPWARD and (p[1], p[0]) not in UPWARD] == []
+    assert len(pairs) <= FOLDER_PAIRS_BOUND
+
+
+def test_folder_checks_on_a_graph():
+    graph = {"metaq.store.a": {"metaq.protocol.p"}, "metaq.store.b": {"metaq.feat.x", "metaq.store.a"},
+             "metaq.feat.x": {"metaq.store.a", "metaq.server.s"}, "metaq.server.s": {"metaq.feat.y", "metaq.clock"},
+             "metaq.protocol.p": set(), "metaq.clock": set(), "metaq.feat.y": set()}
+    folders = folder_graph(graph)
+    assert folders == {"store": {"protocol", "feat"}, "feat": {"store", "server"}, "server": {"feat", "clock"},
+                       "protocol": set(), "clock": set()}
+    assert folder_pairs(folders) == [("feat", "server"), ("feat", "store")]
+    assert upward_check(folders, {("store", "feat"), ("feat", "server")}) == []
+    assert upward_check(folders, {("store", "feat")}) == ["cycle without the upward arrows: feat server"]
+    assert upward_check(folders, {("store", "feat"), ("feat", "server"), ("feat", "protocol"), ("server", "clock")}) \
+        == ["feat -> protocol is no arrow", "server -> clock points down"]
 
 
 # -- private names across modules -----------------------------------------------------------------------------

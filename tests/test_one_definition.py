@@ -8,7 +8,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "metaq"
 
 #: function name -> the one module (relative to metaq/) that may define it.
 ONE_HOME = {
-    "now_ms": "server/clock.py",  # the broker's wall clock, in milliseconds
+    "now_ms": "clock.py",  # the broker's wall clock, in milliseconds
     "_now_ms": None,  # no private variant either
     "parse_int": "protocol/integers.py",  # a command's integer field: strict decimal, range-checked
     "_int": None,
@@ -58,8 +58,8 @@ def test_each_shared_helper_is_defined_once_in_its_home():
 
 def test_the_check_finds_a_second_copy(tmp_path):
     (tmp_path / "server").mkdir()
-    (tmp_path / "server" / "clock.py").write_text("def now_ms():\n    return 0\n")
+    (tmp_path / "clock.py").write_text("def now_ms():\n    return 0\n")
     (tmp_path / "server" / "other.py").write_text("class A:\n    def now_ms(self):\n        return 1\n")
     (tmp_path / "spark.py").write_text("TWEPOCH = 1303895660503\n")
-    assert definitions(tmp_path) == [("server/clock.py", "now_ms", 1), ("server/other.py", "now_ms", 2),
+    assert definitions(tmp_path) == [("clock.py", "now_ms", 1), ("server/other.py", "now_ms", 2),
                                      ("spark.py", "TWEPOCH", 1)]

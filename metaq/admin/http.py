@@ -30,8 +30,8 @@ import time
 
 from metaq import errors
 from metaq.auth.acl import ADMIN
-from metaq.server.clock import now_ms
-from metaq.server.http.routes import READ, json_response
+from metaq.clock import now_ms
+from metaq.protocol.httpreply import READ, json_response
 from metaq.topics.wire import MAX_SETTINGS
 
 

@@ -7,7 +7,7 @@ import time
 from metaq import errors
 from metaq.admin import wire
 from metaq.protocol.text import encode_result
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 
 log = logging.getLogger(__name__)
 

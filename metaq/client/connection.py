@@ -31,7 +31,7 @@ from metaq.protocol import events as ev
 from metaq.idempotence.wire import IdempotentPut
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.protocol.text import TextParser, serialize
-from metaq.protocol import textcommands  # noqa: F401 - every text command declared (the whole table)
+from metaq import textcommands  # noqa: F401 - every text command declared (the whole table)
 
 __all__ = ["parse_url", "BrokerConnection", "ConnectionPool"]
 

@@ -19,7 +19,7 @@ from metaq.priorities.wire import PriorityGet, PriorityPut, decode_get_prio_body
 from metaq.protocol.rocketmq.remoting import RemotingParser, encode_command, ext_str, make_request
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.protocol.text import TextParser, serialize
-from metaq.protocol import textcommands  # noqa: F401 - every text command declared (the whole table)
+from metaq import textcommands  # noqa: F401 - every text command declared (the whole table)
 
 __all__ = ["TextClient", "RemotingClient", "pull_fields", "PULL_FLAGS"]
 

@@ -43,7 +43,7 @@ from metaq.auth import proofs
 from metaq.protocol import events as ev
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.protocol.text import TextParser, serialize
-from metaq.protocol import textcommands  # noqa: F401 - every text command declared (the whole table)
+from metaq import textcommands  # noqa: F401 - every text command declared (the whole table)
 
 __all__ = ["ClientSecurity", "TlsSocket", "resolve", "add_arguments", "from_cli", "read_private"]
 

@@ -194,7 +194,7 @@ def probe(address, timeout=PROBE_TIMEOUT_S, security=None):
     from metaq.protocol import events as ev
     from metaq.protocol.stream import NEED_DATA
     from metaq.protocol.stats import parse_summary
-    from metaq.protocol import textcommands  # noqa: F401 - every text command declared (the whole table)
+    from metaq import textcommands  # noqa: F401 - every text command declared (the whole table)
     from metaq.protocol.text import TextParser, serialize
 
     where = "the broker at %s:%d" % address

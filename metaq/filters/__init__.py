@@ -7,8 +7,8 @@ A feature package: every module of the feature is here, named by its role, and e
 layer may, and of this package only modules of its own role's layer or a lower one.
 
 codec (the protocol layer: bytes in, values out; no socket, log or clock)
-    wire.py      tag expressions (``TagFilter``: the names and their hashes), a get_tags' tags token, the get_tags
-                 reply body
+    wire.py      a get_tags' tags token, the get_tags reply body; the ``get_sql`` command's declaration (its
+                 expression, the body, compiled by ``sql.py``)
 logic (the protocol layer: pure decisions)
     sql.py       SQL92 expressions (RocketMQ's selector grammar, ``ExpressionType`` SQL92): parsed once into a
                  ``SqlFilter`` whose ``matches(properties)`` is evaluated per message, three-valued
@@ -24,8 +24,10 @@ front-end (the server layer: a front-end's handlers)
 
 What stays in the shared spine, and why: a record's tags and the index unit's tag hash (``protocol/tags.py``) are
 part of the log's index format, written by every put path (and their C twins) and by recovery whether or not any
-consumer filters; the ``get_tags`` and ``get_sql`` declarations sit beside ``get`` in ``protocol/text.py`` (they
-are get's grammar, expect and wait included, with a tags token or an expression body); the RocketMQ pull's filter
+consumer filters; tag expressions (``TagFilter``, ``parse_tag_expression``) sit beside them, since the text parser
+and the RocketMQ mapping read them and protocol/ imports no feature; the ``get_tags`` declaration sits beside
+``get`` in ``protocol/text.py`` (get's grammar, expect and wait included, with a tags token), while ``get_sql``'s is
+in ``wire.py`` (its expression compiles with ``sql.py``); the RocketMQ pull's filter
 is applied by its handler (``server/remoting/dispatch.py``) over ``reads.py`` (tags) or over the records it reads
 (SQL92), and CHECK_CLIENT_CONFIG is answered there too: both are RocketMQ request codes of the remoting registry.
 """

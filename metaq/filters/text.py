@@ -14,8 +14,8 @@ names that record in its next expect, so a failover that rewrote the records it 
 
 from metaq.filters.wire import OFFSET_FIELD
 from metaq.protocol.text import encode_result, encode_value_header
-from metaq.server.coldpages import bring_in, bring_in_record_head
-from metaq.server.text.expect import check_expected
+from metaq.loop.coldpages import bring_in, bring_in_record_head
+from metaq.loop.expect import check_expected
 
 
 class TagScan:

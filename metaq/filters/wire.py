@@ -1,4 +1,4 @@
-"""Tag expressions and the get_tags reply body (sans-IO).
+"""Tag expressions, the get_tags reply body and the ``get_sql`` command's declaration (sans-IO).
 
 A record's tags and the index unit's hash of them (``protocol.tags``: the attribute before its first ``\\x02``,
 ``tag_code``) are what a filter compares.
@@ -10,71 +10,28 @@ equal one of the names exactly. ``TagFilter`` holds the names and their
 codes: a unit whose hash is not among the codes is skipped without reading
 its record; a unit whose hash is among them is read and its real tags
 compared (two tags may share a hash), so a collision never serves a wrong
-tag.
+tag. ``TagFilter`` and ``parse_tag_expression`` live in ``protocol.tags`` (the text parser and the RocketMQ
+mapping read them too).
 """
 
-import functools
 import struct
-from typing import FrozenSet, NamedTuple
 
 from metaq import limits
-from metaq.errors import ClientError, RemoteProtocolError
+from metaq.errors import BadFilterExpression, RemoteProtocolError
+from metaq.filters.sql import compiled
 from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.commands import NEEDS_HANDLER, TextCommand, register, token
+from metaq.protocol.events import GetSql
+from metaq.protocol.integers import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, parse_int
 from metaq.protocol.message import HEADER, Record
-from metaq.protocol.tags import SEPARATOR, tag_code
+from metaq.protocol.tags import PASSED_SUFFIX, TAG_SEPARATOR, TagFilter, parse_tag_expression
+from metaq.protocol.text import parse_expect, wait_and_expect
 
 __all__ = ["TAG_SEPARATOR", "OFFSET_FIELD", "TagFilter", "parse_tag_expression", "tag_token", "decode_tagged_body",
            "decode_tagged_reply", "PASSED_SUFFIX"]
 
-#: What separates the names of a tag expression.
-TAG_SEPARATOR = "||"
 #: A queue offset in a ``get_tags`` reply body: the next offset first, then one before each record.
 OFFSET_FIELD = struct.Struct(">q")
-
-#: A get_tags expect's suffix (``<offset>:<msgId>:passed``, or ``:passed`` alone before any record was read;
-#: events.GetTags ``passed``): the reply's next offset is followed by the id of the record before it (an
-#: ``OFFSET_FIELD``-sized int64, -1 when none is held).
-PASSED_SUFFIX = ":passed"
-
-
-class TagFilter(NamedTuple):
-    """The tags a consumer wants (UTF-8 bytes) and their codes (``tag_code``)."""
-
-    tags: FrozenSet[bytes]
-    codes: FrozenSet[int]
-
-    def matches(self, tags):
-        """Whether a record with ``tags`` (bytes) is wanted."""
-        return tags in self.tags
-
-
-@functools.lru_cache(maxsize=limits.TAG_FILTER_CACHE)
-def parse_tag_expression(expression, max_bytes=limits.MAX_TAG_EXPRESSION_BYTES, max_tags=limits.MAX_FILTER_TAGS):
-    """The ``TagFilter`` of ``expression`` (str), or None when it wants every record (``*``, empty, None); kept for
-    the ``limits.TAG_FILTER_CACHE`` expressions parsed last (a ``TagFilter`` is immutable: any request may share
-    it), errors raised, never kept.
-
-    Names are split on ``||`` and stripped of spaces; empty names are ignored (RocketMQ does the same). A name
-    holding ``\\x01`` or ``\\x02`` can never be a record's tags and is refused, as is an expression longer than
-    ``max_bytes`` UTF-8 bytes or naming more than ``max_tags`` tags: ClientError saying which.
-    """
-    if expression is None:
-        return None
-    raw = expression.encode("utf-8", "surrogatepass")
-    if len(raw) > max_bytes:
-        raise ClientError("tag expression of %d bytes is too long: the limit is %d" % (len(raw), max_bytes))
-    names = [t.strip() for t in expression.split(TAG_SEPARATOR)]
-    names = [t for t in names if t]
-    if not names or "*" in names:
-        return None
-    tags = frozenset(t.encode("utf-8", "surrogatepass") for t in names)
-    if len(tags) > max_tags:
-        raise ClientError("tag expression names %d tags: the limit is %d" % (len(tags), max_tags))
-    for t in tags:
-        if b"\x01" in t or SEPARATOR in t:
-            raise ClientError("tag %r holds a separator (\\x01 or \\x02): no record can carry it" % t[:64])
-    return TagFilter(tags, frozenset(tag_code(t) for t in tags))
-
 
 def tag_token(tags):
     """The text token of a ``get_tags`` asking for ``tags`` (strings), or None when one of them cannot be said
@@ -133,3 +90,49 @@ def decode_tagged_reply(body, passed, verify=True):
             last = offset
             pos = end
     return nxt, passed_id, out
+
+
+# -- get_sql: a get filtered by a SQL92 expression at the broker (the expression is the frame's body) ----------
+
+def _parse_get_sql(t):
+    """``get_sql``'s tokens -> ``make(body)``: the expression is the body, compiled (``filters.sql``) when it
+    arrives."""
+    partition = parse_int(t[3], "partition", -1, INT32_MAX)
+    offset = parse_int(t[4], "offset", INT64_MIN, INT64_MAX)
+    max_size = parse_int(t[5], "maxSize", INT32_MIN, INT32_MAX)
+    length = parse_int(t[6], "exprBytes", 1, limits.MAX_SQL_FILTER_BYTES)
+    max_wait_ms = parse_int(t[7], "maxWaitMs", 0, INT32_MAX) if len(t) >= 9 else None
+    token_ = t[8] if len(t) == 10 else ""
+    passed = token_.endswith(PASSED_SUFFIX)
+    token_ = token_[:-len(PASSED_SUFFIX)] if passed else token_
+    expect = parse_expect(token_) if token_ else None
+    opaque = parse_int(t[-1], "opaque", INT32_MIN, INT32_MAX)
+    topic, group = t[1], t[2]
+
+    def make(body):
+        """The event, once the body (the expression) arrived; a bad expression is a 400 naming its position (the
+        frame is whole: the connection goes on)."""
+        try:
+            expression = body.decode("utf-8")
+            return GetSql(topic, group, partition, offset, max_size, expression, opaque, max_wait_ms,
+                          compiled(expression), expect, passed)
+        except UnicodeDecodeError:
+            raise RemoteProtocolError("get_sql expression of %d bytes is not valid UTF-8" % length, opaque) from None
+        except BadFilterExpression as exc:
+            raise RemoteProtocolError(str(exc), opaque) from None
+    return make
+
+
+def _serialize_get_sql(e):
+    wait = wait_and_expect(e)
+    expression = e.expression.encode("utf-8")
+    return ("get_sql %s %s %d %d %d %d%s %d\r\n" % (token(e.topic), token(e.group), e.partition, e.offset, e.max_size,
+                                                   len(expression), wait, e.opaque)).encode("utf-8") + expression
+
+
+register(TextCommand(
+    "get_sql", GetSql, (8, 9, 10), "8, 9 or 10 tokens (get_sql <topic> <group> <partition> <offset> <maxSize> "
+    "<exprBytes> [<maxWaitMs> [<offset>:<msgId>]] <opaque>, then the expression)", _parse_get_sql, _serialize_get_sql,
+    NEEDS_HANDLER, 6,
+    examples=(b"get_sql t g 0 0 1024 5 1\r\na > 1",
+              b"get_sql t g 0 3 1024 21 10 2:9:passed 2\r\nTAGS IN ('a') AND b<2")))

@@ -13,7 +13,7 @@ clears a number), ``fifo``; their meaning and checks are the table's (``metaq.gr
 ``result 200`` with a JSON body, or ``result 400/403/404`` with the reason. ``set`` and ``delete`` need the admin
 permission (as topic administration does), ``list`` and ``show`` any user.
 
-The command is declared here, in ``protocol.commands`` (``protocol.textcommands`` lists this module, so the registry is
+The command is declared here, in ``protocol.commands`` (``metaq.textcommands`` lists this module, so the registry is
 complete).
 """
 

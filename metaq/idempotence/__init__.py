@@ -9,7 +9,7 @@ codec (the protocol layer: bytes in, values out; no socket, log or clock)
     records.py   an idempotent put's identity (pid, seq) in the record: the reserved properties, how the stored
                  attribute carries them, read back
     wire.py      the put_idem text command: its event, parsers, serializer, its registration in
-                 ``protocol.commands`` (``protocol.textcommands`` lists it, so the registry is complete)
+                 ``protocol.commands`` (``metaq.textcommands`` lists it, so the registry is complete)
     burst.py     a receive buffer's run of put_idem frames checked and given their identity (C twin:
                  ``_idemscan.c``)
 logic (the protocol layer: pure decisions, the time passed in)

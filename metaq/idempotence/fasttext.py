@@ -31,7 +31,7 @@ from metaq.protocol.burst import encode_put_acks
 from metaq.idempotence.burst import run_end as _run_end, scan_idem_burst
 from metaq.idempotence.wire import DUPLICATE_MARK
 from metaq.protocol.text import encode_result
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from metaq.server.putpath import ACK_NOW
 from metaq.server.text.dispatch import error_reply
 from metaq.server.text.takers import DONE, MORE, before_refused_topic, writable_topics

@@ -56,22 +56,20 @@ import struct
 
 from metaq.errors import ClientError
 from metaq.protocol.message import ATTRIBUTE_FLAG, decode_payload
-from metaq.protocol.properties import PROPERTY_SEPARATOR, decode_properties
+from metaq.protocol.properties import (PID_MARK, PID_PROPERTY, PROPERTY_SEPARATOR, SEQ_MARK, SEQ_PROPERTY,
+                                       decode_properties)
 
 __all__ = ["PID_PROPERTY", "SEQ_PROPERTY", "OWNER_PROPERTY", "MARK", "SEQ_MARK", "OWNER_MARK", "MAX_PID", "MAX_SEQ",
            "check_identity", "with_identity", "identity_in_attribute", "stored_identity", "has_identity",
            "owner_suffix"]
 
-PID_PROPERTY = "METAQ_PID"
-SEQ_PROPERTY = "METAQ_SEQ"
 OWNER_PROPERTY = "METAQ_OWNER"
 #: A put's own attribute must not hold it (the broker writes the owner).
 OWNER_MARK = ("\x02%s\x01" % OWNER_PROPERTY).encode("ascii")
-#: The bytes every stored idempotent record's attribute holds (found with one bytes search before decoding).
-MARK = ("\x02%s\x01" % PID_PROPERTY).encode("ascii")
-_SEQ_MARK = "\x02%s\x01" % SEQ_PROPERTY
-#: The same for the sequence property (a plain put's attribute must hold neither: ``protocol.burst``).
-SEQ_MARK = _SEQ_MARK.encode("ascii")
+#: The bytes every stored idempotent record's attribute holds (found with one bytes search before decoding); the
+#: identity's property names and marks are the protocol's (``protocol.properties``: reserved, ``protocol.burst``).
+MARK = PID_MARK
+_PID_TEXT, _SEQ_TEXT = PID_MARK.decode("ascii"), SEQ_MARK.decode("ascii")
 _SEP = PROPERTY_SEPARATOR.encode("ascii")
 _ATTR_LEN = struct.Struct(">i")
 _COPY_BELOW = 64 * 1024
@@ -90,7 +88,7 @@ def check_identity(pid, seq):
 
 def has_identity(attribute):
     """True when an attribute string carries a reserved identity property (a plain put must not)."""
-    return attribute is not None and ("\x02%s\x01" % PID_PROPERTY in attribute or _SEQ_MARK in attribute)
+    return attribute is not None and (_PID_TEXT in attribute or _SEQ_TEXT in attribute)
 
 
 def owner_suffix(owner):

@@ -11,7 +11,7 @@ from metaq import errors
 from metaq.idempotence.burst import run_end, scan_idem_batch
 from metaq.idempotence.wire import DUPLICATE_MARK, encode_idem_runs
 from metaq.protocol.text import encode_result
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from metaq.server.putpath import ACK_NOW
 from metaq.server.text.batchput import BatchPuts
 from metaq.server.text.putchecks import uncompressed, verified_checksum

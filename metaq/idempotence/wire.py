@@ -6,7 +6,7 @@
         (DUPLICATE_MARK), and names the original
 
 Its event, parser (the general one and the one-step line parser), serializer and registration in
-``protocol.commands`` (``protocol.textcommands`` lists this module, so the registry is complete); its burst scanner is
+``protocol.commands`` (``metaq.textcommands`` lists this module, so the registry is complete); its burst scanner is
 ``idempotence.burst``. Also ``putb_idem``, a batch of put_idem frames answered once (below; docs/text-protocol.md
 "putb_idem"). The identity the stored record carries is ``idempotence.records``'.
 """

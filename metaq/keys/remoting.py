@@ -13,7 +13,7 @@ from metaq import limits
 from metaq.protocol.rocketmq.headers import UNIQUE_KEY_QUERY, QueryMessageHeader, decode_header
 from metaq.protocol.rocketmq.mapping import message_of_record, stored_message_bytes
 from metaq.protocol.rocketmq.remoting import ResponseCode, response_for
-from metaq.server.coldpages import walk
+from metaq.loop.coldpages import walk
 
 
 def query_message(store, cmd, host):

@@ -10,7 +10,7 @@ from metaq import limits
 from metaq.keys.wire import encode_lookup_body
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.text import encode_result
-from metaq.server.coldpages import walk
+from metaq.loop.coldpages import walk
 
 NO_WAIT = 0
 

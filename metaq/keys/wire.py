@@ -1,5 +1,5 @@
 """The text ``lookup`` command (our extension; docs/messaging.md "Key index"): its parser, serializer and
-registration (``protocol.textcommands`` lists this module, so the registry is complete), and its reply's body, sans-IO.
+registration (``metaq.textcommands`` lists this module, so the registry is complete), and its reply's body, sans-IO.
 
 ::
 

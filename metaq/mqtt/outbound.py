@@ -19,7 +19,7 @@ from metaq import errors, limits
 from metaq.auth.acl import SUB
 from metaq.mqtt import wire
 from metaq.mqtt.records import message_of
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 
 log = logging.getLogger(__name__)
 

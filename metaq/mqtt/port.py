@@ -59,7 +59,7 @@ from metaq.mqtt.records import partition_for, placement, record_data
 from metaq.mqtt.session import SharedGroup
 from metaq.mqtt.topics import TopicError, matches, split_shared
 from metaq.mqtt.wills import Wills
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from metaq.server.connections import close_with_grace, share_loop
 from metaq.server.putpath import ACK_NOW
 from metaq.speedups import load

@@ -24,7 +24,7 @@ from metaq.mqtt import wire
 from metaq.mqtt.plainturn import entries_of, plain_turn
 from metaq.mqtt.records import RecordRefusal, plain_plan
 from metaq.mqtt.wire import MQTT_5
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from metaq.server.putpath import ACK_NOW
 
 log = logging.getLogger(__name__)

@@ -37,7 +37,7 @@ from metaq.mqtt.resend import message_at
 from metaq.mqtt.session import PUBLISH_SENT, PUBREL_SENT, MqttSession
 from metaq.mqttcluster.inbox import INBOX, origin_of
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from metaq.server.connections import share_loop
 
 log = logging.getLogger(__name__)

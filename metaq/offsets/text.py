@@ -15,7 +15,7 @@ which connection speaks for the group.
 import time
 
 from metaq.protocol.text import encode_result
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 
 NO_WAIT = 0
 

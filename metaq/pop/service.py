@@ -49,8 +49,8 @@ from metaq.pop.state import PopState
 from metaq.protocol.compression import COMPRESSION_BITS
 from metaq.protocol.journaltopic import DLQ_PREFIX
 from metaq.protocol.rocketmq.mapping import message_of_record, record_data_from_send, retry_copy
-from metaq.server.clock import now_ms
-from metaq.server.inflate import inflate_body
+from metaq.clock import now_ms
+from metaq.loop.inflate import inflate_body
 from metaq.server.putpath import journal_append
 from metaq.store.journals import JournalFollow
 

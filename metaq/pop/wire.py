@@ -1,5 +1,5 @@
 """The text commands of per-message acknowledgement (docs/text-protocol.md, docs/messaging.md "Per-message
-acknowledgement (POP)"): their events, parsers, serializers and registration (``protocol.textcommands`` lists this
+acknowledgement (POP)"): their events, parsers, serializers and registration (``metaq.textcommands`` lists this
 module, so the registry is complete), and the receive reply's body, sans-IO.
 
 ::

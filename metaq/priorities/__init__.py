@@ -12,7 +12,7 @@ layer may, and of this package only modules of its own role's layer or a lower o
 
 codec (the protocol layer: bytes in, values out; no socket, log or clock)
     wire.py      the levels' names, the put_prio / get_prio text commands: parsers, serializers, their registration in
-                 ``protocol.commands`` (``protocol.textcommands`` lists it, so the registry is complete); the
+                 ``protocol.commands`` (``metaq.textcommands`` lists it, so the registry is complete); the
                  reply's level;
                  ``choose_level``, the level a get_prio serves (times passed in)
 front-end (the server layer: a front-end's handlers)

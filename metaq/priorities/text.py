@@ -13,10 +13,10 @@ checked at every read, before anything is read, as a get's is (text/expect.py): 
 from metaq import errors
 from metaq.priorities.wire import choose_level, encode_get_prio_prefix, level_topic
 from metaq.protocol.text import encode_result, encode_value_header
-from metaq.server.clock import now_ms
-from metaq.server.coldpages import bring_in_record_head
+from metaq.clock import now_ms
+from metaq.loop.coldpages import bring_in_record_head
 from metaq.server.longpoll import PartitionWaiters
-from metaq.server.text.expect import check_held
+from metaq.loop.expect import check_held
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 
 NO_WAIT = 0

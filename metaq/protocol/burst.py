@@ -39,13 +39,12 @@ import re
 import zlib
 
 from metaq import speedups
-from metaq.idempotence.records import MARK, SEQ_MARK
-from metaq.protocol.properties import SYSFLAG_MARK
+from metaq.protocol.properties import PID_MARK, SEQ_MARK, SYSFLAG_MARK
 from metaq.protocol.tags import tag_code, tags_of_attribute
 
 INT32_MAX = 2**31 - 1
-#: The idempotent producer's reserved properties (``idempotence.records``) as they appear in an attribute.
-_PID_MARK, _SEQ_MARK = MARK, SEQ_MARK
+#: The idempotent producer's reserved properties (``protocol.properties``) as they appear in an attribute.
+_PID_MARK, _SEQ_MARK = PID_MARK, SEQ_MARK
 
 #: The frame header; the numbers are range-checked after the match.
 _PUT = re.compile(rb"put ([!-~]+) ([0-9]{1,10}) ([0-9]{1,10}) ([0-9]{1,10}) (?:(-1|[0-9]{1,10}) )?(-?[0-9]{1,10})\r\n")

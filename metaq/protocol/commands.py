@@ -9,7 +9,7 @@ the fast line parsers, the burst scanners and the serializers to each other. ``r
 that misses a part, at import.
 
 The modules that declare commands (``text`` for MetaQ's own and the core extensions, ``putbatch``, each feature's
-wire module) are listed once, in ``metaq.protocol.textcommands``, which imports them and then calls ``complete()``.
+wire module) are listed once, in ``metaq.textcommands``, which imports them and then calls ``complete()``.
 This module imports none of them (the registry is below every declaration: no import cycle), so the table is read
 only once it is whole: ``table()``, ``by_word`` and ``by_event`` before ``complete()`` raise RuntimeError, naming
 the module to import, rather than answer from half a table.
@@ -127,7 +127,7 @@ def register(command):
 
 
 def complete():
-    """Every declaring module is loaded (``metaq.protocol.textcommands`` calls this once it imported them all): the
+    """Every declaring module is loaded (``metaq.textcommands`` calls this once it imported them all): the
     table may be read from now on. A ``register`` after this raises TypeError (a late declaration would be missed by
     what was derived from the table)."""
     global _complete, _fast_lines
@@ -138,7 +138,7 @@ def complete():
 
 def _incomplete():
     return RuntimeError("the text command table is read before every command was declared: import "
-                        "metaq.protocol.textcommands first")
+                        "metaq.textcommands first")
 
 
 def table():

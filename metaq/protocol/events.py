@@ -8,7 +8,6 @@ Every event knows how to serialize itself (see ``metaq.protocol.text.serialize``
 """
 
 from typing import NamedTuple, Optional
-from metaq.topics import wire as topic_wire
 
 #: opaque used by MetaQ when ``version``/``stats`` carry none.
 DEFAULT_OPAQUE = 2147483647
@@ -269,9 +268,6 @@ class Lookup(NamedTuple):
     max_count: int
     cursor: str
     opaque: int
-
-
-TopicCommand = topic_wire.TopicCommand  # ``topic <action> <name> <settings> <opaque>`` (topics/wire.py)
 
 
 class Promote(NamedTuple):

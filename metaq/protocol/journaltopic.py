@@ -25,6 +25,12 @@ _MQTT_BYTES = MQTT_SESSIONS_TOPIC.encode()
 #: The MQTT cluster's inbox: the copies of the peer brokers' messages this broker's sessions subscribe
 #: (metaq.mqttcluster.inbox); a client's put to it would hand devices messages no peer published.
 MQTT_INBOX_TOPIC = "%MQTTIN%"
+#: The delay scheduler's internal topic (RocketMQ's name; one partition per delay level, ``metaq.timers.levels``):
+#: not a journal, but the broker's own, and the topic table's names refuse it like the journals' (``topics.names``).
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+#: The topic RocketMQ clients send their message traces to by default (``TopicValidator.RMQ_SYS_TRACE_TOPIC``;
+#: ``metaq.trace.records`` reads its bodies): a client's topic, which the topic table's names know (``topics.names``).
+TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"
 _INBOX_BYTES = MQTT_INBOX_TOPIC.encode()
 
 

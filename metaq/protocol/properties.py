@@ -34,6 +34,10 @@ __all__ = [
     "PROP_UNIQ_KEY",
     "PROP_SYSFLAG",
     "SYSFLAG_MARK",
+    "PID_PROPERTY",
+    "SEQ_PROPERTY",
+    "PID_MARK",
+    "SEQ_MARK",
     "encode_properties",
     "decode_properties",
     "encode_attribute",
@@ -63,6 +67,14 @@ PROP_SYSFLAG = "@SYSFLAG"
 #: How ``@SYSFLAG`` starts in an attribute (the put-burst scanners leave such puts to the general path, which
 #: decompresses a body it marks compressed).
 SYSFLAG_MARK = ("%s%s%s" % (PROPERTY_SEPARATOR, PROP_SYSFLAG, NAME_VALUE_SEPARATOR)).encode("ascii")
+
+#: The idempotent producer's identity (``metaq.idempotence.records``): reserved, a plain put's attribute holds
+#: neither (the put-burst scanners leave such puts to the general path, which refuses them).
+PID_PROPERTY = "METAQ_PID"
+SEQ_PROPERTY = "METAQ_SEQ"
+#: How each starts in an attribute: every stored idempotent record's attribute holds ``PID_MARK``.
+PID_MARK = ("%s%s%s" % (PROPERTY_SEPARATOR, PID_PROPERTY, NAME_VALUE_SEPARATOR)).encode("ascii")
+SEQ_MARK = ("%s%s%s" % (PROPERTY_SEPARATOR, SEQ_PROPERTY, NAME_VALUE_SEPARATOR)).encode("ascii")
 
 
 def encode_properties(properties):

@@ -11,8 +11,8 @@ Differences from MetaQ's decoder, all deliberate: the command word must match ex
 ``version``); empty lines are ignored; ``get`` may carry ``maxWaitMs`` and then an ``expect`` (events.Get) before
 the opaque; ``put_delayed`` (a put's 7 tokens with the delay level before the opaque; ``metaq.timers.levels``),
 ``offset_at`` (the first offset stored at or after a time), ``lookup`` (a key's messages;
-``metaq.keys.wire``), ``get_tags`` (a get filtered by tags at the broker; ``metaq.filters.wire``), ``get_sql`` (a
-get filtered by a SQL92 expression at the broker, the expression as the body; ``metaq.filters.sql``),
+``metaq.keys.wire``), ``get_tags`` (a get filtered by tags at the broker; ``metaq.protocol.tags``), ``get_sql`` (a
+get filtered by a SQL92 expression at the broker, the expression as the body; ``metaq.filters.wire``),
 ``put_idem`` (the producer id and sequence before it; ``metaq.idempotence.wire``), ``request`` and ``reply``
 (request-reply; ``metaq.reqreply.wire``), ``put_prio`` and ``get_prio`` (consumer priorities;
 ``metaq.priorities.wire``), the admin commands (``metaq.admin.wire``), ``group_settings``
@@ -26,9 +26,7 @@ error again.
 import re
 
 from metaq import limits
-from metaq.errors import BadFilterExpression, ClientError, RemoteProtocolError
-from metaq.filters.sql import compiled
-from metaq.filters.wire import PASSED_SUFFIX, parse_tag_expression
+from metaq.errors import ClientError, RemoteProtocolError
 from metaq.protocol.events import (
     DEFAULT_OPAQUE,
     Auth,
@@ -37,7 +35,6 @@ from metaq.protocol.events import (
     CommitOffset,
     DelayedPut,
     Get,
-    GetSql,
     GetTags,
     Offset,
     OffsetAt,
@@ -70,6 +67,7 @@ from metaq.protocol.commands import (
 )
 from metaq.protocol.integers import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, TokenError, is_integer, parse_int, show
 from metaq.protocol.stream import StreamParser
+from metaq.protocol.tags import PASSED_SUFFIX, parse_tag_expression
 
 __all__ = ["TextParser", "serialize", "encode_result", "encode_value_header"]
 
@@ -155,12 +153,12 @@ def _parse_get(t):
     offset = parse_int(t[4], "offset", INT64_MIN, INT64_MAX)
     max_size = parse_int(t[5], "maxSize", INT32_MIN, INT32_MAX)  # <= 0 is answered by the broker, as in MetaQ
     max_wait_ms = parse_int(t[6], "maxWaitMs", 0, INT32_MAX) if len(t) >= 8 else None
-    expect = _expect(t[7]) if len(t) == 9 else None
+    expect = parse_expect(t[7]) if len(t) == 9 else None
     return Get(t[1], t[2], partition, offset, max_size, parse_int(t[-1], "opaque", INT32_MIN, INT32_MAX), max_wait_ms,
                expect)
 
 
-def _expect(token):
+def parse_expect(token):
     """``<offset>:<msgId>`` of a get's ``expect`` (events.Get): the record the client last read, and its id."""
     offset, sep, msg_id = token.partition(":")
     if not sep:
@@ -182,36 +180,9 @@ def _parse_get_tags(t):
     token = t[8] if len(t) == 10 else ""
     passed = token.endswith(PASSED_SUFFIX)  # the reply names the id of the record before its next offset
     token = token[:-len(PASSED_SUFFIX)] if passed else token
-    expect = _expect(token) if token else None  # ":passed" alone: no record read yet
+    expect = parse_expect(token) if token else None  # ":passed" alone: no record read yet
     return GetTags(t[1], t[2], partition, offset, max_size, t[6], parse_int(t[-1], "opaque", INT32_MIN, INT32_MAX),
                    max_wait_ms, filt, expect, passed)
-
-
-def _parse_get_sql(t):
-    partition = parse_int(t[3], "partition", -1, INT32_MAX)
-    offset = parse_int(t[4], "offset", INT64_MIN, INT64_MAX)
-    max_size = parse_int(t[5], "maxSize", INT32_MIN, INT32_MAX)
-    length = parse_int(t[6], "exprBytes", 1, limits.MAX_SQL_FILTER_BYTES)
-    max_wait_ms = parse_int(t[7], "maxWaitMs", 0, INT32_MAX) if len(t) >= 9 else None
-    token_ = t[8] if len(t) == 10 else ""
-    passed = token_.endswith(PASSED_SUFFIX)
-    token_ = token_[:-len(PASSED_SUFFIX)] if passed else token_
-    expect = _expect(token_) if token_ else None
-    opaque = parse_int(t[-1], "opaque", INT32_MIN, INT32_MAX)
-    topic, group = t[1], t[2]
-
-    def make(body):
-        """The event, once the body (the expression) arrived; a bad expression is a 400 naming its position (the
-        frame is whole: the connection goes on)."""
-        try:
-            expression = body.decode("utf-8")
-            return GetSql(topic, group, partition, offset, max_size, expression, opaque, max_wait_ms,
-                          compiled(expression), expect, passed)
-        except UnicodeDecodeError:
-            raise RemoteProtocolError("get_sql expression of %d bytes is not valid UTF-8" % length, opaque) from None
-        except BadFilterExpression as exc:
-            raise RemoteProtocolError(str(exc), opaque) from None
-    return make
 
 
 def _parse_offset(t):
@@ -344,7 +315,7 @@ def _serialize_put_delayed(e):
 
 
 
-def _wait_and_expect(e):
+def wait_and_expect(e):
     """`` <maxWaitMs>[ <offset>:<msgId>]`` of a get (an ``expect`` needs a wait: 0 is none), or ``""``."""
     passed = PASSED_SUFFIX if getattr(e, "passed", False) else ""  # get_tags only (events.GetTags)
     if e.expect is not None or passed:
@@ -354,7 +325,7 @@ def _wait_and_expect(e):
 
 
 def _serialize_get(e):
-    wait = _wait_and_expect(e)
+    wait = wait_and_expect(e)
     return (
         "get %s %s %d %d %d%s %d\r\n"
         % (token(e.topic), token(e.group), e.partition, e.offset, e.max_size, wait, e.opaque)
@@ -362,16 +333,9 @@ def _serialize_get(e):
 
 
 def _serialize_get_tags(e):
-    wait = _wait_and_expect(e)
+    wait = wait_and_expect(e)
     return ("get_tags %s %s %d %d %d %s%s %d\r\n" % (token(e.topic), token(e.group), e.partition, e.offset,
                                                       e.max_size, token(e.tags), wait, e.opaque)).encode("utf-8")
-
-
-def _serialize_get_sql(e):
-    wait = _wait_and_expect(e)
-    expression = e.expression.encode("utf-8")
-    return ("get_sql %s %s %d %d %d %d%s %d\r\n" % (token(e.topic), token(e.group), e.partition, e.offset, e.max_size,
-                                                   len(expression), wait, e.opaque)).encode("utf-8") + expression
 
 
 def _serialize_offset(e):
@@ -445,9 +409,9 @@ def _serialize_result(e):
 
 
 
-# -- the declarations: MetaQ's commands and our core extensions (the features' own: admin.wire, priorities.wire,
-# timers.wire, topics.wire, idempotence.wire, keys.wire, reqreply.wire, each in its module). The usage text is what
-# a wrong token count is answered with.
+# -- the declarations: MetaQ's commands and our core extensions (the features' own: admin.wire, filters.wire,
+# priorities.wire, timers.wire, topics.wire, idempotence.wire, keys.wire, reqreply.wire, each in its module). The
+# usage text is what a wrong token count is answered with.
 
 _REQUESTS = (
     ("put", Put, (6, 7, 8), "6, 7 or 8 tokens", _parse_put, _serialize_put, NEEDS_HANDLER, 3, _fast_put, scan_puts,
@@ -462,10 +426,6 @@ _REQUESTS = (
      "<maxSize> <tags> [<maxWaitMs> [<offset>:<msgId>]] <opaque>)", _parse_get_tags, _serialize_get_tags,
      NEEDS_HANDLER, None, None, None,
      (b"get_tags t g 0 0 1024 a||b 1\r\n", b"get_tags t g 0 3 1024 a 10 2:9:passed 2\r\n")),
-    ("get_sql", GetSql, (8, 9, 10), "8, 9 or 10 tokens (get_sql <topic> <group> <partition> <offset> "
-     "<maxSize> <exprBytes> [<maxWaitMs> [<offset>:<msgId>]] <opaque>, then the expression)", _parse_get_sql,
-     _serialize_get_sql, NEEDS_HANDLER, 6, None, None,
-     (b"get_sql t g 0 0 1024 5 1\r\na > 1", b"get_sql t g 0 3 1024 21 10 2:9:passed 2\r\nTAGS IN ('a') AND b<2")),
     ("offset", Offset, (6,), "6 tokens", _parse_offset, _serialize_offset, NEEDS_SUBSCRIBER, None, None, None,
      (b"offset t g 0 5 1\r\n",)),
     ("commit_offset", CommitOffset, (6,), "6 tokens", _parse_commit_offset, _serialize_commit_offset,
@@ -509,7 +469,7 @@ class TextParser(StreamParser):
     ``next_event`` until it returns ``NEED_DATA`` (or ``CLOSED`` after a clean
     end of stream). It never does IO, never logs and raises nothing but
     ``RemoteProtocolError``. It reads the whole command table: made before
-    ``metaq.protocol.textcommands`` is imported, it raises RuntimeError.
+    ``metaq.textcommands`` is imported, it raises RuntimeError.
     """
 
     def __init__(self, max_line=limits.MAX_LINE_BYTES, max_body=limits.MAX_BODY_BYTES):

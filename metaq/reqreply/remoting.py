@@ -17,8 +17,8 @@ from metaq.protocol.rocketmq.bodies import decode_properties, encode_properties
 from metaq.protocol.rocketmq.headers import decode_send_header, push_reply_fields, send_response_fields
 from metaq.protocol.rocketmq.mapping import RecordFields, message_of_record, record_data_from_send
 from metaq.protocol.rocketmq.remoting import RequestCode, ResponseCode, response_for
-from metaq.server.clock import now_ms
-from metaq.server.inflate import inflate_body
+from metaq.clock import now_ms
+from metaq.loop.inflate import inflate_body
 from metaq.reqreply.service import ReplyMessage
 
 

@@ -15,7 +15,7 @@ from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_record
 from metaq.reqreply.records import properties_of, reply_topic, request_properties, with_properties
 from metaq.protocol.text import encode_result, encode_value_header
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from metaq.server.guard import PUB
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 from metaq.reqreply.service import STOPPING, ReplyMessage

@@ -1,5 +1,5 @@
 """The text ``request`` and ``reply`` commands (our extension; docs/messaging.md "Request-reply"): their parsers,
-serializers and registration (``protocol.textcommands`` lists this module, so the registry is complete). The events are
+serializers and registration (``metaq.textcommands`` lists this module, so the registry is complete). The events are
 ``protocol.events.Request`` and ``Reply``; what the messages carry is ``reqreply.records``'.
 """
 

@@ -16,7 +16,7 @@ import gevent
 from metaq import errors
 from metaq.rmq5 import messages_pb2 as pb
 from metaq.rmq5.messagebytes import encode_fields, message_bytes
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 
 #: What a long poll keeps of the call's deadline to answer in: the poll ends this much before the client gives up.
 POLL_RESERVE_MS = 300

@@ -32,7 +32,7 @@ from metaq.protocol.rocketmq.mapping import message_of_record
 from metaq.protocol.text import encode_result
 from metaq.rmq5 import messages_pb2 as pb
 from metaq.rmq5.calls import ClientKey, message_of
-from metaq.server.coldpages import walk
+from metaq.loop.coldpages import walk
 
 log = logging.getLogger(__name__)
 

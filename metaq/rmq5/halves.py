@@ -16,7 +16,7 @@ from metaq.protocol.properties import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY, split
 from metaq.rmq5 import messages_pb2 as pb
 from metaq.rmq5.calls import client_of, code_of, status
 from metaq.rmq5.records import RESERVED_PROPERTIES, Refusal
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from metaq.transactions.policy import GRPC_GROUP_PREFIX, immunity_ms, plan_round
 from metaq.transactions.state import HALF_OWNER, half_txid
 

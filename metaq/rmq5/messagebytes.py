@@ -41,7 +41,7 @@ from metaq.rmq5.records import (
     PROP_SHARDING_KEY,
     RESERVED_PROPERTIES,
 )
-from metaq.server.inflate import inflate_body
+from metaq.loop.inflate import inflate_body
 
 #: protobuf's Timestamp range, in seconds (0001-01-01 .. 9999-12-31T23:59:59).
 _TS_MIN_S, _TS_MAX_S = -62135596800, 253402300799

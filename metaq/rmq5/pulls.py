@@ -37,8 +37,8 @@ from metaq.rmq5.records import Refusal
 from metaq.rmq5.calls import code_of, paced_wait
 from metaq.rmq5.messagebytes import record_response_bytes, response_bytes
 from metaq.rmq5.calls import status as _status
-from metaq.server.clock import now_ms
-from metaq.server.coldpages import bring_in
+from metaq.clock import now_ms
+from metaq.loop.coldpages import bring_in
 
 #: What a long poll keeps of the call's deadline to answer in (as ReceiveMessage's).
 POLL_RESERVE_MS = 300

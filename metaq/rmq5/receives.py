@@ -23,7 +23,7 @@ from metaq.rmq5.calls import POLL_RESERVE_MS, client_of, code_of, delivered_now,
 from metaq.rmq5.messagebytes import Served, encode_fields, received_response_bytes, response_bytes
 from metaq.rmq5.records import Refusal
 from metaq.rmq5.wire import WAITS
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ import gevent
 
 from metaq import errors, limits
 from metaq.pop.records import parse_handles
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ from metaq.rmq5.routing import Routes
 from metaq.rmq5.sends import Sends
 from metaq.rmq5.telemetry import Telemetry
 from metaq.rmq5.wire import WAITS, GrpcError, Status
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from metaq.rmq5.calls import POLL_RESERVE_MS, code_of, ms_of, paced_wait, status
 from metaq.rmq5.messagebytes import encode_fields
 from metaq.rmq5.records import GZIP, TRANSACTION, Recall, Refusal, check_message, group_queue, parse_recall_handle, \
     recall_handle
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from metaq.timers.records import TIMER_TOPIC, timer_due
 
 

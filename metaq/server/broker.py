@@ -18,7 +18,7 @@ from metaq.admin.wire import ClientCommand
 from metaq.limits import COLD_READ_CHECK_S
 from metaq.protocol import checksum, registration
 from metaq.priorities.wire import with_owner_keys
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from metaq.server.config import is_loopback
 from metaq.server.http.origin import BrowserCheck
 from metaq.server.connections import ConnectionCore, ConnectionLimits, Strangers

@@ -21,7 +21,7 @@ from gevent.lock import Semaphore
 from metaq import speedups
 from metaq.errors import BrokerError, DiskFull, Unavailable
 from metaq.limits import LOG_FOLLOW_RETRY_S
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 
 log = logging.getLogger(__name__)
 

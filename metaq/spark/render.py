@@ -8,7 +8,7 @@ import html
 import os
 import time
 
-from metaq.admin.cli import render_table
+from metaq.admincli import render_table
 from metaq.spark.lagjob import BROKER_COLUMNS, GROUP_COLUMNS, PARTITION_COLUMNS
 
 __all__ = ["console_text", "write_csv", "write_parquet", "write_charts", "write_html", "write_overview_png",

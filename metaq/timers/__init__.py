@@ -21,7 +21,7 @@ codec (the protocol layer: bytes in, values out; no socket, log or clock)
     records.py   the %TIMER% topic's records (ENTRY, CANCEL, DONE; ENTRY's layout is a schedule entry's too), put_at's
                  ``when``, RocketMQ 5's TIMER_* properties
     wire.py      the put_at / cancel / timers text commands: parsers, serializers, their registration in
-                 ``protocol.commands`` (``protocol.textcommands`` lists it, so the registry is complete)
+                 ``protocol.commands`` (``metaq.textcommands`` lists it, so the registry is complete)
     burst.py     a receive buffer's run of plain put_at frames checked and encoded as ENTRY records (C twin:
                  ``_timerscan.c``)
     levels.py    the delay levels (RocketMQ's ``messageDelayLevel``), ``SCHEDULE_TOPIC`` and its schedule entry
@@ -43,6 +43,6 @@ front-end (the server layer: a front-end's handlers)
     http.py      the HTTP port's timer routes: pending timers listed, one cancelled (admin)
 client (the client layer)
     client.py    the producer's side: a ``when`` checked and encoded, a cancel sent and its reply read
-    cli.py       ``metaq-admin timers list|cancel``: every broker's pending timers, one cancelled (``admin/cli.py``
+    cli.py       ``metaq-admin timers list|cancel``: every broker's pending timers, one cancelled (``metaq/admincli.py``
                  adds its parser and runs it)
 """

@@ -15,8 +15,8 @@ from metaq import errors
 from metaq.auth.acl import ADMIN
 from metaq.limits import MAX_TIMER_LIST
 from metaq.protocol.text import INT64_MAX, INT64_MIN
-from metaq.server.clock import now_ms
-from metaq.server.http.routes import json_response
+from metaq.clock import now_ms
+from metaq.protocol.httpreply import json_response
 from metaq.timers.records import TIMER_TOPIC
 
 

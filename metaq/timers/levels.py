@@ -35,6 +35,7 @@ import re
 from typing import NamedTuple
 
 from metaq.errors import ClientError, StoreError
+from metaq.protocol.journaltopic import SCHEDULE_TOPIC
 from metaq.timers.records import ENTRY, pack_entry, unpack_entry
 
 __all__ = [
@@ -52,8 +53,8 @@ __all__ = [
     "decode_entry",
 ]
 
-#: The internal topic that holds scheduled messages (one partition per level). Producers may not put to it.
-SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+#: The internal topic that holds scheduled messages (one partition per level; ``protocol.journaltopic`` names it
+#: beside the broker's other own topics). Producers may not put to it.
 
 #: RocketMQ's default ``messageDelayLevel``.
 DEFAULT_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"

@@ -42,7 +42,7 @@ from gevent.lock import Semaphore
 from metaq import errors
 from metaq.protocol.message import HEADER
 from metaq.protocol.stats import DelayLevelRow
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from metaq.timers.levels import (DEFAULT_LEVELS, SCHEDULE_TOPIC, BadScheduleEntry, decode_entry, effective_level,
                                  encode_entry, format_levels, parse_levels)
 from metaq.server.putpath import BrokerWrites

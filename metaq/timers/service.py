@@ -47,8 +47,8 @@ from metaq.limits import (MAX_PENDING_TIMERS, MAX_TIMER_DONE_IDS, MAX_TIMER_LIST
                           TIMER_INDEX_INTERVAL_MS, TIMER_SCAN_FROM_INTERVAL_S, TIMER_WINDOW_MS,
                           validate_partition)
 from metaq.protocol.checksum import metaq_checksum
-from metaq.server.clock import now_ms
-from metaq.server.coldpages import bring_in
+from metaq.clock import now_ms
+from metaq.loop.coldpages import bring_in
 from metaq.server.putpath import BrokerWrites
 from metaq.timers.follow import TimerFollow
 from metaq.timers.handoff import Handoff

@@ -8,7 +8,7 @@ layer may, and of this package only modules of its own role's layer or a lower o
 
 codec (the protocol layer: bytes in, values out; no socket, log or clock)
     wire.py      the ``topic <action> <name> <settings> <opaque>`` text command: parser, serializer, its
-                 registration in ``protocol.commands`` (``protocol.textcommands`` lists it, so the registry is complete)
+                 registration in ``protocol.commands`` (``metaq.textcommands`` lists it, so the registry is complete)
 logic (the protocol layer: pure decisions)
     names.py     which topics are the broker's own (``INTERNAL``, ``is_internal``, ``level_owner``): what listings
                  hide unless asked

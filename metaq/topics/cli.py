@@ -14,7 +14,7 @@ import json
 import sys
 
 from metaq import errors
-from metaq.protocol import events as ev
+from metaq.topics.wire import TopicCommand
 
 ACTIONS = ("list", "create", "alter", "delete")
 #: What each change printed says was done.
@@ -63,7 +63,7 @@ def settings_of(args):
 
 def call(view, url, action, name, settings):
     """``(code, parsed JSON or reason text)`` of one broker's answer; raises MetaqError if unreachable."""
-    reply = view.conn(url).call(ev.TopicCommand(action, name, tuple(settings.items()), 0),
+    reply = view.conn(url).call(TopicCommand(action, name, tuple(settings.items()), 0),
                                 timeout=max(view.timeout, CHANGE_TIMEOUT_S))
     text = bytes(reply.body).decode("utf-8", "replace")
     if reply.code != 200:

@@ -9,11 +9,9 @@ after a consumer group (``%RETRY%<group>``, ``%DLQ%<group>``, ``%RESENT%<group>`
 (``<topic>%P<k>``, whose messages belong to ``<topic>``: ``level_owner``). Pure: names in, answers out.
 """
 
-from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.journaltopic import (GROUP_COPY_PREFIXES, MQTT_INBOX_TOPIC, MQTT_SESSIONS_TOPIC, POP_TOPIC,
-                                        TIMER_TOPIC, TX_TOPIC)
+                                        SCHEDULE_TOPIC, TIMER_TOPIC, TRACE_TOPIC, TX_TOPIC)
 from metaq.priorities.wire import split_level
-from metaq.trace.records import TRACE_TOPIC
 
 __all__ = ["INTERNAL", "is_internal", "level_owner"]
 

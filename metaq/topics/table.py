@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from metaq import limits
 from metaq.errors import ClientError, InvalidTopic, StoreError, TopicForbidden, UnknownTopic
-from metaq.timers.levels import SCHEDULE_TOPIC
+from metaq.protocol.journaltopic import SCHEDULE_TOPIC
 from metaq.priorities.wire import is_level_topic, level_topic, split_level
 from metaq.store.files import fsync_dir, write_atomically
 

@@ -11,7 +11,7 @@ their meaning and checks are the table's (``metaq.topics.table``). The broker an
 (the topic's settings; for ``list`` a list of them), or
 ``result 400/403/404`` with the reason. A change needs the admin permission, ``list`` any user (docs/security.md).
 
-The command is declared here, in ``protocol.commands`` (``protocol.textcommands`` lists this module, so the registry is
+The command is declared here, in ``protocol.commands`` (``metaq.textcommands`` lists this module, so the registry is
 complete).
 """
 

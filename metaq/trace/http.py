@@ -12,7 +12,7 @@ JSON is the text ``trace`` reply's (``trace/wire.py``); 404 for no such message,
 """
 
 from metaq import errors, limits
-from metaq.server.http.routes import READ, json_response
+from metaq.protocol.httpreply import READ, json_response
 from metaq.trace.wire import TraceQuery
 
 

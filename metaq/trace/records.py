@@ -27,13 +27,12 @@ from typing import NamedTuple, Optional
 
 from metaq import errors
 from metaq.protocol.integers import parse_int
+from metaq.protocol.journaltopic import TRACE_TOPIC
 from metaq.protocol.rocketmq.bodies import parse_offset_msg_id
 
 __all__ = ["TRACE_TOPIC", "CONTENT_SEPARATOR", "FIELD_SEPARATOR", "MessageRef", "parse_message_id",
            "parse_trace_body", "encode_pub", "encode_sub_before", "encode_sub_after"]
 
-#: The topic RocketMQ clients send their message traces to by default (``TopicValidator.RMQ_SYS_TRACE_TOPIC``).
-TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"
 #: Between the fields of one trace record, and after each record (RocketMQ's ``TraceConstants``).
 CONTENT_SEPARATOR = "\x01"
 FIELD_SEPARATOR = "\x02"

@@ -35,8 +35,8 @@ from metaq.protocol.msgid import id_broker, id_timestamp_ms
 from metaq.protocol.rocketmq.bodies import create_offset_msg_id, parse_offset_msg_id
 from metaq.protocol.properties import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
 from metaq.protocol.rocketmq.mapping import PROP_ORIGIN_MESSAGE_ID, message_of_record
-from metaq.server.clock import now_ms
-from metaq.server.coldpages import walk
+from metaq.clock import now_ms
+from metaq.loop.coldpages import walk
 from metaq.trace.records import TRACE_TOPIC, parse_message_id, parse_trace_body
 
 __all__ = ["Tracer", "trace_message"]

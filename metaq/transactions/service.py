@@ -22,7 +22,7 @@ from metaq import errors
 from metaq.transactions.wire import XAER_INVAL, XAER_RMERR, parse_tx_key
 from metaq.transactions.policy import first_half_number
 from metaq.transactions.state import TransactionManager
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from metaq.server.putpath import BrokerWrites
 
 log = logging.getLogger(__name__)

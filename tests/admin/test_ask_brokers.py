@@ -2,7 +2,7 @@
 against two real brokers with authentication on: a 404 is "not here" and the next broker is asked, every broker's
 reason shown when none has it; any other refusal stops the command (exit 3) in that command's own words."""
 
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from tests.harness.acl import SECRETS, secured_config
 
 

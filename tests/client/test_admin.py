@@ -11,7 +11,7 @@ from kazoo.client import KazooClient
 from metaq.protocol import events as ev
 from metaq.client.local import small_config
 
-ADMIN = [sys.executable, "-m", "metaq.admin.cli"]
+ADMIN = [sys.executable, "-m", "metaq.admincli"]
 
 
 def admin(*args, expect=0):

@@ -20,7 +20,7 @@ from metaq.protocol.rocketmq.remoting import ResponseCode as C
 from tests.harness.broker import url_of
 from tests.harness.rocketmq import pull, send_v1
 
-ADMIN = [sys.executable, "-m", "metaq.admin.cli"]
+ADMIN = [sys.executable, "-m", "metaq.admincli"]
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 

@@ -15,7 +15,7 @@ from metaq.protocol.rocketmq.remoting import RequestCode as R
 from metaq.protocol.rocketmq.remoting import ResponseCode as C
 from tests.harness.broker import url_of, wait_for
 
-ADMIN = [sys.executable, "-m", "metaq.admin.cli"]
+ADMIN = [sys.executable, "-m", "metaq.admincli"]
 
 
 def admin(*args, expect=0, stdin=None):

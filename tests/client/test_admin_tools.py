@@ -15,7 +15,7 @@ from metaq.client.local import small_config
 from metaq.protocol import events as ev
 from tests.harness.broker import url_of, wait_for
 
-ADMIN = [sys.executable, "-m", "metaq.admin.cli"]
+ADMIN = [sys.executable, "-m", "metaq.admincli"]
 
 
 def admin(*args, expect=0, stdin=None):

@@ -89,7 +89,7 @@ def test_a_priority_fetcher_waits_for_a_slave_behind_one_of_its_levels_too():
 
 class Log:
     """A broker's partition for a divergence probe: ``ids`` ``{offset: msg_id}`` below ``end``; a get's expect
-    is checked as the broker does (server/text/expect.py), then 301 past the end, else 404 (both logs hold it)."""
+    is checked as the broker does (loop/expect.py), then 301 past the end, else 404 (both logs hold it)."""
 
     url = "meta://new-master"
 

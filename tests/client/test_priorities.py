@@ -246,7 +246,7 @@ def test_remoting_priority_property(broker_factory, tmp_path):
 
 def test_priorities_set_by_metaq_admin_and_over_http(broker_factory, tmp_path):
     b = broker_factory(with_http(rmq_config(tmp_path / "data")))
-    out = subprocess.run([sys.executable, "-m", "metaq.admin.cli", "--brokers", url(b), "topics", "create", "cli",
+    out = subprocess.run([sys.executable, "-m", "metaq.admincli", "--brokers", url(b), "topics", "create", "cli",
                           "--priorities", "3", "--priority-max-wait-ms", "500"], capture_output=True, text=True,
                          timeout=60, stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out

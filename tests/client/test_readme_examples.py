@@ -81,7 +81,7 @@ def test_readme_client_examples_run_as_written(make_run_broker, tmp_path):
             continue  # decides a real in-doubt branch: covered by tests/integration/test_transactions.py
         args = command.split("#", 1)[0].split()[1:]  # a shell comment is not an argument
         args = [a.replace("127.0.0.1:8123", url) for a in args]
-        out = subprocess.run([sys.executable, "-m", "metaq.admin.cli"] + args, env=env,
+        out = subprocess.run([sys.executable, "-m", "metaq.admincli"] + args, env=env,
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, (command, out.stderr)
         if args[-1] == "topics":

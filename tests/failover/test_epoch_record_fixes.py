@@ -10,7 +10,7 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.security import make_acl
 
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.client.local import free_port, small_config
 from tests.harness.broker import wait_for
 from tests.harness.faults import LinkProxy

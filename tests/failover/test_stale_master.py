@@ -11,7 +11,7 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.client import devcluster
 from metaq.client.raw import TextClient
 from metaq.client.local import free_port

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.client.local import free_port, small_config
 from metaq.transactions.wire import XAER_NOTA
 from tests.harness.broker import consume_all, wait_for

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from metaq import limits
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.client.local import BrokerProcess, free_port, small_config
 from metaq.client.raw import RemotingClient
 from metaq.pop.client import SimpleConsumer

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.client.local import free_port, small_config
 from metaq.groups.wire import GroupSettingsCommand
 from metaq.protocol import events as ev

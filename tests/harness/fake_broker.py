@@ -8,7 +8,7 @@ from metaq.protocol import events as ev
 from metaq.transactions import wire
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.protocol.text import TextParser, serialize
-from metaq.protocol import textcommands  # noqa: F401 - every text command declared (the whole table)
+from metaq import textcommands  # noqa: F401 - every text command declared (the whole table)
 
 HANG = object()  # FakeBroker handler: never answer
 CLOSE = object()  # FakeBroker handler: close the connection

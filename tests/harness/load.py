@@ -9,7 +9,7 @@ from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.protocol.text import TextParser, serialize
-from metaq.protocol import textcommands  # noqa: F401 - every text command declared (the whole table)
+from metaq import textcommands  # noqa: F401 - every text command declared (the whole table)
 from tests.harness.broker import consume_all
 
 TOPIC_PARTS = [("t-a", p) for p in range(4)] + [("t-b", p) for p in range(4)]

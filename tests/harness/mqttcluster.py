@@ -5,7 +5,7 @@ import json
 import os
 import time
 
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.client.local import free_port, small_config
 from metaq.mqttcluster.ids import home_of
 from tests.harness.acl import login

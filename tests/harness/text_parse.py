@@ -5,7 +5,7 @@ from typing import NamedTuple
 from metaq.errors import RemoteProtocolError
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.protocol.text import TextParser
-from metaq.protocol import textcommands  # noqa: F401 - every text command declared (the whole table)
+from metaq import textcommands  # noqa: F401 - every text command declared (the whole table)
 
 
 class ErrorOutcome(NamedTuple):

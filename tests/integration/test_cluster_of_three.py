@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from metaq.admin import cli
+from metaq import admincli as cli
 from metaq.client import Message, Producer
 from metaq.client.consumer import Consumer
 from metaq.client.raw import RemotingClient

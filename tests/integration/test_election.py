@@ -10,7 +10,7 @@ import time
 import pytest
 from kazoo.client import KazooClient
 
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from tests.harness.broker import wait_for
 from tests.harness.ha import SESSION_MS, Group, put_until_ok
 from tests.harness.replication import stats

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.client import Message, Producer
 from metaq.client.local import free_port, small_config
 from metaq.protocol import events as ev

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.keys import client as keys
 from metaq.client.local import free_port, small_config
 from tests.harness.replication import caught_up, master_config

@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.auth import proofs
 from metaq.client.local import free_port, ns_of, small_config
 from metaq.limits import MAX_CONSUMER_OFFSETS

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.client.local import free_port, small_config
 from tests.harness.broker import wait_for
 from tests.harness.replication import assert_identical, caught_up, master_config, mixed_load, stats

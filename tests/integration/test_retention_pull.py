@@ -12,7 +12,7 @@ from metaq.protocol.rocketmq.remoting import ResponseCode as C
 from tests.harness.broker import url_of, wait_for
 from tests.harness.rocketmq import pull, send_v1
 
-ADMIN = [sys.executable, "-m", "metaq.admin.cli"]
+ADMIN = [sys.executable, "-m", "metaq.admincli"]
 
 
 def test_a_pull_below_a_topics_retention_is_told_the_first_kept_offset(broker_factory):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.client.local import free_port, small_config
 from tests.harness.broker import wait_for
 from tests.harness.delay import records

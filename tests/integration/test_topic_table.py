@@ -9,7 +9,7 @@ from metaq.client.local import small_config
 from metaq.protocol import events as ev
 from tests.harness.broker import url_of
 
-ADMIN = [sys.executable, "-m", "metaq.admin.cli"]
+ADMIN = [sys.executable, "-m", "metaq.admincli"]
 
 
 def admin(broker, *args, expect=0):
@@ -221,7 +221,7 @@ def test_rocketmq_route_reports_perm_and_order_and_refuses_with_no_permission(br
 
 
 def test_slaves_take_the_masters_table_and_a_promoted_slave_keeps_it(broker_factory, tmp_path, capsys):
-    from metaq.admin import cli as admin_main
+    from metaq import admincli as admin_main
     from metaq.client.local import free_port
     from tests.harness.broker import wait_for
     from tests.harness.replication import caught_up, master_config

@@ -8,7 +8,7 @@ import sys
 from metaq.client.local import small_config
 from tests.harness.broker import url_of
 
-ADMIN = [sys.executable, "-m", "metaq.admin.cli"]
+ADMIN = [sys.executable, "-m", "metaq.admincli"]
 
 
 def admin(urls, *args, expect=0):

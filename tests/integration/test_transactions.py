@@ -78,7 +78,7 @@ def test_admin_lists_in_doubt_and_decides_by_hand(broker):
         prepared_branch(c, XID1, 3)
         lines = c.stats("transactions")
         assert XID1 + " prepared puts 3 " in lines
-    admin = [sys.executable, "-m", "metaq.admin.cli", "--brokers", url]
+    admin = [sys.executable, "-m", "metaq.admincli", "--brokers", url]
     out = subprocess.run(admin + ["transactions"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert XID1 in out.stdout and "prepared" in out.stdout

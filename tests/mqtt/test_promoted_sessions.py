@@ -11,7 +11,7 @@ import pytest
 from metaq.mqtt.follow import SavedSession
 from metaq.mqtt.port import MqttPort
 from metaq.server.guard import Guard
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from tests.server.test_inprocess import Parts, config
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.client.local import free_port, small_config
 from tests.harness.ha import SESSION_MS, Group
 from tests.harness.broker import wait_for

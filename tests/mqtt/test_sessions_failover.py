@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.client.local import free_port, small_config
 from metaq.mqtt import wire
 from metaq.mqtt.records import partition_for

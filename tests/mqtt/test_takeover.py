@@ -23,7 +23,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from metaq import limits
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.client.local import free_port, small_config
 from metaq.mqtt import wire
 from tests.harness.broker import wait_for

@@ -5,7 +5,7 @@ follows it."""
 import json
 import os
 
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.client.local import free_port, small_config
 from tests.harness.broker import wait_for
 from tests.harness.mqtt import with_mqtt

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.client.local import free_port
 from metaq.mqtt import wire
 from tests.harness.broker import wait_for

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.mqtt import wire
 from tests.harness.broker import wait_for
 from tests.harness.ha import Group

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from metaq import limits
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.admin.wire import DlqList
 from metaq.client.local import small_config
 from metaq.client.message import Message

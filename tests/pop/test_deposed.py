@@ -8,7 +8,7 @@ from gevent.lock import Semaphore
 from metaq import errors
 from metaq.pop.service import PopService
 from metaq.protocol.journaltopic import POP_TOPIC
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from tests.harness.store import server_config
 from metaq.server.connections import ConnectionCore, ConnectionLimits
 from metaq.server.flusher import Flusher

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.client.local import free_port, small_config
 from metaq.pop.client import SimpleConsumer
 from tests.harness.broker import wait_for

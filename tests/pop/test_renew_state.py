@@ -7,7 +7,7 @@ import pytest
 from metaq.pop.records import InvalidHandle, parse_handle
 from metaq.pop.service import PopService
 from metaq.pop.state import PopState
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from tests.harness.store import NOW
 from tests.pop.test_deposed import Broker
 from tests.pop.test_state import G, T, Log, Pop

@@ -9,7 +9,7 @@ from metaq.pop.follow import PopLog, replay
 from metaq.pop.records import InvalidHandle, decode, encode, handle, parse_handle
 from metaq.pop.service import PopService
 from metaq.pop.state import PopState
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from metaq.server.putpath import journal_append
 from metaq.protocol.journaltopic import POP_TOPIC
 from tests.harness.store import NOW, open_store

@@ -199,8 +199,8 @@ def test_the_table_is_not_read_before_every_command_is_declared():
     says so rather than answer from half a table."""
     code = ("from metaq.protocol.text import TextParser\n"
             "try:\n    TextParser()\nexcept RuntimeError as exc:\n    print(exc)\n"
-            "from metaq.protocol import commands, textcommands\n"
+            "from metaq import textcommands\nfrom metaq.protocol import commands\n"
             "print(sorted(m.__name__ for m in textcommands.DECLARING_MODULES)[0], len(commands.table()) > 30)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == ["the text command table is read before every command was declared: import "
-                                "metaq.protocol.textcommands first", "metaq.admin.wire True"]
+                                "metaq.textcommands first", "metaq.admin.wire True"]

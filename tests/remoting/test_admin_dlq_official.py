@@ -16,7 +16,7 @@ from tests.harness.rocketmq import received, require_official_client
 
 pytestmark = pytest.mark.slow
 
-ADMIN = [sys.executable, "-m", "metaq.admin.cli"]
+ADMIN = [sys.executable, "-m", "metaq.admincli"]
 FAST = {"store": {"flush": "async", "flush_interval_ms": 50}}
 
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.admin.wire import ClientCommand, decode_body
 from metaq.client.local import BrokerProcess, free_port, small_config
 from tests.harness.acl import SECRETS, write_acl

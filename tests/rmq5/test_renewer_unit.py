@@ -12,7 +12,7 @@ from metaq.pop.records import InvalidHandle
 from metaq.protocol.journaltopic import POP_TOPIC
 from metaq.rmq5.renewer import RENEW_AHEAD_MS, Renewals, Renewer
 from metaq.rmq5.calls import ClientKey
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from tests.pop.test_deposed import Broker
 
 C1 = ClientKey("", "c1")  # a client as the port names it: no user (authentication off), its id

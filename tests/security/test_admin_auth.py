@@ -21,7 +21,7 @@ from tests.harness.acl import SECRETS, write_acl
 from tests.harness.broker import consume_all, url_of
 from tests.harness.rocketmq import send_v1
 
-ADMIN = [sys.executable, "-m", "metaq.admin.cli"]
+ADMIN = [sys.executable, "-m", "metaq.admincli"]
 
 
 def make_dead_letter(broker):

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from metaq import errors
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.client import Consumer, Message, Producer
 from metaq.client.connection import BrokerConnection
 from metaq.client.local import BrokerProcess, free_port, small_config

@@ -53,7 +53,7 @@ def test_connections_at_the_quota_and_one_past(broker_factory, tmp_path):
         secret = tmp_path / "admin.secret"
         secret.write_text(SECRETS["admin"])
         secret.chmod(0o600)
-        out = subprocess.run([sys.executable, "-m", "metaq.admin.cli", "--brokers", url_of(b), "--user", "admin",
+        out = subprocess.run([sys.executable, "-m", "metaq.admincli", "--brokers", url_of(b), "--user", "admin",
                               "--secret-file", str(secret), "--json", "quotas", "alice"],
                              capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
         assert out.returncode == 0, out.stderr

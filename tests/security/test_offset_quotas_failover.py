@@ -5,7 +5,7 @@ secret; the slave promoted by hand (``metaq-admin promote``)."""
 
 import pytest
 
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.client.local import free_port, small_config
 from metaq.protocol import events as ev
 from metaq.protocol import stats as stats_codec

@@ -6,7 +6,7 @@ its quota. Real brokers with authentication on and a replication secret; the sla
 
 import pytest
 
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.client.local import free_port, small_config
 from metaq.protocol import events as ev
 from metaq.protocol import stats as stats_codec

@@ -1,4 +1,4 @@
-"""A get's expect, and each of a get_prio's (server/text/expect.py), names any offset the broker holds: its index
+"""A get's expect, and each of a get_prio's (loop/expect.py), names any offset the broker holds: its index
 unit and record header may be cold, and are brought in off the event loop before they are compared (no network)."""
 
 from types import SimpleNamespace
@@ -7,8 +7,8 @@ import gevent
 import pytest
 
 from metaq import errors
-from metaq.server import coldpages
-from metaq.server.text.expect import check_held
+from metaq.loop import coldpages
+from metaq.loop.expect import check_held
 
 
 def test_a_cold_expect_is_brought_in_off_the_loop_then_compared(tmp_path, monkeypatch):

@@ -15,7 +15,8 @@ from metaq.server.config import load_config
 from metaq.server.guard import Guard
 from metaq.server.http import api, dashboard
 from metaq.server.http.metrics import BrokerCollector, Metrics
-from metaq.server.http.routes import OPEN, READ, Response, Router
+from metaq.protocol.httpreply import OPEN, READ, Response
+from metaq.server.http.routes import Router
 from metaq.server.http.server import ConnReader, Dropped, HeadTooLarge, RequestState
 from tests.harness.acl import SECRETS, write_acl
 

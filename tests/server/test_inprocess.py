@@ -8,7 +8,7 @@ from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.stream import NEED_DATA
 from metaq.protocol.text import TextParser
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from tests.harness.store import server_config
 from metaq.server.connections import ConnectionCore, ConnectionLimits
 from metaq.timers.scheduler import DelayScheduler

@@ -9,7 +9,7 @@ from gevent.event import Event
 
 from metaq.client.local import small_config
 from metaq.server.broker import Broker
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from metaq.server.config import load_config
 from metaq.server.longpoll import NEW_PARTITION
 from metaq.server.putpath import ACK_AFTER_REPLICATION, ACK_NOW, PutPath, WriteGate

@@ -173,7 +173,7 @@ def test_new_partitions_and_a_new_broker_are_picked_up_mid_stream(broker_factory
         ends = ends_of(sent, topic)[topic]
 
         def group_lag():  # what metaq-admin shows for the stream's group
-            out = subprocess.run([sys.executable, "-m", "metaq.admin.cli", "--zk", zk_connect, "--json", "groups",
+            out = subprocess.run([sys.executable, "-m", "metaq.admincli", "--zk", zk_connect, "--json", "groups",
                                   "streamers"], capture_output=True, text=True, timeout=60, cwd=ROOT)
             return {r["partition"]: (r["committed"], r["lag"]) for r in json.loads(out.stdout)}
         want = {k: (e, 0) for k, e in ends.items()}

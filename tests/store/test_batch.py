@@ -177,7 +177,7 @@ def test_c_append_run_equals_the_python_twin(bodies, ready, room, seeded_at, seq
 
 def test_the_c_clock_reads_the_wall_clock_as_its_twin_does():
     """``clock.now_ms`` (the C helper's when built) between two readings of its twin, in milliseconds."""
-    from metaq.server.clock import now_ms, now_ms_py
+    from metaq.clock import now_ms, now_ms_py
 
     for _ in range(1000):
         before = now_ms_py()

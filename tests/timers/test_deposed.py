@@ -8,7 +8,7 @@ import time
 import gevent
 from gevent.lock import Semaphore
 
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from tests.harness.store import server_config
 from metaq.server.flusher import Flusher
 from metaq.server.longpoll import PartitionWaiters

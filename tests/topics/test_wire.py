@@ -3,9 +3,9 @@
 import pytest
 
 from metaq.errors import RemoteProtocolError
-from metaq.protocol import events as ev
 from metaq.protocol.text import TextParser
 from metaq.protocol.text import serialize
+from metaq.topics.wire import TopicCommand
 
 
 def parse(line):
@@ -15,11 +15,11 @@ def parse(line):
 
 
 def test_round_trip():
-    e = ev.TopicCommand("create", "orders", (("partitions", "4"), ("retention_hours", "2.5")), 7)
+    e = TopicCommand("create", "orders", (("partitions", "4"), ("retention_hours", "2.5")), 7)
     assert serialize(e) == b"topic create orders partitions=4,retention_hours=2.5 7\r\n"
     assert parse(serialize(e)) == e
-    assert parse(b"topic list - - 3\r\n") == ev.TopicCommand("list", None, (), 3)
-    assert parse(b"topic delete old - 4\r\n") == ev.TopicCommand("delete", "old", (), 4)
+    assert parse(b"topic list - - 3\r\n") == TopicCommand("list", None, (), 3)
+    assert parse(b"topic delete old - 4\r\n") == TopicCommand("delete", "old", (), 4)
 
 
 @pytest.mark.parametrize("line, reason", [

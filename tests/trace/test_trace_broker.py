@@ -11,7 +11,7 @@ import sys
 import time
 
 from metaq import limits
-from metaq.admin import cli as admin
+from metaq import admincli as admin
 from metaq.client.local import rmq_config, small_config
 from metaq.client.raw import RemotingClient
 from metaq.pop.client import SimpleConsumer
@@ -26,7 +26,7 @@ from tests.harness.http import request, with_http
 from tests.harness.rocketmq import pull, send_v1
 
 UNIQ = "0A0B0C0D00002A9F0000000000000007"  # a RocketMQ client's msgId shape
-ADMIN = [sys.executable, "-m", "metaq.admin.cli"]
+ADMIN = [sys.executable, "-m", "metaq.admincli"]
 
 
 def url(b):

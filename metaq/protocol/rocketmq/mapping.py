@@ -40,7 +40,7 @@ import ipaddress
 from typing import NamedTuple
 
 from metaq.errors import RemoteProtocolError
-from metaq.filters.wire import parse_tag_expression
+from metaq.protocol.tags import parse_tag_expression
 from metaq.protocol.compression import COMPRESSION_BITS
 from metaq.protocol.journaltopic import DLQ_PREFIX, RETRY_PREFIX
 from metaq.protocol.message import decode_payload, encode_payload

@@ -29,8 +29,8 @@ from metaq import errors, limits
 from metaq.auth.acl import SUB
 from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.message import decode_payload, encode_payload
-from metaq.server.clock import now_ms
-from metaq.server.http.routes import OPEN, READ, Response, error_response, json_response
+from metaq.clock import now_ms
+from metaq.protocol.httpreply import OPEN, READ, Response, error_response, json_response
 from metaq.server.stats import group_rows, public_topics
 from metaq.store.results import PRESSURE_FULL
 

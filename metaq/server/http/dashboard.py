@@ -11,7 +11,7 @@ moving while lag > 0, STOP no commit for longer than the window spans, REWIND).
 import html
 import os
 
-from metaq.server.http.routes import Response
+from metaq.protocol.httpreply import Response
 
 #: Seconds between two refreshes of the page's figures.
 REFRESH_S = 5
@@ -102,7 +102,7 @@ _PAGE = """<!DOCTYPE html>
 
 
 def add_routes(router, dashboard):
-    from metaq.server.http.routes import READ
+    from metaq.protocol.httpreply import READ
     router.add("GET", "/", READ, dashboard.page)
     router.add("GET", "/dashboard", READ, dashboard.page)
     router.add("GET", "/dashboard.js", READ, dashboard.js)

@@ -20,7 +20,7 @@ except ImportError:  # pragma: no cover - older clients always write them
 
 from metaq import limits
 from metaq.server.connections import share_loop
-from metaq.server.http.routes import Response
+from metaq.protocol.httpreply import Response
 
 if disable_created_metrics is not None:
     disable_created_metrics()

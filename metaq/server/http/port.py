@@ -8,7 +8,8 @@ admin operations (offset resets, topic changes, dead letters).
 from metaq.server.http import api, dashboard
 from metaq.server.http.metrics import BrokerCollector, Metrics
 from metaq.server.http.origin import BrowserCheck
-from metaq.server.http.routes import OPEN, READ, Router
+from metaq.protocol.httpreply import OPEN, READ
+from metaq.server.http.routes import Router
 from metaq.server.http.server import HttpFrontEnd, UnsentReplies
 
 #: The names of the broker's listeners, as ``metaq_connections{listener=...}`` labels them.

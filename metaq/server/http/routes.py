@@ -1,5 +1,8 @@
 """The HTTP port's WSGI application: a route table, HTTP Basic authentication, JSON errors, bounded bodies.
 
+A route's answer (``Response``, ``json_response``, ``error_response``) and what it needs of its user (``OPEN``,
+``READ``) are ``protocol.httpreply``'s, so that the features' routes use them without importing the server.
+
 A route is ``(method, pattern, needs, handler)``: ``pattern`` a path whose ``{name}`` parts are captured
 (one path segment each), ``needs`` what the request's user must be allowed (``OPEN``: nothing, ``READ``:
 what ``stats`` needs, i.e. any authenticated user; or a callable ``needs(guard, session, params)`` that calls
@@ -13,56 +16,16 @@ answered with HTTP 416, and ``512`` (a corrupt record), answered with HTTP 500.
 
 import base64
 import binascii
-import json
 import logging
 import re
 from urllib.parse import parse_qs
 
 
 from metaq import errors, limits
+from metaq.protocol.httpreply import OPEN, READ, REASONS, Response, error_for, error_response
 from metaq.server.http.origin import BrowserCheck
 
 log = logging.getLogger(__name__)
-
-OPEN = "open"
-READ = "read"
-
-_REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-            405: "Method Not Allowed", 409: "Conflict", 411: "Length Required", 413: "Content Too Large",
-            416: "Range Not Satisfiable", 500: "Internal Server Error", 503: "Service Unavailable",
-            504: "Gateway Timeout", 507: "Insufficient Storage"}
-
-
-class Response:
-    __slots__ = ("status", "body", "content_type", "headers")
-
-    def __init__(self, status, body, content_type="application/json", headers=()):
-        self.status = status
-        self.body = body if isinstance(body, bytes) else body.encode("utf-8")
-        self.content_type = content_type
-        self.headers = list(headers)
-
-
-def json_response(value, status=200):
-    return Response(status, json.dumps(value, sort_keys=False) + "\n")
-
-
-def error_response(code, message, status=None, **more):
-    doc = {"code": code, "error": message}
-    doc.update(more)
-    resp = json_response(doc, status or code)
-    if code == 401:
-        resp.headers.append(("WWW-Authenticate", 'Basic realm="metaq", charset="UTF-8"'))
-    return resp
-
-
-def error_for(exc):
-    """The JSON reply of a MetaqError, with its text-protocol code (see the module doc)."""
-    if isinstance(exc, errors.Moved):
-        return error_response(301, str(exc) or "offset out of range", status=416, offset=exc.offset)
-    code = exc.code
-    return error_response(code, str(exc), status=code if code in _REASONS else 500)
-
 
 class Dropped(OSError):
     """The connection ended (a deadline passed, the peer went) in the middle of a request: no reply."""
@@ -164,7 +127,7 @@ class Router:
             environ["metaq.stop_reading"]()  # the body is not read: the connection closes after the answer
         headers = [("Content-Type", resp.content_type), ("Content-Length", str(len(resp.body))),
                    ("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff")] + resp.headers
-        start_response("%d %s" % (resp.status, _REASONS.get(resp.status, "Error")), headers)
+        start_response("%d %s" % (resp.status, REASONS.get(resp.status, "Error")), headers)
         return [resp.body] if environ["REQUEST_METHOD"] != "HEAD" else [b""]
 
     def respond(self, environ):

@@ -42,8 +42,8 @@ from metaq.protocol.rocketmq.mapping import (PROP_RETRY_TOPIC, message_of_record
 from metaq.filters.remoting import EXPRESSION_SQL92, SqlSubscriptions
 from metaq.filters.sql import SqlFilter, compiled
 from metaq.groups import policy as group_policy
-from metaq.server.clock import now_ms
-from metaq.server.coldpages import bring_in
+from metaq.clock import now_ms
+from metaq.loop.coldpages import bring_in
 from metaq.keys import remoting as keys
 from metaq.server.remoting.acl import ACL_EXCEPTION, RemotingAcl
 from metaq.server.remoting.send import RemotingSender

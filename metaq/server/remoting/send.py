@@ -50,8 +50,8 @@ from metaq.protocol.rocketmq.mapping import (
 from metaq.timers.records import ENTRY, TIMER_TOPIC, owner_field, timer_due, timer_property
 from metaq.transactions.policy import immunity_ms
 from metaq.transactions.state import HALF_OWNER, half_txid
-from metaq.server.clock import now_ms
-from metaq.server.inflate import inflate_body
+from metaq.clock import now_ms
+from metaq.loop.inflate import inflate_body
 from metaq.server.putpath import AUTHORIZED
 from metaq.store.record import RecordTooLarge, record_size
 

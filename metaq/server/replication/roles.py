@@ -47,7 +47,7 @@ import gevent
 from kazoo.exceptions import KazooException
 
 from metaq import errors
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from metaq.server.replication import isolation
 from metaq.server.replication.epochrecord import ANY, EpochRecord, Keeper, NotRecorded, entry as record_entry, \
     key as record_key, who

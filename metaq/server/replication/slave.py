@@ -12,7 +12,7 @@ from metaq import errors
 from metaq.protocol import replication as rp
 from metaq.protocol.replication_topics import GROUPS_KEY, OWNERS_KEY
 from metaq.protocol.stream import CLOSED, NEED_DATA
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from metaq.server.putpath import BrokerWrites
 from metaq.server.replication import handshake
 from metaq.server.replication.link import (BACKOFF_MAX_S, BACKOFF_MIN_S, CAUGHT_UP_SILENCE_S, HELLO_TIMEOUT_S,

@@ -17,7 +17,7 @@ from metaq import errors
 from metaq.protocol.burst import scan_puts
 from metaq.protocol.putbatch import encode_runs, scan_batch
 from metaq.protocol.text import encode_result
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from metaq.server.putpath import ACK_NOW
 from metaq.store.record import FIXED_OVERHEAD
 

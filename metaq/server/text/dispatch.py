@@ -17,17 +17,17 @@ from metaq.admin import wire as adminwire
 from metaq.admin.text import TextAdmin
 from metaq.filters.text import TagScan
 from metaq.protocol import commands, events as ev
-from metaq.protocol import textcommands  # noqa: F401 - every text command declared (the whole table)
+from metaq import textcommands  # noqa: F401 - every text command declared (the whole table)
 from metaq.priorities.wire import PriorityGet, PriorityPut
 from metaq.protocol.putbatch import PutBatch
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.transactions.wire import xa_error_body
-from metaq.server.clock import now_ms
+from metaq.clock import now_ms
 from metaq.server.guard import ADMIN, PUB, SUB
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 from metaq.server.putpath import ACK_NOW
 from metaq.server.text.batchput import BatchPuts
-from metaq.server.text.expect import check_expected
+from metaq.loop.expect import check_expected
 from metaq.priorities.text import TextPriorities
 from metaq.reqreply.text import TextRequests
 from metaq.offsets.text import TextOffsets
@@ -37,6 +37,7 @@ from metaq.idempotence.wire import IdempotentBatch, IdempotentPut
 from metaq.timers.text import TextTimers
 from metaq.timers.wire import TimerCancelCommand, TimerList, TimerPut
 from metaq.topics.text import TextTopics
+from metaq.topics.wire import TopicCommand
 from metaq.groups.text import TextGroupSettings
 from metaq.groups import policy as group_policy
 from metaq.groups.wire import GroupSettingsCommand
@@ -151,7 +152,7 @@ class TextDispatcher:
         # commit_offset (the master's only), query_offset (offsets/text.py)
         offsets = TextOffsets(store, group_members, put_path.check_master)
         self._handlers.update({ev.CommitOffset: offsets.commit_offset, ev.QueryOffset: offsets.query_offset})
-        self._handlers[ev.TopicCommand] = TextTopics(topics, guard.known_to, error_reply).topic  # topics/text.py
+        self._handlers[TopicCommand] = TextTopics(topics, guard.known_to, error_reply).topic  # topics/text.py
         self._handlers[GroupSettingsCommand] = TextGroupSettings(groups, error_reply).group_settings  # groups/text.py
         self._handlers[ev.Lookup] = TextKeys(store, roles).lookup  # lookup (docs/messaging.md "Key index")
         timers = TextTimers(put_path, put_path.timers, self.max_body, ack_put=self.ack_put,

@@ -8,7 +8,7 @@ from metaq.protocol.checksum import metaq_checksum
 from metaq.idempotence.records import PID_PROPERTY, SEQ_PROPERTY, has_identity
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.properties import SYSFLAG_MARK, compression_bits, without_compression
-from metaq.server.inflate import inflate_body
+from metaq.loop.inflate import inflate_body
 
 __all__ = ["verified_checksum", "uncompressed"]
 

@@ -3,7 +3,7 @@
 A read of a map page that is not in the page cache stalls the thread on a disk read while it holds the GIL, so a
 worker thread reading the map would not help: each page is checked first (``MappedFile.resident``, mincore: a few
 microseconds) and a range holding a cold one is brought in by ``MappedFile.populate`` in the pool, which releases
-the GIL; the loop then reads it from memory. ``offset_at`` does the same one page at a time (text/dispatch.py).
+the GIL; the loop then reads it from memory. ``offset_at`` does the same one page at a time (server/text/dispatch.py).
 """
 
 import mmap

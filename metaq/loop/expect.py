@@ -4,7 +4,7 @@ log a failover later cut or rewrote goes back to the last record both logs hold 
 skip the messages written at those offsets since (docs/replication.md, "Read failover")."""
 
 from metaq import errors
-from metaq.server.coldpages import bring_in_record_head
+from metaq.loop.coldpages import bring_in_record_head
 
 
 def check_expected(store, e):

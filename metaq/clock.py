@@ -1,5 +1,7 @@
-"""The broker's wall clock: ``now_ms``, the one every server module reads (protocol, store and the
-transactions' state are given the time)."""
+"""The broker's wall clock: ``now_ms``, the one the server and every feature's service and handlers read.
+
+It sits at the package root, below every package that reads it; protocol, store and the features' state modules
+never read it (they are given the time)."""
 
 import time
 
