@@ -103,7 +103,7 @@ def _lags(rows, lag="lag", in_flight="in_flight", number=lambda v: v):
 
 
 def test_metaq_admin_groups_lists_every_kind_of_group_with_its_lag(groups):
-    out = subprocess.run([sys.executable, "-m", "metaq.admin.cli", "--brokers", url_of(groups), "--json", "groups"],
+    out = subprocess.run([sys.executable, "-m", "metaq.admincli", "--brokers", url_of(groups), "--json", "groups"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
@@ -135,7 +135,7 @@ def test_a_broker_answers_at_most_its_limit_of_group_rows_the_most_behind_and_sa
         rows, left_out = stats_codec.parse_groups_page(c.stats("groups").encode())
     assert (len(rows), left_out) == (most, 1)
     assert ("behind", 3) in [(r.group, r.lag) for r in rows]  # the most behind kept
-    out = subprocess.run([sys.executable, "-m", "metaq.admin.cli", "--brokers", url_of(b), "--json", "groups"],
+    out = subprocess.run([sys.executable, "-m", "metaq.admincli", "--brokers", url_of(b), "--json", "groups"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and len(json.loads(out.stdout)) == most, out.stderr
     assert "left out 1 group rows past its limit (limits.MAX_GROUP_LAG_ROWS)" in out.stderr
