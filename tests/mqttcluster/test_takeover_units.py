@@ -24,7 +24,7 @@ from metaq.mqttcluster.service import LEASE_MARGIN_S, ClientIds
 from metaq.protocol import replication as rp
 from metaq.server.config import ServerConfig
 from metaq.protocol.replication_mqtt import MESSAGE, POSITION, ROUTED, Entry, decode_routes, join_routes, split_routes
-from tests.mqttcluster.test_units import RecordsStore, _records_frame
+from tests.mqttcluster.test_units import FakeStore, RecordsStore, _records_frame
 
 
 def _parsed(event):
@@ -429,3 +429,29 @@ def test_the_holder_names_where_its_handover_stopped_per_origin():
     ids.cluster = EndCluster()
     saved = SimpleNamespace(subscriptions=[("a/#", 1, False, ("a",), False, None)])
     assert ids._stopped(saved, {("a", 0): 7, ("%MQTTIN%", 3): 40}) == {1: {("a", 0): 3}, 3: {("a", 0): 7}}
+
+
+def test_a_topic_made_while_a_routes_rescan_shares_the_loop_stays_followed_from_its_start(monkeypatch):
+    """A route's rescan that shares the loop (``FilterSet.topics``) while a topic its filters read is first written
+    here, and the follow's own rescan (the store's new partition) starts that topic from its start: the route's rescan,
+    resumed with the topics it knew before, does not drop it (the follow would not look again: the store's partitions
+    did not change since), and a rescan that finds a newer one ran meanwhile leaves the decision to it."""
+    store = FakeStore({"t": 1})
+    follow = PeerFollow(store, rp.Routes(1, ("t",), (("t", 0, 0),), version=7))
+    looked = FilterSet.topics
+    entered = []
+
+    def topics(self, known):
+        entered.append(list(known))
+        if len(entered) == 1:  # the route's: it resumes after the follow's own
+            gevent.sleep(0.01)
+        return looked(self, known)
+
+    monkeypatch.setattr(FilterSet, "topics", topics)
+    route = gevent.spawn(follow.set_filters, ("t", "ping/#"), (), 8)
+    gevent.sleep(0.001)  # the route's rescan shares the loop
+    store.topics["ping"] = 1  # the first message of ping: the follow's own rescan, on the store's new partition
+    follow.rescan()
+    route.join()
+    assert follow.cursors.get(("ping", 0)) == 0  # from its start: it was made after the route came
+    assert follow.made == store.partitions_made() and follow.routed == 8
