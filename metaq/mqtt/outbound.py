@@ -246,11 +246,13 @@ class Outbound:
         aliases.settle()
         return out
 
-    def send(self, topic, where, flag, data, granted, retain, m=None, ids=(), key=None, own=False):
+    def send(self, topic, where, flag, data, granted, retain, m=None, ids=(), key=None, own=False, carried=None):
         """Send the message of a record (``where``: its ``(partition, offset)``, None for a retained message) as
         ``prepare`` makes it (``key``: the record's in ``Decoded``), waiting for room in flight. ``own``: the record
         is read at the session's own read position (not a shared group's), which a QoS 1 or 2 message in flight is
-        past: a session saved from then on sends it again as itself (DUP), never as a new message too. A QoS 2
+        past: a session saved from then on sends it again as itself (DUP), never as a new message too. ``carried``:
+        its entry first in the session's ``carried`` messages, which a QoS 1 or 2 one in flight leaves in the same
+        step, for the same reason (``resend.send_carried``). A QoS 2
         delivery of a persistent session is written to the sessions' log before it is sent (exactly once across a
         restart, a kill or a failover needs its packet id and that position kept: ``_saved_first``). False when the
         connection closed meanwhile."""
@@ -267,6 +269,8 @@ class Outbound:
             session.sent(packet_id, (qos, topic) + where if where is not None else None)
             if own:
                 self.cursor_to((topic, where[0]), where[1] + 1)
+            elif carried is not None and session.carried[:1] == [carried]:
+                del session.carried[0]
             if qos == 2 and session.persistent and not self._saved_first():
                 return False
         aliases = conn.outbound_aliases

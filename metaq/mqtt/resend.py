@@ -68,10 +68,11 @@ def send_carried(out):
             session.dirty = True
             continue
         topic, flag, data = found
-        sent = out.send(MQTT_SESSIONS_TOPIC, (0, offset), flag, data, qos, False, message_of(topic, flag, data))
-        if sent or any(w[1:] == (MQTT_SESSIONS_TOPIC, 0, offset) for w in session.where.values()):
-            session.carried.pop(0)  # sent, or in flight now: never both carried and in flight
-            session.dirty = True
+        sent = out.send(MQTT_SESSIONS_TOPIC, (0, offset), flag, data, qos, False, message_of(topic, flag, data),
+                        carried=(qos, offset))  # one in flight leaves ``carried`` as it goes in flight: never both
         if not sent:
             return False
+        if session.carried[:1] == [(qos, offset)]:  # sent at QoS 0, or dropped (too large, not allowed)
+            session.carried.pop(0)
+            session.dirty = True
     return True

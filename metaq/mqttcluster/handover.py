@@ -42,7 +42,7 @@ from metaq.server.connections import share_loop
 
 log = logging.getLogger(__name__)
 
-__all__ = ["export", "rest", "cursors_of", "problem", "rest_problem", "adopt"]
+__all__ = ["export", "rest", "cursors_of", "problem", "rest_problem", "adopt", "positions_wire", "positions_read"]
 
 
 class _Bound:
@@ -237,6 +237,28 @@ def rest(store, saved, ends, upto, own_id, max_transfer, max_messages=limits.MQT
                     "MQTT_HANDOVER_MAX_MESSAGES or MQTT_HANDOVER_MAX_BYTES are dropped", saved.client_id,
                     len(queued), bound.dropped)
     return {"queued": queued, "dropped": bound.dropped}
+
+
+def positions_wire(positions):
+    """``{origin broker: {(topic, partition): offset}}`` as a call carries it: ``[[origin, [[topic, partition,
+    offset], ...]], ...]`` (the taker's ``upto`` of ``rest``, the holder's ``stop`` of its give_up)."""
+    return [[origin, [[t, p, o] for (t, p), o in sorted(at.items())]] for origin, at in sorted(positions.items())]
+
+
+def positions_read(wire):
+    """``positions_wire``'s inverse, checked: at most MQTT_CLUSTER_MAX_PEERS + 1 origins (the peers and the broker
+    itself) and MQTT_CLUSTER_MAX_FOLLOWED positions of each (what a follow holds at most). Raises ValueError (or
+    TypeError) naming what is wrong; nothing of it is taken then."""
+    if not isinstance(wire, list):
+        raise TypeError("not a list")
+    if len(wire) > limits.MQTT_CLUSTER_MAX_PEERS + 1 or \
+            any(not isinstance(entry, list) or len(entry) != 2 or not isinstance(entry[1], list)
+                or len(entry[1]) > limits.MQTT_CLUSTER_MAX_FOLLOWED for entry in wire):
+        raise ValueError("not [[origin, [[topic, partition, offset], ...]], ...] of at most %d origins "
+                         "(MQTT_CLUSTER_MAX_PEERS and the broker itself) and %d positions of one "
+                         "(MQTT_CLUSTER_MAX_FOLLOWED)" % (limits.MQTT_CLUSTER_MAX_PEERS + 1,
+                                                          limits.MQTT_CLUSTER_MAX_FOLLOWED))
+    return {int(origin): {(str(t), int(p)): int(o) for t, p, o in positions} for origin, positions in wire}
 
 
 def cursors_of(store, subs):

@@ -129,6 +129,7 @@ class PeerFollow:
         self.scanned_at = 0  # the log end when the last rescan began: a topic made before it was looked at
         self.since = since  # for the first route's partitions only (``start_of``)
         self.routed = 0  # the version of the peer's route to ack in the next batch (0: none)
+        self._rescans = 0  # rescans begun: one that shares the loop and finds a later one begun leaves it to that one
         self.set_filters(routes.filters, routes.groups, routes.version)
         self.since = None
 
@@ -154,7 +155,11 @@ class PeerFollow:
 
     def rescan(self):
         """Follow the partitions the filters read that are not followed yet; stop following the others. A topic
-        gone (deleted) is no longer known at the route: made again, it is followed from its start."""
+        gone (deleted) is no longer known at the route: made again, it is followed from its start. A rescan begun
+        while this one shared the loop (a newer route's, or the follow's on a partition made meanwhile) decides: it
+        knows the topics made since, which this one would stop following."""
+        self._rescans += 1
+        mine = self._rescans
         store = self.store
         self.made = store.partitions_made()
         self.scanned_at = store.written_position
@@ -162,8 +167,8 @@ class PeerFollow:
         self.known_at_route.intersection_update(known)
         read_set = self._read_set
         topics = read_set.topics(known)  # (it shares the loop: a ROUTES read meanwhile may replace the filters)
-        if read_set is not self._read_set:
-            return  # the newer filters' own rescan decides
+        if read_set is not self._read_set or mine != self._rescans:
+            return  # the newer filters' own rescan decides, or the later one with the topics made since
         wanted = []
         for topic in sorted(topics):
             try:

@@ -15,10 +15,12 @@ goes on as a takeover on one broker does (Session Present 1). Clean Start 1: the
 
 **The takeover's end** (``_takeover_end``, before the CONNACK, within MQTT_HANDOVER_END_S): the peers must copy for
 the session here from where the old holder stopped. This broker adds the session's filters to its route and waits
-until every peer acts on it (``MqttCluster.routed``); at that instant its subscriptions' read positions (this broker's
-log ends) and its copies' positions of each peer (``MqttCluster.positions_for``) are where it gets the session's
-messages itself. It then asks the old holder for the rest (``rest``): the holder kept the session's filters in its
-route since it gave it up (``MqttCluster.pin``, for MQTT_HANDOVER_LINGER_S at most, MQTT_HANDOVER_MAX_LINGERING
+until every peer acts on it (``MqttCluster.routed``) and its own copies of each origin partition reached where the old
+holder's stood when it handed the session over (the give_up's ``stop``: a broker that already copied for these
+filters may be behind it; ``_start``); at that instant its subscriptions' read positions (this broker's log ends) and
+its copies' positions of each peer (``MqttCluster.positions_for``) are where it gets the session's messages itself.
+It then asks the old holder for the rest (``rest``): the holder kept the session's filters in its route since it gave
+it up (``MqttCluster.pin``, for MQTT_HANDOVER_LINGER_S at most, MQTT_HANDOVER_MAX_LINGERING
 sessions), waits until its own copies reach those positions, and hands what its log and its inbox got for the
 session past where its handover stopped and before those positions (``handover.rest``): every message once, from
 one side or the other. A CONNECT
@@ -203,32 +205,21 @@ class ClientIds:
         return None
 
     def _takeover_end(self, client_id, state, answer, key):
-        """The takeover's end (the module doc): the session's read positions here (``handover.cursors_of``), once the
-        peers copy for it, and ``state``'s queued messages joined by what the old holder got for it since its
-        handover (``rest``). Within MQTT_HANDOVER_END_S; past it, or the holder unreachable, it goes on with what
-        came (logged, counted: what the holder got since may be missed)."""
+        """The takeover's end (the module doc): the session's read positions here (``_start``), and ``state``'s queued
+        messages joined by what the old holder got for it since its handover (``rest``). Within MQTT_HANDOVER_END_S;
+        past it, or the holder unreachable, it goes on with what came (logged, counted: what the holder got since
+        may be missed, or come twice)."""
         cluster = self.cluster
         if cluster is None:
             return None
         deadline = time.monotonic() + limits.MQTT_HANDOVER_END_S
-        filters = [sub[0] for sub in state["subs"]]
-        cluster.pin(key, filters)  # until the session's record holds them (``join``)
-        short = None if cluster.routed(filters, deadline) else "a peer's link was down or it did not act on the route"
-        while not cluster.inbox_visible(cluster.inbox_marks()):  # the positions count the copies the reads start past
-            if time.monotonic() >= deadline:
-                short = short or "copies the positions count were not readable here yet: they may come twice"
-                break
-            gevent.sleep(0.002)
-        cursors = handover.cursors_of(self.store, state["subs"])  # nothing yielded since the peers acted on it
-        upto = cluster.positions_for(filters)
-        upto[self.broker_id] = {k: o for k, o in cursors.items() if k[0] not in self.port.cluster_topics}
+        cursors, upto, short = self._start(state, answer, key, deadline)
         holder = answer.get("from", -1)
         address = self.members.get(holder)
-        if not answer.get("rest") or address is None:
-            return cursors  # an older holder keeps no rest; one gone took it with it
-        request = {"op": "rest", "c": client_id,
-                   "upto": [[origin, [[t, p, o] for (t, p), o in sorted(positions.items())]]
-                            for origin, positions in sorted(upto.items())],
+        if not answer.get("rest") or address is None:  # an older holder keeps no rest; one gone took it with it
+            self._ended_short(client_id, holder, short)
+            return cursors
+        request = {"op": "rest", "c": client_id, "upto": handover.positions_wire(upto),
                    "wait": max(0.0, deadline - time.monotonic() - 0.05)}  # its answer's way back within the end
         try:
             rest = self._call(holder, address, request, max(0.05, deadline - time.monotonic()))
@@ -238,11 +229,10 @@ class ClientIds:
             problem = handover.rest_problem(rest)
             if problem is not None:
                 rest = {"error": problem}
-        if "error" in rest or not rest.get("complete", False) or short:
-            self.ends_short += 1
-            log.warning("mqtt client %s: the end of its takeover from broker %d did not complete within "
-                        "MQTT_HANDOVER_END_S (%s): what reached broker %d for it meanwhile may be missed", client_id,
-                        holder, rest.get("error") or short or "broker %d's copies did not catch up" % holder, holder)
+        if "error" in rest or not rest.get("complete", False):
+            short = short or "%s: what reached broker %d for it meanwhile may be missed" % (
+                rest.get("error") or "broker %d's copies did not catch up" % holder, holder)
+        self._ended_short(client_id, holder, short)
         queued = rest.get("queued", ())
         room = max(0, limits.MQTT_HANDOVER_MAX_MESSAGES - len(state["inf"]) - len(state["queued"]))
         state["queued"].extend(queued[:room])
@@ -250,6 +240,44 @@ class ClientIds:
         if dropped:
             state["dropped"] = state.get("dropped", 0) + dropped
         return cursors
+
+    def _ended_short(self, client_id, holder, why):
+        """Count and log a takeover's end that did not complete (``why``, None: it did)."""
+        if why:
+            self.ends_short += 1
+            log.warning("mqtt client %s: the end of its takeover from broker %d did not complete within "
+                        "MQTT_HANDOVER_END_S: %s", client_id, holder, why)
+
+    def _start(self, state, answer, key, deadline):
+        """Where the session taken over (``state``, the old holder's ``answer``) starts reading here: ``(cursors,
+        upto, short)``. Its filters pinned in the route (``key``, until the session's record holds them) and every
+        peer acting on it (``MqttCluster.routed``), this broker's copies of each origin partition at or past where the
+        holder's stood when it exported the session (its ``stop``: what is before came in the handover; a broker that
+        already copied for these filters may be behind it), and those copies readable; then, with nothing yielded
+        between, ``cursors`` (this broker's log ends: ``handover.cursors_of``) and ``upto`` (its copies' positions
+        of each origin, its own log's ends as its own: the rest the holder hands ends there). ``short``: why not all
+        of it held by ``deadline`` (the session starts there all the same), or None."""
+        cluster = self.cluster
+        filters = [sub[0] for sub in state["subs"]]
+        cluster.pin(key, filters)
+        short = None if cluster.routed(filters, deadline) else "a peer's link was down or it did not act on the route"
+        try:
+            stop = handover.positions_read(answer.get("stop", []))
+        except (TypeError, ValueError) as exc:
+            stop, short = {}, short or "the positions where its handover stopped are malformed (%s): what this " \
+                "broker copied before them may come twice" % exc
+        if not self._caught_up(stop, deadline):
+            short = short or "this broker's copies did not reach where its handover stopped: what is before may " \
+                "come twice"
+        while not cluster.inbox_visible(cluster.inbox_marks()):  # the positions count the copies the reads start past
+            if time.monotonic() >= deadline:
+                short = short or "copies the positions count were not readable here yet: they may come twice"
+                break
+            gevent.sleep(0.002)
+        cursors = handover.cursors_of(self.store, state["subs"])  # nothing yielded since
+        upto = cluster.positions_for(filters)
+        upto[self.broker_id] = {k: o for k, o in cursors.items() if k[0] not in self.port.cluster_topics}
+        return cursors, upto, short
 
     def finished(self, client_id):
         """The CONNECT of ``client_id`` here claimed it (or was refused): a later takeover may go on."""
@@ -350,9 +378,21 @@ class ClientIds:
             self._linger(key, saved)
         ends = {}
         session = handover.export(self.store, saved, self.max_transfer, ends=ends)
-        if key in self._lingering:
-            self._lingering[key] = (self._lingering[key][0], saved, ends)
-        return {"session": session, "from": self.broker_id, "rest": self.cluster is not None}
+        answer = {"session": session, "from": self.broker_id, "rest": self.cluster is not None}
+        if self.cluster is not None:
+            if key in self._lingering:
+                self._lingering[key] = (self._lingering[key][0], saved, ends)
+            answer["stop"] = handover.positions_wire(self._stopped(saved, ends))
+        return answer
+
+    def _stopped(self, saved, ends):
+        """Where the handover of ``saved`` stopped, per origin: ``{origin: {(topic, partition): offset}}``, this
+        broker's copies of each peer's partitions the session reads (taken once ``export`` read its inbox: at or
+        past each copy it handed) and its own log's ends where ``export``'s reads stopped (``ends``). The taker's
+        own copies start past them (``_start``)."""
+        stop = self.cluster.positions_for([sub[0] for sub in saved.subscriptions])
+        stop[self.broker_id] = {k: o for k, o in ends.items() if k[0] not in self.port.cluster_topics}
+        return stop
 
     def _linger(self, key, saved):
         """Keep what the takeover's end asks of the session ``saved`` given up here (``_rest``): its filters in the
@@ -369,8 +409,9 @@ class ClientIds:
     def _behind(self, upto, reads):
         """True when this broker's copy of one of another origin's partitions in ``upto`` (``{origin: {(topic,
         partition): offset}}``) is before its offset there, or has no position yet while this broker's route reads
-        its topic (``reads``: ``MqttCluster.topics_read``; its copy is yet to begin); other greenlets run during the
-        look (``share_loop``)."""
+        its topic (``reads``: ``MqttCluster.topics_read``; its copy is yet to begin) and the offset is past 0; other
+        greenlets run during the look (``share_loop``). Its own log (``upto``'s own origin) is no copy: never behind.
+        Both ends of a takeover wait on it: the holder for the taker's positions, the taker for the holder's stops."""
         positions, turn = self.cluster.positions, time.monotonic()
         read, every = reads
         for origin, wanted in upto.items():
@@ -378,7 +419,7 @@ class ClientIds:
                 continue
             for (topic, partition), offset in wanted.items():
                 at = positions.get(origin, topic, partition)
-                if (at is None and (every or topic in read)) or (at is not None and at < offset):
+                if (at is None and offset > 0 and (every or topic in read)) or (at is not None and at < offset):
                     return True
                 turn = share_loop(turn)
         return False
@@ -405,13 +446,7 @@ class ClientIds:
         try:
             _until, saved, ends = kept
             try:
-                if len(request["upto"]) > limits.MQTT_CLUSTER_MAX_PEERS + 1 or \
-                        any(len(positions) > limits.MQTT_CLUSTER_MAX_FOLLOWED for _o, positions in request["upto"]):
-                    raise ValueError("more than %d origins (MQTT_CLUSTER_MAX_PEERS and the taker) or %d positions of "
-                                     "one (MQTT_CLUSTER_MAX_FOLLOWED)" % (limits.MQTT_CLUSTER_MAX_PEERS + 1,
-                                                                         limits.MQTT_CLUSTER_MAX_FOLLOWED))
-                upto = {int(origin): {(str(t), int(p)): int(o) for t, p, o in positions}
-                        for origin, positions in request["upto"]}
+                upto = handover.positions_read(request["upto"])
                 wait = min(float(request.get("wait", 0)), limits.MQTT_HANDOVER_END_S)
             except (KeyError, TypeError, ValueError) as exc:
                 return {"error": "client id %s: a call for the rest of its handover that is not [[origin, [[topic, "

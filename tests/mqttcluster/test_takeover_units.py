@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.mqtt.port import MqttPort
-from metaq.mqttcluster import service
+from metaq.mqttcluster import handover, service
 from metaq.mqttcluster.calls import PeerClient, PeerUnreachable
 from metaq.mqttcluster.ids import home_of
 from metaq.mqttcluster.link import ACK_EXPECTED_S, PeerLink
@@ -24,7 +24,7 @@ from metaq.mqttcluster.service import LEASE_MARGIN_S, ClientIds
 from metaq.protocol import replication as rp
 from metaq.server.config import ServerConfig
 from metaq.protocol.replication_mqtt import MESSAGE, POSITION, ROUTED, Entry, decode_routes, join_routes, split_routes
-from tests.mqttcluster.test_units import RecordsStore, _records_frame
+from tests.mqttcluster.test_units import FakeStore, RecordsStore, _records_frame
 
 
 def _parsed(event):
@@ -257,6 +257,7 @@ class EndCluster(FakeCluster):
     def __init__(self, acted=True, visible=5):
         super().__init__()
         self.acted, self.visible = acted, visible
+        self.positions = Copies(3)
 
     def routed(self, filters, deadline):
         return self.acted
@@ -380,3 +381,77 @@ def test_the_old_broker_waits_for_a_copy_its_route_reads_that_has_no_position_ye
     assert time.monotonic() - started >= 0.05
     assert ids._caught_up({2: {("b", 0): 5}}, time.monotonic() + 0.05)
     assert ids._caught_up({ids.broker_id: {("a", 0): 5}}, time.monotonic() + 0.05)  # its own log: nothing to copy
+
+
+def test_the_taker_starts_a_session_past_where_the_holders_handover_stopped(monkeypatch):
+    """A taker that already copies for the session's filters may stand behind where the old holder's handover stopped
+    (its ``stop``): it waits until its own copies reach it, then takes the session's read positions (each message once,
+    by the handover or by its copies); past MQTT_HANDOVER_END_S, or a stop past MQTT_CLUSTER_MAX_FOLLOWED positions of
+    one origin, it goes on, counted short (what is before may come twice, nothing is lost)."""
+    monkeypatch.setattr(limits, "MQTT_HANDOVER_END_S", 0.1)
+    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_FOLLOWED", 2)
+    state = {"subs": [["a/#", 1, False, ["a"]]], "inf": [], "queued": []}
+
+    def taker():
+        ids = _ids(SimpleNamespace(cluster_topics={"%MQTTIN%"}))
+        ids.store, ids.cluster = RecordsStore({"a": 1}), EndCluster()
+        return ids
+
+    ids = taker()
+    stop = {1: {("a", 0): 5}, 2: {("a", 0): 0}, ids.broker_id: {("a", 0): 9}}  # its own log: nothing to copy
+    answer = {"from": 1, "stop": handover.positions_wire(stop)}
+    catching_up = gevent.spawn_later(0.03, setattr, ids.cluster.positions, "at", 5)
+    started = time.monotonic()
+    assert ids._takeover_end("x", state, answer, ("taking", "x", 1)) == {("a", 0): 5}
+    assert 0.03 <= time.monotonic() - started < 0.1 and ids.ends_short == 0
+    catching_up.join()
+
+    ids = taker()  # its copies never get there: it goes on at the end's bound
+    assert ids._takeover_end("x", state, answer, ("taking", "x", 1)) == {("a", 0): 5}
+    assert ids.ends_short == 1
+
+    ids = taker()  # a stop of MQTT_CLUSTER_MAX_FOLLOWED positions of an origin is waited for, one past is not
+    ids.cluster.positions.at = 5
+    at_limit = {1: {("a", 0): 5, ("a", 1): 5}}
+    assert ids._takeover_end("x", state, {"from": 1, "stop": handover.positions_wire(at_limit)}, ("t", "x", 1))
+    assert ids.ends_short == 0
+    past = {1: {("a", p): 5 for p in range(3)}}
+    with pytest.raises(ValueError, match="MQTT_CLUSTER_MAX_FOLLOWED"):
+        handover.positions_read(handover.positions_wire(past))
+    assert ids._takeover_end("x", state, {"from": 1, "stop": handover.positions_wire(past)}, ("t", "x", 1))
+    assert ids.ends_short == 1
+
+
+def test_the_holder_names_where_its_handover_stopped_per_origin():
+    """The holder's stop: its copies of each peer's partitions the session reads, and its own log where ``export``'s
+    reads stopped (not its inbox: those are copies, named by their origins)."""
+    ids = _ids(SimpleNamespace(cluster_topics={"%MQTTIN%"}))
+    ids.cluster = EndCluster()
+    saved = SimpleNamespace(subscriptions=[("a/#", 1, False, ("a",), False, None)])
+    assert ids._stopped(saved, {("a", 0): 7, ("%MQTTIN%", 3): 40}) == {1: {("a", 0): 3}, 3: {("a", 0): 7}}
+
+
+def test_a_topic_made_while_a_routes_rescan_shares_the_loop_stays_followed_from_its_start(monkeypatch):
+    """A route's rescan that shares the loop (``FilterSet.topics``) while a topic its filters read is first written
+    here, and the follow's own rescan (the store's new partition) starts that topic from its start: the route's rescan,
+    resumed with the topics it knew before, does not drop it (the follow would not look again: the store's partitions
+    did not change since), and a rescan that finds a newer one ran meanwhile leaves the decision to it."""
+    store = FakeStore({"t": 1})
+    follow = PeerFollow(store, rp.Routes(1, ("t",), (("t", 0, 0),), version=7))
+    looked = FilterSet.topics
+    entered = []
+
+    def topics(self, known):
+        entered.append(list(known))
+        if len(entered) == 1:  # the route's: it resumes after the follow's own
+            gevent.sleep(0.01)
+        return looked(self, known)
+
+    monkeypatch.setattr(FilterSet, "topics", topics)
+    route = gevent.spawn(follow.set_filters, ("t", "ping/#"), (), 8)
+    gevent.sleep(0.001)  # the route's rescan shares the loop
+    store.topics["ping"] = 1  # the first message of ping: the follow's own rescan, on the store's new partition
+    follow.rescan()
+    route.join()
+    assert follow.cursors.get(("ping", 0)) == 0  # from its start: it was made after the route came
+    assert follow.made == store.partitions_made() and follow.routed == 8
