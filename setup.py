@@ -39,8 +39,6 @@ def speedups_extension():
                                          "metaq/_mqttacks.c",
                                          "metaq/_mqttdirect.c",
                                          "metaq/_mqttdeliver.c",
-                                         "metaq/_burstrun.c",
-                                         "metaq/_putturn.c",
                                          "metaq/_pubturn.c",
                                          "metaq/_mqttwaiting.c",
                                          "metaq/_slots.c",

@@ -21,6 +21,9 @@ import warnings
 #: The modules compiled with Cython from their Python source (read by setup.py; keep it a plain literal).
 COMPILED = (
     "metaq.store.store",
+    "metaq.store.batch",
+    "metaq.server.putpath",
+    "metaq.server.longpoll",
 )
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -15,9 +15,8 @@ the text server instead batches the flush waits of a burst (``ack_mode``).
 """
 
 import logging
-from functools import partial
 
-from metaq import errors, speedups
+from metaq import errors
 from metaq.auth.acl import PUB
 from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.journaltopic import is_journal, journal_refusal
@@ -43,21 +42,6 @@ def journal_append(store):
     return BrokerWrites(store).journal
 
 
-def visible_py(notify, should_flush, wake, keys, now, quiet=None, deliver=None, args=()):
-    """``BrokerWrites.visible`` of the broker's waiters (``notify``: ``PartitionWaiters.notify``), store
-    (``should_flush``: ``MessageStore.should_flush``) and flusher (``wake``): the C helper's ``put_visible`` is its
-    twin, bound to them where the broker's writes are made (no Python frame between a burst and its wake)."""
-    if deliver is not None:
-        quiet = deliver(*args)
-    notify(keys, quiet, True)
-    if should_flush(now):
-        wake()
-    return ACK_NOW
-
-
-_put_visible = speedups.load("put_visible", visible_py)
-
-
 class BrokerWrites:
     """The broker's own writes into the log, beside its clients': journal records (timers, delay levels, POP,
     transactions, MQTT sessions), the messages it stores on a client's behalf once their time comes (a timer's or
@@ -74,8 +58,6 @@ class BrokerWrites:
         self.waiters = waiters
         self.flusher = flusher
         self.sync_flush = sync_flush
-        if waiters is not None and flusher is not None:  # ``visible`` in one call (the C helper's, when built)
-            self.visible = partial(_put_visible, waiters.notify, store.should_flush, flusher.wake)
 
     def journal(self, topic, flag, data, now, partition=0):
         """One journal record in ``partition`` of the internal ``topic`` (its follower reads it): the PutResult."""
@@ -109,10 +91,13 @@ class BrokerWrites:
         reader waits for one write, never for a writer's whole pipeline. A writer therefore holds no lock and no
         decision across it unless the decision's version says it stands (``PutPath.decision_stands``).
         The flusher is woken when its policy says so. Returns ACK_NOW: a client's write visible now may be
-        acknowledged now unless a slave must have it (``PutPath.written``, which knows). ``visible_py``; given
-        waiters and a flusher, the instance's ``visible`` is it (the C helper's twin when built) bound to them."""
-        return visible_py(self.waiters.notify, self.store.should_flush, self.flusher.wake, keys, now, quiet, deliver,
-                          args)
+        acknowledged now unless a slave must have it (``PutPath.written``, which knows)."""
+        if deliver is not None:
+            quiet = deliver(*args)
+        self.waiters.notify(keys, quiet, True)
+        if self.store.should_flush(now):
+            self.flusher.wake()
+        return ACK_NOW
 
 
 class WriteGate:
