@@ -165,12 +165,6 @@ class PutPath:
         self._writable_at = None  # the ``standing`` at which ``check_writable`` last said yes
         self.standing = self._standing()
         self.burst_written = self._burst_written()
-        # the calls that only forward, bound to where they go (neither the store, the stats nor the registry is
-        # replaced while the broker runs): a burst's run reaches them with no frame of ours between
-        if store is not None:
-            self.append_burst = store.put_burst
-        if registry is None and stats is not None:
-            self.counted = stats.on_puts
 
     def changed(self, *_):
         """Something ``write_refusal`` reads changed: the permissions file (users, rules, quotas), the write gate,
@@ -399,7 +393,7 @@ class PutPath:
     def append_burst(self, frames, src, now):
         """The batch writers' append (``MessageStore.put_burst``): ``(frames taken, BurstRuns)``, the writer's
         refusal (``check_write``) already asked. The caller then counts the runs (``counted``) and owes the
-        acknowledgement ``written`` returns. A put path with a store is given the store's own method instead."""
+        acknowledgement ``written`` returns."""
         return self.store.put_burst(frames, src, now)
 
     def append_idempotent_run(self, frames, src, now, owner=None):
@@ -432,8 +426,7 @@ class PutPath:
     def counted(self, topic, count, nbytes):
         """What follows every stored client message, once per run of one topic: count ``count`` messages of
         ``nbytes`` body bytes and register ``topic`` in ZooKeeper when it is new. The one place statistics and
-        registration follow a write, so a batch writer counts per run, never per message. With no registry
-        (no ZooKeeper) it is ``BrokerStats.on_puts`` itself."""
+        registration follow a write, so a batch writer counts per run, never per message."""
         self.stats.on_puts(topic, count, nbytes)
         registry = self.registry
         if registry is not None and topic not in registry.registered_topics:

@@ -85,11 +85,11 @@ def append_run(runs, run_type, log, seg_start, rel, ready, src, frames, i, j, ro
 
 
 class BurstWriter:
-    """A store's burst writer: ``append`` is ``MessageStore.put_burst`` (the store binds it, so a burst's append is
-    one Python call). ``log``: its CommitLog; ``writer((topic, partition))``: the PartitionIndex of a partition
-    already put to, else None (``Partitions.writer``); ``ids``: its IdGenerator (set once the log is recovered);
-    ``positions``: its LogPositions; ``refusal``: why the store refuses writes now (its disk check sets it at each
-    measurement, the one place it is kept), None while it takes them."""
+    """A store's burst writer: ``append`` is what ``MessageStore.put_burst`` does. ``log``: its CommitLog;
+    ``writer((topic, partition))``: the PartitionIndex of a partition already put to, else None
+    (``Partitions.writer``); ``ids``: its IdGenerator (set once the log is recovered); ``positions``: its
+    LogPositions; ``refusal``: why the store refuses writes now (its disk check sets it at each measurement, the one
+    place it is kept), None while it takes them."""
 
     __slots__ = ("log", "writer", "ids", "positions", "refusal")
 

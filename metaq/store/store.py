@@ -71,8 +71,6 @@ class MessageStore:
         self._checkpoint_serial = self._checkpointed = self._ids = self._index_problem = None
         #: the burst path's writer; its ``refusal`` is the store's: why writes are refused now (``check_disk``)
         self._burst = batch.BurstWriter(self._log, self._parts.writer, self._pos)
-        #: ``put_burst(frames, src, now_ms)``: ``BurstWriter.append``, bound (one Python call a burst)
-        self.put_burst = self._burst.append
         self._last_flush_ms = 0
         self.disk_state = None  # the latest check_disk() result (a roll's check or the broker's loop)
         self._closed = True
@@ -340,8 +338,8 @@ class MessageStore:
         return self.idempotence.put_run(frames, src, now_ms, self.put_burst, owner)
 
     def put_burst(self, frames, src, now_ms):
-        """Append a scanned burst's leading puts in one pass: ``(taken, runs)`` (``batch.BurstWriter.append``, which
-        an open store binds in this method's place); the rest is for ``put``."""
+        """Append a scanned burst's leading puts in one pass: ``(taken, runs)`` (``batch.BurstWriter.append``); the
+        rest is for ``put``."""
         return self._burst.append(frames, src, now_ms)
 
     def _index_tail(self, p, off):
