@@ -45,8 +45,7 @@
  *                                                 == getattr and setattr (_slots.c: the C hot paths' attributes)
  *   mqtt_split, mqtt_publish_bytes, mqtt_pubacks  == metaq.mqtt.wire's split_py, publish_bytes_py and
  *                                                 encode_pubacks_py (_mqttwire.c)
- *   store_should_flush, put_visible, waiters_notify == MessageStore.should_flush, putpath.visible_py,
- *                                                 PartitionWaiters.notify (_putturn.c)
+ *   now_ms()                                     == metaq.server.clock.now_ms_py
  *
  *   crc32(data, value=0)                         == zlib.crc32 (metaq.protocol.checksum uses it)
  *   SyncWorker(notify_fd)                        fdatasync off the GIL (metaq/server/flusher.py;
@@ -67,6 +66,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <zlib.h>
 
 #include "_speedups.h"
@@ -344,11 +344,11 @@ static uLong crc_shift_op(Py_ssize_t n) {
 }
 
 /* write_run's records written into held buffers (log[rel:], index[unit_at:]); the count, *rel moved past them; -1 with
-   an exception set on bad input. Shared with append_run (_burstrun.c). */
-Py_ssize_t metaq_write_records(const Py_buffer *lb, const Py_buffer *sb, const Py_buffer *ib, PyObject *frames,
-                               Py_ssize_t i, Py_ssize_t j, PyObject *topic_obj, long partition, long long seg_start,
-                               Py_ssize_t *relp, Py_ssize_t ready, long long offset, long long now_ms,
-                               long long first_id, Py_ssize_t unit_at) {
+   an exception set on bad input. */
+static Py_ssize_t metaq_write_records(const Py_buffer *lb, const Py_buffer *sb, const Py_buffer *ib,
+                                      PyObject *frames, Py_ssize_t i, Py_ssize_t j, PyObject *topic_obj,
+                                      long partition, long long seg_start, Py_ssize_t *relp, Py_ssize_t ready,
+                                      long long offset, long long now_ms, long long first_id, Py_ssize_t unit_at) {
     if (!PyList_Check(frames)) {
         PyErr_SetString(PyExc_TypeError, "frames must be a list");
         return -1;
@@ -416,9 +416,9 @@ Py_ssize_t metaq_write_records(const Py_buffer *lb, const Py_buffer *sb, const P
     return count;
 }
 
-/* The log, body and index buffers write_run and append_run write through; 0 with an exception set. */
-int metaq_run_buffers(PyObject *log_obj, PyObject *src_obj, PyObject *index_obj, Py_buffer *lb, Py_buffer *sb,
-                      Py_buffer *ib) {
+/* The log, body and index buffers write_run writes through; 0 with an exception set. */
+static int metaq_run_buffers(PyObject *log_obj, PyObject *src_obj, PyObject *index_obj, Py_buffer *lb,
+                             Py_buffer *sb, Py_buffer *ib) {
     if (PyObject_GetBuffer(log_obj, lb, PyBUF_WRITABLE) < 0)
         return 0;
     if (PyObject_GetBuffer(src_obj, sb, PyBUF_SIMPLE) < 0) {
@@ -1079,6 +1079,15 @@ int metaq_decimal(char *p, long long v) {
 
 static PyObject *mqtt_burst_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs); /* at the end */
 
+/* now_ms() == metaq.server.clock.now_ms_py: milliseconds since the Unix epoch (CLOCK_REALTIME, what time.time
+   reads), an int; the stamp of every burst, read once a turn. */
+static PyObject *now_ms(PyObject *self, PyObject *unused) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_REALTIME, &ts) != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    return PyLong_FromLongLong((long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+}
+
 static PyMethodDef methods[] = {
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, value=0) -> the unsigned CRC-32 of data (as zlib.crc32)"},
     {"scan_puts", scan_puts, METH_VARARGS,
@@ -1091,17 +1100,6 @@ static PyMethodDef methods[] = {
     {"encode_timer_acks", encode_timer_acks, METH_VARARGS,
      "encode_timer_acks(items, start, count, first_id) -> the result 200 replies of taken put_ats, joined"},
     {"now_ms", now_ms, METH_NOARGS, "now_ms() -> milliseconds since the Unix epoch: metaq.server.clock.now_ms_py"},
-    {"store_should_flush", (PyCFunction)(void (*)(void))store_should_flush, METH_FASTCALL,
-     "store_should_flush(store, now_ms) -> bool: metaq.store.store.MessageStore.should_flush"},
-    {"put_visible", (PyCFunction)(void (*)(void))put_visible, METH_FASTCALL,
-     "put_visible(notify, should_flush, wake, keys, now, quiet=None, deliver=None, args=()) -> 0: "
-     "metaq.server.putpath.visible_py"},
-    {"waiters_notify", (PyCFunction)(void (*)(void))waiters_notify, METH_FASTCALL,
-     "waiters_notify(waiters, sleep, new_partition, keys, quiet=None, settle=False) -> bool: "
-     "metaq.server.longpoll.PartitionWaiters.notify"},
-    {"append_run", (PyCFunction)(void (*)(void))append_run, METH_FASTCALL,
-     "append_run(runs, run_type, log, seg_start, rel, ready, src, frames, i, j, room, topic, partition, p, off, "
-     "now_ms, ids, positions, index, unit_at, overhead) -> count: metaq.store.batch.append_run_py"},
     {"write_run", write_run, METH_VARARGS,
      "write_run(log, seg_start, rel, ready, src, frames, i, j, topic, partition, offset, now_ms, first_id, index, "
      "unit_at) -> (count, rel_after)"},

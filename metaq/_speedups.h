@@ -5,8 +5,8 @@
 #include <Python.h>
 
 /* METH_FASTCALL arguments checked one by one as PyArg_ParseTuple's format codes check them (the same exceptions for
-   bad types), without parsing a format string each call: the per-message entry points' (append_run,
-   mqtt_plain_publishes, mqtt_read_publishes, mqtt_burst_frames). Each is 1, or 0 with an exception set. */
+   bad types), without parsing a format string each call: the per-message entry points' (mqtt_plain_publishes,
+   mqtt_read_publishes, mqtt_burst_frames). Each is 1, or 0 with an exception set. */
 static inline int metaq_nargs(Py_ssize_t nargs, Py_ssize_t want) {
     if (nargs == want)
         return 1;
@@ -104,23 +104,6 @@ PyObject *served_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 #endif
 /* grpc_frames (_pbwrite.c): gRPC messages length-prefixed and joined; metaq/rmq5/wire.py. */
 PyObject *grpc_frames(PyObject *self, PyObject *items);
-
-/* append_run (_burstrun.c): a burst's run written with its ids taken and its positions advanced (store/batch.py). */
-PyObject *append_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-/* now_ms (_burstrun.c): the broker's wall clock in milliseconds (server/clock.py's twin). */
-PyObject *now_ms(PyObject *self, PyObject *unused);
-/* store_should_flush, put_visible and waiters_notify (_putturn.c): what follows a burst's append, each the twin of a
-   Python method (store/store.py, server/putpath.py, server/longpoll.py). */
-PyObject *store_should_flush(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *put_visible(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *waiters_notify(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-/* From _speedups.c: write_run's records written into held buffers, and those buffers taken (_burstrun.c's too). */
-Py_ssize_t metaq_write_records(const Py_buffer *lb, const Py_buffer *sb, const Py_buffer *ib, PyObject *frames,
-                               Py_ssize_t i, Py_ssize_t j, PyObject *topic_obj, long partition, long long seg_start,
-                               Py_ssize_t *relp, Py_ssize_t ready, long long offset, long long now_ms,
-                               long long first_id, Py_ssize_t unit_at);
-int metaq_run_buffers(PyObject *log_obj, PyObject *src_obj, PyObject *index_obj, Py_buffer *lb, Py_buffer *sb,
-                      Py_buffer *ib);
 /* From _speedups.c: the CRC-32 of p[0:n] continued from crc (ISA-L or zlib); v in decimal at p, its length. */
 unsigned long metaq_crc(const unsigned char *p, Py_ssize_t n, unsigned long crc);
 int metaq_decimal(char *p, long long v);

@@ -23,6 +23,9 @@ COMPILED = (
     "metaq.store.store",
     "metaq.mqtt.plainturn",
     "metaq.mqtt.direct",
+    "metaq.store.batch",
+    "metaq.server.putpath",
+    "metaq.server.longpoll",
 )
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

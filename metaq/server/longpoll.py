@@ -25,20 +25,16 @@ such a reader learns of a new topic at its first write, and of a topic an admin 
 (``partitions_changed``, the topic admin's callback).
 """
 
-from functools import partial
-
 import gevent
 from gevent.event import Event
 
-from metaq import errors, limits, speedups
+from metaq import errors, limits
 
 #: ``visible_end`` of a partition whose end cannot be told (an unknown topic: the caller's read says why).
 UNTOLD = -1
 #: The key a wait names to be woken at the first wake after a partition appeared in the store (no topic has an
 #: empty name).
 NEW_PARTITION = ("", -1)
-
-_notify = speedups.load("waiters_notify", None)
 
 
 class PartitionWaiters:
@@ -55,8 +51,6 @@ class PartitionWaiters:
         self.by_user = {}  # user -> its long polls admitted and not yet left (those admitted with a user)
         self.closed = False  # the broker is stopping: parked waits answer now
         self._made = False  # the store made a partition or dropped a topic's since the last wake (``partitions_made``)
-        if _notify is not None:  # ``notify`` in one C call, no Python frame (its twin: the method)
-            self.notify = partial(_notify, self, gevent.sleep, NEW_PARTITION)
 
     def partitions_made(self):
         """The store made a partition or dropped a topic's (its ``partitions_made`` moved): the next wake names
@@ -161,8 +155,7 @@ class PartitionWaiters:
         turn): they go on waiting for the next append there, unwoken. ``settle``: the put path's one wake
         (``BrokerWrites.visible``): when a wait was woken, yield to the loop once, so the woken gets read and send
         their replies before the caller goes on (a put burst's ack, its next frames): a consumer's latency then
-        holds no ack send nor the rest of the producer's burst. The caller must be free to yield (no lock held).
-        The C helper's ``waiters_notify`` is its twin, bound to each instance when built."""
+        holds no ack send nor the rest of the producer's burst. The caller must be free to yield (no lock held)."""
         waits = self._waits
         if not waits:
             return False

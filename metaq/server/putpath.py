@@ -15,9 +15,8 @@ the text server instead batches the flush waits of a burst (``ack_mode``).
 """
 
 import logging
-from functools import partial
 
-from metaq import errors, speedups
+from metaq import errors
 from metaq.auth.acl import PUB
 from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.journaltopic import is_journal, journal_refusal
@@ -43,21 +42,6 @@ def journal_append(store):
     return BrokerWrites(store).journal
 
 
-def visible_py(notify, should_flush, wake, keys, now, quiet=None, deliver=None, args=()):
-    """``BrokerWrites.visible`` of the broker's waiters (``notify``: ``PartitionWaiters.notify``), store
-    (``should_flush``: ``MessageStore.should_flush``) and flusher (``wake``): the C helper's ``put_visible`` is its
-    twin, bound to them where the broker's writes are made (no Python frame between a burst and its wake)."""
-    if deliver is not None:
-        quiet = deliver(*args)
-    notify(keys, quiet, True)
-    if should_flush(now):
-        wake()
-    return ACK_NOW
-
-
-_put_visible = speedups.load("put_visible", visible_py)
-
-
 class BrokerWrites:
     """The broker's own writes into the log, beside its clients': journal records (timers, delay levels, POP,
     transactions, MQTT sessions), the messages it stores on a client's behalf once their time comes (a timer's or
@@ -74,8 +58,6 @@ class BrokerWrites:
         self.waiters = waiters
         self.flusher = flusher
         self.sync_flush = sync_flush
-        if waiters is not None and flusher is not None:  # ``visible`` in one call (the C helper's, when built)
-            self.visible = partial(_put_visible, waiters.notify, store.should_flush, flusher.wake)
 
     def journal(self, topic, flag, data, now, partition=0):
         """One journal record in ``partition`` of the internal ``topic`` (its follower reads it): the PutResult."""
@@ -109,10 +91,13 @@ class BrokerWrites:
         reader waits for one write, never for a writer's whole pipeline. A writer therefore holds no lock and no
         decision across it unless the decision's version says it stands (``PutPath.decision_stands``).
         The flusher is woken when its policy says so. Returns ACK_NOW: a client's write visible now may be
-        acknowledged now unless a slave must have it (``PutPath.written``, which knows). ``visible_py``; given
-        waiters and a flusher, the instance's ``visible`` is it (the C helper's twin when built) bound to them."""
-        return visible_py(self.waiters.notify, self.store.should_flush, self.flusher.wake, keys, now, quiet, deliver,
-                          args)
+        acknowledged now unless a slave must have it (``PutPath.written``, which knows)."""
+        if deliver is not None:
+            quiet = deliver(*args)
+        self.waiters.notify(keys, quiet, True)
+        if self.store.should_flush(now):
+            self.flusher.wake()
+        return ACK_NOW
 
 
 class WriteGate:
@@ -180,12 +165,6 @@ class PutPath:
         self._writable_at = None  # the ``standing`` at which ``check_writable`` last said yes
         self.standing = self._standing()
         self.burst_written = self._burst_written()
-        # the calls that only forward, bound to where they go (neither the store, the stats nor the registry is
-        # replaced while the broker runs): a burst's run reaches them with no frame of ours between
-        if store is not None:
-            self.append_burst = store.put_burst
-        if registry is None and stats is not None:
-            self.counted = stats.on_puts
 
     def changed(self, *_):
         """Something ``write_refusal`` reads changed: the permissions file (users, rules, quotas), the write gate,
@@ -414,7 +393,7 @@ class PutPath:
     def append_burst(self, frames, src, now):
         """The batch writers' append (``MessageStore.put_burst``): ``(frames taken, BurstRuns)``, the writer's
         refusal (``check_write``) already asked. The caller then counts the runs (``counted``) and owes the
-        acknowledgement ``written`` returns. A put path with a store is given the store's own method instead."""
+        acknowledgement ``written`` returns."""
         return self.store.put_burst(frames, src, now)
 
     def append_idempotent_run(self, frames, src, now, owner=None):
@@ -447,8 +426,7 @@ class PutPath:
     def counted(self, topic, count, nbytes):
         """What follows every stored client message, once per run of one topic: count ``count`` messages of
         ``nbytes`` body bytes and register ``topic`` in ZooKeeper when it is new. The one place statistics and
-        registration follow a write, so a batch writer counts per run, never per message. With no registry
-        (no ZooKeeper) it is ``BrokerStats.on_puts`` itself."""
+        registration follow a write, so a batch writer counts per run, never per message."""
         self.stats.on_puts(topic, count, nbytes)
         registry = self.registry
         if registry is not None and topic not in registry.registered_topics:

@@ -19,8 +19,8 @@ answers them exactly as always:
 * the record would not fit in the active segment (roll, disk check);
 * the store is refusing writes (disk: ``BurstWriter.refusal``, which the store sets).
 
-``metaq._speedups.write_run`` is ``write_run_py`` in C, ``append_run`` ``append_run_py`` (the tests hold each
-pair equal).
+``metaq._speedups.write_run`` is ``write_run_py`` in C (the tests hold the pair equal); ``append_run``, the run's
+bookkeeping around it, is Python only (compiled with the module where built: ``metaq.native``).
 """
 
 import zlib
@@ -67,13 +67,12 @@ def write_run_py(log, seg_start, rel, ready, src, frames, i, j, topic, partition
 write_run = speedups.load("write_run", write_run_py)  # the C twin when built (same results, less CPU)
 
 
-def append_run_py(runs, run_type, log, seg_start, rel, ready, src, frames, i, j, room, topic, partition, p, off,
-                  now_ms, ids, positions, index, unit_at, overhead):
+def append_run(runs, run_type, log, seg_start, rel, ready, src, frames, i, j, room, topic, partition, p, off, now_ms,
+               ids, positions, index, unit_at, overhead):
     """One run of partition ``p`` appended: ``write_run`` of ``frames[i:]`` from ``log[rel:]`` with at most
     ``min(j - i, room)`` ids taken from ``ids`` (an IdGenerator; those unused given back), ``positions``
     (LogPositions) advanced past it, and its ``run_type`` (BurstRun) appended to ``runs``; ``overhead``: a record's
-    bytes besides its body. Returns how many records were written. The C helper's ``append_run`` is its twin (the
-    same bytes, ids, positions and run: one call a run instead of four)."""
+    bytes besides its body. Returns how many records were written."""
     first_id, k = ids.take(now_ms, min(j - i, room))
     count, rel_after = write_run(log, seg_start, rel, ready, src, frames, i, i + k, topic, partition, off, now_ms,
                                  first_id, index, unit_at)
@@ -85,15 +84,12 @@ def append_run_py(runs, run_type, log, seg_start, rel, ready, src, frames, i, j,
     return count
 
 
-append_run = speedups.load("append_run", append_run_py)
-
-
 class BurstWriter:
-    """A store's burst writer: ``append`` is ``MessageStore.put_burst`` (the store binds it, so a burst's append is
-    one Python call). ``log``: its CommitLog; ``writer((topic, partition))``: the PartitionIndex of a partition
-    already put to, else None (``Partitions.writer``); ``ids``: its IdGenerator (set once the log is recovered);
-    ``positions``: its LogPositions; ``refusal``: why the store refuses writes now (its disk check sets it at each
-    measurement, the one place it is kept), None while it takes them."""
+    """A store's burst writer: ``append`` is what ``MessageStore.put_burst`` does. ``log``: its CommitLog;
+    ``writer((topic, partition))``: the PartitionIndex of a partition already put to, else None
+    (``Partitions.writer``); ``ids``: its IdGenerator (set once the log is recovered); ``positions``: its
+    LogPositions; ``refusal``: why the store refuses writes now (its disk check sets it at each measurement, the one
+    place it is kept), None while it takes them."""
 
     __slots__ = ("log", "writer", "ids", "positions", "refusal")
 

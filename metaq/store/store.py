@@ -11,10 +11,8 @@ point, ``follow_log``. Time comes as ``now_ms``."""
 import logging
 import random
 import struct
-from functools import partial
 from operator import attrgetter
 
-from metaq import speedups
 from metaq.errors import ClientError, CorruptRecord, DiskFull, InvalidTopic, Moved, NotFound, UnknownTopic
 from metaq.filters import reads as filtered
 from metaq.limits import KEY_INDEX_STEP_BYTES, MAX_FILTER_SCAN_UNITS, validate_partition
@@ -50,9 +48,6 @@ _new_tuple = tuple.__new__
 log = logging.getLogger(__name__)
 
 
-_should_flush = speedups.load("store_should_flush", None)
-
-
 class MessageStore:
     """Open with ``MessageStore.open(config, now_ms)``; see DESIGN §4."""
 
@@ -76,11 +71,7 @@ class MessageStore:
         self._checkpoint_serial = self._checkpointed = self._ids = self._index_problem = None
         #: the burst path's writer; its ``refusal`` is the store's: why writes are refused now (``check_disk``)
         self._burst = batch.BurstWriter(self._log, self._parts.writer, self._pos)
-        #: ``put_burst(frames, src, now_ms)``: ``BurstWriter.append``, bound (one Python call a burst)
-        self.put_burst = self._burst.append
         self._last_flush_ms = 0
-        if _should_flush is not None:  # ``should_flush`` in one C call, no Python frame (its twin: the method)
-            self.should_flush = partial(_should_flush, self)
         self.disk_state = None  # the latest check_disk() result (a roll's check or the broker's loop)
         self._closed = True
         self._ahead = AheadWork(self._log, lambda: self._pos.written, self.dirs.root, config.disk_danger_ratio)
@@ -347,8 +338,8 @@ class MessageStore:
         return self.idempotence.put_run(frames, src, now_ms, self.put_burst, owner)
 
     def put_burst(self, frames, src, now_ms):
-        """Append a scanned burst's leading puts in one pass: ``(taken, runs)`` (``batch.BurstWriter.append``, which
-        an open store binds in this method's place); the rest is for ``put``."""
+        """Append a scanned burst's leading puts in one pass: ``(taken, runs)`` (``batch.BurstWriter.append``); the
+        rest is for ``put``."""
         return self._burst.append(frames, src, now_ms)
 
     def _index_tail(self, p, off):
@@ -567,8 +558,10 @@ class MessageStore:
         return more
 
     def should_flush(self, now_ms):
-        """Async policy: flush every ``flush_every_messages`` or ``flush_interval_ms``, whichever first. The C
-        helper's ``store_should_flush`` is its twin, bound to each store when built (no Python frame a write)."""
+        """Async policy: flush every ``flush_every_messages`` or ``flush_interval_ms``, whichever first (``sync``:
+        whenever the log is written past its flushed end). Asked after every write that became visible
+        (``BrokerWrites.visible``); ``_last_flush_ms`` moves to ``now_ms`` whenever it says yes or nothing is left
+        to flush."""
         if self._pos.written <= self._pos.flushed:
             self._last_flush_ms = now_ms
             return False

@@ -73,8 +73,8 @@ def test_the_broker_tells_its_waiters_of_a_new_partition_and_a_deleted_topic_as_
 
 
 def test_a_put_path_with_a_registry_still_registers_each_counted_topic():
-    """Without ZooKeeper ``counted`` is the stats' own ``on_puts``; with a registry it counts and registers a new
-    topic, as every write's count does."""
+    """With a registry ``counted`` counts and registers a new topic, as every write's count does; without ZooKeeper
+    it counts."""
     registered = []
     registry = SimpleNamespace(registered_topics=set(), topic_created=registered.append)
     stats = BrokerStats()
@@ -82,7 +82,6 @@ def test_a_put_path_with_a_registry_still_registers_each_counted_topic():
     path.counted("orders", 3, 30)
     assert registered == ["orders"] and stats.cmd_put == 3
     bare = PutPath(None, stats, None, None, None, WriteGate())
-    assert bare.counted == stats.on_puts
     bare.counted("orders", 2, 20)
     assert stats.cmd_put == 5 and stats.topic_totals["orders"][:2] == [5, 50]
 

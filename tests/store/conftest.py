@@ -30,7 +30,6 @@ def writer(request, monkeypatch):
 
     if request.param == "python":
         monkeypatch.setattr(batch, "write_run", batch.write_run_py)
-        monkeypatch.setattr(batch, "append_run", batch.append_run_py)
     return request.param
 
 

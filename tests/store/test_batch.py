@@ -144,23 +144,24 @@ def run_state(ids, positions, p):
             (p.max, p.dirty, p.visible, p.log_bytes))
 
 
-@pytest.mark.skipif(write_run_c is None, reason="metaq._speedups was not built")
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.binary(max_size=300), min_size=1, max_size=20), st.integers(0, 9000), st.integers(1, 25),
        st.sampled_from([None, -5, 0, 5]), st.integers(0, SEQUENCE_MASK), st.booleans(), st.sampled_from([None, 100]),
        st.integers(0, 2**40), st.integers(0, 1023))
-def test_c_append_run_equals_the_python_twin(bodies, ready, room, seeded_at, seq, async_visible, log_bytes, offset,
-                                             broker):
-    """One run through ``append_run`` (C) and ``append_run_py``: the same log and index bytes, the same BurstRun,
-    the same ids taken and given back (a fresh generator, the clock ahead, behind, a sequence overflow), the same
-    positions (async visible, or queued until flushed) and partition fields."""
-    from metaq._speedups import append_run as append_run_c
-    from metaq.store.batch import BurstRun, append_run_py
+def test_append_run_takes_consecutive_ids_writes_the_run_and_advances_the_positions(bodies, ready, room, seeded_at,
+                                                                                     seq, async_visible, log_bytes,
+                                                                                     offset, broker):
+    """One run through ``append_run`` against the steps it strings together, taken one by one: its ids are those
+    ``next_id`` hands out one at a time, as many as fit the run (``room``), the millisecond's sequence and the
+    ready bytes (a fresh generator, the clock ahead, behind, a sequence overflow); the same log and index bytes as
+    ``write_run_py`` of those records; the positions advanced as ``LogPositions.advance`` does (async visible, or
+    queued until flushed); its BurstRun."""
+    from metaq.store.batch import BurstRun, append_run
 
     topic = b"topic"
     buf, frames = burst([(topic.decode(), 3, b) for b in bodies])
     outputs = []
-    for append in (append_run_py, append_run_c):
+    for reference in (False, True):
         ids = IdGenerator(broker)
         if seeded_at is not None:
             ids.seed(compose(NOW + 5 - TWEPOCH + seeded_at, broker, seq))
@@ -168,8 +169,21 @@ def test_c_append_run_equals_the_python_twin(bodies, ready, room, seeded_at, seq
         positions.written = (1 << 33) + 7
         p = SimpleNamespace(key=("topic", 3), max=offset, dirty=False, visible=offset, log_bytes=log_bytes)
         log, index, runs = bytearray(10000), bytearray(16 * 32), []
-        count = append(runs, BurstRun, log, 1 << 33, 7, ready, buf, frames, 0, len(frames), room, topic, 3, p,
-                       offset, NOW + 5, ids, positions, index, 16, FIXED_OVERHEAD + len(topic))
+        overhead = FIXED_OVERHEAD + len(topic)
+        if reference:
+            first = ids.next_id(NOW + 5)
+            fits = min(len(frames), room, SEQUENCE_MASK - (first & SEQUENCE_MASK) + 1)
+            count, rel_after = write_run_py(log, 1 << 33, 7, ready, buf, frames, 0, fits, topic, 3, offset, NOW + 5,
+                                            first, index, 16)
+            if count == 0:
+                ids.give_back(1)
+            for k in range(1, count):
+                assert ids.next_id(NOW + 5) == first + k
+            end = positions.advance(p, offset, (1 << 33) + rel_after, rel_after - 7, count)
+            runs.append(BurstRun(p.key, count, rel_after - 7 - count * overhead, first, offset, 0, end))
+        else:
+            count = append_run(runs, BurstRun, log, 1 << 33, 7, ready, buf, frames, 0, len(frames), room, topic, 3, p,
+                               offset, NOW + 5, ids, positions, index, 16, overhead)
         assert all(type(r) is BurstRun for r in runs)
         outputs.append((count, runs, bytes(log), bytes(index), run_state(ids, positions, p)))
     assert outputs[0] == outputs[1]
