@@ -38,7 +38,6 @@ def speedups_extension():
                                          "metaq/_mqttwire.c",
                                          "metaq/_mqttturn.c",
                                          "metaq/_mqttacks.c",
-                                         "metaq/_slots.c",
                                          "metaq/_pbwrite.c",
                                          "metaq/_servedmsg.c",
                                          "metaq/_pophandles.c"], depends=["metaq/_speedups.h"],

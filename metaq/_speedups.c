@@ -41,8 +41,6 @@
  *   mqtt_read_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes)
  *                                                 == metaq.mqtt.wire.read_publishes_py (_mqttturn.c)
  *   mqtt_plain_pubacks(buf, pos, v5, max_packet)  == metaq.mqtt.wire.plain_pubacks_py (_mqttacks.c)
- *   slot_getattr(obj, name), slot_setattr(obj, name, value)
- *                                                 == getattr and setattr (_slots.c: the C hot paths' attributes)
  *   mqtt_split, mqtt_publish_bytes, mqtt_pubacks  == metaq.mqtt.wire's split_py, publish_bytes_py and
  *                                                 encode_pubacks_py (_mqttwire.c)
  *   now_ms()                                     == metaq.server.clock.now_ms_py
@@ -1143,10 +1141,6 @@ static PyMethodDef methods[] = {
      "qos1, nbytes, pubacks): mqtt_plain_publishes and the PUBACKs of the QoS 1 ones (_mqttturn.c)"},
     {"mqtt_plain_pubacks", mqtt_plain_pubacks, METH_VARARGS,
      "mqtt_plain_pubacks(buf, pos, v5, max_packet) -> ([packet ids], next pos): a read's plain PUBACKs (_mqttacks.c)"},
-    {"slot_getattr", (PyCFunction)(void (*)(void))slot_getattr, METH_FASTCALL,
-     "slot_getattr(obj, name) -> getattr(obj, name), an object slot read at its offset (_slots.c)"},
-    {"slot_setattr", (PyCFunction)(void (*)(void))slot_setattr, METH_FASTCALL,
-     "slot_setattr(obj, name, value) -> setattr(obj, name, value), an object slot written at its offset (_slots.c)"},
     {"mqtt_split", (PyCFunction)(void (*)(void))mqtt_split, METH_FASTCALL,
      "mqtt_split(buf, pos, max_packet, version, names) -> (fields, a, b): the next MQTT packet's bounds, a plain "
      "PUBLISH's or PUBACK's fields decoded (_mqttwire.c)"},

@@ -82,15 +82,6 @@ PyObject *metaq_plain_split(metaq_publishes_in *in, Py_ssize_t *qos1, Py_ssize_t
 PyObject *metaq_tuple_of(Py_ssize_t n, PyObject **items);
 /* mqtt_plain_pubacks (_mqttacks.c): the MQTT subscriber's read of PUBACKs split: their packet ids and the next pos. */
 PyObject *mqtt_plain_pubacks(PyObject *self, PyObject *args);
-/* metaq_getattr and metaq_setattr (_slots.c): PyObject_GetAttr and PyObject_SetAttr, an object slot of the object's
-   type read or written at its offset, found once per type and name (the hot paths' attributes). ``name``: any str;
-   the interned names the C files keep are found by identity. */
-PyObject *metaq_getattr(PyObject *obj, PyObject *name);
-int metaq_setattr(PyObject *obj, PyObject *name, PyObject *value);
-/* slot_getattr and slot_setattr (_slots.c): the two above as module functions, held to getattr and setattr by the
-   tests. */
-PyObject *slot_getattr(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *slot_setattr(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* encode_fields (_pbwrite.c): protobuf fields written from (field number, value) pairs; metaq/rmq5/messagebytes.py. */
 PyObject *encode_fields(PyObject *self, PyObject *args);
 /* pop_parse_handles (_pophandles.c): an ack's receipt handles read in one call; metaq/pop/records.py. */

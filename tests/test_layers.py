@@ -899,3 +899,38 @@ def test_store_write_checker_catches_each_method(tmp_path):
                                        ("server/front.py", "put_idempotent_run"),
                                        ("server/front.py", "append_replicated"),
                                        ("server/alias.py", "put"), ("server/alias.py", "put_idempotent")}
+
+
+# -- every call names what runs -----------------------------------------------------------------------------------
+
+
+def shadowed_methods(path):
+    """``Class.name`` for each instance attribute a class's own code assigns over one of its methods
+    (``self.notify = partial(...)`` where ``def notify`` is in the class): a call site then does not tell what
+    runs (issue: a speed-up is chosen where a module is imported, never patched onto objects)."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for cls in ast.walk(tree):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        methods = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        for node in ast.walk(cls):
+            targets = node.targets if isinstance(node, ast.Assign) else (
+                [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
+            for target in targets:
+                for t in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                    if (isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+                            and t.attr in methods):
+                        found.append("%s:%d %s.%s" % (path.name, node.lineno, cls.name, t.attr))
+    return found
+
+
+def test_no_method_is_shadowed_by_an_instance_attribute():
+    assert [v for p in MODULES for v in shadowed_methods(p)] == []
+
+
+def test_the_shadow_check_sees_a_method_bound_over_by_a_partial(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from functools import partial\n\nclass Waiters:\n    def __init__(self, fast):\n"
+                   "        self.notify = partial(fast, self)\n\n    def notify(self, keys):\n        return keys\n")
+    assert shadowed_methods(bad) == ["bad.py:5 Waiters.notify"]

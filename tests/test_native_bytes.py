@@ -19,10 +19,6 @@ Allowed: building results (tuples, a tuple subclass made by tuple's ``tp_new``, 
 reading the plain values given (buffers, ints, str, sequences, dict and set lookups), raising exceptions, a type's
 name in an error message, the buffer protocol. Those reach Python code only through a value that is not plain,
 which the functions' contracts exclude.
-
-``TRANSITIONAL`` lists the C being converted to compiled Python now (each entry a file, or a file and one of its
-functions as ``path:function``); an entry is removed when its conversion merges, and one that is no longer needed
-fails the test.
 """
 
 import os
@@ -31,13 +27,6 @@ import re
 import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metaq")
-
-#: The orchestration C being replaced by compiled Python (issue 68 point 1), allowed until that work merges.
-TRANSITIONAL = {
-    "_putturn.c": "the put path's after-write step: being converted to compiled Python",
-    "_burstrun.c": "the put path's burst run: being converted to compiled Python",
-    "_slots.c": "the MQTT subscriber's slot access: being converted to compiled Python",
-}
 
 _FORBIDDEN = re.compile(
     r"\b(?:"
@@ -108,25 +97,16 @@ def c_files(root=ROOT):
     return sorted(out)
 
 
-def _allowed(path, function):
-    return path in TRANSITIONAL or "%s:%s" % (path, function) in TRANSITIONAL
-
-
 def test_no_c_file_reads_attributes_by_name_or_calls_back_into_python():
     files = c_files()
     assert any(f.endswith(".c") for f in files), "no C file found under %s" % ROOT
-    bad, used = [], set()
+    bad = []
     for path in files:
         with open(os.path.join(ROOT, path), encoding="utf-8") as f:
             uses = forbidden_uses(f.read())
-        for line, function, name in uses:
-            if _allowed(path, function):
-                used.add(path if path in TRANSITIONAL else "%s:%s" % (path, function))
-            else:
-                bad.append("metaq/%s:%d (in %s): %s" % (path, line, function or "file scope", name))
+        bad += ["metaq/%s:%d (in %s): %s" % (path, line, function or "file scope", name)
+                for line, function, name in uses]
     assert not bad, "C that reads attributes by name or calls back into Python:\n" + "\n".join(bad)
-    stale = sorted(set(TRANSITIONAL) - used)
-    assert not stale, "TRANSITIONAL entries no longer needed (remove them): %s" % stale
 
 
 def test_the_scanner_names_a_file_line_and_function_for_an_attribute_read_by_name():
