@@ -15,6 +15,11 @@ then applies the same rules to every accepted socket:
   lock a slave or a peer out.
 * **Cooldowns** (``penalize``, ``Penalties``): an address a front-end cut for abuse (the gRPC port's floods) is
   refused on that listener for a while, before anything is counted or made for it.
+* **Behind a proxy** (``security.trusted_proxies``, ``security.proxy_protocol``, ``metaq.server.proxies``): on a
+  listener named there, a connection from a trusted proxy must begin with a PROXY header (v1 or v2, before any TLS
+  hello), read within the handshake deadline before anything is counted; the client's address it names is the
+  connection's ``address`` from then on, for every rule below and every front-end. Other peers are served as they
+  are (their bytes are never read as a header).
 * ``TCP_NODELAY`` (replies are small; no Nagle delay).
 * **TLS** (``security.tls``, ``metaq.server.tls``): with mode ``on`` or ``permissive`` the first byte of each
   accepted socket is peeked at; a TLS hello gets the handshake (within ``limits.TLS_HANDSHAKE_TIMEOUT_S``, or
@@ -62,6 +67,7 @@ from gevent.server import StreamServer
 from metaq import limits
 from metaq.errors import ConfigError
 from metaq.server.guard import failure_prefix
+from metaq.server.proxies import ProxyHeaderError, TrustedProxies, read_header
 from metaq.server.tls import PLAINTEXT_REFUSAL, TLS_HANDSHAKE_BYTE, TLS_SOCKETS
 from metaq.server.tlsio import BioTls
 
@@ -973,8 +979,11 @@ class ConnectionCore:
     """The broker's listeners and every connection open on them."""
 
     def __init__(self, max_connections, rules, max_per_address=None, guard=None, tls=None,
-                 handshakes_per_address_s=limits.TLS_HANDSHAKES_PER_ADDRESS_S):
+                 handshakes_per_address_s=limits.TLS_HANDSHAKES_PER_ADDRESS_S, proxies=None):
         self.max_connections = max_connections
+        #: The trusted proxies (``metaq.server.proxies.TrustedProxies``): whose PROXY header names the client.
+        self.proxies = proxies if proxies is not None else TrustedProxies()
+        self.proxy_refused = 0  # connections from a trusted proxy closed for a bad or late PROXY header
         #: The broker's TlsPolicy (metaq.server.tls), or None: plaintext on every listener.
         self.tls = tls
         self.handshakes = HandshakeRate(handshakes_per_address_s)  # TLS handshakes started, per address
@@ -1044,6 +1053,10 @@ class ConnectionCore:
             raise
 
     def _accept(self, listener, sock, address):
+        if self.proxies.requires_header(listener.name, address):
+            address = self._unproxied(listener, sock, address)
+            if address is None:
+                return
         admitted, host = self._admit(listener, sock, address)
         if not admitted:
             return
@@ -1067,6 +1080,33 @@ class ConnectionCore:
         self._listener_of[conn_id] = listener
         self._named[listener.name] = self._named.get(listener.name, 0) + 1
         self._turn(conn)
+
+    def _unproxied(self, listener, sock, address):
+        """The client's address the PROXY header of a trusted proxy's connection names (``address``, the proxy's,
+        when it names none: the proxy's own check), read before anything is counted for it; None (closed, counted
+        in ``proxy_refused``, logged) while closing, past the connection cap, or for a header malformed, too long or
+        not complete within the handshake deadline (the login deadline when shorter)."""
+        if self.closing:
+            sock.close()
+            return None
+        if len(self._open) + self._handshaking >= self.max_connections + listener.headroom:
+            self._refuse(listener, sock, address, "too many connections: the limit is %d"
+                         % (self.max_connections + listener.headroom))
+            return None
+        deadline_s = min(limits.TLS_HANDSHAKE_TIMEOUT_S, self.rules.request_s)
+        if self._checks_login(listener):
+            deadline_s = min(deadline_s, self.rules.strangers.login_s)
+        self._handshaking += 1
+        try:
+            claimed = read_header(sock, deadline_s)
+        except ProxyHeaderError as exc:
+            self.proxy_refused += 1
+            sock.close()
+            self._log_refusal(listener, address, exc, "closed in its PROXY header")
+            return None
+        finally:
+            self._handshaking -= 1
+        return self.proxies.real_address(address, claimed)
 
     def _admit(self, listener, sock, address):
         """``(admitted, host)``: a socket refused (and closed) while closing, past the connection cap, from an
