@@ -11,6 +11,7 @@ import ipaddress
 import socket
 import time
 
+from metaq.auth.acl import address_in
 from metaq.protocol.proxyheader import ProxyHeaderError, parse
 
 __all__ = ["TrustedProxies", "read_header", "ProxyHeaderError"]
@@ -27,16 +28,8 @@ class TrustedProxies:
         self.listeners = frozenset(listeners)
 
     def trusts(self, host):
-        """True when the peer ``host`` (text; an IPv4-mapped IPv6 address counts as its IPv4) is a trusted proxy."""
-        if not self.networks:
-            return False
-        try:
-            address = ipaddress.ip_address(host.split("%", 1)[0])
-        except ValueError:
-            return False
-        if address.version == 6 and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped
-        return any(address in n for n in self.networks)
+        """True when the peer ``host`` (text) is a trusted proxy."""
+        return bool(self.networks) and address_in(host, self.networks)
 
     def real_address(self, peer, claimed):
         """The address to take for a connection from ``peer`` (``(host, port)``) that claims to carry ``claimed``
@@ -67,12 +60,12 @@ def _read(sock, deadline_s):
     while True:
         left = until - time.monotonic()
         if left <= 0:
-            raise ProxyHeaderError("no complete PROXY header within %.0f s" % deadline_s)
+            raise ProxyHeaderError("no complete PROXY header within %g s" % deadline_s)
         sock.settimeout(left)
         try:
             seen = sock.recv(4096, socket.MSG_PEEK)
         except socket.timeout:
-            raise ProxyHeaderError("no complete PROXY header within %.0f s" % deadline_s) from None
+            raise ProxyHeaderError("no complete PROXY header within %g s" % deadline_s) from None
         except OSError as exc:
             raise ProxyHeaderError("closed in its PROXY header: %s" % exc) from None
         if not seen:

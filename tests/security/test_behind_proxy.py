@@ -3,6 +3,7 @@ limits, the logs and ``stats``, on the text and the MQTT port; an untrusted peer
 oversized or trickled header closes the connection, counted (``proxy_refused``) and logged."""
 
 import socket
+import ssl
 import struct
 import time
 
@@ -10,6 +11,7 @@ from metaq.client.local import small_config
 from metaq.protocol.proxyheader import V2_SIGNATURE
 from tests.harness.broker import wait_for
 from tests.harness.mqtt import mqtt_port, with_mqtt
+from tests.harness.pki import Pki
 
 PROXY = "127.0.0.3"  # the trusted proxy's address (the harness's own client, from 127.0.0.1, is served directly)
 CONNECT = bytes([0x10, 13, 0, 4]) + b"MQTT" + bytes([4, 2, 0, 30, 0, 1]) + b"d"  # MQTT 3.1.1, client id "d"
@@ -72,7 +74,7 @@ def test_each_claimed_client_gets_its_own_share_on_both_ports(broker_factory, tm
     assert other.recv(4) == b"\x20\x02\x00\x00"
     mqtt_third = proxied(mqtt_port(broker), v1("192.0.2.1") + CONNECT)
     assert closed(mqtt_third)
-    assert "too many connections from 192.0.2.1" in broker.log_text()
+    wait_for(lambda: "too many connections from 192.0.2.1" in broker.log_text(), what="the refusal logged")
     for s in held + [third, other, mqtt_third]:
         s.close()
 
@@ -109,9 +111,54 @@ def test_bad_oversized_and_trickled_headers_are_closed_and_counted(broker_factor
         time.sleep(0.2)
     assert closed(trickled) and time.monotonic() - started < 4.5
     wait_for(lambda: summary(broker)["proxy_refused"] == "5", what="five refusals counted")
-    log = broker.log_text()
-    assert "closed in its PROXY header a connection from 127.0.0.3 on the text port" in log
+    assert "closed, for its PROXY header, a connection from 127.0.0.3 on the text port" in broker.log_text()
     # The proxy's own health check (v2 LOCAL) is served under the proxy's address; the port still works.
     check = proxied(broker.port, v2("0.0.0.0", command=0))
     assert ask(check, b"version 1\r\n").startswith(b"result 200")
     check.close()
+
+
+def connect(user, secret):
+    """An MQTT 3.1.1 CONNECT with a user name and password."""
+    payload = b"".join(struct.pack(">H", len(f)) + f for f in (b"d", user, secret))
+    body = b"\x00\x04MQTT\x04\xc2\x00\x1e" + payload
+    return bytes([0x10, len(body)]) + body
+
+
+def test_the_allow_lists_see_the_client_behind_the_proxy(broker_factory, tmp_path):
+    acl = tmp_path / "acl.yaml"
+    acl.write_text('allow: [127.0.0.0/8, 192.0.2.0/24]\n'
+                   'users:\n  dev: {secret: "dev-secret-0123456789", admin: true, allow: [192.0.2.1]}\n')
+    acl.chmod(0o600)
+    config = with_mqtt(small_config(tmp_path / "data", security={"acl_file": str(acl), "trusted_proxies": [PROXY],
+                                                                  "proxy_protocol": ["mqtt"]}))
+    broker = broker_factory(config)
+    login = connect(b"dev", b"dev-secret-0123456789")
+    allowed = proxied(mqtt_port(broker), v2("192.0.2.1") + login)
+    assert allowed.recv(4) == b"\x20\x02\x00\x00"
+    elsewhere = proxied(mqtt_port(broker), v1("192.0.2.2") + login)  # the user may not connect from there
+    assert elsewhere.recv(4)[:3] == b"\x20\x02\x00" and closed(elsewhere)
+    outside = proxied(mqtt_port(broker), v1("198.51.100.1") + login)  # not in the broker's allow-list
+    assert closed(outside)
+    wait_for(lambda: "address 198.51.100.1 is not in the allow-list" in broker.log_text(), what="the refusal logged")
+    assert "user dev may not connect from 192.0.2.2" in broker.log_text()
+    for s in (allowed, elsewhere, outside):
+        s.close()
+
+
+def test_the_header_comes_before_the_tls_hello(broker_factory, tmp_path):
+    pki = Pki(tmp_path / "pki")
+    config = small_config(tmp_path / "data", limits={"max_connections_per_address": 1},
+                          security={"tls": pki.tls_config("on", False), "trusted_proxies": [PROXY],
+                                    "proxy_protocol": ["text"]})
+    broker = broker_factory(config)
+    ctx = ssl.create_default_context(cafile=pki.ca)
+    first = ctx.wrap_socket(proxied(broker.port, v2("192.0.2.1")), server_hostname="127.0.0.1")
+    assert ask(first, b"version 1\r\n").startswith(b"result 200")
+    second = proxied(broker.port, v1("192.0.2.1"))  # its client's share is taken: closed before its handshake
+    assert closed(second)
+    wait_for(lambda: "too many connections from 192.0.2.1" in broker.log_text(), what="the refusal logged")
+    other = ctx.wrap_socket(proxied(broker.port, v1("192.0.2.2")), server_hostname="127.0.0.1")
+    assert ask(other, b"version 1\r\n").startswith(b"result 200")
+    for s in (first, second, other):
+        s.close()

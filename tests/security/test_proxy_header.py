@@ -92,3 +92,21 @@ def test_only_a_trusted_peer_names_the_client():
     assert proxies.requires_header("mqtt", ("10.1.2.3", 5)) and not proxies.requires_header("text", ("10.1.2.3", 5))
     assert not proxies.requires_header("mqtt", ("192.0.2.9", 5))
     assert not TrustedProxies().trusts("127.0.0.1")
+
+
+def test_the_settings_are_checked():
+    from metaq.errors import ConfigError
+    from metaq.server.config import read_config
+
+    ok = read_config(None, {"security.trusted_proxies": ["10.0.0.0/8", "192.0.2.7", "fd00::/8"],
+                            "security.proxy_protocol": ["mqtt", "text"]})
+    assert ok.security.proxy_protocol == ["mqtt", "text"]
+    at = ["10.0.%d.0/24" % i for i in range(limits.MAX_TRUSTED_PROXIES)]
+    assert len(read_config(None, {"security.trusted_proxies": at}).security.trusted_proxies) == len(at)
+    for overrides, why in [({"security.trusted_proxies": ["10.0.0.0/33"]}, "is not a network"),
+                           ({"security.proxy_protocol": ["mqtt"]}, "proxy_protocol needs trusted_proxies"),
+                           ({"security.trusted_proxies": at + ["10.1.0.0/16"]}, "at most 256"),
+                           ({"security.trusted_proxies": ["10.0.0.0/8"], "security.proxy_protocol": ["replication"]},
+                            "proxy_protocol")]:
+        with pytest.raises(ConfigError, match=why):
+            read_config(None, overrides)
