@@ -7,6 +7,7 @@ import ssl
 import struct
 import time
 
+from metaq import limits
 from metaq.client.local import small_config
 from metaq.protocol.proxyheader import V2_SIGNATURE
 from tests.harness.broker import wait_for
@@ -162,3 +163,24 @@ def test_the_header_comes_before_the_tls_hello(broker_factory, tmp_path):
     assert ask(other, b"version 1\r\n").startswith(b"result 200")
     for s in (first, second, other):
         s.close()
+
+
+def test_failed_logins_slow_the_client_behind_the_proxy_not_its_neighbours(broker_factory, tmp_path):
+    acl = tmp_path / "acl.yaml"
+    acl.write_text('users:\n  dev: {secret: "dev-secret-0123456789", admin: true}\n')
+    acl.chmod(0o600)
+    config = with_mqtt(small_config(tmp_path / "data", security={"acl_file": str(acl), "trusted_proxies": [PROXY],
+                                                                  "proxy_protocol": ["mqtt"]}))
+    broker = broker_factory(config)
+    wrong = connect(b"dev", b"not-the-secret-at-all")
+
+    def refused_after(client):
+        started = time.monotonic()
+        s = proxied(mqtt_port(broker), v1(client) + wrong)
+        assert s.recv(4)[:3] == b"\x20\x02\x00"
+        s.close()
+        return time.monotonic() - started
+
+    assert all(refused_after("192.0.2.1") < 0.5 for _ in range(limits.AUTH_FAILURES_BEFORE_DELAY))
+    assert refused_after("192.0.2.1") >= limits.AUTH_FAILURE_DELAY_S * 0.9  # this client is slowed
+    assert refused_after("198.51.100.7") < 0.5  # another client behind the same proxy is not
