@@ -354,6 +354,20 @@ class Strangers:
             del self._from[host]
         self.unwait(host, conn)
 
+    def move(self, was, host, conn):
+        """``conn``, counted from ``was``, is from ``host`` (a trusted proxy named its client:
+        ``ConnectionCore.claim``): counted there from now on, its wait keeping its start; returns why not (``host``
+        holds its share of strangers), else None."""
+        if self._from.get(host, 0) >= self.per_address:
+            return ("too many connections not yet logged in from %s: the limit is %d per address"
+                    % (host, self.per_address))
+        since = self._waiting.get(was, {}).get(conn)
+        self.leave(was, conn)
+        self.arrive(host)
+        if since is not None:
+            self.wait(host, conn, since)
+        return None
+
     def held_by(self, host):
         """Connections not yet logged in from ``host``."""
         return self._from.get(host, 0)
@@ -646,6 +660,19 @@ class Connection:
 
     def login_done(self):
         """What a front-end's connection lifts once logged in (the text port: its smaller body limit)."""
+
+    def moved_to(self, address):
+        """Its client is at ``address`` (``ConnectionCore.claim``): its log lines, guard session and strangers'
+        count say so from now on; returns why not (that address holds its share of strangers), else None."""
+        if self._stranger is not None:
+            refusal = self._rules.strangers.move(self._stranger, address[0], self)
+            if refusal is not None:
+                return refusal
+            self._stranger = address[0]
+        self.address = address
+        if self.session is not None:
+            self.session.host = address[0]
+        return None
 
     def _login_left(self):
         """Seconds left to log in (None: no login deadline); closes nothing itself."""
@@ -1107,6 +1134,30 @@ class ConnectionCore:
         finally:
             self._handshaking -= 1
         return self.proxies.real_address(address, claimed)
+
+    def claim(self, conn, claimed):
+        """``conn``, open on this core, says it carries the client ``claimed`` (``(host, port)``: a WebSocket upgrade's
+        ``X-Forwarded-For``). When its peer is a trusted proxy (``TrustedProxies.real_address``) that address becomes
+        the connection's: the allow-list is asked, and its per-address share, strangers' count and guard session
+        move there. Returns None, or why not (the client's share is full, the allow-list refuses it): the caller
+        then closes the connection."""
+        address = self.proxies.real_address(conn.address, claimed)
+        if address == conn.address:
+            return None
+        host, listener = address[0], self._listener_of.get(conn.conn_id)
+        if self.guard is not None and listener is not None and listener.guarded:
+            refusal = self.guard.admit(host)
+            if refusal is not None:
+                return refusal
+        shared = conn.share_key is not None and not isinstance(conn.share_key, tuple)  # (not a headroom port's)
+        if shared and self.max_per_address is not None and self._per_address.get(host, 0) >= self.max_per_address:
+            return "too many connections from %s: the limit is %d per address" % (host, self.max_per_address)
+        refusal = conn.moved_to(address)
+        if refusal is None and shared:
+            self._forget(conn.share_key)
+            self._per_address[host] = self._per_address.get(host, 0) + 1
+            conn.share_key = host
+        return refusal
 
     def _admit(self, listener, sock, address):
         """``(admitted, host)``: a socket refused (and closed) while closing, past the connection cap, from an
