@@ -19,7 +19,8 @@ then applies the same rules to every accepted socket:
   listener named there, a connection from a trusted proxy must begin with a PROXY header (v1 or v2, before any TLS
   hello), read within the handshake deadline before anything is counted; the client's address it names is the
   connection's ``address`` from then on, for every rule below and every front-end. Other peers are served as they
-  are (their bytes are never read as a header).
+  are (their bytes are never read as a header). A front-end that learns the client later (a WebSocket upgrade's
+  ``X-Forwarded-For``) hands it to ``claim``, which moves the connection's address and shares there.
 * ``TCP_NODELAY`` (replies are small; no Nagle delay).
 * **TLS** (``security.tls``, ``metaq.server.tls``): with mode ``on`` or ``permissive`` the first byte of each
   accepted socket is peeked at; a TLS hello gets the handshake (within ``limits.TLS_HANDSHAKE_TIMEOUT_S``, or
