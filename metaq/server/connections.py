@@ -1130,7 +1130,7 @@ class ConnectionCore:
         except ProxyHeaderError as exc:
             self.proxy_refused += 1
             sock.close()
-            self._log_refusal(listener, address, exc, "closed in its PROXY header")
+            self._log_refusal(listener, address, exc, "closed, for its PROXY header,")
             return None
         finally:
             self._handshaking -= 1
