@@ -194,6 +194,8 @@ class Acl:
 
 
 def address_in(host, networks):
+    """True when the address ``host`` (text; an IPv4-mapped IPv6 address counts as its IPv4) is in one of
+    ``networks`` (``ip_network``s); False for a name that is no address."""
     try:
         address = ipaddress.ip_address(host.split("%", 1)[0])
     except ValueError:
