@@ -477,6 +477,15 @@ MAX_TLS_RATE_ADDRESSES = 10_000
 #: Seconds an accepted connection has to send its first byte and finish a TLS handshake.
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
+#: The longest PROXY protocol v1 header (its specification's bound, CRLF included): a line not ended by then is
+#: refused (docs/security.md "Behind a proxy").
+PROXY_V1_MAX_BYTES = 107
+#: The longest PROXY protocol v2 header the broker reads (its 16 fixed bytes, addresses and TLVs): the format allows
+#: 64 KiB; a proxy's addresses and usual TLVs (ALPN, authority, a TLS summary, a cloud's endpoint id) fit well within.
+PROXY_V2_MAX_BYTES = 4096
+#: Networks ``security.trusted_proxies`` may list.
+MAX_TRUSTED_PROXIES = 256
+
 #: Seconds a permissive replication port waits for a slave's first byte (a TLS hello) before it takes the slave
 #: for a plaintext one (which says nothing until the master's CHALLENGE).
 TLS_DETECT_WAIT_S = 1.0

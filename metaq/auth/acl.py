@@ -153,7 +153,7 @@ class User:
         return "User(%r%s)" % (self.name, ", admin" if self.admin else "")
 
     def allowed_from(self, host):
-        return self.allow is None or _in(host, self.allow)
+        return self.allow is None or address_in(host, self.allow)
 
     def may(self, action, kind, name):
         """True when this user may ``action`` (PUB or SUB) the ``kind`` (``"topic"``/``"group"``) called ``name``."""
@@ -190,10 +190,12 @@ class Acl:
         return self.quotas.get(name) if found is None else found
 
     def address_allowed(self, host):
-        return self.allow is None or _in(host, self.allow)
+        return self.allow is None or address_in(host, self.allow)
 
 
-def _in(host, networks):
+def address_in(host, networks):
+    """True when the address ``host`` (text; an IPv4-mapped IPv6 address counts as its IPv4) is in one of
+    ``networks`` (``ip_network``s); False for a name that is no address."""
     try:
         address = ipaddress.ip_address(host.split("%", 1)[0])
     except ValueError:

@@ -21,6 +21,7 @@ from metaq.priorities.wire import with_owner_keys
 from metaq.clock import now_ms
 from metaq.server.config import is_loopback
 from metaq.server.http.origin import BrowserCheck
+from metaq.server.proxies import TrustedProxies
 from metaq.server.connections import ConnectionCore, ConnectionLimits, Strangers
 from metaq.timers.scheduler import DelayScheduler
 from metaq.server.flusher import AheadWorker, Flusher
@@ -109,7 +110,8 @@ class Broker:
                                    ConnectionLimits(lim.idle_timeout_s, lim.request_timeout_s, lim.max_reply_bytes,
                                                     lim.max_partial_request_bytes, strangers),
                                    config.max_connections_per_address(), self.guard, self.tls,
-                                   lim.tls_handshakes_per_address_s)
+                                   lim.tls_handshakes_per_address_s,
+                                   TrustedProxies(config.security.trusted_proxies, config.security.proxy_protocol))
         self.roles = Roles(config, self.store, self.core, self.flusher, self.waiters, self.store_lock)
         self.roles.on_disk_full(self._retention_due.set)  # a slave's copy met a full disk: the same rule
         self.registry = None
@@ -214,7 +216,8 @@ class Broker:
         self.stats_service.add_source("quotas", self.quota_use)
         self.stats_service.add_source("remoting", lambda: remoting_values(self.remoting))
         self.stats_service.add_source("security", lambda: security_values(self.guard, config.security.tls.mode,
-                                                                                 strangers.evicted))
+                                                                                 strangers.evicted,
+                                                                                 self.core.proxy_refused))
         self.stats_service.add_source("zero_copy", self.text.zero_copy_values)
         self.stats_service.add_source("mqtt", (lambda: self.mqtt.summary_values() + (
             self.mqtt_cluster.summary_values() + self.peer_asks.summary_values() if self.mqtt_cluster is not None

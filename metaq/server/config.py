@@ -375,6 +375,21 @@ class SecuritySection(_Section):
     replication_secret_file: Optional[str] = None  # a file holding it (kept out of the config, mode 0600)
     insecure: bool = False  # allow what protected mode refuses (logged at every start): see conf/server.yaml
     tls: TlsSection = TlsSection()
+    # networks (CIDRs) of reverse proxies whose word on a client's address is taken (docs/security.md "Behind a
+    # proxy"); proxy_protocol: the listeners whose connections from them must begin with a PROXY header (v1 or v2)
+    trusted_proxies: List[str] = Field([], max_length=limits.MAX_TRUSTED_PROXIES)
+    proxy_protocol: List[Literal["text", "remoting", "mqtt", "http", "grpc"]] = []
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, networks):
+        for n in networks:
+            try:
+                ipaddress.ip_network(n, strict=False)
+            except ValueError:
+                raise ValueError("%r is not a network (an address or CIDR: 10.0.0.0/8, 192.0.2.7, fd00::/8)"
+                                 % n) from None
+        return networks
 
     @field_validator("acl_file", "replication_secret_file")
     @classmethod
@@ -383,6 +398,8 @@ class SecuritySection(_Section):
 
     @model_validator(mode="after")
     def _one_secret(self):
+        if self.proxy_protocol and not self.trusted_proxies:
+            raise ValueError("proxy_protocol needs trusted_proxies: the proxies whose PROXY header is read")
         if self.replication_secret is not None and self.replication_secret_file is not None:
             raise ValueError("replication_secret and replication_secret_file are both set: keep one")
         if self.replication_secret is not None and len(self.replication_secret.encode()) < \

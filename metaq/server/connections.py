@@ -15,6 +15,12 @@ then applies the same rules to every accepted socket:
   lock a slave or a peer out.
 * **Cooldowns** (``penalize``, ``Penalties``): an address a front-end cut for abuse (the gRPC port's floods) is
   refused on that listener for a while, before anything is counted or made for it.
+* **Behind a proxy** (``security.trusted_proxies``, ``security.proxy_protocol``, ``metaq.server.proxies``): on a
+  listener named there, a connection from a trusted proxy must begin with a PROXY header (v1 or v2, before any TLS
+  hello), read within the handshake deadline before anything is counted; the client's address it names is the
+  connection's ``address`` from then on, for every rule below and every front-end. Other peers are served as they
+  are (their bytes are never read as a header). A front-end that learns the client later (a WebSocket upgrade's
+  ``X-Forwarded-For``) hands it to ``claim``, which moves the connection's address and shares there.
 * ``TCP_NODELAY`` (replies are small; no Nagle delay).
 * **TLS** (``security.tls``, ``metaq.server.tls``): with mode ``on`` or ``permissive`` the first byte of each
   accepted socket is peeked at; a TLS hello gets the handshake (within ``limits.TLS_HANDSHAKE_TIMEOUT_S``, or
@@ -62,6 +68,7 @@ from gevent.server import StreamServer
 from metaq import limits
 from metaq.errors import ConfigError
 from metaq.server.guard import failure_prefix
+from metaq.server.proxies import ProxyHeaderError, TrustedProxies, read_header
 from metaq.server.tls import PLAINTEXT_REFUSAL, TLS_HANDSHAKE_BYTE, TLS_SOCKETS
 from metaq.server.tlsio import BioTls
 
@@ -347,6 +354,20 @@ class Strangers:
         else:
             del self._from[host]
         self.unwait(host, conn)
+
+    def move(self, was, host, conn):
+        """``conn``, counted from ``was``, is from ``host`` (a trusted proxy named its client:
+        ``ConnectionCore.claim``): counted there from now on, its wait keeping its start; returns why not (``host``
+        holds its share of strangers), else None."""
+        if self._from.get(host, 0) >= self.per_address:
+            return ("too many connections not yet logged in from %s: the limit is %d per address"
+                    % (host, self.per_address))
+        since = self._waiting.get(was, {}).get(conn)
+        self.leave(was, conn)
+        self.arrive(host)
+        if since is not None:
+            self.wait(host, conn, since)
+        return None
 
     def held_by(self, host):
         """Connections not yet logged in from ``host``."""
@@ -640,6 +661,19 @@ class Connection:
 
     def login_done(self):
         """What a front-end's connection lifts once logged in (the text port: its smaller body limit)."""
+
+    def moved_to(self, address):
+        """Its client is at ``address`` (``ConnectionCore.claim``): its log lines, guard session and strangers'
+        count say so from now on; returns why not (that address holds its share of strangers), else None."""
+        if self._stranger is not None:
+            refusal = self._rules.strangers.move(self._stranger, address[0], self)
+            if refusal is not None:
+                return refusal
+            self._stranger = address[0]
+        self.address = address
+        if self.session is not None:
+            self.session.host = address[0]
+        return None
 
     def _login_left(self):
         """Seconds left to log in (None: no login deadline); closes nothing itself."""
@@ -973,8 +1007,11 @@ class ConnectionCore:
     """The broker's listeners and every connection open on them."""
 
     def __init__(self, max_connections, rules, max_per_address=None, guard=None, tls=None,
-                 handshakes_per_address_s=limits.TLS_HANDSHAKES_PER_ADDRESS_S):
+                 handshakes_per_address_s=limits.TLS_HANDSHAKES_PER_ADDRESS_S, proxies=None):
         self.max_connections = max_connections
+        #: The trusted proxies (``metaq.server.proxies.TrustedProxies``): whose PROXY header names the client.
+        self.proxies = proxies if proxies is not None else TrustedProxies()
+        self.proxy_refused = 0  # connections from a trusted proxy closed for a bad or late PROXY header
         #: The broker's TlsPolicy (metaq.server.tls), or None: plaintext on every listener.
         self.tls = tls
         self.handshakes = HandshakeRate(handshakes_per_address_s)  # TLS handshakes started, per address
@@ -1044,6 +1081,10 @@ class ConnectionCore:
             raise
 
     def _accept(self, listener, sock, address):
+        if self.proxies.requires_header(listener.name, address):
+            address = self._unproxied(listener, sock, address)
+            if address is None:
+                return
         admitted, host = self._admit(listener, sock, address)
         if not admitted:
             return
@@ -1067,6 +1108,57 @@ class ConnectionCore:
         self._listener_of[conn_id] = listener
         self._named[listener.name] = self._named.get(listener.name, 0) + 1
         self._turn(conn)
+
+    def _unproxied(self, listener, sock, address):
+        """The client's address the PROXY header of a trusted proxy's connection names (``address``, the proxy's,
+        when it names none: the proxy's own check), read before anything is counted for it; None (closed, counted
+        in ``proxy_refused``, logged) while closing, past the connection cap, or for a header malformed, too long or
+        not complete within the handshake deadline (the login deadline when shorter)."""
+        if self.closing:
+            sock.close()
+            return None
+        if len(self._open) + self._handshaking >= self.max_connections + listener.headroom:
+            self._refuse(listener, sock, address, "too many connections: the limit is %d"
+                         % (self.max_connections + listener.headroom))
+            return None
+        deadline_s = min(limits.TLS_HANDSHAKE_TIMEOUT_S, self.rules.request_s)
+        if self._checks_login(listener):
+            deadline_s = min(deadline_s, self.rules.strangers.login_s)
+        self._handshaking += 1
+        try:
+            claimed = read_header(sock, deadline_s)
+        except ProxyHeaderError as exc:
+            self.proxy_refused += 1
+            sock.close()
+            self._log_refusal(listener, address, exc, "closed, for its PROXY header,")
+            return None
+        finally:
+            self._handshaking -= 1
+        return self.proxies.real_address(address, claimed)
+
+    def claim(self, conn, claimed):
+        """``conn``, open on this core, says it carries the client ``claimed`` (``(host, port)``: a WebSocket upgrade's
+        ``X-Forwarded-For``). When its peer is a trusted proxy (``TrustedProxies.real_address``) that address becomes
+        the connection's: the allow-list is asked, and its per-address share, strangers' count and guard session
+        move there. Returns None, or why not (the client's share is full, the allow-list refuses it): the caller
+        then closes the connection."""
+        address = self.proxies.real_address(conn.address, claimed)
+        if address == conn.address:
+            return None
+        host, listener = address[0], self._listener_of.get(conn.conn_id)
+        if self.guard is not None and listener is not None and listener.guarded:
+            refusal = self.guard.admit(host)
+            if refusal is not None:
+                return refusal
+        shared = conn.share_key is not None and not isinstance(conn.share_key, tuple)  # (not a headroom port's)
+        if shared and self.max_per_address is not None and self._per_address.get(host, 0) >= self.max_per_address:
+            return "too many connections from %s: the limit is %d per address" % (host, self.max_per_address)
+        refusal = conn.moved_to(address)
+        if refusal is None and shared:
+            self._forget(conn.share_key)
+            self._per_address[host] = self._per_address.get(host, 0) + 1
+            conn.share_key = host
+        return refusal
 
     def _admit(self, listener, sock, address):
         """``(admitted, host)``: a socket refused (and closed) while closing, past the connection cap, from an

@@ -331,15 +331,16 @@ def pop_values(rows):
             ("pop_redelivered", sum(r[3] for r in rows)), ("pop_dead_lettered", sum(r[4] for r in rows))]
 
 
-def security_values(guard, tls_mode, strangers_evicted=0):
+def security_values(guard, tls_mode, strangers_evicted=0, proxy_refused=0):
     """The summary's security pairs: ``auth on|off``, ``tls on|off|permissive``, reloads of the permissions file,
-    and the connections not yet logged in that were closed to make room for a newcomer (``strangers_evicted``:
-    a rising count means the strangers' cap is being filled, by a crowd or an attack)."""
+    the connections not yet logged in that were closed to make room for a newcomer (``strangers_evicted``:
+    a rising count means the strangers' cap is being filled, by a crowd or an attack) and the connections of a
+    trusted proxy closed for a bad or late PROXY header (``proxy_refused``)."""
     auth, _tls = guard.status()
     return [("auth", auth), ("tls", tls_mode if tls_mode != "off" else "off"), ("acl_users", len(guard.acl.users)
                                                                               if guard.acl is not None else 0),
             ("acl_reloads", guard.reloads), ("acl_reload_error", guard.reload_error is not None),
-            ("strangers_evicted", strangers_evicted)]
+            ("strangers_evicted", strangers_evicted), ("proxy_refused", proxy_refused)]
 
 
 def quota_rows(guard, used):

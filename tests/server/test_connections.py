@@ -8,6 +8,7 @@ from gevent import socket
 
 from metaq.protocol.text import TextParser
 from metaq import limits
+from metaq.server.proxies import TrustedProxies
 from metaq.server.connections import (PARKED, RECV_BYTES, WHEEL_TICK_S, Connection, ConnectionCore, ConnectionLimits,
                                       HandshakeRate, Listener, Penalties, ReplyBudget, Strangers)
 
@@ -644,3 +645,39 @@ def test_the_raw_socket_a_read_or_write_that_must_not_wait_uses_is_gevents_under
     secure = Echo(wrapped, ("127.0.0.1", 40000), 2, ConnectionLimits(60, 60))
     assert secure.tls and secure.raw_sock is None
     ours.close()
+
+
+def test_a_trusted_proxys_connection_claims_its_clients_address_and_share():
+    """``ConnectionCore.claim`` (a WebSocket upgrade's X-Forwarded-For): only from a trusted proxy; the client's
+    share is checked and taken, the proxy's given back."""
+    core = ConnectionCore(10, ConnectionLimits(60, 60), max_per_address=2, proxies=TrustedProxies(["127.0.0.1"]))
+    made = []
+    ws = listener(core, "ws", made)
+    pairs = [connect(core, ws) for _ in range(2)]  # the proxy's share full until they claim their clients
+    client = ("192.0.2.1", 4711)
+    assert core.claim(made[0], client) is None and core.claim(made[1], client) is None
+    assert made[0].address == client and made[0].peer == "192.0.2.1:4711"
+    assert core.count_from("192.0.2.1") == 2 and core.count_from("127.0.0.1") == 0
+    pairs.append(connect(core, ws))
+    assert core.claim(made[2], client) == "too many connections from 192.0.2.1: the limit is 2 per address"
+    assert made[2].address == ("127.0.0.1", 40000) and core.count_from("127.0.0.1") == 1
+    untrusted, g = connect(core, ws, host="127.0.0.2")
+    assert core.claim(made[3], ("192.0.2.9", 1)) is None and made[3].address == ("127.0.0.2", 40000)
+    core.shutdown(1.0)
+    for sock, _g in pairs + [(untrusted, g)]:
+        sock.close()
+    gevent.joinall([g for _s, g in pairs] + [g], timeout=5)
+    assert core.count_from("192.0.2.1") == 0 and core.count_from("127.0.0.1") == 0
+
+
+def test_a_stranger_moves_to_its_clients_share_of_strangers():
+    strangers = Strangers(login_s=10, cap=10, per_address=1)
+    a, b = object(), object()
+    for conn in (a, b):
+        strangers.arrive("10.0.0.1")
+        strangers.wait("10.0.0.1", conn, 1.0)
+    assert strangers.move("10.0.0.1", "192.0.2.1", a) is None
+    assert strangers.held_by("10.0.0.1") == 1 and strangers.held_by("192.0.2.1") == 1
+    assert strangers.move("10.0.0.1", "192.0.2.1", b) == ("too many connections not yet logged in from 192.0.2.1: "
+                                                            "the limit is 1 per address")
+    assert strangers.held_by("10.0.0.1") == 1 and strangers.count == 2
