@@ -30,6 +30,7 @@ from metaq.server.http.port import HttpPort
 from metaq.server.http.server import UnsentReplies
 from metaq.server.longpoll import PartitionWaiters
 from metaq.mqtt.port import MqttPort
+from metaq.mqtt.websocket import listen_websocket
 from metaq.mqttcluster.asks import Asks
 from metaq.mqttcluster.calls import PeerClient
 from metaq.mqttcluster.inbox import INBOX
@@ -188,6 +189,7 @@ class Broker:
                                            if self.election is not None else None, replies=self.replies,
                                            cluster=self.cluster)
         self.mqtt = None
+        self.mqtt_ws = []  # the MQTT port's WebSocket listeners, once started
         if config.mqtt.port:  # docs/mqtt.md
             self.mqtt = MqttPort(self.core, config.mqtt, self.store, self.put_path, self.guard, self.waiters,
                                  config.store.max_transfer_size, lambda: self.roles.is_master,
@@ -419,6 +421,10 @@ class Broker:
             self.http.listen(self.config.http.host or cfg.host, self.config.http.port)
         if self.mqtt is not None:
             self.mqtt.listen(self.config.mqtt.host or cfg.host, self.config.mqtt.port)
+            for name, number in (("mqtt-ws", self.config.mqtt.ws_port), ("mqtt-wss", self.config.mqtt.wss_port)):
+                if number:  # MQTT over WebSocket (docs/mqtt.md)
+                    self.mqtt_ws.append(listen_websocket(self.core, self.mqtt, self.config.mqtt, name,
+                                                         self.config.mqtt.host or cfg.host, number))
             if self.mqtt.client_ids is not None:
                 self.mqtt.client_ids.start()
         if self.mqtt_cluster is not None:
@@ -450,6 +456,9 @@ class Broker:
                      self.config.http.host or cfg.host, self.http.port)
         if self.mqtt is not None:
             log.info("MQTT port on %s:%d (MQTT 3.1.1 and 5.0)", self.config.mqtt.host or cfg.host, self.mqtt.port)
+            for listener in self.mqtt_ws:
+                log.info("MQTT over WebSocket on %s://%s:%d%s", "wss" if listener.name == "mqtt-wss" else "ws",
+                         listener.host, listener.port, self.config.mqtt.ws_path)
         if self.grpc is not None:
             log.info("RocketMQ 5 gRPC port on %s:%d (apache.rocketmq.v2.MessagingService)",
                      self.config.grpc.host or cfg.host, self.grpc.port)
