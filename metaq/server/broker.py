@@ -400,6 +400,15 @@ class Broker:
         if r.corruption:
             log.warning("recovery forced past corruption: %s", r.corruption)
 
+    def _listen_mqtt_websocket(self, host):
+        """The MQTT port's WebSocket listeners that are set (docs/mqtt.md "Over WebSocket")."""
+        for name, number in (("mqtt-ws", self.config.mqtt.ws_port), ("mqtt-wss", self.config.mqtt.wss_port)):
+            if number:
+                listener = listen_websocket(self.core, self.mqtt, self.config.mqtt, name, host, number)
+                self.mqtt_ws.append(listener)
+                log.info("MQTT over WebSocket on %s://%s:%d%s", "wss" if name == "mqtt-wss" else "ws", host,
+                         listener.port, self.config.mqtt.ws_path)
+
     def start(self):
         cfg = self.config.broker
         if self.registry is not None:
@@ -421,10 +430,7 @@ class Broker:
             self.http.listen(self.config.http.host or cfg.host, self.config.http.port)
         if self.mqtt is not None:
             self.mqtt.listen(self.config.mqtt.host or cfg.host, self.config.mqtt.port)
-            for name, number in (("mqtt-ws", self.config.mqtt.ws_port), ("mqtt-wss", self.config.mqtt.wss_port)):
-                if number:  # MQTT over WebSocket (docs/mqtt.md)
-                    self.mqtt_ws.append(listen_websocket(self.core, self.mqtt, self.config.mqtt, name,
-                                                         self.config.mqtt.host or cfg.host, number))
+            self._listen_mqtt_websocket(self.config.mqtt.host or cfg.host)
             if self.mqtt.client_ids is not None:
                 self.mqtt.client_ids.start()
         if self.mqtt_cluster is not None:
@@ -456,9 +462,6 @@ class Broker:
                      self.config.http.host or cfg.host, self.http.port)
         if self.mqtt is not None:
             log.info("MQTT port on %s:%d (MQTT 3.1.1 and 5.0)", self.config.mqtt.host or cfg.host, self.mqtt.port)
-            for listener in self.mqtt_ws:
-                log.info("MQTT over WebSocket on %s://%s:%d%s", "wss" if listener.name == "mqtt-wss" else "ws",
-                         listener.host, listener.port, self.config.mqtt.ws_path)
         if self.grpc is not None:
             log.info("RocketMQ 5 gRPC port on %s:%d (apache.rocketmq.v2.MessagingService)",
                      self.config.grpc.host or cfg.host, self.grpc.port)

@@ -2,10 +2,11 @@
 
 ``WsStream`` stands where the socket stood: the connection above it (MQTT's) reads and writes bytes and never learns
 that they travel in WebSocket frames. Its first ``recv`` reads the HTTP upgrade request (``WS_MAX_HANDSHAKE_BYTES``
-at most, finished within ``WS_HANDSHAKE_TIMEOUT_S`` of the accept, or ``request_timeout_s`` when shorter) and answers it: 101 with the subprotocol chosen,
-or an HTTP refusal saying why (a wrong path 404, no subprotocol it speaks 400, an origin not allowed 403, not a
-WebSocket upgrade 400/426), then the end of the stream. After it, every binary frame's payload is handed up as it
-arrives, however the peer split or packed its packets; each ``sendall`` leaves as one binary frame.
+at most, whole within ``WS_HANDSHAKE_TIMEOUT_S`` of the accept, or ``request_timeout_s`` when shorter) and answers
+it: 101 with the subprotocol chosen, or an HTTP refusal saying why (a wrong path 404, no subprotocol it speaks 400,
+an origin not allowed 403, not a WebSocket upgrade 400/426), then the end of the stream. After it, every binary
+frame's payload is handed up as it arrives, however the peer split or packed its packets; each ``sendall`` leaves as
+one binary frame.
 
 What a client may not do, each closing with its code and one log line: a text frame (1003: the stream is binary), an
 unmasked frame or any other framing error (1002, wsproto's), a frame declaring more than ``max_frame`` bytes (1009,
@@ -147,7 +148,7 @@ class WsStream:
         return data
 
     def _upgrade(self, data):
-        """The upgrade request's bytes ``data``: once whole, answered (accepted or refused); what follows it is frames."""
+        """The upgrade request's bytes ``data``: once whole, answered (accepted or refused); frames follow it."""
         self._head += data
         end = self._head.find(_END_OF_HEAD)
         if end < 0:
@@ -273,8 +274,9 @@ class WsStream:
 
     def pending(self):
         """Payload decoded and not yet returned, or bytes held by the layer beneath (TLS): what a parked connection's
-        read watcher would not see."""
-        if self._ready:
+        read watcher would not see; before the upgrade, 1 as well: a connection in its handshake does not park, so the
+        handshake's deadline (which the core does not know) bounds its wait in ``recv``."""
+        if self._ready or self._ws is None:
             return 1
         inner = getattr(self.sock, "pending", None)
         return inner() if inner is not None else 0
