@@ -118,9 +118,9 @@ def test_a_device_on_tcp_and_a_page_on_websocket_take_one_client_id_over(broker_
     assert page.close_code() == 1000  # the page's connection taken over: a normal WebSocket close after DISCONNECT
 
 
-def test_wss_is_the_brokers_tls(broker_factory, tmp_path):
+def test_wss_is_the_brokers_tls_and_ws_stays_plaintext(broker_factory, tmp_path):
     pki = Pki(tmp_path / "pki")
-    cfg = mqtt_config(tmp_path, wss_port=free_port())
+    cfg = mqtt_config(tmp_path, wss_port=free_port(), ws_port=free_port())
     cfg["security"] = {"tls": pki.tls_config("on")}
     b = broker_factory(cfg)
     page = Paho(b, "wss-page", connect=False, websocket=(cfg["mqtt"]["wss_port"], "/mqtt"))
@@ -129,6 +129,9 @@ def test_wss_is_the_brokers_tls(broker_factory, tmp_path):
     page.subscribe("t/#", 1)
     page.publish("t/x", b"over wss", 1)
     assert [m.payload for m in page.wait_messages(1)] == [b"over wss"]
+    plain_page = Paho(b, "ws-page", websocket=ws(b))  # ws:// beside it, with security.tls on: plaintext
+    plain_page.publish("t/y", b"over ws", 1)
+    assert [m.payload for m in page.wait_messages(2)] == [b"over wss", b"over ws"]
     plain = RawWs(cfg["mqtt"]["wss_port"])  # plaintext on the wss port: no HTTP answer, closed
     plain.send(b"GET /mqtt HTTP/1.1\r\n\r\n")
     assert plain.read_to_end()[:4] != b"HTTP"
