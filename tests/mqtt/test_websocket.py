@@ -9,7 +9,9 @@ from metaq.client.local import free_port
 from metaq.mqtt import wire
 from metaq.protocol.stream import NEED_DATA
 from tests.harness.mqtt import V311, Paho, Raw, mqtt_config
+from tests.harness.broker import wait_for
 from tests.harness.pki import Pki
+from tests.harness.replication import stats
 from tests.harness.websocket import BINARY, CLOSE, CONTINUATION, PING, PONG, TEXT, RawWs, frame
 
 #: A broker config's small packet bound: the frame bound is it plus WS_FRAME_MARGIN_BYTES.
@@ -111,6 +113,9 @@ def test_a_device_on_tcp_and_a_page_on_websocket_take_one_client_id_over(broker_
     assert tcp.connect("same-id").reason_code == 0
     page = WsMqtt(b)
     assert page.connect("same-id").reason_code == 0
+    other = WsMqtt(b)
+    assert other.connect("other-id").reason_code == 0
+    wait_for(lambda: stats(b)["mqtt_connections"] == "2", 10, "TCP's and WebSocket's counted alike")
     assert isinstance(tcp.read(), wire.Disconnect)  # 0x8E session taken over
     assert tcp.read() is None
     again = Raw(b)
@@ -227,6 +232,7 @@ def test_framing_rules_each_close_with_its_code(broker_factory, tmp_path):
              (frame(TEXT, b"hello"), 1003),  # text: MQTT is binary
              (frame(CLOSE, struct.pack("!H", 999)), 1002),  # a close code RFC 6455 forbids
              (frame(CLOSE, struct.pack("!H", 1005)), 1002),  # one only an endpoint may use locally
+             (frame(CLOSE, struct.pack("!H", 1016)), 1002),  # an unassigned one of RFC 6455's range
              (frame(CLOSE, struct.pack("!H", 1000) + b"\xff\xfe"), 1007),  # a reason that is not UTF-8
              (frame(CLOSE, struct.pack("!H", 1000) + b"bye"), 1000)]  # a valid close: answered in kind
     for data, code in cases:
