@@ -157,7 +157,7 @@ class WsStream:
                              % limits.WS_MAX_HANDSHAKE_BYTES)
             return
         head, rest = bytes(self._head[:end + 4]), bytes(self._head[end + 4:])
-        self._head = bytearray()
+        self._head = None
         try:
             self._hs.receive_data(head)
             request = next((e for e in self._hs.events() if isinstance(e, Request)), None)
@@ -174,6 +174,7 @@ class WsStream:
             self._refuse(*why)
             return
         self._send(self._hs.send(AcceptConnection(subprotocol=self.subprotocol)))
+        self._hs = None  # (the HTTP layer's state: not kept for the connection's life)
         self._ws = WsConnection(ConnectionType.SERVER, [_FrameBound(self.rules.max_frame)])
         if rest:
             self._ws.receive_data(rest)
@@ -203,7 +204,7 @@ class WsStream:
         log.info("mqtt %s: WebSocket upgrade refused (%d): %s", self.peer, status, why)
         body = (why + "\n").encode("utf-8", "replace")
         try:
-            if self._hs.state is ConnectionState.CONNECTING:
+            if self._hs is not None and self._hs.state is ConnectionState.CONNECTING:
                 out = self._hs.send(RejectConnection(status_code=status, has_body=True, headers=[
                     (b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"%d" % len(body)),
                     (b"connection", b"close")]))
