@@ -33,10 +33,10 @@ class WsMqtt(RawWs):
         super().__init__(ws(broker)[0], **kw)
         self.parser = wire.MqttParser(wire.MQTT_5, sender="server")
 
-    def connect(self, client_id="raw", **request):
+    def connect(self, client_id="raw", will=None, **request):
         status, head, _ = self.upgrade(**request)
         assert status == 101, head
-        self.send(frame(BINARY, wire.encode(wire.Connect(wire.MQTT_5, client_id), wire.MQTT_5)))
+        self.send(frame(BINARY, wire.encode(wire.Connect(wire.MQTT_5, client_id, will=will), wire.MQTT_5)))
         return self.read()
 
     def read(self):
@@ -235,11 +235,18 @@ def test_framing_rules_each_close_with_its_code(broker_factory, tmp_path):
              (frame(CLOSE, struct.pack("!H", 1016)), 1002),  # an unassigned one of RFC 6455's range
              (frame(CLOSE, struct.pack("!H", 1000) + b"\xff\xfe"), 1007),  # a reason that is not UTF-8
              (frame(CLOSE, struct.pack("!H", 1000) + b"bye"), 1000)]  # a valid close: answered in kind
-    for data, code in cases:
+    watcher = Raw(b)
+    assert watcher.connect("watcher").reason_code == 0
+    watcher.send(wire.Subscribe(1, (wire.Subscription("gone/#", 1),)))
+    assert isinstance(watcher.read(), wire.Suback)
+    for i, (data, code) in enumerate(cases):
         c = WsMqtt(b)
-        assert c.connect().reason_code == 0
+        assert c.connect("c%d" % i, will=wire.Will("gone/c%d" % i, b"lost", 1)).reason_code == 0
         c.send(data)
         assert c.close_code() == code, data
+        will = watcher.read()  # the will of a connection closed for a broken rule, as for a network failure
+        assert (will.topic, will.payload) == ("gone/c%d" % i, b"lost"), will
+        watcher.send(wire.PubAck(will.packet_id))
 
 
 def test_fragments_per_message_are_bounded(broker_factory, tmp_path):
