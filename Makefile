@@ -88,7 +88,19 @@ $(VENV_RMQ5)/.installed: Makefile
 	$(VENV_RMQ5)/bin/python -m pip -q --disable-pip-version-check install '$(RMQ5_CLIENT)'
 	touch $@
 
-setup: sysdeps $(VENV)/.installed $(VENV_RMQ5)/.installed
+# MQTT.js (npm's mqtt, pinned), the browser MQTT client tests/mqtt/test_websocket_browser.py loads in a page in
+# headless Chromium against the MQTT port's WebSocket listener: its browser bundle installed into a cache dir of the
+# checkout (npm: Debian's, unless a nodejs package that carries its own is there), once; the tests read it there.
+JS_CACHE ?= .cache/js
+MQTTJS := mqtt@5.16.0
+$(JS_CACHE)/.installed: Makefile
+	@command -v npm >/dev/null || $(MAKE) --no-print-directory sysdeps SYSDEPS=npm
+	mkdir -p $(JS_CACHE)
+	npm install --prefix $(JS_CACHE) --no-save --no-audit --no-fund --silent '$(MQTTJS)'
+	test -f $(JS_CACHE)/node_modules/mqtt/dist/mqtt.min.js
+	touch $@
+
+setup: sysdeps $(VENV)/.installed $(VENV_RMQ5)/.installed $(JS_CACHE)/.installed
 
 run: $(VENV)/.core
 	$(VENV)/bin/metaq-server -c $(CONFIG) $(ARGS)
@@ -177,4 +189,4 @@ bench-scale: $(VENV)/.installed
 	$(PY) -m bench.bench_backlog $(BACKLOG_ARGS)
 
 clean:
-	rm -rf $(VENV) $(VENV_RMQ5) .pytest_cache build site *.egg-info metaq/*.so
+	rm -rf $(VENV) $(VENV_RMQ5) $(JS_CACHE) .pytest_cache build site *.egg-info metaq/*.so

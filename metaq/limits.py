@@ -1256,3 +1256,20 @@ MQTT_CLUSTER_MAX_GROUPS = 10_000
 #: bound the oldest goes sooner, counted (``mqtt_cluster_share_changes_forgotten``), and a record older than the
 #: oldest kept change, read by a reader that far behind, is assigned as by it.
 MQTT_CLUSTER_SHARE_HISTORY = 64
+
+# -- MQTT over WebSocket (metaq/server/wsio.py, docs/mqtt.md "Over WebSocket") -----------------------------------
+
+#: Seconds a WebSocket client has to finish its HTTP upgrade request from its connection's accept (a request
+#: trickled a byte at a time or never finished is closed then; the login deadline, when shorter, applies too).
+WS_HANDSHAKE_TIMEOUT_S = 10.0
+#: Most bytes of the HTTP upgrade request (request line and headers): a longer one is refused with 431.
+WS_MAX_HANDSHAKE_BYTES = 16 * 1024
+#: Bytes a WebSocket frame's payload may declare beyond the MQTT port's max_packet_bytes (the frame is refused at its
+#: header, close 1009, past that): room for the other small packets a client packs into the frame with the largest.
+WS_FRAME_MARGIN_BYTES = 64 * 1024
+#: Most frames (the first and its continuations) of one WebSocket message: a fragment flood is closed with 1008.
+WS_MAX_FRAGMENTS = 1024
+#: Control frames (PING, PONG) a WebSocket client may send a second, with bursts of as many: past that, close 1008.
+WS_CONTROL_FRAMES_PER_S = 50
+#: Most entries of mqtt.ws_allowed_origins.
+WS_MAX_ALLOWED_ORIGINS = 256

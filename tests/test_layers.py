@@ -94,6 +94,7 @@ FEATURE_ROLES = {
     "topicmap": "logic",  # a protocol's names mapped to metaq topics, and a filter's topics (MQTT's; pure)
     "session": "state",  # a protocol's per-client session state (MQTT's: subscriptions, cursors, packet ids)
     "port": "front-end", "connection": "front-end",  # a feature's own listener and its connections (MQTT's)
+    "websocket": "front-end",  # a feature's WebSocket listeners, its connections over them (MQTT's)
     "delivery": "front-end",  # what a connection's subscriptions read from the log and send (MQTT's)
     # an MQTT connection's operation groups (connection.py dispatches to them)
     "connect": "front-end", "publishes": "front-end", "subscriptions": "front-end", "acks": "front-end",

@@ -67,6 +67,9 @@ from metaq.store.record import FIXED_OVERHEAD
 from metaq.store.results import BurstRun
 from metaq.store.journals import JournalFollow, MovingFloor
 
+#: The connection core's listeners whose connections are this port's: TCP, and WebSocket (metaq/mqtt/websocket.py).
+LISTENERS = ("mqtt", "mqtt-ws", "mqtt-wss")
+
 log = logging.getLogger(__name__)
 
 
@@ -193,7 +196,7 @@ class MqttPort:
         return Connection(sock, address, conn_id, self)
 
     def connection_count(self):
-        return self.core.count("mqtt")
+        return sum(self.core.count(name) for name in LISTENERS)
 
     # -- client identifiers ----------------------------------------------------
 
@@ -1005,9 +1008,9 @@ class MqttPort:
         if self._keeper is not None:
             self._keeper.kill(block=False)
         self.wills.stop()
-        close_with_grace(list(self.core.connections("mqtt")), grace_s)
+        close_with_grace([c for name in LISTENERS for c in self.core.connections(name)], grace_s)
         deadline = time.monotonic() + grace_s
-        while self.core.count("mqtt") and time.monotonic() < deadline:  # their ends: wills and sessions written
+        while self.connection_count() and time.monotonic() < deadline:  # their ends: wills and sessions written
             gevent.sleep(0.01)
         for session in list(self._live.values()):
             self.went_offline(session)

@@ -31,6 +31,7 @@ from metaq.server.http.port import HttpPort
 from metaq.server.http.server import UnsentReplies
 from metaq.server.longpoll import PartitionWaiters
 from metaq.mqtt.port import MqttPort
+from metaq.mqtt.websocket import listen_websocket
 from metaq.mqttcluster.asks import Asks
 from metaq.mqttcluster.calls import PeerClient
 from metaq.mqttcluster.inbox import INBOX
@@ -190,6 +191,7 @@ class Broker:
                                            if self.election is not None else None, replies=self.replies,
                                            cluster=self.cluster)
         self.mqtt = None
+        self.mqtt_ws = []  # the MQTT port's WebSocket listeners, once started
         if config.mqtt.port:  # docs/mqtt.md
             self.mqtt = MqttPort(self.core, config.mqtt, self.store, self.put_path, self.guard, self.waiters,
                                  config.store.max_transfer_size, lambda: self.roles.is_master,
@@ -401,6 +403,15 @@ class Broker:
         if r.corruption:
             log.warning("recovery forced past corruption: %s", r.corruption)
 
+    def _listen_mqtt_websocket(self, host):
+        """The MQTT port's WebSocket listeners that are set (docs/mqtt.md "Over WebSocket")."""
+        for name, number in (("mqtt-ws", self.config.mqtt.ws_port), ("mqtt-wss", self.config.mqtt.wss_port)):
+            if number:
+                listener = listen_websocket(self.core, self.mqtt, self.config.mqtt, name, host, number)
+                self.mqtt_ws.append(listener)
+                log.info("MQTT over WebSocket on %s://%s:%d%s", "wss" if name == "mqtt-wss" else "ws", host,
+                         listener.port, self.config.mqtt.ws_path)
+
     def start(self):
         cfg = self.config.broker
         if self.registry is not None:
@@ -422,6 +433,7 @@ class Broker:
             self.http.listen(self.config.http.host or cfg.host, self.config.http.port)
         if self.mqtt is not None:
             self.mqtt.listen(self.config.mqtt.host or cfg.host, self.config.mqtt.port)
+            self._listen_mqtt_websocket(self.config.mqtt.host or cfg.host)
             if self.mqtt.client_ids is not None:
                 self.mqtt.client_ids.start()
         if self.mqtt_cluster is not None:

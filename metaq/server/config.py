@@ -464,6 +464,12 @@ class MqttSection(_Section):
     port: Optional[int] = Field(None, ge=0, le=65535)  # None or 0 = off (1883 by convention, 8883 with TLS)
     host: Optional[str] = None  # bind address; default broker.host
     max_packet_bytes: int = Field(limits.MQTT_MAX_PACKET_BYTES, ge=64)
+    # MQTT over WebSocket (docs/mqtt.md "Over WebSocket"): ws:// and wss:// (security.tls) ports, None or 0 = off,
+    # on the MQTT port's host; the upgrade's path; the Origin values a browser page may come from (empty: any)
+    ws_port: Optional[int] = Field(None, ge=0, le=65535)
+    wss_port: Optional[int] = Field(None, ge=0, le=65535)
+    ws_path: str = Field("/mqtt", pattern=r"^/[\x21-\x7e]*$", max_length=256)
+    ws_allowed_origins: List[str] = Field([], max_length=limits.WS_MAX_ALLOWED_ORIGINS)
     receive_maximum: int = Field(limits.MQTT_RECEIVE_MAXIMUM, ge=1, le=65535)
     max_inflight: int = Field(limits.MQTT_MAX_INFLIGHT, ge=1, le=65535)
     max_subscriptions: int = Field(limits.MQTT_MAX_SUBSCRIPTIONS, ge=1)
@@ -498,6 +504,12 @@ class MqttSection(_Section):
         if host is not None and not host.strip():
             raise ValueError("mqtt.host must not be blank (leave it out to use broker.host)")
         return host
+
+    @model_validator(mode="after")
+    def _websocket(self):
+        if (self.ws_port or self.wss_port) and not self.port:
+            raise ValueError("mqtt.ws_port and mqtt.wss_port serve the MQTT port's sessions: set mqtt.port too")
+        return self
 
     @model_validator(mode="after")
     def _topic_map(self):
@@ -580,6 +592,8 @@ class ServerConfig(_Section):
                      ("replication.port", host, self.replication.port),
                      ("http.port", self.http.host or host, self.http.port),
                      ("mqtt.port", self.mqtt.host or host, self.mqtt.port),
+                     ("mqtt.ws_port", self.mqtt.host or host, self.mqtt.ws_port),
+                     ("mqtt.wss_port", self.mqtt.host or host, self.mqtt.wss_port),
                      ("grpc.port", self.grpc.host or host, self.grpc.port)]
         seen = {}
         for name, bind, port in listeners:
@@ -658,6 +672,13 @@ class ServerConfig(_Section):
         return found
 
     @model_validator(mode="after")
+    def _wss_has_tls(self):
+        if self.mqtt.wss_port and self.security.tls.mode == "off":
+            raise ValueError("mqtt.wss_port is WebSocket over TLS: set security.tls (docs/security.md), or use "
+                             "mqtt.ws_port for plaintext")
+        return self
+
+    @model_validator(mode="after")
     def _protected(self):
         """Redis's protected mode: no listener on a non-loopback address with authentication off, unless
         ``security.insecure`` says so explicitly."""
@@ -682,6 +703,12 @@ class ServerConfig(_Section):
                     "sends each user's secret as it is. Set security.tls (docs/security.md), bind the HTTP port to "
                     "127.0.0.1 (http.host), or set security.insecure: true to accept the risk" % http_host)
             mqtt_host = self.mqtt.host or self.broker.host
+            if self.mqtt.ws_port and not is_loopback(mqtt_host):
+                raise ValueError(
+                    "mqtt.ws_port listens on %s, not a loopback address, with authentication on: ws:// is never TLS, "
+                    "and an MQTT CONNECT sends its password as it is. Use mqtt.wss_port (security.tls), bind the MQTT "
+                    "port to 127.0.0.1 (mqtt.host) behind a TLS proxy, or set security.insecure: true to accept the "
+                    "risk" % mqtt_host)
             if self.mqtt.port and sec.tls.mode == "off" and not is_loopback(mqtt_host):
                 raise ValueError(
                     "mqtt.port listens on %s, not a loopback address, with authentication on and TLS off: an MQTT "

@@ -71,8 +71,14 @@ from metaq.server.guard import failure_prefix
 from metaq.server.proxies import ProxyHeaderError, TrustedProxies, read_header
 from metaq.server.tls import PLAINTEXT_REFUSAL, TLS_HANDSHAKE_BYTE, TLS_SOCKETS
 from metaq.server.tlsio import BioTls
+from metaq.server.wsio import WsStream
 
 log = logging.getLogger(__name__)
+
+#: Streams layered over the socket that take all the socket holds in one ``recv`` and say what they hold
+#: (``pending``): TLS through memory BIOs, a WebSocket (over a plain or TLS socket). A connection on one is read and
+#: written only through it (``Connection.tls``), and parks as a plain one does.
+LAYERED_SOCKETS = (BioTls, WsStream)
 
 #: Bytes asked of one recv().
 RECV_BYTES = 256 * 1024
@@ -230,7 +236,7 @@ def _readable(conn):
 #: The setting each listener's port comes from, for the message when it cannot bind.
 PORT_SETTINGS = {"text": "broker.port (--port)", "remoting": "remoting.port (--remoting-port)",
                  "replication": "replication.port (--replication-port)", "http": "http.port (--http-port)",
-                 "mqtt": "mqtt.port (--mqtt-port)"}
+                 "mqtt": "mqtt.port (--mqtt-port)", "mqtt-ws": "mqtt.ws_port", "mqtt-wss": "mqtt.wss_port"}
 
 
 def bind_error(name, host, port, exc):
@@ -583,8 +589,10 @@ class Connection:
         self.request_timeout = rules.request_s
         self.replies = ReplyBudget(rules.reply_bytes)
         self.session = None  # the guard's Session (metaq.server.guard), set by the core once made
-        self.tls = isinstance(sock, TLS_SOCKETS)  # the core finished a TLS handshake on it
-        self.tls_bio = isinstance(sock, BioTls)
+        # True: read and written only through its socket object (TLS, or a WebSocket: ``LAYERED_SOCKETS``), never
+        # by descriptor
+        self.tls = isinstance(sock, TLS_SOCKETS) or isinstance(sock, WsStream)
+        self.tls_bio = isinstance(sock, LAYERED_SOCKETS)
         # a plain socket's underlying non-blocking one (gevent's ``_sock``), what a read or write that must not wait
         # uses; None for TLS (an SSL socket is read and written through itself)
         self.raw_sock = None if self.tls else getattr(sock, "_sock", sock)
@@ -1232,7 +1240,7 @@ class ConnectionCore:
             conn = listener.make(sock, address, conn_id)
             if self.guard is not None:
                 conn.session = self.guard.session(address[0] if isinstance(address, tuple) else str(address),
-                                                  conn.tls)
+                                                  isinstance(sock, TLS_SOCKETS))
                 if self.guard.enabled and listener.guarded:
                     conn.rates = self.guard
             if stranger is not None:

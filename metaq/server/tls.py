@@ -31,6 +31,11 @@ log = logging.getLogger(__name__)
 
 __all__ = ["TlsPolicy", "server_context", "client_context", "TLS_HANDSHAKE_BYTE", "TLS_SOCKETS"]
 
+#: Listeners that are plaintext whatever ``security.tls.mode`` says (MQTT over ``ws://``: ``mqtt.ws_port``), and
+#: listeners that are TLS only whenever it is not off (``wss://``: ``mqtt.wss_port``).
+PLAINTEXT_LISTENERS = frozenset({"mqtt-ws"})
+TLS_LISTENERS = frozenset({"mqtt-wss"})
+
 #: The first byte of a TLS record carrying a handshake message (a ClientHello opens every TLS connection).
 TLS_HANDSHAKE_BYTE = b"\x16"
 
@@ -138,8 +143,11 @@ class TlsPolicy:
 
     def mode_for(self, listener_name):
         """``off``, ``on`` or ``permissive`` for the listener called ``listener_name``."""
-        if self.mode == "off" or (listener_name == REPLICATION_LISTENER and not self.replication):
+        if self.mode == "off" or listener_name in PLAINTEXT_LISTENERS or (
+                listener_name == REPLICATION_LISTENER and not self.replication):
             return "off"
+        if listener_name in TLS_LISTENERS:
+            return "on"
         return self.mode
 
     def secure(self, mode, sock, idle_s, request_s, server_first=False, alpn=()):

@@ -40,14 +40,19 @@ class Paho:
     """A paho-mqtt client on its own network thread: connected, with what it received and its CONNACK."""
 
     def __init__(self, broker, client_id="", version=V5, user=None, secret=None, clean=True, will=None,
-                 properties=None, keepalive=60, connect=True):
+                 properties=None, keepalive=60, connect=True, websocket=None):
         self.messages = []
         self.got = threading.Condition()
         self.connack = None
         self.disconnects = []
         self.subacks = []
         kwargs = {"clean_session": clean} if version == V311 else {}
-        self.c = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=version, **kwargs)
+        # ``websocket``: None (TCP), or ``(port, path)`` of a WebSocket listener (Paho's websockets transport)
+        self.websocket = websocket
+        self.c = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=version,
+                             transport="websockets" if websocket else "tcp", **kwargs)
+        if websocket:
+            self.c.ws_set_options(path=websocket[1])
         self.c.on_message = self._message
         self.c.on_connect = self._connect
         self.c.on_disconnect = lambda c, u, flags, rc, props=None: self.disconnects.append(rc)
@@ -67,7 +72,8 @@ class Paho:
     def connect(self, timeout=10.0):
         kwargs = {"clean_start": self.clean, "properties": self.properties} if self.version == V5 else {}
         host = getattr(self.broker, "host", "127.0.0.1")  # a broker in a network namespace binds its address
-        self.c.connect(host, mqtt_port(self.broker), keepalive=self.keepalive, **kwargs)
+        port = self.websocket[0] if self.websocket else mqtt_port(self.broker)
+        self.c.connect(host, port, keepalive=self.keepalive, **kwargs)
         self.c.loop_start()
         deadline = time.monotonic() + timeout
         while self.connack is None and time.monotonic() < deadline:

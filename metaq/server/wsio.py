@@ -1,0 +1,340 @@
+"""A server-side WebSocket connection (RFC 6455) over a plain or TLS socket, as a byte stream (wsproto, sans-IO).
+
+``WsStream`` stands where the socket stood: the connection above it (MQTT's) reads and writes bytes and never learns
+that they travel in WebSocket frames. Its first ``recv`` reads the HTTP upgrade request (``WS_MAX_HANDSHAKE_BYTES``
+at most, whole within ``WS_HANDSHAKE_TIMEOUT_S`` of the accept, or ``request_timeout_s`` when shorter) and answers
+it: 101 with the subprotocol chosen, or an HTTP refusal saying why (a wrong path 404, no subprotocol it speaks 400,
+an origin not allowed 403, not a WebSocket upgrade 400/426), then the end of the stream. After it, every binary
+frame's payload is handed up as it arrives, however the peer split or packed its packets; each ``sendall`` leaves as
+one binary frame.
+
+What a client may not do, each closing with its code and one log line: a text frame (1003: the stream is binary), an
+unmasked frame or any other framing error (1002, wsproto's), a frame declaring more than ``max_frame`` bytes (1009,
+at its header, before its payload), more than ``WS_MAX_FRAGMENTS`` frames in one message or control frames past
+``WS_CONTROL_FRAMES_PER_S`` (1008). A close with a code or reason RFC 6455 forbids is answered 1002; a valid
+close is answered in kind. Sends hold a lock, so a PONG or a CLOSE never lands inside another writer's frame.
+"""
+
+import logging
+import socket
+import time
+
+from gevent.lock import Semaphore
+from wsproto.connection import Connection as WsConnection
+from wsproto.connection import ConnectionState, ConnectionType
+from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Ping, Pong, RejectConnection,
+                            RejectData, Request, TextMessage)
+from wsproto.extensions import Extension
+from wsproto.frame_protocol import CloseReason
+from wsproto.handshake import H11Handshake
+from wsproto.utilities import ProtocolError, RemoteProtocolError
+
+from metaq import limits
+
+__all__ = ["WsRules", "WsStream"]
+
+log = logging.getLogger(__name__)
+
+#: Bytes asked of one recv() of the socket beneath.
+RECV_BYTES = 256 * 1024
+
+_END_OF_HEAD = b"\r\n\r\n"
+
+
+class WsRules:
+    """What one WebSocket listener accepts: its ``path``, the ``subprotocols`` it speaks (the first the client offers
+    is chosen), the ``origins`` a browser page may come from (None: any), the largest frame payload (``max_frame``),
+    the seconds from the accept by which the upgrade request must be whole (``handshake_s``)."""
+
+    __slots__ = ("path", "subprotocols", "origins", "max_frame", "handshake_s")
+
+    def __init__(self, path, subprotocols, origins, max_frame, handshake_s=limits.WS_HANDSHAKE_TIMEOUT_S):
+        self.handshake_s = handshake_s
+        self.path = path
+        self.subprotocols = tuple(subprotocols)
+        self.origins = frozenset(o.rstrip("/").lower() for o in origins) if origins else None
+        self.max_frame = max_frame
+
+
+class _FrameBound(Extension):
+    """Refuses a frame at its header when it declares more than ``most`` payload bytes (wsproto's per-header hook; never
+    offered to nor negotiated with the peer: it sets no reserved bit)."""
+
+    name = "metaq-frame-bound"
+
+    def __init__(self, most):
+        self.most = most
+
+    def enabled(self):
+        return True
+
+    def offer(self):
+        return False
+
+    def frame_inbound_header(self, proto, opcode, rsv, payload_length):
+        if payload_length > self.most:
+            return CloseReason.MESSAGE_TOO_BIG
+        return super().frame_inbound_header(proto, opcode, rsv, payload_length)
+
+
+class WsStream:
+    """One WebSocket connection as a byte stream (see the module doc). It offers what the connection core and the MQTT
+    connection use of a socket: ``recv``, ``send``, ``sendall``, ``settimeout``, ``fileno``, ``setsockopt``,
+    ``pending``, ``close``."""
+
+    __slots__ = ("sock", "rules", "peer", "subprotocol", "_started", "_head", "_hs", "_ws", "_ready", "_eof",
+                 "_timeout", "_send_lock", "_frames", "_tokens", "_tokens_at")
+
+    def __init__(self, sock, rules, peer, started):
+        self.sock = sock
+        self.rules = rules
+        self.peer = peer  # "host:port", for log lines
+        self.subprotocol = None  # the one chosen, once the handshake is done
+        self._started = started  # monotonic time of the accept: the handshake's deadline runs from it
+        self._head = bytearray()  # the upgrade request's bytes so far
+        self._hs = H11Handshake(ConnectionType.SERVER)
+        self._ws = None  # the frames' wsproto Connection, once upgraded
+        self._ready = []  # payload bytes decoded, not yet returned by recv
+        self._eof = False
+        self._timeout = None
+        self._send_lock = Semaphore()
+        self._frames = 0  # frames of the message under way
+        self._tokens = float(limits.WS_CONTROL_FRAMES_PER_S)  # control frames the peer may still send now
+        self._tokens_at = started
+
+    # -- reading ---------------------------------------------------------------
+
+    def recv(self, nbytes):
+        """Up to ``nbytes`` of the binary frames' payload, waiting for them; b"" at the end (the peer closed, the
+        handshake refused or a rule broken: already answered). The timeout bounds the whole call, as a socket's
+        (socket.timeout); before the upgrade, the handshake's deadline bounds it too."""
+        now = time.monotonic()
+        deadline = None if self._timeout is None else now + self._timeout
+        while not self._ready:
+            if self._eof:
+                return b""
+            upgrade_by = None if self._ws is not None else self._started + self.rules.handshake_s
+            until = deadline if upgrade_by is None or (deadline is not None and deadline < upgrade_by) else upgrade_by
+            if until is not None:
+                left = until - time.monotonic()
+                if left <= 0:
+                    if until is deadline:
+                        self.sock.settimeout(self._timeout)
+                        raise socket.timeout("timed out")
+                    log.info("mqtt %s: WebSocket upgrade not finished within %.1f s (WS_HANDSHAKE_TIMEOUT_S, or "
+                             "request_timeout_s when shorter); closing", self.peer, self.rules.handshake_s)
+                    self._eof = True
+                    return b""
+                self.sock.settimeout(left)
+            try:
+                data = self.sock.recv(RECV_BYTES)
+            except socket.timeout:
+                continue  # whichever deadline passed: said above
+            if not data:
+                self._eof = True
+                return b""
+            if self._ws is None:
+                self._upgrade(data)
+            else:
+                self._ws.receive_data(data)
+                self._frames_arrived()
+        self.sock.settimeout(self._timeout)
+        ready = self._ready
+        data = ready[0] if len(ready) == 1 else b"".join(ready)
+        if len(data) > nbytes:
+            self._ready = [data[nbytes:]]
+            return data[:nbytes]
+        self._ready = []
+        return data
+
+    def _upgrade(self, data):
+        """The upgrade request's bytes ``data``: once whole, answered (accepted or refused); frames follow it."""
+        self._head += data
+        end = self._head.find(_END_OF_HEAD)
+        if end < 0:
+            if len(self._head) > limits.WS_MAX_HANDSHAKE_BYTES:
+                self._refuse(431, "the upgrade request is longer than %d bytes (WS_MAX_HANDSHAKE_BYTES)"
+                             % limits.WS_MAX_HANDSHAKE_BYTES)
+            return
+        head, rest = bytes(self._head[:end + 4]), bytes(self._head[end + 4:])
+        self._head = None
+        try:
+            self._hs.receive_data(head)
+            request = next((e for e in self._hs.events() if isinstance(e, Request)), None)
+        except RemoteProtocolError as exc:
+            hint = exc.event_hint
+            status = hint.status_code if isinstance(hint, RejectConnection) else 400
+            self._refuse(status, "not a WebSocket upgrade: %s" % exc)
+            return
+        if request is None:
+            self._refuse(400, "not a WebSocket upgrade request")
+            return
+        why = self._refusal(request)
+        if why is not None:
+            self._refuse(*why)
+            return
+        self._send(self._hs.send(AcceptConnection(subprotocol=self.subprotocol)))
+        self._hs = None  # (the HTTP layer's state: not kept for the connection's life)
+        self._ws = WsConnection(ConnectionType.SERVER, [_FrameBound(self.rules.max_frame)])
+        if rest:
+            self._ws.receive_data(rest)
+            self._frames_arrived()
+
+    def _refusal(self, request):
+        """``(status, why)`` when the upgrade ``request`` is refused, else None (``subprotocol`` chosen)."""
+        rules = self.rules
+        path = request.target.split("?", 1)[0]
+        if path != rules.path:
+            return 404, "no WebSocket endpoint at %s (this port's path is %s: mqtt.ws_path)" % (path[:200], rules.path)
+        origin = next((v for k, v in request.extra_headers if k == b"origin"), None)
+        if rules.origins is not None and origin is not None:
+            name = origin.decode("latin-1").rstrip("/").lower()
+            if name not in rules.origins:
+                return 403, "origin %s is not in mqtt.ws_allowed_origins" % name[:200]
+        chosen = next((p for p in request.subprotocols if p in rules.subprotocols), None)
+        if chosen is None:
+            offered = ", ".join(request.subprotocols)[:200] or "none"
+            return 400, ("the WebSocket subprotocol must be one of %s (Sec-WebSocket-Protocol); offered: %s"
+                         % (", ".join(rules.subprotocols), offered))
+        self.subprotocol = chosen
+        return None
+
+    def _refuse(self, status, why):
+        """Answer the upgrade with HTTP ``status`` and ``why`` as its body; the stream ends."""
+        log.info("mqtt %s: WebSocket upgrade refused (%d): %s", self.peer, status, why)
+        body = (why + "\n").encode("utf-8", "replace")
+        try:
+            if self._hs is not None and self._hs.state is ConnectionState.CONNECTING:
+                out = self._hs.send(RejectConnection(status_code=status, has_body=True, headers=[
+                    (b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"%d" % len(body)),
+                    (b"connection", b"close")]))
+                out += self._hs.send(RejectData(data=body, body_finished=True))
+            else:
+                out = b"HTTP/1.1 %d Refused\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (
+                    status, len(body), body)
+        except ProtocolError:  # the HTTP layer got no request line to answer (a stream of garbage)
+            out = b"HTTP/1.1 %d Refused\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (
+                status, len(body), body)
+        self._send(out)
+        self._eof = True
+
+    def _frames_arrived(self):
+        """The events of the frames received so far: payload kept for ``recv``, PINGs answered, rules applied."""
+        ws = self._ws
+        for event in ws.events():
+            if isinstance(event, BytesMessage):
+                if event.data:
+                    self._ready.append(bytes(event.data))
+                if event.message_finished:
+                    self._frames = 0
+                elif event.frame_finished:
+                    self._frames += 1
+                    if self._frames >= limits.WS_MAX_FRAGMENTS:
+                        self._close(CloseReason.POLICY_VIOLATION, "more than %d frames in one message "
+                                    "(WS_MAX_FRAGMENTS)" % limits.WS_MAX_FRAGMENTS)
+                        return
+            elif isinstance(event, (Ping, Pong)):
+                if not self._control_budget():
+                    self._close(CloseReason.POLICY_VIOLATION, "more than %d control frames a second "
+                                "(WS_CONTROL_FRAMES_PER_S)" % limits.WS_CONTROL_FRAMES_PER_S)
+                    return
+                if isinstance(event, Ping):
+                    self._send_frame(event.response())
+            elif isinstance(event, TextMessage):
+                self._close(CloseReason.UNSUPPORTED_DATA, "a text frame (MQTT over WebSocket is binary)")
+                return
+            elif isinstance(event, CloseConnection):
+                if ws.state is ConnectionState.OPEN:  # not the peer's close: a framing error wsproto found
+                    self._close(event.code, event.reason or "framing error")
+                else:
+                    self._send_frame(event.response())
+                    self._eof = True
+                return
+
+    def _control_budget(self):
+        """One control frame taken from the peer's budget: False when none is left."""
+        now = time.monotonic()
+        rate = limits.WS_CONTROL_FRAMES_PER_S
+        self._tokens = min(float(rate), self._tokens + (now - self._tokens_at) * rate)
+        self._tokens_at = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
+    def _close(self, code, why):
+        """End the stream for a broken rule: a close frame with ``code`` and one log line."""
+        code = int(code)
+        if code == CloseReason.MESSAGE_TOO_BIG:
+            why = "a frame longer than %d bytes (mqtt.max_packet_bytes + WS_FRAME_MARGIN_BYTES)" % self.rules.max_frame
+        log.info("mqtt %s: WebSocket closed %d: %s", self.peer, code, why)
+        self._ready = []  # nothing after a broken rule is handed up
+        if self._ws.state is ConnectionState.OPEN:
+            self._send_frame(CloseConnection(code=code, reason=why[:120]))
+        self._eof = True
+
+    def pending(self):
+        """Payload decoded and not yet returned, or bytes held by the layer beneath (TLS): what a parked connection's
+        read watcher would not see; before the upgrade, 1 as well: a connection in its handshake does not park, so the
+        handshake's deadline (which the core does not know) bounds its wait in ``recv``."""
+        if self._ready or self._ws is None:
+            return 1
+        inner = getattr(self.sock, "pending", None)
+        return inner() if inner is not None else 0
+
+    # -- writing ---------------------------------------------------------------
+
+    def sendall(self, data):
+        """``data`` as one binary frame (nothing before the upgrade nor after a close)."""
+        if not data:
+            return
+        ws = self._ws
+        if ws is None or ws.state is not ConnectionState.OPEN:
+            raise BrokenPipeError("the WebSocket is closed")
+        with self._send_lock:
+            self.sock.sendall(ws.send(BytesMessage(data=data)))
+
+    def send(self, data):
+        self.sendall(data)
+        return len(data)
+
+    def _send_frame(self, event):
+        try:
+            self._send(self._ws.send(event))
+        except ProtocolError:  # a state that sends nothing more
+            pass
+
+    def _send(self, out):
+        try:
+            with self._send_lock:
+                self.sock.sendall(out)
+        except OSError:
+            self._eof = True
+
+    # -- the rest ----------------------------------------------------------------
+
+    def settimeout(self, timeout):
+        self._timeout = timeout
+        self.sock.settimeout(timeout)
+
+    def fileno(self):
+        return self.sock.fileno()
+
+    def setsockopt(self, *args):
+        self.sock.setsockopt(*args)
+
+    def close(self):
+        """A close frame (1000) when it can leave now without waiting, then the socket closed."""
+        ws = self._ws
+        if ws is not None and ws.state is ConnectionState.OPEN and self._send_lock.acquire(blocking=False):
+            try:
+                self.sock.settimeout(0.0)
+                self.sock.sendall(ws.send(CloseConnection(code=CloseReason.NORMAL_CLOSURE)))
+            except (OSError, ProtocolError):
+                pass
+            finally:
+                self._send_lock.release()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
