@@ -137,8 +137,8 @@ def mqtt_pubacks(data):
     _same("end_pubacks", answers[0], answers[1], (bytes(buf),) + args)
 
 
-mqtt_pubacks.seeds = lambda: [bytes((0, v, 0)) + b"@\x02\x00\x01@\x02\x00\x07@\x03\x00\x09\x10" + b"@\x04\x01\x2c\x00\x00"
-                              for v in (0, 1)]
+PUBACKS = b"@\x02\x00\x01" b"@\x02\x00\x07" b"@\x03\x00\x09\x10" b"@\x04\x01\x2c\x00\x00"  # ids 1, 7, 9, 300
+mqtt_pubacks.seeds = lambda: [bytes((0, v, 0)) + PUBACKS for v in (0, 1)] + [b"\0\0\0" + PUBACKS[:-1]]
 
 PLANS = {b"a/b": ("a/b", "t1", 12345, 1, b"P0", b"P1"), b"s/t": ("s/t", "t2", 2 ** 32 - 1, 0, b"", b"Q"),
          b"z": ("z", "t3", 7, 0, b"", b"")}
