@@ -172,9 +172,9 @@ sanitize: $(VENV)/.installed
 
 # `make fuzz`: atheris (the fuzz extra) runs each differential fuzzer of tests/fuzz for FUZZ_SECONDS: one input to a C
 # function of the helper that reads a client's or a disk's bytes and to its Python definition, a difference in their
-# answers (or a crash) failing the run, its input kept under build/fuzz/artifacts/. The helper is built with clang's
-# -fsanitize=fuzzer-no-link into build/fuzz/lib (never in place), so libFuzzer follows the C's branches as well as
-# the Python's. Each fuzzer starts from its seed corpus, tests/fuzz/corpus/<name>/ (tests/fuzz/test_corpus.py runs
+# answers (or a crash) ending that fuzzer and failing the target once all have run, its input kept under
+# build/fuzz/artifacts/. The helper is built with clang's -fsanitize=fuzzer-no-link into build/fuzz/lib (never in
+# place), so libFuzzer follows the C's branches as well as the Python's. Each fuzzer starts from its seed corpus, tests/fuzz/corpus/<name>/ (tests/fuzz/test_corpus.py runs
 # those in `make test`); what it finds is kept in build/fuzz/corpus/<name>/ for the next run.
 FUZZ_SECONDS ?= 60
 FUZZ_DIR := build/fuzz
@@ -188,12 +188,13 @@ fuzz: $(VENV)/.fuzz
 	CC=clang LDSHARED="clang -shared" CFLAGS="-fsanitize=fuzzer-no-link -g -O1" $(PY) setup.py -q \
 	  build_py --build-lib $(FUZZ_DIR)/lib build_ext --build-lib $(FUZZ_DIR)/lib --build-temp $(FUZZ_DIR)/temp
 	ls $(FUZZ_DIR)/lib/metaq/_speedups*.so
-	@for name in $$(PYTHONPATH=$(CURDIR) $(PY) -P -m tests.fuzz --list); do \
+	@failed=""; for name in $$(PYTHONPATH=$(CURDIR) $(PY) -P -m tests.fuzz --list); do \
 	  echo "fuzz: $$name for $(FUZZ_SECONDS) s"; mkdir -p $(FUZZ_DIR)/corpus/$$name $(FUZZ_DIR)/artifacts; \
 	  PYTHONPATH=$(abspath $(FUZZ_DIR)/lib):$(CURDIR) $(PY) -P -m tests.fuzz $$name -max_total_time=$(FUZZ_SECONDS) \
 	    -print_final_stats=1 -artifact_prefix=$(FUZZ_DIR)/artifacts/$$name- $(FUZZ_DIR)/corpus/$$name \
-	    tests/fuzz/corpus/$$name || exit 1; \
-	done
+	    tests/fuzz/corpus/$$name || failed="$$failed $$name"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "fuzz: a difference or a crash in:$$failed (inputs in $(FUZZ_DIR)/artifacts/)"; exit 1; fi
 
 # The bench extra: the peers' Python clients (redis-py, nats-py), measured beside metaq's client.
 $(VENV)/.bench: $(VENV)/.installed
