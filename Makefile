@@ -17,7 +17,7 @@ ZK_PORT ?= 2181
 PG_PORT ?= 5432
 
 .PHONY: all setup sysdeps builddeps run test test-unit test-fast bench bench-scale clean docs \
-	zookeeper stop-zookeeper postgres stop-postgres cluster stop-cluster
+	zookeeper stop-zookeeper postgres stop-postgres cluster stop-cluster sanitize fuzz
 
 all: test
 
@@ -160,6 +160,62 @@ test-unit: $(VENV)/.installed
 # The fast tier: no slow or fault tests.
 test-fast: setup
 	METAQ_RMQ5_PYTHON=$(abspath $(VENV_RMQ5))/bin/python $(VENV)/bin/pytest -m "not slow and not fault" $(PYTEST_ARGS)
+
+# `make sanitize`: the C helper's memory and undefined-behaviour check. The helper is built again with
+# AddressSanitizer and UndefinedBehaviorSanitizer (gcc) into build/sanitize/lib, beside a copy of the package,
+# never in place: `make test` and an install keep loading the plain build. Then the native tests (NATIVE_TESTS: every
+# test file naming the C helper, which hold each C function equal to its Python definition, the wire parsers' tests
+# and the fuzzers' seed corpora; the unit tier of them) run on that build, in one process with libasan preloaded
+# (libstdc++ too: greenlet throws C++ exceptions, which ASan's interceptor must find). PYTHONMALLOC=malloc puts every
+# Python buffer in its own malloc'd block, so a read one byte past a buffer is a report; detect_leaks=0 (CPython's
+# own allocations look like leaks). Any report ends the run and fails it (--capture=sys leaves the report on the
+# terminal). The check at the end fails the target when the tests did not load the sanitized build.
+SAN_DIR := build/sanitize
+SAN_CFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1
+# (The layer, slot and loader tests name the helper too, but check the code's shape or spawn processes: left out.)
+NATIVE_TESTS = $(filter-out tests/test_layers.py tests/test_slot_attributes.py tests/test_speedups_loader.py, \
+	$(sort $(shell grep -rlE '_speedups|speedups\.(built|load)' tests --include='test_*.py'))) \
+	tests/mqtt/test_wire.py tests/rmq5/test_wire.py tests/fuzz
+# Run pytest in-process, then fail unless metaq._speedups came from the sanitized build.
+RUN_FROM_BUILD = import sys, pytest; rc = pytest.main(sys.argv[2:]); import metaq._speedups as s; \
+	ok = s.__file__.startswith(sys.argv[1]); print("" if ok else "not the build under test: " + s.__file__); \
+	sys.exit(rc or not ok)
+sanitize: $(VENV)/.installed
+	@$(MAKE) --no-print-directory sysdeps SYSDEPS=gcc
+	rm -rf $(SAN_DIR)/lib
+	CFLAGS="$(SAN_CFLAGS)" LDFLAGS="-fsanitize=address,undefined" $(PY) setup.py -q build_py --build-lib $(SAN_DIR)/lib \
+	  build_ext --build-lib $(SAN_DIR)/lib --build-temp $(SAN_DIR)/temp
+	ls $(SAN_DIR)/lib/metaq/_speedups*.so
+	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libstdc++.so.6)" \
+	ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 PYTHONMALLOC=malloc \
+	PYTHONPATH=$(abspath $(SAN_DIR)/lib):$(CURDIR) $(PY) -P -c '$(RUN_FROM_BUILD)' $(abspath $(SAN_DIR)/lib)/ \
+	  -q --capture=sys -p no:cacheprovider --import-mode=importlib -m "not integration" $(NATIVE_TESTS) $(PYTEST_ARGS)
+
+# `make fuzz`: atheris (the fuzz extra) runs each differential fuzzer of tests/fuzz for FUZZ_SECONDS: one input to a C
+# function of the helper that reads a client's or a disk's bytes and to its Python definition, a difference in their
+# answers (or a crash) ending that fuzzer and failing the target once all have run, its input kept under
+# build/fuzz/artifacts/. The helper is built with clang's -fsanitize=fuzzer-no-link into build/fuzz/lib (never in
+# place), so libFuzzer follows the C's branches as well as the Python's. Each fuzzer starts from its seed corpus, tests/fuzz/corpus/<name>/ (tests/fuzz/test_corpus.py runs
+# those in `make test`); what it finds is kept in build/fuzz/corpus/<name>/ for the next run.
+FUZZ_SECONDS ?= 60
+FUZZ_DIR := build/fuzz
+$(VENV)/.fuzz: $(VENV)/.core
+	$(PIP) install -e '.[fuzz]'
+	touch $@
+
+fuzz: $(VENV)/.fuzz
+	@$(MAKE) --no-print-directory sysdeps SYSDEPS=clang
+	rm -rf $(FUZZ_DIR)/lib
+	CC=clang LDSHARED="clang -shared" CFLAGS="-fsanitize=fuzzer-no-link -g -O1" $(PY) setup.py -q \
+	  build_py --build-lib $(FUZZ_DIR)/lib build_ext --build-lib $(FUZZ_DIR)/lib --build-temp $(FUZZ_DIR)/temp
+	ls $(FUZZ_DIR)/lib/metaq/_speedups*.so
+	@failed=""; for name in $$(PYTHONPATH=$(CURDIR) $(PY) -P -m tests.fuzz --list); do \
+	  echo "fuzz: $$name for $(FUZZ_SECONDS) s"; mkdir -p $(FUZZ_DIR)/corpus/$$name $(FUZZ_DIR)/artifacts; \
+	  PYTHONPATH=$(abspath $(FUZZ_DIR)/lib):$(CURDIR) $(PY) -P -m tests.fuzz $$name -max_total_time=$(FUZZ_SECONDS) \
+	    -print_final_stats=1 -artifact_prefix=$(FUZZ_DIR)/artifacts/$$name- $(FUZZ_DIR)/corpus/$$name \
+	    tests/fuzz/corpus/$$name || failed="$$failed $$name"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "fuzz: a difference or a crash in:$$failed (inputs in $(FUZZ_DIR)/artifacts/)"; exit 1; fi
 
 # The bench extra: the peers' Python clients (redis-py, nats-py), measured beside metaq's client.
 $(VENV)/.bench: $(VENV)/.installed

@@ -138,6 +138,9 @@ setup(
         # make docs: the documentation site alone (mkdocs.yml uses only mkdocs and Python-Markdown's own extensions)
         "docs": ["mkdocs>=1.6,<2"],
         "deploy": ["fabric>=3.2,<4", "wheel>=0.40"],
+        # make fuzz: Google's coverage-guided fuzzer for Python and native extensions (libFuzzer inside), which feeds
+        # the C helper's byte readers and their Python definitions the same inputs (tests/fuzz)
+        "fuzz": ["atheris>=2.3"],
         # make bench: the peers' own Python clients, measured beside metaq's in bench/bench_pyclients.py
         "bench": [
             "redis>=5.0,<7",  # redis-py: pipelined XADD, XRANGE, XREAD BLOCK against Redis Streams

@@ -215,7 +215,7 @@ static PyObject *build_result(const unsigned char *buf, Py_ssize_t base, Rec *re
         Rec *x = recs + i;
         Run *g = runs + x->group;
         unsigned char *u = out + (g->start + g->filled++) * UNIT_SIZE;
-        uint64_t pos = (uint64_t)(base + x->rel);
+        uint64_t pos = (uint64_t)base + (uint64_t)x->rel;
         put_be32(u, (uint32_t)(pos >> 32));
         put_be32(u + 4, (uint32_t)pos);
         put_be32(u + 8, (uint32_t)x->total);
