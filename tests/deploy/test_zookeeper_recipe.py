@@ -57,7 +57,7 @@ def test_the_recipes_three_servers_make_a_quorum_that_survives_one_down(tmp_path
         ports[i] = (at, free_port(at), free_port(at), free_port(at))
     procs = {}
     try:
-        for i, host, _q, _e in servers:
+        for i, _host, _q, _e in servers:
             at, client, quorum, election = ports[i]
             home = tmp_path / ("zk%d" % i)
             (home / "data").mkdir(parents=True)
