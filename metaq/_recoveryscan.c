@@ -251,6 +251,11 @@ PyObject *scan_log(PyObject *self, PyObject *args) {
         PyBuffer_Release(&b);
         return NULL;
     }
+    if (base < 0 || base > PY_SSIZE_T_MAX - size) { /* every record's log position fits an int64 */
+        PyErr_Format(PyExc_ValueError, "a segment's base must be from 0 to 2**63-1 less its size, not %zd", base);
+        PyBuffer_Release(&b);
+        return NULL;
+    }
     const unsigned char *buf = (const unsigned char *)b.buf;
     /* No more records than can fit: a small segment needs no max_records-sized arrays. */
     Py_ssize_t max = (size - rel) / MIN_RECORD;

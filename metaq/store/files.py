@@ -102,10 +102,12 @@ def offset_name(value):
 
 
 def parse_offset_name(name):
-    """The number a file name stands for, or None if it is not one of ours."""
+    """The number a file name stands for, or None if it is not one of ours (a log position is an int64: twenty
+    digits past 2**63-1 were never written by a broker)."""
     if len(name) != NAME_DIGITS or not name.isdigit():
         return None
-    return int(name)
+    number = int(name)
+    return number if number < 1 << 63 else None
 
 
 def prepared_path(path):

@@ -36,6 +36,8 @@ _INT64_MAX = (1 << 63) - 1
 def scan_log_py(buf, rel, size, base, max_records):
     if not (0 <= rel <= size <= len(buf)) or max_records < 1:
         raise ValueError("need 0 <= rel <= size <= %d and max_records >= 1" % len(buf))
+    if not 0 <= base <= _INT64_MAX - size:
+        raise ValueError("a segment's base must be from 0 to 2**63-1 less its size, not %d" % base)
     unpack_prefix, unpack_header, pack_unit = PREFIX.unpack_from, HEADER.unpack_from, UNIT.pack
     view = memoryview(buf)
     current = {}  # (topic bytes, partition) -> its open run: [topic, partition, first, last, [units]]

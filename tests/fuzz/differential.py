@@ -63,6 +63,12 @@ def _pair(module, native, twin):
 def _same(name, c_answer, py_answer, args):
     if c_answer != py_answer:
         raise Difference("%s%r:\n  C:      %r\n  Python: %r" % (name, args, c_answer, py_answer))
+    ANSWERED[name] = ANSWERED.get(name, 0) + (c_answer[:1] != ("raised",) if isinstance(c_answer, tuple) else 1)
+
+
+#: Function name -> how many inputs both definitions answered with a value (not an exception): a harness whose
+#: every input raises alike (arguments that no longer fit the function) compares nothing, and the corpus test says so.
+ANSWERED = {}
 
 
 def _compare(module, native, twin, buf, *args):
@@ -100,11 +106,10 @@ MQTT_LIMITS = (268435460, 2, 5, 20, 128, 0, -1)
 @target("mqtt_split", ["metaq.mqtt.wire"])
 def mqtt_split(data):
     """``wire.split``: a packet's fixed header and length, a plain PUBLISH or PUBACK decoded in one step."""
-    from metaq.mqtt.wire import PubAck, Publish
     (p, m, v), buf = _head(data, 3)
     names = {b"a/b": "a/b", b"": "", b"s/t": "s/t", b"x" * 300: "x" * 300}
     _compare("metaq.mqtt.wire", "split", "split_py", buf, p % (len(buf) + 1) if p >= 128 else 0,
-             _pick(m, MQTT_LIMITS), _pick(v, (5, 4, None, 3)), names, Publish, PubAck)
+             _pick(m, MQTT_LIMITS), _pick(v, (5, 4, None, 3)), names)
 
 
 def _mqtt_seeds(header):
@@ -125,16 +130,10 @@ mqtt_split.seeds = lambda: _mqtt_seeds(lambda v: bytes((0, 0, v)))
 
 @target("mqtt_pubacks", ["metaq.mqtt.wire"])
 def mqtt_pubacks(data):
-    """``wire.end_pubacks``: a subscriber's plain PUBACKs read, each ending its message in flight."""
+    """``wire.plain_pubacks``: a subscriber's plain PUBACKs read, their packet ids and the next position."""
     (p, v, m), buf = _head(data, 3)
-    args = (p % (len(buf) + 1) if p >= 128 else 0, not v & 1, _pick(m, MQTT_LIMITS))
-    c, py = _pair("metaq.mqtt.wire", "end_pubacks", "end_pubacks_py")
-    answers = []
-    for fn, given in ((c, exact(buf)), (py, bytes(buf))):
-        inflight = {1: "sent", 7: "sent", 9: "other", 300: "sent", 65535: "sent"}
-        where = {1: "a", 7: "b", 9: "c", 65535: "d"}
-        answers.append((answer(fn, given, *args, inflight, where, "sent"), inflight, where))
-    _same("end_pubacks", answers[0], answers[1], (bytes(buf),) + args)
+    _compare("metaq.mqtt.wire", "plain_pubacks", "plain_pubacks_py", buf, p % (len(buf) + 1) if p >= 128 else 0,
+             not v & 1, _pick(m, MQTT_LIMITS))
 
 
 PUBACKS = b"@\x02\x00\x01" b"@\x02\x00\x07" b"@\x03\x00\x09\x10" b"@\x04\x01\x2c\x00\x00"  # ids 1, 7, 9, 300
@@ -148,10 +147,9 @@ DECIDED = {"t1": 4, "t2": 1, "t3": 0}
 @target("mqtt_publishes", ["metaq.mqtt.wire"])
 def mqtt_publishes(data):
     """``wire.plain_publishes`` and ``wire.read_publishes``: a device's plain PUBLISHes split and staged."""
-    from metaq.mqtt.wire import Publish
     (p, v, m, room, count, nbytes), buf = _head(data, 6)
     args = (p % (len(buf) + 1) if p >= 128 else 0, not v & 1, _pick(m, MQTT_LIMITS), PLANS, DECIDED,
-            _pick(room, (100, 0, 1, 5)), _pick(count, (100, 0, 1, 3)), _pick(nbytes, (10 ** 9, 0, 1, 10)), Publish)
+            _pick(room, (100, 0, 1, 5)), _pick(count, (100, 0, 1, 3)), _pick(nbytes, (10 ** 9, 0, 1, 10)))
     _compare("metaq.mqtt.wire", "plain_publishes", "plain_publishes_py", buf, *args)
     _compare("metaq.mqtt.wire", "read_publishes", "read_publishes_py", buf, *args)
 

@@ -31,8 +31,12 @@ def test_every_fuzzer_has_a_seed_corpus_and_every_corpus_a_fuzzer():
 @pytest.mark.parametrize("name", sorted(differential.TARGETS))
 def test_the_seed_corpus_gets_the_same_answers_from_the_c_helper_and_the_python_definition(name):
     check = differential.TARGETS[name]
+    differential.ANSWERED.clear()
     for _entry, data in _inputs(name):
         check(data)  # raises Difference with both answers
+    assert differential.ANSWERED and all(differential.ANSWERED.values()), (
+        "every seed of %s raised alike in both definitions: the harness no longer fits the functions (%s)"
+        % (name, differential.ANSWERED))
 
 
 @needs_c
