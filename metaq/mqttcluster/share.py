@@ -2,9 +2,11 @@
 
 The broker a message is published on (its origin) decides, so no two brokers take one message for one group: the
 brokers with members of a group are this broker when its own group has members and each peer whose ROUTES carry the
-group. Each (origin, topic, partition) of the group goes to one of them, chosen by a rendezvous hash over (group,
-filter, origin, topic, partition, broker) (``owner_of``, the one function of it), so one partition keeps its order at
-one broker and the partitions spread over the brokers; when a broker joins or leaves, only its partitions move.
+group. Each message goes to one of them on its own, chosen by a rendezvous hash over (group, filter, origin, topic,
+partition, the message's place in the origin's log, broker) (``owner_of``, the one function of it), so the brokers
+with members share what is published whatever the topic's partitions (one partition too: its order across brokers is
+not kept), and every broker decides alike from what it knows with no call per message; when a broker joins or
+leaves, only its share moves.
 
 A membership change takes effect for the messages stored after it: it starts at its own record's place in the log
 (every message stored so far lies before it), and a message is assigned by the brokers of the last change at or
@@ -27,23 +29,35 @@ is published here, as without a cluster). A group with no member anywhere since 
 """
 
 import hashlib
+import math
 
 from metaq import limits
 
 __all__ = ["Shares", "owner_of"]
 
 
-def owner_of(group, origin, topic, partition, brokers):
-    """The broker of ``brokers`` whose group ``group`` (share name, filter) takes ``origin``'s ``topic``-``partition``
-    (None: no broker)."""
-    best, owner = -1, None
-    base = b"%s\x00%s\x00%d\x00%s\x00%d\x00" % (group[0].encode("utf-8"), group[1].encode("utf-8"), origin,
-                                                topic.encode("utf-8"), partition)
+def owner_of(group, origin, topic, partition, offset, brokers, weights=None):
+    """The broker of ``brokers`` whose group ``group`` (share name, filter) takes ``origin``'s message at ``offset``
+    (its place in ``origin``'s log) of ``topic``-``partition`` (None: no broker). A rendezvous hash over the message's
+    coordinates and each broker, so the origin and every member broker decide alike with no call, each message on
+    its own (a one-partition topic spreads over the brokers), and a broker that joins or leaves moves only its own
+    share. ``weights`` ({broker: weight > 0}, 1 when absent): a broker's share is its weight over the weights' sum
+    (weighted rendezvous: the highest ``weight / -ln(u)`` wins, ``u`` the hash in (0, 1))."""
+    base = b"%s\x00%s\x00%d\x00%s\x00%d\x00%d\x00" % (group[0].encode("utf-8"), group[1].encode("utf-8"), origin,
+                                                       topic.encode("utf-8"), partition, offset)
+    best, owner = None, None
     for b in brokers:
-        score = int.from_bytes(hashlib.blake2b(base + b"%d" % b, digest_size=8).digest(), "big")
-        if score > best or (score == best and b < owner):
+        h = int.from_bytes(hashlib.blake2b(base + b"%d" % b, digest_size=8).digest(), "big")
+        if weights is None:
+            score = h
+        else:
+            score = weights.get(b, 1) / -math.log((h + 0.5) / _SPAN)
+        if best is None or score > best or (score == best and b < owner):
             best, owner = score, b
     return owner
+
+
+_SPAN = float(1 << 64)
 
 
 class Shares:
@@ -204,8 +218,9 @@ class Shares:
         return False
 
     def owner(self, group, origin, topic, partition, position):
-        """The broker whose group takes ``origin``'s record of ``topic``-``partition`` at log ``position``; None when
-        the group is not shared across the cluster (this broker's members take what is published here)."""
+        """The broker whose group takes ``origin``'s record of ``topic``-``partition`` at log ``position`` (by the
+        brokers of the change at or before it, the record on its own: ``owner_of``); None when the group is not shared
+        across the cluster (this broker's members take what is published here)."""
         held = self.histories().get(group)
         if held is None or not held.changes:
             return None
@@ -217,7 +232,7 @@ class Shares:
                 break
         if not brokers:
             return None
-        return owner_of(group, origin, topic, partition, brokers)
+        return owner_of(group, origin, topic, partition, position, brokers)
 
     def takes(self, group, topic, partition, position):
         """True when this broker's group takes its own record of ``topic``-``partition`` at log ``position``."""

@@ -58,12 +58,42 @@ def round_trip(event):
     return got
 
 
-def test_the_origin_assigns_each_partition_to_one_broker_and_spreads_them():
-    owners = [owner_of(G, 2, "jobs", p, (0, 1)) for p in range(64)]
-    assert set(owners) == {0, 1}
-    assert owners == [owner_of(G, 2, "jobs", p, (1, 0)) for p in range(64)]  # the order of the brokers is no matter
-    moved = [p for p in range(64) if owner_of(G, 2, "jobs", p, (0, 1, 2)) != owners[p]]
-    assert all(owner_of(G, 2, "jobs", p, (0, 1, 2)) == 2 for p in moved)  # a broker that joins takes only its own
+def test_the_origin_assigns_each_message_to_one_broker_and_spreads_them():
+    """Per message, not per partition: one partition's 10,000 offsets spread evenly over two brokers, alike
+    whatever the order the brokers are given in and at each call; a broker that joins takes only its own share."""
+    owners = [owner_of(G, 2, "jobs", 0, offset, (0, 1)) for offset in range(10000)]
+    assert 4800 <= owners.count(0) <= 5200 and owners.count(0) + owners.count(1) == 10000
+    assert owners == [owner_of(G, 2, "jobs", 0, offset, (1, 0)) for offset in range(10000)]
+    assert owners == [owner_of(G, 2, "jobs", 0, offset, (0, 1), {0: 1, 1: 1}) for offset in range(10000)]
+    three = [owner_of(G, 2, "jobs", 0, offset, (0, 1, 2)) for offset in range(10000)]
+    moved = [o for o, was in zip(three, owners, strict=True) if o != was]
+    assert set(moved) == {2} and 3000 <= len(moved) <= 3700  # a third, all to the broker that joins
+    assert owner_of(G, 2, "jobs", 0, 7, ()) is None
+
+
+def test_a_weighted_share_follows_the_weights():
+    """Weights 2:1 give two thirds and one third of 10,000 offsets; a weight that changes moves messages only to or
+    from its broker."""
+    owners = [owner_of(G, 2, "jobs", 0, offset, (0, 1), {0: 2, 1: 1}) for offset in range(10000)]
+    assert 6400 <= owners.count(0) <= 6950, owners.count(0)
+    more = [owner_of(G, 2, "jobs", 0, offset, (0, 1), {0: 3, 1: 1}) for offset in range(10000)]
+    assert all(now == 0 for now, was in zip(more, owners, strict=True) if now != was)
+
+
+def test_a_membership_change_moves_only_what_is_stored_after_its_record():
+    """One partition: what was stored before a change keeps its owner, offset by offset; from the change's own
+    record on, the new brokers share it."""
+    log = Log()
+    shares = log.shares()
+    shares.set_local([G])
+    shares.set_peer(1, "link-1", [G])
+    before = [shares.owner(G, 0, "jobs", 0, at) for at in range(1000, 3000)]
+    assert 800 <= before.count(0) <= 1200
+    log.end = 3000
+    shares.set_peer(2, "link-2", [G])
+    assert [shares.owner(G, 0, "jobs", 0, at) for at in range(1000, 3000)] == before
+    after = [shares.owner(G, 0, "jobs", 0, at) for at in range(3000, 6000)]
+    assert all(600 <= after.count(b) <= 1400 for b in (0, 1, 2)), [after.count(b) for b in (0, 1, 2)]
 
 
 def test_a_change_applies_to_what_is_stored_after_it():
@@ -75,14 +105,15 @@ def test_a_change_applies_to_what_is_stored_after_it():
     assert set(both.values()) == {0, 1}
     log.end = 2000  # messages stored meanwhile
     shares.set_peer(1, "link-1", [])
-    assert {p: shares.owner(G, 0, "jobs", p, 1999) for p in range(32)} == both  # stored before: as decided
+    assert {p: shares.owner(G, 0, "jobs", p, 1500) for p in range(32)} == both  # stored before: as decided
+    assert all(shares.owner(G, 0, "jobs", p, 1999) == owner_of(G, 0, "jobs", p, 1999, (0, 1)) for p in range(32))
     assert {shares.owner(G, 0, "jobs", p, 2000) for p in range(32)} == {0}  # the next record on: the new brokers
     assert all(shares.takes(G, "jobs", p, 2001) for p in range(32))
     shares.drop_peer(1, "an older link")  # an ended link that is not the peer's current one changes nothing
     assert shares.brokers(G) == (0,)
     shares.set_local([])  # no member anywhere: each broker's own members take its messages from here on
     assert shares.owner(G, 0, "jobs", 0, log.end) is None and shares.takes(G, "jobs", 0, log.end)
-    assert {p: shares.owner(G, 0, "jobs", p, 1999) for p in range(32)} == both  # what came before keeps its owner
+    assert {p: shares.owner(G, 0, "jobs", p, 1500) for p in range(32)} == both  # what came before keeps its owner
 
 
 def test_a_promoted_slave_assigns_by_the_history_its_master_wrote():
@@ -111,7 +142,8 @@ def test_a_promoted_slave_assigns_by_the_history_its_master_wrote():
     promoted.set_local([G])
     assert {p: promoted.owner(G, 0, "jobs", p, 4999) for p in range(64)} == decided  # what the master stored
     assert {promoted.owner(G, 0, "jobs", p, 5000) for p in range(64)} == {2}  # stored when only 2 had members
-    assert {p: promoted.owner(G, 0, "jobs", p, log.end) for p in range(64)} == decided  # the same brokers again
+    assert {p: promoted.owner(G, 0, "jobs", p, log.end) for p in range(64)} == \
+        {p: owner_of(G, 0, "jobs", p, log.end, (0, 1, 2)) for p in range(64)}  # the same brokers again
 
 
 def test_a_link_that_ends_keeps_its_peers_share_until_its_routes_drop_the_group():

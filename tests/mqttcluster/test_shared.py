@@ -12,6 +12,7 @@ from tests.harness.mqtt import V311, Paho, mosquitto_pub
 pytestmark = pytest.mark.slow
 
 GROUP = "$share/g/jobs/#"
+SHARE_MESSAGES = 2000  # a one-partition topic shared by two brokers' members
 
 
 def peer_groups(cluster, b):
@@ -110,3 +111,21 @@ def test_a_persistent_member_that_comes_back_takes_its_share_again_with_nothing_
     assert sorted(every) == sorted(want), (len(every), len(want))
     assert not any(p.startswith(b"away") for p in back[1])
     assert back[0] and back[1], "both brokers' members receive some again"
+
+
+def test_a_group_on_two_brokers_shares_one_partition_published_on_a_third(cluster):
+    """Every publisher on broker 2, one topic (one partition), one member on each of brokers 0 and 1: the group is
+    assigned per message, so each broker's member gets 40-60 % of them, each once, none lost."""
+    n = SHARE_MESSAGES
+    a = Paho(cluster[0], "member-a")
+    b = Paho(cluster[1], "member-b")
+    assert a.subscribe(GROUP, 1) == [1] and b.subscribe(GROUP, 1) == [1]
+    wait_groups(cluster, {0: 1, 1: 1, 2: 2})
+    pub = Paho(cluster[2], "pub-one")
+    for i in range(n):
+        pub.publish("jobs/one", b"%d" % i, 1)
+    pub.close()
+    got = drain([a, b], n, timeout=60)
+    assert sorted(got[0] + got[1]) == sorted(b"%d" % i for i in range(n)), (len(got[0]), len(got[1]))
+    for share in got:
+        assert 0.4 * n <= len(share) <= 0.6 * n, (len(got[0]), len(got[1]))
