@@ -65,7 +65,7 @@ GRPC_TOOLS := 'grpcio-tools>=1.62'
 # Cython (pyproject.toml's build requirements) compiles the modules metaq/native/__init__.py names: a change to one
 # of them or to a .pxd rebuilds.
 COMPILED_SOURCES := $(shell sed -n '/^COMPILED = (/,/^)/s/^ *"metaq\.\(.*\)",/metaq\/\1.py/p' metaq/native/__init__.py | tr . /  | sed 's,/py$$,.py,')
-$(VENV)/.core: setup.py pyproject.toml $(wildcard metaq/_*.c) metaq/_speedups.h metaq/native/__init__.py $(COMPILED_SOURCES) \
+$(VENV)/.core: setup.py pyproject.toml $(wildcard metaq/native/*.c metaq/native/*.h) metaq/native/__init__.py $(COMPILED_SOURCES) \
 		$(wildcard metaq/*/*.pxd) metaq/rmq5/messages.proto tools/protos.py | builddeps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -e . $(GRPC_TOOLS)

@@ -33,15 +33,11 @@ def speedups_extension():
     if _wanted("METAQ_NO_OPENSSL") and _headers("openssl/evp.h"):
         libraries.append("crypto")
         macros.append(("METAQ_HAVE_OPENSSL", "1"))
-    return Extension("metaq._speedups", ["metaq/_speedups.c", "metaq/_syncworker.c", "metaq/_idemscan.c",
-                                         "metaq/_timerscan.c", "metaq/_recoveryscan.c",
-                                         "metaq/_mqttwire.c",
-                                         "metaq/_mqttturn.c",
-                                         "metaq/_mqttacks.c",
-                                         "metaq/_pbwrite.c",
-                                         "metaq/_servedmsg.c",
-                                         "metaq/_pophandles.c"], depends=["metaq/_speedups.h"],
-                     include_dirs=["metaq"], libraries=libraries, define_macros=macros, optional=True)
+    sources = sorted(os.path.join("metaq", "native", name) for name in os.listdir(os.path.join("metaq", "native"))
+                     if name.endswith(".c"))
+    return Extension("metaq._speedups", sources, depends=[os.path.join("metaq", "native", "native.h")],
+                     include_dirs=[os.path.join("metaq", "native")], libraries=libraries, define_macros=macros,
+                     optional=True)
 
 
 def _compiled_names():

@@ -8,7 +8,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
-#include "_speedups.h"
+#include "native.h"
 
 /*
  * A Python thread that runs os.fdatasync must take the GIL back before it can say the sync is done, and

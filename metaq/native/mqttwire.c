@@ -13,7 +13,7 @@
 #include <Python.h>
 #include <string.h>
 
-#include "_speedups.h"
+#include "native.h"
 
 /* split_py's answers when it returns no packet (its second field; the third is the packet's size for TOO_LARGE). */
 #define SPLIT_NEED_DATA (-1)

@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "_speedups.h"
+#include "native.h"
 #ifdef METAQ_HAVE_OPENSSL
 #include <openssl/err.h>
 #include <openssl/evp.h>

@@ -67,7 +67,7 @@
 #include <time.h>
 #include <zlib.h>
 
-#include "_speedups.h"
+#include "native.h"
 #ifdef METAQ_HAVE_ISAL
 #include <isa-l/crc.h>
 #define CRC32_IMPL_NAME "isa-l"

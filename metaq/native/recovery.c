@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "_speedups.h"
+#include "native.h"
 
 #define MESSAGE_MAGIC 0xDA7A4D51u
 #define PREFIX_SIZE 42

@@ -15,7 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "_speedups.h"
+#include "native.h"
 
 #define I32_MAX 2147483647LL
 #define I63_MAX 9223372036854775807ULL

@@ -16,7 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "_speedups.h"
+#include "native.h"
 
 #define I32_MAX 2147483647LL
 #define ENTRY_HEAD 36 /* ">4sBBHiiiqq" */

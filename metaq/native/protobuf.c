@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "_speedups.h"
+#include "native.h"
 
 /* Nesting deeper than this is refused (a served message is three deep). */
 #define MAX_DEPTH 16
