@@ -27,7 +27,7 @@ static const char SEQ_MARK[] = "\x02METAQ_SEQ\x01";
 static const char OWNER_MARK[] = "\x02METAQ_OWNER\x01";
 static const char SYSFLAG_MARK[] = "\x02@SYSFLAG\x01"; /* may mark a compressed body: the general path's */
 
-/* 1..max decimal digits at *p, then `stop`; the value in *out (no overflow: max <= 19). Shared: _speedups.h. */
+/* 1..max decimal digits at *p, then `stop`; the value in *out (no overflow: max <= 19). Shared: native.h. */
 int metaq_digits(const unsigned char **p, const unsigned char *lim, int max, unsigned char stop,
                   unsigned long long *out) {
     const unsigned char *s = *p;

@@ -1,6 +1,6 @@
 /*
  * metaq._speedups, part two: SyncWorker, fdatasync in a thread of its own that never takes the GIL
- * (metaq/server/flusher.py). Compiled into the same extension as _speedups.c, which registers the type.
+ * (metaq/server/flusher.py). Compiled into the same extension; module.c registers the type.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
