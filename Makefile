@@ -177,4 +177,4 @@ bench-scale: $(VENV)/.installed
 	$(PY) -m bench.bench_backlog $(BACKLOG_ARGS)
 
 clean:
-	rm -rf $(VENV) $(VENV_RMQ5) .pytest_cache build site *.egg-info metaq/*.so
+	rm -rf $(VENV) $(VENV_RMQ5) .pytest_cache build site *.egg-info metaq/*.so metaq/native/*.so

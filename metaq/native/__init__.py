@@ -8,7 +8,7 @@ finder ``install`` puts first on ``sys.meta_path`` loads that extension when the
 not built (no compiler or Cython), where it is older than its source (a warning says to rebuild), or with
 ``METAQ_PURE_PYTHON=1``, the ``.py`` runs as it is: the same code, slower. The test suite runs both ways.
 
-**C for bytes** (the extension ``metaq._speedups``; ``metaq.speedups.load``): buffers in, plain values out.
+**C for bytes** (the extension ``metaq.native._bytes``; ``metaq.speedups.load``): buffers in, plain values out.
 """
 
 import importlib.machinery

@@ -1,5 +1,5 @@
 /*
- * metaq._speedups.scan_idem_burst: the twin of metaq.idempotence.burst.scan_idem_burst_py (see its docstring;
+ * metaq.native._bytes.scan_idem_burst: the twin of metaq.idempotence.burst.scan_idem_burst_py (see its docstring;
  * tests/idempotence/test_burst.py holds the two equal).
  *
  * A put_idem frame is taken when its header is exactly

@@ -1,5 +1,5 @@
 /*
- * metaq._speedups' module: its method table and init; each function is in the file of its concern
+ * metaq.native._bytes: its method table and init; each function is in the file of its concern
  * (metaq/native/__init__.py maps them).
  *
  * Functions, each the exact twin of a pure-Python reference that is used
@@ -140,10 +140,10 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "metaq._speedups",
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "metaq.native._bytes",
                                     "The put-burst fast path in C (optional; see metaq.protocol.burst).", -1, methods};
 
-PyMODINIT_FUNC PyInit__speedups(void) {
+PyMODINIT_FUNC PyInit__bytes(void) {
     if (PyType_Ready(&SyncWorkerType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);

@@ -1,5 +1,5 @@
 /*
- * The MQTT wire's per-packet steps in C (metaq._speedups; declared in native.h), each the exact twin of a
+ * The MQTT wire's per-packet steps in C (metaq.native._bytes; declared in native.h), each the exact twin of a
  * pure-Python function of metaq/mqtt/wire.py that runs when the helper was not built (tests/mqtt/test_wire_c.py
  * holds them equal):
  *

@@ -1,4 +1,4 @@
-/* What the C files of metaq._speedups share. */
+/* What the C files of metaq.native._bytes share. */
 #ifndef METAQ_SPEEDUPS_H
 #define METAQ_SPEEDUPS_H
 

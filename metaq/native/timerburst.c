@@ -1,5 +1,5 @@
 /*
- * metaq._speedups.scan_put_ats: the twin of metaq.timers.burst.scan_put_ats_py (see its docstring;
+ * metaq.native._bytes.scan_put_ats: the twin of metaq.timers.burst.scan_put_ats_py (see its docstring;
  * tests/timers/test_burst.py holds the two equal).
  *
  * A put_at frame is taken when its header is exactly
