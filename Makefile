@@ -65,7 +65,7 @@ GRPC_TOOLS := 'grpcio-tools>=1.62'
 # Cython (pyproject.toml's build requirements) compiles the modules metaq/native/__init__.py names: a change to one
 # of them or to a .pxd rebuilds.
 COMPILED_SOURCES := $(shell sed -n '/^COMPILED = (/,/^)/s/^ *"metaq\.\(.*\)",/metaq\/\1.py/p' metaq/native/__init__.py | tr . /  | sed 's,/py$$,.py,')
-$(VENV)/.core: setup.py pyproject.toml $(wildcard metaq/_*.c) metaq/_speedups.h metaq/native/__init__.py $(COMPILED_SOURCES) \
+$(VENV)/.core: setup.py pyproject.toml $(wildcard metaq/native/*.c metaq/native/*.h) metaq/native/__init__.py $(COMPILED_SOURCES) \
 		$(wildcard metaq/*/*.pxd) metaq/rmq5/messages.proto tools/protos.py | builddeps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -e . $(GRPC_TOOLS)
@@ -172,20 +172,21 @@ test-fast: setup
 # terminal). The check at the end fails the target when the tests did not load the sanitized build.
 SAN_DIR := build/sanitize
 SAN_CFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1
-# (The layer, slot and loader tests name the helper too, but check the code's shape or spawn processes: left out.)
-NATIVE_TESTS = $(filter-out tests/test_layers.py tests/test_slot_attributes.py tests/test_speedups_loader.py, \
-	$(sort $(shell grep -rlE '_speedups|speedups\.(built|load)' tests --include='test_*.py'))) \
+# (The layer and loader tests name the helper too, but check the code's shape or spawn processes: left out.)
+NATIVE_TESTS = $(filter-out tests/test_layers.py tests/test_speedups_loader.py tests/test_native.py, \
+	$(sort $(shell grep -rlE 'native\._bytes|native import _bytes|speedups\.(built|load)|harness\.native' tests \
+	  --include='test_*.py'))) \
 	tests/mqtt/test_wire.py tests/rmq5/test_wire.py tests/fuzz
-# Run pytest in-process, then fail unless metaq._speedups came from the sanitized build.
-RUN_FROM_BUILD = import sys, pytest; rc = pytest.main(sys.argv[2:]); import metaq._speedups as s; \
+# Run pytest in-process, then fail unless metaq.native._bytes came from the sanitized build.
+RUN_FROM_BUILD = import sys, pytest; rc = pytest.main(sys.argv[2:]); import metaq.native._bytes as s; \
 	ok = s.__file__.startswith(sys.argv[1]); print("" if ok else "not the build under test: " + s.__file__); \
 	sys.exit(rc or not ok)
 sanitize: $(VENV)/.installed
 	@$(MAKE) --no-print-directory sysdeps SYSDEPS=gcc
 	rm -rf $(SAN_DIR)/lib
-	CFLAGS="$(SAN_CFLAGS)" LDFLAGS="-fsanitize=address,undefined" $(PY) setup.py -q build_py --build-lib $(SAN_DIR)/lib \
+	METAQ_NO_CYTHON=1 CFLAGS="$(SAN_CFLAGS)" LDFLAGS="-fsanitize=address,undefined" $(PY) setup.py -q build_py --build-lib $(SAN_DIR)/lib \
 	  build_ext --build-lib $(SAN_DIR)/lib --build-temp $(SAN_DIR)/temp
-	ls $(SAN_DIR)/lib/metaq/_speedups*.so
+	ls $(SAN_DIR)/lib/metaq/native/_bytes*.so
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libstdc++.so.6)" \
 	ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 PYTHONMALLOC=malloc \
 	PYTHONPATH=$(abspath $(SAN_DIR)/lib):$(CURDIR) $(PY) -P -c '$(RUN_FROM_BUILD)' $(abspath $(SAN_DIR)/lib)/ \
@@ -206,9 +207,9 @@ $(VENV)/.fuzz: $(VENV)/.core
 fuzz: $(VENV)/.fuzz
 	@$(MAKE) --no-print-directory sysdeps SYSDEPS=clang
 	rm -rf $(FUZZ_DIR)/lib
-	CC=clang LDSHARED="clang -shared" CFLAGS="-fsanitize=fuzzer-no-link -g -O1" $(PY) setup.py -q \
+	METAQ_NO_CYTHON=1 CC=clang LDSHARED="clang -shared" CFLAGS="-fsanitize=fuzzer-no-link -g -O1" $(PY) setup.py -q \
 	  build_py --build-lib $(FUZZ_DIR)/lib build_ext --build-lib $(FUZZ_DIR)/lib --build-temp $(FUZZ_DIR)/temp
-	ls $(FUZZ_DIR)/lib/metaq/_speedups*.so
+	ls $(FUZZ_DIR)/lib/metaq/native/_bytes*.so
 	@failed=""; for name in $$(PYTHONPATH=$(CURDIR) $(PY) -P -m tests.fuzz --list); do \
 	  echo "fuzz: $$name for $(FUZZ_SECONDS) s"; mkdir -p $(FUZZ_DIR)/corpus/$$name $(FUZZ_DIR)/artifacts; \
 	  PYTHONPATH=$(abspath $(FUZZ_DIR)/lib):$(CURDIR) $(PY) -P -m tests.fuzz $$name -max_total_time=$(FUZZ_SECONDS) \
@@ -245,4 +246,4 @@ bench-scale: $(VENV)/.installed
 	$(PY) -m bench.bench_backlog $(BACKLOG_ARGS)
 
 clean:
-	rm -rf $(VENV) $(VENV_RMQ5) $(JS_CACHE) .pytest_cache build site *.egg-info metaq/*.so
+	rm -rf $(VENV) $(VENV_RMQ5) $(JS_CACHE) .pytest_cache build site *.egg-info metaq/*.so metaq/native/*.so

@@ -21,8 +21,8 @@ def _wanted(name):
     return os.environ.get(name, "") in ("", "0")
 
 
-def speedups_extension():
-    """metaq._speedups, with Intel's ISA-L CRC-32 when its headers are installed (Debian: libisal-dev), and
+def bytes_extension():
+    """metaq.native._bytes, with Intel's ISA-L CRC-32 when its headers are installed (Debian: libisal-dev), and
     OpenSSL's libcrypto for a served message's MD5 digest when its headers are (Debian: libssl-dev); without
     one, zlib's CRC-32 serves, and a served message is written by its Python definition (no served_record in C).
     METAQ_NO_ISAL=1 or METAQ_NO_OPENSSL=1 leaves one out."""
@@ -33,15 +33,11 @@ def speedups_extension():
     if _wanted("METAQ_NO_OPENSSL") and _headers("openssl/evp.h"):
         libraries.append("crypto")
         macros.append(("METAQ_HAVE_OPENSSL", "1"))
-    return Extension("metaq._speedups", ["metaq/_speedups.c", "metaq/_syncworker.c", "metaq/_idemscan.c",
-                                         "metaq/_timerscan.c", "metaq/_recoveryscan.c",
-                                         "metaq/_mqttwire.c",
-                                         "metaq/_mqttturn.c",
-                                         "metaq/_mqttacks.c",
-                                         "metaq/_pbwrite.c",
-                                         "metaq/_servedmsg.c",
-                                         "metaq/_pophandles.c"], depends=["metaq/_speedups.h"],
-                     include_dirs=["metaq"], libraries=libraries, define_macros=macros, optional=True)
+    sources = sorted(os.path.join("metaq", "native", name) for name in os.listdir(os.path.join("metaq", "native"))
+                     if name.endswith(".c"))
+    return Extension("metaq.native._bytes", sources, depends=[os.path.join("metaq", "native", "native.h")],
+                     include_dirs=[os.path.join("metaq", "native")], libraries=libraries, define_macros=macros,
+                     optional=True)
 
 
 def _compiled_names():
@@ -101,7 +97,7 @@ setup(
     packages=find_packages(include=["metaq", "metaq.*"]),
     # The put-burst fast path in C. Optional: if it cannot be built (no compiler,
     # no zlib headers) the install goes on and the exact pure-Python twins run.
-    ext_modules=[speedups_extension()] + compiled_extensions(),
+    ext_modules=[bytes_extension()] + compiled_extensions(),
     cmdclass={"build_ext": BuildExt},
     package_data={"metaq.server.http": ["static/*"]},  # the dashboard's script and style
     python_requires=">=3.11",

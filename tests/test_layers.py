@@ -166,7 +166,7 @@ def imported_names(tree):
 
 
 #: The optional C helper and its loader (stdlib only, no metaq imports): any layer may use them.
-LEAVES = {"metaq._speedups", "metaq.speedups", "metaq.native"}
+LEAVES = {"metaq.native._bytes", "metaq.speedups", "metaq.native"}
 
 
 def allowed(name, metaq_ok):
@@ -548,6 +548,10 @@ def test_folder_checks_on_a_graph():
 PUBLIC_UNDERSCORE = {"_replace", "_asdict", "_fields", "_make", "_field_defaults", "_exit", "_getframe"}
 
 
+#: A private module imported from outside its package, and by which module only: the C helper by its loader.
+PRIVATE_IMPORTS = {("metaq.native._bytes", "speedups.py")}
+
+
 def is_private(name):
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__")) and \
         name not in PUBLIC_UNDERSCORE
@@ -570,10 +574,11 @@ def private_access(path, root=ROOT):
                 sub = "%s.%s" % (base, alias.name)
                 if sub in index:
                     module_aliases.add(alias.asname or alias.name)
-                    # a package-private module (metaq._speedups) may be imported by its own package
-                    if is_private(alias.name) and sub.rsplit(".", 1)[0] != module_name(path, root).rsplit(".", 1)[0]:
+                    # a package-private module may be imported by its own package
+                    if is_private(alias.name) and sub.rsplit(".", 1)[0] != module_name(path, root).rsplit(".", 1)[0] \
+                            and (sub, rel) not in PRIVATE_IMPORTS:
                         found.append((rel, node.lineno, "from %s import %s" % (base, alias.name)))
-                elif is_private(alias.name):
+                elif is_private(alias.name) and (sub, rel) not in PRIVATE_IMPORTS:
                     found.append((rel, node.lineno, "from %s import %s" % (base, alias.name)))
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and is_private(node.attr):

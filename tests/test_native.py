@@ -4,6 +4,7 @@ as its extension when built and current, and the source itself otherwise or unde
 import importlib
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -71,3 +72,20 @@ def test_an_extension_older_than_its_source_is_not_loaded_and_says_so(tmp_path):
 
 def test_a_module_never_built_runs_its_source(tmp_path):
     assert native.CompiledFinder(["metaq.pkg.mod"], str(tmp_path)).find_spec("metaq.pkg.mod") is None
+
+
+def _docstring_names():
+    return set(re.findall(r"``([\w.]+)``", native.__doc__))
+
+
+def test_no_c_file_at_the_package_root():
+    assert sorted(p.name for p in (ROOT / "metaq").iterdir() if p.suffix in (".c", ".h")) == []
+
+
+def test_the_docstring_maps_every_native_file_and_compiled_module():
+    folder = ROOT / "metaq" / "native"
+    files = {p.name for p in folder.iterdir() if p.suffix in (".c", ".h")}
+    named = _docstring_names()
+    assert files - named == set(), "C files the docstring of metaq/native/__init__.py does not map"
+    assert {n for n in named if n.endswith((".c", ".h"))} - files == set(), "files mapped that are not there"
+    assert {n.split(".", 1)[1] for n in native.COMPILED} - named == set(), "compiled modules the docstring omits"

@@ -27,7 +27,7 @@ def test_pure_python_when_asked():
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(not speedups.built(), reason="metaq._speedups was not built")
+@pytest.mark.skipif(not speedups.built(), reason="metaq.native._bytes was not built")
 def test_the_c_helper_when_built():
     assert run("0") == ["False", "False", "False"]
 

@@ -11,7 +11,7 @@ codec (the protocol layer: bytes in, values out; no socket, log or clock)
     wire.py      the put_idem text command: its event, parsers, serializer, its registration in
                  ``protocol.commands`` (``metaq.textcommands`` lists it, so the registry is complete)
     burst.py     a receive buffer's run of put_idem frames checked and given their identity (C twin:
-                 ``_idemscan.c``)
+                 ``native/idemburst.c``)
 logic (the protocol layer: pure decisions, the time passed in)
     window.py    ProducerTable: each producer-partition's window (duplicate / store / too old), its bounds,
                  snapshots' bytes

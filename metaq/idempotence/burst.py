@@ -24,7 +24,7 @@ where the frame ends in ``buf``. The first seven fields are what a plain
 put's burst frame holds (``protocol.burst``), so the store appends them with the
 same ``write_run``, which writes ``tag`` in the index unit.
 
-``metaq._speedups.scan_idem_burst`` is the same function in C; this module uses
+``metaq.native._bytes.scan_idem_burst`` is the same function in C; this module uses
 it when it was built and ``scan_idem_burst_py`` otherwise (the tests hold the
 two equal).
 """

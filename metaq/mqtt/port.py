@@ -78,7 +78,7 @@ def burst_frames_py(staged, largest):
     four): ``(frames, src, general, names)``, a frame ``(topic bytes, partition, flag, 0, start in src, length,
     CRC-32)`` per entry over ``src``, their data back to back; ``general`` the indexes of those whose data and topic
     pass ``largest`` bytes (the burst writer does not take them), ``names`` each metaq topic's ASCII bytes. A topic
-    is a str (TypeError otherwise). ``metaq._speedups``'s ``mqtt_burst_frames`` is this function in C (the tests
+    is a str (TypeError otherwise). ``metaq.native._bytes``'s ``mqtt_burst_frames`` is this function in C (the tests
     hold the two equal)."""
     names, frames, datas, general = {}, [], [], []
     at = 0

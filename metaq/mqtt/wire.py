@@ -793,7 +793,7 @@ def split_py(buf, pos, max_packet, version, names):
     any other whole packet (the general decoder's); ``(None, SPLIT_NEED_DATA, 0)`` when it is not whole yet;
     ``(None, SPLIT_TOO_LONG or SPLIT_NOT_SHORTEST, 0)`` for a Remaining Length longer than 4 bytes or not in its
     shortest encoding, ``(None, SPLIT_TOO_LARGE, its size)`` for a packet past ``max_packet`` (known as soon as its
-    length field is). ``metaq._speedups``'s ``mqtt_split`` is this function in C (the tests hold the two equal)."""
+    length field is). ``metaq.native._bytes``'s ``mqtt_split`` is this function in C (the tests hold the two equal)."""
     available = len(buf) - pos
     if available < 2:
         return None, SPLIT_NEED_DATA, 0
@@ -839,7 +839,7 @@ def plain_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nb
     gives, with the PUBLISH's name and fields after (``plainturn.entries_of`` makes the burst's entries of them). The
     split stops before the first packet that is not such a PUBLISH (anything else, a refusal included, is the general
     path's: ``_next_event``), and after ``count`` entries or once their records' bytes reach ``nbytes``.
-    ``metaq._speedups``'s ``mqtt_plain_publishes`` is this function in C (the tests hold the two equal)."""
+    ``metaq.native._bytes``'s ``mqtt_plain_publishes`` is this function in C (the tests hold the two equal)."""
     out = []
     end = len(buf)
     qos1 = taken = 0
@@ -881,7 +881,7 @@ def plain_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nb
 def read_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nbytes):
     """``plain_publishes``'s split and staging and the successful PUBACKs of the QoS 1 PUBLISHes it took, in their
     order, as one byte string (``encode_pubacks``'s): ``(entries, next pos, how many at QoS 1, their records' bytes,
-    PUBACKs)``, the reader's turn of a device in one step. ``metaq._speedups``'s ``mqtt_read_publishes`` is this
+    PUBACKs)``, the reader's turn of a device in one step. ``metaq.native._bytes``'s ``mqtt_read_publishes`` is this
     function in C (the tests hold the two equal)."""
     entries, pos, qos1, taken = plain_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nbytes)
     return entries, pos, qos1, taken, encode_pubacks_py([e[8] for e in entries if e[6]])
@@ -892,7 +892,7 @@ def plain_pubacks_py(buf, pos, v5, max_packet):
     (``v5``) an optional reason code a PUBACK may carry and an optional empty property length), within
     ``max_packet``: ``(their packet ids, in order, next pos)``, the subscriber's read of acknowledgements in one
     step. It stops before the first packet that is not one (anything else, a refusal included, is the general
-    path's: ``_next_event``); ``end_pubacks``'s split. ``metaq._speedups``'s ``mqtt_plain_pubacks`` is this function
+    path's: ``_next_event``); ``end_pubacks``'s split. ``metaq.native._bytes``'s ``mqtt_plain_pubacks`` is this function
     in C (the tests hold the two equal)."""
     ids = []
     end = len(buf)
@@ -1244,7 +1244,7 @@ def publish_bytes_py(first, topic, packet_id, props, payload):
     and past 65,535 bytes refused with ``ValueError``), packet id ``packet_id`` (0: none, QoS 0), the MQTT 5 property
     block ``props`` (its length and properties, encoded; None in 3.1.1), ``payload``. The caller checks the fields'
     consistency (``_encode_publish``); a packet id past 2 bytes or a ``first`` past a byte is refused
-    (``OverflowError``, ``ValueError``), never truncated. ``metaq._speedups``'s ``mqtt_publish_bytes`` is this
+    (``OverflowError``, ``ValueError``), never truncated. ``metaq.native._bytes``'s ``mqtt_publish_bytes`` is this
     function in C."""
     body = _string(topic) + (packet_id.to_bytes(2, "big") if packet_id else b"") + (props or b"")
     return _packet_byte(first, body + payload)
@@ -1292,7 +1292,8 @@ def _encode_reason_tail(code, props, kind, short):
 def encode_pubacks_py(packet_ids):
     """The successful PUBACKs of ``packet_ids`` (a sequence of 1..65535), in order, as one byte string: each as
     ``encode`` writes it in either version (MQTT 5 leaves out a success reason code without properties); an id
-    outside 0..65535 is refused with ``ValueError``. ``metaq._speedups``'s ``mqtt_pubacks`` is this function in C."""
+    outside 0..65535 is refused with ``ValueError``. ``metaq.native._bytes``'s ``mqtt_pubacks`` is this function in
+    C."""
     if packet_ids and not (0 <= min(packet_ids) and max(packet_ids) <= 0xFFFF):  # never a PUBACK with a wrong length
         raise ValueError("a packet identifier is not 0..65535")
     return struct.pack(">%dI" % len(packet_ids), *[0x40020000 | i for i in packet_ids])

@@ -8,7 +8,31 @@ finder ``install`` puts first on ``sys.meta_path`` loads that extension when the
 not built (no compiler or Cython), where it is older than its source (a warning says to rebuild), or with
 ``METAQ_PURE_PYTHON=1``, the ``.py`` runs as it is: the same code, slower. The test suite runs both ways.
 
-**C for bytes** (the extension ``metaq._speedups``; ``metaq.speedups.load``): buffers in, plain values out.
+**C for bytes**: the extension ``metaq.native._bytes`` (optional; ``metaq.speedups.load`` gives each function or its
+Python twin): buffers in, plain values out, each function the exact twin of a Python definition. One file a concern:
+
+- ``module.c``: the method table and the module's init.
+- ``native.h``: what the files share: declarations, the CRC-32 and the decimal writer inline.
+- ``textburst.c``: the text protocol's put burst scanned, its result 200 replies (protocol/burst.py).
+- ``idemburst.c``: the put_idem burst scanned (idempotence/burst.py).
+- ``timerburst.c``: the put_at burst scanned, its replies (timers/burst.py).
+- ``client.c``: the text client's putb and putb_idem bodies, a get reply scanned, its payloads gathered.
+- ``records.c``: log records: a burst's run written, records checked and scanned, a read's gathered; CRC-32.
+- ``recovery.c``: recovery's scan of a segment, index units rewritten, the key index's walk.
+- ``send.c``: writes by descriptor: a read's log ranges to a socket, a packet run to many.
+- ``clock.c``: ``now_ms``, the broker's wall clock.
+- ``sync.c``: ``SyncWorker``, fdatasync in a thread that never takes the GIL (server/flusher.py).
+- ``mqttwire.c``: MQTT's per-packet steps: the split, a PUBLISH's bytes, a PUBACK run (mqtt/wire.py).
+- ``mqttpublishes.c``: an MQTT read's plain PUBLISHes split and staged; staged puts as the store's burst frames.
+- ``mqttturn.c``: the MQTT publisher's read in one call, with its PUBACKs' bytes.
+- ``mqttacks.c``: the MQTT subscriber's read of PUBACKs split into packet ids.
+- ``protobuf.c``: protobuf fields written from pairs; gRPC messages framed (rmq5/messagebytes.py, rmq5/wire.py).
+- ``servedmsg.c``: a served RocketMQ 5 message's bytes from its log record (built with OpenSSL only).
+- ``pop.c``: POP receipt handles written and read (pop/records.py).
+
+**Compiled modules** (``COMPILED``), each under ``<package>/`` here: ``store.store``, ``store.batch`` (the log's
+writer and a burst's run), ``mqtt.plainturn``, ``mqtt.direct`` (the MQTT reader's turn and direct delivery),
+``server.putpath``, ``server.longpoll`` (the put path and long-polled reads).
 """
 
 import importlib.machinery

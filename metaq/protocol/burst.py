@@ -30,7 +30,7 @@ it wrote: first message id, partition, first offset, count), ``encode_results``
 one reply with the same code and body per opaque (the 500s of puts whose
 flush failed).
 
-``metaq._speedups.scan_puts`` and ``encode_put_acks`` are the same functions in
+``metaq.native._bytes.scan_puts`` and ``encode_put_acks`` are the same functions in
 C; this module uses them when it was built and ``scan_puts_py`` /
 ``encode_put_acks_py`` otherwise (the tests hold each pair equal).
 """

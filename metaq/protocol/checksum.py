@@ -3,7 +3,7 @@
 Both functions compute the IEEE 802.3 CRC-32 (polynomial 0x04C11DB7,
 reflected 0xEDB88320, initial value and final XOR 0xFFFFFFFF), which is the
 same CRC-32 as Java's ``java.util.zip.CRC32`` that MetaQ uses. They call
-``metaq._speedups.crc32`` when the C helper is built (Intel's ISA-L when it
+``metaq._bytes.crc32`` when the C helper is built (Intel's ISA-L when it
 was found at build time, faster than zlib: ``IMPLEMENTATION`` says which; figures
 in bench/README.md, "CRC-32") and ``zlib.crc32`` otherwise; zlib is faster than
 crcmod's C extension. The tests check every one of them against crcmod's ``crc-32``.

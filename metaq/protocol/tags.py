@@ -12,8 +12,8 @@ its identity after a ``\\x02``) are each the tags, and nothing else is.
 31 bits) of the tags' bytes; 0 for empty tags (CRC-32 of nothing is 0). Every
 writer computes it the same way: ``store.record.tag_hash`` (a put, recovery,
 a slave's apply), ``protocol.burst`` and ``idempotence.burst`` (the fast
-paths, and their C twins in ``_speedups.c`` / ``_idemscan.c``), and recovery's
-scan in C (``_recoveryscan.c``, twin ``store.recovery_scan``).
+paths, and their C twins in ``native/textburst.c`` / ``native/idemburst.c``), and recovery's
+scan in C (``native/recovery.c``, twin ``store.recovery_scan``).
 
 It is part of the log's index format, written whether or not anyone filters; the filters feature reads it
 (``metaq.filters``: tag expressions, filtered reads).

@@ -256,7 +256,7 @@ def served_record_py(data, flag, topic, queue_id, queue_offset, born_ms, store_m
     part (a text put's), properties that could be trimmed (more than ``UNTRIMMED_CHARS`` characters with the tags'
     key), ``@SYSFLAG`` (a body to inflate), more user properties than the context's bound, a delivery time (without
     a message group) not in ASCII or past 18 digits, a timestamp outside protobuf's range, a ``@BORNHOST`` text past
-    the context's longest, an int past 64 bits. ``metaq._speedups.served_record`` is this function in C (built with
+    the context's longest, an int past 64 bits. ``metaq._bytes.served_record`` is this function in C (built with
     OpenSSL's libcrypto, its MD5; where that has none, it leaves every record to the general mapping)."""
     _names, room, user_max, reserved, hosts, born_max = context
     ints = (flag, queue_id, queue_offset, born_ms, store_ms) if served is None else \

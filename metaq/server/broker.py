@@ -471,7 +471,7 @@ class Broker:
         if self.roles.read_refusal is not None:
             log.warning("reads refused until the first epoch handshake: %s", self.roles.read_refusal)
         if checksum.IMPLEMENTATION == "python-zlib":
-            log.warning("the C helper metaq._speedups is %s: puts and reads take the slower pure-Python path",
+            log.warning("the C helper metaq.native._bytes is %s: puts and reads take the slower pure-Python path",
                         "turned off (METAQ_PURE_PYTHON)" if speedups.built() else "not built (no compiler?)")
         else:
             log.info("C helper loaded; CRC-32 from %s", checksum.IMPLEMENTATION)

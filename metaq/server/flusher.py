@@ -99,7 +99,7 @@ class DedicatedThread:
 
 
 class NativeSync:
-    """fdatasync in ``metaq._speedups.SyncWorker``, a C thread that never takes the GIL.
+    """fdatasync in ``metaq.native._bytes.SyncWorker``, a C thread that never takes the GIL.
 
     A Python thread (``DedicatedThread``) must take the GIL to start the sync
     and again to report it, and a busy event loop holds the GIL, which delays

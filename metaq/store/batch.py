@@ -19,7 +19,7 @@ answers them exactly as always:
 * the record would not fit in the active segment (roll, disk check);
 * the store is refusing writes (disk: ``BurstWriter.refusal``, which the store sets).
 
-``metaq._speedups.write_run`` is ``write_run_py`` in C (the tests hold the pair equal); ``append_run``, the run's
+``metaq.native._bytes.write_run`` is ``write_run_py`` in C (the tests hold the pair equal); ``append_run``, the run's
 bookkeeping around it, is Python only (compiled with the module where built: ``metaq.native``).
 """
 

@@ -4,7 +4,7 @@
 to send with ``sendmsg``; for small records the Python work per record (unit
 decoding, a view, a buffer per iovec) cost more than the bytes. Here the
 records' MetaQ forms are copied, in order, into one ``bytes`` per segment they
-lie in: one memcpy each, in C when ``metaq._speedups`` was built
+lie in: one memcpy each, in C when ``metaq.native._bytes`` was built
 (``gather_records_py`` is its exact twin, and the tests hold them equal). The
 copy is made on the loop thread before the reply is sent, so the reply never
 depends on a map staying alive.

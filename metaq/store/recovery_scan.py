@@ -21,7 +21,7 @@ Why the scan stopped is not its concern: ``recovery.stop_reason`` reads it from 
 ``write_units(dst, at, src, src_at, n)`` makes the ``n`` units at byte ``at`` of ``dst`` (an index file's map)
 equal those at ``src_at`` of ``src`` and returns how many differed (each rewritten).
 
-Both are in the C helper (``_recoveryscan.c``); these are their exact pure-Python twins.
+Both are in the C helper (``native/recovery.c``); these are their exact pure-Python twins.
 """
 
 from metaq import speedups

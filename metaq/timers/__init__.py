@@ -23,7 +23,7 @@ codec (the protocol layer: bytes in, values out; no socket, log or clock)
     wire.py      the put_at / cancel / timers text commands: parsers, serializers, their registration in
                  ``protocol.commands`` (``metaq.textcommands`` lists it, so the registry is complete)
     burst.py     a receive buffer's run of plain put_at frames checked and encoded as ENTRY records (C twin:
-                 ``_timerscan.c``)
+                 ``native/timerburst.c``)
     levels.py    the delay levels (RocketMQ's ``messageDelayLevel``), ``SCHEDULE_TOPIC`` and its schedule entry
 logic (the protocol layer: pure decisions, the time passed in)
     window.py    the delivery window: the pending rows due soonest, bounded by rows and bytes

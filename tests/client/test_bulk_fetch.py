@@ -17,11 +17,11 @@ from tests.harness.broker import url_of
 from tests.harness.native import both
 
 try:
-    from metaq._speedups import scan_reply as _c
+    from metaq.native._bytes import scan_reply as _c
 except ImportError:  # not built: the Python reference is what runs
     _c = None
 
-needs_c = pytest.mark.skipif(_c is None, reason="metaq._speedups was not built")
+needs_c = pytest.mark.skipif(_c is None, reason="metaq.native._bytes was not built")
 PART = Partition(7, 1)
 
 
@@ -60,7 +60,7 @@ def test_the_c_scan_equals_the_python_reference(body, verify):
 @settings(max_examples=300, deadline=None)
 @given(replies, st.integers(0, 1000))
 def test_the_c_gather_of_payloads_equals_the_python_reference(body, base):
-    from metaq._speedups import gather_payloads as c_gather
+    from metaq.native._bytes import gather_payloads as c_gather
     from metaq.protocol.message import gather_payloads_py
 
     index, count, _stop, _fault = scan_reply_py(body, False)

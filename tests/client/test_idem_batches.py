@@ -21,14 +21,14 @@ from tests.harness.broker import consume_all, url_of
 from tests.harness.faults import LinkProxy
 
 try:
-    from metaq._speedups import encode_idem_sub_records as _c
+    from metaq.native._bytes import encode_idem_sub_records as _c
 except ImportError:  # not built: the Python reference is what runs
     _c = None
 
 PID = 77
 
 
-@pytest.mark.skipif(_c is None, reason="metaq._speedups was not built")
+@pytest.mark.skipif(_c is None, reason="metaq.native._bytes was not built")
 @settings(max_examples=300, deadline=None)
 @given(topic=st.binary(min_size=1, max_size=20).map(lambda b: bytes(0x21 + x % 94 for x in b)),
        partition=st.integers(0, 2**31 - 1), pid=st.integers(1, MAX_PID), seq0=st.integers(0, MAX_SEQ - 30),

@@ -19,11 +19,11 @@ from tests.harness.acl import SECRETS, secured_config
 from tests.harness.broker import consume_all, url_of
 
 try:
-    from metaq._speedups import encode_sub_records as _c
+    from metaq.native._bytes import encode_sub_records as _c
 except ImportError:  # not built: the Python reference is what runs
     _c = None
 
-needs_c = pytest.mark.skipif(_c is None, reason="metaq._speedups was not built")
+needs_c = pytest.mark.skipif(_c is None, reason="metaq.native._bytes was not built")
 
 
 @needs_c

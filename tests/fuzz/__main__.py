@@ -49,7 +49,7 @@ def main(argv):
     with atheris.instrument_imports(include=["metaq"]):
         for module in check.modules:
             importlib.import_module(module)
-    native = importlib.import_module("metaq._speedups")  # raises when the helper is not built: nothing to compare
+    native = importlib.import_module("metaq.native._bytes")  # raises when the helper is not built: nothing to compare
     print("fuzzing %s against %s" % (name, native.__file__), file=sys.stderr)
     atheris.Fuzz()
     return 0

@@ -56,7 +56,7 @@ def _pair(module, native, twin):
     mod = importlib.import_module(module)
     c, py = getattr(mod, native), getattr(mod, twin)
     if c is py:
-        raise NotBuilt("%s.%s is its Python definition: metaq._speedups was not built" % (module, native))
+        raise NotBuilt("%s.%s is its Python definition: metaq.native._bytes was not built" % (module, native))
     return c, py
 
 

@@ -11,7 +11,7 @@ from tests.fuzz import differential
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 needs_c = pytest.mark.skipif(speedups.load("scan_puts", None) is None,
-                             reason="metaq._speedups was not built, or METAQ_PURE_PYTHON asks for the twins")
+                             reason="metaq.native._bytes was not built, or METAQ_PURE_PYTHON asks for the twins")
 
 
 def _inputs(name):

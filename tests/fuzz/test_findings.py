@@ -8,7 +8,7 @@ from metaq.store.record import encode_record
 from tests.fuzz import differential
 
 needs_c = pytest.mark.skipif(speedups.load("scan_log", None) is None,
-                             reason="metaq._speedups was not built, or METAQ_PURE_PYTHON asks for the twins")
+                             reason="metaq.native._bytes was not built, or METAQ_PURE_PYTHON asks for the twins")
 
 
 @needs_c

@@ -16,11 +16,11 @@ from metaq.protocol.text import serialize
 from metaq.store.record import tag_hash
 
 try:
-    from metaq._speedups import scan_idem_burst as scan_idem_burst_c
+    from metaq.native._bytes import scan_idem_burst as scan_idem_burst_c
 except ImportError:  # not built: the Python reference is what runs
     scan_idem_burst_c = None
 
-needs_c = pytest.mark.skipif(scan_idem_burst_c is None, reason="metaq._speedups was not built")
+needs_c = pytest.mark.skipif(scan_idem_burst_c is None, reason="metaq.native._bytes was not built")
 
 MAX_BODY, MAX_LINE = 300, 160
 

@@ -16,11 +16,11 @@ from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.text import TextParser
 
 try:
-    from metaq._speedups import encode_idem_sub_records as _c
+    from metaq.native._bytes import encode_idem_sub_records as _c
 except ImportError:  # not built: the Python reference is what runs
     _c = None
 
-needs_c = pytest.mark.skipif(_c is None, reason="metaq._speedups was not built")
+needs_c = pytest.mark.skipif(_c is None, reason="metaq.native._bytes was not built")
 
 MAXQ = 2**63 - 1
 topics = st.binary(min_size=1, max_size=20).map(lambda b: bytes(0x21 + x % 94 for x in b))

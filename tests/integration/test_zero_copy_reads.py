@@ -22,7 +22,7 @@ from metaq.server import zerocopy
 from tests.harness.broker import wait_for
 from tests.harness.pki import Pki
 
-pytestmark = pytest.mark.skipif(not zerocopy.AVAILABLE, reason="metaq._speedups (send_ranges) was not built, or "
+pytestmark = pytest.mark.skipif(not zerocopy.AVAILABLE, reason="metaq.native._bytes (send_ranges) was not built, or "
                                 "METAQ_PURE_PYTHON is set: the broker takes the copying path only")
 
 TOPIC = "zc"

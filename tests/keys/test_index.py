@@ -330,7 +330,7 @@ def test_indexing_goes_in_bounded_steps_and_a_record_larger_than_a_step_is_not_s
 
 
 try:
-    from metaq._speedups import keyed_records as keyed_records_c
+    from metaq.native._bytes import keyed_records as keyed_records_c
 except ImportError:
     keyed_records_c = None
 
@@ -367,7 +367,7 @@ def walked_logs(draw):
     return bytes(buf)
 
 
-@pytest.mark.skipif(keyed_records_c is None, reason="metaq._speedups was not built")
+@pytest.mark.skipif(keyed_records_c is None, reason="metaq.native._bytes was not built")
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(walked_logs(), st.integers(-2, 50), st.integers(-5, 2000), st.integers(-5, 2000))
 def test_c_keyed_records_equals_the_twin(buf, rel, stop, end):

@@ -1,5 +1,5 @@
 """A subscriber's read of PUBACKs split and its messages in flight ended in one step (``wire.end_pubacks``, its split
-``wire.plain_pubacks``, in C as ``metaq._speedups``'s ``mqtt_plain_pubacks``; ``MqttParser.end_acks``): the C split
+``wire.plain_pubacks``, in C as ``metaq.native._bytes``'s ``mqtt_plain_pubacks``; ``MqttParser.end_acks``): the C split
 and its twin give the same answers on every input, each PUBACK ends its message as ``MqttSession.acknowledged``
 would (an OrderedDict's order kept whole), and the parser takes exactly the PUBACKs
 ``next_event`` would have returned, ending each as ``MqttSession.acknowledged`` would, leaving the rest (another
@@ -16,11 +16,11 @@ from metaq.mqtt.session import PUBLISH_SENT, PUBREL_SENT
 from metaq.mqtt.wire import MQTT_5, MQTT_311, MqttError, MqttParser, PubAck, encode
 
 try:
-    from metaq._speedups import mqtt_plain_pubacks
+    from metaq.native._bytes import mqtt_plain_pubacks
 except ImportError:  # the C helper was not built
     mqtt_plain_pubacks = None
 
-needs_c = pytest.mark.skipif(mqtt_plain_pubacks is None, reason="metaq._speedups was not built")
+needs_c = pytest.mark.skipif(mqtt_plain_pubacks is None, reason="metaq.native._bytes was not built")
 TWINS = [pytest.param(wire.plain_pubacks_py, id="python"),
          pytest.param(mqtt_plain_pubacks, id="c", marks=needs_c)]
 

@@ -1,5 +1,5 @@
 """The plain PUBLISHes a reader's buffer holds, split and staged in one step (``wire.plain_publishes``, in C as
-``metaq._speedups.mqtt_plain_publishes``): the C function and its Python twin give the same plain values and stop at
+``metaq._bytes.mqtt_plain_publishes``): the C function and its Python twin give the same plain values and stop at
 the same byte, refusals included; the parser with the split gives the packets and refusals it gives without it; each
 entry's record is ``record_data``'s, byte for byte, in the partition ``partition_for`` names."""
 
@@ -17,13 +17,13 @@ from metaq.mqtt.wire import MQTT_5, MQTT_311, MqttError, MqttParser, Publish, en
 from metaq.protocol.stream import CLOSED, NEED_DATA
 
 try:
-    from metaq._speedups import mqtt_burst_frames as burst_frames_c
-    from metaq._speedups import mqtt_plain_publishes as plain_publishes_c
-    from metaq._speedups import mqtt_read_publishes as read_publishes_c
+    from metaq.native._bytes import mqtt_burst_frames as burst_frames_c
+    from metaq.native._bytes import mqtt_plain_publishes as plain_publishes_c
+    from metaq.native._bytes import mqtt_read_publishes as read_publishes_c
 except ImportError:  # the C helper was not built
     plain_publishes_c = burst_frames_c = read_publishes_c = None
 
-needs_c = pytest.mark.skipif(plain_publishes_c is None, reason="metaq._speedups was not built")
+needs_c = pytest.mark.skipif(plain_publishes_c is None, reason="metaq.native._bytes was not built")
 
 NAMES = ["a/b", "sensors/room1/temp", "é/ü", "x"]
 CLIENT = "dev-1"

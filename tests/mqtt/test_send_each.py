@@ -13,7 +13,7 @@ from metaq.mqtt.fanout import _SEND_IOV_MAX, send_each_py
 from tests.harness.sockets import drain
 
 try:
-    from metaq._speedups import send_each as send_each_c
+    from metaq.native._bytes import send_each as send_each_c
 except ImportError:
     send_each_c = None
 
@@ -75,7 +75,7 @@ def test_a_full_a_partial_and_a_closed_socket_are_reported_and_do_not_stop_the_o
     closed[0].close()
 
 
-@pytest.mark.skipif(send_each_c is None, reason="metaq._speedups was not built")
+@pytest.mark.skipif(send_each_c is None, reason="metaq.native._bytes was not built")
 def test_the_built_send_each_equals_the_python_twin():
     outcomes = []
     for send_each in (send_each_py, send_each_c):

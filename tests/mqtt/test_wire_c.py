@@ -1,4 +1,4 @@
-"""The MQTT wire's per-packet steps in C (``metaq._speedups``: ``mqtt_split``, ``mqtt_publish_bytes``,
+"""The MQTT wire's per-packet steps in C (``metaq.native._bytes``: ``mqtt_split``, ``mqtt_publish_bytes``,
 ``mqtt_pubacks``) and their Python twins (``wire.split_py``, ``publish_bytes_py``, ``encode_pubacks_py``): the same
 answers on every input, and the parser with either gives the same packets and the same refusals at each bound, at
 it and one past, whether a packet comes whole or split across two reads at any byte."""
@@ -13,11 +13,11 @@ from metaq.mqtt.wire import MQTT_5, MQTT_311, MqttError, MqttParser, PubAck, Pub
 from metaq.protocol.stream import CLOSED, NEED_DATA
 
 try:
-    from metaq._speedups import mqtt_pubacks, mqtt_publish_bytes, mqtt_split
+    from metaq.native._bytes import mqtt_pubacks, mqtt_publish_bytes, mqtt_split
 except ImportError:  # the C helper was not built
     mqtt_split = mqtt_publish_bytes = mqtt_pubacks = None
 
-needs_c = pytest.mark.skipif(mqtt_split is None, reason="metaq._speedups was not built")
+needs_c = pytest.mark.skipif(mqtt_split is None, reason="metaq.native._bytes was not built")
 SPLITS = [pytest.param(wire.split_py, id="python"),
           pytest.param(mqtt_split, id="c", marks=needs_c)]
 KNOWN = "sensors/room1/temp"

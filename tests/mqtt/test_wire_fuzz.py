@@ -13,7 +13,7 @@ from metaq.limits import MQTT_MAX_PACKET_BYTES
 from metaq.mqtt import wire
 from metaq.mqtt.wire import PubAck, Publish, encode_varint
 
-_speedups = pytest.importorskip("metaq._speedups")
+_bytes = pytest.importorskip("metaq.native._bytes")
 
 NAMES = {b"a/b": "a/b", b"": "", b"x" * 300: "x" * 300}
 PLANS = {b"a/b": ("a/b", "t1", 12345, 1, b"P0", b"P1"), b"c": ("c", "t2", 2 ** 32 - 1, 0, b"", b"Q"),
@@ -82,7 +82,7 @@ def test_the_split_twins_agree_on_random_bit_flipped_and_cut_streams():
         max_packet = rng.choice([MQTT_MAX_PACKET_BYTES] * 6 + [50, 10, 2, 0, -1])
         version = rng.choice([4, 5, 3, None])
         args = (pos, max_packet, version, NAMES)
-        got = answer(_speedups.mqtt_split, exact(data), *args)
+        got = answer(_bytes.mqtt_split, exact(data), *args)
         assert got == answer(wire.split_py, data, *args), (data, args)
         packets += isinstance(got, tuple) and got[0] is not None
     assert packets > 100  # the fast paths were exercised, not only their refusals
@@ -96,7 +96,7 @@ def test_the_plain_publishes_twins_agree_on_random_bit_flipped_and_cut_streams()
         pos = rng.randrange(len(data) + 1) if rng.random() < 0.2 else 0
         args = (pos, rng.random() < 0.5, rng.choice([MQTT_MAX_PACKET_BYTES] * 6 + [50, 10, 2, 0, -1]), PLANS,
                 DECIDED, rng.choice([0, 1, 5, 100]), rng.choice([0, 1, 3, 100]), rng.choice([0, 1, 10, 10 ** 9]))
-        got = answer(_speedups.mqtt_plain_publishes, exact(data), *args)
+        got = answer(_bytes.mqtt_plain_publishes, exact(data), *args)
         assert got == answer(wire.plain_publishes_py, data, *args), (data, args)
         entries += len(got[0]) if isinstance(got, tuple) else 0
     assert entries > 40  # the staging was exercised, not only its refusals
@@ -107,13 +107,13 @@ def test_the_plain_publishes_twins_agree_on_random_bit_flipped_and_cut_streams()
     (0xFF, 1), (0x100, 1), (0x132, 1), (-1, 1), (0x100, 0x10000)])
 def test_the_publish_bytes_twins_refuse_alike_a_packet_id_or_first_byte_that_does_not_fit(first, packet_id):
     args = (first, "a/b", packet_id, None, b"p")
-    got = answer(_speedups.mqtt_publish_bytes, *args)
+    got = answer(_bytes.mqtt_publish_bytes, *args)
     assert got == answer(wire.publish_bytes_py, *args)
     assert isinstance(got, bytes) == (0 <= first <= 0xFF and 0 <= packet_id <= 0xFFFF)
 
 
 @pytest.mark.parametrize("ids", [[0xFFFF], [0x10000], [1, 0x10000, 2], [-1], [2 ** 40], [0], []])
 def test_the_pubacks_twins_refuse_alike_an_id_that_does_not_fit(ids):
-    got = answer(_speedups.mqtt_pubacks, ids)
+    got = answer(_bytes.mqtt_pubacks, ids)
     assert got == answer(wire.encode_pubacks_py, ids)
     assert isinstance(got, bytes) == all(0 <= i <= 0xFFFF for i in ids)

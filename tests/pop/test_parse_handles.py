@@ -54,7 +54,7 @@ def test_seeded_fuzz_as_parse_handle_reads_it(parse_handles):
     assert sum(1 for g in got if g is not None) > 20000  # the fuzz reaches both sides
 
 
-@pytest.mark.skipif(built("pop_parse_handles") is None, reason="metaq._speedups was not built")
+@pytest.mark.skipif(built("pop_parse_handles") is None, reason="metaq.native._bytes was not built")
 def test_the_c_one_requires_a_list():
     pop_parse_handles = built("pop_parse_handles")
     with pytest.raises(TypeError, match="a list expected"):
@@ -77,7 +77,7 @@ def test_handle_text_as_the_format_writes_it(write):
         write(1, 2, 3)
 
 
-@pytest.mark.skipif(built("pop_handle") is None, reason="metaq._speedups was not built")
+@pytest.mark.skipif(built("pop_handle") is None, reason="metaq.native._bytes was not built")
 def test_the_c_writer_refuses_what_is_not_an_int():  # its domain is ints; the format would write a float's
     with pytest.raises(TypeError, match="an int expected"):
         built("pop_handle")(1, 2, 3, 4.0)

@@ -15,11 +15,11 @@ from metaq.protocol.text import TextParser, serialize
 from tests.harness.native import both
 
 try:
-    from metaq._speedups import scan_puts as scan_puts_c
+    from metaq.native._bytes import scan_puts as scan_puts_c
 except ImportError:  # not built: the Python reference is what runs
     scan_puts_c = None
 
-needs_c = pytest.mark.skipif(scan_puts_c is None, reason="metaq._speedups was not built")
+needs_c = pytest.mark.skipif(scan_puts_c is None, reason="metaq.native._bytes was not built")
 #: Both definitions of the scan: each case below runs against both.
 SCANS = both(scan_puts_py, "scan_puts")
 

@@ -8,7 +8,7 @@ from metaq.protocol.burst import encode_put_acks_py, encode_results
 from metaq.protocol.text import encode_result
 
 try:
-    from metaq._speedups import encode_put_acks as encode_put_acks_c
+    from metaq.native._bytes import encode_put_acks as encode_put_acks_c
 except ImportError:  # not built: the Python reference is what runs
     encode_put_acks_c = None
 
@@ -29,7 +29,7 @@ def test_acks_are_what_the_general_path_answers(opaques, first_id, partition, fi
     assert encode_put_acks_py(frames, 1, len(opaques), first_id, partition, first_offset) == expected
 
 
-@pytest.mark.skipif(encode_put_acks_c is None, reason="metaq._speedups was not built")
+@pytest.mark.skipif(encode_put_acks_c is None, reason="metaq.native._bytes was not built")
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(int32, max_size=40), st.integers(0, 5), st.integers(0, 2**63 - 1000), st.integers(-2, 2**31 - 1),
        st.integers(-2, 2**62))
@@ -41,7 +41,7 @@ def test_c_acks_equal_the_python_reference(opaques, start, first_id, partition, 
             == encode_put_acks_py(frames, start, count, first_id, partition, first_offset))
 
 
-@pytest.mark.skipif(encode_put_acks_c is None, reason="metaq._speedups was not built")
+@pytest.mark.skipif(encode_put_acks_c is None, reason="metaq.native._bytes was not built")
 def test_c_acks_refuse_frames_past_the_list():
     with pytest.raises(IndexError):
         encode_put_acks_c(frames_with([1, 2]), 1, 2, 0, 0, 0)

@@ -49,23 +49,23 @@ def test_accepts_memoryview_and_bytearray(data):
 
 
 try:
-    from metaq import _speedups
+    from metaq.native import _bytes
 except ImportError:  # not built: checksum.py runs zlib.crc32, which the tests above check
-    _speedups = None
+    _bytes = None
 
 
-@pytest.mark.skipif(_speedups is None, reason="metaq._speedups was not built")
+@pytest.mark.skipif(_bytes is None, reason="metaq.native._bytes was not built")
 @settings(max_examples=300)
 @given(st.binary(max_size=9000), st.integers(0, 2**32 - 1))
 def test_c_crc32_equals_zlib_and_crcmod_from_any_start(data, start):
     """The C helper's CRC-32 (ISA-L or zlib, see CRC32_IMPL) is zlib's, also past 4 KiB where it drops the GIL."""
-    assert _speedups.crc32(data, start) == zlib.crc32(data, start)
-    assert _speedups.crc32(memoryview(data)) == crcmod.predefined.mkCrcFun("crc-32")(data)
+    assert _bytes.crc32(data, start) == zlib.crc32(data, start)
+    assert _bytes.crc32(memoryview(data)) == crcmod.predefined.mkCrcFun("crc-32")(data)
 
 
-@pytest.mark.skipif(_speedups is None, reason="metaq._speedups was not built")
+@pytest.mark.skipif(_bytes is None, reason="metaq.native._bytes was not built")
 def test_c_crc32_of_a_large_buffer_and_its_implementation_name():
     data = bytes(range(256)) * 40000  # 10 MB
-    assert _speedups.crc32(data) == zlib.crc32(data)
-    assert _speedups.CRC32_IMPL in ("isa-l", "zlib")
+    assert _bytes.crc32(data) == zlib.crc32(data)
+    assert _bytes.CRC32_IMPL in ("isa-l", "zlib")
     assert IMPLEMENTATION in ("isa-l", "zlib", "python-zlib")

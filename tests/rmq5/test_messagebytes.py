@@ -141,8 +141,8 @@ def test_a_timestamp_outside_protobufs_range_is_refused_as_protobuf_refuses_it()
 
 ENCODERS = [messagebytes.encode_fields_py]
 if speedups.built():
-    from metaq import _speedups
-    ENCODERS.append(_speedups.encode_fields)
+    from metaq.native import _bytes
+    ENCODERS.append(_bytes.encode_fields)
 
 FIELDS = [
     (),
@@ -332,8 +332,8 @@ def test_a_record_past_the_timestamp_range_is_refused_by_both_ways():
 
 #: Both definitions of ``served_record`` (the C one where it was built: with OpenSSL), each case run against both.
 SERVERS = [messagebytes.served_record_py]
-if speedups.built() and hasattr(_speedups, "served_record"):
-    SERVERS.append(_speedups.served_record)
+if speedups.built() and hasattr(_bytes, "served_record"):
+    SERVERS.append(_bytes.served_record)
 
 
 def _serve(server, rec, served, endpoint="192.0.2.7:8081"):

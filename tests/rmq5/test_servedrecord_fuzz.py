@@ -17,9 +17,10 @@ from metaq.rmq5.records import MAX_USER_PROPERTIES
 from metaq.store.record import LogRecord
 
 messagebytes = pytest.importorskip("metaq.rmq5.messagebytes")
-served_record_c = getattr(pytest.importorskip("metaq._speedups") if speedups.built() else None, "served_record", None)
+_bytes = pytest.importorskip("metaq.native._bytes") if speedups.built() else None
+served_record_c = getattr(_bytes, "served_record", None)
 if served_record_c is None:
-    pytest.skip("metaq._speedups was not built (with OpenSSL: its served_record)", allow_module_level=True)
+    pytest.skip("metaq.native._bytes was not built (with OpenSSL: its served_record)", allow_module_level=True)
 
 HOST = ("192.0.2.7", 8081)
 ENDPOINT = "192.0.2.7:8081"
@@ -225,7 +226,7 @@ def test_served_record_twins_refuse_a_metaq_id_that_is_no_int_alike(msg_id):
 
 
 def test_grpc_frames_twins_join_length_prefixed_messages_alike():
-    from metaq._speedups import grpc_frames
+    from metaq.native._bytes import grpc_frames
     from metaq.rmq5 import wire
     rng = random.Random(58)
     for _ in range(200):

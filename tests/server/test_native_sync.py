@@ -1,4 +1,4 @@
-"""fdatasync in the C helper's own thread (metaq._speedups.SyncWorker, server/flusher.NativeSync)."""
+"""fdatasync in the C helper's own thread (metaq.native._bytes.SyncWorker, server/flusher.NativeSync)."""
 
 import errno
 import os
@@ -9,11 +9,11 @@ import pytest
 from metaq.server.flusher import NativeSync
 
 try:
-    from metaq._speedups import SyncWorker
+    from metaq.native._bytes import SyncWorker
 except ImportError:  # not built: the flusher uses its Python thread
     SyncWorker = None
 
-pytestmark = pytest.mark.skipif(SyncWorker is None, reason="metaq._speedups was not built")
+pytestmark = pytest.mark.skipif(SyncWorker is None, reason="metaq.native._bytes was not built")
 
 
 def result_of(r):

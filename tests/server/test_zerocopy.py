@@ -15,7 +15,7 @@ from metaq.store.gather import MappedRecords
 from tests.harness.sockets import drain
 
 try:
-    from metaq._speedups import send_ranges as send_ranges_c
+    from metaq.native._bytes import send_ranges as send_ranges_c
 except ImportError:
     send_ranges_c = None
 
@@ -89,7 +89,7 @@ def test_send_ranges_sends_from_any_position_and_says_how_much(send):
         b.close()
 
 
-@pytest.mark.skipif(send_ranges_c is None, reason="metaq._speedups was not built")
+@pytest.mark.skipif(send_ranges_c is None, reason="metaq.native._bytes was not built")
 def test_the_built_send_equals_the_python_reference_on_a_full_socket_and_bad_ranges():
     mm, pairs = a_map()
     for send in (send_ranges_py, send_ranges_c):

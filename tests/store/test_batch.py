@@ -21,7 +21,7 @@ from metaq.store.record import FIXED_OVERHEAD, scan_records_py
 from tests.harness.store import NOW, files_of, open_store, payload_of, read_all
 
 try:
-    from metaq._speedups import write_run as write_run_c
+    from metaq.native._bytes import write_run as write_run_c
 except ImportError:
     write_run_c = None
 
@@ -106,7 +106,7 @@ def test_nothing_is_taken_for_a_partition_never_put_to(data_dir):
     s.close(NOW)
 
 
-@pytest.mark.skipif(write_run_c is None, reason="metaq._speedups was not built")
+@pytest.mark.skipif(write_run_c is None, reason="metaq.native._bytes was not built")
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.binary(max_size=300), min_size=1, max_size=20), st.integers(0, 9000), st.integers(-2, 2**40),
        st.integers(0, 2**62), st.sampled_from([b"t", b"topic-with-a-longer-name"]), st.integers(0, 2**31 - 1))

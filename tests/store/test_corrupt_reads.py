@@ -13,8 +13,8 @@ from tests.harness.native import both
 from tests.harness.store import NOW, open_store
 
 try:
-    from metaq._speedups import gather_records as gather_records_c, record_ok as record_ok_c
-    from metaq._speedups import scan_records as scan_records_c
+    from metaq.native._bytes import gather_records as gather_records_c, record_ok as record_ok_c
+    from metaq.native._bytes import scan_records as scan_records_c
 except ImportError:
     gather_records_c = scan_records_c = record_ok_c = None
 
@@ -129,7 +129,7 @@ def test_scan_records_finds_the_first_bad_record(scan_records):
     assert scan_records(buf, bad + len(recs[3]), len(buf)) == (len(buf), 1)
 
 
-@pytest.mark.skipif(scan_records_c is None, reason="metaq._speedups was not built")
+@pytest.mark.skipif(scan_records_c is None, reason="metaq.native._bytes was not built")
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.binary(max_size=80), min_size=0, max_size=8), st.integers(-1, 2000), st.integers(0, 3),
        st.integers(-5, 2000), st.integers(-5, 2000))
@@ -141,7 +141,7 @@ def test_c_scan_equals_the_python_reference(payloads, flip_at, junk, pos, end):
     assert scan_records_c(buf, pos, end) == scan_records_py(buf, pos, end)
 
 
-@pytest.mark.skipif(record_ok_c is None, reason="metaq._speedups was not built")
+@pytest.mark.skipif(record_ok_c is None, reason="metaq.native._bytes was not built")
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=80), st.integers(-1, 200), st.integers(-3, 200), st.integers(-3, 200), st.integers(0, 8))
 def test_c_record_ok_equals_the_python_reference(payload, flip_at, pos, size, lead):
@@ -152,7 +152,7 @@ def test_c_record_ok_equals_the_python_reference(payload, flip_at, pos, size, le
     assert record_ok_c(buf, lead, len(buf) - lead - 2) == record_ok_py(buf, lead, len(buf) - lead - 2)
 
 
-@pytest.mark.skipif(gather_records_c is None, reason="metaq._speedups was not built")
+@pytest.mark.skipif(gather_records_c is None, reason="metaq.native._bytes was not built")
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.binary(max_size=60), min_size=1, max_size=8), st.integers(-1, 1000), st.integers(0, 3000))
 def test_c_verifying_gather_equals_the_python_reference(payloads, flip_at, limit):

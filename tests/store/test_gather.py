@@ -11,7 +11,7 @@ from metaq.store.index import UNIT
 from tests.harness.store import NOW, open_store
 
 try:
-    from metaq._speedups import check_ranges as check_ranges_c, gather_records as gather_records_c
+    from metaq.native._bytes import check_ranges as check_ranges_c, gather_records as gather_records_c
 except ImportError:
     gather_records_c = check_ranges_c = None
 
@@ -66,7 +66,7 @@ def test_joined_reads_answer_like_plain_reads_at_the_edges(data_dir, gatherer):
     s.close(NOW)
 
 
-@pytest.mark.skipif(gather_records_c is None, reason="metaq._speedups was not built")
+@pytest.mark.skipif(gather_records_c is None, reason="metaq.native._bytes was not built")
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(-50, 5000), st.integers(-5, 400)), max_size=30), st.integers(0, 60),
        st.integers(0, 3000), st.integers(0, 400))
@@ -77,7 +77,7 @@ def test_c_gather_equals_the_python_reference(units, skip, limit, nbytes):
     assert gather_records_c(*args) == gather_records_py(*args)
 
 
-@pytest.mark.skipif(check_ranges_c is None, reason="metaq._speedups was not built")
+@pytest.mark.skipif(check_ranges_c is None, reason="metaq.native._bytes was not built")
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(-50, 5000), st.integers(-5, 400)), max_size=30), st.integers(0, 60),
        st.integers(0, 3000), st.integers(0, 400))

@@ -20,11 +20,11 @@ from tests.harness.native import both
 from tests.harness.store import NOW, open_store, payload_of, read_all
 
 try:
-    from metaq._speedups import scan_log as scan_log_c, write_units as write_units_c
+    from metaq.native._bytes import scan_log as scan_log_c, write_units as write_units_c
 except ImportError:
     scan_log_c = write_units_c = None
 
-needs_c = pytest.mark.skipif(scan_log_c is None, reason="metaq._speedups was not built")
+needs_c = pytest.mark.skipif(scan_log_c is None, reason="metaq.native._bytes was not built")
 
 TOPICS = ["a", "topic-b", "\u00e9t\u00e9"]
 #: The test store's topics and their partitions (tests/harness/store.py).
@@ -298,7 +298,7 @@ def test_c_and_twin_recover_a_damaged_store_alike(fast_dir, monkeypatch, seed):
        st.integers(-2, 3002), st.integers(-2, 3002))
 def test_c_nonzero_end_equals_the_twin(n, marks, start, end):
     """What recovery's examine measures after its stop point: long zero runs with a few non-zero bytes."""
-    from metaq._speedups import nonzero_end as nonzero_end_c
+    from metaq.native._bytes import nonzero_end as nonzero_end_c
     from metaq.store.mapped import nonzero_end_py
 
     buf = bytearray(n)

@@ -13,15 +13,15 @@ from metaq.protocol.text import encode_result
 from metaq.timers.burst import encode_timer_acks_py, scan_put_ats_py
 
 try:
-    from metaq._speedups import scan_put_ats as _c
+    from metaq.native._bytes import scan_put_ats as _c
 except ImportError:  # not built: the Python reference is what runs
     _c = None
 try:  # apart: a helper built before it existed must not skip the scan's tests too
-    from metaq._speedups import encode_timer_acks as _acks_c
+    from metaq.native._bytes import encode_timer_acks as _acks_c
 except ImportError:
     _acks_c = None
 
-needs_c = pytest.mark.skipif(_c is None, reason="metaq._speedups was not built")
+needs_c = pytest.mark.skipif(_c is None, reason="metaq.native._bytes was not built")
 
 NOW = 1_790_000_000_000
 MAX_BODY = 300
@@ -192,7 +192,7 @@ def test_timer_acks_are_the_general_path_replies_and_the_c_twin_equals_them(part
         assert _acks_c(items, start, count, first_id) == want
 
 
-@pytest.mark.skipif(_acks_c is None, reason="metaq._speedups was not built")
+@pytest.mark.skipif(_acks_c is None, reason="metaq.native._bytes was not built")
 def test_the_acks_c_twin_refuses_a_run_outside_the_items_and_ids_past_int64():
     one = [("t", 0, 1)]
     assert _acks_c(one, 0, 1, 2**63 - 1) == encode_timer_acks_py(one, 0, 1, 2**63 - 1)  # the last int64 id
@@ -218,7 +218,7 @@ class _Clears:
         return 0
 
 
-@pytest.mark.skipif(_acks_c is None, reason="metaq._speedups was not built")
+@pytest.mark.skipif(_acks_c is None, reason="metaq.native._bytes was not built")
 def test_the_acks_c_twin_takes_only_ints_so_no_python_runs_while_it_reads_the_list():
     items = [("t", 0, 1)] * 3
     items[0] = ("t", _Clears(items), 1)

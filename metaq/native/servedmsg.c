@@ -1,5 +1,5 @@
 /*
- * metaq._speedups.served_record: metaq.rmq5.messagebytes.served_record_py in C (see its docstring; the tests run
+ * metaq.native._bytes.served_record: metaq.rmq5.messagebytes.served_record_py in C (see its docstring; the tests run
  * each case against both). A served RocketMQ 5 message's response bytes (a ReceiveMessageResponse's or
  * PullMessageResponse's field 2, the Message) written straight from a log record a RocketMQ or gRPC producer wrote,
  * in one pass over its properties; None for any record it leaves to the general mapping (the Python definition's
@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "_speedups.h"
+#include "native.h"
 #ifdef METAQ_HAVE_OPENSSL
 #include <openssl/err.h>
 #include <openssl/evp.h>

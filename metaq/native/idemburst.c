@@ -1,5 +1,5 @@
 /*
- * metaq._speedups.scan_idem_burst: the twin of metaq.idempotence.burst.scan_idem_burst_py (see its docstring;
+ * metaq.native._bytes.scan_idem_burst: the twin of metaq.idempotence.burst.scan_idem_burst_py (see its docstring;
  * tests/idempotence/test_burst.py holds the two equal).
  *
  * A put_idem frame is taken when its header is exactly
@@ -15,7 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "_speedups.h"
+#include "native.h"
 
 #define I32_MAX 2147483647LL
 #define I63_MAX 9223372036854775807ULL
@@ -27,7 +27,7 @@ static const char SEQ_MARK[] = "\x02METAQ_SEQ\x01";
 static const char OWNER_MARK[] = "\x02METAQ_OWNER\x01";
 static const char SYSFLAG_MARK[] = "\x02@SYSFLAG\x01"; /* may mark a compressed body: the general path's */
 
-/* 1..max decimal digits at *p, then `stop`; the value in *out (no overflow: max <= 19). Shared: _speedups.h. */
+/* 1..max decimal digits at *p, then `stop`; the value in *out (no overflow: max <= 19). Shared: native.h. */
 int metaq_digits(const unsigned char **p, const unsigned char *lim, int max, unsigned char stop,
                   unsigned long long *out) {
     const unsigned char *s = *p;

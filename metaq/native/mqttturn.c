@@ -4,9 +4,9 @@
  *   mqtt_read_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes)
  *       -> (entries, next pos, how many at QoS 1, their records' bytes, PUBACKs)
  *
- * mqtt_plain_publishes's split and staging (_speedups.c) and the successful PUBACKs of the QoS 1 PUBLISHes it took,
- * in their order, as one byte string (mqtt_pubacks's bytes, _mqttwire.c): what the reader stores and answers. */
-#include "_speedups.h"
+ * mqtt_plain_publishes's split and staging (mqttpublishes.c) and the successful PUBACKs of the QoS 1 PUBLISHes it took,
+ * in their order, as one byte string (mqtt_pubacks's bytes, mqttwire.c): what the reader stores and answers. */
+#include "native.h"
 
 static PyObject *read_publishes(metaq_publishes_in *in, Py_ssize_t *qos1_out, Py_ssize_t *taken,
                                 PyObject **acks_out) {

@@ -2,7 +2,7 @@
    receipt handles read in one call (parse_handles_py is its twin). A handle is "<partition>:<offset>:<attempt>:<deadline_ms>", four runs of ASCII digits, at most
    HANDLE_MAX characters (records._MAX_HANDLE); anything else (not a str, longer, another form) is None, for the
    caller to say why. */
-#include "_speedups.h"
+#include "native.h"
 
 /* records._MAX_HANDLE: the longest handle text read. */
 #define HANDLE_MAX 96

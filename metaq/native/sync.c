@@ -1,6 +1,6 @@
 /*
- * metaq._speedups, part two: SyncWorker, fdatasync in a thread of its own that never takes the GIL
- * (metaq/server/flusher.py). Compiled into the same extension as _speedups.c, which registers the type.
+ * metaq.native._bytes: SyncWorker, fdatasync in a thread of its own that never takes the GIL
+ * (metaq/server/flusher.py). Compiled into the same extension; module.c registers the type.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -8,7 +8,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
-#include "_speedups.h"
+#include "native.h"
 
 /*
  * A Python thread that runs os.fdatasync must take the GIL back before it can say the sync is done, and
@@ -166,7 +166,7 @@ static PyMethodDef sync_worker_methods[] = {
 };
 
 PyTypeObject SyncWorkerType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "metaq._speedups.SyncWorker",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "metaq.native._bytes.SyncWorker",
     .tp_basicsize = sizeof(SyncWorker),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "SyncWorker(notify_fd): fdatasync in a thread that never takes the GIL",

@@ -1,5 +1,5 @@
 /*
- * metaq._speedups.scan_put_ats: the twin of metaq.timers.burst.scan_put_ats_py (see its docstring;
+ * metaq.native._bytes.scan_put_ats: the twin of metaq.timers.burst.scan_put_ats_py (see its docstring;
  * tests/timers/test_burst.py holds the two equal).
  *
  * A put_at frame is taken when its header is exactly
@@ -16,7 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "_speedups.h"
+#include "native.h"
 
 #define I32_MAX 2147483647LL
 #define ENTRY_HEAD 36 /* ">4sBBHiiiqq" */

@@ -5,7 +5,7 @@
  * The consecutive plain PUBACKs whole in buf from pos (a non-zero packet id; MQTT 5: an optional reason code a PUBACK
  * may carry and an optional empty property length), within max_packet; it stops before the first other packet.
  * wire.end_pubacks ends their messages in flight. */
-#include "_speedups.h"
+#include "native.h"
 
 /* The reason codes a PUBACK may carry (wire._PUB_ACK_CODES). */
 static int acks_code(int code) {

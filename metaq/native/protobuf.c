@@ -1,5 +1,5 @@
 /*
- * metaq._speedups.encode_fields: the twin of metaq.rmq5.messagebytes.encode_fields_py (see its docstring;
+ * metaq.native._bytes.encode_fields: the twin of metaq.rmq5.messagebytes.encode_fields_py (see its docstring;
  * tests/rmq5/test_messagebytes.py holds the two equal).
  *
  * fields: a tuple or list of field numbers and values, one after the other. Each value is written by its type:
@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "_speedups.h"
+#include "native.h"
 
 /* Nesting deeper than this is refused (a served message is three deep). */
 #define MAX_DEPTH 16

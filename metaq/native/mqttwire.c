@@ -1,5 +1,5 @@
 /*
- * The MQTT wire's per-packet steps in C (metaq._speedups; declared in _speedups.h), each the exact twin of a
+ * The MQTT wire's per-packet steps in C (metaq.native._bytes; declared in native.h), each the exact twin of a
  * pure-Python function of metaq/mqtt/wire.py that runs when the helper was not built (tests/mqtt/test_wire_c.py
  * holds them equal):
  *
@@ -13,7 +13,7 @@
 #include <Python.h>
 #include <string.h>
 
-#include "_speedups.h"
+#include "native.h"
 
 /* split_py's answers when it returns no packet (its second field; the third is the packet's size for TOO_LARGE). */
 #define SPLIT_NEED_DATA (-1)

@@ -1,5 +1,5 @@
 /*
- * Recovery's scan of a commit-log segment in C (metaq._speedups.scan_log and write_units), and the key index's
+ * Recovery's scan of a commit-log segment in C (metaq.native._bytes.scan_log and write_units), and the key index's
  * walk over the flushed log (keyed_records).
  *
  *   scan_log(buf, rel, size, base, max_records)  == metaq.store.recovery_scan.scan_log_py
@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "_speedups.h"
+#include "native.h"
 
 #define MESSAGE_MAGIC 0xDA7A4D51u
 #define PREFIX_SIZE 42
