@@ -454,7 +454,7 @@ def direct_publishes(fd, staged, i, stop, names, session, topic, partition, offs
 
 def send_now(fd, data):
     """``(bytes taken, errno)`` of one non-blocking send of ``data`` on socket descriptor ``fd`` (nothing when
-    ``data`` is empty; 0 taken when its buffer is full): a write by descriptor (here and ``acks.pubacks_now_py``),
+    ``data`` is empty; 0 taken when its buffer is full): a write by descriptor (here and ``plainturn.pubacks_now``),
     ``fanout.send_each``'s to one socket."""
     if not data:
         return 0, 0
