@@ -66,12 +66,20 @@ def compiled_extensions():
 
 
 class BuildExt(build_ext):
-    """build_ext that keeps an in-place build of a compiled module under metaq/native/<package>/, where
-    metaq.native's finder loads it, not beside its source, where it would shadow the Python under
-    METAQ_PURE_PYTHON=1 (an editable install builds in place)."""
+    """build_ext that puts a compiled module under metaq/native/<package>/, where metaq.native's finder loads it,
+    not beside its source, where it would shadow the Python under METAQ_PURE_PYTHON=1: in a wheel or a build
+    directory by its path, in place (an editable install) by a move once built."""
+
+    def get_ext_fullpath(self, ext_name):
+        path = super().get_ext_fullpath(ext_name)
+        if self.in_place or ext_name not in _compiled_names():  # (in place, setuptools builds with inplace off)
+            return path
+        parts = ext_name.split(".")
+        return os.path.join(self.build_lib, "metaq", "native", *parts[1:-1], os.path.basename(path))
 
     def finalize_options(self):
         super().finalize_options()
+        self.in_place = self.inplace
         if self.parallel is None:
             self.parallel = os.cpu_count() or 1  # Cython's C for a module is long: compile them side by side
 
