@@ -64,15 +64,16 @@ def free_port_run(count, host="127.0.0.1"):
     members' ports follow a base port), all within this process's slice and all handed out at once: none was handed
     out before (a server of an earlier test, down for a restart, comes back on its own port) and none is after."""
     low, high = _slice(FIXED_PORTS[0], min(FIXED_PORTS[1], _ephemeral_low()))
-    rnd = random.Random()
-    for _ in range(200):
-        base = rnd.randrange(low, high - count + 1)
+    span = high - count + 1 - low
+    start = random.Random().randrange(low, high - count + 1)
+    for step in range(span):  # every base once, from a random one: a slice fragmented by a long run still serves
+        base = low + (start - low + step) % span
         run = range(base, base + count)
         if any(port in _handed_out for port in run) or not all(_bindable(host, port) for port in run):
             continue
         _handed_out.update(run)
         return base
-    raise RuntimeError("no free run of %d ports in %d..%d after 200 tries" % (count, low, high))
+    raise RuntimeError("no free run of %d ports in %d..%d" % (count, low, high))
 
 
 def _bindable(host, port):

@@ -52,3 +52,16 @@ class _Fixed:
         import random
 
         return self.picks.pop(0) if self.picks else random.randrange(low, high)
+
+
+@pytest.mark.integration  # it binds each port it checks
+def test_a_slice_fragmented_by_a_long_run_still_gives_its_one_free_run(monkeypatch):
+    """Late in a long test run most of a worker's slice is handed out: the one run left is found, wherever the
+    search starts."""
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    low, high = local._slice(local.FIXED_PORTS[0], min(local.FIXED_PORTS[1], local._ephemeral_low()))
+    free = range(low + 137, low + 137 + 60)
+    monkeypatch.setattr(local, "_handed_out", set(range(low, high)) - set(free))
+    monkeypatch.setattr(local.random, "Random", lambda: _Fixed([high - 60]))  # starts past it: wraps round
+    assert local.free_port_run(60) == free[0]

@@ -87,4 +87,4 @@ def test_readme_client_examples_run_as_written(make_run_broker, tmp_path):
         if args[-1] == "topics":
             assert re.search(r"^orders\s+0\s+1\s+10[0-9]\s", out.stdout, re.M), out.stdout
         if args[-1] == "groups":
-            assert re.search(r"^billing\s+orders\s+0-0\s+-?\s*\d+", out.stdout, re.M), out.stdout
+            assert re.search(r"^billing\s+offsets\s+orders\s+0-0\s+-?\s*\d+", out.stdout, re.M), out.stdout
