@@ -125,6 +125,7 @@ setup(
     extras_require={
         "test": [
             "pytest>=8",
+            "Cython>=3.0",  # `setup.py build_ext --inplace` compiles metaq.native.COMPILED again after a change
             "hypothesis>=6.100",
             "crcmod>=1.7",
             "pytest-timeout>=2.3",

@@ -95,8 +95,8 @@ class CompiledFinder:
             except OSError:
                 continue
             if newer:
-                warnings.warn("%s is older than %s: running the Python source (rebuild with "
-                              "`python setup.py build_ext --inplace`)" % (built, part), RuntimeWarning, stacklevel=2)
+                warnings.warn("%s is older than %s: running the Python source (rebuild: `pip install -e .`, "
+                              "or `make setup`)" % (built, part), RuntimeWarning, stacklevel=2)
                 return None
         self._loaded.add(name)
         return importlib.util.spec_from_file_location(name, built,
