@@ -400,10 +400,11 @@ def test_the_taker_starts_a_session_past_where_the_holders_handover_stopped(monk
     ids = taker()
     stop = {1: {("a", 0): 5}, 2: {("a", 0): 0}, ids.broker_id: {("a", 0): 9}}  # its own log: nothing to copy
     answer = {"from": 1, "stop": handover.positions_wire(stop)}
-    catching_up = gevent.spawn_later(0.03, setattr, ids.cluster.positions, "at", 5)
     started = time.monotonic()
+    catching_up = gevent.spawn_later(0.03, setattr, ids.cluster.positions, "at", 5)
     assert ids._takeover_end("x", state, answer, ("taking", "x", 1)) == {("a", 0): 5}
-    assert 0.03 <= time.monotonic() - started < 0.1 and ids.ends_short == 0
+    assert catching_up.ready() and ids.cluster.positions.at == 5  # it returned once its copies got there, not before
+    assert time.monotonic() - started < 0.1 and ids.ends_short == 0
     catching_up.join()
 
     ids = taker()  # its copies never get there: it goes on at the end's bound
