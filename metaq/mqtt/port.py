@@ -879,12 +879,12 @@ class MqttPort:
             del self._groups[key]
             if key in self._kept_groups():
                 self._save_group(group)
-            self._groups_changed()
+        self._groups_changed()
 
     def _groups_changed(self):
-        """In a cluster, the groups with members here go in the route (``MqttCluster.groups_changed``)."""
+        """In a cluster, the groups with members here and how many go in the route (``MqttCluster.groups_changed``)."""
         if self.cluster is not None:
-            self.cluster.groups_changed(key for key, g in self._groups.items() if g.members)
+            self.cluster.groups_changed({key: len(g.members) for key, g in self._groups.items() if g.members})
 
     def group_takes(self, group, topic, partition, rec, m):
         """True when ``group``'s member here takes record ``rec`` (message ``m``) of ``topic``-``partition``: its

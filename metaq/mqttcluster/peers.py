@@ -93,6 +93,9 @@ class MqttCluster:
                              lambda key, changes: port.record_share_history(key, changes),
                              pause=lambda turn: share_loop(time.monotonic() if turn is None else turn))
         self._groups = ()  # this broker's $share groups with members, as its route carries them
+        self._weights = ()  # their weights (members here), one per group, as the route carries them
+        self._settling = None  # the greenlet that applies a change of counts only (``groups_changed``)
+        self._live = ((), ())  # the groups with members here and their weights, as last told (applied or settling)
         self.links = {}  # broker id -> PeerLink
         self.retained = {}  # MQTT topic name -> (at ms, broker id, Retained or None)
         self.retained_next = {}  # broker id -> next offset of its %MQTT% journal read (this process's)
@@ -152,6 +155,8 @@ class MqttCluster:
         self.links.clear()
         for t in self._tasks:
             t.kill(block=False)
+        if self._settling is not None:
+            self._settling.kill(block=False)
 
     # -- the route -----------------------------------------------------------------
 
@@ -177,20 +182,41 @@ class MqttCluster:
         """This broker's ``$share`` groups with members ((share name, filter), ...), as its route carries them."""
         return self._groups
 
+    def weights(self):
+        """The weight of each of ``groups()`` here (its members, at most MQTT_CLUSTER_SHARE_WEIGHT_MAX), in order."""
+        return self._weights
+
     def groups_changed(self, live):
-        """This broker's groups with members are ``live`` now (``MqttPort.join_group``/``leave_group``): who takes
-        what is decided again (``share.Shares``) and the links send ROUTES again. At most MQTT_CLUSTER_MAX_GROUPS
-        go in the route (the others' members take what is published here, as without a cluster)."""
+        """This broker's groups with members are ``live`` now ({group: members here}, from ``MqttPort``'s
+        ``join_group``/``leave_group``): who takes what of each is decided again (``share.Shares``, a broker's share
+        weighted by its members) and the links send ROUTES again. A group here that gained its first member or lost
+        its last goes at once; a change of counts only waits MQTT_CLUSTER_SHARE_SETTLE_S, so that a burst of members
+        costs one change. At most MQTT_CLUSTER_MAX_GROUPS go in the route (the others' members take what is
+        published here, as without a cluster)."""
+        live = dict(live)
         groups = tuple(sorted(live))
         if len(groups) > limits.MQTT_CLUSTER_MAX_GROUPS:
             log.warning("mqtt cluster: %d shared groups, past MQTT_CLUSTER_MAX_GROUPS (%d): the others are not shared "
                         "across the cluster", len(groups), limits.MQTT_CLUSTER_MAX_GROUPS)
             groups = groups[:limits.MQTT_CLUSTER_MAX_GROUPS]
-        if groups == self._groups:
-            return
-        self._groups = groups
+        weights = tuple(max(1, min(live[g], limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX)) for g in groups)
+        if groups != self._groups:
+            self._apply_groups(groups, weights)
+        elif weights != self._weights and self._settling is None:
+            self._settling = gevent.spawn_later(limits.MQTT_CLUSTER_SHARE_SETTLE_S, self._settle)
+        self._live = (groups, weights)
+
+    def _settle(self):
+        """The counts that changed since a change of counts only, once settled (the groups as they are now)."""
+        self._settling = None
+        groups, weights = self._live
+        if (groups, weights) != (self._groups, self._weights):
+            self._apply_groups(groups, weights)
+
+    def _apply_groups(self, groups, weights):
+        self._groups, self._weights = groups, weights
         refused = self.shares.refused
-        self.shares.set_local(groups)
+        self.shares.set_local(dict(zip(groups, weights, strict=True)))
         if self.shares.refused > refused:
             log.warning("mqtt cluster: %d shared groups tracked is the limit (MQTT_CLUSTER_MAX_GROUPS): some of this "
                         "broker's are not shared across the cluster", self.shares.most)
@@ -538,6 +564,7 @@ class MqttCluster:
                   ("mqtt_cluster_positions", len(self.positions)),
                   ("mqtt_cluster_groups", len(self._groups)),
                   ("mqtt_cluster_peer_groups", sum(len(g) for _t, g in self.shares.peers.values())),
+                  ("mqtt_cluster_peer_group_members", sum(sum(g.values()) for _t, g in self.shares.peers.values())),
                   ("mqtt_cluster_retained", sum(1 for e in self.retained.values() if e[2] is not None))]
         if self.shares.refused:
             values.append(("mqtt_cluster_groups_refused", self.shares.refused))

@@ -15,6 +15,8 @@ ROUTES (peer to master): UTF-8 JSON, 2..MQTT_CLUSTER_ROUTES_BYTES bytes::
                                                      messages' records from (-1: send none)
      "groups": [[share name, filter], ...],          its ``$share`` groups with members, at most MQTT_CLUSTER_MAX_GROUPS
                                                      (optional)
+     "weights": [members, ...],                      one per group, each 1..MQTT_CLUSTER_SHARE_WEIGHT_MAX (optional;
+                                                     absent: each 1): the group's members on the peer
      "checks": [check, ...],                         one per position (optional; 0: none): the ``record_check`` of
                                                      the record before it as the peer copied it (or passed it)
      "version": n,                                   (optional, 0: none) the route's version: the master acks it
@@ -88,7 +90,8 @@ class Routes(NamedTuple):
     """A peer's route: its broker id, its filters, its resume positions ``((topic, partition, offset), ...)``, the
     ``%MQTT%`` offset to send retained records from (-1: none), its groups and one check per position (empty:
     none); ``more``: a part of a route whose next part follows (``split_routes``); ``version``: the route's, which
-    the master acks with a ROUTED entry once it acts on it (0: none asked)."""
+    the master acks with a ROUTED entry once it acts on it (0: none asked); ``weights``: one per group, its members
+    on that broker (empty: each 1, as a broker that does not send them means)."""
 
     broker_id: int
     filters: tuple
@@ -98,6 +101,7 @@ class Routes(NamedTuple):
     checks: tuple = ()
     more: bool = False
     version: int = 0
+    weights: tuple = ()
 
 
 def record_check(stored_at_ms, data):
@@ -173,7 +177,9 @@ def split_routes(routes, most=None):
     items = [("filters", f, len(_json(f)) + 1) for f in routes.filters]
     items += [("positions", (p, c), len(_json(list(p))) + len(_json(c)) + 2)
               for p, c in zip(routes.positions, checks, strict=True)]
-    items += [("groups", g, len(_json(list(g))) + 1) for g in routes.groups]
+    weights = routes.weights or (1,) * len(routes.groups)
+    items += [("groups", (g, w), len(_json(list(g))) + len(_json(w)) + 2)
+              for g, w in zip(routes.groups, weights, strict=True)]
     parts, part, used = [], {"filters": [], "positions": [], "groups": []}, 0
     for kind, item, size in items:
         if used + size > room and used:
@@ -184,7 +190,8 @@ def split_routes(routes, most=None):
     parts.append(part)
     out = [empty._replace(filters=tuple(p["filters"]), positions=tuple(x[0] for x in p["positions"]),
                           checks=tuple(x[1] for x in p["positions"]) if routes.checks else (),
-                          groups=tuple(p["groups"])) for p in parts]
+                          groups=tuple(x[0] for x in p["groups"]),
+                          weights=tuple(x[1] for x in p["groups"]) if routes.weights else ()) for p in parts]
     out[-1] = out[-1]._replace(more=False)
     return out
 
@@ -201,7 +208,8 @@ def join_routes(so_far, part):
     joined = Routes(so_far.broker_id, so_far.filters + part.filters, so_far.positions + part.positions,
                     so_far.retained, so_far.groups + part.groups,
                     (so_far.checks or (0,) * len(so_far.positions)) + (part.checks or (0,) * len(part.positions)),
-                    part.more, part.version)
+                    part.more, part.version,
+                    (so_far.weights or (1,) * len(so_far.groups)) + (part.weights or (1,) * len(part.groups)))
     for what, count, most, name in (("filters", len(joined.filters), limits.MQTT_CLUSTER_MAX_FILTERS,
                                      "MQTT_CLUSTER_MAX_FILTERS"),
                                     ("positions", len(joined.positions), limits.MQTT_CLUSTER_MAX_POSITIONS,
@@ -220,6 +228,8 @@ def _routes_json(event):
         obj["more"] = True
     if event.version:
         obj["version"] = event.version
+    if event.weights:
+        obj["weights"] = list(event.weights)
     return _json(obj)
 
 
@@ -295,7 +305,13 @@ def decode_routes(payload):
     if not isinstance(more, bool):
         raise _fail("ROUTES more must be true or false, not %r" % (more,))
     version = _bounded(obj.get("version", 0), 0, 2**63 - 1, "route version")
-    return Routes(broker, tuple(filters), tuple(out), retained, _groups(obj.get("groups", [])), checks, more, version)
+    groups = _groups(obj.get("groups", []))
+    weights = obj.get("weights", [])
+    if not isinstance(weights, list) or len(weights) not in (0, len(groups)):
+        raise _fail("ROUTES weights must be a list of one weight per group")
+    weights = tuple(_bounded(w, 1, limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX, "group weight (MQTT_CLUSTER_SHARE_WEIGHT_MAX)")
+                    for w in weights)
+    return Routes(broker, tuple(filters), tuple(out), retained, groups, checks, more, version, weights)
 
 
 def decode_records(payload):

@@ -129,3 +129,23 @@ def test_a_group_on_two_brokers_shares_one_partition_published_on_a_third(cluste
     assert sorted(got[0] + got[1]) == sorted(b"%d" % i for i in range(n)), (len(got[0]), len(got[1]))
     for share in got:
         assert 0.4 * n <= len(share) <= 0.6 * n, (len(got[0]), len(got[1]))
+
+
+def test_each_member_gets_its_share_whichever_broker_it_is_on(cluster):
+    """One member on broker 0, three on broker 1, every publisher on broker 2: a broker's share is weighted by its
+    members, so each of the four members gets about a quarter (not broker 0's one member half), each once, none
+    lost."""
+    n = SHARE_MESSAGES
+    members = [Paho(cluster[0], "member-a")] + [Paho(cluster[1], "member-b%d" % i) for i in range(3)]
+    for m in members:
+        assert m.subscribe(GROUP, 1) == [1]
+    wait_for(lambda: int(cluster.stats(cluster[2]).get("mqtt_cluster_peer_group_members", "0")) == 4, 20,
+             lambda: "broker 2's view of the peers' members: %s" % cluster.stats(cluster[2]))
+    pub = Paho(cluster[2], "pub-one")
+    for i in range(n):
+        pub.publish("jobs/one", b"%d" % i, 1)
+    pub.close()
+    got = drain(members, n, timeout=60)
+    assert sorted(p for share in got for p in share) == sorted(b"%d" % i for i in range(n)), [len(g) for g in got]
+    for share in got:
+        assert 0.18 * n <= len(share) <= 0.32 * n, [len(g) for g in got]
