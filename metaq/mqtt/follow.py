@@ -213,10 +213,11 @@ def decode_share_history(data):
 
 
 def _weighed(brokers, weights):
-    """A change's ``((broker, weight), ...)`` sorted, each weight 1..MQTT_CLUSTER_SHARE_WEIGHT_MAX."""
+    """A change's ``((broker, weight), ...)`` sorted, each weight 0..MQTT_CLUSTER_SHARE_WEIGHT_MAX (0: the group is
+    kept there for persistent members away, none connected)."""
     if len(weights) != len(brokers) or \
-            not all(type(w) is int and 1 <= w <= limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX for w in weights):
-        raise RecordError("an assignment history's weights must be one per broker, each 1..%d "
+            not all(type(w) is int and 0 <= w <= limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX for w in weights):
+        raise RecordError("an assignment history's weights must be one per broker, each 0..%d "
                           "(MQTT_CLUSTER_SHARE_WEIGHT_MAX)" % limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX)
     return tuple(sorted((int(b), w) for b, w in zip(brokers, weights, strict=True)))
 

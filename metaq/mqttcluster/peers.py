@@ -134,6 +134,7 @@ class MqttCluster:
         else:
             self._followed.set()  # a slave publishes nothing of its own (a promotion holds: ``MqttPort``)
         self.refresh_route()
+        self.groups_changed(self.port.group_weights())  # the groups kept here before any member is back
         self.members.on_change(self._members_changed)
         self._tasks = [gevent.spawn(self._members), gevent.spawn(self._routes)]
 
@@ -188,19 +189,20 @@ class MqttCluster:
 
     def groups_changed(self, live):
         """This broker's groups with members are ``live`` now ({group: members here}, from ``MqttPort``'s
-        ``join_group``/``leave_group``): who takes what of each is decided again (``share.Shares``, a broker's share
-        weighted by its members) and the links send ROUTES again. A group here that gained its first member or lost
-        its last goes at once; a change of counts only waits MQTT_CLUSTER_SHARE_SETTLE_S, so that a burst of members
-        costs one change. At most MQTT_CLUSTER_MAX_GROUPS go in the route (the others' members take what is
-        published here, as without a cluster)."""
+        ``group_weights``: 0 for a group kept here with no member connected): who takes what of each is decided again
+        (``share.Shares``, a broker's share weighted by its members) and the links send ROUTES again. A group here that
+        gained its first member or lost its last goes at once; a change of counts only waits
+        MQTT_CLUSTER_SHARE_SETTLE_S, so that a burst of members costs one change. At most MQTT_CLUSTER_MAX_GROUPS go
+        in the route, those with members first (the others' members take what is published here, as without a
+        cluster)."""
         live = dict(live)
         groups = tuple(sorted(live))
         if len(groups) > limits.MQTT_CLUSTER_MAX_GROUPS:
             log.warning("mqtt cluster: %d shared groups, past MQTT_CLUSTER_MAX_GROUPS (%d): the others are not shared "
                         "across the cluster", len(groups), limits.MQTT_CLUSTER_MAX_GROUPS)
-            groups = groups[:limits.MQTT_CLUSTER_MAX_GROUPS]
-        weights = tuple(max(1, min(live[g], limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX)) for g in groups)
-        if groups != self._groups:
+            groups = tuple(sorted(sorted(live, key=lambda g: (not live[g], g))[:limits.MQTT_CLUSTER_MAX_GROUPS]))
+        weights = tuple(min(live[g], limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX) for g in groups)
+        if groups != self._groups or [w > 0 for w in weights] != [w > 0 for w in self._weights]:
             self._apply_groups(groups, weights)
         elif weights != self._weights and self._settling is None:
             self._settling = gevent.spawn_later(limits.MQTT_CLUSTER_SHARE_SETTLE_S, self._settle)
@@ -321,6 +323,7 @@ class MqttCluster:
         while not self._stopping:
             gevent.sleep(ROUTE_REFRESH_S)
             self.routes_changed()
+            self.groups_changed(self.port.group_weights())  # the groups kept here as the sessions' log says now
             if self.is_master() and self._followed.is_set():  # the view whole: every peer follows (or the hold's bound)
                 turn = time.monotonic()
                 for _group in self.shares.refresh():  # a change its log could not take when it came

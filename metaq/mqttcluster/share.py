@@ -9,7 +9,9 @@ not kept), and every broker decides alike from what it knows with no call per me
 leaves, only its share moves. A broker's share is weighted by its members in the group (each broker's route says
 how many, at most MQTT_CLUSTER_SHARE_WEIGHT_MAX), so each member gets about as much wherever it is connected; a
 change in a count goes into the weights at most once per MQTT_CLUSTER_SHARE_SETTLE_S
-(``MqttCluster.groups_changed``).
+(``MqttCluster.groups_changed``). A broker where a group is kept for persistent members away, none connected,
+weighs 0: it takes no share while any broker has a member connected, and when none has, the brokers that keep the
+group share what is published, kept there for the members that come back.
 
 A membership change (brokers, or their weights) takes effect for the messages stored after it: it starts at its own
 record's place in the log (every message stored so far lies before it), and a message is assigned by the brokers
@@ -240,7 +242,10 @@ class Shares:
                 break
         if not brokers:
             return None
-        return owner_of(group, origin, topic, partition, position, [b for b, _w in brokers], dict(brokers))
+        live = [b for b, w in brokers if w]
+        if not live:  # kept with no member anywhere: the brokers that keep it share it for the members that return
+            return owner_of(group, origin, topic, partition, position, [b for b, _w in brokers])
+        return owner_of(group, origin, topic, partition, position, live, dict(brokers))
 
     def takes(self, group, topic, partition, position):
         """True when this broker's group takes its own record of ``topic``-``partition`` at log ``position``."""

@@ -15,8 +15,9 @@ ROUTES (peer to master): UTF-8 JSON, 2..MQTT_CLUSTER_ROUTES_BYTES bytes::
                                                      messages' records from (-1: send none)
      "groups": [[share name, filter], ...],          its ``$share`` groups with members, at most MQTT_CLUSTER_MAX_GROUPS
                                                      (optional)
-     "weights": [members, ...],                      one per group, each 1..MQTT_CLUSTER_SHARE_WEIGHT_MAX (optional;
-                                                     absent: each 1): the group's members on the peer
+     "weights": [members, ...],                      one per group, each 0..MQTT_CLUSTER_SHARE_WEIGHT_MAX (optional;
+                                                     absent: each 1): the group's members on the peer (0: kept there
+                                                     for persistent members away, none connected)
      "checks": [check, ...],                         one per position (optional; 0: none): the ``record_check`` of
                                                      the record before it as the peer copied it (or passed it)
      "version": n,                                   (optional, 0: none) the route's version: the master acks it
@@ -309,7 +310,7 @@ def decode_routes(payload):
     weights = obj.get("weights", [])
     if not isinstance(weights, list) or len(weights) not in (0, len(groups)):
         raise _fail("ROUTES weights must be a list of one weight per group")
-    weights = tuple(_bounded(w, 1, limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX, "group weight (MQTT_CLUSTER_SHARE_WEIGHT_MAX)")
+    weights = tuple(_bounded(w, 0, limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX, "group weight (MQTT_CLUSTER_SHARE_WEIGHT_MAX)")
                     for w in weights)
     return Routes(broker, tuple(filters), tuple(out), retained, groups, checks, more, version, weights)
 

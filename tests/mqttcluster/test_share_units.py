@@ -418,7 +418,7 @@ def test_brokers_are_weighted_by_their_members_and_the_weights_are_kept_in_the_h
     table = SessionTable()
     table.apply(10, b'{"k":"b","n":"g","f":"jobs/#","h":[[5,[0,1]]]}')  # as an older broker wrote it
     assert table.shares[G].changes == ((5, ones(0, 1)),)
-    for bad in (b'"w":[[0,1]]', b'"w":[[1]]', b'"w":[[1,1],[1,1]]', b'"w":[[1,65536]]'):
+    for bad in (b'"w":[[-1,1]]', b'"w":[[1]]', b'"w":[[1,1],[1,1]]', b'"w":[[1,65536]]'):
         table.apply(20, b'{"k":"b","n":"g","f":"jobs/#","h":[[5,[0,1]]],' + bad + b"}")  # passed over, logged
         assert table.shares[G].position == 10
     shares.set_local({G: 1})  # the same brokers, another weight: a change
@@ -438,6 +438,6 @@ def test_route_weights_round_trip_split_over_parts_and_are_bounded():
     assert joined.groups == many.groups and joined.weights == many.weights
     at = rp.Routes(1, (), (), -1, (G,), weights=(limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX,))
     assert round_trip(at) == at
-    for bad in ((0,), (limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX + 1,), (1, 1)):
+    for bad in ((-1,), (limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX + 1,), (1, 1)):
         with pytest.raises(RemoteProtocolError, match="weight"):
             round_trip(rp.Routes(1, (), (), -1, (G,), weights=bad))
