@@ -109,9 +109,10 @@ class PeerLink:
         parser = rp.ReplicationParser()
         version, filters = cluster.route()
         positions = cluster.positions.of(self.broker_id)
-        routes = rp.Routes(cluster.broker_id, filters, positions, cluster.retained_from(self.broker_id),
+        retained, retained_check = cluster.retained_from(self.broker_id)
+        routes = rp.Routes(cluster.broker_id, filters, positions, retained,
                            cluster.groups(), cluster.positions.checks(self.broker_id, positions), version=version,
-                           weights=cluster.weights())
+                           weights=cluster.weights(), retained_check=retained_check)
         parts = self._parts(routes)
         if len(rp.serialize(parts[0])) - rp.FRAME_HEADER.size > limits.REPLICATION_HANDSHAKE_FRAME_BYTES:
             # the peer reads no larger frame before the proof: a first part with none of the route, the route after

@@ -98,7 +98,8 @@ class MqttCluster:
         self._live = ((), ())  # the groups with members here and their weights, as last told (applied or settling)
         self.links = {}  # broker id -> PeerLink
         self.retained = {}  # MQTT topic name -> (at ms, broker id, Retained or None)
-        self.retained_next = {}  # broker id -> next offset of its %MQTT% journal read (this process's)
+        self.retained_next = {}  # broker id -> (next offset of its %MQTT% journal read, the check of the record
+        # before it) (this process's)
         self.route_changed = Event()
         self._acked = Event()  # replaced at each ROUTED a link gets (``acked``), as ``route_changed`` is
         self._pinned = {}  # key -> filters the route keeps whatever the sessions hold (``pin``)
@@ -434,8 +435,11 @@ class MqttCluster:
     # -- copies --------------------------------------------------------------------
 
     def retained_from(self, origin):
-        """The ``%MQTT%`` offset of ``origin``'s journal a new link asks retained records from."""
-        return self.retained_next.get(origin, 0)
+        """``(offset, check)``: the ``%MQTT%`` offset of ``origin``'s journal a new link asks retained records from,
+        and the ``record_check`` of the retained record before it as copied here (0: none), which ``origin`` proves
+        (``PeerFollow.proved``: after an async failover there, the retained records its new master wrote at offsets
+        this broker saw other records at are sent too)."""
+        return self.retained_next.get(origin, (0, 0))
 
     def apply(self, origin, entries, routed=None):
         """Copy a RECORDS frame's entries from peer ``origin``; returns how many messages were copied. Raises the put
@@ -468,7 +472,7 @@ class MqttCluster:
                 elif e.kind == POSITION:
                     last.update(self._position(origin, e, now))
                 elif e.kind == RETAINED:
-                    self.retained_next[origin] = e.offset + 1
+                    self.retained_next[origin] = (e.offset + 1, record_check(e.ts, e.data))
                     self._apply_retained(origin, e)
                 elif e.kind == ROUTED and routed is not None:
                     routed.append(e.offset)

@@ -132,6 +132,9 @@ class PeerFollow:
         self._rescans = 0  # rescans begun: one that shares the loop and finds a later one begun leaves it to that one
         self.set_filters(routes.filters, routes.groups, routes.version, routes.weights)
         self.since = None
+        if routes.retained > 0 and routes.retained_check:  # proved as a position is: an async failover cut what it saw
+            self.retained = self.proved((MQTT_SESSIONS_TOPIC, 0), routes.retained, routes.retained_check)
+            self.rewound.discard((MQTT_SESSIONS_TOPIC, 0))  # no POSITION of it goes to the peer
 
     def set_filters(self, filters, groups=(), version=0, weights=()):
         """The peer's filters and ``$share`` groups are these now (their topics are followed), each group weighted by

@@ -13,6 +13,8 @@ ROUTES (peer to master): UTF-8 JSON, 2..MQTT_CLUSTER_ROUTES_BYTES bytes::
      "positions": [[topic, partition, offset], ...], where the peer's copy of each followed partition resumes
      "retained": offset,                             the offset of the master's ``%MQTT%`` journal to send the retained
                                                      messages' records from (-1: send none)
+     "retained_check": check,                        (optional, 0: none) the ``record_check`` of the retained record
+                                                     before that offset as the peer copied it, proved as a position's
      "groups": [[share name, filter], ...],          its ``$share`` groups with members, at most MQTT_CLUSTER_MAX_GROUPS
                                                      (optional)
      "weights": [members, ...],                      one per group, each 0..MQTT_CLUSTER_SHARE_WEIGHT_MAX (optional;
@@ -92,7 +94,8 @@ class Routes(NamedTuple):
     ``%MQTT%`` offset to send retained records from (-1: none), its groups and one check per position (empty:
     none); ``more``: a part of a route whose next part follows (``split_routes``); ``version``: the route's, which
     the master acks with a ROUTED entry once it acts on it (0: none asked); ``weights``: one per group, its members
-    on that broker (empty: each 1, as a broker that does not send them means)."""
+    on that broker (empty: each 1, as a broker that does not send them means); ``retained_check``: the check of the
+    retained record before ``retained`` as the peer copied it (0: none), proved as a position's check is."""
 
     broker_id: int
     filters: tuple
@@ -103,6 +106,7 @@ class Routes(NamedTuple):
     more: bool = False
     version: int = 0
     weights: tuple = ()
+    retained_check: int = 0
 
 
 def record_check(stored_at_ms, data):
@@ -172,7 +176,8 @@ def split_routes(routes, most=None):
         most = limits.MQTT_CLUSTER_ROUTES_BYTES
     if len(_routes_json(routes)) <= most:
         return [routes._replace(more=False)]
-    empty = Routes(routes.broker_id, (), (), routes.retained, (), (), True, routes.version)
+    empty = Routes(routes.broker_id, (), (), routes.retained, (), (), True, routes.version,
+                   retained_check=routes.retained_check)
     room = most - len(_routes_json(empty))  # what a part holds beside its items (each counted with a comma)
     checks = routes.checks or (0,) * len(routes.positions)
     items = [("filters", f, len(_json(f)) + 1) for f in routes.filters]
@@ -210,7 +215,9 @@ def join_routes(so_far, part):
                     so_far.retained, so_far.groups + part.groups,
                     (so_far.checks or (0,) * len(so_far.positions)) + (part.checks or (0,) * len(part.positions)),
                     part.more, part.version,
-                    (so_far.weights or (1,) * len(so_far.groups)) + (part.weights or (1,) * len(part.groups)))
+                    ((so_far.weights or (1,) * len(so_far.groups)) + (part.weights or (1,) * len(part.groups))
+                     if so_far.weights or part.weights else ()),
+                    so_far.retained_check)
     for what, count, most, name in (("filters", len(joined.filters), limits.MQTT_CLUSTER_MAX_FILTERS,
                                      "MQTT_CLUSTER_MAX_FILTERS"),
                                     ("positions", len(joined.positions), limits.MQTT_CLUSTER_MAX_POSITIONS,
@@ -231,6 +238,8 @@ def _routes_json(event):
         obj["version"] = event.version
     if event.weights:
         obj["weights"] = list(event.weights)
+    if event.retained_check:
+        obj["retained_check"] = event.retained_check
     return _json(obj)
 
 
@@ -312,7 +321,9 @@ def decode_routes(payload):
         raise _fail("ROUTES weights must be a list of one weight per group")
     weights = tuple(_bounded(w, 0, limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX, "group weight (MQTT_CLUSTER_SHARE_WEIGHT_MAX)")
                     for w in weights)
-    return Routes(broker, tuple(filters), tuple(out), retained, groups, checks, more, version, weights)
+    retained_check = _bounded(obj.get("retained_check", 0), 0, 2**33 - 1, "retained check")
+    return Routes(broker, tuple(filters), tuple(out), retained, groups, checks, more, version, weights,
+                  retained_check)
 
 
 def decode_records(payload):
