@@ -1256,6 +1256,15 @@ MQTT_CLUSTER_MAX_GROUPS = 10_000
 #: bound the oldest goes sooner, counted (``mqtt_cluster_share_changes_forgotten``), and a record older than the
 #: oldest kept change, read by a reader that far behind, is assigned as by it.
 MQTT_CLUSTER_SHARE_HISTORY = 64
+#: Largest weight of a broker in a ``$share`` group's assignment: its members in the group, counted up to this (a
+#: broker's share of the group's messages is its weight over the sum; 0: the group is kept there for persistent members
+#: away, and takes a share only while no broker has a member connected). A ROUTES or a history with a weight outside
+#: 0..this is refused.
+MQTT_CLUSTER_SHARE_WEIGHT_MAX = 65_535
+#: Seconds a change in the number of a group's members on a broker waits before it goes into its weight (the route
+#: sent again, a change in the sessions' log): a burst of members joining costs one change per group, not one per
+#: member. A group's first member here or its last leaving goes at once.
+MQTT_CLUSTER_SHARE_SETTLE_S = 1.0
 
 # -- MQTT over WebSocket (metaq/server/wsio.py, docs/mqtt.md "Over WebSocket") -----------------------------------
 

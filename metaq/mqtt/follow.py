@@ -47,6 +47,7 @@ import base64
 import json
 import logging
 
+from metaq import limits
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
 from metaq.store.journals import JournalTopic, read_journal
 
@@ -158,8 +159,8 @@ def decode_group(data):
 
 class ShareHistory:
     """A ``$share`` group's assignment history as its last record says (``share.Shares``): ``key`` (name, filter),
-    ``changes`` ((since log position, sorted broker ids), ...), oldest first; ``position``: where that record is
-    (``placed``: the last change's since, when its record had none, is it)."""
+    ``changes`` ((since log position, ((broker id, weight), ...) sorted), ...), oldest first; ``position``: where
+    that record is (``placed``: the last change's since, when its record had none, is it)."""
 
     __slots__ = ("key", "changes", "position")
 
@@ -174,9 +175,13 @@ class ShareHistory:
 
 
 def encode_share_history(key, changes):
-    """A group's assignment history's record (bytes); the last change's since may be None (this record's place)."""
-    return json.dumps({"k": "b", "n": key[0], "f": key[1], "h": [[since, list(brokers)] for since, brokers in changes]},
-                      separators=(",", ":")).encode("utf-8")
+    """A group's assignment history's record (bytes); the last change's since may be None (this record's place).
+    Each change's brokers go as ids (``h``) and, when any weighs other than 1, their weights beside them (``w``, which
+    a reader that does not know it leaves out: every weight 1)."""
+    d = {"k": "b", "n": key[0], "f": key[1], "h": [[since, [b for b, _w in brokers]] for since, brokers in changes]}
+    if any(w != 1 for _since, brokers in changes for _b, w in brokers):
+        d["w"] = [[w for _b, w in brokers] for _since, brokers in changes]
+    return json.dumps(d, separators=(",", ":")).encode("utf-8")
 
 
 def encode_share_history_end(key):
@@ -191,8 +196,11 @@ def decode_share_history(data):
         key = (d["n"], d["f"])
         if d["k"] == "bd":
             return key, None
-        changes = [(None if since is None else int(since), tuple(sorted(int(b) for b in brokers)))
-                   for since, brokers in d["h"]]
+        weights = d.get("w") or [[1] * len(brokers) for _since, brokers in d["h"]]
+        if len(weights) != len(d["h"]):
+            raise RecordError("an assignment history whose weights are not one list per change")
+        changes = [(None if since is None else int(since), _weighed(brokers, ws))
+                   for (since, brokers), ws in zip(d["h"], weights, strict=True)]
         if not changes:
             raise RecordError("an assignment history with no change")
         if any(since is None for since, _brokers in changes[:-1]):
@@ -202,6 +210,16 @@ def decode_share_history(data):
         raise
     except (ValueError, KeyError, TypeError) as exc:
         raise RecordError("a shared group's assignment history that does not decode: %s" % exc) from exc
+
+
+def _weighed(brokers, weights):
+    """A change's ``((broker, weight), ...)`` sorted, each weight 0..MQTT_CLUSTER_SHARE_WEIGHT_MAX (0: the group is
+    kept there for persistent members away, none connected)."""
+    if len(weights) != len(brokers) or \
+            not all(type(w) is int and 0 <= w <= limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX for w in weights):
+        raise RecordError("an assignment history's weights must be one per broker, each 0..%d "
+                          "(MQTT_CLUSTER_SHARE_WEIGHT_MAX)" % limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX)
+    return tuple(sorted((int(b), w) for b, w in zip(brokers, weights, strict=True)))
 
 
 class SavedWill:

@@ -574,10 +574,13 @@ class MqttPort:
             if group.dirty and (group.name, group.topic_filter) in kept:
                 self._save_group(group)
                 turn = share_loop(turn)
-        for key in [k for k in self.table.groups if k not in kept and k not in self._groups]:
+        ended = [k for k in self.table.groups if k not in kept and k not in self._groups]
+        for key in ended:
             log.info("mqtt: shared group %s of %s: no session holds it any more; its read position ends", *key)
             self._write("$share/%s/%s" % key, encode_group_end(*key))
             turn = share_loop(turn)
+        if ended:
+            self._groups_changed()
         return turn
 
     def _rewrite_groups(self, behind, turn):
@@ -879,12 +882,20 @@ class MqttPort:
             del self._groups[key]
             if key in self._kept_groups():
                 self._save_group(group)
-            self._groups_changed()
+        self._groups_changed()
 
     def _groups_changed(self):
-        """In a cluster, the groups with members here go in the route (``MqttCluster.groups_changed``)."""
+        """In a cluster, the groups here go in the route (``MqttCluster.groups_changed``)."""
         if self.cluster is not None:
-            self.cluster.groups_changed(key for key, g in self._groups.items() if g.members)
+            self.cluster.groups_changed(self.group_weights())
+
+    def group_weights(self):
+        """{(share name, filter): its members here} of the shared groups with members here, and 0 for each group
+        kept here with none (a persistent member away): in a cluster, what this broker's route says of its groups, so
+        that a group with no member connected anywhere is kept for the members that come back."""
+        out = {key: len(g.members) for key, g in self._groups.items() if g.members}
+        out.update((key, 0) for key in self.table.groups if key not in out)
+        return out
 
     def group_takes(self, group, topic, partition, rec, m):
         """True when ``group``'s member here takes record ``rec`` (message ``m``) of ``topic``-``partition``: its

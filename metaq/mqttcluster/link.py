@@ -109,12 +109,14 @@ class PeerLink:
         parser = rp.ReplicationParser()
         version, filters = cluster.route()
         positions = cluster.positions.of(self.broker_id)
-        routes = rp.Routes(cluster.broker_id, filters, positions, cluster.retained_from(self.broker_id),
-                           cluster.groups(), cluster.positions.checks(self.broker_id, positions), version=version)
+        retained, retained_check = cluster.retained_from(self.broker_id)
+        routes = rp.Routes(cluster.broker_id, filters, positions, retained,
+                           cluster.groups(), cluster.positions.checks(self.broker_id, positions), version=version,
+                           weights=cluster.weights(), retained_check=retained_check)
         parts = self._parts(routes)
         if len(rp.serialize(parts[0])) - rp.FRAME_HEADER.size > limits.REPLICATION_HANDSHAKE_FRAME_BYTES:
             # the peer reads no larger frame before the proof: a first part with none of the route, the route after
-            parts.insert(0, routes._replace(filters=(), positions=(), groups=(), checks=(), more=True))
+            parts.insert(0, routes._replace(filters=(), positions=(), groups=(), checks=(), more=True, weights=()))
         first = authenticate(sock, parser, cluster.secret, cluster.broker_id, parts[0], next_event, "RECORDS")
         for part in parts[1:]:  # the peer starts its follow once the last part came
             send_event(sock, part)
@@ -155,7 +157,7 @@ class PeerLink:
                 self.asked_at = time.monotonic()
             try:
                 for part in self._parts(rp.Routes(cluster.broker_id, filters, (), -1, cluster.groups(),
-                                                  version=version)):
+                                                  version=version, weights=cluster.weights())):
                     send_event(sock, part)
             except OSError:
                 return

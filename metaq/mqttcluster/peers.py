@@ -93,9 +93,13 @@ class MqttCluster:
                              lambda key, changes: port.record_share_history(key, changes),
                              pause=lambda turn: share_loop(time.monotonic() if turn is None else turn))
         self._groups = ()  # this broker's $share groups with members, as its route carries them
+        self._weights = ()  # their weights (members here), one per group, as the route carries them
+        self._settling = None  # the greenlet that applies a change of counts only (``groups_changed``)
+        self._live = ((), ())  # the groups with members here and their weights, as last told (applied or settling)
         self.links = {}  # broker id -> PeerLink
         self.retained = {}  # MQTT topic name -> (at ms, broker id, Retained or None)
-        self.retained_next = {}  # broker id -> next offset of its %MQTT% journal read (this process's)
+        self.retained_next = {}  # broker id -> (next offset of its %MQTT% journal read, the check of the record
+        # before it) (this process's)
         self.route_changed = Event()
         self._acked = Event()  # replaced at each ROUTED a link gets (``acked``), as ``route_changed`` is
         self._pinned = {}  # key -> filters the route keeps whatever the sessions hold (``pin``)
@@ -131,6 +135,7 @@ class MqttCluster:
         else:
             self._followed.set()  # a slave publishes nothing of its own (a promotion holds: ``MqttPort``)
         self.refresh_route()
+        self.groups_changed(self.port.group_weights())  # the groups kept here before any member is back
         self.members.on_change(self._members_changed)
         self._tasks = [gevent.spawn(self._members), gevent.spawn(self._routes)]
 
@@ -152,6 +157,8 @@ class MqttCluster:
         self.links.clear()
         for t in self._tasks:
             t.kill(block=False)
+        if self._settling is not None:
+            self._settling.kill(block=False)
 
     # -- the route -----------------------------------------------------------------
 
@@ -177,20 +184,42 @@ class MqttCluster:
         """This broker's ``$share`` groups with members ((share name, filter), ...), as its route carries them."""
         return self._groups
 
+    def weights(self):
+        """The weight of each of ``groups()`` here (its members, at most MQTT_CLUSTER_SHARE_WEIGHT_MAX), in order."""
+        return self._weights
+
     def groups_changed(self, live):
-        """This broker's groups with members are ``live`` now (``MqttPort.join_group``/``leave_group``): who takes
-        what is decided again (``share.Shares``) and the links send ROUTES again. At most MQTT_CLUSTER_MAX_GROUPS
-        go in the route (the others' members take what is published here, as without a cluster)."""
+        """This broker's groups with members are ``live`` now ({group: members here}, from ``MqttPort``'s
+        ``group_weights``: 0 for a group kept here with no member connected): who takes what of each is decided again
+        (``share.Shares``, a broker's share weighted by its members) and the links send ROUTES again. A group here that
+        gained its first member or lost its last goes at once; a change of counts only waits
+        MQTT_CLUSTER_SHARE_SETTLE_S, so that a burst of members costs one change. At most MQTT_CLUSTER_MAX_GROUPS go
+        in the route, those with members first (the others' members take what is published here, as without a
+        cluster)."""
+        live = dict(live)
         groups = tuple(sorted(live))
         if len(groups) > limits.MQTT_CLUSTER_MAX_GROUPS:
             log.warning("mqtt cluster: %d shared groups, past MQTT_CLUSTER_MAX_GROUPS (%d): the others are not shared "
                         "across the cluster", len(groups), limits.MQTT_CLUSTER_MAX_GROUPS)
-            groups = groups[:limits.MQTT_CLUSTER_MAX_GROUPS]
-        if groups == self._groups:
-            return
-        self._groups = groups
+            groups = tuple(sorted(sorted(live, key=lambda g: (not live[g], g))[:limits.MQTT_CLUSTER_MAX_GROUPS]))
+        weights = tuple(min(live[g], limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX) for g in groups)
+        if groups != self._groups or [w > 0 for w in weights] != [w > 0 for w in self._weights]:
+            self._apply_groups(groups, weights)
+        elif weights != self._weights and self._settling is None:
+            self._settling = gevent.spawn_later(limits.MQTT_CLUSTER_SHARE_SETTLE_S, self._settle)
+        self._live = (groups, weights)
+
+    def _settle(self):
+        """The counts that changed since a change of counts only, once settled (the groups as they are now)."""
+        self._settling = None
+        groups, weights = self._live
+        if (groups, weights) != (self._groups, self._weights):
+            self._apply_groups(groups, weights)
+
+    def _apply_groups(self, groups, weights):
+        self._groups, self._weights = groups, weights
         refused = self.shares.refused
-        self.shares.set_local(groups)
+        self.shares.set_local(dict(zip(groups, weights, strict=True)))
         if self.shares.refused > refused:
             log.warning("mqtt cluster: %d shared groups tracked is the limit (MQTT_CLUSTER_MAX_GROUPS): some of this "
                         "broker's are not shared across the cluster", self.shares.most)
@@ -295,6 +324,7 @@ class MqttCluster:
         while not self._stopping:
             gevent.sleep(ROUTE_REFRESH_S)
             self.routes_changed()
+            self.groups_changed(self.port.group_weights())  # the groups kept here as the sessions' log says now
             if self.is_master() and self._followed.is_set():  # the view whole: every peer follows (or the hold's bound)
                 turn = time.monotonic()
                 for _group in self.shares.refresh():  # a change its log could not take when it came
@@ -405,8 +435,11 @@ class MqttCluster:
     # -- copies --------------------------------------------------------------------
 
     def retained_from(self, origin):
-        """The ``%MQTT%`` offset of ``origin``'s journal a new link asks retained records from."""
-        return self.retained_next.get(origin, 0)
+        """``(offset, check)``: the ``%MQTT%`` offset of ``origin``'s journal a new link asks retained records from,
+        and the ``record_check`` of the retained record before it as copied here (0: none), which ``origin`` proves
+        (``PeerFollow.proved``: after an async failover there, the retained records its new master wrote at offsets
+        this broker saw other records at are sent too)."""
+        return self.retained_next.get(origin, (0, 0))
 
     def apply(self, origin, entries, routed=None):
         """Copy a RECORDS frame's entries from peer ``origin``; returns how many messages were copied. Raises the put
@@ -439,7 +472,7 @@ class MqttCluster:
                 elif e.kind == POSITION:
                     last.update(self._position(origin, e, now))
                 elif e.kind == RETAINED:
-                    self.retained_next[origin] = e.offset + 1
+                    self.retained_next[origin] = (e.offset + 1, record_check(e.ts, e.data))
                     self._apply_retained(origin, e)
                 elif e.kind == ROUTED and routed is not None:
                     routed.append(e.offset)
@@ -538,6 +571,7 @@ class MqttCluster:
                   ("mqtt_cluster_positions", len(self.positions)),
                   ("mqtt_cluster_groups", len(self._groups)),
                   ("mqtt_cluster_peer_groups", sum(len(g) for _t, g in self.shares.peers.values())),
+                  ("mqtt_cluster_peer_group_members", sum(sum(g.values()) for _t, g in self.shares.peers.values())),
                   ("mqtt_cluster_retained", sum(1 for e in self.retained.values() if e[2] is not None))]
         if self.shares.refused:
             values.append(("mqtt_cluster_groups_refused", self.shares.refused))

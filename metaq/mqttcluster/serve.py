@@ -130,11 +130,15 @@ class PeerFollow:
         self.since = since  # for the first route's partitions only (``start_of``)
         self.routed = 0  # the version of the peer's route to ack in the next batch (0: none)
         self._rescans = 0  # rescans begun: one that shares the loop and finds a later one begun leaves it to that one
-        self.set_filters(routes.filters, routes.groups, routes.version)
+        self.set_filters(routes.filters, routes.groups, routes.version, routes.weights)
         self.since = None
+        if routes.retained > 0 and routes.retained_check:  # proved as a position is: an async failover cut what it saw
+            self.retained = self.proved((MQTT_SESSIONS_TOPIC, 0), routes.retained, routes.retained_check)
+            self.rewound.discard((MQTT_SESSIONS_TOPIC, 0))  # no POSITION of it goes to the peer
 
-    def set_filters(self, filters, groups=(), version=0):
-        """The peer's filters and ``$share`` groups are these now (their topics are followed); ``version``: the
+    def set_filters(self, filters, groups=(), version=0, weights=()):
+        """The peer's filters and ``$share`` groups are these now (their topics are followed), each group weighted by
+        its members on the peer (``weights``, one per group; empty: each 1); ``version``: the
         route's, acked (ROUTED) in the first batch after its rescan (0: none asked): the ack follows the POSITIONs
         of the partitions this route reads, and a newer route that came during the rescan acks for itself."""
         self.filters = FilterSet(filters, self.topicmap)
@@ -143,7 +147,8 @@ class PeerFollow:
                                    self.topicmap)
         if self.shares is not None:
             refused = self.shares.refused
-            self.shares.set_peer(self.broker_id, id(self), self.groups)
+            self.shares.set_peer(self.broker_id, id(self),
+                                 dict(zip(self.groups, weights or (1,) * len(self.groups), strict=True)))
             if self.shares.refused > refused:
                 log.warning("mqtt cluster: %d shared groups tracked is the limit (MQTT_CLUSTER_MAX_GROUPS): some of "
                             "peer %d's are not shared across the cluster", self.shares.most, self.broker_id)
@@ -519,7 +524,7 @@ class PeerServer:
                 return
             if isinstance(event, rp.Routes):
                 if not pending.more:
-                    follow.set_filters(pending.filters, pending.groups, pending.version)
+                    follow.set_filters(pending.filters, pending.groups, pending.version, pending.weights)
                     pending = None
                     wake.set()
                 continue

@@ -6,11 +6,17 @@ group. Each message goes to one of them on its own, chosen by a rendezvous hash 
 partition, the message's place in the origin's log, broker) (``owner_of``, the one function of it), so the brokers
 with members share what is published whatever the topic's partitions (one partition too: its order across brokers is
 not kept), and every broker decides alike from what it knows with no call per message; when a broker joins or
-leaves, only its share moves.
+leaves, only its share moves. A broker's share is weighted by its members in the group (each broker's route says
+how many, at most MQTT_CLUSTER_SHARE_WEIGHT_MAX), so each member gets about as much wherever it is connected; a
+change in a count goes into the weights at most once per MQTT_CLUSTER_SHARE_SETTLE_S
+(``MqttCluster.groups_changed``). A broker where a group is kept for persistent members away, none connected,
+weighs 0: it takes no share while any broker has a member connected, and when none has, the brokers that keep the
+group share what is published, kept there for the members that come back.
 
-A membership change takes effect for the messages stored after it: it starts at its own record's place in the log
-(every message stored so far lies before it), and a message is assigned by the brokers of the last change at or
-before its place in the log (none: no member anywhere then, and each broker's own members take its messages).
+A membership change (brokers, or their weights) takes effect for the messages stored after it: it starts at its own
+record's place in the log (every message stored so far lies before it), and a message is assigned by the brokers
+of the last change at or before its place in the log (none: no member anywhere then, and each broker's own members
+take its messages).
 Every reader of a record (the delivery of this broker's group, the link serving each peer) so decides the same
 whatever its lag, and nothing is assigned twice. The history is kept in the sessions' log (``%MQTT%``, written
 before any message it assigns), so a slave holds its master's as it copied it, and a slave promoted, or a master
@@ -73,6 +79,7 @@ class Shares:
     loop (``MqttCluster``: ``connections.share_loop``)."""
 
     def __init__(self, broker_id, position, start, histories, record, most=None, history=None, pause=None):
+        """A history's change is ``(since, ((broker, weight), ...))``, the brokers sorted."""
         self.broker_id = broker_id
         self.most = limits.MQTT_CLUSTER_MAX_GROUPS if most is None else most
         self.history = limits.MQTT_CLUSTER_SHARE_HISTORY if history is None else history
@@ -81,8 +88,8 @@ class Shares:
         self.histories = histories
         self.record = record
         self.pause = pause or (lambda turn: turn)
-        self.local = frozenset()  # this broker's groups with members
-        self.peers = {}  # broker id -> (link token, frozenset of groups): the peers linked now
+        self.local = {}  # this broker's groups with members -> their weight here
+        self.peers = {}  # broker id -> (link token, {group: weight}): the peers linked now
         self.refused = 0  # new groups not tracked (past ``most``)
         self.forgotten = 0  # changes dropped past ``history`` while a reader could still reach what they assign
         self._ends = {}  # group -> the log's end after its last record written here (a change to replace)
@@ -92,16 +99,17 @@ class Shares:
         return len(self.histories())
 
     def set_local(self, groups):
-        """This broker's groups with members are ``groups`` now."""
-        old, self.local = self.local, frozenset(groups)
-        self._update(old ^ self.local)
+        """This broker's groups with members are ``groups`` now (an iterable of groups, each of weight 1, or a
+        mapping {group: weight})."""
+        old, self.local = self.local, _weighted(groups)
+        self._update(_moved(old, self.local))
 
     def set_peer(self, broker, token, groups):
-        """Peer ``broker``'s ROUTES (over the link ``token``) carry ``groups``."""
-        old = self.peers.get(broker, (None, frozenset()))[1]
-        new = frozenset(groups)
+        """Peer ``broker``'s ROUTES (over the link ``token``) carry ``groups`` (as ``set_local`` takes them)."""
+        old = self.peers.get(broker, (None, {}))[1]
+        new = _weighted(groups)
         self.peers[broker] = (token, new)
-        self._update(old ^ new)
+        self._update(_moved(old, new))
 
     def drop_peer(self, broker, token):
         """The link ``token`` of ``broker`` ended (unless a newer link of it is up): its groups keep the brokers their
@@ -115,23 +123,25 @@ class Shares:
         came (a master that could not write then); a group past MQTT_CLUSTER_MAX_GROUPS is not counted refused
         again. Drops the changes no reader can reach and ends a history with no broker since before the log's start.
         A generator: one group a step, so that the caller lets others run between steps."""
-        groups = set(self.local).union(self.histories(), *(g for _token, g in self.peers.values()))
+        groups = set(self.local).union(self.histories(), *(set(g) for _token, g in self.peers.values()))
         for group in groups:
             self._change(group, count=False)
             yield group
 
     def brokers(self, group):
         """The brokers with members of ``group`` as this broker sees them now (a peer not linked: as its last change
-        says)."""
+        says), each with its weight: ``((broker, weight), ...)`` sorted."""
         held = self.histories().get(group)
         return self._brokers(group, held.changes[-1][1] if held is not None and held.changes else ())
 
     def _brokers(self, group, last):
-        out = {b for b, (_token, groups) in self.peers.items() if group in groups}
-        out.update(b for b in last if b != self.broker_id and b not in self.peers)
+        """``((broker, weight), ...)`` sorted: the linked peers' and this broker's as they say now, the others' as
+        ``last`` (the history's last change) gave them."""
+        out = {b: groups[group] for b, (_token, groups) in self.peers.items() if group in groups}
+        out.update((b, w) for b, w in last if b != self.broker_id and b not in self.peers)
         if group in self.local:
-            out.add(self.broker_id)
-        return tuple(sorted(out))
+            out[self.broker_id] = self.local[group]
+        return tuple(sorted(out.items()))
 
     def _update(self, groups):
         turn = None
@@ -232,9 +242,22 @@ class Shares:
                 break
         if not brokers:
             return None
-        return owner_of(group, origin, topic, partition, position, brokers)
+        live = [b for b, w in brokers if w]
+        if not live:  # kept with no member anywhere: the brokers that keep it share it for the members that return
+            return owner_of(group, origin, topic, partition, position, [b for b, _w in brokers])
+        return owner_of(group, origin, topic, partition, position, live, dict(brokers))
 
     def takes(self, group, topic, partition, position):
         """True when this broker's group takes its own record of ``topic``-``partition`` at log ``position``."""
         owner = self.owner(group, self.broker_id, topic, partition, position)
         return owner is None or owner == self.broker_id
+
+
+def _weighted(groups):
+    """{group: weight} of ``groups`` (a mapping as it is, an iterable: each of weight 1)."""
+    return dict(groups) if isinstance(groups, dict) else dict.fromkeys(groups, 1)
+
+
+def _moved(old, new):
+    """The groups whose weight differs between ``old`` and ``new`` (in one and not the other too)."""
+    return {g for g in old.keys() | new.keys() if old.get(g) != new.get(g)}

@@ -13,8 +13,13 @@ ROUTES (peer to master): UTF-8 JSON, 2..MQTT_CLUSTER_ROUTES_BYTES bytes::
      "positions": [[topic, partition, offset], ...], where the peer's copy of each followed partition resumes
      "retained": offset,                             the offset of the master's ``%MQTT%`` journal to send the retained
                                                      messages' records from (-1: send none)
+     "retained_check": check,                        (optional, 0: none) the ``record_check`` of the retained record
+                                                     before that offset as the peer copied it, proved as a position's
      "groups": [[share name, filter], ...],          its ``$share`` groups with members, at most MQTT_CLUSTER_MAX_GROUPS
                                                      (optional)
+     "weights": [members, ...],                      one per group, each 0..MQTT_CLUSTER_SHARE_WEIGHT_MAX (optional;
+                                                     absent: each 1): the group's members on the peer (0: kept there
+                                                     for persistent members away, none connected)
      "checks": [check, ...],                         one per position (optional; 0: none): the ``record_check`` of
                                                      the record before it as the peer copied it (or passed it)
      "version": n,                                   (optional, 0: none) the route's version: the master acks it
@@ -88,7 +93,9 @@ class Routes(NamedTuple):
     """A peer's route: its broker id, its filters, its resume positions ``((topic, partition, offset), ...)``, the
     ``%MQTT%`` offset to send retained records from (-1: none), its groups and one check per position (empty:
     none); ``more``: a part of a route whose next part follows (``split_routes``); ``version``: the route's, which
-    the master acks with a ROUTED entry once it acts on it (0: none asked)."""
+    the master acks with a ROUTED entry once it acts on it (0: none asked); ``weights``: one per group, its members
+    on that broker (empty: each 1, as a broker that does not send them means); ``retained_check``: the check of the
+    retained record before ``retained`` as the peer copied it (0: none), proved as a position's check is."""
 
     broker_id: int
     filters: tuple
@@ -98,6 +105,8 @@ class Routes(NamedTuple):
     checks: tuple = ()
     more: bool = False
     version: int = 0
+    weights: tuple = ()
+    retained_check: int = 0
 
 
 def record_check(stored_at_ms, data):
@@ -167,13 +176,16 @@ def split_routes(routes, most=None):
         most = limits.MQTT_CLUSTER_ROUTES_BYTES
     if len(_routes_json(routes)) <= most:
         return [routes._replace(more=False)]
-    empty = Routes(routes.broker_id, (), (), routes.retained, (), (), True, routes.version)
+    empty = Routes(routes.broker_id, (), (), routes.retained, (), (), True, routes.version,
+                   retained_check=routes.retained_check)
     room = most - len(_routes_json(empty))  # what a part holds beside its items (each counted with a comma)
     checks = routes.checks or (0,) * len(routes.positions)
     items = [("filters", f, len(_json(f)) + 1) for f in routes.filters]
     items += [("positions", (p, c), len(_json(list(p))) + len(_json(c)) + 2)
               for p, c in zip(routes.positions, checks, strict=True)]
-    items += [("groups", g, len(_json(list(g))) + 1) for g in routes.groups]
+    weights = routes.weights or (1,) * len(routes.groups)
+    items += [("groups", (g, w), len(_json(list(g))) + len(_json(w)) + 2)
+              for g, w in zip(routes.groups, weights, strict=True)]
     parts, part, used = [], {"filters": [], "positions": [], "groups": []}, 0
     for kind, item, size in items:
         if used + size > room and used:
@@ -184,7 +196,8 @@ def split_routes(routes, most=None):
     parts.append(part)
     out = [empty._replace(filters=tuple(p["filters"]), positions=tuple(x[0] for x in p["positions"]),
                           checks=tuple(x[1] for x in p["positions"]) if routes.checks else (),
-                          groups=tuple(p["groups"])) for p in parts]
+                          groups=tuple(x[0] for x in p["groups"]),
+                          weights=tuple(x[1] for x in p["groups"]) if routes.weights else ()) for p in parts]
     out[-1] = out[-1]._replace(more=False)
     return out
 
@@ -201,7 +214,10 @@ def join_routes(so_far, part):
     joined = Routes(so_far.broker_id, so_far.filters + part.filters, so_far.positions + part.positions,
                     so_far.retained, so_far.groups + part.groups,
                     (so_far.checks or (0,) * len(so_far.positions)) + (part.checks or (0,) * len(part.positions)),
-                    part.more, part.version)
+                    part.more, part.version,
+                    ((so_far.weights or (1,) * len(so_far.groups)) + (part.weights or (1,) * len(part.groups))
+                     if so_far.weights or part.weights else ()),
+                    so_far.retained_check)
     for what, count, most, name in (("filters", len(joined.filters), limits.MQTT_CLUSTER_MAX_FILTERS,
                                      "MQTT_CLUSTER_MAX_FILTERS"),
                                     ("positions", len(joined.positions), limits.MQTT_CLUSTER_MAX_POSITIONS,
@@ -220,6 +236,10 @@ def _routes_json(event):
         obj["more"] = True
     if event.version:
         obj["version"] = event.version
+    if event.weights:
+        obj["weights"] = list(event.weights)
+    if event.retained_check:
+        obj["retained_check"] = event.retained_check
     return _json(obj)
 
 
@@ -295,7 +315,15 @@ def decode_routes(payload):
     if not isinstance(more, bool):
         raise _fail("ROUTES more must be true or false, not %r" % (more,))
     version = _bounded(obj.get("version", 0), 0, 2**63 - 1, "route version")
-    return Routes(broker, tuple(filters), tuple(out), retained, _groups(obj.get("groups", [])), checks, more, version)
+    groups = _groups(obj.get("groups", []))
+    weights = obj.get("weights", [])
+    if not isinstance(weights, list) or len(weights) not in (0, len(groups)):
+        raise _fail("ROUTES weights must be a list of one weight per group")
+    weights = tuple(_bounded(w, 0, limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX, "group weight (MQTT_CLUSTER_SHARE_WEIGHT_MAX)")
+                    for w in weights)
+    retained_check = _bounded(obj.get("retained_check", 0), 0, 2**33 - 1, "retained check")
+    return Routes(broker, tuple(filters), tuple(out), retained, groups, checks, more, version, weights,
+                  retained_check)
 
 
 def decode_records(payload):

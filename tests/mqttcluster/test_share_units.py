@@ -10,10 +10,15 @@ from metaq.mqtt.records import record_data
 from metaq.mqttcluster import inbox
 from metaq.mqttcluster.share import Shares, owner_of
 from metaq.protocol import replication as rp
-from metaq.protocol.replication_mqtt import SHARED, Entry, shared_data, split_shared
+from metaq.protocol.replication_mqtt import SHARED, Entry, join_routes, shared_data, split_routes, split_shared
 from metaq.protocol.stream import NEED_DATA
 
 G = ("g", "jobs/#")
+
+
+def ones(*brokers):
+    """A change's brokers each of weight 1 (one member each)."""
+    return tuple((b, 1) for b in brokers)
 
 
 class Log:
@@ -110,7 +115,7 @@ def test_a_change_applies_to_what_is_stored_after_it():
     assert {shares.owner(G, 0, "jobs", p, 2000) for p in range(32)} == {0}  # the next record on: the new brokers
     assert all(shares.takes(G, "jobs", p, 2001) for p in range(32))
     shares.drop_peer(1, "an older link")  # an ended link that is not the peer's current one changes nothing
-    assert shares.brokers(G) == (0,)
+    assert shares.brokers(G) == ones(0)
     shares.set_local([])  # no member anywhere: each broker's own members take its messages from here on
     assert shares.owner(G, 0, "jobs", 0, log.end) is None and shares.takes(G, "jobs", 0, log.end)
     assert {p: shares.owner(G, 0, "jobs", p, 1500) for p in range(32)} == both  # what came before keeps its owner
@@ -132,10 +137,10 @@ def test_a_promoted_slave_assigns_by_the_history_its_master_wrote():
     log.writable = False
     promoted = log.shares()  # the slave: nothing of its own written
     promoted.set_peer(1, "link-1b", [])
-    assert log.table.shares[G].changes[-1][1] == (0, 1, 2)  # not made
+    assert log.table.shares[G].changes[-1][1] == ones(0, 1, 2)  # not made
     log.writable = True  # promoted
     list(promoted.refresh())
-    assert log.table.shares[G].changes[-1] == (5000, (2,))  # 2 not linked yet: as its master last knew it
+    assert log.table.shares[G].changes[-1] == (5000, ones(2))  # 2 not linked yet: as its master last knew it
     log.end += 10  # messages stored meanwhile
     promoted.set_peer(1, "link-1b", [G])
     log.end += 10
@@ -156,7 +161,7 @@ def test_a_link_that_ends_keeps_its_peers_share_until_its_routes_drop_the_group(
     writes = log.writes
     shares.drop_peer(1, "link-1")
     list(shares.refresh())
-    assert log.writes == writes and shares.brokers(G) == (1,)
+    assert log.writes == writes and shares.brokers(G) == ones(1)
     assert {shares.owner(G, 0, "jobs", p, log.end) for p in range(8)} == {1}
     assert not shares.takes(G, "jobs", 0, log.end)
     shares.set_peer(1, "link-1b", [G])  # back with its members: nothing changes
@@ -173,7 +178,7 @@ def test_a_change_starts_at_its_own_record():
     log = Log()
     shares = Shares(0, lambda: log.end - 40, log.start, log.histories, log.record)
     shares.set_peer(1, "link-1", [G])
-    assert log.table.shares[G].changes == ((1000, (1,)),)
+    assert log.table.shares[G].changes == ((1000, ones(1)),)
 
 
 def test_flaps_with_nothing_written_between_leave_the_history_as_it_was():
@@ -193,7 +198,7 @@ def test_flaps_with_nothing_written_between_leave_the_history_as_it_was():
     shares.set_local([])
     log.end += 1  # a message
     shares.set_local([G])
-    assert [b for _since, b in log.table.shares[G].changes] == [(0,), (0, 1), (1,), (0, 1)]
+    assert [b for _since, b in log.table.shares[G].changes] == [ones(0), ones(0, 1), ones(1), ones(0, 1)]
 
 
 def test_a_change_is_kept_while_the_log_holds_what_it_assigns():
@@ -217,7 +222,7 @@ def test_a_change_is_kept_while_the_log_holds_what_it_assigns():
     assert shares.forgotten == 0
     log.begin = log.table.shares[G].changes[-1][0]  # retention: the log starts at the last change
     list(shares.refresh())
-    assert log.table.shares[G].changes == ((log.begin, (1,)),)
+    assert log.table.shares[G].changes == ((log.begin, ones(1)),)
     bounded = log.shares(history=3)
     for i in range(2):
         bounded.set_peer(2, "link-2", [G] if i % 2 == 0 else [])
@@ -306,16 +311,16 @@ def test_a_full_table_with_nothing_to_evict_walks_no_history_and_pauses_between_
 
 def test_an_assignment_historys_record_round_trips_ends_holds_retention_and_a_bad_one_is_passed_over():
     table = SessionTable()
-    table.apply(10, encode_share_history(G, [(5, (0, 2)), (9, (2,))]))
-    assert table.shares[G].changes == ((5, (0, 2)), (9, (2,))) and table.floor() == 10
+    table.apply(10, encode_share_history(G, [(5, ones(0, 2)), (9, ones(2))]))
+    assert table.shares[G].changes == ((5, ones(0, 2)), (9, ones(2))) and table.floor() == 10
     table.apply(20, b'{"k":"b","n":"g"}')  # passed over, logged
     table.apply(21, b'{"k":"b","n":"g","f":"jobs/#","h":[]}')
     assert table.shares[G].position == 10
     table.apply(30, encode_share_history_end(G))
     assert G not in table.shares and table.floor() is None
-    table.apply(40, encode_share_history(G, [(5, (0,)), (None, (1,))]))  # a change that starts at its own record
-    assert table.shares[G].changes == ((5, (0,)), (40, (1,)))
-    table.apply(50, encode_share_history(G, [(None, (0,)), (45, (1,))]))  # only the last may: passed over, logged
+    table.apply(40, encode_share_history(G, [(5, ones(0)), (None, ones(1))]))  # a change that starts at its own record
+    assert table.shares[G].changes == ((5, ones(0)), (40, ones(1)))
+    table.apply(50, encode_share_history(G, [(None, ones(0)), (45, ones(1))]))  # only the last may: passed over, logged
     assert table.shares[G].position == 40
 
 
@@ -355,11 +360,84 @@ def test_a_brokers_route_carries_its_groups_with_members_at_most_max_groups(monk
     port = SimpleNamespace(share_histories=log.histories, record_share_history=log.record)
     cluster = MqttCluster(config, SimpleNamespace(written_position=0, log_start=0), None, port, None, lambda: True)
     event = cluster.route_changed
-    cluster.groups_changed([G, ("a", "x")])  # at the limit: both
+    cluster.groups_changed({G: 1, ("a", "x"): 1})  # at the limit: both
     assert cluster.groups() == (("a", "x"), G) and event.is_set() and cluster.route()[0] == 1
-    cluster.groups_changed([G, ("a", "x"), ("b", "y")])  # past it: the first two in order
+    cluster.groups_changed({G: 1, ("a", "x"): 1, ("b", "y"): 1})  # past it: the first two in order
     assert cluster.groups() == (("a", "x"), ("b", "y"))
-    assert cluster.shares.brokers(("b", "y")) == (0,) and cluster.shares.brokers(G) == ()
+    assert cluster.shares.brokers(("b", "y")) == ones(0) and cluster.shares.brokers(G) == ()
     version = cluster.route()[0]
-    cluster.groups_changed([("b", "y"), ("a", "x")])  # the same groups: no new route
+    cluster.groups_changed({("b", "y"): 1, ("a", "x"): 1})  # the same groups: no new route
     assert cluster.route()[0] == version
+
+
+def test_a_change_of_members_only_goes_into_the_weights_once_settled(monkeypatch):
+    """A group's first member here goes into the route at once; a burst of members joining after it makes one
+    change, MQTT_CLUSTER_SHARE_SETTLE_S later, with the count then (capped at MQTT_CLUSTER_SHARE_WEIGHT_MAX)."""
+    import gevent
+    from types import SimpleNamespace
+
+    from metaq.mqttcluster.peers import MqttCluster
+    monkeypatch.setattr(limits, "MQTT_CLUSTER_SHARE_SETTLE_S", 0.05)
+    monkeypatch.setattr(limits, "MQTT_CLUSTER_SHARE_WEIGHT_MAX", 5)
+    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
+                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
+    log = Log()
+    port = SimpleNamespace(share_histories=log.histories, record_share_history=log.record)
+    cluster = MqttCluster(config, SimpleNamespace(written_position=0, log_start=0), None, port, None, lambda: True)
+    cluster.groups_changed({G: 1})
+    assert cluster.weights() == (1,) and cluster.route()[0] == 1 and log.table.shares[G].changes[-1][1] == ones(0)
+    for members in range(2, 5):
+        cluster.groups_changed({G: members})
+    assert cluster.weights() == (1,) and cluster.route()[0] == 1  # settling
+    gevent.sleep(0.1)
+    assert cluster.weights() == (4,) and cluster.route()[0] == 2 and log.table.shares[G].changes[-1][1] == ((0, 4),)
+    cluster.groups_changed({G: 9})  # past the largest weight: counted up to it
+    gevent.sleep(0.1)
+    assert cluster.weights() == (5,) and cluster.route()[0] == 3
+    cluster.groups_changed({G: 5})  # the same weight: nothing
+    gevent.sleep(0.1)
+    assert cluster.route()[0] == 3
+    cluster.groups_changed({G: 4, ("a", "x"): 1})  # a group's first member: at once, with the counts now
+    assert cluster.weights() == (1, 4) and cluster.route()[0] == 4
+    cluster.stop()
+
+
+def test_brokers_are_weighted_by_their_members_and_the_weights_are_kept_in_the_history():
+    """Three members here and one on a peer: this broker takes about three quarters of one partition's messages;
+    the history records the weights (a reader of an older version, which knows no weights, reads each as 1)."""
+    log = Log()
+    shares = log.shares()
+    shares.set_local({G: 3})
+    shares.set_peer(1, "link-1", {G: 1})
+    owners = [shares.owner(G, 0, "jobs", 0, at) for at in range(1000, 9000)]
+    assert 0.7 * 8000 <= owners.count(0) <= 0.8 * 8000, owners.count(0)
+    assert log.table.shares[G].changes[-1][1] == ((0, 3), (1, 1))
+    data = encode_share_history(G, log.table.shares[G].changes)
+    assert b'"w":[[3],[3,1]]' in data
+    assert encode_share_history(G, [(5, ones(0, 1))]) == b'{"k":"b","n":"g","f":"jobs/#","h":[[5,[0,1]]]}'
+    table = SessionTable()
+    table.apply(10, b'{"k":"b","n":"g","f":"jobs/#","h":[[5,[0,1]]]}')  # as an older broker wrote it
+    assert table.shares[G].changes == ((5, ones(0, 1)),)
+    for bad in (b'"w":[[-1,1]]', b'"w":[[1]]', b'"w":[[1,1],[1,1]]', b'"w":[[1,65536]]'):
+        table.apply(20, b'{"k":"b","n":"g","f":"jobs/#","h":[[5,[0,1]]],' + bad + b"}")  # passed over, logged
+        assert table.shares[G].position == 10
+    shares.set_local({G: 1})  # the same brokers, another weight: a change
+    assert log.table.shares[G].changes[-1][1] == ones(0, 1)
+
+
+def test_route_weights_round_trip_split_over_parts_and_are_bounded():
+    weighted = rp.Routes(1, ("a/#",), (), -1, (G, ("h", "x")), weights=(3, 1))
+    assert round_trip(weighted) == weighted
+    assert round_trip(rp.Routes(1, (), (), -1, (G,))).weights == ()  # none sent: each 1 (an older broker's)
+    many = rp.Routes(1, (), (), -1, tuple(("g", "f%d" % i) for i in range(3000)), weights=tuple(range(1, 3001)))
+    parts = split_routes(many, most=4096)
+    assert len(parts) > 1
+    joined = None
+    for part in parts:
+        joined = join_routes(joined, round_trip(part))
+    assert joined.groups == many.groups and joined.weights == many.weights
+    at = rp.Routes(1, (), (), -1, (G,), weights=(limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX,))
+    assert round_trip(at) == at
+    for bad in ((-1,), (limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX + 1,), (1, 1)):
+        with pytest.raises(RemoteProtocolError, match="weight"):
+            round_trip(rp.Routes(1, (), (), -1, (G,), weights=bad))

@@ -481,6 +481,25 @@ def test_a_resume_position_is_proved_by_its_check_else_resumed_at_the_epoch_of_t
     assert unchecked.cursors[("t", 0)] == 4
 
 
+def test_a_retained_offset_is_proved_by_its_check_as_a_position_is():
+    """The retained offset a peer resumes from comes with the check of the retained record before it as the peer
+    copied it: kept when this broker's record there is that one; after an async failover that cut it, resumed at
+    the epoch holding it, so the retained records the new master wrote at offsets the peer saw others at are sent
+    too. A peer's RETAINED copies give it the offset and the check it sends next."""
+    store = ForkedStore({"t": 1})
+    ours, theirs = record_check(1, b"m3"), record_check(1, b"lost")
+    kept = PeerFollow(store, rp.Routes(1, (), (), 4, retained_check=ours))
+    assert kept.retained == 4
+    cut = PeerFollow(store, rp.Routes(1, (), (), 4, retained_check=theirs))
+    assert cut.retained == 3
+    assert PeerFollow(store, rp.Routes(1, (), (), 4)).retained == 4  # an older peer: as it says
+    assert PeerFollow(store, rp.Routes(1, (), (), -1, retained_check=theirs)).retained == -1  # none asked
+    routes = rp.Routes(1, ("a/#",), (), 4, retained_check=theirs)
+    p = rp.ReplicationParser()
+    p.receive_data(rp.serialize(routes))
+    assert p.next_event() == routes
+
+
 class Ticker:
     """A greenlet that counts its turns of the loop: how often others ran while the current greenlet worked."""
 
