@@ -83,3 +83,68 @@ def test_the_page_shows_a_devices_message_and_publishes_one_a_tcp_subscriber_get
     got = subscriber.wait_messages(1, timeout=20)
     assert [(m.topic, m.payload, m.qos) for m in got] == [("orders/page/1", b"from the page", 1)]
     browser.wait_for("document.getElementById('published').textContent.includes('orders/page/1: acknowledged')")
+
+
+def test_a_wrong_secret_a_denied_subscribe_and_a_denied_publish_show_the_brokers_refusal(page):
+    browser = page("bob")  # bob may publish to orders, nothing else
+    _connect(browser, "bob", "not-the-secret")
+    assert browser.wait_for("document.getElementById('state').textContent.includes('refused')") and \
+        _state(browser) == "not connected: refused: CONNACK 4 (bad user name or password)"
+    _connect(browser, "bob", SECRETS["bob"])
+    browser.wait_for("document.getElementById('state').textContent.startsWith('connected to')")
+    _type(browser, filter="orders/#")
+    _submit(browser, "watch")
+    browser.wait_for("document.getElementById('subscriptions').textContent.includes('orders/#: refused by the broker "
+                     "(SUBACK 0x80')")
+    watcher = Paho(page.broker, "watcher", user="admin", secret=SECRETS["admin"])
+    watcher.subscribe("payroll/#", 1)
+    _type(browser, **{"pub-topic": "payroll/june", "pub-payload": "raise"})
+    _submit(browser, "publish")
+    browser.wait_for("document.getElementById('state').textContent.startsWith('not connected')")
+    assert "unacknowledged: payroll/june (MQTT 3.1.1 refuses a PUBLISH by closing" in _state(browser)
+    assert watcher.wait_messages(1, timeout=1) == []  # nothing stored
+
+
+def test_the_pages_limits_hold_at_and_one_past(page):
+    browser = page("alice")
+    b = page.broker
+    _connect(browser, "alice", SECRETS["alice"])
+    browser.wait_for("document.getElementById('state').textContent.startsWith('connected to')")
+    _type(browser, filter="orders/#")
+    _submit(browser, "watch")
+    browser.wait_for("document.getElementById('subscriptions').textContent.includes('granted')")
+    device = Paho(b, "device", user="alice", secret=SECRETS["alice"])
+    shown = limits.DASHBOARD_SHOWN_PAYLOAD_BYTES
+    device.publish("orders/long", b"a" * shown, 1)
+    device.publish("orders/long", b"b" * (shown + 1), 1)
+    browser.wait_for("document.querySelectorAll('#messages tbody tr').length === 2")
+    assert browser.evaluate(ROWS)[0][4] == "a" * shown  # the whole payload: no note
+    for i in range(limits.DASHBOARD_MAX_MESSAGES - 2):
+        device.c.publish("orders/many", b"m%d" % i, 0)
+    device.publish("orders/many", b"last", 1)
+    count = limits.DASHBOARD_MAX_MESSAGES + 1
+    browser.wait_for("Array.from(document.querySelectorAll('#messages tbody tr td:first-child')).some("
+                     "c => c.textContent === '%d')" % count)
+    rows = browser.evaluate(ROWS)
+    assert len(rows) == limits.DASHBOARD_MAX_MESSAGES and rows[0][0] == "2" and rows[-1][0] == str(count)
+    assert rows[0][4] == "b" * shown + " … (%d bytes, the first %d shown)" % (shown + 1, shown)
+    # the page's QoS 1 publishes waiting for their PUBACK: DASHBOARD_MAX_INFLIGHT, and one more refused
+    _type(browser, **{"pub-topic": "orders/burst"})
+    notes = browser.evaluate("for (let i = 0; i <= %d; i++) document.getElementById('publish').requestSubmit(); "
+                             "Array.from(document.querySelectorAll('#published li'), li => li.textContent)"
+                             % limits.DASHBOARD_MAX_INFLIGHT)  # in one turn of the page: no PUBACK read between
+    assert notes.count("orders/burst: sent, waiting for PUBACK") == limits.DASHBOARD_MAX_INFLIGHT, notes
+    assert notes[0].startswith("orders/burst: refused in the page: %d packets wait" % limits.DASHBOARD_MAX_INFLIGHT)
+    browser.wait_for("document.querySelectorAll('#published li').length === %d" % (2 * limits.DASHBOARD_MAX_INFLIGHT
+                                                                                  + 1))
+    # a packet of DASHBOARD_MAX_PACKET_BYTES is read; one byte more closes the connection at its length field
+    topic = "orders/big"
+    payload = limits.DASHBOARD_MAX_PACKET_BYTES - (1 + 3 + 2 + len(topic))  # QoS 0: a 3-byte Remaining Length
+    device.c.publish(topic, b"x" * payload, 0)
+    browser.wait_for("Array.from(document.querySelectorAll('#messages tbody tr td:nth-child(2)')).some("
+                     "c => c.textContent === 'orders/big')")
+    device.c.publish(topic, b"x" * (payload + 1), 0)
+    browser.wait_for("document.getElementById('state').textContent.startsWith('not connected')")
+    assert _state(browser) == ("not connected: a packet of %d bytes passes the page's limit of %d bytes "
+                               "(limits.DASHBOARD_MAX_PACKET_BYTES)" % (limits.DASHBOARD_MAX_PACKET_BYTES + 1,
+                                                                         limits.DASHBOARD_MAX_PACKET_BYTES))

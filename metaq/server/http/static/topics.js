@@ -124,6 +124,7 @@
     event.preventDefault();
     const topic = $("pub-topic").value, qos = +$("pub-qos").value;
     try {
+      if (!topic) throw new Error("a topic name is needed");
       client.publish(topic, new TextEncoder().encode($("pub-payload").value), qos, $("pub-retain").checked);
       note("published", topic + ": " + (qos === 0 ? "sent (QoS 0: no acknowledgement)" : "sent, waiting for PUBACK"));
     } catch (e) {
