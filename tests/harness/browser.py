@@ -20,11 +20,12 @@ class BrowserError(AssertionError):
 class Browser:
     """One Chromium with one page; ``evaluate`` runs an expression in the page, ``wait_for`` polls one."""
 
-    def __init__(self, profile_dir):
+    def __init__(self, profile_dir, *flags):
+        """``flags``: more of Chromium's command-line flags (``--ignore-certificate-errors`` for a test's CA)."""
         to_browser_r, self._to_browser = os.pipe()
         self._from_browser, from_browser_w = os.pipe()
         args = [need("chromium"), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                "--remote-debugging-pipe", "--user-data-dir=%s" % profile_dir, "about:blank"]
+                "--remote-debugging-pipe", "--user-data-dir=%s" % profile_dir] + list(flags) + ["about:blank"]
         shell = 'exec 3<&%d 4>&%d; exec "$@"' % (to_browser_r, from_browser_w)  # bash: dash takes fds 0-9 only
         self.proc = subprocess.Popen(["bash", "-c", shell, "bash"] + args, pass_fds=(to_browser_r, from_browser_w),
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -4,6 +4,7 @@ published over TCP, publishes what a TCP subscriber receives; the broker's refus
 hold at and one past."""
 
 import json
+import time
 
 import pytest
 
@@ -13,6 +14,7 @@ from tests.harness.acl import SECRETS, secured_config
 from tests.harness.browser import Browser
 from tests.harness.http import http_port, with_http
 from tests.harness.mqtt import Paho, with_mqtt
+from tests.harness.pki import Pki
 
 ROWS = "Array.from(document.querySelectorAll('#messages tbody tr'), r => Array.from(r.cells, c => c.textContent))"
 
@@ -148,3 +150,34 @@ def test_the_pages_limits_hold_at_and_one_past(page):
     assert _state(browser) == ("not connected: a packet of %d bytes passes the page's limit of %d bytes "
                                "(limits.DASHBOARD_MAX_PACKET_BYTES)" % (limits.DASHBOARD_MAX_PACKET_BYTES + 1,
                                                                          limits.DASHBOARD_MAX_PACKET_BYTES))
+
+
+def test_a_page_over_https_connects_over_wss(broker_factory, tmp_path):
+    pki = Pki(tmp_path / "pki")
+    cfg = with_http(with_mqtt(secured_config(tmp_path, tls=pki.tls_config("on")), wss_port=free_port()))
+    b = broker_factory(cfg)
+    browser = Browser(tmp_path / "chromium", "--ignore-certificate-errors")  # the test's own CA
+    try:
+        browser.basic_auth("alice", SECRETS["alice"])
+        browser.open("https://127.0.0.1:%d/dashboard/topics" % http_port(b))
+        url = "wss://127.0.0.1:%d/mqtt" % cfg["mqtt"]["wss_port"]
+        assert browser.evaluate("document.getElementById('endpoint').textContent") == "MQTT over WebSocket: " + url
+        _connect(browser, "alice", SECRETS["alice"])
+        browser.wait_for("document.getElementById('state').textContent.startsWith('connected to %s')" % url)
+    finally:
+        browser.close()
+
+
+@pytest.mark.slow
+def test_the_pages_pings_keep_an_idle_connection_past_the_brokers_keep_alive_deadline(page):
+    browser = page("alice")
+    _connect(browser, "alice", SECRETS["alice"])
+    browser.wait_for("document.getElementById('state').textContent.startsWith('connected to')")
+    time.sleep(limits.DASHBOARD_KEEPALIVE_S * 1.5 + 3)  # the broker closes a silent client at 1.5 keep-alives
+    assert _state(browser).startswith("connected to"), _state(browser)
+    device = Paho(page.broker, "device", user="alice", secret=SECRETS["alice"])
+    _type(browser, filter="orders/#")
+    _submit(browser, "watch")
+    browser.wait_for("document.getElementById('subscriptions').textContent.includes('granted')")
+    device.publish("orders/late", b"still here", 1)
+    browser.wait_for("document.querySelectorAll('#messages tbody tr').length === 1")
