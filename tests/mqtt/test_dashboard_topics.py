@@ -85,6 +85,13 @@ def test_the_page_shows_a_devices_message_and_publishes_one_a_tcp_subscriber_get
     got = subscriber.wait_messages(1, timeout=20)
     assert [(m.topic, m.payload, m.qos) for m in got] == [("orders/page/1", b"from the page", 1)]
     browser.wait_for("document.getElementById('published').textContent.includes('orders/page/1: acknowledged')")
+    _type(browser, **{"pub-topic": "orders/page/kept", "pub-payload": "kept", "pub-qos": "0"})
+    browser.evaluate("document.getElementById('pub-retain').checked = true")
+    _submit(browser, "publish")
+    late = Paho(b, "late", user="alice", secret=SECRETS["alice"])
+    late.subscribe("orders/page/kept", 1)
+    got = late.wait_messages(1, timeout=20)
+    assert [(m.topic, m.payload, m.retain) for m in got] == [("orders/page/kept", b"kept", 1)]
 
 
 def test_a_wrong_secret_a_denied_subscribe_and_a_denied_publish_show_the_brokers_refusal(page):
@@ -181,3 +188,20 @@ def test_the_pages_pings_keep_an_idle_connection_past_the_brokers_keep_alive_dea
     browser.wait_for("document.getElementById('subscriptions').textContent.includes('granted')")
     device.publish("orders/late", b"still here", 1)
     browser.wait_for("document.querySelectorAll('#messages tbody tr').length === 1")
+
+
+def test_a_handshake_refused_for_the_pages_origin_is_said_so(broker_factory, tmp_path):
+    cfg = with_http(with_mqtt(secured_config(tmp_path), ws_port=free_port(),
+                              ws_allowed_origins=["https://dash.example.com"]))
+    b = broker_factory(cfg)
+    browser = Browser(tmp_path / "chromium")
+    try:
+        browser.basic_auth("alice", SECRETS["alice"])
+        browser.open("http://127.0.0.1:%d/dashboard/topics" % http_port(b))
+        _connect(browser, "alice", SECRETS["alice"])
+        browser.wait_for("document.getElementById('state').textContent.startsWith('not connected')")
+        assert _state(browser) == ("not connected: the WebSocket did not open: the listener refused the handshake "
+                                   "(is this page's origin, http://127.0.0.1:%d, missing from "
+                                   "mqtt.ws_allowed_origins?) or is not reachable" % http_port(b))
+    finally:
+        browser.close()

@@ -57,7 +57,8 @@ const MqttClient = (function () {
       this.pingSent = 0;
       this.ws = new WebSocket(url, ["mqtt"]);
       this.ws.binaryType = "arraybuffer";
-      this.ws.onopen = () => this.sendConnect();
+      this.opened = false;
+      this.ws.onopen = () => { this.opened = true; this.sendConnect(); };
       this.ws.onmessage = (e) => this.received(e.data);
       this.ws.onclose = (e) => this.closed(e);
       this.timer = setInterval(() => this.tick(), 1000);
@@ -223,7 +224,11 @@ const MqttClient = (function () {
       const unacked = [];
       for (const w of this.waiting.values()) if (w.kind === "publish") unacked.push(w.name);
       this.waiting.clear();
-      const why = this.failure || ("the broker closed the connection (WebSocket close " + e.code + ")");
+      let why = this.failure || ("the broker closed the connection (WebSocket close " + e.code + ")");
+      if (!this.opened) {
+        why = "the WebSocket did not open: the listener refused the handshake (is this page's origin, " +
+              location.origin + ", missing from mqtt.ws_allowed_origins?) or is not reachable";
+      }
       if (this.onclose) this.onclose({why: why, unacked: unacked});
     }
   }
