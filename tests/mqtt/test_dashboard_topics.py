@@ -85,9 +85,10 @@ def test_the_page_shows_a_devices_message_and_publishes_one_a_tcp_subscriber_get
     got = subscriber.wait_messages(1, timeout=20)
     assert [(m.topic, m.payload, m.qos) for m in got] == [("orders/page/1", b"from the page", 1)]
     browser.wait_for("document.getElementById('published').textContent.includes('orders/page/1: acknowledged')")
-    _type(browser, **{"pub-topic": "orders/page/kept", "pub-payload": "kept", "pub-qos": "0"})
+    _type(browser, **{"pub-topic": "orders/page/kept", "pub-payload": "kept"})
     browser.evaluate("document.getElementById('pub-retain').checked = true")
     _submit(browser, "publish")
+    browser.wait_for("document.getElementById('published').textContent.includes('orders/page/kept: acknowledged')")
     late = Paho(b, "late", user="alice", secret=SECRETS["alice"])
     late.subscribe("orders/page/kept", 1)
     got = late.wait_messages(1, timeout=20)
@@ -171,6 +172,8 @@ def test_a_page_over_https_connects_over_wss(broker_factory, tmp_path):
         assert browser.evaluate("document.getElementById('endpoint').textContent") == "MQTT over WebSocket: " + url
         _connect(browser, "alice", SECRETS["alice"])
         browser.wait_for("document.getElementById('state').textContent.startsWith('connected to %s')" % url)
+        browser.evaluate("document.getElementById('disconnect').click()")  # DISCONNECT, then the close
+        browser.wait_for("document.getElementById('state').textContent === 'not connected: disconnected'")
     finally:
         browser.close()
 
