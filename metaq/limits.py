@@ -708,6 +708,21 @@ HTTP_MAX_BODY_BYTES = MAX_BODY_BYTES
 #: Most messages one HTTP get returns (its ``max_bytes`` is also held to ``store.max_transfer_size``).
 HTTP_MAX_GET_MESSAGES = 1000
 
+# The dashboard's live topic page (metaq/server/http/topicview.py, docs/operating.md "A topic, live over MQTT"): the
+# page's own MQTT client keeps these in the browser; the broker writes them into the page.
+
+#: Messages the topic page shows: past it the oldest row is removed as a new one comes.
+DASHBOARD_MAX_MESSAGES = 200
+#: Largest MQTT packet the topic page's client reads (fixed header included): a longer one closes its connection,
+#: refused at its length field, before its bytes are gathered. Also the largest it publishes.
+DASHBOARD_MAX_PACKET_BYTES = 256 * 1024
+#: Payload bytes the topic page keeps and shows of one message (as text or hex): the rest is left out, said so.
+DASHBOARD_SHOWN_PAYLOAD_BYTES = 2048
+#: QoS 1 PUBLISHes the topic page may have unacknowledged: one more is refused in the page until a PUBACK comes.
+DASHBOARD_MAX_INFLIGHT = 16
+#: Seconds of the topic page's MQTT keep-alive: it sends a PINGREQ when it sent nothing for that long.
+DASHBOARD_KEEPALIVE_S = 30
+
 # -- MQTT (metaq/mqtt/: the codec and the topic rules) ----------------------------------------------------------------
 
 #: Largest MQTT control packet a peer may send, its fixed header included (MQTT 5's Maximum Packet Size counts the

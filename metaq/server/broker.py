@@ -29,6 +29,7 @@ from metaq.server.guard import Guard
 from metaq.server.http.api import BrokerViews
 from metaq.server.http.port import HttpPort
 from metaq.server.http.server import UnsentReplies
+from metaq.server.http.topicview import WebSocketPorts
 from metaq.server.longpoll import PartitionWaiters
 from metaq.mqtt.port import MqttPort
 from metaq.mqtt.websocket import listen_websocket
@@ -238,7 +239,8 @@ class Broker:
                                  configured=config.http.allowed_hosts)  # docs/operating.md "The HTTP port": browsers
             self.http = HttpPort(self.core, views, self.tx.manager.in_doubt, self.flusher.observe_flushes,
                                  config.http.open_metrics, check,
-                                 UnsentReplies(lim.max_http_unsent_bytes, lim.request_timeout_s), self.quota_use)
+                                 UnsentReplies(lim.max_http_unsent_bytes, lim.request_timeout_s), self.quota_use,
+                                 WebSocketPorts(config.mqtt.ws_port, config.mqtt.wss_port, config.mqtt.ws_path))
             admin_views = AdminViews(self.admin, self.store, self.topic_admin, self.guard, self.group_admin)
             add_admin_routes(self.http.router, admin_views)  # offsets, dead letters
             add_timer_routes(self.http.router, TimerViews(self.timers, self.put_path))  # list and cancel timers

@@ -86,6 +86,7 @@ _PAGE = """<!DOCTYPE html>
 </head>
 <body data-refresh="%(refresh)s">
 <h1>metaq</h1>
+<p><a href="/dashboard/topics">a topic, live over MQTT</a></p>
 <p id="status">figures as rendered by the broker; refreshing every %(refresh)s s</p>
 <section><h2>Broker</h2><table id="broker"><tbody>%(broker)s</tbody></table></section>
 <section><h2>Replication</h2><table id="replication"><tbody>%(replication)s</tbody></table></section>

@@ -5,7 +5,7 @@ Other parts of the broker add their routes with ``HttpPort.router.add`` (``route
 admin operations (offset resets, topic changes, dead letters).
 """
 
-from metaq.server.http import api, dashboard
+from metaq.server.http import api, dashboard, topicview
 from metaq.server.http.metrics import BrokerCollector, Metrics
 from metaq.server.http.origin import BrowserCheck
 from metaq.protocol.httpreply import OPEN, READ
@@ -18,12 +18,14 @@ LISTENERS = ("text", "remoting", "replication", "http", "grpc")
 
 class HttpPort:
     def __init__(self, core, views, transactions, observe_flushes, open_metrics=True, browser_check=None,
-                 unsent=None, quotas=list):
+                 unsent=None, quotas=list, websocket=None):
         """``views``: api.BrokerViews; ``transactions``: () -> [TxInfo]; ``quotas``: () -> [QuotaRow] per user and
         quota (shown to admins and open scrapes only); ``observe_flushes(callback)``: the
         flusher's hook, given each round's fsync seconds; ``open_metrics``: /metrics without authentication;
         ``browser_check``: an ``origin.BrowserCheck`` (cross-site writes, DNS rebinding; default: the machine's
-        names only); ``unsent``: the port's budget of replies not yet read (``server.UnsentReplies``)."""
+        names only); ``unsent``: the port's budget of replies not yet read (``server.UnsentReplies``);
+        ``websocket``: the MQTT port's WebSocket listeners the topic page connects to
+        (``topicview.WebSocketPorts``; None: off)."""
         self.views = views
         self.router = Router(views.guard, browser_check=browser_check or BrowserCheck())
         api.add_routes(self.router, views)
@@ -38,6 +40,7 @@ class HttpPort:
         observe_flushes(self.metrics.observe_flush)
         self.router.add("GET", "/metrics", OPEN if open_metrics else READ, self.metrics.scrape)
         dashboard.add_routes(self.router, dashboard.Dashboard(views))
+        topicview.add_routes(self.router, topicview.TopicPage(websocket or topicview.WebSocketPorts(path="")))
         self.front = HttpFrontEnd(core, self.router, unsent or UnsentReplies())
 
     @property
