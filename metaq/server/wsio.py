@@ -4,9 +4,13 @@
 that they travel in WebSocket frames. Its first ``recv`` reads the HTTP upgrade request (``WS_MAX_HANDSHAKE_BYTES``
 at most, whole within ``WS_HANDSHAKE_TIMEOUT_S`` of the accept, or ``request_timeout_s`` when shorter) and answers
 it: 101 with the subprotocol chosen, or an HTTP refusal saying why (a wrong path 404, no subprotocol it speaks 400,
-an origin not allowed 403, not a WebSocket upgrade 400/426), then the end of the stream. After it, every binary
-frame's payload is handed up as it arrives, however the peer split or packed its packets; each ``sendall`` leaves as
-one binary frame, its header written here (``wsframe.binary_header``).
+an origin not allowed 403, not a WebSocket upgrade 400/426), then the end of the stream. From a trusted proxy
+(``security.trusted_proxies``) the request's ``X-Forwarded-For`` names the client
+(``TrustedProxies.forwarded_client``), handed to ``claim`` (the connection core's) before anything else is decided:
+a header that is no list of addresses is refused 400, a client the core refuses (its share, the allow-list) 403;
+from any other peer it is not read. After the upgrade, every binary frame's payload is handed up as it arrives,
+however the peer split or packed its packets; each ``sendall`` leaves as one binary frame, its header written here
+(``wsframe.binary_header``).
 
 The common frame (one whole binary message, masked, within the bound) is unmasked in one call for every such frame
 a read holds (``wsframe.frames``, in C); every other frame (a control frame, a fragment, a text frame, any frame a
@@ -51,12 +55,15 @@ _END_OF_HEAD = b"\r\n\r\n"
 class WsRules:
     """What one WebSocket listener accepts: its ``path``, the ``subprotocols`` it speaks (the first the client offers
     is chosen), the ``origins`` a browser page may come from (None: any), the largest frame payload (``max_frame``),
-    the seconds from the accept by which the upgrade request must be whole (``handshake_s``)."""
+    the seconds from the accept by which the upgrade request must be whole (``handshake_s``), the trusted proxies
+    whose ``X-Forwarded-For`` names the client (``proxies``, a ``TrustedProxies``; None: nobody's)."""
 
-    __slots__ = ("path", "subprotocols", "origins", "max_frame", "handshake_s")
+    __slots__ = ("path", "subprotocols", "origins", "max_frame", "handshake_s", "proxies")
 
-    def __init__(self, path, subprotocols, origins, max_frame, handshake_s=limits.WS_HANDSHAKE_TIMEOUT_S):
+    def __init__(self, path, subprotocols, origins, max_frame, handshake_s=limits.WS_HANDSHAKE_TIMEOUT_S,
+                 proxies=None):
         self.handshake_s = handshake_s
+        self.proxies = proxies
         self.path = path
         self.subprotocols = tuple(subprotocols)
         self.origins = frozenset(o.rstrip("/").lower() for o in origins) if origins else None
@@ -87,16 +94,19 @@ class _FrameBound(Extension):
 class WsStream:
     """One WebSocket connection as a byte stream (see the module doc). It offers what the connection core and the MQTT
     connection use of a socket: ``recv``, ``send``, ``sendall``, ``settimeout``, ``fileno``, ``setsockopt``,
-    ``pending``, ``close``."""
+    ``pending``, ``close``. ``claim`` (set by the front-end once its connection is made): the connection core's
+    ``claim`` for it, given the client an ``X-Forwarded-For`` names, returning why not or None."""
 
-    __slots__ = ("sock", "rules", "peer", "subprotocol", "_started", "_head", "_hs", "_ws", "_ready", "_eof",
-                 "_timeout", "_send_lock", "_frames", "_tokens", "_tokens_at", "_in", "_owed", "_fragmented",
-                 "_controls")
+    __slots__ = ("sock", "rules", "address", "peer", "claim", "subprotocol", "_started", "_head", "_hs", "_ws",
+                 "_ready", "_eof", "_timeout", "_send_lock", "_frames", "_tokens", "_tokens_at", "_in", "_owed",
+                 "_fragmented", "_controls")
 
-    def __init__(self, sock, rules, peer, started):
+    def __init__(self, sock, rules, address, started):
         self.sock = sock
         self.rules = rules
-        self.peer = peer  # "host:port", for log lines
+        self.address = address  # the peer's (host, port)
+        self.peer = "%s:%s" % address[:2] if isinstance(address, tuple) else str(address)  # for log lines
+        self.claim = None
         self.subprotocol = None  # the one chosen, once the handshake is done
         self._started = started  # monotonic time of the accept: the handshake's deadline runs from it
         self._head = bytearray()  # the upgrade request's bytes so far
@@ -180,7 +190,7 @@ class WsStream:
         if request is None:
             self._refuse(400, "not a WebSocket upgrade request")
             return
-        why = self._refusal(request)
+        why = self._client(request) or self._refusal(request)
         if why is not None:
             self._refuse(*why)
             return
@@ -189,6 +199,26 @@ class WsStream:
         self._ws = WsConnection(ConnectionType.SERVER, [_FrameBound(self.rules.max_frame)])
         if rest:
             self._frames_in(rest)
+
+    def _client(self, request):
+        """``(status, why)`` when the client a trusted proxy's ``X-Forwarded-For`` names is refused, else None (the
+        client claimed, or no header the broker reads)."""
+        values = [v for k, v in request.extra_headers if k == b"x-forwarded-for"]
+        proxies = self.rules.proxies
+        if not values or proxies is None or self.claim is None:
+            return None
+        try:
+            client = proxies.forwarded_client(self.address, values)
+        except ValueError as exc:
+            return 400, "X-Forwarded-For from a trusted proxy: %s" % exc
+        if client is None:
+            return None
+        refusal = self.claim(client)
+        if refusal is not None:
+            return 403, "the client %s named by X-Forwarded-For: %s" % (client[0], refusal)
+        self.address = client
+        self.peer = "%s:%s" % client
+        return None
 
     def _refusal(self, request):
         """``(status, why)`` when the upgrade ``request`` is refused, else None (``subprotocol`` chosen)."""
