@@ -30,6 +30,7 @@ import socket
 import time
 
 from gevent.lock import Semaphore
+from gevent.socket import socket as GeventSocket
 from wsproto.connection import Connection as WsConnection
 from wsproto.connection import ConnectionState, ConnectionType
 from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Ping, Pong, RejectConnection,
@@ -99,7 +100,7 @@ class WsStream:
 
     __slots__ = ("sock", "rules", "address", "peer", "claim", "subprotocol", "_started", "_head", "_hs", "_ws",
                  "_ready", "_eof", "_timeout", "_send_lock", "_frames", "_tokens", "_tokens_at", "_in", "_owed",
-                 "_fragmented", "_controls")
+                 "_fragmented", "_controls", "_raw")
 
     def __init__(self, sock, rules, address, started):
         self.sock = sock
@@ -123,6 +124,8 @@ class WsStream:
         self._owed = 0  # bytes of the frame wsproto is reading still to be handed to it
         self._fragmented = False  # a message in fragments under way (wsproto's: no frame is common meanwhile)
         self._controls = 0  # control frames since the last MQTT bytes
+        # a plain socket's underlying non-blocking one: a send tried there first, never waiting (None: TLS)
+        self._raw = sock._sock if type(sock) is GeventSocket else None
 
     # -- reading ---------------------------------------------------------------
 
@@ -370,8 +373,18 @@ class WsStream:
         ws = self._ws
         if ws is None or ws.state is not ConnectionState.OPEN:
             raise BrokenPipeError("the WebSocket is closed")
+        out = binary_header(len(data)) + data
         with self._send_lock:
-            self.sock.sendall(binary_header(len(data)) + data)
+            raw = self._raw
+            if raw is not None:  # what the socket takes now, without gevent's waiting send around it
+                try:
+                    sent = raw.send(out)
+                except BlockingIOError:
+                    sent = 0
+                if sent == len(out):
+                    return
+                out = out[sent:]
+            self.sock.sendall(out)
 
     def send(self, data):
         self.sendall(data)
