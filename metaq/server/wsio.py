@@ -125,7 +125,7 @@ class WsStream:
         self._fragmented = False  # a message in fragments under way (wsproto's: no frame is common meanwhile)
         self._controls = 0  # control frames since the last MQTT bytes
         # a plain socket's underlying non-blocking one: a send tried there first, never waiting (None: TLS)
-        self._raw = sock._sock if type(sock) is GeventSocket else None
+        self._raw = getattr(sock, "_sock", None) if type(sock) is GeventSocket else None
 
     # -- reading ---------------------------------------------------------------
 
