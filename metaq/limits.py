@@ -1295,5 +1295,10 @@ WS_FRAME_MARGIN_BYTES = 64 * 1024
 WS_MAX_FRAGMENTS = 1024
 #: Control frames (PING, PONG) a WebSocket client may send a second, with bursts of as many: past that, close 1008.
 WS_CONTROL_FRAMES_PER_S = 50
+#: Most control frames (PING, PONG) a WebSocket client may send with no MQTT bytes between (one more: close 1008):
+#: a client that only pings holds its connection's greenlet, as a packet under way does, for no longer.
+WS_CONTROL_FRAMES_WITHOUT_DATA = 32
+#: Most hops of a WebSocket upgrade's X-Forwarded-For from a trusted proxy (one more: the upgrade is refused 400).
+FORWARDED_MAX_HOPS = 16
 #: Most entries of mqtt.ws_allowed_origins.
 WS_MAX_ALLOWED_ORIGINS = 256

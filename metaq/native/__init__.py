@@ -29,6 +29,7 @@ Python twin): buffers in, plain values out, each function the exact twin of a Py
 - ``protobuf.c``: protobuf fields written from pairs; gRPC messages framed (rmq5/messagebytes.py, rmq5/wire.py).
 - ``servedmsg.c``: a served RocketMQ 5 message's bytes from its log record (built with OpenSSL only).
 - ``pop.c``: POP receipt handles written and read (pop/records.py).
+- ``wsframe.c``: a WebSocket client's common frames unmasked (protocol/wsframe.py).
 
 **Compiled modules** (``COMPILED``), each under ``<package>/`` here: ``store.store``, ``store.batch`` (the log's
 writer and a burst's run), ``mqtt.plainturn``, ``mqtt.direct`` (the MQTT reader's turn and direct delivery),

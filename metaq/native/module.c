@@ -44,6 +44,7 @@
  *   mqtt_split, mqtt_publish_bytes, mqtt_pubacks  == metaq.mqtt.wire's split_py, publish_bytes_py and
  *                                                 encode_pubacks_py (mqttwire.c)
  *   now_ms()                                     == metaq.server.clock.now_ms_py (clock.c)
+ *   ws_frames(buf, pos, max_frame)               == metaq.protocol.wsframe.frames_py (wsframe.c)
  *
  *   crc32(data, value=0)                         == zlib.crc32 (metaq.protocol.checksum uses it; records.c)
  *   SyncWorker(notify_fd)                        fdatasync off the GIL (metaq/server/flusher.py;
@@ -135,6 +136,9 @@ static PyMethodDef methods[] = {
      "served_record(data, flag, topic, queue_id, queue_offset, born_ms, store_ms, msg_id, endpoint, served, context) "
      "-> a served message's response bytes, None, or its unknown born host's text (servedmsg.c; rmq5.messagebytes)"},
 #endif
+    {"ws_frames", ws_frames, METH_VARARGS,
+     "ws_frames(buf, pos, max_frame) -> (payloads, pos, head, length): a WebSocket client's common frames unmasked "
+     "(wsframe.c)"},
     {"grpc_frames", grpc_frames, METH_O,
      "grpc_frames(items) -> the gRPC messages items, each length-prefixed, joined (protobuf.c; rmq5.wire)"},
     {NULL, NULL, 0, NULL},

@@ -149,6 +149,8 @@ PyObject *served_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 #endif
 /* grpc_frames (protobuf.c): gRPC messages length-prefixed and joined; metaq/rmq5/wire.py. */
 PyObject *grpc_frames(PyObject *self, PyObject *items);
+/* ws_frames (wsframe.c): a WebSocket client's common frames unmasked and joined, and what the frame after them is. */
+PyObject *ws_frames(PyObject *self, PyObject *args);
 /* From records.c and textburst.c: the CRC-32 of p[0:n] continued from crc (ISA-L or zlib); v in decimal at p, its length. */
 unsigned long metaq_crc(const unsigned char *p, Py_ssize_t n, unsigned long crc);
 int metaq_decimal(char *p, long long v);

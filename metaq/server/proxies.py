@@ -2,7 +2,8 @@
 and the PROXY header read off a socket.
 
 ``TrustedProxies.real_address(peer, claimed)`` is the one decision: a claimed client address (a PROXY header's, a
-WebSocket upgrade's ``X-Forwarded-For``) replaces the peer's only when the peer is in ``security.trusted_proxies``.
+WebSocket upgrade's ``X-Forwarded-For``, read by ``forwarded_client``) replaces the peer's only when the peer is in
+``security.trusted_proxies``.
 The connection core asks it once per connection, before anything counts or logs the address, so the per-address
 caps and shares, the cooldowns, the allow-list, logs and ``stats`` all see the client's address.
 """
@@ -11,6 +12,7 @@ import ipaddress
 import socket
 import time
 
+from metaq import limits
 from metaq.auth.acl import address_in
 from metaq.protocol.proxyheader import ProxyHeaderError, parse
 
@@ -38,9 +40,39 @@ class TrustedProxies:
             return peer
         return claimed
 
+    def forwarded_client(self, peer, values):
+        """The client an ``X-Forwarded-For`` names (``values``: the header's values, in order, as bytes) on a
+        connection from ``peer`` (``(host, port)``): ``(host, 0)``, the rightmost hop that is no trusted proxy (the
+        leftmost when all are), to hand to ``real_address``; None when ``peer`` is no trusted proxy (its header is
+        not read) or there is no header. Raises ValueError (why) for more than ``limits.FORWARDED_MAX_HOPS`` hops or
+        a hop that is no IP address (a trusted proxy's header must be right)."""
+        if not values or not isinstance(peer, tuple) or not self.trusts(peer[0]):
+            return None
+        hops = b",".join(values).decode("latin-1").split(",")
+        if len(hops) > limits.FORWARDED_MAX_HOPS:
+            raise ValueError("%d hops, more than %d (FORWARDED_MAX_HOPS)" % (len(hops), limits.FORWARDED_MAX_HOPS))
+        hosts = [_hop(h) for h in hops]
+        client = next((h for h in reversed(hosts) if not self.trusts(h)), hosts[0])
+        return client, 0
+
     def requires_header(self, listener_name, peer):
         """True when a connection from ``peer`` on ``listener_name`` must begin with a PROXY header."""
         return listener_name in self.listeners and isinstance(peer, tuple) and self.trusts(peer[0])
+
+
+def _hop(text):
+    """The IP address of one ``X-Forwarded-For`` hop (``1.2.3.4``, ``1.2.3.4:80``, ``2001:db8::1``,
+    ``[2001:db8::1]:80``), as text; ValueError for anything else."""
+    hop = text.strip()
+    host = hop
+    if hop.startswith("[") and "]" in hop:
+        host = hop[1:hop.index("]")]
+    elif hop.count(":") == 1:
+        host = hop.split(":", 1)[0]
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        raise ValueError("the hop %r is no IP address" % hop[:64]) from None
 
 
 def read_header(sock, deadline_s):

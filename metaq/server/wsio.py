@@ -4,15 +4,25 @@
 that they travel in WebSocket frames. Its first ``recv`` reads the HTTP upgrade request (``WS_MAX_HANDSHAKE_BYTES``
 at most, whole within ``WS_HANDSHAKE_TIMEOUT_S`` of the accept, or ``request_timeout_s`` when shorter) and answers
 it: 101 with the subprotocol chosen, or an HTTP refusal saying why (a wrong path 404, no subprotocol it speaks 400,
-an origin not allowed 403, not a WebSocket upgrade 400/426), then the end of the stream. After it, every binary
-frame's payload is handed up as it arrives, however the peer split or packed its packets; each ``sendall`` leaves as
-one binary frame.
+an origin not allowed 403, not a WebSocket upgrade 400/426), then the end of the stream. From a trusted proxy
+(``security.trusted_proxies``) the request's ``X-Forwarded-For`` names the client
+(``TrustedProxies.forwarded_client``), handed to ``claim`` (the connection core's) before anything else is decided:
+a header that is no list of addresses is refused 400, a client the core refuses (its share, the allow-list) 403;
+from any other peer it is not read. After the upgrade, every binary frame's payload is handed up as it arrives,
+however the peer split or packed its packets; each ``sendall`` leaves as one binary frame, its header written here
+(``wsframe.binary_header``).
+
+The common frame (one whole binary message, masked, within the bound) is unmasked in one call for every such frame
+a read holds (``wsframe.frames``, in C); every other frame (a control frame, a fragment, a text frame, any frame a
+rule refuses) goes, its bytes exactly, to wsproto, which answers or refuses it as it would in a stream of its own.
 
 What a client may not do, each closing with its code and one log line: a text frame (1003: the stream is binary), an
 unmasked frame or any other framing error (1002, wsproto's), a frame declaring more than ``max_frame`` bytes (1009,
-at its header, before its payload), more than ``WS_MAX_FRAGMENTS`` frames in one message or control frames past
-``WS_CONTROL_FRAMES_PER_S`` (1008). A close with a code or reason RFC 6455 forbids is answered 1002; a valid
-close is answered in kind. Sends hold a lock, so a PONG or a CLOSE never lands inside another writer's frame.
+at its header, before its payload), more than ``WS_MAX_FRAGMENTS`` frames in one message, control frames past
+``WS_CONTROL_FRAMES_PER_S``, or more than ``WS_CONTROL_FRAMES_WITHOUT_DATA`` of them with no MQTT bytes between (a
+client that only pings holds its connection's greenlet for no longer) (1008). Nothing of a read that broke a rule
+is handed up. A close with a code or reason RFC 6455 forbids is answered 1002; a valid close is answered in kind.
+Sends hold a lock, so a PONG or a CLOSE never lands inside another writer's frame.
 """
 
 import logging
@@ -20,6 +30,7 @@ import socket
 import time
 
 from gevent.lock import Semaphore
+from gevent.socket import socket as GeventSocket
 from wsproto.connection import Connection as WsConnection
 from wsproto.connection import ConnectionState, ConnectionType
 from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Ping, Pong, RejectConnection,
@@ -30,6 +41,7 @@ from wsproto.handshake import H11Handshake
 from wsproto.utilities import ProtocolError, RemoteProtocolError
 
 from metaq import limits
+from metaq.protocol.wsframe import binary_header, frames
 
 __all__ = ["WsRules", "WsStream"]
 
@@ -44,12 +56,15 @@ _END_OF_HEAD = b"\r\n\r\n"
 class WsRules:
     """What one WebSocket listener accepts: its ``path``, the ``subprotocols`` it speaks (the first the client offers
     is chosen), the ``origins`` a browser page may come from (None: any), the largest frame payload (``max_frame``),
-    the seconds from the accept by which the upgrade request must be whole (``handshake_s``)."""
+    the seconds from the accept by which the upgrade request must be whole (``handshake_s``), the trusted proxies
+    whose ``X-Forwarded-For`` names the client (``proxies``, a ``TrustedProxies``; None: nobody's)."""
 
-    __slots__ = ("path", "subprotocols", "origins", "max_frame", "handshake_s")
+    __slots__ = ("path", "subprotocols", "origins", "max_frame", "handshake_s", "proxies")
 
-    def __init__(self, path, subprotocols, origins, max_frame, handshake_s=limits.WS_HANDSHAKE_TIMEOUT_S):
+    def __init__(self, path, subprotocols, origins, max_frame, handshake_s=limits.WS_HANDSHAKE_TIMEOUT_S,
+                 proxies=None):
         self.handshake_s = handshake_s
+        self.proxies = proxies
         self.path = path
         self.subprotocols = tuple(subprotocols)
         self.origins = frozenset(o.rstrip("/").lower() for o in origins) if origins else None
@@ -80,15 +95,19 @@ class _FrameBound(Extension):
 class WsStream:
     """One WebSocket connection as a byte stream (see the module doc). It offers what the connection core and the MQTT
     connection use of a socket: ``recv``, ``send``, ``sendall``, ``settimeout``, ``fileno``, ``setsockopt``,
-    ``pending``, ``close``."""
+    ``pending``, ``close``. ``claim`` (set by the front-end once its connection is made): the connection core's
+    ``claim`` for it, given the client an ``X-Forwarded-For`` names, returning why not or None."""
 
-    __slots__ = ("sock", "rules", "peer", "subprotocol", "_started", "_head", "_hs", "_ws", "_ready", "_eof",
-                 "_timeout", "_send_lock", "_frames", "_tokens", "_tokens_at")
+    __slots__ = ("sock", "rules", "address", "peer", "claim", "subprotocol", "_started", "_head", "_hs", "_ws",
+                 "_ready", "_eof", "_timeout", "_send_lock", "_frames", "_tokens", "_tokens_at", "_in", "_owed",
+                 "_fragmented", "_controls", "_raw")
 
-    def __init__(self, sock, rules, peer, started):
+    def __init__(self, sock, rules, address, started):
         self.sock = sock
         self.rules = rules
-        self.peer = peer  # "host:port", for log lines
+        self.address = address  # the peer's (host, port)
+        self.peer = "%s:%s" % address[:2] if isinstance(address, tuple) else str(address)  # for log lines
+        self.claim = None
         self.subprotocol = None  # the one chosen, once the handshake is done
         self._started = started  # monotonic time of the accept: the handshake's deadline runs from it
         self._head = bytearray()  # the upgrade request's bytes so far
@@ -101,6 +120,12 @@ class WsStream:
         self._frames = 0  # frames of the message under way
         self._tokens = float(limits.WS_CONTROL_FRAMES_PER_S)  # control frames the peer may still send now
         self._tokens_at = started
+        self._in = None  # a frame's bytes not yet whole (a bytearray), kept for the next read
+        self._owed = 0  # bytes of the frame wsproto is reading still to be handed to it
+        self._fragmented = False  # a message in fragments under way (wsproto's: no frame is common meanwhile)
+        self._controls = 0  # control frames since the last MQTT bytes
+        # a plain socket's underlying non-blocking one: a send tried there first, never waiting (None: TLS)
+        self._raw = getattr(sock, "_sock", None) if type(sock) is GeventSocket else None
 
     # -- reading ---------------------------------------------------------------
 
@@ -136,8 +161,7 @@ class WsStream:
             if self._ws is None:
                 self._upgrade(data)
             else:
-                self._ws.receive_data(data)
-                self._frames_arrived()
+                self._frames_in(data)
         self.sock.settimeout(self._timeout)
         ready = self._ready
         data = ready[0] if len(ready) == 1 else b"".join(ready)
@@ -169,7 +193,7 @@ class WsStream:
         if request is None:
             self._refuse(400, "not a WebSocket upgrade request")
             return
-        why = self._refusal(request)
+        why = self._client(request) or self._refusal(request)
         if why is not None:
             self._refuse(*why)
             return
@@ -177,8 +201,27 @@ class WsStream:
         self._hs = None  # (the HTTP layer's state: not kept for the connection's life)
         self._ws = WsConnection(ConnectionType.SERVER, [_FrameBound(self.rules.max_frame)])
         if rest:
-            self._ws.receive_data(rest)
-            self._frames_arrived()
+            self._frames_in(rest)
+
+    def _client(self, request):
+        """``(status, why)`` when the client a trusted proxy's ``X-Forwarded-For`` names is refused, else None (the
+        client claimed, or no header the broker reads)."""
+        values = [v for k, v in request.extra_headers if k == b"x-forwarded-for"]
+        proxies = self.rules.proxies
+        if not values or proxies is None or self.claim is None:
+            return None
+        try:
+            client = proxies.forwarded_client(self.address, values)
+        except ValueError as exc:
+            return 400, "X-Forwarded-For from a trusted proxy: %s" % exc
+        if client is None:
+            return None
+        refusal = self.claim(client)
+        if refusal is not None:
+            return 403, "the client %s named by X-Forwarded-For: %s" % (client[0], refusal)
+        self.address = client
+        self.peer = "%s:%s" % client
+        return None
 
     def _refusal(self, request):
         """``(status, why)`` when the upgrade ``request`` is refused, else None (``subprotocol`` chosen)."""
@@ -218,6 +261,39 @@ class WsStream:
         self._send(out)
         self._eof = True
 
+    def _frames_in(self, data):
+        """The frames' bytes ``data``: the common frames' payloads kept for ``recv``, each other frame's bytes, and
+        no more, handed to wsproto (its events: ``_frames_arrived``), a frame not yet whole kept for the next."""
+        if self._in is not None:
+            self._in += data
+            buf, self._in = self._in, None
+        else:
+            buf = data
+        pos, end = 0, len(buf)
+        while pos < end and not self._eof:
+            owed = self._owed
+            if owed:
+                upto = pos + owed if owed < end - pos else end
+                self._owed = owed - (upto - pos)
+                self._ws.receive_data(buf[pos:upto])
+                pos = upto
+                self._frames_arrived()
+                continue
+            payload, pos, head, length = frames(buf, pos, -1 if self._fragmented else self.rules.max_frame)
+            if payload:
+                self._ready.append(payload)
+                self._controls = 0
+            if not head:
+                break
+            first = buf[pos]
+            if first & 0x0F in (1, 2):  # a message's first frame: the message is whole in it with FIN set
+                self._fragmented = not first & 0x80
+            elif first & 0x8F == 0x80:  # a final continuation
+                self._fragmented = False
+            self._owed = head + length
+        if pos < end and not self._eof:
+            self._in = bytearray(buf[pos:])
+
     def _frames_arrived(self):
         """The events of the frames received so far: payload kept for ``recv``, PINGs answered, rules applied."""
         ws = self._ws
@@ -225,6 +301,7 @@ class WsStream:
             if isinstance(event, BytesMessage):
                 if event.data:
                     self._ready.append(bytes(event.data))
+                    self._controls = 0
                 if event.message_finished:
                     self._frames = 0
                 elif event.frame_finished:
@@ -234,6 +311,11 @@ class WsStream:
                                     "(WS_MAX_FRAGMENTS)" % limits.WS_MAX_FRAGMENTS)
                         return
             elif isinstance(event, (Ping, Pong)):
+                self._controls += 1
+                if self._controls > limits.WS_CONTROL_FRAMES_WITHOUT_DATA:
+                    self._close(CloseReason.POLICY_VIOLATION, "more than %d control frames with no MQTT bytes between "
+                                "(WS_CONTROL_FRAMES_WITHOUT_DATA)" % limits.WS_CONTROL_FRAMES_WITHOUT_DATA)
+                    return
                 if not self._control_budget():
                     self._close(CloseReason.POLICY_VIOLATION, "more than %d control frames a second "
                                 "(WS_CONTROL_FRAMES_PER_S)" % limits.WS_CONTROL_FRAMES_PER_S)
@@ -291,8 +373,18 @@ class WsStream:
         ws = self._ws
         if ws is None or ws.state is not ConnectionState.OPEN:
             raise BrokenPipeError("the WebSocket is closed")
+        out = binary_header(len(data)) + data
         with self._send_lock:
-            self.sock.sendall(ws.send(BytesMessage(data=data)))
+            raw = self._raw
+            if raw is not None:  # what the socket takes now, without gevent's waiting send around it
+                try:
+                    sent = raw.send(out)
+                except BlockingIOError:
+                    sent = 0
+                if sent == len(out):
+                    return
+                out = out[sent:]
+            self.sock.sendall(out)
 
     def send(self, data):
         self.sendall(data)

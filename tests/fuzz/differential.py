@@ -139,6 +139,26 @@ def mqtt_pubacks(data):
 PUBACKS = b"@\x02\x00\x01" b"@\x02\x00\x07" b"@\x03\x00\x09\x10" b"@\x04\x01\x2c\x00\x00"  # ids 1, 7, 9, 300
 mqtt_pubacks.seeds = lambda: [bytes((0, v, 0)) + PUBACKS for v in (0, 1)] + [b"\0\0\0" + PUBACKS[:-1]]
 
+@target("ws_frames", ["metaq.protocol.wsframe"])
+def ws_frames(data):
+    """``wsframe.frames``: a WebSocket client's common frames unmasked, and the header and length of the frame after."""
+    (p, m), buf = _head(data, 2)
+    _compare("metaq.protocol.wsframe", "frames", "frames_py", buf, p % (len(buf) + 1) if p >= 128 else 0,
+             _pick(m, (1000, 0, 125, 126, 65535, 65536, -1, 2 ** 62)))
+
+
+def _ws_seeds():
+    def masked(payload, key):
+        n = len(payload)
+        size = bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + struct.pack("!H", n)
+        return b"\x82" + size + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+    run = masked(b"\x30\x05\x00\x03a/bx", b"\x01\x02\x03\x04") + masked(b"y" * 300, b"\0\0\0\0")
+    return [b"\0\0" + run, b"\0\0" + run + b"\x89\x82abcdhi", b"\0\x02" + run[:-3],
+            b"\0\0" + masked(b"z", b"k" * 4) + b"\x82\xff" + b"\xff" * 8 + b"\0" * 4]
+
+
+ws_frames.seeds = _ws_seeds
+
 PLANS = {b"a/b": ("a/b", "t1", 12345, 1, b"P0", b"P1"), b"s/t": ("s/t", "t2", 2 ** 32 - 1, 0, b"", b"Q"),
          b"z": ("z", "t3", 7, 0, b"", b"")}
 DECIDED = {"t1": 4, "t2": 1, "t3": 0}

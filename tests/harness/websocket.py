@@ -9,13 +9,15 @@ import struct
 BINARY, TEXT, CONTINUATION, CLOSE, PING, PONG = 0x2, 0x1, 0x0, 0x8, 0x9, 0xA
 
 
-def upgrade_request(path="/mqtt", protocols="mqtt", origin=None, host="127.0.0.1"):
+def upgrade_request(path="/mqtt", protocols="mqtt", origin=None, host="127.0.0.1", extra=()):
+    """The upgrade request's bytes; ``extra``: more header lines ("Name: value")."""
     lines = ["GET %s HTTP/1.1" % path, "Host: %s" % host, "Upgrade: websocket", "Connection: Upgrade",
              "Sec-WebSocket-Key: %s" % base64.b64encode(os.urandom(16)).decode(), "Sec-WebSocket-Version: 13"]
     if protocols is not None:
         lines.append("Sec-WebSocket-Protocol: %s" % protocols)
     if origin is not None:
         lines.append("Origin: %s" % origin)
+    lines.extend(extra)
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
@@ -39,8 +41,9 @@ def frame(opcode, payload=b"", fin=True, mask=True, declared=None):
 class RawWs:
     """A socket to the WebSocket port: ``upgrade`` sends the request and returns the HTTP answer's head and body."""
 
-    def __init__(self, port, host="127.0.0.1", timeout=10.0):
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+    def __init__(self, port, host="127.0.0.1", timeout=10.0, source=None):
+        self.sock = socket.create_connection((host, port), timeout=timeout,
+                                             source_address=None if source is None else (source, 0))
         self.buf = b""
 
     def upgrade(self, **request):

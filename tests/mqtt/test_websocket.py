@@ -223,18 +223,27 @@ def test_a_frame_past_the_bound_is_refused_at_its_header(broker_factory, tmp_pat
     assert huge.connect().reason_code == 0
     huge.send(frame(BINARY, b"", declared=2 ** 62)[:14])
     assert huge.close_code() == 1009
+    after = WsMqtt(b)  # behind a common frame in one read: the run unmasked stops at the header past the bound
+    assert after.connect().reason_code == 0
+    after.send(frame(BINARY, wire.encode(wire.PingReq(), wire.MQTT_5)) + frame(BINARY, b"", declared=bound + 1)[:14])
+    assert after.close_code() == 1009
 
 
-def test_framing_rules_each_close_with_its_code(broker_factory, tmp_path):
+def test_framing_rules_each_close_with_its_code_alone_and_behind_common_frames(broker_factory, tmp_path):
     b = ws_broker(broker_factory, tmp_path)
     ping = wire.encode(wire.PingReq(), wire.MQTT_5)
-    cases = [(frame(BINARY, ping, mask=False), 1002),  # unmasked client frame
-             (frame(TEXT, b"hello"), 1003),  # text: MQTT is binary
-             (frame(CLOSE, struct.pack("!H", 999)), 1002),  # a close code RFC 6455 forbids
-             (frame(CLOSE, struct.pack("!H", 1005)), 1002),  # one only an endpoint may use locally
-             (frame(CLOSE, struct.pack("!H", 1016)), 1002),  # an unassigned one of RFC 6455's range
-             (frame(CLOSE, struct.pack("!H", 1000) + b"\xff\xfe"), 1007),  # a reason that is not UTF-8
-             (frame(CLOSE, struct.pack("!H", 1000) + b"bye"), 1000)]  # a valid close: answered in kind
+    masked = frame(BINARY, ping)
+    bad = [(frame(BINARY, ping, mask=False), 1002),  # unmasked client frame
+           (bytes([masked[0] | 0x40]) + masked[1:], 1002),  # a reserved bit (no extension negotiated)
+           (bytes([0x83]) + masked[1:], 1002),  # an opcode RFC 6455 reserves
+           (b"\x82\xfe\x00\x02" + b"\0" * 4 + ping, 1002),  # a length in 2 bytes where 1 suffices
+           (frame(TEXT, b"hello"), 1003)]
+    cases = bad + [(masked * 3 + data, code) for data, code in bad]  # the same behind a run of common frames
+    cases += [(frame(CLOSE, struct.pack("!H", 999)), 1002),  # a close code RFC 6455 forbids
+              (frame(CLOSE, struct.pack("!H", 1005)), 1002),  # one only an endpoint may use locally
+              (frame(CLOSE, struct.pack("!H", 1016)), 1002),  # an unassigned one of RFC 6455's range
+              (frame(CLOSE, struct.pack("!H", 1000) + b"\xff\xfe"), 1007),  # a reason that is not UTF-8
+              (frame(CLOSE, struct.pack("!H", 1000) + b"bye"), 1000)]  # a valid close: answered in kind
     watcher = Raw(b)
     assert watcher.connect("watcher").reason_code == 0
     watcher.send(wire.Subscribe(1, (wire.Subscription("gone/#", 1),)))
@@ -243,7 +252,9 @@ def test_framing_rules_each_close_with_its_code(broker_factory, tmp_path):
         c = WsMqtt(b)
         assert c.connect("c%d" % i, will=wire.Will("gone/c%d" % i, b"lost", 1)).reason_code == 0
         c.send(data)
-        assert c.close_code() == code, data
+        got = c.frames()
+        assert [struct.unpack("!H", p[:2])[0] for op, p in got if op == CLOSE] == [code], data
+        assert BINARY not in [op for op, _ in got], got  # nothing of a read that broke a rule is handed up
         will = watcher.read()  # the will of a connection closed for a broken rule, as for a network failure
         assert (will.topic, will.payload) == ("gone/c%d" % i, b"lost"), will
         watcher.send(wire.PubAck(will.packet_id))
@@ -267,14 +278,41 @@ def test_fragments_per_message_are_bounded(broker_factory, tmp_path):
 
 def test_control_frames_are_budgeted(broker_factory, tmp_path):
     b = ws_broker(broker_factory, tmp_path)
-    rate = limits.WS_CONTROL_FRAMES_PER_S
+    rate, apart = limits.WS_CONTROL_FRAMES_PER_S, limits.WS_CONTROL_FRAMES_WITHOUT_DATA
+    pingreq = frame(BINARY, wire.encode(wire.PingReq(), wire.MQTT_5))
+    assert apart < rate
+    burst = (frame(PING, b"p") * apart + pingreq) * (rate // apart) + frame(PING, b"p") * (rate % apart) + pingreq
     at = WsMqtt(b)
     assert at.connect().reason_code == 0
-    at.send(frame(PING, b"p") * rate + frame(BINARY, wire.encode(wire.PingReq(), wire.MQTT_5)))
-    assert isinstance(at.read(), wire.PingResp)  # the burst: every PING answered, the stream goes on
+    at.send(burst)
+    assert all(isinstance(at.read(), wire.PingResp) for _ in range(rate // apart + 1))  # every PING answered
     past = WsMqtt(b)
     assert past.connect().reason_code == 0
-    past.send(frame(PING, b"p") * (rate + 1))
+    past.send(burst[:-len(pingreq)] + frame(PING, b"p"))
     got = past.frames()
     assert [op for op, _ in got].count(PONG) == rate
     assert got[-1][0] == CLOSE and struct.unpack("!H", got[-1][1][:2])[0] == 1008
+    assert b"WS_CONTROL_FRAMES_PER_S" in got[-1][1]
+
+
+def test_a_client_that_only_pings_is_closed_past_the_control_frames_without_data(broker_factory, tmp_path):
+    b = ws_broker(broker_factory, tmp_path)
+    apart = limits.WS_CONTROL_FRAMES_WITHOUT_DATA
+    at = WsMqtt(b)
+    assert at.connect().reason_code == 0
+    at.send(frame(PING, b"p") * (apart - 1) + frame(PONG, b"q"))  # PINGs and unasked PONGs alike
+    at.send(frame(BINARY, wire.encode(wire.PingReq(), wire.MQTT_5)))
+    assert isinstance(at.read(), wire.PingResp)  # at the limit: served, and MQTT bytes start the count again
+    time.sleep(1.0)  # (the rate's bucket full again)
+    at.send(frame(PING, b"p") * apart + frame(BINARY, wire.encode(wire.PingReq(), wire.MQTT_5)))
+    assert isinstance(at.read(), wire.PingResp)
+    past = WsMqtt(b)
+    assert past.connect().reason_code == 0
+    started = time.monotonic()
+    for _ in range(apart + 1):  # a trickle within the rate: the count, not the rate, ends it
+        past.send(frame(PING, b"p"))
+        time.sleep(0.03)
+    got = past.frames()
+    assert [op for op, _ in got].count(PONG) == apart
+    assert got[-1][0] == CLOSE and struct.unpack("!H", got[-1][1][:2])[0] == 1008
+    assert b"WS_CONTROL_FRAMES_WITHOUT_DATA" in got[-1][1] and time.monotonic() - started < 5

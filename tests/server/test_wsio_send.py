@@ -1,0 +1,44 @@
+"""A WebSocket stream's send (``metaq.server.wsio.WsStream.sendall``): what the socket does not take at once (a slow
+reader, a full buffer) is sent by the waiting send, so each frame arrives whole and in order."""
+
+import socket as stdlib_socket
+import time
+
+import gevent
+from gevent import socket
+
+from metaq.server.wsio import WsRules, WsStream
+from tests.harness.websocket import upgrade_request
+
+
+def test_a_send_the_socket_takes_in_part_arrives_whole_and_in_order():
+    ours, theirs = socket.socketpair()
+    ours.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_SNDBUF, 4096)
+    ws = WsStream(ours, WsRules("/mqtt", ("mqtt",), None, 1 << 20), ("127.0.0.1", 1), time.monotonic())
+    ws.settimeout(5)
+    theirs.sendall(upgrade_request() + b"\x82\x80\0\0\0\0")  # the upgrade and an empty common frame
+    reader = gevent.spawn(ws.recv, 10)
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += theirs.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 101")
+    reader.kill()
+    payloads = [bytes([i]) * n for i, n in enumerate((100, 300_000, 5, 70_000))]
+    writers = [gevent.spawn(ws.sendall, p) for p in payloads]
+    got = b""
+    want = sum(len(p) + (2 if len(p) < 126 else 4 if len(p) < 65536 else 10) for p in payloads)
+    while len(got) < want:
+        gevent.sleep(0.001)  # a slow reader: the socket's buffer fills
+        got += theirs.recv(8192)
+    gevent.joinall(writers, raise_error=True)
+    frames, at = [], 0
+    while at < len(got):
+        n, head = got[at + 1] & 0x7F, 2
+        if n == 126:
+            n, head = int.from_bytes(got[at + 2:at + 4], "big"), 4
+        elif n == 127:
+            n, head = int.from_bytes(got[at + 2:at + 10], "big"), 10
+        assert got[at] == 0x82
+        frames.append(got[at + head:at + head + n])
+        at += head + n
+    assert frames == payloads
