@@ -442,8 +442,8 @@ class MqttCluster:
                     run.append((e, made, check))
                     continue
                 if run:
-                    self._write(origin, run, now, keys)
-                    run = []
+                    done, run = run, []
+                    self._write(origin, done, now, keys)
                 if e.kind == POSITION:
                     keys.update(self._position(origin, e, now))
                 elif e.kind == RETAINED:
@@ -451,11 +451,13 @@ class MqttCluster:
                     self._apply_retained(origin, e)
                 elif e.kind == ROUTED and routed is not None:
                     routed.append(e.offset)
-            if run:
-                self._write(origin, run, now, keys)
-        finally:  # what was appended before a malformed entry or a refusal is made visible: its readers wake now
-            if keys:
-                self.put_path.written(keys, now)
+        finally:  # the copies before a malformed entry are written; what was appended is made visible: readers wake now
+            try:
+                if run:
+                    self._write(origin, run, now, keys)
+            finally:
+                if keys:
+                    self.put_path.written(keys, now)
         self.copied += copied
         return copied
 
