@@ -27,7 +27,7 @@ from metaq import errors, limits
 from metaq.mqtt.records import EXPIRES_AT, message_of, named, record_data
 from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.protocol.journaltopic import MQTT_INBOX_TOPIC
-from metaq.protocol.message import decode_attribute, decode_payload, encode_payload, with_attribute
+from metaq.protocol.message import ATTRIBUTE_FLAG, decode_attribute, decode_payload, encode_payload, with_attribute
 from metaq.protocol.properties import (PROP_SYSFLAG, PROPERTY_SEPARATOR, encode_attribute, encode_properties,
                                        split_attribute)
 
@@ -111,7 +111,7 @@ def as_is(origin, topic, partition, offset, flag, data, now_ms, topics=DEFAULT_M
         return ()
     head = attribute if attribute.endswith(PROPERTY_SEPARATOR) else attribute + PROPERTY_SEPARATOR
     own = encode_properties(_own(origin, topic, partition, offset, groups, check))
-    return flag, with_attribute(data, end, (head + own).encode("utf-8"))
+    return ATTRIBUTE_FLAG, with_attribute(data, end, (head + own).encode("utf-8"))  # the flag every copy has
 
 
 def _own(origin, topic, partition, offset, groups, check):

@@ -92,6 +92,7 @@ def test_an_mqtt_record_is_kept_as_it_is_and_any_other_made_again():
     flag, data = RECORDS[1][1:]
     kept = inbox.as_is(3, "sensors", 1, 42, flag, data, 2_000)
     assert kept[0] == flag and bytes(kept[1][-1]) == data[-300:]  # the payload a view of the peer's bytes
+    assert inbox.as_is(3, "sensors", 1, 42, flag | 4, data, 2_000)[0] == 1  # a copy's flag, whatever the origin's
     for topic, other_flag, other in RECORDS[4:]:  # forged name, text put, tags, forged origin, old compression, bad
         assert inbox.as_is(3, topic, 1, 42, other_flag, other, 2_000) is None
     assert inbox.as_is(3, "sensors", 1, 42, flag, data, 61_001) == ()  # expired
