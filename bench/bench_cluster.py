@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.bench_cluster [--brokers 1 2 4] [--runs 3] [--devices 2000]
                                             [--seconds 5] [--subscribers 2000] [--messages 20]
+    .venv/bin/python -m bench.bench_cluster --paths-only --brokers 2 [--messages 200] [--cpu-messages 5000]
     .venv/bin/python -m bench.bench_cluster --fanout-only --brokers 1 2 4 --subscribers 10000 [--messages 10]
     .venv/bin/python -m bench.bench_cluster --held 100000 [--held-brokers 8] [--held-keep-alive 300]
                                             [--held-seconds 60] [--held-every 30]
@@ -19,6 +20,10 @@ the median of ``--runs`` runs, in one markdown table:
   publishes on broker 0 (same broker), then on the last broker (across brokers: the cluster's routes).
 * **fan-out**: ``--subscribers`` QoS 0 subscribers of one topic spread over the brokers, one publisher on broker 0:
   the share delivered and publish-to-receive p50 / p99.
+
+``--paths-only`` runs a message's path alone, on one broker and across two: publish-to-receive p50 / p99 (as
+above) and the brokers' CPU per message (``--cpu-messages`` QoS 1 publishes, 64 in flight, to one QoS 1 subscriber on
+broker 0; all brokers' CPU together, divided by the messages delivered).
 
 ``--fanout-only`` runs the fan-out alone over each cluster size (its own table): the latency on the publisher's
 broker and on the others apart, and the brokers' CPU with no client at all (each broker's timers and its links to
@@ -148,6 +153,65 @@ def latency(cluster, publisher, messages):
     if not ms:
         return None
     return ms[len(ms) // 2], ms[min(len(ms) - 1, int(len(ms) * 0.99))]
+
+
+def cpu_per_message(cluster, publisher, messages):
+    """The brokers' CPU (µs, all of them together) per message of ``messages`` QoS 1 publishes (at most 64 in
+    flight) on broker ``publisher`` to one QoS 1 subscriber on broker 0 (None: nothing arrived)."""
+    size = load.delivered_size("cpu/x", PAYLOAD, 1)
+    pids = [b.proc.pid for b in cluster.brokers]
+    sub = load.spawn(load.subscribe, cluster.mqtt_port(0), 1, "cpusub", "cpu/#", 1, None, size)
+    pub = load.spawn(load.publish, cluster.mqtt_port(publisher), 1, "cpupub", "cpu/x", 1, PAYLOAD, None)
+    try:
+        for _, pipe in (sub, pub):
+            if pipe.recv() != "ready":
+                raise RuntimeError("a generator did not connect")
+        time.sleep(1)  # the subscription reaches the other brokers' routes
+        cpu0 = sum(cpu_seconds(pid) for pid in pids)
+        sub[1].send(("count", messages, 30 + messages / 1000))
+        pub[1].send(("go", messages, 64))
+        pub[1].recv()
+        delivered = sub[1].recv()[0]
+        cpu = sum(cpu_seconds(pid) for pid in pids) - cpu0
+        for _, pipe in (sub, pub):
+            pipe.send("close")
+    finally:
+        for proc, _ in (sub, pub):
+            proc.join(30)
+    return cpu / delivered * 1e6 if delivered else None
+
+
+def paths_run(root, zk, n, args):
+    """A message's path alone (``--paths-only``) on a cluster of ``n``: publish-to-receive latency and the brokers'
+    CPU per message, publisher and subscriber on one broker, then on two."""
+    cluster = Cluster(os.path.join(root, "p%d-%d" % (n, time.monotonic_ns())), zk.connect, n)
+    try:
+        out = {"same": latency(cluster, 0, args.messages), "same_cpu": cpu_per_message(cluster, 0, args.cpu_messages)}
+        if n > 1:
+            out["across"] = latency(cluster, n - 1, args.messages)
+            out["across_cpu"] = cpu_per_message(cluster, n - 1, args.cpu_messages)
+    finally:
+        cluster.stop()
+    return out
+
+
+def print_paths(args, results):
+    print()
+    print("a message's path: %d stamped QoS 1 messages 50 ms apart (latency), %d QoS 1 messages 64 in flight (the "
+          "brokers' CPU per message, all brokers together); medians of %d runs; %d cores"
+          % (args.messages, args.cpu_messages, args.runs, os.cpu_count()))
+    print()
+    print("| brokers | same broker p50 / p99 ms | across brokers p50 / p99 ms | CPU µs/message same broker | across "
+          "brokers | across / same |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for n in args.brokers:
+        rows = results[n]
+        same = _median([r["same_cpu"] for r in rows])
+        across = _median([r.get("across_cpu") for r in rows])
+        print("| %d | %s | %s | %s | %s | %s |" % (
+            n, _ms([r["same"] for r in rows]), _ms([r.get("across") for r in rows]),
+            "-" if same is None else "%.0f" % same, "-" if across is None else "%.0f" % across,
+            "-" if None in (same, across) else "%.2fx" % (across / same)))
 
 
 def fanout(cluster, subscribers, messages):
@@ -289,13 +353,16 @@ def run(args):
             return print_held(args, runs)
         for _ in range(args.runs):
             for n in args.brokers:  # interleaved: a noisy minute hits every size alike
-                results[n].append((fanout_run if args.fanout_only else one_run)(root, zk, n, args))
+                kind = fanout_run if args.fanout_only else paths_run if args.paths_only else one_run
+                results[n].append(kind(root, zk, n, args))
                 print("run: %d brokers %r" % (n, results[n][-1]), file=sys.stderr, flush=True)
     finally:
         zk.stop()
         shutil.rmtree(root, ignore_errors=True)
     if args.fanout_only:
         return print_fanout(args, results)
+    if args.paths_only:
+        return print_paths(args, results)
     base = statistics.median(r["rate"] for r in results[args.brokers[0]])
     print()
     print("cluster benchmark: %d devices publishing QoS 1, each its next message once the last is acknowledged; "
@@ -364,6 +431,9 @@ def main(argv=None):
     p.add_argument("--subscribers", type=int, default=2000, help="fan-out subscribers in all")
     p.add_argument("--messages", type=int, default=20, help="stamped messages per latency and fan-out row")
     p.add_argument("--fanout-only", action="store_true", help="only the fan-out, over each of --brokers")
+    p.add_argument("--paths-only", action="store_true", help="only a message's path: latency and CPU per message, "
+                   "same broker and across")
+    p.add_argument("--cpu-messages", type=int, default=5000, help="messages of a CPU per message row")
     p.add_argument("--held", type=int, default=0, help="only connections held: this many in all (e.g. 100000)")
     p.add_argument("--held-brokers", type=int, default=8, help="brokers the held connections spread over")
     p.add_argument("--held-keep-alive", type=int, default=300, help="the held connections' Keep Alive (s)")

@@ -44,12 +44,12 @@ from metaq.errors import RemoteProtocolError
 from metaq.limits import MQTT_ATTRIBUTE_CACHE, MQTT_KEPT_NAME
 from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.protocol.journaltopic import MQTT_INBOX_TOPIC
-from metaq.protocol.message import decode_payload, encode_payload
+from metaq.protocol.message import decode_attribute, decode_payload, encode_payload
 from metaq.protocol.properties import encode_attribute, split_attribute, stored_payload
 
 __all__ = ["TOPIC", "TOPIC_B64", "QOS", "CLIENT", "CONTENT_TYPE", "RESPONSE_TOPIC", "CORRELATION", "PAYLOAD_FORMAT",
            "USER_PROPERTIES", "RETAIN", "EXPIRES_AT", "PLAIN_QOS", "RecordRefusal", "partition_for",
-           "placement", "plain_plan", "record_data", "stored_message", "MqttMessage", "message_of"]
+           "placement", "plain_plan", "record_data", "stored_message", "MqttMessage", "message_of", "name_of", "named"]
 
 TOPIC = "MQTT_TOPIC"
 #: The property that holds a topic name holding ``\x01`` or ``\x02`` (the attribute's separators) in place of
@@ -243,8 +243,8 @@ def message_of(metaq_topic, flag, data, topics=DEFAULT_MAP):
             payload = stored_payload(props, payload)
         except RemoteProtocolError:  # an old compressed record that does not inflate: its bytes as stored
             pass
-    name = _name_of(props)
-    if name is None or (metaq_topic != MQTT_INBOX_TOPIC and not topics.holds(metaq_topic, name)):
+    name = named(metaq_topic, props, topics)
+    if name is None:
         user = tuple((k, v) for k, v in props.items() if not k.startswith("@") and k not in _OURS)
         return MqttMessage(metaq_topic, PLAIN_QOS, None, payload, {"user_property": user} if user else {})
     out = {}
@@ -267,3 +267,24 @@ def message_of(metaq_topic, flag, data, topics=DEFAULT_MAP):
     expires = props.get(EXPIRES_AT)
     return MqttMessage(name, int(qos) if qos in ("0", "1", "2") else PLAIN_QOS, props.get(CLIENT), payload, out,
                        props.get(RETAIN) == "1", int(expires) if expires and expires.isdigit() else None)
+
+
+def name_of(metaq_topic, flag, data, topics=DEFAULT_MAP):
+    """``message_of(metaq_topic, flag, data, topics).topic`` read from the attribute alone (the payload is neither
+    decoded nor copied): what a cluster's follow matches a peer's filters against."""
+    try:
+        attribute, _end = decode_attribute(flag, data)
+    except RemoteProtocolError:
+        return metaq_topic
+    name = named(metaq_topic, split_attribute(attribute)[1], topics)
+    return metaq_topic if name is None else name
+
+
+def named(metaq_topic, props, topics=DEFAULT_MAP):
+    """The MQTT topic name a record of ``metaq_topic`` with properties ``props`` was published with, as
+    ``message_of`` reads it: None when it names none, or one the topic map ``topics`` does not put in
+    ``metaq_topic`` (the record is then the plain message of topic name ``metaq_topic``)."""
+    name = _name_of(props)
+    if name is None or (metaq_topic != MQTT_INBOX_TOPIC and not topics.holds(metaq_topic, name)):
+        return None
+    return name

@@ -24,13 +24,15 @@ import logging
 import zlib
 
 from metaq import errors, limits
-from metaq.mqtt.records import message_of, record_data
+from metaq.mqtt.records import EXPIRES_AT, message_of, named, record_data
 from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.protocol.journaltopic import MQTT_INBOX_TOPIC
-from metaq.protocol.message import decode_payload, encode_payload
-from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute
+from metaq.protocol.message import ATTRIBUTE_FLAG, decode_attribute, decode_payload, encode_payload, with_attribute
+from metaq.protocol.properties import (PROP_SYSFLAG, PROPERTY_SEPARATOR, encode_attribute, encode_properties,
+                                       split_attribute)
 
-__all__ = ["INBOX", "ORIGIN", "NEXT", "CHECK", "GROUPS", "MARKER_NAME", "partition_of", "copy_of", "marker",
+__all__ = ["INBOX", "ORIGIN", "NEXT", "CHECK", "GROUPS", "MARKER_NAME", "partition_of", "copy_of", "copy_parts",
+           "as_is", "marker",
            "origin_of", "place_of", "groups_of", "Positions", "recover"]
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,8 @@ CHECK = "MQTT_CHECK"
 #: The MQTT name of a marker record: a ``$`` name (the broker's: no client publishes it, MQTT delivery of the inbox
 #: sends none).
 MARKER_NAME = "$metaq/cluster/position"
+#: The properties only the inbox writes: a peer's record holding one is made again (``copy_parts``), not kept.
+_OWN = frozenset({"MQTT_ORIGIN", "MQTT_GROUPS", "MQTT_NEXT", "MQTT_CHECK"})
 #: Records one step of ``recover`` reads.
 RECOVER_BATCH = 1024
 
@@ -59,6 +63,17 @@ def copy_of(origin, topic, partition, offset, flag, data, now_ms, topics=DEFAULT
     """``(flag, data)`` of the inbox copy of ``origin``'s record ``topic``-``partition`` at ``offset`` seen under the
     topic map ``topics`` (a cluster's brokers share their mqtt settings), for the ``$share`` groups ``groups`` too;
     None when the message expired (MQTT 5 Message Expiry) or cannot be kept as an MQTT record (logged)."""
+    made = copy_parts(origin, topic, partition, offset, flag, data, now_ms, topics, groups, check)
+    return None if made is None else (made[0], b"".join(made[1]))
+
+
+def copy_parts(origin, topic, partition, offset, flag, data, now_ms, topics=DEFAULT_MAP, groups=(), check=0):
+    """``copy_of``'s answer with its data as pieces to join (``(flag, pieces)``). An MQTT record (one ``as_is``
+    keeps) keeps its bytes: its attribute block with the copy's properties added, then its payload, neither decoded
+    nor copied; any other record is made again as the MQTT message ``message_of`` reads in it."""
+    kept = as_is(origin, topic, partition, offset, flag, data, now_ms, topics, groups, check)
+    if kept is not None:
+        return kept or None
     m = message_of(topic, flag, data, topics)
     props = dict(m.properties)
     if m.expires_ms is not None:
@@ -73,12 +88,40 @@ def copy_of(origin, topic, partition, offset, flag, data, now_ms, topics=DEFAULT
         return None
     attribute, payload = decode_payload(flag2, data2)
     tags, props2, _remoting = split_attribute(attribute)
-    props2[ORIGIN] = "%d:%d:%d:%s" % (origin, partition, offset, topic)
+    props2.update(_own(origin, topic, partition, offset, groups, check))
+    flag3, data3 = encode_payload(payload, encode_attribute(tags, props2))
+    return flag3, (data3,)
+
+
+def as_is(origin, topic, partition, offset, flag, data, now_ms, topics=DEFAULT_MAP, groups=(), check=0):
+    """``(flag, pieces)`` of the copy of an MQTT record kept as it is (its attribute read, its payload a view of
+    ``data``), ``()`` when it expired (MQTT 5 Message Expiry: the time its record keeps); None when the record is
+    not one to keep as it is: a record without the MQTT name the topic map puts in ``topic`` (``records.named``), with
+    tags, with a property of the inbox's own (forged) or an old record's compression (``@SYSFLAG``)."""
+    try:
+        attribute, end = decode_attribute(flag, data)
+    except errors.RemoteProtocolError:
+        return None
+    tags, props, with_properties = split_attribute(attribute)
+    if not with_properties or tags or PROP_SYSFLAG in props or not _OWN.isdisjoint(props) or \
+            named(topic, props, topics) is None:
+        return None
+    expires = props.get(EXPIRES_AT)
+    if expires and expires.isdigit() and int(expires) <= now_ms:
+        return ()
+    head = attribute if attribute.endswith(PROPERTY_SEPARATOR) else attribute + PROPERTY_SEPARATOR
+    own = encode_properties(_own(origin, topic, partition, offset, groups, check))
+    return ATTRIBUTE_FLAG, with_attribute(data, end, (head + own).encode("utf-8"))  # the flag every copy has
+
+
+def _own(origin, topic, partition, offset, groups, check):
+    """The inbox's properties of a copy: its origin, its check and its groups."""
+    props = {ORIGIN: "%d:%d:%d:%s" % (origin, partition, offset, topic)}
     if check:
-        props2[CHECK] = str(check)
+        props[CHECK] = str(check)
     if groups:
-        props2[GROUPS] = json.dumps([list(g) for g in groups], separators=(",", ":"))
-    return encode_payload(payload, encode_attribute(tags, props2))
+        props[GROUPS] = json.dumps([list(g) for g in groups], separators=(",", ":"))
+    return props
 
 
 def marker(origin, topic, partition, next_offset, now_ms, check=0):

@@ -6,9 +6,11 @@ when they change, which also looks every MEMBERS_S (a promotion or a demotion of
 link per other member (at most MQTT_CLUSTER_MAX_PEERS, the lowest broker ids), a slave none (it copies its
 master's inbox). Nothing is written to ZooKeeper for a device or a subscription.
 
-**Copies.** Each MESSAGE entry a link brings is appended through the put path to the inbox (``inbox.py``), unless
-the resume positions say it was copied already; positions move with each copy (and, in memory, with the POSITION
-entries). A refused append (a full disk, a slave now) ends the link: it resumes from the positions, nothing lost.
+**Copies.** Each MESSAGE entry a link brings is appended to the inbox (``inbox.py``: an MQTT record keeps its bytes,
+its origin added to its properties), unless the resume positions say it was copied already, a run of them in one
+append of the put path's burst writer (as a batch of puts); positions move with each copy written (and, in memory,
+with the POSITION entries). A refused append (a full disk, a slave now) ends the link: it resumes from the
+positions, nothing lost.
 
 **Shared groups.** The route carries this broker's ``$share`` groups with members; the broker a message is published
 on decides which broker's group takes it (``share.py``): its own group reads only what is assigned here
@@ -38,6 +40,7 @@ way), with this broker's own clears; for a name the newest by (time, broker id) 
 import itertools
 import logging
 import time
+import zlib
 
 import gevent
 from gevent.event import Event
@@ -54,6 +57,7 @@ from metaq.protocol.replication_mqtt import (MESSAGE, POSITION, RESUMED, RETAINE
                                              split_shared)
 from metaq.clock import now_ms
 from metaq.server.connections import share_loop
+from metaq.server.putpath import AUTHORIZED
 
 log = logging.getLogger(__name__)
 
@@ -446,9 +450,10 @@ class MqttCluster:
         path's refusal, or a malformed entry's ``RemoteProtocolError`` (the link ends and resumes from the
         positions). The loop is shared between entries (``share_loop``), each decoded as it is reached
         (``RecordEntries``): a frame of MQTT_CLUSTER_FRAME_BYTES of tiny entries keeps the other clients waiting no
-        longer than a turn, read once. ``routed``: a list the frame's ROUTED versions are appended to (the link
-        acks them once the frame is applied)."""
-        copied, last = 0, {}
+        longer than a turn, read once. The copies of a run of MESSAGE and SHARED entries are written together
+        (``_write``), the positions moved once they are. ``routed``: a list the frame's ROUTED versions are
+        appended to (the link acks them once the frame is applied)."""
+        copied, keys, run = 0, set(), []
         now = now_ms()
         positions = self.positions
         turn = time.monotonic()
@@ -460,33 +465,79 @@ class MqttCluster:
                         continue
                     groups, data = split_shared(e.data) if e.kind == SHARED else ((), e.data)
                     check = record_check(e.ts, data)
-                    made = inbox.copy_of(origin, e.topic, e.partition, e.offset, e.flag, data, now, self.port.topics,
-                                         groups, check)
+                    made = inbox.copy_parts(origin, e.topic, e.partition, e.offset, e.flag, data, now,
+                                            self.port.topics, groups, check)
                     if made is None:  # not kept (expired): a marker holds the position instead
-                        made = inbox.marker(origin, e.topic, e.partition, e.offset + 1, now, check)
+                        flag, data = inbox.marker(origin, e.topic, e.partition, e.offset + 1, now, check)
+                        made = flag, (data,)
                     else:
                         copied += 1
-                    last.update(self._append(origin, e, made, now))
-                    positions.copied(origin, e.topic, e.partition, e.offset, check)
-                    positions.keep(origin, e.topic, e.partition)
-                elif e.kind == POSITION:
-                    last.update(self._position(origin, e, now))
+                    run.append((e, made, check))
+                    continue
+                if run:
+                    done, run = run, []
+                    self._write(origin, done, now, keys)
+                if e.kind == POSITION:
+                    keys.update(self._position(origin, e, now))
                 elif e.kind == RETAINED:
                     self.retained_next[origin] = (e.offset + 1, record_check(e.ts, e.data))
                     self._apply_retained(origin, e)
                 elif e.kind == ROUTED and routed is not None:
                     routed.append(e.offset)
-        finally:  # what was appended before a malformed entry is made visible: its readers wake now
-            for r in last.values():
-                self.port.made_visible(inbox.INBOX, r, now)
+        finally:  # the copies before a malformed entry are written; what was appended is made visible: readers wake now
+            try:
+                if run:
+                    self._write(origin, run, now, keys)
+            finally:
+                if keys:
+                    self.put_path.written(keys, now)
         self.copied += copied
         return copied
+
+    def _write(self, origin, run, now, keys):
+        """Append the copies of ``run`` (``(entry, (flag, pieces), check)`` each, in the frame's order) to their inbox
+        partitions with the put path's burst writer (each record's pieces joined once, into the burst's buffer, at
+        most a frame's bytes and the copies' properties), and move the positions past each copy written; where the
+        burst writer stops (a partition's first append, the next index file, a segment roll) one copy goes through
+        ``PutPath.append`` (which refuses what the inbox cannot take) and the burst resumes. ``keys`` gets the
+        ``(topic, partition)`` of the inbox partitions written. Raises the put path's refusal once what it wrote is
+        counted."""
+        path, positions = self.put_path, self.positions
+        topic = inbox.INBOX.encode("ascii")
+        src, frames = bytearray(), []
+        for e, (flag, pieces), _check in run:
+            start, crc = len(src), 0
+            for piece in pieces:
+                src += piece
+                crc = zlib.crc32(piece, crc)
+            frames.append((topic, inbox.partition_of(origin, e.topic, e.partition), flag, 0, start, len(src) - start,
+                           crc))
+        done, n = 0, len(frames)
+        try:
+            path.check_write(inbox.INBOX, AUTHORIZED, internal=True)
+            while done < n:
+                taken, written = path.append_burst(frames[done:] if done else frames, src, now)
+                for run_key, count, nbytes, _first_id, first_offset, _first, _end in written:
+                    path.counted(inbox.INBOX, count, nbytes)
+                    keys.add(run_key)
+                    self._inbox_end[run_key[1]] = first_offset + count
+                done += taken
+                if done < n:  # the burst writer stopped: one copy through the general path, then on
+                    f = frames[done]
+                    r = path.append(inbox.INBOX, f[1], f[2], bytes(src[f[4]:f[4] + f[5]]), now, internal=True)
+                    keys.add((inbox.INBOX, f[1]))
+                    self._inbox_end[f[1]] = r.offset + 1
+                    done += 1
+        finally:
+            for e, _made, check in run[:done]:
+                positions.copied(origin, e.topic, e.partition, e.offset, check)
+                positions.keep(origin, e.topic, e.partition)
 
     def _position(self, origin, e, now):
         """A POSITION entry: the copy resumes at ``e.offset`` (its ``ts``: the check of the record before it). A
         marker holds it when nothing of the partition was copied yet, and when the origin resumed the copy there,
         before where it was (RESUMED: what was copied past it is not the origin's any more, and its records there
-        are copied now); ``{inbox partition: PutResult}`` of the marker."""
+        are copied now); ``{(inbox, partition)}`` of the marker."""
         positions, rewound = self.positions, bool(e.flag & RESUMED)
         if rewound:
             log.warning("mqtt cluster: peer broker %d resumed %s-%d at %d, before where this broker's copy was (%s): "
@@ -494,17 +545,17 @@ class MqttCluster:
                         positions.get(origin, e.topic, e.partition))
         positions.copied(origin, e.topic, e.partition, e.offset - 1, e.ts, rewound)
         if positions.kept(origin, e.topic, e.partition) and not rewound:
-            return {}
+            return set()
         positions.keep(origin, e.topic, e.partition)
         return self._append(origin, e, inbox.marker(origin, e.topic, e.partition, e.offset, now, e.ts), now)
 
     def _append(self, origin, e, made, now):
-        """Append ``made`` (flag, data) to the inbox partition of ``origin``'s ``e.topic``-``e.partition``; ``{inbox
-        partition: PutResult}``."""
+        """Append ``made`` (flag, data) to the inbox partition of ``origin``'s ``e.topic``-``e.partition``; ``{(inbox,
+        partition)}``."""
         partition = inbox.partition_of(origin, e.topic, e.partition)
         r = self.put_path.append(inbox.INBOX, partition, made[0], made[1], now, internal=True)
         self._inbox_end[partition] = r.offset + 1
-        return {partition: r}
+        return {(inbox.INBOX, partition)}
 
     # -- retained ------------------------------------------------------------------
 

@@ -10,9 +10,10 @@ topic deleted stops being followed at that same wake, which its deletion gives a
 broker before (since its start) is resumed without a gap where it has no position (``PeerServer.since``,
 ``PeerFollow.start_of``): a partition an earlier follow started is started there again, one of a topic made here
 after the earlier follows last looked (made during a cut, or while the peer was down) from its start. A
-record goes in a RECORDS frame when its MQTT topic name (``records.message_of``, as local delivery sees it) matches
-a filter; a POSITION entry says how far each partition was read. With a retained offset the ``R``/``U`` records of
-the ``%MQTT%`` journal go too. At most MQTT_CLUSTER_BATCH_BYTES of records per frame; an empty RECORDS each
+record goes in a RECORDS frame, its bytes as stored, when its MQTT topic name (``records.name_of``: as local delivery
+sees it, read from its attribute without copying its payload) matches a filter; a POSITION entry says how far each
+partition was read. With a retained offset the ``R``/``U`` records of the ``%MQTT%`` journal go too. At most
+MQTT_CLUSTER_BATCH_BYTES of records per frame, sent in one write (``send_records``); an empty RECORDS each
 HEARTBEAT_S when idle. ROUTES again from the peer replace its filters (its partitions already followed keep their
 read positions); a route in parts (``split_routes``) is acted on once its last part came, the first route too. A
 route that names a version is acked with a ROUTED entry in the next batch, after the POSITION of each partition it
@@ -38,7 +39,7 @@ import gevent
 from gevent.event import Event
 
 from metaq import errors, limits
-from metaq.mqtt.records import message_of
+from metaq.mqtt.records import name_of
 from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.mqtt.topics import matches
 from metaq.mqttcluster.calls import serve_calls
@@ -322,7 +323,7 @@ class PeerFollow:
     def _entry(self, topic, partition, rec):
         """The entry of record ``rec`` for the peer (None: it wants none): SHARED when this broker assigns it to some
         of the peer's groups (``Shares.owner``), else MESSAGE when a filter of the peer matches its name."""
-        name = message_of(topic, rec.flag, rec.data, self.topicmap).topic
+        name = name_of(topic, rec.flag, rec.data, self.topicmap)
         owned = ()
         if self.groups:
             shares, here = self.shares, self.shares.broker_id
@@ -447,7 +448,7 @@ class PeerServer:
                     rescanned = time.monotonic()
                 entries = follow.batch(self.confirmed_end())
                 if entries:
-                    send_event(sock, Records(tuple(entries)))
+                    send_records(sock, Records(tuple(entries)))
                     self.sent_records += sum(1 for e in entries if e.kind != POSITION)
                     sent = time.monotonic()
                     turn = share_loop(turn)  # a backlog's batches let the other connections run every MAX_TURN_MS
@@ -531,6 +532,12 @@ class PeerServer:
             log.warning("mqtt cluster: peer broker %d sent %s: ending its link", follow.broker_id,
                         type(event).__name__.upper())
             return
+
+
+def send_records(sock, event):
+    """Send a RECORDS frame in one write: its parts joined (a frame is at most MQTT_CLUSTER_FRAME_BYTES), so that a
+    link with TCP_NODELAY sends a few segments of it, not one per entry's part."""
+    sock.sendall(b"".join(rp.frame_parts(event)))
 
 
 def _close(sock):

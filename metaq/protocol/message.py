@@ -26,6 +26,8 @@ __all__ = [
     "Record",
     "encode_payload",
     "decode_payload",
+    "decode_attribute",
+    "with_attribute",
     "encode_record",
     "iter_records",
 ]
@@ -61,8 +63,15 @@ def decode_payload(flag, data):
     length is negative or runs past the end of data). Undecodable attribute
     bytes are replaced with U+FFFD, as Java's ``new String(bytes, "utf-8")`` does.
     """
+    attribute, end = decode_attribute(flag, data)
+    return attribute, bytes(data[end:])
+
+
+def decode_attribute(flag, data):
+    """``(attribute or None, where the payload starts in data)``: ``decode_payload``'s attribute, read without
+    copying the payload; raises as ``decode_payload`` does."""
     if not flag & ATTRIBUTE_FLAG:
-        return None, bytes(data)
+        return None, 0
     if len(data) < _ATTR_LEN.size:
         raise RemoteProtocolError("attribute block truncated: data has only %d bytes" % len(data))
     (attr_len,) = _ATTR_LEN.unpack_from(data, 0)
@@ -71,8 +80,13 @@ def decode_payload(flag, data):
         raise RemoteProtocolError(
             "invalid attribute length %d: data holds %d bytes after the length" % (attr_len, len(data) - 4)
         )
-    attribute = bytes(data[_ATTR_LEN.size : end]).decode("utf-8", "replace")
-    return attribute, bytes(data[end:])
+    return bytes(data[_ATTR_LEN.size : end]).decode("utf-8", "replace"), end
+
+
+def with_attribute(data, end, attribute):
+    """The pieces of a record's data (with the attribute flag) whose attribute block is ``attribute`` (bytes) and
+    whose payload is ``data[end:]``, not copied: ``b"".join`` of them is the data ``encode_payload`` would make."""
+    return _ATTR_LEN.pack(len(attribute)), attribute, memoryview(data)[end:]
 
 
 def encode_record(msg_id, flag, data):

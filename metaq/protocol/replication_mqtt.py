@@ -139,7 +139,8 @@ def shared_data(groups, data):
 
 
 def split_shared(data):
-    """``(groups, record data)`` of a SHARED entry's data; a fatal RemoteProtocolError when it is not one."""
+    """``(groups, record data)`` of a SHARED entry's data (the record's a slice of it, not copied); a fatal
+    RemoteProtocolError when it is not one."""
     if len(data) < GROUPS_LENGTH.size:
         raise _fail("a SHARED entry without its groups")
     (length,) = GROUPS_LENGTH.unpack_from(data)
@@ -148,7 +149,7 @@ def split_shared(data):
         groups = json.loads(bytes(data[GROUPS_LENGTH.size:end]).decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):  # (nested past the decoder's depth: a clear error too)
         raise _fail("a SHARED entry's groups are not UTF-8 JSON of a list of pairs") from None
-    return _groups(groups), bytes(data[end:])
+    return _groups(groups), data[end:]
 
 
 def _groups(groups):
@@ -338,8 +339,9 @@ def decode_records(payload):
 class RecordEntries:
     """A RECORDS frame's entries, each decoded (and checked) as iteration reaches it: one that does not fit the
     frame, of an unknown kind or with a topic that is not UTF-8, or bytes left over after the last, raise a fatal
-    ``RemoteProtocolError`` there (the entries before it stand: each was whole). Equal to the tuple of its
-    entries."""
+    ``RemoteProtocolError`` there (the entries before it stand: each was whole). A MESSAGE's or SHARED's data is a
+    view of the frame (its record is copied once, where it is written), any other entry's bytes. Equal to the tuple
+    of its entries."""
 
     __slots__ = ("_payload", "_count")
 
@@ -362,6 +364,7 @@ class RecordEntries:
 
     def __iter__(self):
         payload, count = self._payload, self._count
+        view = memoryview(payload)
         at, end = COUNT.size, len(payload)
         for n in range(count):
             if at + ENTRY.size > end:
@@ -377,7 +380,7 @@ class RecordEntries:
             except UnicodeDecodeError:
                 raise _fail("a RECORDS topic is not UTF-8") from None
             at += tlen
-            data = payload[at:at + dlen]
+            data = view[at:at + dlen] if kind in (MESSAGE, SHARED) else payload[at:at + dlen]
             at += dlen
             yield Entry(kind, topic, partition, offset, flag, ts, data)
         if at != end:

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.mqtt.port import MqttPort
-from metaq.mqttcluster import handover, service
+from metaq.mqttcluster import handover, inbox, service
 from metaq.mqttcluster.calls import PeerClient, PeerUnreachable
 from metaq.mqttcluster.ids import home_of
 from metaq.mqttcluster.link import ACK_EXPECTED_S, PeerLink
@@ -242,12 +242,13 @@ def test_the_records_before_a_malformed_entry_are_made_visible():
     p.receive_data(_records_frame(good[rp.FRAME_HEADER.size:] + b"x"))
     frame = p.next_event()
     cluster = _cluster()
-    visible, offsets = [], iter(range(100))
-    cluster.put_path = SimpleNamespace(append=lambda *a, **k: SimpleNamespace(offset=next(offsets)))
-    cluster.port.made_visible = lambda topic, r, now: visible.append(r.offset)
+    visible, appended = [], []
+    cluster.put_path = SimpleNamespace(check_write=lambda *a, **k: None, append_burst=lambda frames, src, now: (0, []),
+                                       append=lambda *a, **k: appended.append(a[4]) or SimpleNamespace(offset=0),
+                                       written=lambda keys, now: visible.extend(keys))
     with pytest.raises(RemoteProtocolError, match="leaves 1 bytes over"):
         cluster.apply(2, frame.entries)
-    assert visible == [0]
+    assert visible == [(inbox.INBOX, inbox.partition_of(2, "sensors", 1))] and len(appended) == 1
 
 
 class EndCluster(FakeCluster):

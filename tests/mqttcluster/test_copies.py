@@ -1,0 +1,123 @@
+"""A record crossing brokers is decoded and encoded as few times as the walk needs (docs/mqtt.md "A cluster"):
+published on A, read by A's follow of B's route by its name alone, kept as it is in B's inbox, decoded once by
+B's delivery. The brokers count their codec's calls on the test's payload (``tests.harness.codeccount``)."""
+
+import socket
+
+import pytest
+
+from metaq.mqtt.records import message_of, name_of, record_data
+from metaq.mqtt.topicmap import DEFAULT_MAP, TopicMap
+from metaq.mqttcluster import inbox
+from metaq.mqttcluster.serve import send_records
+from metaq.protocol import replication as rp
+from metaq.protocol.message import encode_payload
+from metaq.protocol.properties import encode_attribute
+from metaq.protocol.replication_mqtt import MESSAGE, POSITION, Entry
+from tests.harness.broker import wait_for
+from tests.harness.codeccount import counting, read_counts
+from tests.harness.mqtt import Paho
+from tests.harness.mqttcluster import Cluster, wait_routed
+
+MARK = "payload-walk-7f3a"
+N = 20
+
+
+def test_a_record_crossing_brokers_is_decoded_once(broker_factory, tmp_path, zk_connect, monkeypatch):
+    monkeypatch.setenv("METAQ_PURE_PYTHON", "1")  # every codec call a Python one, the wrapper's
+    cluster = Cluster(broker_factory, tmp_path, zk_connect, 2)
+    outs = [tmp_path / ("counts-%d.json" % i) for i in range(2)]
+    for i, cfg in enumerate(cluster.configs):
+        b = broker_factory(cfg, workdir=tmp_path / ("b%d" % i), start=False)
+        b.prefix = counting(outs[i], MARK)
+        cluster.brokers.append(b.start())
+    cluster.wait_linked()
+    sub = Paho(cluster[1], "walk-sub")
+    assert sub.subscribe("walk/#", 1) == [1]
+    pub = Paho(cluster[0], "walk-pub")
+    wait_routed(sub, lambda i: pub.publish("walk/probe", b"probe", 1))
+    before = [read_counts(o) for o in outs]
+    for i in range(N):
+        pub.publish("walk/t", b"%s-%d" % (MARK.encode(), i), 1)
+    got = sub.wait_messages(N, 20)
+    assert sorted(m.payload for m in got) == sorted(b"%s-%d" % (MARK.encode(), i) for i in range(N))
+    wait_for(lambda: read_counts(outs[1])["decode_payload"] - before[1]["decode_payload"] >= N, 5, "B's counts")
+    after = [read_counts(o) for o in outs]
+    calls = [{k: after[b][k] - before[b][k] for k in after[b]} for b in range(2)]
+    # A: at most its publish's encode (its follow reads the name alone); B: delivery's one decode (the copy is kept
+    # as it came, neither decoded nor encoded)
+    assert calls[0]["decode_payload"] == 0 and calls[0]["encode_payload"] <= N, calls
+    assert calls[1] == {"encode_payload": 0, "decode_payload": N}, calls
+
+
+MAPPED = TopicMap([{"filter": "plant/#", "topic": "plants"}])
+V5 = {"user_property": [("k", "v")], "content_type": "text/plain", "correlation_data": b"\x00c",
+      "response_topic": "r/1", "payload_format_indicator": 1, "message_expiry_interval": 60}
+RECORDS = [
+    ("sensors", *record_data("sensors/a", b"21.5", 1, "dev-1", None)),
+    ("sensors", *record_data("sensors/b", b"x" * 300, 2, "dev-2", V5, True, 1_000)),
+    ("sensors", *record_data("sensors/\x01odd", b"b64", 0, None, None)),  # its name kept as MQTT_TOPIC_B64
+    ("plants", *record_data("plant/7", b"mapped", 1, "p", None)),  # a topic map rule's
+    ("sensors", *record_data("plant/7", b"forged", 1, "p", None)),  # a name the map does not put here
+    ("sensors", 0, b"from-text"),  # a text put: its name is its topic
+    ("sensors", *encode_payload(b"tagged", encode_attribute("tag", {"MQTT_TOPIC": "sensors/t", "MQTT_QOS": "1"}))),
+    ("sensors", *encode_payload(b"forged-origin", encode_attribute(None, {"MQTT_TOPIC": "sensors/f",
+                                                                          "MQTT_ORIGIN": "9:9:9:x"}))),
+    ("sensors", *encode_payload(b"old", encode_attribute(None, {"MQTT_TOPIC": "sensors/z", "@SYSFLAG": "0"}))),
+    ("sensors", 1, b"\x00\x00\x10\x00short"),  # an attribute block longer than the data
+    ("sensors", 1, b"\x00"),
+]
+
+
+@pytest.mark.parametrize("topic,flag,data", RECORDS)
+def test_the_name_read_alone_is_the_one_delivery_reads(topic, flag, data):
+    for topics in (DEFAULT_MAP, MAPPED):
+        assert name_of(topic, flag, data, topics) == message_of(topic, flag, data, topics).topic
+
+
+@pytest.mark.parametrize("topic,flag,data", RECORDS)
+def test_a_copy_reads_as_its_origin_record_and_names_its_place(topic, flag, data):
+    copy = inbox.copy_of(3, topic, 1, 42, flag, data, 2_000, MAPPED, (("g", "sensors/#"),), 77)
+    expect = message_of(topic, flag, data, MAPPED)
+    got = message_of(inbox.INBOX, *copy)
+    if expect.expires_ms is not None:  # kept as the time it expires (a copy made again: whole seconds from now)
+        assert got.expires_ms >= expect.expires_ms
+        got, expect = got._replace(expires_ms=0), expect._replace(expires_ms=0)
+    assert got == expect
+    assert inbox.place_of(*copy) == ((3, topic, 1, 42), 77, False)
+    assert inbox.groups_of(*copy) == (("g", "sensors/#"),)
+
+
+def test_an_mqtt_record_is_kept_as_it_is_and_any_other_made_again():
+    flag, data = RECORDS[1][1:]
+    kept = inbox.as_is(3, "sensors", 1, 42, flag, data, 2_000)
+    assert kept[0] == flag and bytes(kept[1][-1]) == data[-300:]  # the payload a view of the peer's bytes
+    assert inbox.as_is(3, "sensors", 1, 42, flag | 4, data, 2_000)[0] == 1  # a copy's flag, whatever the origin's
+    for topic, other_flag, other in RECORDS[4:]:  # forged name, text put, tags, forged origin, old compression, bad
+        assert inbox.as_is(3, topic, 1, 42, other_flag, other, 2_000) is None
+    assert inbox.as_is(3, "sensors", 1, 42, flag, data, 61_001) == ()  # expired
+    assert inbox.copy_of(3, "sensors", 1, 42, flag, data, 61_001) is None
+
+
+def test_a_records_frame_leaves_in_one_write():
+    class Counted(socket.socket):
+        writes = 0
+
+        def sendall(self, data, *args):
+            Counted.writes += 1
+            return super().sendall(data, *args)
+
+    a, b = socket.socketpair()
+    sender = Counted(fileno=a.detach())
+    event = rp.Records(tuple(Entry(MESSAGE, "sensors", 0, i, 1, 5, b"d" * i) for i in range(1, 40))
+                       + (Entry(POSITION, "sensors", 0, 40),))
+    try:
+        send_records(sender, event)
+        frame = rp.serialize(event)
+        got = b""
+        while len(got) < len(frame):
+            got += b.recv(1 << 16)
+        assert got == frame and Counted.writes == 1
+    finally:
+        sender.close()
+        b.close()
