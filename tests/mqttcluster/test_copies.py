@@ -2,6 +2,7 @@
 published on A, read by A's follow of B's route by its name alone, kept as it is in B's inbox, decoded once by
 B's delivery. The brokers count their codec's calls on the test's payload (``tests.harness.codeccount``)."""
 
+import os
 import socket
 
 import pytest
@@ -25,6 +26,8 @@ N = 20
 
 def test_a_record_crossing_brokers_is_decoded_once(broker_factory, tmp_path, zk_connect, monkeypatch):
     monkeypatch.setenv("METAQ_PURE_PYTHON", "1")  # every codec call a Python one, the wrapper's
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))))  # -m tests...
     cluster = Cluster(broker_factory, tmp_path, zk_connect, 2)
     outs = [tmp_path / ("counts-%d.json" % i) for i in range(2)]
     for i, cfg in enumerate(cluster.configs):
