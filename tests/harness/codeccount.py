@@ -6,13 +6,13 @@ every COUNTS_S. A test runs brokers under it with ``BrokerProcess.prefix`` (``co
 
 import json
 import os
+import runpy
 import sys
 
-from gevent import monkey
+if __name__ == "__main__":  # the broker's process only: a test importing ``counting`` stays unpatched
+    from gevent import monkey
 
-monkey.patch_all()
-
-import runpy  # noqa: E402
+    monkey.patch_all()
 
 import gevent  # noqa: E402
 
