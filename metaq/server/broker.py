@@ -58,7 +58,7 @@ from metaq.pop.service import PopService
 from metaq.topics.service import TopicAdmin
 from metaq.groups.service import GroupAdmin
 from metaq.store.results import PRESSURE_FULL, PRESSURE_NONE
-from metaq.store.store import MessageStore
+from metaq.storestate import open_store
 from metaq.timers.http import TimerViews, add_timer_routes
 from metaq.timers.service import TimerService
 
@@ -91,9 +91,9 @@ class Broker:
                                              "timers": config.limits.max_pending_timers,
                                              "connections": config.max_connections(),
                                              "parked_gets": config.limits.max_parked_gets})
-        self.store = MessageStore.open(config.store_config(), now_ms(),
-                                       lambda user: self.guard.quotas.limit(user, "idempotent_producers"),
-                                       lambda user, n: self.guard.quotas.check(user, "consumer_offsets", n))
+        self.store = open_store(config.store_config(), now_ms(),
+                                lambda user: self.guard.quotas.limit(user, "idempotent_producers"),
+                                lambda user, n: self.guard.quotas.check(user, "consumer_offsets", n))
         self.waiters = PartitionWaiters(config.limits.max_parked_gets,
                                         lambda user, n: self.guard.quotas.check(user, "parked_gets", n))
         self.store.on_partitions_made(self.waiters.partitions_made)  # told as it moves, never asked per wake

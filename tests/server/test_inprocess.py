@@ -21,7 +21,7 @@ from metaq.server.guard import Guard
 from metaq.server.text.dispatch import TextDispatcher
 from metaq.transactions.text import TextTransactions
 from metaq.transactions.service import TxService
-from metaq.store.store import MessageStore
+from metaq.storestate import open_store
 from gevent.lock import Semaphore
 
 
@@ -79,7 +79,7 @@ class Parts:
 
     def __init__(self, cfg):
         self.config = cfg
-        self.store = MessageStore.open(cfg.store_config(), now_ms())
+        self.store = open_store(cfg.store_config(), now_ms())
         self.stats = BrokerStats()
         self.waiters = PartitionWaiters()
         self.gate = WriteGate()
