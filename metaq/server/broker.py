@@ -21,15 +21,15 @@ from metaq.priorities.wire import with_owner_keys
 from metaq.clock import now_ms
 from metaq.server.config import is_loopback
 from metaq.server.http.origin import BrowserCheck
-from metaq.server.proxies import TrustedProxies
-from metaq.server.connections import ConnectionCore, ConnectionLimits, Strangers
+from metaq.serving.proxies import TrustedProxies
+from metaq.serving.connections import ConnectionCore, ConnectionLimits, Strangers
 from metaq.timers.scheduler import DelayScheduler
 from metaq.server.flusher import AheadWorker, Flusher
 from metaq.server.guard import Guard
 from metaq.server.http.api import BrokerViews
 from metaq.server.http.port import HttpPort
 from metaq.server.http.server import UnsentReplies
-from metaq.server.longpoll import PartitionWaiters
+from metaq.serving.longpoll import PartitionWaiters
 from metaq.mqtt.port import MqttPort
 from metaq.mqtt.websocket import listen_websocket
 from metaq.mqttcluster.asks import Asks
@@ -39,7 +39,7 @@ from metaq.mqttcluster.members import Members
 from metaq.mqttcluster.peers import MqttCluster
 from metaq.mqttcluster.serve import PeerServer
 from metaq.mqttcluster.service import ClientIds
-from metaq.server.putpath import PutPath, WriteGate
+from metaq.serving.putpath import PutPath, WriteGate
 from metaq.server.registry import ZkRegistry
 from metaq.server.routes import ClusterView
 from metaq.server.remoting.server import RemotingServer, advertised_ip
@@ -48,11 +48,12 @@ from metaq.server.replication.election import Election
 from metaq.server.replication.roles import Roles
 from metaq.server.stats import (BrokerStats, NodeFacts, StatsService, grpc_values, quota_rows, remoting_values,
                                 security_values)
-from metaq.server.text.dispatch import TextDispatcher, error_reply
+from metaq.server.text.dispatch import TextDispatcher
+from metaq.protocol.text import error_reply
 from metaq.server.text.fastput import FastPuts
 from metaq.server.text.server import TextFrontEnd
 from metaq.transactions.text import TextTransactions
-from metaq.server.tls import TlsPolicy, client_context
+from metaq.serving.tls import TlsPolicy, client_context
 from metaq.transactions.service import TxService
 from metaq.pop.service import PopService
 from metaq.topics.service import TopicAdmin

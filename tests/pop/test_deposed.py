@@ -10,10 +10,10 @@ from metaq.pop.service import PopService
 from metaq.protocol.journaltopic import POP_TOPIC
 from metaq.clock import now_ms
 from tests.harness.store import server_config
-from metaq.server.connections import ConnectionCore, ConnectionLimits
+from metaq.serving.connections import ConnectionCore, ConnectionLimits
 from metaq.server.flusher import Flusher
-from metaq.server.longpoll import PartitionWaiters
-from metaq.server.putpath import PutPath, WriteGate
+from metaq.serving.longpoll import PartitionWaiters
+from metaq.serving.putpath import PutPath, WriteGate
 from metaq.server.replication.roles import Roles
 from metaq.server.stats import BrokerStats
 from metaq.storestate import open_store

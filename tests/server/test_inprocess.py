@@ -10,11 +10,11 @@ from metaq.protocol.stream import NEED_DATA
 from metaq.protocol.text import TextParser
 from metaq.clock import now_ms
 from tests.harness.store import server_config
-from metaq.server.connections import ConnectionCore, ConnectionLimits
+from metaq.serving.connections import ConnectionCore, ConnectionLimits
 from metaq.timers.scheduler import DelayScheduler
 from metaq.server.flusher import Flusher
-from metaq.server.longpoll import PartitionWaiters
-from metaq.server.putpath import PutPath, WriteGate
+from metaq.serving.longpoll import PartitionWaiters
+from metaq.serving.putpath import PutPath, WriteGate
 from metaq.server.replication.roles import Roles, read_promoted
 from metaq.server.stats import BrokerStats
 from metaq.server.guard import Guard

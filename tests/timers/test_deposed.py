@@ -11,8 +11,8 @@ from gevent.lock import Semaphore
 from metaq.clock import now_ms
 from tests.harness.store import server_config
 from metaq.server.flusher import Flusher
-from metaq.server.longpoll import PartitionWaiters
-from metaq.server.putpath import WriteGate
+from metaq.serving.longpoll import PartitionWaiters
+from metaq.serving.putpath import WriteGate
 from metaq.storestate import open_store
 from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.timers.scheduler import STATE_MAGIC, DelayScheduler
