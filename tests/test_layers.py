@@ -442,8 +442,9 @@ def test_cycle_finder_on_a_graph():
 #: metaq/storestate.py and metaq/admincli.py were, and the server's parts the features use, now metaq/serving/).
 CLIENT_OFFERS = ("the client's Producer and Consumer offer the feature's calls themselves while the feature's "
                  "client module builds on the client's messages and replies")
-TEXT_SET = ("the client parses with the whole text command set, which lists admin's wire module, while admin's "
-            "command-line tools (admin/tools.py) build on the client")
+TEXT_SET = ("the client parses with the whole text command set, which lists the features' wire modules, while "
+            "their packages' client and command-line modules (keys/client.py, pop/client.py, admin/tools.py, "
+            "groups/cli.py ...) build on the client")
 
 #: The arrows that point up, each with its reason; every other arrow between folders points down.
 UPWARD = {
