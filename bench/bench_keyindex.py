@@ -31,7 +31,7 @@ from metaq.protocol.message import encode_payload  # noqa: E402
 from metaq.protocol.rocketmq.mapping import encode_attribute  # noqa: E402
 from metaq.keys import index as keyindex  # noqa: E402
 from metaq.store.config import StoreConfig, TopicSpec  # noqa: E402
-from metaq.store.store import MessageStore  # noqa: E402
+from metaq.storestate import open_store  # noqa: E402
 
 NOW = 1_700_000_000_000
 
@@ -53,7 +53,7 @@ def indexing_run(kind, n):
     base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     d = tempfile.mkdtemp(prefix="metaq-bench-keys-", dir=base)
     try:
-        s = MessageStore.open(StoreConfig(data_dir=d, segment_size=256 << 20, topics=[TopicSpec("bench", 1)],
+        s = open_store(StoreConfig(data_dir=d, segment_size=256 << 20, topics=[TopicSpec("bench", 1)],
                                           key_index_slots=1 << 16, key_index_entries=1 << 19), NOW)
         body = b"x" * 1000
         for i in range(n):
@@ -83,7 +83,7 @@ def one_run(keys, lookups):
     base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     d = tempfile.mkdtemp(prefix="metaq-bench-keys-", dir=base)
     try:
-        s = MessageStore.open(StoreConfig(data_dir=d, segment_size=64 << 20, topics=[TopicSpec("bench", 1)]), NOW)
+        s = open_store(StoreConfig(data_dir=d, segment_size=64 << 20, topics=[TopicSpec("bench", 1)]), NOW)
         flag, data = encode_payload(b"probe body", encode_attribute(None, {"KEYS": "probe"}))
         s.put("bench", 0, flag, data, NOW)
         flushed_and_indexed(s)

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from metaq.server.zerocopy import send_ranges  # noqa: E402
 from metaq.store.config import StoreConfig, TopicSpec  # noqa: E402
-from metaq.store.store import MessageStore  # noqa: E402
+from metaq.storestate import open_store  # noqa: E402
 
 NOW = 1_609_459_200_000
 
@@ -36,7 +36,7 @@ NOW = 1_609_459_200_000
 def fill(root, size, total):
     cfg = StoreConfig(data_dir=root, segment_size=256 << 20, index_file_units=1 << 20, flush="async",
                       topics=[TopicSpec("bench", 1)])
-    s = MessageStore.open(cfg, NOW)
+    s = open_store(cfg, NOW)
     body = b"x" * size
     count = total // size
     for _ in range(count):

@@ -24,7 +24,7 @@ import time
 
 from metaq.protocol.checksum import metaq_checksum
 from metaq.store.config import StoreConfig, TopicSpec
-from metaq.store.store import MessageStore
+from metaq.storestate import open_store
 
 NOW = 1_609_459_200_000
 BATCH = 1000
@@ -106,7 +106,7 @@ class Flusher:
 def put_run(root, n, size=1024, checksum=False, prepare=True, flush=False):
     """Puts/s and the worst 1000-put batch (ms) of one run into a fresh store."""
     path = tempfile.mkdtemp(prefix="metaq-bench-", dir=root)
-    s = MessageStore.open(config(path), NOW)
+    s = open_store(config(path), NOW)
     worker = Preparer(s) if prepare and hasattr(s, "prepare_ahead") else None
     flusher = Flusher(s) if flush else None
     try:
@@ -163,7 +163,7 @@ def bench_put(root, runs, n, checksum=False, prepare=True, flush=False):
 def bench_read_recover(root, n=300_000, size=1024):
     path = tempfile.mkdtemp(prefix="metaq-bench-", dir=root)
     try:
-        s = MessageStore.open(config(path), NOW)
+        s = open_store(config(path), NOW)
         data = b"x" * size
         for i in range(n):
             s.put("bench", 0, 0, data, NOW + (i >> 10))
@@ -192,7 +192,7 @@ def bench_read_recover(root, n=300_000, size=1024):
 
         os.unlink(os.path.join(path, "checkpoint"))  # force a full scan (units already right)
         t0 = time.perf_counter()
-        s = MessageStore.open(config(path), NOW)
+        s = open_store(config(path), NOW)
         dt = time.perf_counter() - t0
         r = s.recovery
         assert r.records_scanned == n and r.scanned_bytes == end
@@ -201,7 +201,7 @@ def bench_read_recover(root, n=300_000, size=1024):
         s.abandon()
         shutil.rmtree(os.path.join(path, "index"))
         t0 = time.perf_counter()
-        s = MessageStore.open(config(path), NOW)
+        s = open_store(config(path), NOW)
         dt = time.perf_counter() - t0
         assert s.recovery.index_units_rebuilt == n
         print("recovery full scan + index rebuild: %.0f MB/s, %.0f records/s" % (end / dt / 1e6, n / dt))

@@ -39,7 +39,7 @@ import time
 from metaq.protocol import checksum
 from metaq.store import gather, lookup
 from metaq.store.config import StoreConfig, TopicSpec
-from metaq.store.store import MessageStore
+from metaq.storestate import open_store
 
 NOW = 1_609_459_200_000
 READ = 1 << 20
@@ -48,7 +48,7 @@ READ = 1 << 20
 def make_store(path, size, mib):
     cfg = StoreConfig(data_dir=path, segment_size=256 << 20, index_file_units=1 << 20, flush="async",
                       flush_every_messages=1 << 30, flush_interval_ms=1 << 30, topics=[TopicSpec("bench", 1)])
-    s = MessageStore.open(cfg, NOW)
+    s = open_store(cfg, NOW)
     body = bytes(range(256)) * (size // 256) + bytes(size % 256)
     count = (mib << 20) // size
     for _ in range(count):

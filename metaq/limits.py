@@ -164,7 +164,7 @@ def max_per_address_for(max_connections):
 
 #: Reply bytes one connection may hold, read from the store but not yet taken by the kernel (its
 #: socket's send buffer full: a client that does not read). Past it the connection's reads of the store,
-#: and so the parsing of its requests, wait for the replies to drain (server/connections.ReplyBudget).
+#: and so the parsing of its requests, wait for the replies to drain (serving/connections.ReplyBudget).
 #: One record larger than this is still served whole.
 MAX_REPLY_BYTES = 4 * 1024 * 1024
 
@@ -1281,7 +1281,7 @@ MQTT_CLUSTER_SHARE_WEIGHT_MAX = 65_535
 #: member. A group's first member here or its last leaving goes at once.
 MQTT_CLUSTER_SHARE_SETTLE_S = 1.0
 
-# -- MQTT over WebSocket (metaq/server/wsio.py, docs/mqtt.md "Over WebSocket") -----------------------------------
+# -- MQTT over WebSocket (metaq/serving/wsio.py, docs/mqtt.md "Over WebSocket") -----------------------------------
 
 #: Seconds a WebSocket client has to finish its HTTP upgrade request from its connection's accept (a request
 #: trickled a byte at a time or never finished is closed then; the login deadline, when shorter, applies too).

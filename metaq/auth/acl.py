@@ -312,3 +312,17 @@ def parse_acl(doc, source="the permissions file"):
         users[name] = User(name, secret, None if user_allow is None else parse_addresses(user_allow, where + ".allow"),
                            (own,) + tuple(roles[r] for r in taken))
     return Acl(users, allow, parse_quotas(doc.get("quotas"), "%s: quotas" % source))
+
+
+def failure_prefix(host, v4_bits=limits.AUTH_PREFIX_V4):
+    """The network a failed login from ``host`` is also counted under: its IPv4 /24 (``v4_bits``) or IPv6 /64
+    (``limits``), as text; None for a name that is no address (a Unix socket's). One IPv6 host holds a whole /64,
+    so an address is no narrower than that."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if address.version == 6 and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    bits = v4_bits if address.version == 4 else limits.AUTH_PREFIX_V6
+    return str(ipaddress.ip_network("%s/%d" % (address, bits), strict=False))

@@ -4,7 +4,7 @@
   nonce and ``HMAC-SHA256(secret, "metaq-auth-1 client <user> <server nonce> <client nonce>")``; the server
   answers with the same HMAC over ``"... server ..."``, so the client knows the broker holds the secret too.
   Nothing reusable crosses the wire: each proof binds both nonces.
-* **Replication** (``protocol.replication`` CHALLENGE and PROOF frames, ``server.replication.handshake``):
+* **Replication** (``protocol.replication`` CHALLENGE and PROOF frames, ``serving.replication.handshake``):
   the same construction with the shared replication secret, the words ``slave`` / ``master`` and the slave id.
 * **RocketMQ's ACL signature** (``AclClientRPCHook``): Base64 of ``HMAC-SHA1(secret key, the values of the
   request's extFields sorted by key, the ``Signature`` itself left out, then the body)``.

@@ -27,5 +27,5 @@ client (the client layer)
                  a batch that failed for good gives again, and the broker's refusals that free them
 
 The RocketMQ send with an identity is served with the port's other sends (``server/remoting/send.py``); the put path
-every front-end shares calls the store's ``put_idempotent`` (``server/putpath.py``).
+every front-end shares calls the store's ``put_idempotent`` (``serving/putpath.py``).
 """

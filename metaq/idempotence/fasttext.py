@@ -32,9 +32,9 @@ from metaq.idempotence.burst import run_end as _run_end, scan_idem_burst
 from metaq.idempotence.wire import DUPLICATE_MARK
 from metaq.protocol.text import encode_result
 from metaq.clock import now_ms
-from metaq.server.putpath import ACK_NOW
-from metaq.server.text.dispatch import error_reply
-from metaq.server.text.takers import DONE, MORE, before_refused_topic, writable_topics
+from metaq.serving.putpath import ACK_NOW
+from metaq.protocol.text import error_reply
+from metaq.serving.takers import DONE, MORE, before_refused_topic, writable_topics
 
 _DUP_TAIL = b" " + DUPLICATE_MARK
 

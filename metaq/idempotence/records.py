@@ -56,7 +56,7 @@ import struct
 
 from metaq.errors import ClientError
 from metaq.protocol.message import ATTRIBUTE_FLAG, decode_payload
-from metaq.protocol.properties import (PID_MARK, PID_PROPERTY, PROPERTY_SEPARATOR, SEQ_MARK, SEQ_PROPERTY,
+from metaq.protocol.properties import (PID_MARK, PID_PROPERTY, PROPERTY_SEPARATOR, SEQ_MARK, SEQ_PROPERTY, has_identity,
                                        decode_properties)
 
 __all__ = ["PID_PROPERTY", "SEQ_PROPERTY", "OWNER_PROPERTY", "MARK", "SEQ_MARK", "OWNER_MARK", "MAX_PID", "MAX_SEQ",
@@ -69,7 +69,6 @@ OWNER_MARK = ("\x02%s\x01" % OWNER_PROPERTY).encode("ascii")
 #: The bytes every stored idempotent record's attribute holds (found with one bytes search before decoding); the
 #: identity's property names and marks are the protocol's (``protocol.properties``: reserved, ``protocol.burst``).
 MARK = PID_MARK
-_PID_TEXT, _SEQ_TEXT = PID_MARK.decode("ascii"), SEQ_MARK.decode("ascii")
 _SEP = PROPERTY_SEPARATOR.encode("ascii")
 _ATTR_LEN = struct.Struct(">i")
 _COPY_BELOW = 64 * 1024
@@ -84,11 +83,6 @@ def check_identity(pid, seq):
     if type(seq) is not int or not 0 <= seq <= MAX_SEQ:
         raise ClientError("invalid sequence %r: must be 0..%d" % (seq, MAX_SEQ))
     return pid, seq
-
-
-def has_identity(attribute):
-    """True when an attribute string carries a reserved identity property (a plain put must not)."""
-    return attribute is not None and (_PID_TEXT in attribute or _SEQ_TEXT in attribute)
 
 
 def owner_suffix(owner):

@@ -12,9 +12,9 @@ from metaq.idempotence.burst import run_end, scan_idem_batch
 from metaq.idempotence.wire import DUPLICATE_MARK, encode_idem_runs
 from metaq.protocol.text import encode_result
 from metaq.clock import now_ms
-from metaq.server.putpath import ACK_NOW
-from metaq.server.text.batchput import BatchPuts
-from metaq.server.text.putchecks import uncompressed, verified_checksum
+from metaq.serving.putpath import ACK_NOW
+from metaq.serving.batchput import BatchPuts
+from metaq.serving.putchecks import uncompressed, verified_checksum
 from metaq.store.record import FIXED_OVERHEAD
 
 NO_WAIT = 0
@@ -60,7 +60,7 @@ class TextIdempotentBatches(BatchPuts):
     """``putb_idem`` (``idempotence.wire.IdempotentBatch``): a batch of one producer's put_idem frames, checked
     whole, decided and stored by the idempotent run writer, answered once.
 
-    The order is ``putb``'s (``server/text/batchput.py``): the write decision once for the batch's topic; every
+    The order is ``putb``'s (``serving/batchput.py``): the write decision once for the batch's topic; every
     sub-record checked (``idempotence.burst.scan_idem_batch``: form, checksum, topic, partition, one producer
     id, each partition's sequences consecutive), the producer-partitions admitted, no batch past its next
     sequence and every resent frame the message stored under its sequence (``MessageStore.check_idempotent_batch``),

@@ -37,7 +37,7 @@ from metaq.mqtt.session import PUBLISH_SENT, PUBREL_SENT
 from metaq.mqtt.subscriptions import Subscriptions
 from metaq.mqtt.wire import MQTT_5, MqttError, MqttParser, encode, refusal
 from metaq.protocol.stream import CLOSED, NEED_DATA
-from metaq.server import connections as core
+from metaq.serving import connections as core
 
 log = logging.getLogger(__name__)
 

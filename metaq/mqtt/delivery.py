@@ -76,7 +76,7 @@ from metaq.mqtt.outbound import Outbound
 from metaq.mqtt.records import message_of
 from metaq.mqtt.resend import resend, send_carried
 from metaq.mqtt.subscribing import Subscriber
-from metaq.server.connections import share_loop
+from metaq.serving.connections import share_loop
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import gevent
 from gevent.event import Event
 
 from metaq import errors, limits, speedups
-from metaq.server.connections import share_loop
+from metaq.serving.connections import share_loop
 
 
 #: Packets one ``send_each`` writes at most (Linux's IOV_MAX).

@@ -11,7 +11,7 @@ made by the wire's parsers (``wire.read_publishes``).
 from os import write as _write
 
 from metaq.mqtt.wire import Publish, read_publishes
-from metaq.server.putpath import ACK_NOW
+from metaq.serving.putpath import ACK_NOW
 
 _new = object.__new__
 

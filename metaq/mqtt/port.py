@@ -60,8 +60,8 @@ from metaq.mqtt.session import SharedGroup
 from metaq.mqtt.topics import TopicError, matches, split_shared
 from metaq.mqtt.wills import Wills
 from metaq.clock import now_ms
-from metaq.server.connections import close_with_grace, share_loop
-from metaq.server.putpath import ACK_NOW
+from metaq.serving.connections import close_with_grace, share_loop
+from metaq.serving.putpath import ACK_NOW
 from metaq.speedups import load
 from metaq.store.record import FIXED_OVERHEAD
 from metaq.store.results import BurstRun

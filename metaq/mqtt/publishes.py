@@ -25,7 +25,7 @@ from metaq.mqtt.plainturn import entries_of, plain_turn
 from metaq.mqtt.records import RecordRefusal, plain_plan
 from metaq.mqtt.wire import MQTT_5
 from metaq.clock import now_ms
-from metaq.server.putpath import ACK_NOW
+from metaq.serving.putpath import ACK_NOW
 
 log = logging.getLogger(__name__)
 _time = time.time

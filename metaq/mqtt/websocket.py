@@ -13,7 +13,7 @@ import time
 
 from metaq import limits
 from metaq.mqtt.connection import Connection
-from metaq.server.wsio import WsRules, WsStream
+from metaq.serving.wsio import WsRules, WsStream
 
 __all__ = ["SUBPROTOCOLS", "listen_websocket"]
 

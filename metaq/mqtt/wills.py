@@ -33,7 +33,7 @@ import gevent
 from metaq import errors, limits
 from metaq.mqtt.follow import SavedWill, encode_will, encode_will_end
 from metaq.mqtt.wire import Will
-from metaq.server.connections import share_loop
+from metaq.serving.connections import share_loop
 
 log = logging.getLogger(__name__)
 

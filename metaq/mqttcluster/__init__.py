@@ -5,7 +5,7 @@ Two features over the replication port, each with its own frames: each master fo
 what its own sessions subscribe and copies what matches into its inbox (``%MQTTIN%``, ROUTES / RECORDS), which its
 MQTT delivery reads like any topic; and a client id is the cluster's: one live session per id, registered with the
 id's home broker, which takes it from the broker holding it (PEER_CALL / PEER_REPLY). Both prove the replication
-secret as peers (``server.replication.handshake.peer_proof``), with the TLS a slave's link uses.
+secret as peers (``serving.replication.handshake.peer_proof``), with the TLS a slave's link uses.
 
 A feature package: every module of the feature is here, named by its role (``tests/test_layers.py``
 FEATURE_ROLES).

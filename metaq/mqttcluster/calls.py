@@ -39,9 +39,9 @@ from metaq import errors, limits
 from metaq.protocol import replication as rp
 from metaq.protocol.replication_peer import PEER_CALL_HEAD
 from metaq.protocol.stream import CLOSED, NEED_DATA
-from metaq.server.connections import share_loop
-from metaq.server.replication import handshake
-from metaq.server.replication.link import send_event
+from metaq.serving.connections import share_loop
+from metaq.serving.replication import handshake
+from metaq.serving.replication.link import send_event
 
 log = logging.getLogger(__name__)
 

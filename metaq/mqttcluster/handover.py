@@ -38,7 +38,7 @@ from metaq.mqtt.session import PUBLISH_SENT, PUBREL_SENT, MqttSession
 from metaq.mqttcluster.inbox import INBOX, origin_of
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
 from metaq.clock import now_ms
-from metaq.server.connections import share_loop
+from metaq.serving.connections import share_loop
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """One link to one peer: connect to its replication port, prove the secret with the slave's handshake
-(``server.replication.slave.authenticate``, with the peers' proofs: ``handshake.peer_proof``), send ROUTES (this
+(``serving.replication.link.authenticate``, with the peers' proofs: ``handshake.peer_proof``), send ROUTES (this
 broker's filters, its resume positions for that peer and its ``$share`` groups with members; in parts when it does not
 fit one frame: ``split_routes``, the first in the handshake, the others once the peer's first RECORDS proved it; a
 first part the peer would not read before the proof, REPLICATION_HANDSHAKE_FRAME_BYTES, goes after an empty one), then
@@ -18,9 +18,9 @@ import gevent
 from metaq import errors, limits
 from metaq.protocol import replication as rp
 from metaq.protocol.replication_mqtt import split_routes
-from metaq.server.connections import share_loop
-from metaq.server.replication.link import BACKOFF_MAX_S, BACKOFF_MIN_S, LINK_TIMEOUT_S, send_event
-from metaq.server.replication.slave import authenticate, next_event
+from metaq.serving.connections import share_loop
+from metaq.serving.replication.link import (BACKOFF_MAX_S, BACKOFF_MIN_S, LINK_TIMEOUT_S, authenticate, next_event,
+                                           send_event)
 
 log = logging.getLogger(__name__)
 

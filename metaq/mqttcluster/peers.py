@@ -56,8 +56,8 @@ from metaq.protocol.registration import mqtt_membership
 from metaq.protocol.replication_mqtt import (MESSAGE, POSITION, RESUMED, RETAINED, ROUTED, SHARED, record_check,
                                              split_shared)
 from metaq.clock import now_ms
-from metaq.server.connections import share_loop
-from metaq.server.putpath import AUTHORIZED
+from metaq.serving.connections import share_loop
+from metaq.serving.putpath import AUTHORIZED
 
 log = logging.getLogger(__name__)
 

@@ -48,9 +48,9 @@ from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
 from metaq.protocol.replication_mqtt import (MESSAGE, POSITION, RESUMED, RETAINED, ROUTED, SHARED, Entry, Records,
                                              join_routes, record_check, shared_data)
 from metaq.protocol.stream import CLOSED, NEED_DATA
-from metaq.server.connections import share_loop
-from metaq.server.longpoll import NEW_PARTITION
-from metaq.server.replication.link import ERR_REFUSED, HEARTBEAT_S, LINK_TIMEOUT_S, send_event
+from metaq.serving.connections import share_loop
+from metaq.serving.longpoll import NEW_PARTITION
+from metaq.serving.replication.link import ERR_REFUSED, HEARTBEAT_S, LINK_TIMEOUT_S, send_event
 from metaq.topics.names import is_internal
 
 log = logging.getLogger(__name__)

@@ -68,7 +68,7 @@ from metaq.mqtt import wire
 from metaq.mqttcluster import handover
 from metaq.mqttcluster.calls import PeerUnreachable
 from metaq.mqttcluster.ids import HomeRegistry, RegistryFull, home_of
-from metaq.server.connections import share_loop
+from metaq.serving.connections import share_loop
 
 log = logging.getLogger(__name__)
 

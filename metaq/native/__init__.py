@@ -33,7 +33,7 @@ Python twin): buffers in, plain values out, each function the exact twin of a Py
 
 **Compiled modules** (``COMPILED``), each under ``<package>/`` here: ``store.store``, ``store.batch`` (the log's
 writer and a burst's run), ``mqtt.plainturn``, ``mqtt.direct`` (the MQTT reader's turn and direct delivery),
-``server.putpath``, ``server.longpoll`` (the put path and long-polled reads).
+``serving.putpath``, ``serving.longpoll`` (the put path and long-polled reads).
 """
 
 import importlib.machinery
@@ -49,8 +49,8 @@ COMPILED = (
     "metaq.mqtt.plainturn",
     "metaq.mqtt.direct",
     "metaq.store.batch",
-    "metaq.server.putpath",
-    "metaq.server.longpoll",
+    "metaq.serving.putpath",
+    "metaq.serving.longpoll",
 )
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -37,7 +37,7 @@ class PopLog:
     position (a ``SnapshotFloor``: retention's once its end is durable)."""
 
     def __init__(self, store, append):
-        """``append``: the put path's journal append (``server.putpath.journal_append``)."""
+        """``append``: the put path's journal append (``serving.putpath.journal_append``)."""
         self._store = store
         self._append = append
         self.written = 0

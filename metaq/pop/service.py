@@ -51,7 +51,7 @@ from metaq.protocol.journaltopic import DLQ_PREFIX
 from metaq.protocol.rocketmq.mapping import message_of_record, record_data_from_send, retry_copy
 from metaq.clock import now_ms
 from metaq.loop.inflate import inflate_body
-from metaq.server.putpath import journal_append
+from metaq.serving.putpath import journal_append
 from metaq.store.journals import JournalFollow
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ _received_of = functools.partial(tuple.__new__, Received)
 class PopService:
     """See the module doc. ``put_path``: the dead letters' appends and the master check; ``is_master``: whether this
     broker starts as the master (a slave's service follows the journal); ``max_attempts``: deliveries before a
-    message is dead-lettered; ``waiters``: the partitions' long-poll waiters (``server/longpoll.py``) a receive with a
+    message is dead-lettered; ``waiters``: the partitions' long-poll waiters (``serving/longpoll.py``) a receive with a
     wait parks on."""
 
     def __init__(self, store, put_path, is_master=True, max_attempts=limits.POP_MAX_ATTEMPTS, make_state=PopState,

@@ -15,9 +15,9 @@ from metaq.priorities.wire import choose_level, encode_get_prio_prefix, level_to
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.clock import now_ms
 from metaq.loop.coldpages import bring_in_record_head
-from metaq.server.longpoll import PartitionWaiters
+from metaq.serving.longpoll import PartitionWaiters
 from metaq.loop.expect import check_held
-from metaq.server.text.putchecks import uncompressed, verified_checksum
+from metaq.serving.putchecks import uncompressed, verified_checksum
 
 NO_WAIT = 0
 

@@ -24,46 +24,19 @@ waited longer than the topic's ``priority_max_wait_ms`` competes by age: among s
 the oldest head goes first (ties: the higher level).
 """
 
-import re
 from typing import NamedTuple, Optional, Tuple
 
 from metaq import limits
 from metaq.protocol.commands import NEEDS_HANDLER, TextCommand, register, token
 from metaq.protocol.integers import parse_int
+from metaq.protocol.leveltopic import LEVEL_MARK, is_level_topic, level_refusal, level_topic, split_level
 
 __all__ = ["LEVEL_MARK", "level_topic", "split_level", "is_level_topic", "level_refusal", "PriorityPut",
            "PriorityGet", "choose_level", "encode_get_prio_prefix",
            "decode_get_prio_body"]
 
-LEVEL_MARK = "%P"
-_LEVEL_RE = re.compile(r"(.+)%P([1-9][0-9]?)")
-_LEVEL_BYTES_RE = re.compile(rb".+%P[1-9][0-9]?")
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
-
-
-def level_topic(topic, level):
-    """The name level ``level`` of ``topic`` is stored under (``topic`` itself for level 0)."""
-    return topic if level == 0 else "%s%s%d" % (topic, LEVEL_MARK, level)
-
-
-def split_level(name):
-    """``(topic, level)`` of a level's internal name, or None for any other name."""
-    m = _LEVEL_RE.fullmatch(name)
-    return None if m is None else (m.group(1), int(m.group(2)))
-
-
-def is_level_topic(name):
-    """True for a level's internal name (``str`` or ``bytes``, as the fast put paths hold it)."""
-    if isinstance(name, (bytes, bytearray, memoryview)):
-        name = bytes(name)
-        return b"%P" in name and _LEVEL_BYTES_RE.fullmatch(name) is not None
-    return "%P" in name and _LEVEL_RE.fullmatch(name) is not None
-
-
-def level_refusal(name):
-    return ("%s is a priority level's internal topic: put to %s with a priority (put_prio, Message(priority=N))"
-            % (name, split_level(name)[0] if split_level(name) else name))
 
 
 class PriorityPut(NamedTuple):

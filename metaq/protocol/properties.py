@@ -38,6 +38,7 @@ __all__ = [
     "SEQ_PROPERTY",
     "PID_MARK",
     "SEQ_MARK",
+    "has_identity",
     "encode_properties",
     "decode_properties",
     "encode_attribute",
@@ -75,6 +76,12 @@ SEQ_PROPERTY = "METAQ_SEQ"
 #: How each starts in an attribute: every stored idempotent record's attribute holds ``PID_MARK``.
 PID_MARK = ("%s%s%s" % (PROPERTY_SEPARATOR, PID_PROPERTY, NAME_VALUE_SEPARATOR)).encode("ascii")
 SEQ_MARK = ("%s%s%s" % (PROPERTY_SEPARATOR, SEQ_PROPERTY, NAME_VALUE_SEPARATOR)).encode("ascii")
+_PID_TEXT, _SEQ_TEXT = PID_MARK.decode("ascii"), SEQ_MARK.decode("ascii")
+
+
+def has_identity(attribute):
+    """True when an attribute string carries a reserved identity property (a plain put must not)."""
+    return attribute is not None and (_PID_TEXT in attribute or _SEQ_TEXT in attribute)
 
 
 def encode_properties(properties):

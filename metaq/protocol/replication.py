@@ -18,7 +18,7 @@ an ERROR before closing. The slave cuts its log to
 the agreed position, then appends and answers ACKs as it appends and flushes.
 Both directions use the same framing, so one parser serves both ends. (Which
 proof a side sends and accepts, and the refusals when only one side holds a
-secret: ``metaq.server.replication.handshake``; the proofs: ``metaq.auth.proofs``.)
+secret: ``metaq.serving.replication.handshake``; the proofs: ``metaq.auth.proofs``.)
 
 Frame (big-endian)::
 

@@ -2,7 +2,7 @@
 broker follows this broker's log for what its MQTT sessions subscribe (``metaq.mqttcluster``). Sans-IO.
 
 A peer connects to the replication port as a slave does, proves the replication secret as peers do (CHALLENGE,
-PROOF: ``server.replication.handshake.peer_proof``, as a PEER_CALL's caller), then sends ROUTES where a slave
+PROOF: ``serving.replication.handshake.peer_proof``, as a PEER_CALL's caller), then sends ROUTES where a slave
 sends HELLO; the master answers its PROOF and then RECORDS frames, and the peer may send ROUTES again whenever its
 filters change.
 

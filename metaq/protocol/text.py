@@ -25,7 +25,7 @@ error again.
 
 import re
 
-from metaq import limits
+from metaq import errors, limits
 from metaq.errors import ClientError, RemoteProtocolError
 from metaq.protocol.events import (
     DEFAULT_OPAQUE,
@@ -69,7 +69,8 @@ from metaq.protocol.integers import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, 
 from metaq.protocol.stream import StreamParser
 from metaq.protocol.tags import PASSED_SUFFIX, parse_tag_expression
 
-__all__ = ["TextParser", "serialize", "encode_result", "encode_value_header"]
+__all__ = ["TextParser", "serialize", "encode_result", "encode_value_header", "error_reply", "xa_error_body",
+           "parse_xa_error"]
 
 
 _CHECKSUM_START = frozenset("-0123456789")
@@ -657,3 +658,29 @@ def encode_result(code, body, opaque):
 def encode_value_header(length, opaque):
     """``value <length> <opaque>\\r\\n``; the caller sends ``length`` bytes of records after it."""
     return b"value %d %d\r\n" % (length, opaque)
+
+
+def error_reply(exc, opaque):
+    """The wire reply for a MetaqError (the only error→reply mapping)."""
+    if isinstance(exc, errors.Moved):
+        return encode_result(301, str(exc.offset).encode(), opaque)
+    if isinstance(exc, errors.TransactionError):
+        return encode_result(500, xa_error_body(exc.xa_code, exc.msg), opaque)
+    return encode_result(exc.code, str(exc).encode("utf-8", "replace"), opaque)
+
+
+#: A failed ``transaction`` reply's body (a TransactionError's XA code and message).
+_XA_ERROR = re.compile(r"XAException:code=(-?\d+),msg=(.*)", re.S)
+
+
+def xa_error_body(code, msg):
+    """The body of a failed ``transaction`` reply."""
+    return ("XAException:code=%d,msg=%s" % (code, msg)).encode("utf-8")
+
+
+def parse_xa_error(body):
+    """``(code, msg)`` from a failure body, or None when the body is not an XAException."""
+    m = _XA_ERROR.fullmatch(bytes(body).decode("utf-8", "replace"))
+    if m is None:
+        return None
+    return int(m.group(1)), m.group(2)

@@ -5,7 +5,7 @@ masked, its length in the fewest bytes that hold it, at most the listener's boun
 such frames at a position and unmasks their payloads in one call; it stops at the first frame that is not common
 (a control frame, a fragment, a text frame, and every frame a rule refuses) and says how long that frame is, so
 its bytes, exactly, go to the WebSocket library, which answers or refuses it as it does any frame
-(``metaq.server.wsio``). ``metaq.native._bytes``'s ``ws_frames`` is ``frames_py`` in C (the tests hold the two
+(``metaq.serving.wsio``). ``metaq.native._bytes``'s ``ws_frames`` is ``frames_py`` in C (the tests hold the two
 equal). ``binary_header`` is the server's unmasked binary frame's header.
 """
 

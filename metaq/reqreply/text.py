@@ -16,8 +16,8 @@ from metaq.protocol.message import encode_record
 from metaq.reqreply.records import properties_of, reply_topic, request_properties, with_properties
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.clock import now_ms
-from metaq.server.guard import PUB
-from metaq.server.text.putchecks import uncompressed, verified_checksum
+from metaq.auth.acl import PUB
+from metaq.serving.putchecks import uncompressed, verified_checksum
 from metaq.reqreply.service import STOPPING, ReplyMessage
 
 

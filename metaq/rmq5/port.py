@@ -68,7 +68,7 @@ from metaq.rmq5.http2 import (ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, 
 from metaq.rmq5.headercache import CachedDecoder, CachedEncoder, CheckedHeaders
 from metaq.rmq5.wire import (OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW, WAITS, GrpcError, MessageReader, Status, frame,
                              frames, is_grpc_content_type, parse_timeout, rpc_name, trailers, trailers_only)
-from metaq.server.connections import Connection, share_loop
+from metaq.serving.connections import Connection, share_loop
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from metaq.priorities.wire import with_owner_keys
 from metaq.clock import now_ms
 from metaq.server.config import is_loopback
 from metaq.server.http.origin import BrowserCheck
-from metaq.server.proxies import TrustedProxies
-from metaq.server.connections import ConnectionCore, ConnectionLimits, Strangers
+from metaq.serving.proxies import TrustedProxies
+from metaq.serving.connections import ConnectionCore, ConnectionLimits, Strangers
 from metaq.timers.scheduler import DelayScheduler
 from metaq.server.flusher import AheadWorker, Flusher
 from metaq.server.guard import Guard
@@ -30,7 +30,7 @@ from metaq.server.http.api import BrokerViews
 from metaq.server.http.port import HttpPort
 from metaq.server.http.server import UnsentReplies
 from metaq.server.http.topicview import WebSocketPorts
-from metaq.server.longpoll import PartitionWaiters
+from metaq.serving.longpoll import PartitionWaiters
 from metaq.mqtt.port import MqttPort
 from metaq.mqtt.websocket import listen_websocket
 from metaq.mqttcluster.asks import Asks
@@ -40,7 +40,7 @@ from metaq.mqttcluster.members import Members
 from metaq.mqttcluster.peers import MqttCluster
 from metaq.mqttcluster.serve import PeerServer
 from metaq.mqttcluster.service import ClientIds
-from metaq.server.putpath import PutPath, WriteGate
+from metaq.serving.putpath import PutPath, WriteGate
 from metaq.server.registry import ZkRegistry
 from metaq.server.routes import ClusterView
 from metaq.server.remoting.server import RemotingServer, advertised_ip
@@ -49,17 +49,18 @@ from metaq.server.replication.election import Election
 from metaq.server.replication.roles import Roles
 from metaq.server.stats import (BrokerStats, NodeFacts, StatsService, grpc_values, quota_rows, remoting_values,
                                 security_values)
-from metaq.server.text.dispatch import TextDispatcher, error_reply
+from metaq.server.text.dispatch import TextDispatcher
+from metaq.protocol.text import error_reply
 from metaq.server.text.fastput import FastPuts
 from metaq.server.text.server import TextFrontEnd
 from metaq.transactions.text import TextTransactions
-from metaq.server.tls import TlsPolicy, client_context
+from metaq.serving.tls import TlsPolicy, client_context
 from metaq.transactions.service import TxService
 from metaq.pop.service import PopService
 from metaq.topics.service import TopicAdmin
 from metaq.groups.service import GroupAdmin
 from metaq.store.results import PRESSURE_FULL, PRESSURE_NONE
-from metaq.store.store import MessageStore
+from metaq.storestate import open_store
 from metaq.timers.http import TimerViews, add_timer_routes
 from metaq.timers.service import TimerService
 
@@ -92,9 +93,9 @@ class Broker:
                                              "timers": config.limits.max_pending_timers,
                                              "connections": config.max_connections(),
                                              "parked_gets": config.limits.max_parked_gets})
-        self.store = MessageStore.open(config.store_config(), now_ms(),
-                                       lambda user: self.guard.quotas.limit(user, "idempotent_producers"),
-                                       lambda user, n: self.guard.quotas.check(user, "consumer_offsets", n))
+        self.store = open_store(config.store_config(), now_ms(),
+                                lambda user: self.guard.quotas.limit(user, "idempotent_producers"),
+                                lambda user, n: self.guard.quotas.check(user, "consumer_offsets", n))
         self.waiters = PartitionWaiters(config.limits.max_parked_gets,
                                         lambda user, n: self.guard.quotas.check(user, "parked_gets", n))
         self.store.on_partitions_made(self.waiters.partitions_made)  # told as it moves, never asked per wake

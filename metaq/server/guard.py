@@ -16,7 +16,6 @@ once.
 """
 
 import collections
-import ipaddress
 import logging
 import os
 import stat
@@ -26,7 +25,7 @@ import gevent
 
 from metaq import errors, limits
 from metaq.auth import proofs
-from metaq.auth.acl import ADMIN, PUB, SUB, parse_acl
+from metaq.auth.acl import ADMIN, PUB, SUB, failure_prefix, parse_acl
 from metaq.auth.quotas import RATE_OF, Quotas
 from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.journaltopic import GROUP_COPY_PREFIXES
@@ -60,20 +59,6 @@ class Session:
 def _file_state(path):
     st = os.stat(path)
     return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def failure_prefix(host, v4_bits=limits.AUTH_PREFIX_V4):
-    """The network a failed login from ``host`` is also counted under: its IPv4 /24 (``v4_bits``) or IPv6 /64
-    (``limits``), as text; None for a name that is no address (a Unix socket's). One IPv6 host holds a whole /64,
-    so an address is no narrower than that."""
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return None
-    if address.version == 6 and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    bits = v4_bits if address.version == 4 else limits.AUTH_PREFIX_V6
-    return str(ipaddress.ip_network("%s/%d" % (address, bits), strict=False))
 
 
 def _read_acl(path):

@@ -14,7 +14,6 @@ import struct
 from operator import attrgetter
 
 from metaq.errors import ClientError, CorruptRecord, DiskFull, InvalidTopic, Moved, NotFound, UnknownTopic
-from metaq.filters import reads as filtered
 from metaq.limits import KEY_INDEX_STEP_BYTES, MAX_FILTER_SCAN_UNITS, validate_partition
 from metaq.store import batch, gather, lookup, recovery, replica, unitcheck
 from metaq.store.ahead import AheadWork
@@ -24,24 +23,17 @@ from metaq.store.config import TopicTable
 from metaq.store.epochs import EpochHistory
 from metaq.store.files import (CHECKPOINT_MAGIC, CLEAN_MAGIC, DISK_FULL_ERRNOS, TOPIC_OWNERS_MAGIC, DataDir,
                                disk_usage)
-from metaq.idempotence.state import Idempotence
 from metaq.protocol.journaltopic import MQTT_INBOX_TOPIC, MQTT_SESSIONS_TOPIC, POP_TOPIC, TX_TOPIC
 from metaq.store.index import TAG_FORMAT, UNIT, UNIT_SIZE, PartitionIndex
 from metaq.store.partitions import Partitions
-from metaq.keys.index import KeyIndex
 from metaq.store.follower import LogFollower
 from metaq.store.msgid import IdGenerator
-from metaq.offsets.table import ConsumerOffsets
 from metaq.store.positions import LogPositions
 from metaq.store.quota import TopicQuota
 from metaq.store.readcount import ReadCounts
 from metaq.store.record import FIXED_OVERHEAD, TOPIC_START, RecordTooLarge, tag_hash, write_record
 from metaq.store.results import DiskState, PartitionStats, PutResult, ReadResult
 from metaq.store.retention import apply_retention
-from metaq.topics.state import TopicOps
-from metaq.topics.retention import apply_topic_retention
-from metaq.topics.table import TopicCatalog, TopicTableFile
-from metaq.groups.table import GroupTable
 
 _new_tuple = tuple.__new__
 
@@ -49,16 +41,18 @@ log = logging.getLogger(__name__)
 
 
 class MessageStore:
-    """Open with ``MessageStore.open(config, now_ms)``; see DESIGN §4."""
+    """Open with ``MessageStore.open(config, now_ms, features)`` (``metaq.storestate.open_store``); see DESIGN §4."""
 
-    def __init__(self, config, producer_quota=None, offsets_quota=None):
-        """``producer_quota(user)``: the idempotent producer windows a user may hold (``idempotence.window``;
-        None: no quota per user); ``offsets_quota(user, held)``: raises when a user may not own one more
-        committed offset (``offsets.table``)."""
+    def __init__(self, config, features, producer_quota=None, offsets_quota=None):
+        """``features``: a ``FeatureState``, the makers of the features' state the store holds (features.py);
+        ``producer_quota(user)``: the idempotent producer windows a user may hold (``idempotence.window``; None: no
+        quota per user); ``offsets_quota(user, held)``: raises when a user may not own one more committed offset
+        (``offsets.table``)."""
         self.config = config
+        self._features = features
         self.dirs = DataDir(config.data_dir)
         configured = TopicTable(config.topics)  # the config file's names; the table wins (topics/table.py)
-        self._topics = TopicCatalog(configured, TopicTableFile(config.data_dir))
+        self._topics = features.topic_catalog(configured, config.data_dir)
         self._quota = TopicQuota(config.max_topics, config.max_partitions, configured.exact_names,
                                  uncounted=(TX_TOPIC, POP_TOPIC, MQTT_SESSIONS_TOPIC, MQTT_INBOX_TOPIC))
         self._owners_saved = 0  # the topic owners' version last written (quota.py)
@@ -78,25 +72,26 @@ class MessageStore:
         self._replica = replica.LogAccess(self._log, self._pos, self._parts, self._index_tail,
                                           self.check_disk, config.segment_size)
         self.recovery = None
-        self.topics = TopicOps(self.dirs, self._topics, self._parts, self._quota,
-                               self._forget_writers)  # create/alter/delete (topics/state.py)
-        self.consumer_offsets = ConsumerOffsets(self.dirs, quota=offsets_quota)
-        self.groups = GroupTable(config.data_dir)  # per-group settings (groups/table.py)
+        self.topics = features.topic_ops(self.dirs, self._topics, self._parts, self._quota,
+                                        self._forget_writers)  # create/alter/delete (topics/state.py)
+        self.consumer_offsets = features.consumer_offsets(self.dirs, quota=offsets_quota)
+        self.groups = features.group_table(config.data_dir)  # per-group settings (groups/table.py)
         self.epochs = EpochHistory(self.dirs)
         self.reads = ReadCounts()  # log bytes read, corrupt reads (readcount.py; stats)
         self.cold_maps = ColdMaps(self.reads)  # when the maps of cold pages give them back (coldmaps.py)
-        self.keys = KeyIndex(self.dirs, config.key_index_slots, config.key_index_entries)  # keys/index.py
+        self.keys = features.key_index(self.dirs, config.key_index_slots, config.key_index_entries)  # keys/index.py
         self.follower = LogFollower(self._log)  # the derived indexes' one way to follow the log (follower.py)
-        self.idempotence = Idempotence(self.dirs.root, self._log, self._parts.get, self.put, lambda: self._pos.written,
-                                       int(config.producer_ttl_s * 1000),
-                                       producer_quota)  # put_idem's windows (idempotence.py)
+        self.idempotence = features.idempotence(self.dirs.root, self._log, self._parts.get, self.put,
+                                                lambda: self._pos.written, int(config.producer_ttl_s * 1000),
+                                                producer_quota)  # put_idem's windows (idempotence.py)
 
     # -- open / close --------------------------------------------------------
 
     @classmethod
-    def open(cls, config, now_ms, producer_quota=None, offsets_quota=None):
-        """Lock the data dir, recover, write a fresh checkpoint; raises CorruptLog, StoreError, DiskFull."""
-        self = cls(config, producer_quota, offsets_quota)
+    def open(cls, config, now_ms, features, producer_quota=None, offsets_quota=None):
+        """Lock the data dir, recover, write a fresh checkpoint; raises CorruptLog, StoreError, DiskFull. ``features``
+        is a ``FeatureState`` (``metaq.storestate.open_store`` passes the features' own)."""
+        self = cls(config, features, producer_quota, offsets_quota)
         self.dirs.create()
         self.dirs.acquire_lock()
         self._closed = False
@@ -691,19 +686,19 @@ class MessageStore:
         return records, nxt
 
     def read_tagged(self, topic, partition, offset, filt, max_count, max_bytes):
-        """A ``filtered.TaggedRead`` (filters/reads.py): the records ``filt`` (a TagFilter or a SqlFilter) wants from
+        """A ``TaggedRead`` (filters/reads.py): the records ``filt`` (a TagFilter or a SqlFilter) wants from
         ``offset``; as ``read_records``."""
         if topic in self.topics.guarded:
             self._topics.check_readable(topic)
         p = self._parts.get((topic, partition)) or self._reader(topic, partition)
-        r = self._repairing(p, lambda: filtered.read_tagged(self._log, p, offset, filt, max_count, max_bytes,
-                                                            MAX_FILTER_SCAN_UNITS))
+        read = self._features.read_tagged
+        r = self._repairing(p, lambda: read(self._log, p, offset, filt, max_count, max_bytes, MAX_FILTER_SCAN_UNITS))
         self.reads.log_read_bytes += r.log_bytes
         return r
 
     def tagged_index_ranges(self, topic, partition, offset):
         """``[(MappedFile, start, end)]``: the index bytes ``read_tagged`` from ``offset`` reads (filters/reads.py)."""
-        return filtered.index_ranges(self._parts.get((topic, partition)), offset, MAX_FILTER_SCAN_UNITS)
+        return self._features.index_ranges(self._parts.get((topic, partition)), offset, MAX_FILTER_SCAN_UNITS)
 
     def record_at(self, position):
         """The record at commit-log ``position``, or NotFound."""
@@ -784,7 +779,7 @@ class MessageStore:
 
     def _topic_retention(self, now_ms, raised):
         """Per-topic retention (topics/retention.py): the first offsets of topics with their own retention."""
-        return apply_topic_retention(self._log, self._parts, self._topics.with_levels(), now_ms, raised)
+        return self._features.topic_retention(self._log, self._parts, self._topics.with_levels(), now_ms, raised)
 
 
 def _too_large(total, limit):

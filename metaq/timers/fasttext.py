@@ -19,8 +19,8 @@ while puts are refused or this broker does not deliver timers (a slave).
 from metaq import errors
 from metaq.limits import validate_partition
 from metaq.clock import now_ms
-from metaq.server.putpath import ACK_NOW
-from metaq.server.text.takers import DONE, MORE
+from metaq.serving.putpath import ACK_NOW
+from metaq.serving.takers import DONE, MORE
 from metaq.timers.burst import encode_timer_acks, scan_put_ats
 from metaq.timers.records import TIMER_TOPIC, TimerEntry
 

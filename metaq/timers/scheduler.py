@@ -45,7 +45,7 @@ from metaq.protocol.stats import DelayLevelRow
 from metaq.clock import now_ms
 from metaq.timers.levels import (DEFAULT_LEVELS, SCHEDULE_TOPIC, BadScheduleEntry, decode_entry, effective_level,
                                  encode_entry, format_levels, parse_levels)
-from metaq.server.putpath import BrokerWrites
+from metaq.serving.putpath import BrokerWrites
 from metaq.timers.service import place
 
 log = logging.getLogger(__name__)

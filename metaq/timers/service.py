@@ -49,7 +49,7 @@ from metaq.limits import (MAX_PENDING_TIMERS, MAX_TIMER_DONE_IDS, MAX_TIMER_LIST
 from metaq.protocol.checksum import metaq_checksum
 from metaq.clock import now_ms
 from metaq.loop.coldpages import bring_in
-from metaq.server.putpath import BrokerWrites
+from metaq.serving.putpath import BrokerWrites
 from metaq.timers.follow import TimerFollow
 from metaq.timers.handoff import Handoff
 from metaq.timers.index import CANCELLED, DELIVERED, TimerIndex

@@ -10,7 +10,7 @@ from typing import NamedTuple
 from metaq import errors
 from metaq.protocol.text import encode_result
 from metaq.clock import now_ms
-from metaq.server.text.putchecks import uncompressed, verified_checksum
+from metaq.serving.putchecks import uncompressed, verified_checksum
 from metaq.timers.records import TIMER_TOPIC, parse_when
 from metaq.timers.wire import format_rows
 

@@ -44,7 +44,7 @@ class TxLog:
     """The journal's records as ``%TX%`` messages of ``store``: ``append``, ``read``, and where they end."""
 
     def __init__(self, store, append):
-        """``append``: the put path's journal append (``server.putpath.journal_append``)."""
+        """``append``: the put path's journal append (``serving.putpath.journal_append``)."""
         self._store = store
         self._append = append
         self.end = 0  # the log end after the last record appended: durable once the log is flushed past it

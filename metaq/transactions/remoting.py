@@ -22,9 +22,8 @@ from metaq.protocol.rocketmq.headers import check_transaction_fields
 from metaq.protocol.rocketmq.mapping import half_message, stored_message_bytes
 from metaq.protocol.rocketmq.remoting import RequestCode
 from metaq.clock import now_ms
-from metaq.server.remoting.send import HALF_ID_BASE
 from metaq.transactions.policy import GRPC_GROUP_PREFIX, plan_round
-from metaq.transactions.state import HALF_OWNER, half_txid
+from metaq.transactions.state import HALF_ID_BASE, HALF_OWNER, half_txid
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from metaq.transactions.wire import XAER_INVAL, XAER_RMERR, parse_tx_key
 from metaq.transactions.policy import first_half_number
 from metaq.transactions.state import TransactionManager
 from metaq.clock import now_ms
-from metaq.server.putpath import BrokerWrites
+from metaq.serving.putpath import BrokerWrites
 
 log = logging.getLogger(__name__)
 

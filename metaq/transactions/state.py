@@ -68,6 +68,8 @@ EVERYONE = object()
 HALF_OWNER = "rocketmq-half"
 #: The session of half messages' keys: ``TX:rmq:<number>``.
 HALF_SESSION = "rmq"
+#: Half messages' ids name this + their transaction number as the commit-log offset (never a real position).
+HALF_ID_BASE = 1 << 62
 
 
 def half_txid(number):

@@ -23,8 +23,8 @@ from metaq import errors
 from metaq.protocol.text import encode_result
 from metaq.transactions.wire import XA_OK, XAER_RMERR, check_qualifier
 from metaq.clock import now_ms
-from metaq.server.guard import ADMIN
-from metaq.server.text.dispatch import error_reply
+from metaq.auth.acl import ADMIN
+from metaq.protocol.text import error_reply
 from metaq.transactions.state import EVERYONE
 
 

@@ -15,6 +15,7 @@ import re
 from typing import NamedTuple
 
 from metaq.errors import TransactionError
+from metaq.protocol.text import parse_xa_error, xa_error_body  # noqa: F401 - a failed reply's body
 
 # XA return codes (X/Open XA, as javax.transaction.xa.XAException and XAResource define them)
 XA_OK = 0
@@ -42,7 +43,6 @@ XA_CODE_NAMES = {
 #: Characters a uniqueQualifier or a session id may not contain (they would break the key or the line).
 _FORBIDDEN = re.compile(r"[\s:]")
 _HEX = re.compile(r"[0-9a-f]*")
-_XA_ERROR = re.compile(r"XAException:code=(-?\d+),msg=(.*)", re.S)
 MAX_BRANCH_BYTES = 64  # XA's MAXGTRIDSIZE / MAXBQUALSIZE
 
 
@@ -113,16 +113,3 @@ def parse_tx_key(text):
             raise _invalid(text, "the uniqueQualifier is empty")
         return XaTxId(int(fmt), bytes.fromhex(gtrid), bytes.fromhex(bqual), qualifier)
     raise _invalid(text, "expected null, TX:... or XID:...")
-
-
-def xa_error_body(code, msg):
-    """The body of a failed ``transaction`` reply."""
-    return ("XAException:code=%d,msg=%s" % (code, msg)).encode("utf-8")
-
-
-def parse_xa_error(body):
-    """``(code, msg)`` from a failure body, or None when the body is not an XAException."""
-    m = _XA_ERROR.fullmatch(bytes(body).decode("utf-8", "replace"))
-    if m is None:
-        return None
-    return int(m.group(1)), m.group(2)

@@ -6,7 +6,7 @@ from metaq import errors
 from metaq.client.fetcher import records_of
 from metaq.client.replies import reply_error
 from metaq.protocol import events as ev
-from metaq.server.text.dispatch import error_reply
+from metaq.protocol.text import error_reply
 from metaq.protocol.text import TextParser
 
 

@@ -4,7 +4,7 @@ import os
 
 from metaq.store.config import StoreConfig, TopicSpec
 from metaq.store.record import FIXED_OVERHEAD
-from metaq.store.store import MessageStore
+from metaq import storestate
 
 #: A fixed "now" for tests (2021-01-01T00:00:00Z); tests add to it instead of sleeping.
 NOW = 1_609_459_200_000
@@ -35,7 +35,7 @@ def server_config(data_dir, flush="sync", partitions=2, **sections):
 
 
 def open_store(data_dir, now=NOW, **overrides):
-    return MessageStore.open(small_config(data_dir, **overrides), now)
+    return storestate.open_store(small_config(data_dir, **overrides), now)
 
 
 def read_all(store, topic, partition, start=None, max_size=1 << 20):

@@ -10,7 +10,7 @@ from metaq.protocol.message import HEADER, iter_records
 from metaq.transactions.wire import LocalTxId, XaTxId, parse_xa_error
 from metaq.transactions.config import TxConfig
 from metaq.transactions.follow import TxLog
-from metaq.server.putpath import BrokerWrites
+from metaq.serving.putpath import BrokerWrites
 from metaq.transactions.state import TransactionManager
 from tests.harness.store import NOW, open_store, payload_of, read_all
 

@@ -13,7 +13,7 @@ from metaq.protocol.checksum import metaq_checksum
 from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.text import serialize
 from metaq.server.config import load_config
-from metaq.store.store import MessageStore
+from metaq.storestate import open_store
 from tests.harness.broker import consume_all, wait_for
 from tests.harness.delay import delay_stats, put_delayed, put_delayed_ok, records
 from tests.harness.tmpfs import tmpfs
@@ -217,7 +217,7 @@ def test_a_slave_does_not_deliver_it_copies_the_masters_deliveries(broker_factor
 def test_a_damaged_entry_is_skipped_and_its_level_goes_on(broker_factory, tmp_path):
     b = start(broker_factory, tmp_path)
     assert b.stop() == 0
-    store = MessageStore.open(load_config(b.config_path).store_config(), int(time.time() * 1000))
+    store = open_store(load_config(b.config_path).store_config(), int(time.time() * 1000))
     store.put(SCHEDULE_TOPIC, 0, 0, b"not an entry", int(time.time() * 1000))  # as a tool or a bug could
     store.close(int(time.time() * 1000))
     b.start()

@@ -23,7 +23,7 @@ from metaq.protocol import replication as rp
 from metaq.protocol.checksum import crc32
 from metaq.protocol.replication_offsets import frames
 from metaq.protocol.stream import NEED_DATA
-from metaq.server.replication.link import OFFSETS_SYNC_S
+from metaq.serving.replication.link import OFFSETS_SYNC_S
 from tests.harness.broker import wait_for
 from tests.harness.ha import SESSION_MS, Group, put_until_ok
 from tests.harness.replication import caught_up, master_config, stats

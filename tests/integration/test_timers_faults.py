@@ -208,7 +208,7 @@ def test_a_cancel_right_after_a_restart_waits_for_the_recovery_check(broker_fact
     from metaq.protocol.message import encode_payload
     from metaq.timers.records import TIMER_TOPIC, encode_entry
     from metaq.server.config import load_config
-    from metaq.store.store import MessageStore
+    from metaq.storestate import open_store
 
     b = start(broker_factory, tmp_path)
     due = now_ms() + 1500
@@ -216,7 +216,7 @@ def test_a_cancel_right_after_a_restart_waits_for_the_recovery_check(broker_fact
         msg_id, _ = put_at_ok(c, "t-early", b"once", "@%d" % due, partition=0)
         wait_for(lambda: len(timers(c)) == 1 or None, 10, "indexed")
     assert b.stop() == 0
-    store = MessageStore.open(load_config(b.config_path).store_config(), now_ms())
+    store = open_store(load_config(b.config_path).store_config(), now_ms())
     try:
         flag, data = encode_payload(b"once", None)
         store.put("t-early", 0, flag, data, now_ms(), msg_id=msg_id)  # delivered; its DONE never written
@@ -324,12 +324,12 @@ def test_more_deliveries_left_without_their_done_than_the_window_holds_are_not_d
     from metaq.protocol.message import encode_payload
     from metaq.timers.records import TIMER_TOPIC, encode_entry
     from metaq.server.config import load_config
-    from metaq.store.store import MessageStore
+    from metaq.storestate import open_store
 
     b = start(broker_factory, tmp_path)
     assert b.stop() == 0
     n = MAX_TIMER_WINDOW_ROWS + 50  # the limit and past it
-    store = MessageStore.open(load_config(b.config_path).store_config(), now_ms())
+    store = open_store(load_config(b.config_path).store_config(), now_ms())
     try:
         due = now_ms() - 60_000
         for i in range(n):

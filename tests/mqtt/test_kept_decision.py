@@ -16,7 +16,7 @@ from metaq.mqtt.publishes import Publishes
 from metaq.mqtt.records import partition_for
 from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.clock import now_ms
-from metaq.server.putpath import PutPath, WriteGate
+from metaq.serving.putpath import PutPath, WriteGate
 from tests.harness.acl import DEFAULT_ROLES, DEFAULT_USERS, SECRETS, secured_config, write_acl
 from tests.harness.mqtt import Raw, with_mqtt
 from tests.harness.tmpfs import tmpfs

@@ -12,7 +12,7 @@ from metaq import limits
 from metaq.mqtt.acks import PubAckRun
 from metaq.mqtt.connection import Connection
 from metaq.mqtt.fanout import send_each
-from metaq.server.connections import ConnectionLimits
+from metaq.serving.connections import ConnectionLimits
 
 
 def _connection():

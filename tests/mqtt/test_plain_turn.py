@@ -16,7 +16,7 @@ from metaq.mqtt import port, wire
 from metaq.mqtt.plainturn import entries_of, plain_turn
 from metaq.mqtt.records import partition_for
 from metaq.mqtt.wire import Publish
-from metaq.server.putpath import ACK_NOW
+from metaq.serving.putpath import ACK_NOW
 from metaq.store.results import BurstRun
 from tests.harness.broker import url_of
 from tests.harness.mqtt import Raw, mqtt_config

@@ -19,7 +19,7 @@ from metaq import limits
 from metaq.mqtt.connection import Connection
 from metaq.mqtt.plainturn import pubacks_now
 from metaq.mqtt.wire import encode_pubacks_py
-from metaq.server.connections import ConnectionLimits
+from metaq.serving.connections import ConnectionLimits
 from tests.harness.pki import Pki
 
 PINGRESP = b"\xd0\x00"

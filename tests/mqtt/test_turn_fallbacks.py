@@ -16,7 +16,7 @@ import pytest
 from metaq import limits
 from metaq.mqtt import wire
 from metaq.mqtt.connection import Connection
-from metaq.server.connections import ConnectionLimits
+from metaq.serving.connections import ConnectionLimits
 from tests.harness.acl import SECRETS, reload_user, secured_config
 from tests.harness.mqtt import Raw, mqtt_config, with_mqtt
 

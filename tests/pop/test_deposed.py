@@ -10,13 +10,13 @@ from metaq.pop.service import PopService
 from metaq.protocol.journaltopic import POP_TOPIC
 from metaq.clock import now_ms
 from tests.harness.store import server_config
-from metaq.server.connections import ConnectionCore, ConnectionLimits
+from metaq.serving.connections import ConnectionCore, ConnectionLimits
 from metaq.server.flusher import Flusher
-from metaq.server.longpoll import PartitionWaiters
-from metaq.server.putpath import PutPath, WriteGate
+from metaq.serving.longpoll import PartitionWaiters
+from metaq.serving.putpath import PutPath, WriteGate
 from metaq.server.replication.roles import Roles
 from metaq.server.stats import BrokerStats
-from metaq.store.store import MessageStore
+from metaq.storestate import open_store
 
 G, T = "workers", "orders"
 
@@ -26,7 +26,7 @@ class Broker:
 
     def __init__(self, data_dir):
         cfg = server_config(data_dir, flush="async", partitions=1)
-        self.store = MessageStore.open(cfg.store_config(), now_ms())
+        self.store = open_store(cfg.store_config(), now_ms())
         waiters, gate = PartitionWaiters(), WriteGate()
         flusher = Flusher(self.store, self.store.config, waiters.notify, lambda: None)
         self.roles = Roles(cfg, self.store, ConnectionCore(10, ConnectionLimits(60, 60)), flusher, waiters,

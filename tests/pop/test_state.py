@@ -10,7 +10,7 @@ from metaq.pop.records import InvalidHandle, decode, encode, handle, parse_handl
 from metaq.pop.service import PopService
 from metaq.pop.state import PopState
 from metaq.clock import now_ms
-from metaq.server.putpath import journal_append
+from metaq.serving.putpath import journal_append
 from metaq.protocol.journaltopic import POP_TOPIC
 from tests.harness.store import NOW, open_store
 

@@ -233,13 +233,13 @@ def test_records_an_older_broker_stored_compressed_are_decoded_by_readers_and_a_
 
     from metaq.client.local import SMALL_STORE
     from metaq.store.config import StoreConfig, TopicSpec
-    from metaq.store.store import MessageStore
+    from metaq.storestate import open_store
 
     b = rmq_factory()
     b.stop()
     body = sized_body("old", 0, 12000).encode()
     packed = zlib.compress(body)
-    store = MessageStore.open(StoreConfig(data_dir=b.data_dir, broker_id=7, topics=[TopicSpec("t*", 4)],
+    store = open_store(StoreConfig(data_dir=b.data_dir, broker_id=7, topics=[TopicSpec("t*", 4)],
                                           **SMALL_STORE), int(_time.time() * 1000))
     try:
         now = int(_time.time() * 1000)

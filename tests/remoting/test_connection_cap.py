@@ -1,4 +1,4 @@
-"""One connection cap across every listener (server/connections.py): the text and remoting ports share it."""
+"""One connection cap across every listener (serving/connections.py): the text and remoting ports share it."""
 
 import socket
 import time

@@ -1,5 +1,5 @@
 """A suspended PULL_MESSAGE and the puts made visible around its read: none is left waiting for the suspend
-timeout with the message there (server/longpoll.py: the wait does not begin when an append came since the read)."""
+timeout with the message there (serving/longpoll.py: the wait does not begin when an append came since the read)."""
 
 import time
 

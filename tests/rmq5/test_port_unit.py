@@ -13,7 +13,7 @@ from h2.events import (DataReceived, RemoteSettingsChanged, ResponseReceived, St
 
 from metaq.rmq5.port import GrpcConnection, PortLimits
 from metaq.rmq5.wire import WAITS, GrpcError, Status, frame
-from metaq.server.connections import ConnectionLimits, Strangers
+from metaq.serving.connections import ConnectionLimits, Strangers
 from metaq.server.guard import Session
 
 SERVICE = "/apache.rocketmq.v2.MessagingService/"

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from metaq.protocol.message import encode_payload
-from metaq.server.longpoll import PartitionWaiters
+from metaq.serving.longpoll import PartitionWaiters
 from tests.harness.store import NOW, open_store
 
 pb = pytest.importorskip("metaq.rmq5.messages_pb2")

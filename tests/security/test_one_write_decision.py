@@ -18,7 +18,7 @@ from metaq.protocol.rocketmq.remoting import ResponseCode
 from metaq.protocol.text import serialize
 from metaq.timers.records import TIMER_TOPIC
 from metaq.timers.wire import TimerPut
-from metaq.server.putpath import AUTHORIZED, PutPath, WriteGate
+from metaq.serving.putpath import AUTHORIZED, PutPath, WriteGate
 from tests.harness.acl import SECRETS, login, write_acl
 from tests.harness.http import request, with_http
 from tests.harness.mqtt import Raw, with_mqtt

@@ -6,7 +6,7 @@ import pytest
 
 from metaq import limits
 from metaq.protocol.proxyheader import V2_SIGNATURE, ProxyHeaderError, parse
-from metaq.server.proxies import TrustedProxies
+from metaq.serving.proxies import TrustedProxies
 
 
 def v2(command=1, family=0x11, block=None, tlvs=b""):

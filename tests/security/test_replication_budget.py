@@ -23,7 +23,7 @@ from metaq.mqttcluster.calls import PeerClient
 from metaq.mqttcluster.ids import home_of
 from metaq.protocol import replication as rp
 from metaq.protocol.checksum import crc32
-from metaq.server.replication import handshake
+from metaq.serving.replication import handshake
 from tests.harness.broker import wait_for
 from tests.harness.faults import PauseProcess
 from tests.harness.mqtt import Raw, mqtt_config

@@ -1,4 +1,4 @@
-"""The replication handshake's decisions (metaq.server.replication.handshake), no network: who proves what,
+"""The replication handshake's decisions (metaq.serving.replication.handshake), no network: who proves what,
 and the refusals, played frame by frame through the real codec."""
 
 import pytest
@@ -6,7 +6,7 @@ import pytest
 from metaq import limits
 from metaq.auth import proofs
 from metaq.protocol import replication as rp
-from metaq.server.replication import handshake
+from metaq.serving.replication import handshake
 
 SECRET = b"the-replication-secret-0123456789"
 OTHER = b"another-replication-secret-98765"

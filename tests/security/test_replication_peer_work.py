@@ -14,7 +14,7 @@ from metaq.client.local import free_port
 from metaq.protocol import replication as rp
 from metaq.protocol.replication_mqtt import POSITION, Entry
 from metaq.mqttcluster.ids import holder_share
-from metaq.server.replication import handshake
+from metaq.serving.replication import handshake
 from tests.harness.broker import wait_for
 from tests.harness.mqtt import Raw, mqtt_config
 from tests.harness.mqttcluster import PaperMembers

@@ -127,7 +127,7 @@ def test_another_user_cannot_end_my_half_message(broker_factory, tmp_path):
     from metaq.client.raw import RemotingClient
     from metaq.protocol.rocketmq.remoting import ResponseCode
     from metaq.protocol.rocketmq.remoting import RequestCode as R
-    from metaq.server.remoting.send import HALF_ID_BASE
+    from metaq.transactions.state import HALF_ID_BASE
     from tests.harness.rocketmq import send_v1
 
     b = _remoting_broker(broker_factory, tmp_path)

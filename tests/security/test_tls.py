@@ -247,7 +247,7 @@ def test_a_slave_replicates_from_its_master_over_tls(broker_factory, tmp_path, p
     pwd = tmp_path / "p"
     plain = broker_factory(small_config(os.path.join(str(pwd), "data")), workdir=pwd,
                            extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "2"])
-    from metaq.server.replication.link import HELLO_TIMEOUT_S  # the slave gives up waiting for a CHALLENGE then
+    from metaq.serving.replication.link import HELLO_TIMEOUT_S  # the slave gives up waiting for a CHALLENGE then
     wait_for(lambda: "cannot reach master" in plain.log_text(), HELLO_TIMEOUT_S + 20,
              "the plaintext slave's failure logged")
     assert plain.client().stats_dict()["replication_link"] != "connected"

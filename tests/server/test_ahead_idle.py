@@ -5,14 +5,14 @@ so a burst after the quiet finds its pages prepared as before."""
 import gevent
 
 from metaq.server.flusher import AheadWorker, Flusher
-from metaq.store.store import MessageStore
+from metaq.storestate import open_store
 from tests.harness.store import NOW, small_config
 
 
 def _setup(tmp_path, monkeypatch, idle_after=0.05, idle_poll=0.25):
     monkeypatch.setattr(AheadWorker, "IDLE_AFTER_S", idle_after)
     monkeypatch.setattr(AheadWorker, "IDLE_POLL_S", idle_poll)
-    store = MessageStore.open(small_config(tmp_path / "data", flush="sync"), NOW)
+    store = open_store(small_config(tmp_path / "data", flush="sync"), NOW)
     flusher = Flusher(store, store.config, on_visible=lambda changed: None, on_failure=lambda: None)
     ahead = AheadWorker(store, observe_flushes=flusher.observe_flushes)
     flusher.start()

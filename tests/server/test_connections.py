@@ -1,4 +1,4 @@
-"""The connection core (server/connections.py) with Unix socket pairs: no listening socket, no network."""
+"""The connection core (serving/connections.py) with Unix socket pairs: no listening socket, no network."""
 
 import logging
 import time
@@ -8,8 +8,8 @@ from gevent import socket
 
 from metaq.protocol.text import TextParser
 from metaq import limits
-from metaq.server.proxies import TrustedProxies
-from metaq.server.connections import (PARKED, RECV_BYTES, WHEEL_TICK_S, Connection, ConnectionCore, ConnectionLimits,
+from metaq.serving.proxies import TrustedProxies
+from metaq.serving.connections import (PARKED, RECV_BYTES, WHEEL_TICK_S, Connection, ConnectionCore, ConnectionLimits,
                                       HandshakeRate, Listener, Penalties, ReplyBudget, Strangers)
 
 
@@ -449,7 +449,7 @@ def test_a_connection_busy_within_its_park_after_time_keeps_its_greenlet_and_par
 
 
 def test_a_silent_parked_connection_is_closed_at_its_idle_deadline_by_the_shared_wheel(caplog):
-    caplog.set_level(logging.INFO, logger="metaq.server.connections")
+    caplog.set_level(logging.INFO, logger="metaq.serving.connections")
     core = ConnectionCore(10, ConnectionLimits(idle_s=0.5, request_s=60))
     lst = listener(core, "mqtt", [], kind=ParkingEcho)
     ours, _g = connect(core, lst)
@@ -560,7 +560,7 @@ class LongLingeringEcho(ParkingEcho):
 def test_a_linger_cut_short_by_the_idle_deadline_does_not_wait_the_kept_timers_whole_time(caplog):
     """A connection whose idle deadline comes before its ``park_after_s`` lingers only until that deadline (a timer
     of its own, not the kept ``park_after_s`` one) and is closed then, after a request as before any."""
-    caplog.set_level(logging.INFO, logger="metaq.server.connections")
+    caplog.set_level(logging.INFO, logger="metaq.serving.connections")
     core = ConnectionCore(10, ConnectionLimits(idle_s=0.3, request_s=60))
     made = []
     ours, _g = connect(core, listener(core, "mqtt", made, kind=LongLingeringEcho))
@@ -611,7 +611,7 @@ def test_a_read_that_finds_nothing_after_a_linger_woke_still_waits_and_reads():
 
 
 def test_a_connection_woken_spuriously_is_still_closed_at_its_idle_deadline(caplog):
-    caplog.set_level(logging.INFO, logger="metaq.server.connections")
+    caplog.set_level(logging.INFO, logger="metaq.serving.connections")
     core = ConnectionCore(10, ConnectionLimits(idle_s=0.5, request_s=60))
     made = []
     ours, _g = connect(core, listener(core, "mqtt", made, kind=SpuriousWakeEcho))

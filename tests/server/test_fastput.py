@@ -31,8 +31,8 @@ def test_the_frames_before_a_refused_topic_are_those_a_walk_frame_by_frame_finds
     from metaq.timers.levels import SCHEDULE_TOPIC
     from metaq.protocol.journaltopic import is_journal
     from metaq.priorities.wire import is_level_topic
-    from metaq.server.putpath import PutPath, WriteGate
-    from metaq.server.text.takers import before_refused_topic, writable_topics
+    from metaq.serving.putpath import PutPath, WriteGate
+    from metaq.serving.takers import before_refused_topic, writable_topics
 
     class Guard:
         enabled = filtered

@@ -44,10 +44,10 @@ def test_concurrent_callers_are_serialised():
 
 def _store_and_flusher(tmp_path):
     from metaq.server.flusher import Flusher
-    from metaq.store.store import MessageStore
+    from metaq.storestate import open_store
     from tests.harness.store import NOW, small_config
 
-    store = MessageStore.open(small_config(tmp_path / "data", segment_size=1 << 20, flush="sync"), NOW)
+    store = open_store(small_config(tmp_path / "data", segment_size=1 << 20, flush="sync"), NOW)
     failures = []
     flusher = Flusher(store, store.config, on_visible=lambda changed: None, on_failure=lambda: failures.append(1))
     flusher.start()

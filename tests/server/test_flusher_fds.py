@@ -13,7 +13,7 @@ import gevent
 import pytest
 
 from metaq.server.flusher import Flusher
-from metaq.store.store import MessageStore
+from metaq.storestate import open_store
 from tests.harness.store import NOW, small_config
 
 
@@ -40,7 +40,7 @@ def no_free_descriptors():
 
 
 def _store(tmp_path, **kw):
-    return MessageStore.open(small_config(tmp_path / "data", segment_size=1 << 20, flush="sync", **kw), NOW)
+    return open_store(small_config(tmp_path / "data", segment_size=1 << 20, flush="sync", **kw), NOW)
 
 
 def test_the_log_flushes_with_no_descriptor_left(tmp_path):
@@ -114,7 +114,7 @@ def test_a_flush_round_short_of_descriptors_is_transient_not_a_failed_fsync(tmp_
 
 def test_the_log_keeps_a_handful_of_descriptors_however_long_it_is(tmp_path):
     """Flushed segments give their descriptor back: a long log holds the active segment's and the directory's."""
-    s = MessageStore.open(small_config(tmp_path / "data", segment_size=4096, flush="sync"), NOW)
+    s = open_store(small_config(tmp_path / "data", segment_size=4096, flush="sync"), NOW)
     before = len(os.listdir("/proc/self/fd"))
     for i in range(400):  # ~20 segments
         s.put("test", i % 4, 0, b"z" * 150, NOW)
@@ -131,7 +131,7 @@ def test_a_partition_costs_no_descriptor(tmp_path):
     """mmap.mmap keeps a dup of the fd per map unless told not to: 90 partitions must not hold 90 descriptors."""
     from metaq.store.config import TopicSpec
 
-    s = MessageStore.open(small_config(tmp_path / "data", segment_size=1 << 20, flush="sync",
+    s = open_store(small_config(tmp_path / "data", segment_size=1 << 20, flush="sync",
                                        topics=[TopicSpec("*", 3)]), NOW)
     before = len(os.listdir("/proc/self/fd"))
     for t in range(30):
@@ -141,7 +141,7 @@ def test_a_partition_costs_no_descriptor(tmp_path):
     s.checkpoint(NOW)
     assert len(os.listdir("/proc/self/fd")) - before <= 2
     s.close(NOW)
-    s = MessageStore.open(small_config(tmp_path / "data", segment_size=1 << 20, flush="sync",
+    s = open_store(small_config(tmp_path / "data", segment_size=1 << 20, flush="sync",
                                        topics=[TopicSpec("*", 3)]), NOW)
     assert len(os.listdir("/proc/self/fd")) - before <= 4  # reopened: still not one per partition
     assert s.max_offset("topic-29", 2) == 1

@@ -188,7 +188,7 @@ def test_guessers_rotating_addresses_within_a_prefix_are_slowed_too(guard):
 
 
 def test_failure_prefixes():
-    from metaq.server.guard import failure_prefix
+    from metaq.auth.acl import failure_prefix
     assert failure_prefix("10.1.2.3") == "10.1.2.0/24"
     assert failure_prefix("::ffff:10.1.2.3") == "10.1.2.0/24"
     assert failure_prefix("2001:db8:1:2:3::4") == "2001:db8:1:2::/64"

@@ -10,18 +10,18 @@ from metaq.protocol.stream import NEED_DATA
 from metaq.protocol.text import TextParser
 from metaq.clock import now_ms
 from tests.harness.store import server_config
-from metaq.server.connections import ConnectionCore, ConnectionLimits
+from metaq.serving.connections import ConnectionCore, ConnectionLimits
 from metaq.timers.scheduler import DelayScheduler
 from metaq.server.flusher import Flusher
-from metaq.server.longpoll import PartitionWaiters
-from metaq.server.putpath import PutPath, WriteGate
+from metaq.serving.longpoll import PartitionWaiters
+from metaq.serving.putpath import PutPath, WriteGate
 from metaq.server.replication.roles import Roles, read_promoted
 from metaq.server.stats import BrokerStats
 from metaq.server.guard import Guard
 from metaq.server.text.dispatch import TextDispatcher
 from metaq.transactions.text import TextTransactions
 from metaq.transactions.service import TxService
-from metaq.store.store import MessageStore
+from metaq.storestate import open_store
 from gevent.lock import Semaphore
 
 
@@ -79,7 +79,7 @@ class Parts:
 
     def __init__(self, cfg):
         self.config = cfg
-        self.store = MessageStore.open(cfg.store_config(), now_ms())
+        self.store = open_store(cfg.store_config(), now_ms())
         self.stats = BrokerStats()
         self.waiters = PartitionWaiters()
         self.gate = WriteGate()

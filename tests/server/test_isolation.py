@@ -7,7 +7,7 @@ import pytest
 
 from metaq import errors
 from metaq.server.config import DEFAULT_MAX_ISOLATION_MS, ConfigError, load_config
-from metaq.server.putpath import AUTHORIZED, PutPath, WriteGate
+from metaq.serving.putpath import AUTHORIZED, PutPath, WriteGate
 from metaq.server.replication import isolation
 from metaq.server.replication.election import Election
 from metaq.server.replication.leadership import Lease

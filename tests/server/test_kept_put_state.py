@@ -11,8 +11,8 @@ from metaq.client.local import small_config
 from metaq.server.broker import Broker
 from metaq.clock import now_ms
 from metaq.server.config import load_config
-from metaq.server.longpoll import NEW_PARTITION
-from metaq.server.putpath import ACK_AFTER_REPLICATION, ACK_NOW, PutPath, WriteGate
+from metaq.serving.longpoll import NEW_PARTITION
+from metaq.serving.putpath import ACK_AFTER_REPLICATION, ACK_NOW, PutPath, WriteGate
 from metaq.server.stats import BrokerStats
 
 
@@ -91,7 +91,7 @@ def test_a_bursts_written_is_the_general_one_in_every_mode_but_a_lone_async_mast
     replication server and no election; in every other mode it is ``written``, whose answer proves it ran: the
     flush's (ACK_AFTER_FLUSH), a slave's copy (ACK_AFTER_REPLICATION). The deliveries run where the records are
     visible now (``async`` flush), before the wake; with ``sync`` flush the flusher's wake makes them visible."""
-    from metaq.server.putpath import ACK_AFTER_FLUSH
+    from metaq.serving.putpath import ACK_AFTER_FLUSH
     keys = (("orders", 0),)
     for n, (sections, mode) in enumerate((
             ({"store": {"flush": "async"}}, "fast"),

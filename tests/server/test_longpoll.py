@@ -1,4 +1,4 @@
-"""The long polls' rule against lost wakes (server/longpoll.py), over a real store in this process: a wait given
+"""The long polls' rule against lost wakes (serving/longpoll.py), over a real store in this process: a wait given
 the visible end its caller's read saw (``seen``) does not begin when an append was made visible since (that
 append's wake went out before the wait began), and waits as before, woken by ``notify``, when none was."""
 
@@ -9,7 +9,7 @@ import pytest
 from gevent.event import Event
 
 from metaq.protocol.message import encode_payload
-from metaq.server.longpoll import NEW_PARTITION, UNTOLD, PartitionWaiters
+from metaq.serving.longpoll import NEW_PARTITION, UNTOLD, PartitionWaiters
 from tests.harness.store import NOW, open_store
 
 KEY = ("test", 0)

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from metaq.server.longpoll import NEW_PARTITION, PartitionWaiters
-from metaq.server.putpath import ACK_NOW, BrokerWrites
+from metaq.serving.longpoll import NEW_PARTITION, PartitionWaiters
+from metaq.serving.putpath import ACK_NOW, BrokerWrites
 from metaq.store.store import MessageStore
 
 

@@ -7,7 +7,7 @@ import types
 
 from metaq import limits
 from metaq.protocol.rocketmq.remoting import RequestCode
-from metaq.server.connections import ConnectionLimits
+from metaq.serving.connections import ConnectionLimits
 from metaq.server.remoting.server import RemotingConnection
 
 MiB = 1 << 20
@@ -77,7 +77,7 @@ def test_a_groups_changes_within_the_window_are_told_once():
 
 def test_requests_in_progress_are_bounded_per_connection_and_over_every_connection():
     # a send's body stays held until its answer is sent: one connection's, and every connection's together
-    from metaq.server.connections import ReplyBudget
+    from metaq.serving.connections import ReplyBudget
 
     per_conn = ReplyBudget(limits.MAX_REMOTING_INFLIGHT_BYTES)
     total = ReplyBudget(limits.MAX_REMOTING_INFLIGHT_BYTES_TOTAL)

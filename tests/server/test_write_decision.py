@@ -10,8 +10,8 @@ from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.timers.records import TIMER_TOPIC
 from metaq.server.config import load_config
 from metaq.server.guard import Guard
-from metaq.server.putpath import AUTHORIZED, PutPath, WriteGate
-from metaq.server.text.takers import before_refused_topic, writable_topics
+from metaq.serving.putpath import AUTHORIZED, PutPath, WriteGate
+from metaq.serving.takers import before_refused_topic, writable_topics
 from tests.harness.acl import write_acl
 from tests.server.test_guard import login
 

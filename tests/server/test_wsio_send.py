@@ -1,4 +1,4 @@
-"""A WebSocket stream's send (``metaq.server.wsio.WsStream.sendall``): what the socket does not take at once (a slow
+"""A WebSocket stream's send (``metaq.serving.wsio.WsStream.sendall``): what the socket does not take at once (a slow
 reader, a full buffer) is sent by the waiting send, so each frame arrives whole and in order."""
 
 import socket as stdlib_socket
@@ -7,7 +7,7 @@ import time
 import gevent
 from gevent import socket
 
-from metaq.server.wsio import WsRules, WsStream
+from metaq.serving.wsio import WsRules, WsStream
 from tests.harness.websocket import upgrade_request
 
 

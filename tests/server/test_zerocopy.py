@@ -484,7 +484,7 @@ def text_connection(sender):
     peer's end)."""
     import types
 
-    from metaq.server.connections import ConnectionLimits
+    from metaq.serving.connections import ConnectionLimits
     from metaq.server.text.connection import Connection
 
     a, b = socket.socketpair()

@@ -177,9 +177,9 @@ def test_a_full_segment_at_restart_is_prepared_for_once_and_then_left_alone(data
 
 CHILD = textwrap.dedent("""
     import sys, threading
-    from metaq.store.store import MessageStore
+    from metaq.storestate import open_store
     from tests.harness.store import NOW, small_config
-    s = MessageStore.open(small_config(sys.argv[1], segment_size=64 * 1024), NOW)
+    s = open_store(small_config(sys.argv[1], segment_size=64 * 1024), NOW)
     s.put("test", 0, 0, b"k%05d" % 0 + b"k" * 200, NOW)
     n = 1
     while (s.written_position - s._log.active.start) * 2 <= s._log.active.size:

@@ -11,9 +11,9 @@ from gevent.lock import Semaphore
 from metaq.clock import now_ms
 from tests.harness.store import server_config
 from metaq.server.flusher import Flusher
-from metaq.server.longpoll import PartitionWaiters
-from metaq.server.putpath import WriteGate
-from metaq.store.store import MessageStore
+from metaq.serving.longpoll import PartitionWaiters
+from metaq.serving.putpath import WriteGate
+from metaq.storestate import open_store
 from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.timers.scheduler import STATE_MAGIC, DelayScheduler
 
@@ -23,7 +23,7 @@ T = "orders"
 class Broker:
     def __init__(self, data_dir):
         cfg = server_config(data_dir, flush="async", partitions=1, delay={"levels": "1s"})
-        self.store = MessageStore.open(cfg.store_config(), now_ms())
+        self.store = open_store(cfg.store_config(), now_ms())
         waiters = PartitionWaiters()
         self.lock = Semaphore()  # the broker's store lock: no checkpoint while the handshake cuts
         self.flusher = Flusher(self.store, self.store.config, waiters.notify, lambda: None, self.lock)

@@ -16,7 +16,7 @@ from metaq.limits import TX_LEARN_BATCH, TX_LEARN_BATCH_BYTES
 from metaq.store.journals import JournalFollow
 from metaq.transactions.follow import SNAPSHOT_FLAG, TX_JOURNAL, LogReplay
 from metaq.transactions.journal import journal_path
-from metaq.server.putpath import BrokerWrites
+from metaq.serving.putpath import BrokerWrites
 from metaq.transactions.state import TransactionManager
 from metaq.transactions.wire import XA_OK, XAER_RMFAIL
 from tests.harness.store import NOW, open_store

@@ -19,7 +19,7 @@ except ImportError:  # pragma: no cover - older clients always write them
     disable_created_metrics = None
 
 from metaq import limits
-from metaq.server.connections import share_loop
+from metaq.serving.connections import share_loop
 from metaq.protocol.httpreply import Response
 
 if disable_created_metrics is not None:

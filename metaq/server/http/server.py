@@ -22,7 +22,7 @@ import time
 from gevent import pywsgi
 
 from metaq import limits
-from metaq.server.connections import Connection, share_loop
+from metaq.serving.connections import Connection, share_loop
 from metaq.server.http.routes import Dropped
 
 log = logging.getLogger(__name__)

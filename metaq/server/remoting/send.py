@@ -49,17 +49,13 @@ from metaq.protocol.rocketmq.mapping import (
 )
 from metaq.timers.records import ENTRY, TIMER_TOPIC, owner_field, timer_due, timer_property
 from metaq.transactions.policy import immunity_ms
-from metaq.transactions.state import HALF_OWNER, half_txid
+from metaq.transactions.state import HALF_ID_BASE, HALF_OWNER, half_txid
 from metaq.clock import now_ms
 from metaq.loop.inflate import inflate_body
-from metaq.server.putpath import AUTHORIZED
+from metaq.serving.putpath import AUTHORIZED
 from metaq.store.record import RecordTooLarge, record_size
 
 log = logging.getLogger(__name__)
-
-#: Half messages' ids name this + their transaction number as the commit-log offset (never a real position).
-HALF_ID_BASE = 1 << 62
-
 
 
 class RemotingSender:

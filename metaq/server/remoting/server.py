@@ -26,7 +26,7 @@ from gevent.pool import Pool
 from metaq import errors, limits
 from metaq.protocol.rocketmq.remoting import RemotingCommand, RemotingParser, RequestCode, encode_command, make_request
 from metaq.protocol.stream import CLOSED, NEED_DATA
-from metaq.server import connections as core
+from metaq.serving import connections as core
 from metaq.server.remoting.dispatch import RemotingDispatcher
 from metaq.transactions.remoting import CheckBack
 from metaq.server.remoting.clients import ClientRegistry, ProducerRegistry

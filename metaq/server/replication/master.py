@@ -10,11 +10,11 @@ from metaq import errors, limits
 from metaq.protocol import replication as rp
 from metaq.protocol.stats import ReplicaRow, format_replica
 from metaq.protocol.stream import CLOSED, NEED_DATA
-from metaq.server import connections as core
-from metaq.server.replication import handshake
+from metaq.serving import connections as core
+from metaq.serving.replication import handshake
 from metaq.protocol.replication_offsets import frames as offsets_frames
 from metaq.protocol import replication_topics as topics_codec
-from metaq.server.replication.link import (ERR_REFUSED, HEARTBEAT_BUSY_S, HEARTBEAT_S, OFFSETS_SYNC_S, POLL_S,
+from metaq.serving.replication.link import (ERR_REFUSED, HEARTBEAT_BUSY_S, HEARTBEAT_S, OFFSETS_SYNC_S, POLL_S,
                                            send_event)
 from metaq.store.epochs import agreed_position
 from metaq.store.replica import ReplicationRefused

@@ -51,7 +51,7 @@ from metaq.clock import now_ms
 from metaq.server.replication import isolation
 from metaq.server.replication.epochrecord import ANY, EpochRecord, Keeper, NotRecorded, entry as record_entry, \
     key as record_key, who
-from metaq.server.replication.link import CAUGHT_UP_SILENCE_S
+from metaq.serving.replication.link import CAUGHT_UP_SILENCE_S
 from metaq.server.replication.master import ReplicationServer
 from metaq.server.replication.slave import SlaveLink
 from metaq.store.epochs import leads_record, origin_text

@@ -11,13 +11,11 @@ import gevent
 from metaq import errors
 from metaq.protocol import replication as rp
 from metaq.protocol.replication_topics import GROUPS_KEY, OWNERS_KEY
-from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.clock import now_ms
-from metaq.server.putpath import BrokerWrites
-from metaq.server.replication import handshake
-from metaq.server.replication.link import (BACKOFF_MAX_S, BACKOFF_MIN_S, CAUGHT_UP_SILENCE_S, HELLO_TIMEOUT_S,
-                                          LINK_TIMEOUT_S, RECV_BYTES, send_event)
-from metaq.server.tls import client_context
+from metaq.serving.putpath import BrokerWrites
+from metaq.serving.replication.link import (BACKOFF_MAX_S, BACKOFF_MIN_S, CAUGHT_UP_SILENCE_S, LINK_TIMEOUT_S,
+                                           authenticate, next_event, send_event)
+from metaq.serving.tls import client_context
 from metaq.store.replica import ReplicationRefused
 
 log = logging.getLogger(__name__)
@@ -340,61 +338,3 @@ class SlaveLink:
                 ("replication_connects", self.connects),
                 ("replication_offsets_synced", bool(self.offsets_synced)),
                 ("replication_cut_bytes", self.cut_bytes)]
-
-
-def next_event(sock, parser, deadline=None, waiting_for=None):
-    """A follower's next event from its master (a slave's, or a peer broker's MQTT follow); during the handshake
-    (``deadline``, absolute) the wait for it ends there. An ERROR ends the link (Unauthenticated or Unavailable)."""
-    while True:
-        event = parser.next_event()
-        if event is NEED_DATA:
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError("no %s from the master within %.0f s of connecting (a master older "
-                                       "than replication stream version %d says nothing first)"
-                                       % (waiting_for, HELLO_TIMEOUT_S, rp.VERSION))
-                sock.settimeout(remaining)
-            try:
-                data = sock.recv(RECV_BYTES)
-            except TimeoutError:
-                if deadline is not None:
-                    continue  # the deadline check above names what was missing
-                raise  # socket.timeout (an OSError) when the master is silent
-            parser.receive_data(data)
-            continue
-        if event is CLOSED:
-            raise ConnectionError("the master closed the replication link")
-        if isinstance(event, rp.ErrorFrame):
-            cls = errors.Unauthenticated if event.code == errors.Unauthenticated.code else errors.Unavailable
-            raise cls("the master refused replication (%d): %s" % (event.code, event.text))
-        return event
-
-
-def authenticate(sock, parser, secret, ident, request, next_event_, after):
-    """A follower's side of the handshake (``handshake``): the master's CHALLENGE, our PROOF (over ``ident``: a
-    slave's id, a peer broker's id, with the peers' sides of the proof) and ``request`` (a slave's HELLO, a peer's
-    ROUTES), the master's PROOF checked, all within HELLO_TIMEOUT_S; returns the event after its PROOF (``after``
-    names it). Unauthenticated when either side refuses: nothing the master said has been acted on."""
-    deadline = time.monotonic() + HELLO_TIMEOUT_S
-    challenge = next_event_(sock, parser, deadline, "CHALLENGE")
-    if not isinstance(challenge, rp.Challenge):
-        raise errors.RemoteProtocolError("expected CHALLENGE, got %s" % type(challenge).__name__.upper(), fatal=True)
-    peer = not isinstance(request, rp.Hello)  # a peer broker proves itself as peers do (handshake.peer_proof)
-    ours, refusal = (handshake.peer_proof if peer else handshake.slave_proof)(secret, challenge, ident)
-    if refusal is not None:
-        send_event(sock, rp.ErrorFrame(errors.Unauthenticated.code, refusal))
-        raise errors.Unauthenticated(refusal)
-    send_event(sock, ours)
-    send_event(sock, request)
-    theirs = next_event_(sock, parser, deadline, "PROOF")
-    refusal = "%s: it sent %s instead of its PROOF" % (handshake.SLAVE_REQUIRES, type(theirs).__name__.upper())
-    if isinstance(theirs, rp.Proof):
-        refusal = (handshake.check_callee if peer else handshake.check_master)(secret, challenge.nonce, ours.nonce,
-                                                                               ident, theirs)
-    elif secret is None:
-        raise errors.RemoteProtocolError("expected PROOF, got %s" % type(theirs).__name__.upper(), fatal=True)
-    if refusal is not None:
-        send_event(sock, rp.ErrorFrame(errors.Unauthenticated.code, refusal))
-        raise errors.Unauthenticated(refusal)
-    return next_event_(sock, parser, deadline, after)

@@ -29,7 +29,7 @@ from metaq.protocol.burst import encode_results
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.protocol.text import TextParser, encode_result
 from metaq import textcommands  # noqa: F401 - every text command declared (the whole table)
-from metaq.server import connections as core
+from metaq.serving import connections as core
 from metaq.server.text.fastput import failed_replies
 from metaq.store.gather import MappedRecords
 

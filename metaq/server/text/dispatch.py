@@ -20,13 +20,12 @@ from metaq.protocol import commands, events as ev
 from metaq import textcommands  # noqa: F401 - every text command declared (the whole table)
 from metaq.priorities.wire import PriorityGet, PriorityPut
 from metaq.protocol.putbatch import PutBatch
-from metaq.protocol.text import encode_result, encode_value_header
-from metaq.transactions.wire import xa_error_body
+from metaq.protocol.text import encode_result, encode_value_header, error_reply
 from metaq.clock import now_ms
 from metaq.server.guard import ADMIN, PUB, SUB
-from metaq.server.text.putchecks import uncompressed, verified_checksum
-from metaq.server.putpath import ACK_NOW
-from metaq.server.text.batchput import BatchPuts
+from metaq.serving.putchecks import uncompressed, verified_checksum
+from metaq.serving.putpath import ACK_NOW
+from metaq.serving.batchput import BatchPuts
 from metaq.loop.expect import check_expected
 from metaq.priorities.text import TextPriorities
 from metaq.reqreply.text import TextRequests
@@ -50,15 +49,6 @@ from metaq.trace.wire import TraceQuery
 log = logging.getLogger(__name__)
 
 NO_WAIT = 0
-
-
-def error_reply(exc, opaque):
-    """The wire reply for a MetaqError (the only error→reply mapping)."""
-    if isinstance(exc, errors.Moved):
-        return encode_result(301, str(exc.offset).encode(), opaque)
-    if isinstance(exc, errors.TransactionError):
-        return encode_result(500, xa_error_body(exc.xa_code, exc.msg), opaque)
-    return encode_result(exc.code, str(exc).encode("utf-8", "replace"), opaque)
 
 
 def ok(body, opaque):

@@ -29,9 +29,9 @@ from metaq.protocol import commands
 from metaq import textcommands  # noqa: F401 - every text command declared (the whole table)
 from metaq.protocol.burst import encode_put_acks, encode_results, scan_puts
 from metaq.clock import now_ms
-from metaq.server.putpath import ACK_NOW
+from metaq.serving.putpath import ACK_NOW
 from metaq.idempotence.fasttext import take_put_idem
-from metaq.server.text.takers import DONE, MORE, before_refused_topic, writable_topics
+from metaq.serving.takers import DONE, MORE, before_refused_topic, writable_topics
 from metaq.timers.fasttext import take_put_ats
 
 

@@ -18,9 +18,8 @@ import logging
 
 from metaq import errors
 from metaq.auth.acl import PUB
-from metaq.timers.levels import SCHEDULE_TOPIC
-from metaq.protocol.journaltopic import is_journal, journal_refusal
-from metaq.priorities.wire import is_level_topic, level_refusal, level_topic
+from metaq.protocol.journaltopic import SCHEDULE_TOPIC, is_journal, journal_refusal
+from metaq.protocol.leveltopic import is_level_topic, level_refusal, level_topic
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import time
 from gevent import ssl as gevent_ssl
 
 from metaq import errors, limits
-from metaq.server.tlsio import BioTls, HandshakeTimeout
+from metaq.serving.tlsio import BioTls, HandshakeTimeout
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from metaq.protocol.burst import scan_puts
 from metaq.protocol.putbatch import encode_runs, scan_batch
 from metaq.protocol.text import encode_result
 from metaq.clock import now_ms
-from metaq.server.putpath import ACK_NOW
+from metaq.serving.putpath import ACK_NOW
 from metaq.store.record import FIXED_OVERHEAD
 
 NO_WAIT = 0

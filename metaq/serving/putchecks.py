@@ -5,9 +5,9 @@ decompressed on arrival (docs/rocketmq.md "Compressed bodies")."""
 from metaq import errors
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
-from metaq.idempotence.records import PID_PROPERTY, SEQ_PROPERTY, has_identity
 from metaq.protocol.message import decode_payload, encode_payload
-from metaq.protocol.properties import SYSFLAG_MARK, compression_bits, without_compression
+from metaq.protocol.properties import (PID_PROPERTY, SEQ_PROPERTY, SYSFLAG_MARK, compression_bits, has_identity,
+                                       without_compression)
 from metaq.loop.inflate import inflate_body
 
 __all__ = ["verified_checksum", "uncompressed"]

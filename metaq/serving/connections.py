@@ -15,14 +15,14 @@ then applies the same rules to every accepted socket:
   lock a slave or a peer out.
 * **Cooldowns** (``penalize``, ``Penalties``): an address a front-end cut for abuse (the gRPC port's floods) is
   refused on that listener for a while, before anything is counted or made for it.
-* **Behind a proxy** (``security.trusted_proxies``, ``security.proxy_protocol``, ``metaq.server.proxies``): on a
+* **Behind a proxy** (``security.trusted_proxies``, ``security.proxy_protocol``, ``metaq.serving.proxies``): on a
   listener named there, a connection from a trusted proxy must begin with a PROXY header (v1 or v2, before any TLS
   hello), read within the handshake deadline before anything is counted; the client's address it names is the
   connection's ``address`` from then on, for every rule below and every front-end. Other peers are served as they
   are (their bytes are never read as a header). A front-end that learns the client later (a WebSocket upgrade's
   ``X-Forwarded-For``) hands it to ``claim``, which moves the connection's address and shares there.
 * ``TCP_NODELAY`` (replies are small; no Nagle delay).
-* **TLS** (``security.tls``, ``metaq.server.tls``): with mode ``on`` or ``permissive`` the first byte of each
+* **TLS** (``security.tls``, ``metaq.serving.tls``): with mode ``on`` or ``permissive`` the first byte of each
   accepted socket is peeked at; a TLS hello gets the handshake (within ``limits.TLS_HANDSHAKE_TIMEOUT_S``, or
   ``request_timeout_s`` when shorter) before the listener makes its connection, so every front-end (and any
   listener to come) reads and writes through the TLS socket without knowing; plaintext on a TLS-only port
@@ -67,11 +67,11 @@ from gevent.server import StreamServer
 
 from metaq import limits
 from metaq.errors import ConfigError
-from metaq.server.guard import failure_prefix
-from metaq.server.proxies import ProxyHeaderError, TrustedProxies, read_header
-from metaq.server.tls import PLAINTEXT_REFUSAL, TLS_HANDSHAKE_BYTE, TLS_SOCKETS
-from metaq.server.tlsio import BioTls
-from metaq.server.wsio import WsStream
+from metaq.auth.acl import failure_prefix
+from metaq.serving.proxies import ProxyHeaderError, TrustedProxies, read_header
+from metaq.serving.tls import PLAINTEXT_REFUSAL, TLS_HANDSHAKE_BYTE, TLS_SOCKETS
+from metaq.serving.tlsio import BioTls
+from metaq.serving.wsio import WsStream
 
 log = logging.getLogger(__name__)
 
@@ -435,7 +435,7 @@ class Penalties:
     is refused new connections on that listener for a cooldown, ``base_s`` at its first cut, doubled at each cut
     while it keeps being cut, up to ``max_s``; an address that goes ``max_s`` past its cooldown uncut starts again
     at ``base_s``. At most ``limit`` addresses are remembered (the one cut longest ago forgotten first). Keyed by
-    ``(listener name, host)``, an IPv6 host taken as its /64 (``guard.failure_prefix``: one host holds a whole /64,
+    ``(listener name, host)``, an IPv6 host taken as its /64 (``acl.failure_prefix``: one host holds a whole /64,
     so cutting its /128 would cost it nothing); time is passed in."""
 
     __slots__ = ("limit", "max_s", "refused", "_cut")
@@ -1017,10 +1017,10 @@ class ConnectionCore:
     def __init__(self, max_connections, rules, max_per_address=None, guard=None, tls=None,
                  handshakes_per_address_s=limits.TLS_HANDSHAKES_PER_ADDRESS_S, proxies=None):
         self.max_connections = max_connections
-        #: The trusted proxies (``metaq.server.proxies.TrustedProxies``): whose PROXY header names the client.
+        #: The trusted proxies (``metaq.serving.proxies.TrustedProxies``): whose PROXY header names the client.
         self.proxies = proxies if proxies is not None else TrustedProxies()
         self.proxy_refused = 0  # connections from a trusted proxy closed for a bad or late PROXY header
-        #: The broker's TlsPolicy (metaq.server.tls), or None: plaintext on every listener.
+        #: The broker's TlsPolicy (metaq.serving.tls), or None: plaintext on every listener.
         self.tls = tls
         self.handshakes = HandshakeRate(handshakes_per_address_s)  # TLS handshakes started, per address
         self._handshaking = 0  # accepted sockets in their TLS handshake (counted against the cap)
