@@ -32,7 +32,8 @@ Python twin): buffers in, plain values out, each function the exact twin of a Py
 
 **Compiled modules** (``COMPILED``), each under ``<package>/`` here: ``store.store``, ``store.batch`` (the log's
 writer and a burst's run), ``mqtt.plainturn``, ``mqtt.direct`` (the MQTT reader's turn and direct delivery),
-``server.putpath``, ``server.longpoll`` (the put path and long-polled reads).
+``server.putpath``, ``server.longpoll`` (the put path and long-polled reads), ``store.msgid``, ``store.positions``
+(the ids a run takes and the log positions it advances).
 """
 
 import importlib.machinery
@@ -50,6 +51,8 @@ COMPILED = (
     "metaq.store.batch",
     "metaq.server.putpath",
     "metaq.server.longpoll",
+    "metaq.store.msgid",
+    "metaq.store.positions",
 )
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
