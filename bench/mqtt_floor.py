@@ -1,6 +1,6 @@
 """The floor of a gevent MQTT broker for the publish-to-receive rows (issue 43 point 9), beside metaq and Mosquitto.
 
-    python -m bench.mqtt_floor [--runs 5] [--latency-n 2000]
+    python -m bench.mqtt_floor [--runs 5] [--latency-n 2000] [--baseline /path/to/another/metaq/tree]
 
 The same latency load as ``bench_mqtt`` (one QoS 1 publisher stamping a message every millisecond, one QoS 1
 subscriber, 128-byte payloads) against three processes on 127.0.0.1, interleaved run by run: **the relay**, a
@@ -11,7 +11,9 @@ relay is what a Python gevent process costs at the least for this path; metaq's 
 routing the message costs. Beside each, the broker process's CPU time (user and system, every thread) per message
 over the run: what one message at a time costs the broker, and its ratio to the relay's and to Mosquitto's (issue
 57's targets, printed under the table). Each run begins with ``WARM_UP`` messages of the same
-load, not measured (metaq makes the topic's files then). Medians of ``--runs``.
+load, not measured (metaq makes the topic's files then). Medians of ``--runs``. With ``--baseline``, a broker of
+that source tree (its extensions built) runs in the same turns, and metaq's CPU a message is set against its run by
+run: what a change to the path costs, on the same minutes of a busy machine.
 Not a test: nothing here asserts.
 """
 
@@ -78,6 +80,23 @@ def _relay(pipe):
     server.stop()
 
 
+def metaq_from(tree):
+    """A maker of metaq brokers (``flush: async``) whose process imports metaq from source tree ``tree``."""
+
+    def make(root):
+        saved = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.path.abspath(tree)
+        try:
+            return Metaq(root, "async")
+        finally:
+            if saved is None:
+                os.environ.pop("PYTHONPATH")
+            else:
+                os.environ["PYTHONPATH"] = saved
+
+    return make
+
+
 class Relay:
     def __init__(self, _root):
         parent, child = multiprocessing.Pipe()
@@ -98,8 +117,11 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--latency-n", type=int, default=2000)
+    p.add_argument("--baseline", default=None, help="another metaq source tree (its extensions built) to run beside")
     args = p.parse_args(argv)
     targets = [("gevent relay", Relay), ("metaq", lambda root: Metaq(root, "async"))]
+    if args.baseline:
+        targets.append(("baseline", metaq_from(args.baseline)))
     if mosquitto_path():
         targets.append(("mosquitto", Mosquitto))
     p50s, p99s, cpus = ({n: [] for n, _ in targets} for _ in range(3))
@@ -135,6 +157,10 @@ def main(argv=None):
             name, m50, m99, m50 / relay, cpu, cpu / relay_cpu, "%.2fx" % (cpu / peer_cpu) if peer_cpu else "-"))
     print("targets (issue 57): metaq's p50 within 1.2x the relay's and its CPU within 1.5x; the moonshot, its CPU "
           "within 2x Mosquitto's")
+    if args.baseline:
+        ratios = [m / b for m, b in zip(cpus["metaq"], cpus["baseline"], strict=True)]
+        print("metaq's CPU a message / the baseline's, run by run: median %.3f (%.3f-%.3f)"
+              % (statistics.median(ratios), min(ratios), max(ratios)))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 # Declarations for Cython's compile of direct.py (metaq.native): the per-subscriber path a C struct, the one step's
-# counts C integers. The .py stays the one definition; without Cython it runs as it is.
+# counts and its run's bounds C integers. The .py stays the one definition; without Cython it runs as it is.
 cimport cython
 
 
@@ -13,7 +13,10 @@ cdef class DirectPath:
 
 
 @cython.locals(room=Py_ssize_t, total=Py_ssize_t, taken=Py_ssize_t, j=Py_ssize_t, went=Py_ssize_t,
-               pos=Py_ssize_t, after=Py_ssize_t, n=Py_ssize_t, packet_id=long, last=long)
-cpdef tuple direct_publishes(object fd, object staged, object i, object stop, object names, object session,
+               pos=Py_ssize_t, after=Py_ssize_t, n=Py_ssize_t, packet_id=long, last=long, k=Py_ssize_t)
+cpdef tuple direct_publishes(object fd, object staged, Py_ssize_t i, Py_ssize_t stop, object names, object session,
                              object topic, object partition, object offset, object window, object v5,
                              object max_packet)
+
+
+cpdef tuple send_now(object fd, object data)

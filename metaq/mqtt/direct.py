@@ -47,8 +47,8 @@ def serve_waiting(waiting, readers, keep_decoded, deliver, most, keys, staged, r
         if found is None:  # {key: [BurstRun, ...]} of the partitions some delivery waits on, in log order
             found = {}
             for run in runs:
-                if run[0] in waiting:
-                    found.setdefault(run[0], []).append(run)
+                if run.key in waiting:
+                    found.setdefault(run.key, []).append(run)
         kruns = found.get(key)
         if kruns is None:
             continue
@@ -102,8 +102,8 @@ def deliver_now(out, key, runs, staged, client_id, now, made):
     names = out.plain_names(topic, (client_id or None) == session.client_id)
     if names is None:
         return False  # a paced user's bytes wait in its own greenlet
-    first = runs[0][4]  # BurstRun: (key, count, nbytes, first id, first offset, first entry, log end)
-    end = runs[-1][4] + runs[-1][1]
+    first = runs[0].first_offset
+    end = runs[-1].first_offset + runs[-1].count
     plain = conn.outbound_aliases is None
     if offset < first:
         if not _behind(out, key, offset, plain):
@@ -112,12 +112,12 @@ def deliver_now(out, key, runs, staged, client_id, now, made):
         fd = conn.fan_fd() if plain else None
         records = None
         for run in runs:
-            start, count = run[4], run[1]
+            start, count, entry = run.first_offset, run.count, run.first_frame
             stop = start + count
             while offset < stop:
                 if fd is not None:
                     went, state, rest, err = direct_publishes(
-                        fd, staged, run[5] + offset - start, run[5] + count, names, session, topic, key[1], offset,
+                        fd, staged, entry + offset - start, entry + count, names, session, topic, key[1], offset,
                         conn.inflight_window, conn.version == MQTT_5, conn.client_max_packet)
                     offset += went
                     cursors[key] = offset
@@ -199,8 +199,8 @@ class DirectPath:
         offset = cursors.get(key)
         if offset is None:
             return None
-        first = runs[0][4]
-        end = runs[-1][4] + runs[-1][1]
+        first = runs[0].first_offset
+        end = runs[-1].first_offset + runs[-1].count
         if offset < first or offset >= end:
             return None
         topic = key[0]
@@ -209,11 +209,11 @@ class DirectPath:
             return None
         window = conn.inflight_window
         for run in runs:
-            start, count = run[4], run[1]
+            start, count, entry = run.first_offset, run.count, run.first_frame
             if offset >= start + count:
                 continue
             went, state, rest, err = direct_publishes(
-                fd, staged, run[5] + offset - start, run[5] + count, names, session, topic, key[1], offset, window,
+                fd, staged, entry + offset - start, entry + count, names, session, topic, key[1], offset, window,
                 self.v5, self.max_packet)
             offset += went
             cursors[key] = offset

@@ -100,10 +100,10 @@ def plain_turn(port, path, acks, conn, client_id, most, most_bytes, data, v5, ma
     keys = set()
     counted = path.counted
     for run in runs:
-        key = run[0]
-        counted(key[0], run[1], run[2])
+        key = run.key
+        counted(key[0], run.count, run.body_bytes)
         keys.add(key)
-    log_end = runs[-1][6] if runs else 0
+    log_end = runs[-1].log_end if runs else 0
     if took < len(entries):
         return entries, qos1, nbytes, pubacks, pos, (frames, src, took, log_end, keys, runs)
     cuts = port.store.log_cuts  # nothing yielded since the writes: the wait, if any, begins after the wake

@@ -33,7 +33,8 @@ Python twin): buffers in, plain values out, each function the exact twin of a Py
 
 **Compiled modules** (``COMPILED``), each under ``<package>/`` here: ``store.store``, ``store.batch`` (the log's
 writer and a burst's run), ``mqtt.plainturn``, ``mqtt.direct`` (the MQTT reader's turn and direct delivery),
-``serving.putpath``, ``serving.longpoll`` (the put path and long-polled reads).
+``serving.putpath``, ``serving.longpoll`` (the put path and long-polled reads), ``store.msgid``, ``store.positions``
+(the ids a run takes and the log positions it advances).
 """
 
 import importlib.machinery
@@ -51,6 +52,8 @@ COMPILED = (
     "metaq.store.batch",
     "metaq.serving.putpath",
     "metaq.serving.longpoll",
+    "metaq.store.msgid",
+    "metaq.store.positions",
 )
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -22,6 +22,7 @@ from metaq.mqtt import direct, wire
 from metaq.mqtt.session import PUBLISH_SENT, PUBREL_SENT, MqttSession
 from metaq.mqtt.subscriptions import Subscriptions
 from metaq.protocol.stream import CLOSED, NEED_DATA
+from metaq.store.results import BurstRun
 from tests.harness.mqtt import Raw, next_publish, with_mqtt
 from tests.mqtt.test_direct_publishes import SOURCE, _drain
 
@@ -84,7 +85,7 @@ def _burst(rng, key, cursor):
         count = rng.randrange(1, 6)
         first = len(staged)
         staged += [_entry(rng, key[0], key[1]) for _ in range(count)]
-        runs.append((key, count, 0, 0, offset, first, 0))
+        runs.append(BurstRun(key, count, 0, 0, offset, first, 0))
         offset += count
     return runs, staged
 
@@ -216,7 +217,7 @@ def test_the_plain_names_are_asked_again_when_the_stamp_moves_or_the_outbound_dr
         def burst(offset):
             session.cursors[key] = offset
             staged = [("one", 0, 0, b"", wire.Publish("one/t", b"x", 1, packet_id=1), "one/t")]
-            return path(key, [(key, 1, 0, 0, offset, 0, 0)], staged, "pub")
+            return path(key, [BurstRun(key, 1, 0, 0, offset, 0, 0)], staged, "pub")
 
         assert burst(0) is True and len(out.asked) == 1
         assert burst(1) is True and len(out.asked) == 1  # kept

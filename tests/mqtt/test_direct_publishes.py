@@ -17,6 +17,7 @@ from metaq import native
 from metaq.mqtt import direct, wire
 from metaq.mqtt.records import stored_message
 from metaq.mqtt.session import PUBLISH_SENT, PUBREL_SENT, MqttSession
+from metaq.store.results import BurstRun
 
 
 
@@ -306,7 +307,7 @@ def _delivery(log, cursor, sock=None):
 def _burst(offsets):
     """A burst's staged entries and its one run (``BurstRun``'s fields) of plain QoS 1 messages at ``offsets``."""
     staged = [("one", 0, 0, b"m%d" % o, wire.Publish("one/t", b"m%d" % o, 1, packet_id=1), "one/t") for o in offsets]
-    return staged, [(("one", 0), len(offsets), 0, 0, offsets[0], 0, 10_000)]
+    return staged, [BurstRun(("one", 0), len(offsets), 0, 0, offsets[0], 0, 10_000)]
 
 
 def test_a_cursor_behind_the_burst_is_caught_up_only_once_it_reaches_the_partitions_end():
