@@ -11,6 +11,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from metaq import admincli as admin
+from metaq.server.replication.leadership import STEP_DOWN_WAIT_S
 from tests.harness.broker import wait_for
 from tests.harness.ha import SESSION_MS, Group, put_until_ok
 from tests.harness.replication import stats
@@ -91,6 +92,17 @@ def test_a_clean_stop_hands_over_within_a_second_or_two(broker_factory, tmp_path
         for body, _id, part, offset in acked:
             assert c.get_records("t-a", part, offset)[0].data == body
     assert "stepping down as master" in g.members[first].log_text()
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_master_with_nobody_to_hand_over_to_stops_at_once(broker_factory, tmp_path, zk_connect, mode):
+    g = Group(broker_factory, tmp_path, zk_connect, n=1, mode=mode)
+    g.master()
+    stopped_at = time.monotonic()
+    assert g.members[0].stop() == 0
+    took = time.monotonic() - stopped_at
+    assert took < STEP_DOWN_WAIT_S, "no slave to wait for, yet the stop took %.1f s" % took
+    assert "no slave that may be elected holds our whole log" in g.members[0].log_text()
 
 
 def test_a_paused_master_is_fenced_and_its_unacknowledged_tail_is_cut(broker_factory, tmp_path, own_zk):

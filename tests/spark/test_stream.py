@@ -1,13 +1,10 @@
-"""spark.readStream.format("metaq") and the streaming sink with real brokers and a real local Spark.
-
-The queries that must survive their driver being killed run in a driver process of their own
-(``tests/spark/stream_driver.py``); the others run on the shared SparkSession.
-"""
+"""spark.readStream.format("metaq") with real brokers and a real local Spark, on the shared SparkSession. The queries
+that must survive their driver being killed run in a driver process of their own: test_stream_parquet_killed.py and
+test_stream_sink_killed.py."""
 
 import glob
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,125 +13,10 @@ import pytest
 
 from metaq.client.local import small_config
 from tests.harness.broker import url_of, wait_for
+from tests.harness.spark_stream import ROOT, ends_of, put_many
 
 pytest.importorskip("pyspark")
 pytestmark = pytest.mark.slow
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def put_many(broker, topic, start, count, partitions=4):
-    """Put ``count`` numbered bodies round-robin over the partitions; ``{(key, offset): body}`` of what was stored."""
-    sent = {}
-    with broker.client() as c:
-        for i in range(start, start + count):
-            body = b"msg-%06d" % i
-            p = i % partitions
-            offset = c.put_ok(topic, body, p)[2]
-            sent[("%d-%d" % (broker.config["broker"]["id"], p), offset)] = body
-    return sent
-
-
-def checkpoint_state(ck):
-    """``(last planned batch, its source offsets, last committed batch)`` of a streaming checkpoint (-1: none)."""
-    def ids(sub):
-        return [int(os.path.basename(p)) for p in glob.glob(os.path.join(ck, sub, "*"))
-                if os.path.basename(p).isdigit()]
-
-    planned, committed = ids("offsets"), ids("commits")
-    last = max(planned, default=-1)
-    offsets = None
-    if last >= 0:
-        with open(os.path.join(ck, "offsets", str(last))) as f:
-            lines = f.read().splitlines()
-        offsets = json.loads(lines[2]) if len(lines) > 2 else None
-    return last, offsets, max(committed, default=-1)
-
-
-class Driver:
-    """``tests/spark/stream_driver.py`` as a child process in its own session (killed by its own PID)."""
-
-    def __init__(self, tmp, *args):
-        self.stop_file = os.path.join(str(tmp), "stop-%d" % time.monotonic_ns())
-        self.log_path = self.stop_file + ".log"
-        env = dict(os.environ, PYTHONPATH=ROOT)
-        self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.spark.stream_driver", "--stop-file", self.stop_file,
-                                      *args], cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-
-    def text(self):
-        with open(self.log_path, "rb") as f:
-            return f.read().decode("utf-8", "replace")
-
-    def stop(self, timeout=120):
-        open(self.stop_file, "w").close()
-        rc = self.proc.wait(timeout)
-        self.log.close()
-        assert rc == 0, self.text()[-3000:]
-
-    def kill(self):
-        os.killpg(self.proc.pid, signal.SIGKILL)  # the driver and its JVM: the whole session, by our child's PID
-        self.proc.wait(30)
-        self.log.close()
-
-
-def batch_offsets(ck, batch_id):
-    """The source offsets (end) of micro-batch ``batch_id`` in the checkpoint."""
-    with open(os.path.join(ck, "offsets", str(batch_id))) as f:
-        return json.loads(f.read().splitlines()[2])
-
-
-def wait_caught_up(ck, ends, driver, timeout=180):
-    """Wait until the checkpoint has committed a batch whose offsets reach ``ends`` ``{topic: {key: end}}``."""
-    def done():
-        assert driver.proc.poll() is None, driver.text()[-3000:]
-        last, offsets, committed = checkpoint_state(ck)
-        return offsets is not None and committed == last and all(
-            offsets.get(t, {}).get(k, -1) >= e for t, parts in ends.items() for k, e in parts.items())
-    wait_for(done, timeout, "the stream to catch up")
-
-
-def ends_of(sent, topic):
-    ends = {}
-    for key, offset in sent:
-        ends[key] = max(ends.get(key, 0), offset + 1)
-    return {topic: ends}
-
-
-@pytest.mark.fault
-def test_stream_into_parquet_exactly_once_when_its_driver_is_killed_mid_batch(broker_factory, tmp_path, spark):
-    """A query stopped cleanly and restarted from its checkpoint: test_retention_behind_a_stopped_stream…"""
-    b = broker_factory(small_config(tmp_path / "data"))
-    url, topic = url_of(b), "tstream"
-    out, ck = str(tmp_path / "table"), str(tmp_path / "ck")
-    args = ["--brokers", url, "--subscribe", topic, "--checkpoint", ck, "--parquet", out, "--max-per-trigger", "400",
-            "--row-delay-ms", "4"]
-    sent = put_many(b, topic, 0, 1500)
-
-    driver = Driver(tmp_path, *args)
-    wait_for(lambda: checkpoint_state(ck)[2] >= 0, 180, "a committed batch")
-    sent.update(put_many(b, topic, 1500, 1000))  # while the query runs
-
-    def mid_batch():
-        assert driver.proc.poll() is None, driver.text()[-3000:]
-        last, _offsets, committed = checkpoint_state(ck)
-        return last >= 2 and committed < last  # a batch planned and not finished
-    wait_for(mid_batch, 180, "a batch in progress", interval=0.01)
-    killed_in = checkpoint_state(ck)[0]
-    driver.kill()
-    assert checkpoint_state(ck)[2] < killed_in  # it really died mid-batch
-    sent.update(put_many(b, topic, 2500, 1500))
-
-    driver = Driver(tmp_path, *args)
-    wait_caught_up(ck, ends_of(sent, topic), driver)
-    driver.stop()
-
-    rows = spark.read.parquet(out).select("partition", "offset", "value").collect()
-    got = [(r["partition"], r["offset"]) for r in rows]
-    assert len(got) == len(set(got)) == len(sent) == 4000  # nothing twice ...
-    values = [bytes(r["value"]) for r in rows]
-    assert dict(zip(got, values, strict=True)) == sent  # ... nothing missing, unchanged
 
 
 def test_new_partitions_and_a_new_broker_are_picked_up_mid_stream(broker_factory, tmp_path, zk_connect, spark):
@@ -281,41 +163,3 @@ def test_starting_timestamp_starts_at_the_second_of_three_bursts(broker, spark, 
     batch = (spark.read.format("metaq").option("brokers", url_of(broker)).option("topic", topic)
              .option("startingTimestamp", str(since)).load().select("partition", "offset").collect())
     assert {(r["partition"], r["offset"]) for r in batch} == set(expected)
-
-
-@pytest.mark.fault
-def test_topic_to_topic_through_the_streaming_sink_exactly_once_when_the_driver_is_killed_mid_batch(
-        broker_factory, tmp_path, spark):
-    b = broker_factory(small_config(tmp_path / "data"))
-    url, ck = url_of(b), str(tmp_path / "ck")
-    sent = put_many(b, "tin", 0, 3000)
-    args = ["--brokers", url, "--subscribe", "tin", "--checkpoint", ck, "--to-topic", "tout",
-            "--max-per-trigger", "600", "--row-delay-ms", "3"]
-    driver = Driver(tmp_path, *args)
-
-    def writing_mid_batch():
-        assert driver.proc.poll() is None, driver.text()[-3000:]
-        last, _offsets, committed = checkpoint_state(ck)
-        if not (last >= 2 and committed == last - 1):
-            return False
-        done = sum(sum(parts.values()) for parts in batch_offsets(ck, committed).values())
-        with b.client() as c:  # more in "tout" than the committed batches wrote: the batch is half written
-            return sum(int(c.call(_max_request("tout", p)).body) for p in range(4)) > done
-    wait_for(writing_mid_batch, 180, "a batch half written", interval=0.01)
-    driver.kill()
-    driver = Driver(tmp_path, *args)
-    wait_caught_up(ck, ends_of(sent, "tin"), driver)
-    driver.stop()
-
-    rows = (spark.read.format("metaq").option("brokers", url).option("topic", "tout").load()
-            .select("value").collect())
-    values = [bytes(r["value"]).decode() for r in rows]
-    expected = ["%s:%d:%s" % (key, off, body.decode()) for (key, off), body in sent.items()]
-    assert len(values) == len(expected) == 3000
-    assert sorted(values) == sorted(expected)  # each transformed message exactly once
-
-
-def _max_request(topic, partition):
-    from metaq.protocol import events as ev
-
-    return ev.Offset(topic, "g", partition, 2 ** 62, 1)

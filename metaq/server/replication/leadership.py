@@ -153,7 +153,9 @@ class Term:
 
 def step_down(term, server, written_end, mode, broker_id):
     """A clean stop (the lease already revoked): wait, at most STEP_DOWN_WAIT_S, until a slave that may be
-    elected holds our whole log; the caller then closes the ZooKeeper session."""
+    elected holds our whole log; the caller then closes the ZooKeeper session. With nobody to wait for (``sync``:
+    no other member in the in-sync set; ``async``: no slave connected) it returns at once: no member can catch up
+    from us, and the wait would only delay the stop."""
     deadline = time.monotonic() + STEP_DOWN_WAIT_S
     while server is not None and time.monotonic() < deadline:
         positions = server.positions()
@@ -162,8 +164,18 @@ def step_down(term, server, written_end, mode, broker_id):
             log.warning("stepping down as master of broker %d: member %s holds our whole log (%d)", broker_id,
                         held, written_end)
             return True
+        if not step_down_candidates(term, positions, mode):
+            break
         server.notify()
         gevent.sleep(0.05)
     log.warning("stepping down as master of broker %d: no slave that may be elected holds our whole log (%d)",
                 broker_id, written_end)
     return False
+
+
+def step_down_candidates(term, positions, mode):
+    """The members a clean stop waits for: in ``sync`` mode the other members of the in-sync set (connected or
+    not: one may be reconnecting), in ``async`` mode the slaves connected now."""
+    if mode == "async":
+        return set(positions)
+    return term.members - {term.member}
