@@ -51,7 +51,7 @@ class Connection(core.Connection):
                  "client_receive_max", "inflight_window",
                  "client_max_packet", "problem_information", "room", "outbound_aliases", "acks", "publishes",
                  "subscriptions", "_write_lock", "_unsent", "_handling", "_ended_cleanly", "_taken_over",
-                 "direct_fd", "_fd")
+                 "direct_fd", "_fd", "_framed")
 
     def __init__(self, sock, address, conn_id, port):
         super().__init__(sock, address, conn_id, port.core.rules)
@@ -72,8 +72,10 @@ class Connection(core.Connection):
         self.publishes = Publishes(self, port, self.acks)
         self.subscriptions = Subscriptions(self, port, self.acks)
         self._write_lock = Semaphore()
-        self._unsent = None  # what a try_send left of its packet: written before anything else
+        self._unsent = None  # what a try_send left of its packet: written before anything else (b"": the stream's)
         self._fd = self.raw_sock.fileno() if self.raw_sock is not None else -1  # (TLS: never written by descriptor)
+        #: a WebSocket stream's ``try_send`` (one frame written without waiting, its rest kept by the stream), or None
+        self._framed = getattr(sock, "try_send", None)
         #: ``fan_fd``'s answer kept as it changes, for the writers by descriptor (the delivery, ``direct.DirectPath``;
         #: a burst's PUBACKs, ``plainturn.pubacks_now``): the socket's descriptor while packets may be written to it by
         #: descriptor, else -1 (TLS, a writer inside a packet, something unsent, closed). Set wherever the write lock
@@ -149,10 +151,13 @@ class Connection(core.Connection):
         message to many connections and waits for none): ``len(data)`` when all of it went; 0 when none did (the
         socket's buffer is full, another writer holds the lock, or what an earlier ``try_send`` left is still
         unsent); None when the connection is closed, the send failed (then it closes) or is TLS (written only by
-        ``send_bytes``); else the bytes written: the rest is kept on the connection and goes before anything else
-        written to it (``send_bytes``, ``flush_unsent``), so no writer ever waits on a lock a stalled one holds."""
-        if self.closed or self.tls:
+        ``send_bytes``; over WebSocket one frame, ``_try_framed``); else the bytes written: the rest is kept on the
+        connection and goes before anything else written to it (``send_bytes``, ``flush_unsent``), so no writer ever
+        waits on a lock a stalled one holds."""
+        if self.closed:
             return None
+        if self.tls:
+            return self._try_framed(data)
         lock = self._write_lock
         if not lock.acquire(blocking=False):
             return 0
@@ -172,6 +177,28 @@ class Connection(core.Connection):
             if 0 < n < len(data):
                 self._unsent = data[n:]
                 self.direct_fd = -1
+            return n
+        except OSError as exc:
+            log.info("mqtt %s: send failed (%s); closing", self.peer, exc)
+            self.close()
+            return None
+        finally:
+            lock.release()
+
+    def _try_framed(self, data):
+        """``try_send`` on a WebSocket stream (its ``try_send``: ``data`` one frame, none on TLS): a frame begun and
+        not finished is kept by the stream, and ``_unsent`` set empty so the next writer (``send_bytes``,
+        ``flush_unsent``) has the stream write that rest first."""
+        framed = self._framed
+        if framed is None:
+            return None
+        lock = self._write_lock
+        if not lock.acquire(blocking=False):
+            return 0
+        try:
+            n = framed(data)
+            if n:
+                self._unsent = b"" if n < len(data) else None
             return n
         except OSError as exc:
             log.info("mqtt %s: send failed (%s); closing", self.peer, exc)

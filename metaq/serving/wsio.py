@@ -22,7 +22,9 @@ at its header, before its payload), more than ``WS_MAX_FRAGMENTS`` frames in one
 ``WS_CONTROL_FRAMES_PER_S``, or more than ``WS_CONTROL_FRAMES_WITHOUT_DATA`` of them with no MQTT bytes between (a
 client that only pings holds its connection's greenlet for no longer) (1008). Nothing of a read that broke a rule
 is handed up. A close with a code or reason RFC 6455 forbids is answered 1002; a valid close is answered in kind.
-Sends hold a lock, so a PONG or a CLOSE never lands inside another writer's frame.
+Sends hold a lock, so a PONG or a CLOSE never lands inside another writer's frame. ``try_send`` writes a frame
+without waiting (the MQTT connection's replies from the reader's turn): what the socket does not take of it is kept
+and written before any other frame.
 """
 
 import logging
@@ -94,13 +96,13 @@ class _FrameBound(Extension):
 
 class WsStream:
     """One WebSocket connection as a byte stream (see the module doc). It offers what the connection core and the MQTT
-    connection use of a socket: ``recv``, ``send``, ``sendall``, ``settimeout``, ``fileno``, ``setsockopt``,
-    ``pending``, ``close``. ``claim`` (set by the front-end once its connection is made): the connection core's
-    ``claim`` for it, given the client an ``X-Forwarded-For`` names, returning why not or None."""
+    connection use of a socket: ``recv``, ``send``, ``sendall``, ``try_send``, ``settimeout``, ``fileno``,
+    ``setsockopt``, ``pending``, ``close``. ``claim`` (set by the front-end once its connection is made): the
+    connection core's ``claim`` for it, given the client an ``X-Forwarded-For`` names, returning why not or None."""
 
     __slots__ = ("sock", "rules", "address", "peer", "claim", "subprotocol", "_started", "_head", "_hs", "_ws",
                  "_ready", "_eof", "_timeout", "_send_lock", "_frames", "_tokens", "_tokens_at", "_in", "_owed",
-                 "_fragmented", "_controls", "_raw")
+                 "_fragmented", "_controls", "_raw", "_rest")
 
     def __init__(self, sock, rules, address, started):
         self.sock = sock
@@ -126,6 +128,7 @@ class WsStream:
         self._controls = 0  # control frames since the last MQTT bytes
         # a plain socket's underlying non-blocking one: a send tried there first, never waiting (None: TLS)
         self._raw = getattr(sock, "_sock", None) if type(sock) is GeventSocket else None
+        self._rest = None  # what the socket did not take of a frame ``try_send`` began: written before any other
 
     # -- reading ---------------------------------------------------------------
 
@@ -367,14 +370,19 @@ class WsStream:
     # -- writing ---------------------------------------------------------------
 
     def sendall(self, data):
-        """``data`` as one binary frame (nothing before the upgrade nor after a close)."""
-        if not data:
+        """``data`` as one binary frame (nothing before the upgrade nor after a close), after the rest of a frame
+        ``try_send`` began (``data`` empty: that rest alone)."""
+        if not data and self._rest is None:
             return
         ws = self._ws
         if ws is None or ws.state is not ConnectionState.OPEN:
             raise BrokenPipeError("the WebSocket is closed")
-        out = binary_header(len(data)) + data
         with self._send_lock:
+            out = binary_header(len(data)) + data if data else b""
+            rest = self._rest
+            if rest is not None:
+                self._rest = None
+                out = rest + out
             raw = self._raw
             if raw is not None:  # what the socket takes now, without gevent's waiting send around it
                 try:
@@ -385,6 +393,50 @@ class WsStream:
                     return
                 out = out[sent:]
             self.sock.sendall(out)
+
+    def try_send(self, data):
+        """``data`` (2 bytes or more) as one binary frame written now, never waiting: ``len(data)`` when the whole frame
+        went; 0 when none of it did (the socket's buffer full, another send under way, or the rest of an earlier frame
+        still unsent); None when it cannot go that way (TLS beneath, not open); else a number between 1 and
+        ``len(data) - 1``: the frame was begun and its rest is kept (``unsent``), written before anything else this
+        stream sends (``sendall``, an empty one for that rest alone). A failed send raises OSError."""
+        raw = self._raw
+        ws = self._ws
+        if raw is None or ws is None or ws.state is not ConnectionState.OPEN:
+            return None
+        lock = self._send_lock
+        if not lock.acquire(blocking=False):
+            return 0
+        try:
+            rest = self._rest
+            if rest is not None:
+                try:
+                    n = raw.send(rest)
+                except BlockingIOError:
+                    return 0
+                if n < len(rest):
+                    self._rest = rest[n:]
+                    return 0
+                self._rest = None
+            out = binary_header(len(data)) + data
+            try:
+                n = raw.send(out)
+            except BlockingIOError:
+                return 0
+            size = len(data)
+            if n == len(out):
+                return size
+            if n <= 0:
+                return 0
+            self._rest = out[n:]
+            return max(1, min(size - 1, n - (len(out) - size)))
+        finally:
+            lock.release()
+
+    @property
+    def unsent(self):
+        """True while the rest of a frame ``try_send`` began is still to be written."""
+        return self._rest is not None
 
     def send(self, data):
         self.sendall(data)
@@ -399,6 +451,10 @@ class WsStream:
     def _send(self, out):
         try:
             with self._send_lock:
+                rest = self._rest
+                if rest is not None:  # a frame begun goes on before this one
+                    self._rest = None
+                    out = rest + out
                 self.sock.sendall(out)
         except OSError:
             self._eof = True
@@ -421,7 +477,7 @@ class WsStream:
         if ws is not None and ws.state is ConnectionState.OPEN and self._send_lock.acquire(blocking=False):
             try:
                 self.sock.settimeout(0.0)
-                self.sock.sendall(ws.send(CloseConnection(code=CloseReason.NORMAL_CLOSURE)))
+                self.sock.sendall((self._rest or b"") + ws.send(CloseConnection(code=CloseReason.NORMAL_CLOSURE)))
             except (OSError, ProtocolError):
                 pass
             finally:

@@ -1,14 +1,16 @@
 """MQTT over WebSocket (docs/mqtt.md "Over WebSocket"): Paho's websockets transport against TCP clients both ways,
 takeover across the two, wss://, and every rule a hostile WebSocket client meets, each with its limit."""
 
+import socket
 import struct
+import threading
 import time
 
 from metaq import limits
-from metaq.client.local import free_port
+from metaq.client.local import free_port, small_config
 from metaq.mqtt import wire
 from metaq.protocol.stream import NEED_DATA
-from tests.harness.mqtt import V311, Paho, Raw, mqtt_config
+from tests.harness.mqtt import V311, Paho, Raw, mqtt_config, with_mqtt
 from tests.harness.broker import wait_for
 from tests.harness.pki import Pki
 from tests.harness.replication import stats
@@ -205,6 +207,61 @@ def test_packets_split_over_and_packed_into_frames(broker_factory, tmp_path):
     got = [c.read() for _ in range(4)]
     kinds = sorted(type(p).__name__ for p in got)
     assert kinds == ["PingResp", "PubAck", "Publish", "Suback"], kinds
+
+
+def acked_at_once(broker_factory, tmp_path):
+    """A broker with ``flush: async``: a burst's PUBACKs go at once, from the reader's turn when the socket takes
+    them."""
+    return broker_factory(with_mqtt(small_config(tmp_path / "data", store={"flush": "async"}),
+                                    ws_port=free_port()))
+
+
+def test_a_burst_of_qos1_publishes_is_acknowledged_in_order_in_one_frame_a_read(broker_factory, tmp_path):
+    b = acked_at_once(broker_factory, tmp_path)
+    c = WsMqtt(b)
+    assert c.connect().reason_code == 0
+    publishes = [wire.encode(wire.Publish("a/b", b"x" * 100, qos=1, packet_id=i), wire.MQTT_5) for i in range(1, 33)]
+    c.send(b"".join(frame(BINARY, p) for p in publishes))
+    ids, frames = [], 0
+    while len(ids) < 32:
+        op, payload = c._frame()
+        assert op == BINARY
+        frames += 1
+        c.parser.receive_data(payload)
+        while (p := c.parser.next_event()) is not NEED_DATA:
+            ids.append(p.packet_id)
+    assert ids == list(range(1, 33)) and frames <= 4  # one frame a read of the burst
+
+
+def test_replies_and_deliveries_the_socket_takes_in_part_arrive_whole_and_in_order(broker_factory, tmp_path):
+    b = acked_at_once(broker_factory, tmp_path)
+    c = WsMqtt(b)
+    c.parser = wire.MqttParser(wire.MQTT_311, sender="server")  # 3.1.1: a client past its window waits, not closed
+    c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32768)
+    assert c.upgrade()[0] == 101
+    c.send(frame(BINARY, wire.encode(wire.Connect(wire.MQTT_311, "slow"), wire.MQTT_311)))
+    assert c.read().reason_code == 0
+    c.send(frame(BINARY, wire.encode(wire.Subscribe(1, (wire.Subscription("a/#", 1),)), wire.MQTT_311)))
+    c.read()
+    bursts, each = 6, 16
+    out = [b"".join(frame(BINARY, wire.encode(wire.Publish("a/b", bytes([n % 256]) * 4000, qos=1, packet_id=n),
+                                              wire.MQTT_311)) for n in range(k * each + 1, (k + 1) * each + 1))
+           for k in range(bursts)]
+    sender = threading.Thread(target=lambda: [c.send(burst) for burst in out], daemon=True)
+    sender.start()
+    time.sleep(1.0)  # nothing read meanwhile: the broker's socket fills, its writes are taken in part
+    acked, delivered = [], []
+    while len(acked) < bursts * each or len(delivered) < bursts * each:
+        p = c.read()
+        if isinstance(p, wire.PubAck):
+            acked.append(p.packet_id)
+        else:
+            assert p.payload == bytes([p.payload[0]]) * 4000
+            delivered.append(p.payload[0])
+            c.send(frame(BINARY, wire.encode(wire.PubAck(p.packet_id), wire.MQTT_311)))
+    sender.join(5)
+    n = bursts * each
+    assert acked == list(range(1, n + 1)) and delivered == [i % 256 for i in range(1, n + 1)]
 
 
 def test_a_frame_past_the_bound_is_refused_at_its_header(broker_factory, tmp_path):

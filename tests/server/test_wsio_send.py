@@ -42,3 +42,42 @@ def test_a_send_the_socket_takes_in_part_arrives_whole_and_in_order():
         frames.append(got[at + head:at + head + n])
         at += head + n
     assert frames == payloads
+
+
+def test_a_frame_try_send_began_is_finished_before_any_other_frame():
+    ours, theirs = socket.socketpair()
+    ours.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_SNDBUF, 4096)
+    ws = WsStream(ours, WsRules("/mqtt", ("mqtt",), None, 1 << 20), ("127.0.0.1", 1), time.monotonic())
+    ws.settimeout(5)
+    theirs.sendall(upgrade_request() + b"\x82\x80\0\0\0\0")
+    reader = gevent.spawn(ws.recv, 10)
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += theirs.recv(4096)
+    reader.kill()
+    payloads, i = [], 0
+    while not ws.unsent:  # nothing reads: the socket's buffer fills and a frame is begun, not finished
+        payload = bytes([i % 256]) * 20_000  # more than the buffer holds: the socket takes a part
+        n = ws.try_send(payload)
+        assert n, "a frame refused before one was begun"
+        payloads.append(payload)
+        i += 1
+    assert 0 < n < len(payloads[-1])
+    assert ws.try_send(b"xx") == 0  # the rest goes first: nothing else now
+    payloads.append(b"after")
+    writer = gevent.spawn(ws.sendall, b"after")
+    got = b""
+    want = sum(len(p) + (2 if len(p) < 126 else 4) for p in payloads)
+    while len(got) < want:
+        gevent.sleep(0.001)
+        got += theirs.recv(8192)
+    writer.get(timeout=5)
+    frames, at = [], 0
+    while at < len(got):
+        n, head = got[at + 1] & 0x7F, 2
+        if n == 126:
+            n, head = int.from_bytes(got[at + 2:at + 4], "big"), 4
+        assert got[at] == 0x82
+        frames.append(got[at + head:at + head + n])
+        at += head + n
+    assert frames == payloads
