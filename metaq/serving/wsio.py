@@ -294,8 +294,13 @@ class WsStream:
             elif first & 0x8F == 0x80:  # a final continuation
                 self._fragmented = False
             self._owed = head + length
-        if pos < end and not self._eof:
-            self._in = bytearray(buf[pos:])
+        if pos < end and not self._eof:  # kept in place: a frame trickled in costs its bytes once, not once a read
+            if type(buf) is not bytearray:
+                self._in = bytearray(buf[pos:])
+            else:
+                if pos:
+                    del buf[:pos]
+                self._in = buf
 
     def _frames_arrived(self):
         """The events of the frames received so far: payload kept for ``recv``, PINGs answered, rules applied."""

@@ -81,3 +81,26 @@ def test_a_frame_try_send_began_is_finished_before_any_other_frame():
         frames.append(got[at + head:at + head + n])
         at += head + n
     assert frames == payloads
+
+
+def test_a_frame_trickled_in_small_reads_is_kept_in_one_buffer_grown_in_place():
+    """A common frame of 1 MiB arriving in 1,460-byte reads: its bytes are kept in one buffer that each read extends
+    (never copied again whole, which would cost the square of the frame's size), and the payload comes out whole."""
+    ours, theirs = socket.socketpair()
+    ws = WsStream(ours, WsRules("/mqtt", ("mqtt",), None, 2 << 20), ("127.0.0.1", 1), time.monotonic())
+    ws.settimeout(5)
+    theirs.sendall(upgrade_request() + b"\x82\x80\0\0\0\0")
+    reader = gevent.spawn(ws.recv, 10)
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += theirs.recv(4096)
+    reader.kill()
+    payload = bytes(range(256)) * 4096
+    frame = b"\x82\xff" + len(payload).to_bytes(8, "big") + b"\0\0\0\0" + payload  # masked with a zero key
+    kept = set()
+    for at in range(0, len(frame) - 1460, 1460):
+        ws._frames_in(frame[at:at + 1460])
+        kept.add(id(ws._in))
+    assert len(kept) == 1, "the frame's bytes were copied into a new buffer %d times" % (len(kept) - 1)
+    ws._frames_in(frame[at + 1460:])
+    assert b"".join(ws._ready) == payload
