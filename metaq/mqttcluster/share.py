@@ -39,7 +39,7 @@ import math
 
 from metaq import limits
 
-__all__ = ["Shares", "owner_of"]
+__all__ = ["Shares", "owner_of", "unit"]
 
 
 def owner_of(group, origin, topic, partition, offset, brokers, weights=None):
@@ -48,7 +48,7 @@ def owner_of(group, origin, topic, partition, offset, brokers, weights=None):
     coordinates and each broker, so the origin and every member broker decide alike with no call, each message on
     its own (a one-partition topic spreads over the brokers), and a broker that joins or leaves moves only its own
     share. ``weights`` ({broker: weight > 0}, 1 when absent): a broker's share is its weight over the weights' sum
-    (weighted rendezvous: the highest ``weight / -ln(u)`` wins, ``u`` the hash in (0, 1))."""
+    (weighted rendezvous: the highest ``weight / -ln(u)`` wins, ``u`` the hash as ``unit`` gives it)."""
     base = b"%s\x00%s\x00%d\x00%s\x00%d\x00%d\x00" % (group[0].encode("utf-8"), group[1].encode("utf-8"), origin,
                                                        topic.encode("utf-8"), partition, offset)
     best, owner = None, None
@@ -57,13 +57,19 @@ def owner_of(group, origin, topic, partition, offset, brokers, weights=None):
         if weights is None:
             score = h
         else:
-            score = weights.get(b, 1) / -math.log((h + 0.5) / _SPAN)
+            score = weights.get(b, 1) / -math.log(unit(h))
         if best is None or score > best or (score == best and b < owner):
             best, owner = score, b
     return owner
 
 
-_SPAN = float(1 << 64)
+def unit(h):
+    """The 64-bit hash ``h`` as a number strictly inside (0, 1): its top 52 bits, so that no hash gives
+    1.0 (whose log is 0: a division by zero in every reader of that record); 52 bits, so that adding 0.5 is exact."""
+    return ((h >> 12) + 0.5) / _SPAN
+
+
+_SPAN = float(1 << 52)
 
 
 class Shares:
@@ -152,7 +158,8 @@ class Shares:
     def _change(self, group, count=True):
         """Record ``group``'s change when its brokers are not its history's last (no broker at all: no member
         anywhere, each broker's own members take what is published on it, as without a cluster). A group new here
-        past ``most`` histories takes the place of one with no member anywhere, else it is not shared."""
+        past ``most`` histories takes the place of one with no member connected anywhere (kept only, or none), else it
+        is not shared; a group kept only takes no other's place."""
         histories = self.histories()
         held = histories.get(group)
         changes = [] if held is None else list(held.changes)
@@ -161,8 +168,9 @@ class Shares:
         start = self.start()
         if changes and last == brokers:
             kept = self._reachable(changes, start)
-            if not brokers:
+            if not _live(brokers):
                 self._evictable.setdefault(group)  # one found in the log (a start, a promotion)
+            if not brokers:
                 if kept[-1][0] <= start:
                     self._write(group, None)  # nothing a reader reaches is assigned by the history
                     return
@@ -172,7 +180,7 @@ class Shares:
         if not changes:
             if not brokers:
                 return
-            if len(histories) >= self.most and not self._evict(histories):
+            if len(histories) >= self.most and (not _live(brokers) or not self._evict(histories)):
                 if count:
                     self.refused += 1  # the caller logs it (``refused``: how many times)
                 return
@@ -207,7 +215,7 @@ class Shares:
             self._ends[group] = end
         else:
             self._ends.pop(group, None)
-        if changes is None or changes[-1][1]:
+        if changes is None or _live(changes[-1][1]):
             self._evictable.pop(group, None)
         elif fresh or group not in self._evictable:
             self._evictable.pop(group, None)
@@ -221,7 +229,7 @@ class Shares:
         while self._evictable:
             key = next(iter(self._evictable))
             held = histories.get(key)
-            if held is None or held.changes[-1][1] or self._brokers(key, ()):
+            if held is None or _live(held.changes[-1][1]) or _live(self._brokers(key, ())):
                 del self._evictable[key]  # not one any more (a new member, a history the log ended)
                 continue
             return self._write(key, None)
@@ -261,3 +269,8 @@ def _weighted(groups):
 def _moved(old, new):
     """The groups whose weight differs between ``old`` and ``new`` (in one and not the other too)."""
     return {g for g in old.keys() | new.keys() if old.get(g) != new.get(g)}
+
+
+def _live(brokers):
+    """True when some broker of ``brokers`` ((broker, weight), ...) has a member connected (weight above 0)."""
+    return any(w for _b, w in brokers)

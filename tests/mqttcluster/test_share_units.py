@@ -8,7 +8,7 @@ from metaq.errors import RemoteProtocolError
 from metaq.mqtt.follow import SessionTable, encode_share_history, encode_share_history_end
 from metaq.mqtt.records import record_data
 from metaq.mqttcluster import inbox
-from metaq.mqttcluster.share import Shares, owner_of
+from metaq.mqttcluster.share import Shares, owner_of, unit
 from metaq.protocol import replication as rp
 from metaq.protocol.replication_mqtt import SHARED, Entry, join_routes, shared_data, split_routes, split_shared
 from metaq.protocol.stream import NEED_DATA
@@ -83,6 +83,7 @@ def test_a_weighted_share_follows_the_weights():
     assert 6400 <= owners.count(0) <= 6950, owners.count(0)
     more = [owner_of(G, 2, "jobs", 0, offset, (0, 1), {0: 3, 1: 1}) for offset in range(10000)]
     assert all(now == 0 for now, was in zip(more, owners, strict=True) if now != was)
+    assert 0 < unit(0) < unit(2**64 - 1) < 1.0 and unit(2**64 - 1024) < 1.0  # no hash scores a division by zero
 
 
 def test_a_membership_change_moves_only_what_is_stored_after_its_record():
@@ -441,3 +442,17 @@ def test_route_weights_round_trip_split_over_parts_and_are_bounded():
     for bad in ((-1,), (limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX + 1,), (1, 1)):
         with pytest.raises(RemoteProtocolError, match="weight"):
             round_trip(rp.Routes(1, (), (), -1, (G,), weights=bad))
+
+
+def test_groups_kept_with_no_member_connected_never_keep_a_live_group_out():
+    """A table of MQTT_CLUSTER_MAX_GROUPS groups all kept for members away (weight 0): a group with a member connected
+    takes the place of one of them; a kept group past the table takes no place (refused, counted)."""
+    log = Log()
+    shares = log.shares(most=2)
+    a, b = ("a", "x"), ("b", "y")
+    shares.set_local({a: 0, b: 0})
+    assert set(log.table.shares) == {a, b}
+    shares.set_peer(1, "link-1", {G: 1})
+    assert shares.refused == 0 and G in log.table.shares and len(log.table.shares) == 2
+    shares.set_peer(2, "link-2", {("c", "z"): 0})
+    assert shares.refused == 1 and ("c", "z") not in log.table.shares and G in log.table.shares
