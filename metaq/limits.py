@@ -1277,9 +1277,13 @@ MQTT_CLUSTER_SHARE_HISTORY = 64
 #: 0..this is refused.
 MQTT_CLUSTER_SHARE_WEIGHT_MAX = 65_535
 #: Seconds a change in the number of a group's members on a broker waits before it goes into its weight (the route
-#: sent again, a change in the sessions' log): a burst of members joining costs one change per group, not one per
-#: member. A group's first member here or its last leaving goes at once.
-MQTT_CLUSTER_SHARE_SETTLE_S = 1.0
+#: sent again, a change in each group's history in the sessions' log): a burst of members joining costs one change per
+#: group, not one per member. A group's first member here or its last leaving goes at once.
+MQTT_CLUSTER_SHARE_SETTLE_S = 10.0
+#: How far (percent of the weight a route carries) a group's members on a broker may move before its weight changes:
+#: members coming and going around a count change nothing, so a group's history (at most MQTT_CLUSTER_SHARE_HISTORY
+#: changes) spans its real changes, not its members' churn. A broker's share is so within this of its members' share.
+MQTT_CLUSTER_SHARE_WEIGHT_STEP_PERCENT = 25
 
 # -- MQTT over WebSocket (metaq/serving/wsio.py, docs/mqtt.md "Over WebSocket") -----------------------------------
 

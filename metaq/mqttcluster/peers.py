@@ -51,7 +51,7 @@ from metaq.mqtt.topics import matches
 from metaq.mqttcluster import inbox
 from metaq.mqttcluster.link import PeerLink
 from metaq.mqttcluster.routes import aggregate
-from metaq.mqttcluster.share import Shares
+from metaq.mqttcluster.share import Shares, weights_moved
 from metaq.protocol.registration import mqtt_membership
 from metaq.protocol.replication_mqtt import (MESSAGE, POSITION, RESUMED, RETAINED, ROUTED, SHARED, record_check,
                                              split_shared)
@@ -196,10 +196,11 @@ class MqttCluster:
         """This broker's groups with members are ``live`` now ({group: members here}, from ``MqttPort``'s
         ``group_weights``: 0 for a group kept here with no member connected): who takes what of each is decided again
         (``share.Shares``, a broker's share weighted by its members) and the links send ROUTES again. A group here that
-        gained its first member or lost its last goes at once; a change of counts only waits
-        MQTT_CLUSTER_SHARE_SETTLE_S, so that a burst of members costs one change. At most MQTT_CLUSTER_MAX_GROUPS go
-        in the route, those with members first (the others' members take what is published here, as without a
-        cluster)."""
+        gained its first member or lost its last goes at once; a change of counts only, once one moved by more than
+        MQTT_CLUSTER_SHARE_WEIGHT_STEP_PERCENT (``share.weights_moved``), waits MQTT_CLUSTER_SHARE_SETTLE_S, so that
+        a burst of members costs one change and members coming and going around a count cost none. At most
+        MQTT_CLUSTER_MAX_GROUPS go in the route, those with members first (the others' members take what is
+        published here, as without a cluster)."""
         live = dict(live)
         groups = tuple(sorted(live))
         if len(groups) > limits.MQTT_CLUSTER_MAX_GROUPS:
@@ -209,7 +210,7 @@ class MqttCluster:
         weights = tuple(min(live[g], limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX) for g in groups)
         if groups != self._groups or [w > 0 for w in weights] != [w > 0 for w in self._weights]:
             self._apply_groups(groups, weights)
-        elif weights != self._weights and self._settling is None:
+        elif weights_moved(self._weights, weights) and self._settling is None:
             self._settling = gevent.spawn_later(limits.MQTT_CLUSTER_SHARE_SETTLE_S, self._settle)
         self._live = (groups, weights)
 
@@ -217,7 +218,7 @@ class MqttCluster:
         """The counts that changed since a change of counts only, once settled (the groups as they are now)."""
         self._settling = None
         groups, weights = self._live
-        if (groups, weights) != (self._groups, self._weights):
+        if groups != self._groups or weights_moved(self._weights, weights):
             self._apply_groups(groups, weights)
 
     def _apply_groups(self, groups, weights):

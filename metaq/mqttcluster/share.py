@@ -39,7 +39,7 @@ import math
 
 from metaq import limits
 
-__all__ = ["Shares", "owner_of", "unit"]
+__all__ = ["Shares", "owner_of", "unit", "weights_moved"]
 
 
 def owner_of(group, origin, topic, partition, offset, brokers, weights=None):
@@ -61,6 +61,15 @@ def owner_of(group, origin, topic, partition, offset, brokers, weights=None):
         if best is None or score > best or (score == best and b < owner):
             best, owner = score, b
     return owner
+
+
+def weights_moved(applied, now):
+    """True when a weight of ``now`` differs from the one at its place in ``applied`` (the weights a broker's route
+    carries) by more than MQTT_CLUSTER_SHARE_WEIGHT_STEP_PERCENT of it: each change of weights is a change of every
+    group's history in the sessions' log (bounded at MQTT_CLUSTER_SHARE_HISTORY), so a count that moves a little,
+    members coming and going around it, changes nothing."""
+    step = limits.MQTT_CLUSTER_SHARE_WEIGHT_STEP_PERCENT
+    return len(applied) != len(now) or any(abs(n - a) * 100 > step * a for a, n in zip(applied, now, strict=True))
 
 
 def unit(h):

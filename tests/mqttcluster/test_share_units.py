@@ -373,13 +373,15 @@ def test_a_brokers_route_carries_its_groups_with_members_at_most_max_groups(monk
 
 def test_a_change_of_members_only_goes_into_the_weights_once_settled(monkeypatch):
     """A group's first member here goes into the route at once; a burst of members joining after it makes one
-    change, MQTT_CLUSTER_SHARE_SETTLE_S later, with the count then (capped at MQTT_CLUSTER_SHARE_WEIGHT_MAX)."""
+    change, MQTT_CLUSTER_SHARE_SETTLE_S later, with the count then (capped at MQTT_CLUSTER_SHARE_WEIGHT_MAX); a count
+    within MQTT_CLUSTER_SHARE_WEIGHT_STEP_PERCENT of the route's changes nothing, one past it does."""
     import gevent
     from types import SimpleNamespace
 
     from metaq.mqttcluster.peers import MqttCluster
     monkeypatch.setattr(limits, "MQTT_CLUSTER_SHARE_SETTLE_S", 0.05)
-    monkeypatch.setattr(limits, "MQTT_CLUSTER_SHARE_WEIGHT_MAX", 5)
+    monkeypatch.setattr(limits, "MQTT_CLUSTER_SHARE_WEIGHT_MAX", 8)
+    monkeypatch.setattr(limits, "MQTT_CLUSTER_SHARE_WEIGHT_STEP_PERCENT", 25)
     config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
                              mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
     log = Log()
@@ -392,12 +394,12 @@ def test_a_change_of_members_only_goes_into_the_weights_once_settled(monkeypatch
     assert cluster.weights() == (1,) and cluster.route()[0] == 1  # settling
     gevent.sleep(0.1)
     assert cluster.weights() == (4,) and cluster.route()[0] == 2 and log.table.shares[G].changes[-1][1] == ((0, 4),)
-    cluster.groups_changed({G: 9})  # past the largest weight: counted up to it
+    cluster.groups_changed({G: 5})  # a quarter more: at the step, nothing
     gevent.sleep(0.1)
-    assert cluster.weights() == (5,) and cluster.route()[0] == 3
-    cluster.groups_changed({G: 5})  # the same weight: nothing
+    assert cluster.weights() == (4,) and cluster.route()[0] == 2
+    cluster.groups_changed({G: 20})  # past the largest weight: counted up to it
     gevent.sleep(0.1)
-    assert cluster.route()[0] == 3
+    assert cluster.weights() == (8,) and cluster.route()[0] == 3
     cluster.groups_changed({G: 4, ("a", "x"): 1})  # a group's first member: at once, with the counts now
     assert cluster.weights() == (1, 4) and cluster.route()[0] == 4
     cluster.stop()
