@@ -1302,6 +1302,10 @@ WS_CONTROL_FRAMES_PER_S = 50
 #: Most control frames (PING, PONG) a WebSocket client may send with no MQTT bytes between (one more: close 1008):
 #: a client that only pings holds its connection's greenlet, as a packet under way does, for no longer.
 WS_CONTROL_FRAMES_WITHOUT_DATA = 32
+#: Seconds after a WebSocket client's last control frame past which its next starts the count of
+#: WS_CONTROL_FRAMES_WITHOUT_DATA again: a subscriber that only receives, whose library pings every 20 s or so, is
+#: never closed for it.
+WS_CONTROL_QUIET_S = 5.0
 #: Most hops of a WebSocket upgrade's X-Forwarded-For from a trusted proxy (one more: the upgrade is refused 400).
 FORWARDED_MAX_HOPS = 16
 #: Most entries of mqtt.ws_allowed_origins.

@@ -319,6 +319,8 @@ class WsStream:
                                     "(WS_MAX_FRAGMENTS)" % limits.WS_MAX_FRAGMENTS)
                         return
             elif isinstance(event, (Ping, Pong)):
+                if time.monotonic() - self._tokens_at > limits.WS_CONTROL_QUIET_S:
+                    self._controls = 0  # the last one long ago: a library's keep-alive ping, not a flood
                 self._controls += 1
                 if self._controls > limits.WS_CONTROL_FRAMES_WITHOUT_DATA:
                     self._close(CloseReason.POLICY_VIOLATION, "more than %d control frames with no MQTT bytes between "
