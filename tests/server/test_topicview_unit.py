@@ -20,7 +20,7 @@ def test_the_pages_policy_allows_its_scripts_and_the_brokers_websocket_listeners
     ports = WebSocketPorts(8083, 8084)
     assert policy("127.0.0.1:8180", ports) == ("default-src 'self'; connect-src 'self' ws://127.0.0.1:8083 "
                                                "wss://127.0.0.1:8084; object-src 'none'; base-uri 'none'; "
-                                               "form-action 'none'")
+                                               "form-action 'none'; frame-ancestors 'none'")
     assert "connect-src 'self' ws://[::1]:8083 wss://[::1]:8084;" in policy("[::1]:8180", ports)
     assert "connect-src 'self' wss://broker.example.com:8084;" in policy("broker.example.com",
                                                                          WebSocketPorts(None, 8084))

@@ -48,7 +48,8 @@ def policy(host_header, ports):
         host = found.group(1)
         connect += ["%s://%s:%d" % (scheme, host, port)
                     for scheme, port in (("ws", ports.ws_port), ("wss", ports.wss_port)) if port]
-    return ("default-src 'self'; connect-src %s; object-src 'none'; base-uri 'none'; form-action 'none'"
+    return ("default-src 'self'; connect-src %s; object-src 'none'; base-uri 'none'; form-action 'none'; "
+            "frame-ancestors 'none'"
             % " ".join(connect))
 
 

@@ -84,6 +84,7 @@
     const c = new MqttClient(where.url, {clientId: clientId, user: user, password: $("secret").value,
                                          keepalive: limits.keepalive, maxPacket: limits.packet,
                                          maxInflight: limits.inflight});
+    $("secret").value = "";  // in the CONNECT only: not left in the form
     client = c;
     c.onconnect = () => {
       say("state", "connected to " + where.url + " as " + (user || "no user") + " (client id " + clientId + ")");
