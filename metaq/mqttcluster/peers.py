@@ -455,6 +455,7 @@ class MqttCluster:
         (``_write``), the positions moved once they are. ``routed``: a list the frame's ROUTED versions are
         appended to (the link acks them once the frame is applied)."""
         copied, keys, run = 0, set(), []
+        ran = {}  # (topic, partition) -> the highest offset in ``run``: copied once written, not yet in the positions
         now = now_ms()
         positions = self.positions
         turn = time.monotonic()
@@ -462,8 +463,10 @@ class MqttCluster:
             for e in entries:
                 turn = share_loop(turn)
                 if e.kind in (MESSAGE, SHARED):
-                    if positions.is_copied(origin, e.topic, e.partition, e.offset):
-                        continue
+                    if positions.is_copied(origin, e.topic, e.partition, e.offset) or \
+                            e.offset <= ran.get((e.topic, e.partition), -1):
+                        continue  # copied, or earlier in this run (a frame that names an offset twice)
+                    ran[(e.topic, e.partition)] = e.offset
                     groups, data = split_shared(e.data) if e.kind == SHARED else ((), e.data)
                     check = record_check(e.ts, data)
                     made = inbox.copy_parts(origin, e.topic, e.partition, e.offset, e.flag, data, now,
@@ -477,6 +480,7 @@ class MqttCluster:
                     continue
                 if run:
                     done, run = run, []
+                    ran.clear()
                     self._write(origin, done, now, keys)
                 if e.kind == POSITION:
                     keys.update(self._position(origin, e, now))

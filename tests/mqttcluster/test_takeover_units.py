@@ -251,6 +251,20 @@ def test_the_records_before_a_malformed_entry_are_made_visible():
     assert visible == [(inbox.INBOX, inbox.partition_of(2, "sensors", 1))] and len(appended) == 1
 
 
+def test_a_frame_that_names_an_offset_twice_is_copied_once():
+    """A RECORDS frame whose run carries one partition's offset twice (or an earlier one after a later one): each
+    offset is appended once, the positions not yet moved by the run notwithstanding."""
+    data = b"\x00\x00\x00\x02ab-payload"
+    entries = [Entry(MESSAGE, "sensors", 1, offset, 1, 1700000000000, data) for offset in (42, 43, 42, 41, 44)]
+    cluster = _cluster()
+    appended = []
+    cluster.put_path = SimpleNamespace(check_write=lambda *a, **k: None, append_burst=lambda frames, src, now: (0, []),
+                                       append=lambda *a, **k: appended.append(a[4]) or SimpleNamespace(offset=0),
+                                       written=lambda keys, now: None)
+    assert cluster.apply(2, entries) == 3
+    assert len(appended) == 3
+
+
 class EndCluster(FakeCluster):
     """What a takeover's end asks of the cluster: every peer acted on the route (``acted``); copies appended to the
     inbox up to offset 5, readable here up to ``visible``."""
