@@ -102,3 +102,43 @@ class RawWs:
 
     def close(self):
         self.sock.close()
+
+
+def upgraded_stream(max_frame=1 << 20, sndbuf=None):
+    """``(WsStream, peer socket)``: the broker's side of a WebSocket (``metaq.serving.wsio``) over a socket pair,
+    upgraded by the peer's request and one empty common frame, in this process; ``sndbuf``: the stream's socket's
+    send buffer, to make it take a send in part."""
+    import time
+
+    import gevent
+    from gevent import socket as gsocket
+
+    from metaq.serving.wsio import WsRules, WsStream
+    ours, theirs = gsocket.socketpair()
+    if sndbuf is not None:
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    ws = WsStream(ours, WsRules("/mqtt", ("mqtt",), None, max_frame), ("127.0.0.1", 1), time.monotonic())
+    ws.settimeout(5)
+    theirs.sendall(upgrade_request() + b"\x82\x80\0\0\0\0")
+    reader = gevent.spawn(ws.recv, 10)
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += theirs.recv(4096)
+    reader.kill()
+    assert answer.startswith(b"HTTP/1.1 101"), answer
+    return ws, theirs
+
+
+def server_frames(got):
+    """The payloads of the broker's binary frames (unmasked, final) in ``got``, in order."""
+    frames, at = [], 0
+    while at < len(got):
+        n, head = got[at + 1] & 0x7F, 2
+        if n == 126:
+            n, head = int.from_bytes(got[at + 2:at + 4], "big"), 4
+        elif n == 127:
+            n, head = int.from_bytes(got[at + 2:at + 10], "big"), 10
+        assert got[at] == 0x82
+        frames.append(got[at + head:at + head + n])
+        at += head + n
+    return frames

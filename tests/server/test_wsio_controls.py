@@ -4,37 +4,20 @@ after the one before, never do."""
 
 import time
 
-import gevent
-from gevent import socket
-
 from metaq import limits
-from metaq.serving.wsio import WsRules, WsStream
-from tests.harness.websocket import upgrade_request
+from tests.harness.websocket import upgraded_stream
 
 PING = b"\x89\x80\0\0\0\0"  # a masked PING with no payload (a zero key)
 
 
-def upgraded():
-    ours, theirs = socket.socketpair()
-    ws = WsStream(ours, WsRules("/mqtt", ("mqtt",), None, 1 << 20), ("127.0.0.1", 1), time.monotonic())
-    ws.settimeout(5)
-    theirs.sendall(upgrade_request() + b"\x82\x80\0\0\0\0")
-    reader = gevent.spawn(ws.recv, 10)
-    answer = b""
-    while b"\r\n\r\n" not in answer:
-        answer += theirs.recv(4096)
-    reader.kill()
-    return ws, theirs
-
-
 def test_keep_alive_pings_apart_never_end_the_stream_a_run_of_them_does(monkeypatch):
     monkeypatch.setattr(limits, "WS_CONTROL_QUIET_S", 0.02)
-    ws, _theirs = upgraded()
+    ws, _theirs = upgraded_stream()
     for _ in range(limits.WS_CONTROL_FRAMES_WITHOUT_DATA * 2):
         time.sleep(0.03)  # further apart than the quiet time: each starts the count again
         ws._frames_in(PING)
     assert not ws._eof
-    ws, _theirs = upgraded()
+    ws, _theirs = upgraded_stream()
     for _ in range(limits.WS_CONTROL_FRAMES_WITHOUT_DATA):
         ws._frames_in(PING)
     assert not ws._eof  # at the limit

@@ -1,28 +1,13 @@
 """A WebSocket stream's send (``metaq.serving.wsio.WsStream.sendall``): what the socket does not take at once (a slow
 reader, a full buffer) is sent by the waiting send, so each frame arrives whole and in order."""
 
-import socket as stdlib_socket
-import time
-
 import gevent
-from gevent import socket
 
-from metaq.serving.wsio import WsRules, WsStream
-from tests.harness.websocket import upgrade_request
+from tests.harness.websocket import server_frames, upgraded_stream
 
 
 def test_a_send_the_socket_takes_in_part_arrives_whole_and_in_order():
-    ours, theirs = socket.socketpair()
-    ours.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_SNDBUF, 4096)
-    ws = WsStream(ours, WsRules("/mqtt", ("mqtt",), None, 1 << 20), ("127.0.0.1", 1), time.monotonic())
-    ws.settimeout(5)
-    theirs.sendall(upgrade_request() + b"\x82\x80\0\0\0\0")  # the upgrade and an empty common frame
-    reader = gevent.spawn(ws.recv, 10)
-    answer = b""
-    while b"\r\n\r\n" not in answer:
-        answer += theirs.recv(4096)
-    assert answer.startswith(b"HTTP/1.1 101")
-    reader.kill()
+    ws, theirs = upgraded_stream(sndbuf=4096)
     payloads = [bytes([i]) * n for i, n in enumerate((100, 300_000, 5, 70_000))]
     writers = [gevent.spawn(ws.sendall, p) for p in payloads]
     got = b""
@@ -31,30 +16,11 @@ def test_a_send_the_socket_takes_in_part_arrives_whole_and_in_order():
         gevent.sleep(0.001)  # a slow reader: the socket's buffer fills
         got += theirs.recv(8192)
     gevent.joinall(writers, raise_error=True)
-    frames, at = [], 0
-    while at < len(got):
-        n, head = got[at + 1] & 0x7F, 2
-        if n == 126:
-            n, head = int.from_bytes(got[at + 2:at + 4], "big"), 4
-        elif n == 127:
-            n, head = int.from_bytes(got[at + 2:at + 10], "big"), 10
-        assert got[at] == 0x82
-        frames.append(got[at + head:at + head + n])
-        at += head + n
-    assert frames == payloads
+    assert server_frames(got) == payloads
 
 
 def test_a_frame_try_send_began_is_finished_before_any_other_frame():
-    ours, theirs = socket.socketpair()
-    ours.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_SNDBUF, 4096)
-    ws = WsStream(ours, WsRules("/mqtt", ("mqtt",), None, 1 << 20), ("127.0.0.1", 1), time.monotonic())
-    ws.settimeout(5)
-    theirs.sendall(upgrade_request() + b"\x82\x80\0\0\0\0")
-    reader = gevent.spawn(ws.recv, 10)
-    answer = b""
-    while b"\r\n\r\n" not in answer:
-        answer += theirs.recv(4096)
-    reader.kill()
+    ws, theirs = upgraded_stream(sndbuf=4096)
     payloads, i = [], 0
     while not ws.unsent:  # nothing reads: the socket's buffer fills and a frame is begun, not finished
         payload = bytes([i % 256]) * 20_000  # more than the buffer holds: the socket takes a part
@@ -72,29 +38,13 @@ def test_a_frame_try_send_began_is_finished_before_any_other_frame():
         gevent.sleep(0.001)
         got += theirs.recv(8192)
     writer.get(timeout=5)
-    frames, at = [], 0
-    while at < len(got):
-        n, head = got[at + 1] & 0x7F, 2
-        if n == 126:
-            n, head = int.from_bytes(got[at + 2:at + 4], "big"), 4
-        assert got[at] == 0x82
-        frames.append(got[at + head:at + head + n])
-        at += head + n
-    assert frames == payloads
+    assert server_frames(got) == payloads
 
 
 def test_a_frame_trickled_in_small_reads_is_kept_in_one_buffer_grown_in_place():
     """A common frame of 1 MiB arriving in 1,460-byte reads: its bytes are kept in one buffer that each read extends
     (never copied again whole, which would cost the square of the frame's size), and the payload comes out whole."""
-    ours, theirs = socket.socketpair()
-    ws = WsStream(ours, WsRules("/mqtt", ("mqtt",), None, 2 << 20), ("127.0.0.1", 1), time.monotonic())
-    ws.settimeout(5)
-    theirs.sendall(upgrade_request() + b"\x82\x80\0\0\0\0")
-    reader = gevent.spawn(ws.recv, 10)
-    answer = b""
-    while b"\r\n\r\n" not in answer:
-        answer += theirs.recv(4096)
-    reader.kill()
+    ws, theirs = upgraded_stream(2 << 20)
     payload = bytes(range(256)) * 4096
     frame = b"\x82\xff" + len(payload).to_bytes(8, "big") + b"\0\0\0\0" + payload  # masked with a zero key
     kept = set()
