@@ -26,7 +26,8 @@ READY_RE = re.compile(r"ready on ([0-9.]+):(\d+)")
 
 #: Where ``free_port`` looks when the kernel's ephemeral range cannot be read (Linux's default starts at 32768).
 FIXED_PORTS = (20000, 32768)
-_handed_out = set()
+#: Ports handed out by this process, oldest first (a dict kept in insertion order).
+_handed_out = {}
 
 
 def _ephemeral_low():
@@ -62,18 +63,31 @@ def free_port(host="127.0.0.1"):
 def free_port_run(count, host="127.0.0.1"):
     """The first of ``count`` consecutive ports each of which ``free_port`` could hand out (for a local cluster whose
     members' ports follow a base port), all within this process's slice and all handed out at once: none was handed
-    out before (a server of an earlier test, down for a restart, comes back on its own port) and none is after."""
+    out before (a server of an earlier test, down for a restart, comes back on its own port) and none is after.
+
+    A long test run can hand out its whole slice: then the older half of what it handed out is given again (the
+    servers of tests long ended; one still listening is passed over by the bind check), never the newer half."""
     low, high = _slice(FIXED_PORTS[0], min(FIXED_PORTS[1], _ephemeral_low()))
+    base = _first_free_run(count, host, low, high)
+    if base is None:
+        for port in list(_handed_out)[: len(_handed_out) // 2]:
+            del _handed_out[port]
+        base = _first_free_run(count, host, low, high)
+    if base is None:
+        raise RuntimeError("no free run of %d ports in %d..%d" % (count, low, high))
+    _handed_out.update(dict.fromkeys(range(base, base + count)))
+    return base
+
+
+def _first_free_run(count, host, low, high):
     span = high - count + 1 - low
     start = random.Random().randrange(low, high - count + 1)
     for step in range(span):  # every base once, from a random one: a slice fragmented by a long run still serves
         base = low + (start - low + step) % span
         run = range(base, base + count)
-        if any(port in _handed_out for port in run) or not all(_bindable(host, port) for port in run):
-            continue
-        _handed_out.update(run)
-        return base
-    raise RuntimeError("no free run of %d ports in %d..%d" % (count, low, high))
+        if not any(port in _handed_out for port in run) and all(_bindable(host, port) for port in run):
+            return base
+    return None
 
 
 def _bindable(host, port):

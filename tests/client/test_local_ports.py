@@ -32,7 +32,7 @@ def test_a_run_of_ports_is_within_the_slice_and_shares_no_port_with_one_handed_o
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
     low, high = local._slice(local.FIXED_PORTS[0], min(local.FIXED_PORTS[1], local._ephemeral_low()))
     held = low + 1000  # handed to a server earlier, down for a restart now: free by any check, still not to be given
-    monkeypatch.setattr(local, "_handed_out", {held})
+    monkeypatch.setattr(local, "_handed_out", {held: None})
     fixed = _Fixed([held - 5])  # the first run tried holds it
     monkeypatch.setattr(local.random, "Random", lambda: fixed)
     base = local.free_port_run(40)
@@ -62,6 +62,25 @@ def test_a_slice_fragmented_by_a_long_run_still_gives_its_one_free_run(monkeypat
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
     low, high = local._slice(local.FIXED_PORTS[0], min(local.FIXED_PORTS[1], local._ephemeral_low()))
     free = range(low + 137, low + 137 + 60)
-    monkeypatch.setattr(local, "_handed_out", set(range(low, high)) - set(free))
+    monkeypatch.setattr(local, "_handed_out", dict.fromkeys(set(range(low, high)) - set(free)))
     monkeypatch.setattr(local.random, "Random", lambda: _Fixed([high - 60]))  # starts past it: wraps round
     assert local.free_port_run(60) == free[0]
+
+
+@pytest.mark.integration  # it binds each port it checks
+def test_a_slice_handed_out_whole_gives_again_from_its_oldest_half_never_its_newest(monkeypatch):
+    """A worker that ran long enough to hand out every port of its slice still starts a cluster: from ports handed
+    out long ago (their tests ended), never from those of the tests just before."""
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    low, high = local._slice(local.FIXED_PORTS[0], min(local.FIXED_PORTS[1], local._ephemeral_low()))
+    order = list(range(low, high))
+    local.random.Random().shuffle(order)
+    monkeypatch.setattr(local, "_handed_out", dict.fromkeys(order))
+    newest = set(order[len(order) // 2:])
+    base = local.free_port_run(3)
+    assert not set(range(base, base + 3)) & newest
+    assert list(local._handed_out)[-3:] == [base, base + 1, base + 2]  # now the newest
+    monkeypatch.setattr(local, "_handed_out", dict.fromkeys(range(low, high)))
+    with pytest.raises(RuntimeError, match="no free run of %d ports" % (high - low)):
+        local.free_port_run(high - low)  # more than the oldest half can give
