@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from bench.run import start_broker  # noqa: E402
 from metaq.client import Message, Producer  # noqa: E402
-from metaq.transactions.resource import XAResource  # noqa: E402
+from metaq.client import XAResource  # noqa: E402
 
 BODY = b"t" * 1024
 

@@ -19,7 +19,7 @@ import psycopg
 
 from metaq.client.coordinator import CommitPending, Coordinator, RolledBack
 from metaq.client.message import Message
-from metaq.transactions.resource import XAResource
+from metaq.client import XAResource
 
 COORDINATOR = "xaexample"            # prefix of this program's gtrids: its in-doubt branches
 QUALIFIER = "xa-postgres-example"    # the metaq resource's name on the broker (RECOVER lists its branches)

@@ -35,24 +35,24 @@ from datetime import datetime
 
 import metaq
 from metaq import errors
-from metaq.admin import client as dlq, tools
+from metaq.client.admin import dlq, tools
 from metaq.client.cluster import zk_children, zk_data
 from metaq.client import replay
 from metaq.client import security as client_security
 from metaq.client.connection import BrokerConnection
 from metaq.client.discovery import ZkDiscovery, ask_broker_id
-from metaq.groups import cli as groups_cli
-from metaq.offsets import cli as adminoffsets
-from metaq.offsets.client import parse_zk_offset
+from metaq.client.admin import groups as groups_cli
+from metaq.client.admin import offsets as adminoffsets
+from metaq.client.offsets import parse_zk_offset
 from metaq.protocol import events as ev
 from metaq.protocol import registration
 from metaq.protocol.registration import member_of
 from metaq.protocol import stats as stats_codec
-from metaq.timers import cli as timers_cli
-from metaq.topics import cli as admintopics
+from metaq.client.admin import timers as timers_cli
+from metaq.client.admin import topics as admintopics
 from metaq.topics import names as internaltopics
-from metaq.trace import cli as trace_cli
-from metaq.rmq5 import cli as clients_cli
+from metaq.client.admin import trace as trace_cli
+from metaq.client.admin import clients as clients_cli
 
 EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 #: Seconds a promotion may take at the broker (it stops its link and fsyncs its new epoch).

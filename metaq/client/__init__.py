@@ -4,6 +4,14 @@
 
 Plain stdlib sockets and threads; when an application has monkey-patched
 gevent they are cooperative greenlets. ZooKeeper is reached through kazoo.
+
+Every feature's client side is here, a module named after its feature (keys.py, offsets.py, pop.py,
+priorities.py, reqreply.py, timers.py, transactions.py and xa.py, idempotence.py), and every ``metaq-admin``
+command in admin/ (its docstring maps them). Why here and not in the feature packages: the Producer and Consumer
+offer the features' calls and the client parses with the whole text command set (metaq/textcommands.py, which
+lists the features' wire modules), so the client imports the features' codecs; a feature's own client module,
+which builds on the client's messages and replies, would import the client back. Here, the client imports the
+features and none imports it: the import graph points one way (tests/test_layers.py).
 """
 
 try:
@@ -27,11 +35,12 @@ _EXPORTS = {
     "RandomSelector": "metaq.client.selectors",
     "KeySelector": "metaq.client.selectors",
     "Consumer": "metaq.client.consumer",
-    "LocalTransaction": "metaq.transactions.client",
-    "XaError": "metaq.transactions.client",
-    "Xid": "metaq.transactions.client",
-    "XAResource": "metaq.transactions.resource",
+    "LocalTransaction": "metaq.client.transactions",
+    "XaError": "metaq.client.transactions",
+    "Xid": "metaq.client.transactions",
+    "XAResource": "metaq.client.xa",
     "Coordinator": "metaq.client.coordinator",
+    "SimpleConsumer": "metaq.client.pop",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -57,7 +57,7 @@ from metaq.client.replies import reply_error
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.putbatch import PutBatch, decode_runs, encode_sub_records, sub_record
-from metaq.idempotence.client import frees_sequences, gap_expected, other_content
+from metaq.client.idempotence import frees_sequences, gap_expected, other_content
 from metaq.idempotence.wire import (DUPLICATE_MARK, IdempotentBatch, IdempotentPut, decode_idem_runs,
                                     encode_idem_sub_records, idem_sub_record)
 from metaq import limits

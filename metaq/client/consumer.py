@@ -52,14 +52,14 @@ from metaq.client.connection import ConnectionPool
 from metaq.client.discovery import open_discovery
 from metaq.client.divergence import ReadsKept
 from metaq.client.fetcher import LONG_POLL_MARGIN_S, STOP_TIMEOUT_S, PartitionFetcher, log_skipped, records_of
-from metaq.priorities.client import PriorityFetcher, check_levels
+from metaq.client.priorities import PriorityFetcher, check_levels
 from metaq.client.message import Message, Partition
-from metaq.offsets.client import BrokerOffsetStore, LocalFileOffsetStore, ZkOffsetStore
+from metaq.client.offsets import BrokerOffsetStore, LocalFileOffsetStore, ZkOffsetStore
 from metaq.client.replies import reply_error
-from metaq.reqreply.client import replying
+from metaq.client.reqreply import replying
 from metaq.client.recover import ParkingLot
 from metaq.client import replay
-from metaq.keys.client import lookup as key_lookup
+from metaq.client.keys import lookup as key_lookup
 from metaq.client.subscription import Subscription, as_partition, broker_tags, make_filter, sql_filter
 
 __all__ = ["Consumer", "default_consumer_id"]

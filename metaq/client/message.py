@@ -16,7 +16,7 @@ from metaq.protocol.events import DelayedPut, Put
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.priorities.wire import PriorityPut
 from metaq.protocol.properties import PROP_KEYS, encode_attribute, split_attribute, stored_payload
-from metaq.timers.client import when_of
+from metaq.client.timers import when_of
 from metaq.timers.wire import TimerPut
 
 __all__ = ["Partition", "Message", "SendResult", "ManyResult"]
@@ -50,7 +50,7 @@ class Message:
     is an optional string stored with the message (``""`` is kept as an empty
     attribute, ``None`` means none; ``\x02`` is refused: it starts the properties). ``key``: ``KeySelector`` uses
     it to pick a partition so that messages with the same key stay in order, and it is sent as the ``KEYS``
-    property (unless ``properties`` has one), so the broker's key index finds it (``metaq.keys.client.lookup``).
+    property (unless ``properties`` has one), so the broker's key index finds it (``metaq.client.keys.lookup``).
     ``delay_level`` > 0 asks the broker to deliver the message only after that
     level's delay (the broker's ``delay.levels``, RocketMQ's ``1s 5s 10s 30s 1m
     …`` by default; above the last level = the last level); its ``offset`` is

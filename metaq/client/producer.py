@@ -55,11 +55,11 @@ from metaq.client.connection import ConnectionPool
 from metaq.client.discovery import open_discovery
 from metaq.client.message import Message, Partition, SendResult
 from metaq.client.replies import reply_error
-from metaq.reqreply.client import request as send_request
-from metaq.idempotence.client import Sequences as _Sequences
+from metaq.client.reqreply import request as send_request
+from metaq.client.idempotence import Sequences as _Sequences
 from metaq.client.selectors import as_selector
-from metaq.transactions.client import LocalTransaction, new_session_id
-from metaq.timers.client import cancel as cancel_timer
+from metaq.client.transactions import LocalTransaction, new_session_id
+from metaq.client.timers import cancel as cancel_timer
 
 __all__ = ["Producer"]
 
@@ -161,7 +161,7 @@ class Producer:
         self._finished = 0
         self._closed = False
         self._random = random.Random()
-        self._tx_local = threading.local()  # this thread's LocalTransaction (metaq.transactions.client)
+        self._tx_local = threading.local()  # this thread's LocalTransaction (metaq.client.transactions)
         self._tx_bound = False  # some thread bound a transaction once: send_async must look for its own
         self._tx_session = None  # the session id of its transaction keys, made on first use
         self._tx_numbers = itertools.count(1)
@@ -530,7 +530,7 @@ class Producer:
     def __exit__(self, *exc):
         self.close()
 
-    # -- routing, for transactions (metaq.transactions.client) and XAResource (metaq.transactions.resource) ----
+    # -- routing, for transactions (metaq.client.transactions) and XAResource (metaq.client.xa) ----
 
     @property
     def closed(self):

@@ -32,7 +32,7 @@ from metaq.client.cluster import zk_children, zk_data
 from metaq.client.discovery import ZkDiscovery
 from metaq.client.connection import BrokerConnection
 from metaq.client.message import Partition
-from metaq.offsets.client import parse_zk_offset
+from metaq.client.offsets import parse_zk_offset
 from metaq.protocol import events as ev
 from metaq.protocol import stats as stats_codec
 

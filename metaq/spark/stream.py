@@ -328,7 +328,7 @@ def discover(view, strict=False):
 
 def commit_group(view, urls, end):
     """Write ``end`` as the consumer group's offsets (ZooKeeper with ``zk``, else each partition's broker)."""
-    from metaq.offsets.client import ZkOffsetStore
+    from metaq.client.offsets import ZkOffsetStore
     from metaq.client.replies import reply_error
 
     opts = view.opts

@@ -4,10 +4,10 @@ import pytest
 
 from metaq import errors
 from metaq.admin import wire as adminwire
-from metaq.admin.client import id_batches
+from metaq.client.admin.dlq import id_batches
 from metaq.admin.service import TextGroupMembers
-from metaq.admin.tools import safe_text, split_lines
-from metaq.offsets.cli import clamp
+from metaq.client.admin.tools import safe_text, split_lines
+from metaq.client.admin.offsets import clamp
 from metaq.protocol.text import TextParser, serialize
 
 

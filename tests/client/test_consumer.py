@@ -10,7 +10,7 @@ import pytest
 from metaq import errors
 from metaq.client.consumer import Consumer
 from metaq.client.message import Partition
-from metaq.offsets.client import LocalFileOffsetStore
+from metaq.client.offsets import LocalFileOffsetStore
 from metaq.client.recover import RecoverStore
 from metaq.protocol import events as ev
 from tests.harness.broker import consume_all

@@ -108,7 +108,7 @@ def open_resource(spec):
     """A resource from a JSON-able spec: {"pg": dsn} or {"mq": broker url, "uq": qualifier}."""
     if "pg" in spec:
         return connect(spec["pg"])
-    from metaq.transactions.resource import XAResource
+    from metaq.client.xa import XAResource
 
     return XAResource(brokers=[spec["mq"]], unique_qualifier=spec["uq"])
 
@@ -448,7 +448,7 @@ def order_messages(broker, topic=TOPIC):
 
 
 def xa_resource(broker):
-    from metaq.transactions.resource import XAResource
+    from metaq.client.xa import XAResource
     from tests.harness.broker import url_of
 
     return XAResource(brokers=[url_of(broker)], unique_qualifier=QUALIFIER)

@@ -71,7 +71,7 @@ def test_a_slave_past_a_retention_cut_moves_the_offset_forward():
 
 
 def test_a_priority_fetcher_waits_for_a_slave_behind_one_of_its_levels_too():
-    from metaq.priorities.client import PriorityFetcher
+    from metaq.client.priorities import PriorityFetcher
 
     conn = Conn("meta://slave", ev.Result(301, b"2 10", 0))
     f = PriorityFetcher(Consumer(conn, True), SimpleNamespace(topic="t", tags=None, sql=None, priorities=3),

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from metaq.client import Consumer, Message, Producer
-from metaq.timers.client import when_of
+from metaq.client.timers import when_of
 from tests.harness.broker import url_of, wait_for
 
 

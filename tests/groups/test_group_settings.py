@@ -10,7 +10,7 @@ from metaq import limits
 from metaq import admincli as admin
 from metaq.client.local import BrokerProcess, free_port, small_config
 from metaq.client.raw import RemotingClient
-from metaq.pop.client import SimpleConsumer
+from metaq.client.pop import SimpleConsumer
 from metaq.protocol import events as ev
 from metaq.protocol.rocketmq.bodies import decode_stored_messages, parse_offset_msg_id
 from metaq.protocol.rocketmq.remoting import RequestCode as R, ResponseCode as C

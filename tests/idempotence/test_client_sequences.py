@@ -4,7 +4,7 @@ batch refused as a gap may take (``rebase``), and the broker's gap refusal read 
 import pytest
 
 from metaq.errors import ClientError
-from metaq.idempotence.client import Sequences, gap_expected
+from metaq.client.idempotence import Sequences, gap_expected
 from metaq.idempotence.window import ProducerTable
 
 

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from metaq import limits
-from metaq.keys import client as keys
+from metaq.client import keys
 from metaq.client.local import small_config
 from metaq.client.message import Message
 from metaq.protocol import events as ev

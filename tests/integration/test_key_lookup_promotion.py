@@ -6,7 +6,7 @@ import os
 import pytest
 
 from metaq import admincli as admin
-from metaq.keys import client as keys
+from metaq.client import keys
 from metaq.client.local import free_port, small_config
 from tests.harness.replication import caught_up, master_config
 from tests.integration.test_key_lookup import Conn, eventually, put_keyed

@@ -17,7 +17,7 @@ from metaq.client.connection import ConnectionPool
 from metaq.client.local import free_port
 from metaq.client.message import Partition
 from metaq.client.raw import PULL_FLAGS, RemotingClient
-from metaq.offsets.client import BrokerOffsetStore
+from metaq.client.offsets import BrokerOffsetStore
 from metaq.protocol import events as ev
 from metaq.protocol.rocketmq.headers import PULL_COMMIT_OFFSET
 from metaq.protocol.rocketmq.remoting import RequestCode as R, ResponseCode as C

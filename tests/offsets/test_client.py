@@ -10,7 +10,7 @@ from kazoo.client import KazooClient
 from metaq import errors
 from metaq.client.connection import ConnectionPool
 from metaq.client.message import Partition
-from metaq.offsets.client import (
+from metaq.client.offsets import (
     BrokerOffsetStore,
     LocalFileOffsetStore,
     ZkOffsetStore,

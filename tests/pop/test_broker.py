@@ -14,7 +14,7 @@ from metaq.admin.wire import DlqList
 from metaq.client.local import small_config
 from metaq.client.message import Message
 from metaq.client.producer import Producer
-from metaq.pop.client import SimpleConsumer
+from metaq.client.pop import SimpleConsumer
 from metaq.protocol import stats as stats_codec
 from tests.harness.broker import wait_for
 

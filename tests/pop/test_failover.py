@@ -9,7 +9,7 @@ import pytest
 
 from metaq import admincli as admin
 from metaq.client.local import free_port, small_config
-from metaq.pop.client import SimpleConsumer
+from metaq.client.pop import SimpleConsumer
 from tests.harness.broker import wait_for
 from tests.harness.replication import caught_up, master_config
 

@@ -10,7 +10,7 @@ import pytest
 
 from metaq import errors
 from metaq.client.message import Partition
-from metaq.priorities.client import PriorityFetcher
+from metaq.client.priorities import PriorityFetcher
 from metaq.protocol import events as ev
 from metaq.protocol.message import encode_record
 from metaq.priorities.wire import encode_get_prio_prefix

@@ -10,7 +10,7 @@ import pytest
 from metaq import errors
 from metaq.client.message import Partition
 from metaq.client.replies import reply_error
-from metaq.offsets.client import BrokerOffsetStore
+from metaq.client.offsets import BrokerOffsetStore
 from metaq.protocol import events as ev
 from metaq.server.config import load_config
 from metaq.server.replication.insync import InSyncSet

@@ -12,7 +12,7 @@ import pytest
 
 from metaq import errors
 from metaq.client import Message, Partition, Producer
-from metaq.transactions.client import XaError
+from metaq.client.transactions import XaError
 from metaq.protocol import events as ev
 from metaq.transactions import wire
 from metaq.client.local import small_config

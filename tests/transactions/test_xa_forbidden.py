@@ -6,8 +6,8 @@ them is what is tested here, against the scripted fake broker."""
 import pytest
 
 from metaq.client import Message
-from metaq.transactions.client import XaError, Xid
-from metaq.transactions.resource import XAResource
+from metaq.client.transactions import XaError, Xid
+from metaq.client.xa import XAResource
 from metaq.protocol import events as ev
 from metaq.transactions import wire
 

@@ -12,8 +12,8 @@ import pytest
 from metaq import errors
 from metaq.client import Message, Partition
 from metaq.client.message import SendResult
-from metaq.transactions.client import XaError, Xid, default_unique_qualifier
-from metaq.transactions.resource import XAResource
+from metaq.client.transactions import XaError, Xid, default_unique_qualifier
+from metaq.client.xa import XAResource
 from metaq.protocol import events as ev
 from metaq.transactions import wire
 from metaq.client.local import free_port, small_config

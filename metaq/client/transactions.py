@@ -8,7 +8,7 @@ Local (MetaQ's, reference §7.4; made by ``Producer.transaction``)::
     # committed here: both messages become visible together, on one broker;
     # an exception in the block rolls back and propagates
 
-XA branches (PEP 249's two-phase-commit interface) are in :mod:`metaq.transactions.resource` and share this
+XA branches (PEP 249's two-phase-commit interface) are in :mod:`metaq.client.xa` and share this
 module's ids, errors and branch machinery.
 
 Failures raise ``XaError`` with the XA code in ``xa_code`` (``metaq.transactions.wire``).
@@ -35,7 +35,7 @@ from metaq.client.message import Partition, SendResult
 from metaq.client.replies import reply_error
 
 __all__ = ["Xid", "XaError", "LocalTransaction", "new_session_id", "default_unique_qualifier",
-           # the branch machinery XAResource (metaq.transactions.resource) shares
+           # the branch machinery XAResource (metaq.client.xa) shares
            "Branch", "ROLLED_BACK", "UNSAFE_IN_IDS", "as_xa_error", "reply_failure", "rollback_code", "timeout_seconds"]
 
 log = logging.getLogger(__name__)

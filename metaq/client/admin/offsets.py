@@ -18,10 +18,10 @@ import sys
 
 from metaq import errors
 from metaq.admin import wire as adminwire
-from metaq.admin.tools import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, AdminExit, choose_partition
+from metaq.client.admin.tools import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, AdminExit, choose_partition
 from metaq.client import replay
 from metaq.client.cluster import zk_children, zk_data
-from metaq.offsets.client import format_zk_offset, parse_zk_offset
+from metaq.client.offsets import format_zk_offset, parse_zk_offset
 from metaq.client.replies import reply_error
 
 __all__ = ["add_parser", "run", "clamp", "target_offset"]

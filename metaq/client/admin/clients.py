@@ -12,7 +12,7 @@ the client (each broker's reason), 1 when a broker could not be reached and none
 import json
 
 from metaq import limits
-from metaq.admin.tools import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, AdminExit, ask_brokers
+from metaq.client.admin.tools import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, AdminExit, ask_brokers
 from metaq.admin.wire import ClientCommand, decode_body
 from metaq.client.replies import reply_error
 

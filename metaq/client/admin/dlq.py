@@ -10,7 +10,7 @@ broker's resent journal). An id no broker has exits 3.
 
 from metaq import errors, limits
 from metaq.admin import wire
-from metaq.admin.tools import EXIT_OK, AdminExit, ask_broker, ask_brokers, refused_by
+from metaq.client.admin.tools import EXIT_OK, AdminExit, ask_broker, ask_brokers, refused_by
 
 __all__ = ["add_parser", "run", "id_batches"]
 

@@ -13,7 +13,7 @@ A broker's refusal exits 3 with its reason (a bad value names the setting, nothi
 import json
 
 from metaq import errors
-from metaq.admin.tools import EXIT_OK, EXIT_REFUSED, AdminExit
+from metaq.client.admin.tools import EXIT_OK, EXIT_REFUSED, AdminExit
 from metaq.client.replies import reply_error
 from metaq.groups.wire import GroupSettingsCommand
 

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 
 from metaq import errors, limits
 from metaq.protocol.properties import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
-from metaq.admin.tools import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, AdminExit, ask_brokers
+from metaq.client.admin.tools import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, AdminExit, ask_brokers
 from metaq.trace.records import parse_message_id
 from metaq.trace.wire import TraceQuery, decode_body
 

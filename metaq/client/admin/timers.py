@@ -7,7 +7,7 @@ time and size. ``cancel`` asks every broker to cancel the id (text ``cancel``): 
 """
 
 from metaq import errors, limits
-from metaq.admin.tools import EXIT_OK, EXIT_REFUSED, AdminExit
+from metaq.client.admin.tools import EXIT_OK, EXIT_REFUSED, AdminExit
 from metaq.client.replies import reply_error
 from metaq.timers.wire import TimerCancelCommand, TimerList, parse_rows
 

@@ -9,7 +9,7 @@
         rm.tpc_recover()             # [Xid, ...] prepared and not decided yet: commit or roll back each
 
 Errors, ids and the branch machinery are shared with local transactions
-(:mod:`metaq.transactions.client`).
+(:mod:`metaq.client.transactions`).
 """
 
 import logging
@@ -17,7 +17,7 @@ import logging
 from metaq.errors import RequestTimeout, TransactionError
 from metaq.transactions import wire
 from metaq.client.producer import Producer
-from metaq.transactions.client import (ROLLED_BACK, TX_REQUEST_TIMEOUT, UNSAFE_IN_IDS, Branch, Xid, XaError,
+from metaq.client.transactions import (ROLLED_BACK, TX_REQUEST_TIMEOUT, UNSAFE_IN_IDS, Branch, Xid, XaError,
                                        as_xa_error, default_unique_qualifier, new_session_id, rollback_code,
                                        timeout_seconds)
 
