@@ -562,7 +562,7 @@ def build_parser():
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     s = sub.add_parser("stats", help="every broker's stats (or one stats item)")
     s.add_argument("item", nargs="?", help="stats item: topics, offsets, realtime, groups, <topic> ...")
-    admintopics.add_parser(sub)  # topics [list|create|alter|delete] (topics/cli.py)
+    admintopics.add_parser(sub)  # topics [list|create|alter|delete] (client/admin/topics.py)
     s = sub.add_parser("partitions", help="each partition's min and max offsets")
     s.add_argument("topic", nargs="?", help="only this topic")
     s = sub.add_parser("groups", help="consumer groups of every protocol (committed offsets, POP, MQTT shared groups "
@@ -648,7 +648,7 @@ def main(argv=None):
     return EXIT_UNREACHABLE if view.problems else EXIT_OK
 
 
-#: Commands that print as they go (tools, offsets/cli.py, dlq, timers_cli): ``run(view, args, brokers, render)``.
+#: Commands that print as they go (client/admin/: tools, offsets, dlq, timers): ``run(view, args, brokers, render)``.
 RUNNERS = {
     "put": lambda view, args, brokers, render: tools.run_put(view, args, brokers, args.zk),
     "tail": lambda view, args, brokers, render: tools.run_tail(view, args),

@@ -1172,7 +1172,7 @@ MAX_FETCH_CHECKPOINTS = 129
 #: took them away, for the next fetcher of the same partition and offset (client/divergence.py ``ReadsKept``): a
 #: failover unregisters a broker's partitions and registers them again, and without them a divergence found then
 #: would go back by time (``DIVERGENCE_REWIND_MS``) instead of to the last record both logs hold. The oldest kept
-#: is dropped past this many. A priority topic's partition takes one per level (priorities/client.py).
+#: is dropped past this many. A priority topic's partition takes one per level (client/priorities.py).
 MAX_KEPT_FETCH_READS = 1024
 
 #: When none of those records is held by the broker as read, a consumer goes back to the first message stored

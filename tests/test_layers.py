@@ -151,7 +151,7 @@ def layer_of(path, root=ROOT):
                 "textcommands.py": "protocol",
                 # the store opened with the features' state it holds: store/'s facade and the features' state, composed
                 "storestate.py": "store",
-                # metaq-admin: its own commands and each feature's cli.py, composed
+                # metaq-admin: its own commands and each feature's command in client/admin/, composed
                 "admincli.py": "client"}.get(rel.parts[0])
     if rel.parts[0] in FEATURES:
         return feature_module_layer(list(rel.with_suffix("").parts))

@@ -1,6 +1,6 @@
 """Admin operations: a consumer group's live members and broker-kept offsets, offset resets, dead letters listed
-and resent (docs/operating.md "Admin commands"), and the parts of ``metaq-admin``, the command line that looks at a
-cluster, composed in ``metaq/admincli.py``.
+and resent (docs/operating.md "Admin commands"): the broker's side of ``metaq-admin``, the command line that looks
+at a cluster (its commands are the client's, below).
 
 A feature package: every module of the feature is here, named by its role, and each role is a layer's
 (``tests/test_layers.py`` FEATURE_ROLES, docs/architecture.md "Feature packages"). A module imports what its
@@ -16,13 +16,8 @@ service (the server layer: gevent)
 front-end (the server layer: a front-end's handlers)
     text.py      the text handlers of the four commands: the admin permission, AdminOps, a JSON body
     http.py      the HTTP port's admin routes over AdminOps and TopicAdmin (offsets, dead letters, the topic table)
-client (the client layer)
-    client.py    ``metaq-admin dlq list|resend``: dlq_list / dlq_resend sent to every broker, their answers shown
-    tools.py     ``metaq-admin put`` and ``tail`` (messages in and out from a shell), and what the CLI's commands
-                 share: their exit codes and AdminExit, a partition named on the command line, the brokers
-                 asked in turn until one has it (ask_brokers: 404 is "not here")
-
-Other features' ``metaq-admin`` commands live with their feature (``timers/cli.py``, ``topics/cli.py``,
-``offsets/cli.py``); ``metaq/admincli.py`` (the command line's composition, its generic commands, above this
-package and the features) adds their parsers and runs them.
+The client's side is in metaq/client/, which imports the features and none imports it: ``metaq-admin``'s commands
+(``dlq``, ``put`` and ``tail``, and every other feature's) in ``client/admin/``, one module per feature, and what
+they share in ``client/admin/tools.py``; ``metaq/admincli.py`` (the command line's composition, its generic
+commands) adds their parsers and runs them.
 """

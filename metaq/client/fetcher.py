@@ -104,7 +104,7 @@ class PartitionFetcher:
 
     def positions(self, key):
         """``{offset store key: (offset, msg_id)}`` to commit for this fetcher's ``key`` (a priority topic's fetcher
-        has one per level: priorities/client.py)."""
+        has one per level: client/priorities.py)."""
         position = self.position
         return {} if position is None else {key: position}
 

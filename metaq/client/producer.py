@@ -475,7 +475,7 @@ class Producer:
     def cancel(self, msg_id, timeout=3.0):
         """Cancel a message sent with ``deliver_at`` or ``delay`` before it is due (docs/messaging.md "Cancel"):
         ``"cancelled"``; ``"delivered"`` or ``"cancelled"`` (before): too late; ``"unknown"``. Raises MetaqError
-        (timers/client.py)."""
+        (client/timers.py)."""
         return cancel_timer(self, msg_id, timeout)
 
     def request(self, message, timeout=3.0):

@@ -72,7 +72,7 @@ class Subscription(NamedTuple):
     accept: Optional[Callable]
     orderly: bool = False
     tags: Optional[str] = None
-    priorities: int = 0  # a priority topic's levels (priorities/client.py), 0: none
+    priorities: int = 0  # a priority topic's levels (client/priorities.py), 0: none
     sql: Optional[SqlFilter] = None  # a SQL92 filter: the fetcher asks with get_sql (docs/messaging.md "SQL92 filters")
 
 

@@ -22,6 +22,6 @@ service (the server layer: gevent)
 front-end (the server layer)
     text.py      the text port's ``group_settings`` handler (the HTTP routes are with the other admin routes:
                  ``admin/http.py``)
-client (the client layer)
-    cli.py       ``metaq-admin group-settings [list|show|set|delete]``: a change sent to every broker of the view
+``metaq-admin group-settings [list|show|set|delete]`` is the client's (``client/admin/groups.py``: the client
+imports the features and none imports it).
 """

@@ -22,9 +22,9 @@ state (the store layer: files and in-memory state; no socket, gevent or clock)
 front-end (the server layer: a front-end's handlers)
     text.py      the text handler of put_idem
     fasttext.py  the text port's put_idem burst path: pipelined put_idem frames stored and answered in one pass
-client (the client layer)
-    client.py    the producer's side: a partition's sequence numbers, the next one and the oldest unanswered, those
-                 a batch that failed for good gives again, and the broker's refusals that free them
+The producer's side (a partition's sequence numbers, the next one and the oldest unanswered, those a batch that
+failed for good gives again, and the broker's refusals that free them) is the client's: ``client/idempotence.py``
+(the client imports the features and none imports it).
 
 The RocketMQ send with an identity is served with the port's other sends (``server/remoting/send.py``); the put path
 every front-end shares calls the store's ``put_idempotent`` (``serving/putpath.py``).

@@ -15,8 +15,8 @@ state (the store layer: files and in-memory state; no socket, gevent or clock)
 front-end (the server layer: a front-end's handlers)
     text.py      the text port's ``lookup``
     remoting.py  RocketMQ's QUERY_MESSAGE (12): a key's messages, and a message viewed by its unique id
-client (the client layer)
-    client.py    ``lookup``: every page of a key's messages on one broker, newest first
+The client's ``lookup`` (every page of a key's messages on one broker, newest first) is in ``client/keys.py`` (the
+client imports the features and none imports it).
 
 The ``lookup`` command's declaration (tokens, parser, serializer) stays with the core commands in
 ``protocol/text.py`` and its event in ``protocol/events.py``.

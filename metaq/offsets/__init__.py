@@ -11,9 +11,9 @@ state (the store layer: files and in-memory state; no socket, gevent or clock)
                  commit time, its state file, the versions and changes a replication master sends
 front-end (the server layer: a front-end's handlers)
     text.py      the text port's ``commit_offset`` and ``query_offset`` handlers
-client (the client layer)
-    client.py    the consumer's offset stores: ZooKeeper, the broker's table, a local JSON file
-    cli.py       ``metaq-admin reset-offsets``: a group's offsets moved (a dry run unless ``--execute``)
+The client's side is in metaq/client/ (which imports the features and none imports it): ``client/offsets.py`` (the
+consumer's offset stores: ZooKeeper, the broker's table, a local JSON file) and ``client/admin/offsets.py``
+(``metaq-admin reset-offsets``).
 
 Elsewhere, each with its protocol: the commands' declarations (``protocol/text.py``: MetaQ's core commands), the
 RocketMQ offset codes (``server/remoting/dispatch.py``), the HTTP admin routes (``admin/http.py``), and

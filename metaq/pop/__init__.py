@@ -16,5 +16,7 @@ Modules by role:
 * ``service``  service    PopService: receive, ack, change_invisible, dead_letter (the API every front-end calls),
                           dead-letter copies, snapshots, the role
 * ``text``     front-end  the text handlers
-* ``client``   client     SimpleConsumer: receive, ack, change_invisible over the text protocol
+
+SimpleConsumer (receive, ack, change_invisible over the text protocol) is the client's: ``client/pop.py`` (the
+client imports the features and none imports it).
 """

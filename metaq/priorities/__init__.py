@@ -17,6 +17,6 @@ codec (the protocol layer: bytes in, values out; no socket, log or clock)
                  ``choose_level``, the level a get_prio serves (times passed in)
 front-end (the server layer: a front-end's handlers)
     text.py      the text handlers of put_prio and get_prio
-client (the client layer)
-    client.py    a priority topic's partition fetcher: one offset per level, get_prio, the expects of each level
+The client's side (a priority topic's partition fetcher: one offset per level, get_prio, the expects of each level)
+is in ``client/priorities.py`` (the client imports the features and none imports it).
 """

@@ -17,7 +17,7 @@ the consumer advances that level's offset; ``result 404`` when no level has anyt
 ``result 301`` with body ``<level> <offset>`` when a level's offset is outside its partition. The optional
 expects (``e_k``: ``<offset>:<msgId>`` of the record level k read last, or ``-`` for none; a get's ``expect``,
 events.Get, per level) are checked before anything is read: ``result 412`` with body ``<level> <reason>`` when
-this broker holds another record at a level's expected offset (a failover rewrote it; priorities/client.py).
+this broker holds another record at a level's expected offset (a failover rewrote it; client/priorities.py).
 
 Which level (``choose_level``): the highest level with a backlog, except that a level whose head message has
 waited longer than the topic's ``priority_max_wait_ms`` competes by age: among such starved levels the one with

@@ -20,6 +20,6 @@ service (the server layer: gevent)
 front-end (the server layer: a front-end's handlers)
     text.py      the text handlers of ``request`` and ``reply``
     remoting.py  the remoting port's SEND_REPLY_MESSAGE (324/325) and PUSH_REPLY_MESSAGE_TO_CLIENT (326)
-client (the client layer)
-    client.py    ``Producer.request`` and the replier's handler of ``Consumer.subscribe(..., reply=True)``
+The client's side (``Producer.request`` and the replier's handler of ``Consumer.subscribe(..., reply=True)``) is in
+``client/reqreply.py`` (the client imports the features and none imports it).
 """

@@ -50,6 +50,5 @@ front-end (the server layer)
                      streams per window), deadlines, the loop shared, GOAWAY either way (a clean end)
     clientcommands.py  an admin's questions to a connected client on its Telemetry stream (PrintThreadStackTrace-
                      Command, VerifyMessageCommand), matched to the answers by nonce, bounded and timed
-client (the client layer)
-    cli.py           ``metaq-admin clients stack|verify``
+``metaq-admin clients stack|verify`` is the client's (``client/admin/clients.py``).
 """

@@ -41,8 +41,7 @@ front-end (the server layer: a front-end's handlers)
     text.py      the text handlers of put_at, cancel and timers
     fasttext.py  the text port's put_at burst path: pipelined put_at frames stored and answered in one pass
     http.py      the HTTP port's timer routes: pending timers listed, one cancelled (admin)
-client (the client layer)
-    client.py    the producer's side: a ``when`` checked and encoded, a cancel sent and its reply read
-    cli.py       ``metaq-admin timers list|cancel``: every broker's pending timers, one cancelled (``metaq/admincli.py``
-                 adds its parser and runs it)
+The client's side is in metaq/client/ (which imports the features and none imports it): ``client/timers.py`` (the
+producer's: a ``when`` checked and encoded, a cancel sent and its reply read) and ``client/admin/timers.py``
+(``metaq-admin timers list|cancel``).
 """

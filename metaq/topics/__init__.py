@@ -24,8 +24,8 @@ service (the server layer: gevent)
 front-end (the server layer: a front-end's handlers)
     text.py      the text port's ``topic`` handler (the HTTP routes are with the other admin routes:
                  ``admin/http.py``)
-client (the client layer)
-    cli.py       ``metaq-admin topics [list|create|alter|delete]``: a change sent to every broker of the view
+``metaq-admin topics [list|create|alter|delete]`` is the client's (``client/admin/topics.py``: the client imports
+the features and none imports it).
 
 The store's index of partitions (``store/partitions.py``) is the store's: the table says which partitions a topic
 has, the store holds them. The slave's copy of the table travels in the replication stream's TOPICS frame

@@ -15,6 +15,6 @@ service (the server layer)
 front-end (the server layer: a front-end's handlers)
     text.py      the text port's ``trace``
     http.py      ``GET /api/trace``
-client (the client layer)
-    cli.py       ``metaq-admin trace``: every broker asked, the answers shown as sections or JSON
+``metaq-admin trace`` is the client's (``client/admin/trace.py``: the client imports the features and none imports
+it).
 """

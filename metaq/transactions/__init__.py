@@ -26,10 +26,9 @@ service (the server layer: gevent)
 front-end (the server layer: a front-end's handlers)
     text.py      the text ``transaction`` command and transactional puts
     remoting.py  the RocketMQ check-back rounds (CHECK_TRANSACTION_STATE to a producer of the group)
-client (the client layer)
-    client.py    the producer's local transactions (``Producer.transaction``), Xid, XaError and the branch
-                 machinery the XA resource shares
-    resource.py  XAResource: an XA resource manager with the DB-API two-phase-commit interface
+The client's side is in metaq/client/ (which imports the features and none imports it): ``client/transactions.py``
+(the producer's local transactions, Xid, XaError, the branch machinery the XA resource shares) and ``client/xa.py``
+(XAResource: an XA resource manager with the DB-API two-phase-commit interface).
 
 RocketMQ's half-message sends and END_TRANSACTION stay with the remoting port's other sends
 (``metaq.server.remoting.send``); the two-phase-commit coordinator over any DB-API resources stays with the

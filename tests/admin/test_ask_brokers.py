@@ -1,6 +1,7 @@
-"""The admin commands that ask each broker in turn (``admin/tools.ask_brokers``: ``dlq``, ``trace``, ``clients``),
-against two real brokers with authentication on: a 404 is "not here" and the next broker is asked, every broker's
-reason shown when none has it; any other refusal stops the command (exit 3) in that command's own words."""
+"""The admin commands that ask each broker in turn (``client/admin/tools.ask_brokers``: ``dlq``, ``trace``,
+``clients``), against two real brokers with authentication on: a 404 is "not here" and the next broker is asked,
+every broker's reason shown when none has it; any other refusal stops the command (exit 3) in that command's own
+words."""
 
 from metaq import admincli as admin
 from tests.harness.acl import SECRETS, secured_config

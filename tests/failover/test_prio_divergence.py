@@ -5,7 +5,7 @@ never copied (the link is cut), and a priority consumer has read them. m is kill
 level-1 messages at the very offsets the consumer already read on m. Every ``get_prio`` names the record each
 level read last (its expects); the broker answers 412 naming the level whose record differs, or 301 below what
 the level read, and the consumer takes that level back to the last record both logs hold
-(priorities/client.py). Before the expects, the consumer read on from its level-1 offset and skipped the new
+(client/priorities.py). Before the expects, the consumer read on from its level-1 offset and skipped the new
 messages written below it.
 """
 

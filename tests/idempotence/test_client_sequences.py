@@ -1,4 +1,4 @@
-"""The idempotent producer's sequence bookkeeping of one partition (``idempotence.client.Sequences``), pure: what a
+"""The idempotent producer's sequence bookkeeping of one partition (``client/idempotence.Sequences``), pure: what a
 batch refused as a gap may take (``rebase``), and the broker's gap refusal read (``gap_expected``)."""
 
 import pytest

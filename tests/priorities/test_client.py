@@ -1,4 +1,4 @@
-"""A priority fetcher's divergence check without a broker (priorities/client.py): each level's records read are
+"""A priority fetcher's divergence check without a broker (client/priorities.py): each level's records read are
 named in the next ``get_prio`` (its expects); a 412 or a 301 below what a level read takes that level alone back to
 the last record both logs hold; a broker older than the expects is asked without them; a reply naming no level is
 refused. The failover end to end is tests/failover/test_prio_divergence.py."""
