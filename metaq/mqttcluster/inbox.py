@@ -235,12 +235,13 @@ class Positions:
 
     def epoch_at(self, origin, topic, partition, offset):
         """The epoch of the origin's record ``offset``: as told when it is at or past the told offset, else the one kept
-        with the position (NO_EPOCH: none known)."""
+        with the position when it is the record before it; NO_EPOCH: none known (an origin of the version before the
+        epochs tells none)."""
         key = (origin, topic, partition)
         told = self._told.get(key)
         if told is not None and told[0] <= offset:
             return told[1]
-        return self._epochs.get(key, NO_EPOCH)
+        return self._epochs.get(key, NO_EPOCH) if self._next.get(key) == offset + 1 else NO_EPOCH
 
     def copied(self, origin, topic, partition, offset, check=0, rewound=False, epoch=None):
         """The record at ``offset`` was copied (or read and not wanted; -1: none yet, the copy starts at 0), its

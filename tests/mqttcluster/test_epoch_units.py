@@ -57,7 +57,8 @@ def test_a_peer_keeps_the_epoch_of_each_position_in_its_copies_and_markers():
     pos.copied(1, "t", 0, 4)
     assert pos.epochs(1, pos.of(1)) == (SECOND,)
     pos.untold(1)  # a new link: told again before anything of it
-    assert pos.epoch_at(1, "t", 0, 9) == SECOND  # the position's own
+    assert pos.epoch_at(1, "t", 0, 4) == SECOND  # the position's own record
+    assert pos.epoch_at(1, "t", 0, 9) == NO_EPOCH  # untold (an origin of the version before): none
     copy = inbox.copy_of(1, "t", 0, 4, 0, b"x", 1_000, check=7, epoch=SECOND)
     mark = inbox.marker(1, "t", 0, 5, 1_000, 7, FIRST)
     assert inbox.place_of(*copy) == ((1, "t", 0, 4), 7, False, SECOND)
