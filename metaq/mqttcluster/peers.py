@@ -53,8 +53,9 @@ from metaq.mqttcluster.link import PeerLink
 from metaq.mqttcluster.routes import aggregate
 from metaq.mqttcluster.share import Shares, weights_moved
 from metaq.protocol.registration import mqtt_membership
-from metaq.protocol.replication_mqtt import (EPOCH, MESSAGE, POSITION, RESUMED, RETAINED, ROUTED, SHARED, epoch_of,
-                                             record_check, split_shared)
+from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
+from metaq.protocol.replication_mqtt import (EPOCH, MESSAGE, NO_EPOCH, POSITION, RESUMED, RETAINED, ROUTED, SHARED,
+                                             epoch_of, record_check, split_shared)
 from metaq.clock import now_ms
 from metaq.serving.connections import share_loop
 from metaq.serving.putpath import AUTHORIZED
@@ -102,8 +103,8 @@ class MqttCluster:
         self._live = ((), ())  # the groups with members here and their weights, as last told (applied or settling)
         self.links = {}  # broker id -> PeerLink
         self.retained = {}  # MQTT topic name -> (at ms, broker id, Retained or None)
-        self.retained_next = {}  # broker id -> (next offset of its %MQTT% journal read, the check of the record
-        # before it) (this process's)
+        self.retained_next = {}  # broker id -> (next offset of its %MQTT% journal read, the check and the epoch of
+        # the record before it) (this process's)
         self.route_changed = Event()
         self._acked = Event()  # replaced at each ROUTED a link gets (``acked``), as ``route_changed`` is
         self._pinned = {}  # key -> filters the route keeps whatever the sessions hold (``pin``)
@@ -440,11 +441,11 @@ class MqttCluster:
     # -- copies --------------------------------------------------------------------
 
     def retained_from(self, origin):
-        """``(offset, check)``: the ``%MQTT%`` offset of ``origin``'s journal a new link asks retained records from,
-        and the ``record_check`` of the retained record before it as copied here (0: none), which ``origin`` proves
-        (``PeerFollow.proved``: after an async failover there, the retained records its new master wrote at offsets
-        this broker saw other records at are sent too)."""
-        return self.retained_next.get(origin, (0, 0))
+        """``(offset, check, epoch)``: the ``%MQTT%`` offset of ``origin``'s journal a new link asks retained records
+        from, and the ``record_check`` and the epoch of the retained record before it as copied here (0, NO_EPOCH:
+        none), which ``origin`` proves (``PeerFollow.proved``: after async failovers there, one or more in a row, the
+        retained records its new masters wrote at offsets this broker saw other records at are sent too)."""
+        return self.retained_next.get(origin, (0, 0, NO_EPOCH))
 
     def apply(self, origin, entries, routed=None):
         """Copy a RECORDS frame's entries from peer ``origin``; returns how many messages were copied. Raises the put
@@ -489,7 +490,8 @@ class MqttCluster:
                 if e.kind == POSITION:
                     keys.update(self._position(origin, e, now))
                 elif e.kind == RETAINED:
-                    self.retained_next[origin] = (e.offset + 1, record_check(e.ts, e.data))
+                    self.retained_next[origin] = (e.offset + 1, record_check(e.ts, e.data),
+                                                  positions.epoch_at(origin, MQTT_SESSIONS_TOPIC, 0, e.offset))
                     self._apply_retained(origin, e)
                 elif e.kind == ROUTED and routed is not None:
                     routed.append(e.offset)

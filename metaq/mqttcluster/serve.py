@@ -144,8 +144,9 @@ class PeerFollow:
         self._rescans = 0  # rescans begun: one that shares the loop and finds a later one begun leaves it to that one
         self.set_filters(routes.filters, routes.groups, routes.version, routes.weights)
         self.since = None
-        if routes.retained > 0 and routes.retained_check:  # proved as a position is: an async failover cut what it saw
-            self.retained = self.proved((MQTT_SESSIONS_TOPIC, 0), routes.retained, routes.retained_check)
+        if routes.retained > 0:  # proved as a position is: an async failover cut what it saw
+            self.retained = self.proved((MQTT_SESSIONS_TOPIC, 0), routes.retained, routes.retained_check,
+                                        routes.retained_epoch)
             self.rewound.discard((MQTT_SESSIONS_TOPIC, 0))  # no POSITION of it goes to the peer
 
     def set_filters(self, filters, groups=(), version=0, weights=()):
@@ -421,6 +422,8 @@ class PeerFollow:
             if confirmed is not None and rec.position + rec.total_size > confirmed:
                 self.held = True
                 break
+            if self.tells:
+                self._tell((MQTT_SESSIONS_TOPIC, 0), rec, out)
             if bytes(rec.data[:1]) in (b"R", b"U"):
                 out.append(Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, rec.queue_offset, rec.flag, rec.store_ts_ms,
                                  bytes(rec.data)))

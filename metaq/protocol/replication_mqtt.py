@@ -15,6 +15,7 @@ ROUTES (peer to master): UTF-8 JSON, 2..MQTT_CLUSTER_ROUTES_BYTES bytes::
                                                      messages' records from (-1: send none)
      "retained_check": check,                        (optional, 0: none) the ``record_check`` of the retained record
                                                      before that offset as the peer copied it, proved as a position's
+     "retained_epoch": [epoch, origin],              (optional, [0, 0]: none) that record's epoch, as a position's
      "groups": [[share name, filter], ...],          its ``$share`` groups with members, at most MQTT_CLUSTER_MAX_GROUPS
                                                      (optional)
      "weights": [members, ...],                      one per group, each 0..MQTT_CLUSTER_SHARE_WEIGHT_MAX (optional;
@@ -116,7 +117,7 @@ class Routes(NamedTuple):
     on that broker (empty: each 1, as a broker that does not send them means); ``retained_check``: the check of the
     retained record before ``retained`` as the peer copied it (0: none), proved as a position's check is;
     ``epochs``: one ``(epoch, origin)`` per position (``NO_EPOCH``: none known; empty: none known of any), None from
-    a peer that takes no EPOCH entry."""
+    a peer that takes no EPOCH entry; ``retained_epoch``: the epoch of the retained record before ``retained``."""
 
     broker_id: int
     filters: tuple
@@ -129,6 +130,7 @@ class Routes(NamedTuple):
     weights: tuple = ()
     retained_check: int = 0
     epochs: tuple | None = None
+    retained_epoch: tuple = NO_EPOCH
 
 
 def epoch_entry(topic, partition, offset, epoch):
@@ -217,7 +219,8 @@ def split_routes(routes, most=None):
     if len(_routes_json(routes)) <= most:
         return [routes._replace(more=False)]
     empty = Routes(routes.broker_id, (), (), routes.retained, (), (), True, routes.version,
-                   retained_check=routes.retained_check, epochs=() if routes.epochs is not None else None)
+                   retained_check=routes.retained_check, epochs=() if routes.epochs is not None else None,
+                   retained_epoch=routes.retained_epoch)
     room = most - len(_routes_json(empty))  # what a part holds beside its items (each counted with a comma)
     checks = routes.checks or (0,) * len(routes.positions)
     epochs = routes.epochs or (NO_EPOCH,) * len(routes.positions)
@@ -263,7 +266,8 @@ def join_routes(so_far, part):
                     None if so_far.epochs is None or part.epochs is None else
                     ((so_far.epochs or (NO_EPOCH,) * len(so_far.positions))
                      + (part.epochs or (NO_EPOCH,) * len(part.positions))
-                     if so_far.epochs or part.epochs else ()))
+                     if so_far.epochs or part.epochs else ()),
+                    so_far.retained_epoch)
     for what, count, most, name in (("filters", len(joined.filters), limits.MQTT_CLUSTER_MAX_FILTERS,
                                      "MQTT_CLUSTER_MAX_FILTERS"),
                                     ("positions", len(joined.positions), limits.MQTT_CLUSTER_MAX_POSITIONS,
@@ -288,6 +292,8 @@ def _routes_json(event):
         obj["retained_check"] = event.retained_check
     if event.epochs is not None:
         obj["epochs"] = [list(e) for e in event.epochs]
+    if tuple(event.retained_epoch) != NO_EPOCH:
+        obj["retained_epoch"] = list(event.retained_epoch)
     return _json(obj)
 
 
@@ -371,7 +377,8 @@ def decode_routes(payload):
                     for w in weights)
     retained_check = _bounded(obj.get("retained_check", 0), 0, 2**33 - 1, "retained check")
     return Routes(broker, tuple(filters), tuple(out), retained, groups, checks, more, version, weights,
-                  retained_check, _epochs(obj.get("epochs"), len(out)))
+                  retained_check, _epochs(obj.get("epochs"), len(out)),
+                  _epochs([obj["retained_epoch"]], 1)[0] if "retained_epoch" in obj else NO_EPOCH)
 
 
 def _epochs(epochs, positions):

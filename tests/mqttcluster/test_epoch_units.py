@@ -10,9 +10,10 @@ from metaq.errors import RemoteProtocolError
 from metaq.mqttcluster import inbox
 from metaq.mqttcluster.serve import PeerFollow
 from metaq.protocol import replication as rp
-from metaq.protocol.replication_mqtt import (EPOCH, MESSAGE, NO_EPOCH, POSITION, RESUMED, Entry, decode_routes,
-                                             epoch_entry, epoch_of, join_routes, record_check, routes_parts,
-                                             split_routes)
+from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
+from metaq.protocol.replication_mqtt import (EPOCH, MESSAGE, NO_EPOCH, POSITION, RESUMED, RETAINED, Entry,
+                                             decode_routes, epoch_entry, epoch_of, join_routes, record_check,
+                                             routes_parts, split_routes)
 from tests.mqttcluster.test_takeover_units import _cluster
 from tests.mqttcluster.test_units import ForkedStore
 
@@ -140,3 +141,23 @@ def test_copies_keep_the_epoch_told_and_a_lie_in_it_loses_nothing_before():
     assert [inbox.place_of(*made)[3] for made in appended] == [FIRST, SECOND]
     assert cluster.positions.get(2, "sensors", 1) == 43
     assert cluster.positions.epochs(2, cluster.positions.of(2)) == (SECOND,)
+
+
+def test_a_retained_offset_keeps_its_epoch_and_resumes_no_further_than_where_it_ended():
+    """The ``%MQTT%`` offset a peer asks retained records from carries the epoch of the retained record before it, as
+    a position does: past where that epoch ended here it resumes there."""
+    store = ForkedStore({"t": 1})
+    assert PeerFollow(store, rp.Routes(1, (), (), 4, retained_epoch=FIRST)).retained == 3
+    assert PeerFollow(store, rp.Routes(1, (), (), 4, retained_epoch=SECOND)).retained == 4
+    assert PeerFollow(store, rp.Routes(1, (), (), -1, retained_epoch=FIRST)).retained == -1  # none asked
+    routes = rp.Routes(1, ("a/#",), (("a", 0, 4),), 4, retained_epoch=FIRST, epochs=(SECOND,))
+    p = rp.ReplicationParser()
+    p.receive_data(rp.serialize(routes))
+    assert p.next_event() == routes
+    assert all(part.retained_epoch == FIRST for part in split_routes(routes, most=100))
+    with pytest.raises(RemoteProtocolError, match="epoch"):
+        decode_routes(json.dumps({"broker": 3, "filters": [], "retained_epoch": [1]}).encode())
+    cluster = _cluster()
+    cluster.apply(2, [epoch_entry(MQTT_SESSIONS_TOPIC, 0, 6, SECOND),
+                      Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, 7, 0, 1, b"U{}")])
+    assert cluster.retained_from(2) == (8, record_check(1, b"U{}"), SECOND)
