@@ -71,3 +71,4 @@ def test_a_peer_away_through_two_failovers_gets_what_the_middle_master_wrote(bro
     back.settle()
     got = bodies(back, 9, 1.0)
     assert got == [b"mid-%d" % i for i in range(5)] + [b"new-%d" % i for i in range(3)], got
+    assert "past where its epoch 1 ended" in s2.log_text()
