@@ -15,8 +15,11 @@ position), so that it too resumes where it was after a restart. A peer's slave h
 so the positions hold across its failover too; each position keeps the check of the origin record before it
 (``MQTT_CHECK``, ``replication_mqtt.record_check``), which the origin proves before it resumes there. When it cannot
 (an ``async`` master's failover gave those offsets to other messages) it resumes earlier, and a marker says so: a
-marker sets its partition's position where it says, back too (``rewound``). Pure but for ``recover``, which reads the
-store (a worker thread's call: cold pages).
+marker sets its partition's position where it says, back too (``rewound``). Each copy and marker keeps the epoch of
+the origin record at (before) its place too (``MQTT_EPOCH`` = ``<number>:<origin>``, as the origin's EPOCH entries
+said): the position's epoch, which the origin answers with where that epoch ended in its history (a peer away through
+two failovers in a row resumes before what the middle master wrote). Pure but for ``recover``, which reads the store
+(a worker thread's call: cold pages).
 """
 
 import json
@@ -28,11 +31,12 @@ from metaq.mqtt.records import EXPIRES_AT, message_of, named, record_data
 from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.protocol.journaltopic import MQTT_INBOX_TOPIC
 from metaq.protocol.message import ATTRIBUTE_FLAG, decode_attribute, decode_payload, encode_payload, with_attribute
+from metaq.protocol.replication_mqtt import NO_EPOCH
 from metaq.protocol.properties import (PROP_SYSFLAG, PROPERTY_SEPARATOR, encode_attribute, encode_properties,
                                        split_attribute)
 
-__all__ = ["INBOX", "ORIGIN", "NEXT", "CHECK", "GROUPS", "MARKER_NAME", "partition_of", "copy_of", "copy_parts",
-           "as_is", "marker",
+__all__ = ["INBOX", "ORIGIN", "NEXT", "CHECK", "EPOCH", "GROUPS", "MARKER_NAME", "partition_of", "copy_of",
+           "copy_parts", "as_is", "marker",
            "origin_of", "place_of", "groups_of", "Positions", "recover"]
 
 log = logging.getLogger(__name__)
@@ -45,11 +49,13 @@ GROUPS = "MQTT_GROUPS"
 NEXT = "MQTT_NEXT"
 #: A copy's or a marker's property: the ``record_check`` of the origin record at (for a marker: before) its place.
 CHECK = "MQTT_CHECK"
+#: A copy's or a marker's property: ``<number>:<origin>`` of the epoch of the origin record at (before) its place.
+EPOCH = "MQTT_EPOCH"
 #: The MQTT name of a marker record: a ``$`` name (the broker's: no client publishes it, MQTT delivery of the inbox
 #: sends none).
 MARKER_NAME = "$metaq/cluster/position"
 #: The properties only the inbox writes: a peer's record holding one is made again (``copy_parts``), not kept.
-_OWN = frozenset({"MQTT_ORIGIN", "MQTT_GROUPS", "MQTT_NEXT", "MQTT_CHECK"})
+_OWN = frozenset({"MQTT_ORIGIN", "MQTT_GROUPS", "MQTT_NEXT", "MQTT_CHECK", "MQTT_EPOCH"})
 #: Records one step of ``recover`` reads.
 RECOVER_BATCH = 1024
 
@@ -59,19 +65,21 @@ def partition_of(origin, topic, partition, partitions=limits.MQTT_CLUSTER_INBOX_
     return zlib.crc32(b"%d:%d:%s" % (origin, partition, topic.encode("utf-8"))) % partitions
 
 
-def copy_of(origin, topic, partition, offset, flag, data, now_ms, topics=DEFAULT_MAP, groups=(), check=0):
+def copy_of(origin, topic, partition, offset, flag, data, now_ms, topics=DEFAULT_MAP, groups=(), check=0,
+            epoch=NO_EPOCH):
     """``(flag, data)`` of the inbox copy of ``origin``'s record ``topic``-``partition`` at ``offset`` seen under the
     topic map ``topics`` (a cluster's brokers share their mqtt settings), for the ``$share`` groups ``groups`` too;
     None when the message expired (MQTT 5 Message Expiry) or cannot be kept as an MQTT record (logged)."""
-    made = copy_parts(origin, topic, partition, offset, flag, data, now_ms, topics, groups, check)
+    made = copy_parts(origin, topic, partition, offset, flag, data, now_ms, topics, groups, check, epoch)
     return None if made is None else (made[0], b"".join(made[1]))
 
 
-def copy_parts(origin, topic, partition, offset, flag, data, now_ms, topics=DEFAULT_MAP, groups=(), check=0):
+def copy_parts(origin, topic, partition, offset, flag, data, now_ms, topics=DEFAULT_MAP, groups=(), check=0,
+               epoch=NO_EPOCH):
     """``copy_of``'s answer with its data as pieces to join (``(flag, pieces)``). An MQTT record (one ``as_is``
     keeps) keeps its bytes: its attribute block with the copy's properties added, then its payload, neither decoded
     nor copied; any other record is made again as the MQTT message ``message_of`` reads in it."""
-    kept = as_is(origin, topic, partition, offset, flag, data, now_ms, topics, groups, check)
+    kept = as_is(origin, topic, partition, offset, flag, data, now_ms, topics, groups, check, epoch)
     if kept is not None:
         return kept or None
     m = message_of(topic, flag, data, topics)
@@ -88,12 +96,13 @@ def copy_parts(origin, topic, partition, offset, flag, data, now_ms, topics=DEFA
         return None
     attribute, payload = decode_payload(flag2, data2)
     tags, props2, _remoting = split_attribute(attribute)
-    props2.update(_own(origin, topic, partition, offset, groups, check))
+    props2.update(_own(origin, topic, partition, offset, groups, check, epoch))
     flag3, data3 = encode_payload(payload, encode_attribute(tags, props2))
     return flag3, (data3,)
 
 
-def as_is(origin, topic, partition, offset, flag, data, now_ms, topics=DEFAULT_MAP, groups=(), check=0):
+def as_is(origin, topic, partition, offset, flag, data, now_ms, topics=DEFAULT_MAP, groups=(), check=0,
+          epoch=NO_EPOCH):
     """``(flag, pieces)`` of the copy of an MQTT record kept as it is (its attribute read, its payload a view of
     ``data``), ``()`` when it expired (MQTT 5 Message Expiry: the time its record keeps); None when the record is
     not one to keep as it is: a record without the MQTT name the topic map puts in ``topic`` (``records.named``), with
@@ -110,29 +119,33 @@ def as_is(origin, topic, partition, offset, flag, data, now_ms, topics=DEFAULT_M
     if expires and expires.isdigit() and int(expires) <= now_ms:
         return ()
     head = attribute if attribute.endswith(PROPERTY_SEPARATOR) else attribute + PROPERTY_SEPARATOR
-    own = encode_properties(_own(origin, topic, partition, offset, groups, check))
+    own = encode_properties(_own(origin, topic, partition, offset, groups, check, epoch))
     return ATTRIBUTE_FLAG, with_attribute(data, end, (head + own).encode("utf-8"))  # the flag every copy has
 
 
-def _own(origin, topic, partition, offset, groups, check):
-    """The inbox's properties of a copy: its origin, its check and its groups."""
+def _own(origin, topic, partition, offset, groups, check, epoch=NO_EPOCH):
+    """The inbox's properties of a copy: its origin, its check, its epoch and its groups."""
     props = {ORIGIN: "%d:%d:%d:%s" % (origin, partition, offset, topic)}
     if check:
         props[CHECK] = str(check)
+    if tuple(epoch) != NO_EPOCH:
+        props[EPOCH] = "%d:%d" % tuple(epoch)
     if groups:
         props[GROUPS] = json.dumps([list(g) for g in groups], separators=(",", ":"))
     return props
 
 
-def marker(origin, topic, partition, next_offset, now_ms, check=0):
+def marker(origin, topic, partition, next_offset, now_ms, check=0, epoch=NO_EPOCH):
     """``(flag, data)`` of the marker record saying ``origin``'s ``topic``-``partition`` resumes at ``next_offset``
-    (``check``: of the origin record before it, 0: none)."""
+    (``check``, ``epoch``: of the origin record before it, 0 and NO_EPOCH: none)."""
     flag, data = record_data(MARKER_NAME, b"", 0, None, None, False, now_ms)
     attribute, payload = decode_payload(flag, data)
     tags, props, _remoting = split_attribute(attribute)
     props[NEXT] = "%d:%d:%d:%s" % (origin, partition, next_offset, topic)
     if check:
         props[CHECK] = str(check)
+    if tuple(epoch) != NO_EPOCH:
+        props[EPOCH] = "%d:%d" % tuple(epoch)
     return encode_payload(payload, encode_attribute(tags, props))
 
 
@@ -144,7 +157,8 @@ def origin_of(flag, data):
 
 
 def place_of(flag, data):
-    """``(origin_of's answer, check, is a marker)`` of an inbox record (check 0: none), None when it names none."""
+    """``(origin_of's answer, check, is a marker, epoch)`` of an inbox record (check 0: none; epoch NO_EPOCH: none),
+    None when it names none."""
     try:
         attribute, _payload = decode_payload(flag, data)
     except ValueError:
@@ -159,8 +173,10 @@ def place_of(flag, data):
     if len(parts) != 4 or not all(p.isdigit() for p in parts[:3]):
         return None
     check = props.get(CHECK, "0")
+    epoch = props.get(EPOCH, "").split(":")
+    epoch = (int(epoch[0]), int(epoch[1])) if len(epoch) == 2 and all(e.isdigit() for e in epoch) else NO_EPOCH
     return (int(parts[0]), parts[3], int(parts[1]), int(parts[2]) - back), int(check) if check.isdigit() else 0, \
-        bool(back)
+        bool(back), epoch
 
 
 def groups_of(flag, data):
@@ -178,12 +194,15 @@ def groups_of(flag, data):
 class Positions:
     """Where each origin partition's copy resumes: ``{(origin, topic, partition): next offset}``, at most
     ``most`` of them (past it the new one is not kept: its copy then resumes where the peer decides, its end, and
-    it is logged once)."""
+    it is logged once); with each the check and the epoch of the origin record before it, and the epoch the origin
+    last told of its records from an offset on (``told``: one per position, the same bound)."""
 
     def __init__(self, most=limits.MQTT_CLUSTER_MAX_POSITIONS):
         self.most = most
         self._next = {}
         self._checks = {}  # key -> the check of the origin record before its next offset (absent: none)
+        self._epochs = {}  # key -> (number, origin) of the epoch of that record (absent: none known)
+        self._told = {}  # key -> (offset, (number, origin)): the origin's records from that offset on are of it
         self._kept = set()  # the keys an inbox record (a copy or a marker) holds the position of
         self.refused = 0
 
@@ -200,10 +219,35 @@ class Positions:
     def keep(self, origin, topic, partition):
         self._kept.add((origin, topic, partition))
 
-    def copied(self, origin, topic, partition, offset, check=0, rewound=False):
+    def told(self, origin, topic, partition, offset, epoch):
+        """The origin's records of ``topic``-``partition`` from ``offset`` on are of ``epoch`` (an EPOCH entry);
+        False when the partition has no position and the bound is reached (its epoch is then not known)."""
+        key = (origin, topic, partition)
+        if key not in self._next and key not in self._told and len(self._told) >= self.most:
+            return False
+        self._told[key] = (offset, tuple(epoch))
+        return True
+
+    def untold(self, origin):
+        """A new link to ``origin`` begins: what its last one told of epochs holds no more (the new one tells again)."""
+        for key in [k for k in self._told if k[0] == origin]:
+            del self._told[key]
+
+    def epoch_at(self, origin, topic, partition, offset):
+        """The epoch of the origin's record ``offset``: as told when it is at or past the told offset, else the one kept
+        with the position when it is the record before it; NO_EPOCH: none known (an origin of the version before the
+        epochs tells none)."""
+        key = (origin, topic, partition)
+        told = self._told.get(key)
+        if told is not None and told[0] <= offset:
+            return told[1]
+        return self._epochs.get(key, NO_EPOCH) if self._next.get(key) == offset + 1 else NO_EPOCH
+
+    def copied(self, origin, topic, partition, offset, check=0, rewound=False, epoch=None):
         """The record at ``offset`` was copied (or read and not wanted; -1: none yet, the copy starts at 0), its
-        ``record_check`` ``check`` (0: none): the copy resumes past it. ``rewound``: there even when it had gone
-        further (the origin resumed it there: what it had copied past it is not the origin's now)."""
+        ``record_check`` ``check`` (0: none), its ``epoch`` (None: as ``epoch_at`` says): the copy resumes past it.
+        ``rewound``: there even when it had gone further (the origin resumed it there: what it had copied past it is
+        not the origin's now)."""
         key = (origin, topic, partition)
         old = self._next.get(key)
         if old is None and len(self._next) >= self.most:
@@ -213,11 +257,17 @@ class Positions:
             self.refused += 1
             return False
         if old is None or offset + 1 > old or rewound:
+            if epoch is None:
+                epoch = self.epoch_at(origin, topic, partition, offset)
             self._next[key] = offset + 1
             if check:
                 self._checks[key] = check
             else:
                 self._checks.pop(key, None)
+            if tuple(epoch) != NO_EPOCH:
+                self._epochs[key] = tuple(epoch)
+            else:
+                self._epochs.pop(key, None)
         return True
 
     def is_copied(self, origin, topic, partition, offset):
@@ -232,6 +282,10 @@ class Positions:
     def checks(self, origin, positions):
         """The check of each of ``positions`` (``of(origin)``'s answer), 0 for none."""
         return tuple(self._checks.get((origin, t, p), 0) for t, p, _o in positions)
+
+    def epochs(self, origin, positions):
+        """The epoch ``(number, origin)`` of each of ``positions`` (``of(origin)``'s answer), NO_EPOCH for none."""
+        return tuple(self._epochs.get((origin, t, p), NO_EPOCH) for t, p, _o in positions)
 
 
 def recover(store, positions):
@@ -258,8 +312,8 @@ def recover(store, positions):
             for rec in records:
                 place = place_of(rec.flag, rec.data)
                 if place is not None:
-                    origin, check, is_marker = place
-                    positions.copied(*origin, check=check, rewound=is_marker)  # in order: a marker says where
+                    origin, check, is_marker, epoch = place
+                    positions.copied(*origin, check=check, rewound=is_marker, epoch=epoch)  # in order: a marker says
                     positions.keep(*origin[:3])
                 read += 1
             offset = records[-1].queue_offset + 1

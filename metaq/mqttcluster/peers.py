@@ -53,8 +53,9 @@ from metaq.mqttcluster.link import PeerLink
 from metaq.mqttcluster.routes import aggregate
 from metaq.mqttcluster.share import Shares, weights_moved
 from metaq.protocol.registration import mqtt_membership
-from metaq.protocol.replication_mqtt import (MESSAGE, POSITION, RESUMED, RETAINED, ROUTED, SHARED, record_check,
-                                             split_shared)
+from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
+from metaq.protocol.replication_mqtt import (EPOCH, MESSAGE, NO_EPOCH, POSITION, RESUMED, RETAINED, ROUTED, SHARED,
+                                             epoch_of, record_check, split_shared)
 from metaq.clock import now_ms
 from metaq.serving.connections import share_loop
 from metaq.serving.putpath import AUTHORIZED
@@ -102,8 +103,8 @@ class MqttCluster:
         self._live = ((), ())  # the groups with members here and their weights, as last told (applied or settling)
         self.links = {}  # broker id -> PeerLink
         self.retained = {}  # MQTT topic name -> (at ms, broker id, Retained or None)
-        self.retained_next = {}  # broker id -> (next offset of its %MQTT% journal read, the check of the record
-        # before it) (this process's)
+        self.retained_next = {}  # broker id -> (next offset of its %MQTT% journal read, the check and the epoch of
+        # the record before it) (this process's)
         self.route_changed = Event()
         self._acked = Event()  # replaced at each ROUTED a link gets (``acked``), as ``route_changed`` is
         self._pinned = {}  # key -> filters the route keeps whatever the sessions hold (``pin``)
@@ -440,11 +441,11 @@ class MqttCluster:
     # -- copies --------------------------------------------------------------------
 
     def retained_from(self, origin):
-        """``(offset, check)``: the ``%MQTT%`` offset of ``origin``'s journal a new link asks retained records from,
-        and the ``record_check`` of the retained record before it as copied here (0: none), which ``origin`` proves
-        (``PeerFollow.proved``: after an async failover there, the retained records its new master wrote at offsets
-        this broker saw other records at are sent too)."""
-        return self.retained_next.get(origin, (0, 0))
+        """``(offset, check, epoch)``: the ``%MQTT%`` offset of ``origin``'s journal a new link asks retained records
+        from, and the ``record_check`` and the epoch of the retained record before it as copied here (0, NO_EPOCH:
+        none), which ``origin`` proves (``PeerFollow.proved``: after async failovers there, one or more in a row, the
+        retained records its new masters wrote at offsets this broker saw other records at are sent too)."""
+        return self.retained_next.get(origin, (0, 0, NO_EPOCH))
 
     def apply(self, origin, entries, routed=None):
         """Copy a RECORDS frame's entries from peer ``origin``; returns how many messages were copied. Raises the put
@@ -469,14 +470,18 @@ class MqttCluster:
                     ran[(e.topic, e.partition)] = e.offset
                     groups, data = split_shared(e.data) if e.kind == SHARED else ((), e.data)
                     check = record_check(e.ts, data)
+                    epoch = positions.epoch_at(origin, e.topic, e.partition, e.offset)
                     made = inbox.copy_parts(origin, e.topic, e.partition, e.offset, e.flag, data, now,
-                                            self.port.topics, groups, check)
+                                            self.port.topics, groups, check, epoch)
                     if made is None:  # not kept (expired): a marker holds the position instead
-                        flag, data = inbox.marker(origin, e.topic, e.partition, e.offset + 1, now, check)
+                        flag, data = inbox.marker(origin, e.topic, e.partition, e.offset + 1, now, check, epoch)
                         made = flag, (data,)
                     else:
                         copied += 1
-                    run.append((e, made, check))
+                    run.append((e, made, check, epoch))
+                    continue
+                if e.kind == EPOCH:  # of the records after it (the copies before it in the run have theirs)
+                    positions.told(origin, e.topic, e.partition, e.offset, epoch_of(e))
                     continue
                 if run:
                     done, run = run, []
@@ -485,7 +490,8 @@ class MqttCluster:
                 if e.kind == POSITION:
                     keys.update(self._position(origin, e, now))
                 elif e.kind == RETAINED:
-                    self.retained_next[origin] = (e.offset + 1, record_check(e.ts, e.data))
+                    self.retained_next[origin] = (e.offset + 1, record_check(e.ts, e.data),
+                                                  positions.epoch_at(origin, MQTT_SESSIONS_TOPIC, 0, e.offset))
                     self._apply_retained(origin, e)
                 elif e.kind == ROUTED and routed is not None:
                     routed.append(e.offset)
@@ -510,7 +516,7 @@ class MqttCluster:
         path, positions = self.put_path, self.positions
         topic = inbox.INBOX.encode("ascii")
         src, frames = bytearray(), []
-        for e, (flag, pieces), _check in run:
+        for e, (flag, pieces), _check, _epoch in run:
             start, crc = len(src), 0
             for piece in pieces:
                 src += piece
@@ -534,8 +540,8 @@ class MqttCluster:
                     self._inbox_end[f[1]] = r.offset + 1
                     done += 1
         finally:
-            for e, _made, check in run[:done]:
-                positions.copied(origin, e.topic, e.partition, e.offset, check)
+            for e, _made, check, epoch in run[:done]:
+                positions.copied(origin, e.topic, e.partition, e.offset, check, epoch=epoch)
                 positions.keep(origin, e.topic, e.partition)
 
     def _position(self, origin, e, now):
@@ -548,11 +554,12 @@ class MqttCluster:
             log.warning("mqtt cluster: peer broker %d resumed %s-%d at %d, before where this broker's copy was (%s): "
                         "its records from there are copied", origin, e.topic, e.partition, e.offset,
                         positions.get(origin, e.topic, e.partition))
-        positions.copied(origin, e.topic, e.partition, e.offset - 1, e.ts, rewound)
+        epoch = positions.epoch_at(origin, e.topic, e.partition, e.offset - 1)
+        positions.copied(origin, e.topic, e.partition, e.offset - 1, e.ts, rewound, epoch)
         if positions.kept(origin, e.topic, e.partition) and not rewound:
             return set()
         positions.keep(origin, e.topic, e.partition)
-        return self._append(origin, e, inbox.marker(origin, e.topic, e.partition, e.offset, now, e.ts), now)
+        return self._append(origin, e, inbox.marker(origin, e.topic, e.partition, e.offset, now, e.ts, epoch), now)
 
     def _append(self, origin, e, made, now):
         """Append ``made`` (flag, data) to the inbox partition of ``origin``'s ``e.topic``-``e.partition``; ``{(inbox,

@@ -28,9 +28,13 @@ In ``sync`` mode nothing past the master's confirmed end (``Roles.confirmed_end`
 all hold yet may be cut by a failover and its offset taken by another message, which the peer, whose positions say
 that offset was copied, would then skip. Such records wait for the slaves' ACK (``Roles.wait_confirmed``). In
 ``async`` mode the peer may have copied such a record: each resume position comes with the check of the record
-before it, proved here before the follow resumes there (``PeerFollow.proved``).
+before it, proved here before the follow resumes there (``PeerFollow.proved``), and with its epoch (the store's
+``epochs``: which master wrote it): a position past where that epoch ended in this broker's history resumes there, so
+a peer away through two failovers in a row gets what the middle master wrote. A peer that takes them is told the epoch
+of the records it is sent (EPOCH entries, ``PeerFollow.epoch_entry``), which it keeps beside its positions.
 """
 
+import bisect
 import itertools
 import logging
 import time
@@ -45,8 +49,8 @@ from metaq.mqtt.topics import matches
 from metaq.mqttcluster.calls import serve_calls
 from metaq.protocol import replication as rp
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
-from metaq.protocol.replication_mqtt import (MESSAGE, POSITION, RESUMED, RETAINED, ROUTED, SHARED, Entry, Records,
-                                             join_routes, record_check, shared_data)
+from metaq.protocol.replication_mqtt import (MESSAGE, NO_EPOCH, POSITION, RESUMED, RETAINED, ROUTED, SHARED, Entry,
+                                             Records, epoch_entry, join_routes, record_check, shared_data)
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.serving.connections import share_loop
 from metaq.serving.longpoll import NEW_PARTITION
@@ -111,9 +115,16 @@ class PeerFollow:
         self.broker_id = routes.broker_id
         self.groups = ()
         checks = routes.checks or (0,) * len(routes.positions)
+        epochs = routes.epochs or (NO_EPOCH,) * len(routes.positions)
         #: where the peer's copies resume, at most MQTT_CLUSTER_MAX_FOLLOWED (the partitions it may follow here)
-        self.resume = {(t, p): (o, c) for (t, p, o), c in itertools.islice(zip(routes.positions, checks, strict=True),
-                                                                            limits.MQTT_CLUSTER_MAX_FOLLOWED)}
+        self.resume = {(t, p): (o, c, e) for (t, p, o), c, e in itertools.islice(
+            zip(routes.positions, checks, epochs, strict=True), limits.MQTT_CLUSTER_MAX_FOLLOWED)}
+        #: the peer takes EPOCH entries: ``told`` is, per followed partition, the log span ``[start, end)`` of the
+        #: epoch it was last told (at most MQTT_CLUSTER_MAX_FOLLOWED, as the cursors), ``history`` the latest entry
+        #: of this broker's epochs they were told by (a new epoch here tells them again)
+        self.tells = routes.epochs is not None
+        self.told = {}
+        self.history = None
         if len(routes.positions) > limits.MQTT_CLUSTER_MAX_FOLLOWED:
             log.warning("mqtt cluster: peer %d sent %d resume positions; the first %d are kept "
                         "(MQTT_CLUSTER_MAX_FOLLOWED): the others' partitions start as new", self.broker_id,
@@ -133,8 +144,9 @@ class PeerFollow:
         self._rescans = 0  # rescans begun: one that shares the loop and finds a later one begun leaves it to that one
         self.set_filters(routes.filters, routes.groups, routes.version, routes.weights)
         self.since = None
-        if routes.retained > 0 and routes.retained_check:  # proved as a position is: an async failover cut what it saw
-            self.retained = self.proved((MQTT_SESSIONS_TOPIC, 0), routes.retained, routes.retained_check)
+        if routes.retained > 0:  # proved as a position is: an async failover cut what it saw
+            self.retained = self.proved((MQTT_SESSIONS_TOPIC, 0), routes.retained, routes.retained_check,
+                                        routes.retained_epoch)
             self.rewound.discard((MQTT_SESSIONS_TOPIC, 0))  # no POSITION of it goes to the peer
 
     def set_filters(self, filters, groups=(), version=0, weights=()):
@@ -186,6 +198,7 @@ class PeerFollow:
         for key in [k for k in self.cursors if k not in keep]:
             del self.cursors[key]
             self.started.pop(key, None)
+            self.told.pop(key, None)
         for key in wanted:
             if key in self.cursors:
                 continue
@@ -225,6 +238,9 @@ class PeerFollow:
     def batch(self, confirmed=None):
         """The next RECORDS entries (empty: nothing new), at most MQTT_CLUSTER_BATCH_BYTES of data, none of a record
         ending past log position ``confirmed`` (None: no bound); ``held`` says whether one waits for it."""
+        if self.tells and self.history != self.store.epochs.entries[-1]:
+            self.told.clear()
+            self.history = self.store.epochs.entries[-1]
         store, entries, budget = self.store, self._announced(), limits.MQTT_CLUSTER_BATCH_BYTES
         self.held = False
         for key, offset in list(self.cursors.items()):
@@ -254,6 +270,8 @@ class PeerFollow:
                 if confirmed is not None and rec.position + rec.total_size > confirmed:
                     self.held = True
                     break
+                if self.tells:
+                    self._tell(key, rec, entries)
                 entry = self._entry(topic, partition, rec)
                 if entry is not None:
                     entries.append(entry)
@@ -276,6 +294,9 @@ class PeerFollow:
         for key in announce:
             if key in self.cursors:
                 at = self.cursors[key]
+                before = self.store.record_position(key[0], key[1], at - 1) if self.tells and at > 0 else None
+                if before is not None:  # the epoch of the record before the position, which the peer keeps
+                    entries.append(self.epoch_entry(key, at - 1, before))
                 entries.append(Entry(POSITION, key[0], key[1], at, RESUMED if key in self.rewound else 0,
                                      self.check_at(key, at - 1)))
         self.rewound.clear()
@@ -284,16 +305,58 @@ class PeerFollow:
             self.routed = 0
         return entries
 
-    def proved(self, key, offset, check):
-        """Where the peer's copy of partition ``key`` resumes, given its position ``offset`` and the ``check`` of the
-        record before it as the peer copied it: ``offset`` when this broker's record there is that one (or no check
-        was sent: an older peer, or nothing before it); else the first record of the epoch of this broker's record
-        there (the latest epoch when it has none), where this log took its own way (an ``async`` master's failover
-        cut what the peer copied and gave those offsets to other messages), and the peer is told it was rewound.
-        The peer then copies every record of this log from there: after one failover, nothing it skipped (its copies
-        of the cut messages stay). Index reads and one record read (as ``batch``'s)."""
-        if not check or offset <= 0 or offset - 1 < self.store.min_offset(*key):
+    def _tell(self, key, rec, entries):
+        """Append the EPOCH entry of partition ``key``'s record ``rec`` to ``entries`` when the peer was not told its
+        epoch (the first record of the partition, or the first of another epoch)."""
+        told = self.told.get(key)
+        if told is None or not told[0] <= rec.position < told[1]:
+            entries.append(self.epoch_entry(key, rec.queue_offset, rec.position))
+
+    def epoch_entry(self, key, offset, position):
+        """The EPOCH entry of partition ``key``'s record ``offset`` at log ``position``: the epoch of this broker's
+        history whose span holds it, which ``told`` keeps (the records after it in that span need no other)."""
+        entries = self.store.epochs.entries
+        i = max(bisect.bisect_right([e[1] for e in entries], position) - 1, 0)
+        self.told[key] = (entries[i][1], entries[i + 1][1] if i + 1 < len(entries) else 2**63)
+        return epoch_entry(key[0], key[1], offset, (entries[i][0], entries[i][2]))
+
+    def epoch_end(self, key, epoch):
+        """Where ``epoch`` ``(number, origin)`` ended in partition ``key`` by this broker's history (KIP-101's
+        OffsetForLeaderEpoch): the first offset this broker holds of a later epoch, its end when the epoch is its
+        latest; an epoch it does not hold (a deposed master's that none of this log's writers took part in) ends
+        where the latest earlier one held here does; None when none is (the check alone decides). Index reads."""
+        entries = self.store.epochs.entries
+        held = [i for i, e in enumerate(entries) if (e[0], e[2]) == tuple(epoch)]
+        if not held:
+            held = [i for i, e in enumerate(entries) if e[0] < epoch[0]]
+        if not held or held[-1] + 1 >= len(entries):
+            return None if not held else self.store.max_offset(*key)
+        spans = self.store.record_spans(key[0], key[1], entries[held[-1] + 1][1], 2**63 - 1, 1)
+        return spans[0][0] if spans else self.store.max_offset(*key)
+
+    def proved(self, key, offset, check, epoch=NO_EPOCH):
+        """Where the peer's copy of partition ``key`` resumes, given its position ``offset``, the ``check`` of the
+        record before it as the peer copied it and that record's ``epoch`` (``(number, origin)``; NO_EPOCH: an older
+        peer, or none known). With an epoch: no further than where that epoch ended here (``epoch_end``): a peer
+        away through two failovers in a row resumes where its last copy's master stopped being this log's writer,
+        before what the middle master wrote. Then by the check: ``offset`` when this broker's record there is that
+        one (or no check was sent: an older peer, or nothing before it); else the first record of the epoch of this
+        broker's record there (the latest epoch when it has none), where this log took its own way (an ``async``
+        master's failover cut what the peer copied and gave those offsets to other messages). The peer is told it
+        was rewound. It then copies every record of this log from there: nothing it skipped (its copies of the cut
+        messages stay). Index reads and one record read (as ``batch``'s)."""
+        if offset <= 0 or offset - 1 < self.store.min_offset(*key):
             return offset  # nothing before it to prove (retention took it: what is before is old, not a cut tail)
+        if tuple(epoch) != NO_EPOCH:
+            end = self.epoch_end(key, epoch)
+            if end is not None and end < offset:
+                log.warning("mqtt cluster: peer %d's copy of %s-%d stops at %d, past where its epoch %d ended in this "
+                            "broker's history (failovers since it copied there); it resumes at %d", self.broker_id,
+                            key[0], key[1], offset, epoch[0], end)
+                self.rewound.add(key)
+                return end
+        if not check:
+            return offset
         if self.check_at(key, offset - 1) == check:
             return offset
         store, (topic, partition) = self.store, key
@@ -359,6 +422,8 @@ class PeerFollow:
             if confirmed is not None and rec.position + rec.total_size > confirmed:
                 self.held = True
                 break
+            if self.tells:
+                self._tell((MQTT_SESSIONS_TOPIC, 0), rec, out)
             if bytes(rec.data[:1]) in (b"R", b"U"):
                 out.append(Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, rec.queue_offset, rec.flag, rec.store_ts_ms,
                                  bytes(rec.data)))

@@ -15,6 +15,7 @@ ROUTES (peer to master): UTF-8 JSON, 2..MQTT_CLUSTER_ROUTES_BYTES bytes::
                                                      messages' records from (-1: send none)
      "retained_check": check,                        (optional, 0: none) the ``record_check`` of the retained record
                                                      before that offset as the peer copied it, proved as a position's
+     "retained_epoch": [epoch, origin],              (optional, [0, 0]: none) that record's epoch, as a position's
      "groups": [[share name, filter], ...],          its ``$share`` groups with members, at most MQTT_CLUSTER_MAX_GROUPS
                                                      (optional)
      "weights": [members, ...],                      one per group, each 0..MQTT_CLUSTER_SHARE_WEIGHT_MAX (optional;
@@ -22,6 +23,10 @@ ROUTES (peer to master): UTF-8 JSON, 2..MQTT_CLUSTER_ROUTES_BYTES bytes::
                                                      for persistent members away, none connected)
      "checks": [check, ...],                         one per position (optional; 0: none): the ``record_check`` of
                                                      the record before it as the peer copied it (or passed it)
+     "epochs": [[epoch, origin], ...],               one per position (optional; [0, 0]: none known): the epoch
+                                                     (``store.epochs``: its number and origin) of the record before
+                                                     it as the peer copied it; present (an empty list too) when the
+                                                     peer takes EPOCH entries
      "version": n,                                   (optional, 0: none) the route's version: the master acks it
      "more": true}                                   (optional) more of this route follows in the next ROUTES
 
@@ -35,7 +40,10 @@ positions and MQTT_CLUSTER_MAX_GROUPS groups in all.
 The master proves each position with its check before it resumes there (``serve.PeerFollow.proved``): when its own
 record before the position is another one (its log took another way since: an ``async`` master's failover cut what
 the peer had copied and gave those offsets to other messages), it resumes from the first record of the epoch that
-record belongs to, and says so with a POSITION entry flagged RESUMED.
+record belongs to, and says so with a POSITION entry flagged RESUMED. With the position's epoch (KIP-101's
+OffsetForLeaderEpoch) it first finds where that epoch ended in its own history: a position past that end resumes
+there, the first offset the master's log holds of a later epoch (after two failovers in a row too: what a middle
+master wrote that the peer never copied is sent); an epoch it does not hold ends where its latest earlier one does.
 
 RECORDS (master to peer), ``>I`` count then count entries, at most MQTT_CLUSTER_FRAME_BYTES::
 
@@ -54,6 +62,10 @@ RECORDS (master to peer), ``>I`` count then count entries, at most MQTT_CLUSTER_
       kind 5 ROUTED    the peer's route of version ``offset`` (its ROUTES "version") is the master's from here on:
                        every entry after it was chosen by that route or a later one, every POSITION the master had
                        to send before it was sent (no topic, no data; sent only for a route that names a version)
+      kind 6 EPOCH     the records of ``topic``-``partition`` from ``offset`` on (until its next EPOCH) were written
+                       in the epoch whose number is the store time field, its origin the data (``>q``, 8 bytes);
+                       sent before the first record or POSITION of a partition a follow sends, and before a record
+                       of another epoch (only to a peer whose ROUTES has "epochs")
 
 An empty RECORDS (count 0) is the master's heartbeat. Anything else (a bad kind, lengths that do not fill the
 frame, JSON that is not this object) is a fatal ``RemoteProtocolError``: a RECORDS entry's when its reader reaches
@@ -62,6 +74,8 @@ MQTT_CLUSTER_FRAME_BYTES of tiny entries lets the other connections run between 
 frame is not bounded further, as brokers of every version send it).
 
 A broker of the version before ROUTED ignores a route's "version" and sends none; one that sends no version gets none.
+A broker of the version before the epochs sends no "epochs" and gets no EPOCH entry (its positions are proved by their
+checks alone); one that ignores "epochs" sends none.
 Brokers of the version before the checks interoperate: one ignores "checks" and a POSITION's check and flag (its
 copies resume unchecked, as before), and a ROUTES without "checks" is resumed unchecked.
 """
@@ -74,12 +88,18 @@ from typing import NamedTuple
 from metaq import limits
 from metaq.errors import RemoteProtocolError
 
-__all__ = ["Routes", "Records", "Entry", "MESSAGE", "POSITION", "RETAINED", "SHARED", "ROUTED", "RESUMED",
+__all__ = ["Routes", "Records", "Entry", "MESSAGE", "POSITION", "RETAINED", "SHARED", "ROUTED", "EPOCH", "RESUMED",
+           "NO_EPOCH", "epoch_entry", "epoch_of",
            "record_check", "shared_data", "split_shared", "split_routes", "join_routes", "routes_parts",
            "records_parts", "check_routes_length", "check_records_length", "decode_routes", "decode_records",
            "RecordEntries"]
 
-MESSAGE, POSITION, RETAINED, SHARED, ROUTED = 1, 2, 3, 4, 5
+MESSAGE, POSITION, RETAINED, SHARED, ROUTED, EPOCH = 1, 2, 3, 4, 5, 6
+#: ``(epoch, origin)`` of no known epoch.
+NO_EPOCH = (0, 0)
+#: The largest epoch number and origin (``store.epochs``: a signed 64-bit field on the wire).
+MAX_EPOCH_FIELD = 2**63 - 1
+ORIGIN = struct.Struct(">q")
 #: A POSITION entry's flag: the master resumes the peer's copy here, before the position the peer sent.
 RESUMED = 1
 STORED_AT = struct.Struct(">q")
@@ -95,7 +115,9 @@ class Routes(NamedTuple):
     none); ``more``: a part of a route whose next part follows (``split_routes``); ``version``: the route's, which
     the master acks with a ROUTED entry once it acts on it (0: none asked); ``weights``: one per group, its members
     on that broker (empty: each 1, as a broker that does not send them means); ``retained_check``: the check of the
-    retained record before ``retained`` as the peer copied it (0: none), proved as a position's check is."""
+    retained record before ``retained`` as the peer copied it (0: none), proved as a position's check is;
+    ``epochs``: one ``(epoch, origin)`` per position (``NO_EPOCH``: none known; empty: none known of any), None from
+    a peer that takes no EPOCH entry; ``retained_epoch``: the epoch of the retained record before ``retained``."""
 
     broker_id: int
     filters: tuple
@@ -107,6 +129,25 @@ class Routes(NamedTuple):
     version: int = 0
     weights: tuple = ()
     retained_check: int = 0
+    epochs: tuple | None = None
+    retained_epoch: tuple = NO_EPOCH
+
+
+def epoch_entry(topic, partition, offset, epoch):
+    """The EPOCH entry saying ``topic``-``partition``'s records from ``offset`` on are of ``epoch`` ``(number,
+    origin)``."""
+    return Entry(EPOCH, topic, partition, offset, 0, epoch[0], ORIGIN.pack(epoch[1]))
+
+
+def epoch_of(entry):
+    """``(number, origin)`` of an EPOCH entry; a fatal RemoteProtocolError when its fields cannot be an epoch's."""
+    if len(entry.data) != ORIGIN.size or entry.ts < 0:
+        raise _fail("an EPOCH entry is a number (0 or more) and an 8-byte origin, not %d and %d bytes"
+                    % (entry.ts, len(entry.data)))
+    (origin,) = ORIGIN.unpack(entry.data)
+    if origin < 0:
+        raise _fail("an EPOCH entry's origin %d is negative" % origin)
+    return entry.ts, origin
 
 
 def record_check(stored_at_ms, data):
@@ -178,12 +219,14 @@ def split_routes(routes, most=None):
     if len(_routes_json(routes)) <= most:
         return [routes._replace(more=False)]
     empty = Routes(routes.broker_id, (), (), routes.retained, (), (), True, routes.version,
-                   retained_check=routes.retained_check)
+                   retained_check=routes.retained_check, epochs=() if routes.epochs is not None else None,
+                   retained_epoch=routes.retained_epoch)
     room = most - len(_routes_json(empty))  # what a part holds beside its items (each counted with a comma)
     checks = routes.checks or (0,) * len(routes.positions)
+    epochs = routes.epochs or (NO_EPOCH,) * len(routes.positions)
     items = [("filters", f, len(_json(f)) + 1) for f in routes.filters]
-    items += [("positions", (p, c), len(_json(list(p))) + len(_json(c)) + 2)
-              for p, c in zip(routes.positions, checks, strict=True)]
+    items += [("positions", (p, c, e), len(_json(list(p))) + len(_json(c)) + len(_json(list(e))) + 3)
+              for p, c, e in zip(routes.positions, checks, epochs, strict=True)]
     weights = routes.weights or (1,) * len(routes.groups)
     items += [("groups", (g, w), len(_json(list(g))) + len(_json(w)) + 2)
               for g, w in zip(routes.groups, weights, strict=True)]
@@ -197,6 +240,7 @@ def split_routes(routes, most=None):
     parts.append(part)
     out = [empty._replace(filters=tuple(p["filters"]), positions=tuple(x[0] for x in p["positions"]),
                           checks=tuple(x[1] for x in p["positions"]) if routes.checks else (),
+                          epochs=tuple(x[2] for x in p["positions"]) if routes.epochs else empty.epochs,
                           groups=tuple(x[0] for x in p["groups"]),
                           weights=tuple(x[1] for x in p["groups"]) if routes.weights else ()) for p in parts]
     out[-1] = out[-1]._replace(more=False)
@@ -218,7 +262,12 @@ def join_routes(so_far, part):
                     part.more, part.version,
                     ((so_far.weights or (1,) * len(so_far.groups)) + (part.weights or (1,) * len(part.groups))
                      if so_far.weights or part.weights else ()),
-                    so_far.retained_check)
+                    so_far.retained_check,
+                    None if so_far.epochs is None or part.epochs is None else
+                    ((so_far.epochs or (NO_EPOCH,) * len(so_far.positions))
+                     + (part.epochs or (NO_EPOCH,) * len(part.positions))
+                     if so_far.epochs or part.epochs else ()),
+                    so_far.retained_epoch)
     for what, count, most, name in (("filters", len(joined.filters), limits.MQTT_CLUSTER_MAX_FILTERS,
                                      "MQTT_CLUSTER_MAX_FILTERS"),
                                     ("positions", len(joined.positions), limits.MQTT_CLUSTER_MAX_POSITIONS,
@@ -241,6 +290,10 @@ def _routes_json(event):
         obj["weights"] = list(event.weights)
     if event.retained_check:
         obj["retained_check"] = event.retained_check
+    if event.epochs is not None:
+        obj["epochs"] = [list(e) for e in event.epochs]
+    if tuple(event.retained_epoch) != NO_EPOCH:
+        obj["retained_epoch"] = list(event.retained_epoch)
     return _json(obj)
 
 
@@ -324,7 +377,20 @@ def decode_routes(payload):
                     for w in weights)
     retained_check = _bounded(obj.get("retained_check", 0), 0, 2**33 - 1, "retained check")
     return Routes(broker, tuple(filters), tuple(out), retained, groups, checks, more, version, weights,
-                  retained_check)
+                  retained_check, _epochs(obj.get("epochs"), len(out)),
+                  _epochs([obj["retained_epoch"]], 1)[0] if "retained_epoch" in obj else NO_EPOCH)
+
+
+def _epochs(epochs, positions):
+    """A ROUTES "epochs" as ``Routes.epochs``: None when absent, else one ``(number, origin)`` per position (an empty
+    list: none known); a fatal RemoteProtocolError for anything else."""
+    if epochs is None:
+        return None
+    if not isinstance(epochs, list) or len(epochs) not in (0, positions) or \
+            not all(isinstance(e, list) and len(e) == 2 for e in epochs):
+        raise _fail("ROUTES epochs must be a list of one [epoch, origin] per position")
+    return tuple((_bounded(e[0], 0, MAX_EPOCH_FIELD, "epoch"), _bounded(e[1], 0, MAX_EPOCH_FIELD, "epoch origin"))
+                 for e in epochs)
 
 
 def decode_records(payload):
@@ -371,7 +437,7 @@ class RecordEntries:
                 raise _fail("RECORDS entry %d runs past the frame" % n)
             kind, tlen, partition, flag, offset, ts, dlen = ENTRY.unpack_from(payload, at)
             at += ENTRY.size
-            if kind not in (MESSAGE, POSITION, RETAINED, SHARED, ROUTED) or partition < 0 or offset < 0:
+            if kind not in (MESSAGE, POSITION, RETAINED, SHARED, ROUTED, EPOCH) or partition < 0 or offset < 0:
                 raise _fail("RECORDS entry of kind %d, partition %d, offset %d" % (kind, partition, offset))
             if at + tlen + dlen > end:
                 raise _fail("RECORDS entry %d runs past the frame" % n)

@@ -87,7 +87,7 @@ def test_a_copy_reads_as_its_origin_record_and_names_its_place(topic, flag, data
         assert got.expires_ms >= expect.expires_ms
         got, expect = got._replace(expires_ms=0), expect._replace(expires_ms=0)
     assert got == expect
-    assert inbox.place_of(*copy) == ((3, topic, 1, 42), 77, False)
+    assert inbox.place_of(*copy) == ((3, topic, 1, 42), 77, False, (0, 0))
     assert inbox.groups_of(*copy) == (("g", "sensors/#"),)
 
 

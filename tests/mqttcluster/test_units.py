@@ -425,8 +425,8 @@ def test_a_resume_position_keeps_its_check_and_a_marker_sets_it_back():
     assert pos.get(1, "t", 0) == 5 and pos.checks(1, pos.of(1)) == (c4,)
     copy = inbox.copy_of(1, "t", 0, 9, 0, b"x", 1_000, check=c9)
     mark = inbox.marker(1, "t", 0, 5, 1_000, c4)
-    assert inbox.place_of(*copy) == ((1, "t", 0, 9), c9, False)
-    assert inbox.place_of(*mark) == ((1, "t", 0, 4), c4, True)
+    assert inbox.place_of(*copy) == ((1, "t", 0, 9), c9, False, (0, 0))
+    assert inbox.place_of(*mark) == ((1, "t", 0, 4), c4, True, (0, 0))
     recovered = inbox.Positions()
     assert inbox.recover(InboxStore([copy, mark]), recovered) == 2  # in the inbox's order: the marker last
     assert recovered.get(1, "t", 0) == 5 and recovered.checks(1, recovered.of(1)) == (c4,)

@@ -1,0 +1,163 @@
+"""The epochs a peer keeps beside its resume positions (``inbox.Positions``), the EPOCH entries that tell them
+(``replication_mqtt``) and the origin's answer from its history (``PeerFollow.proved``): pure, no network."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from metaq.errors import RemoteProtocolError
+from metaq.mqttcluster import inbox
+from metaq.mqttcluster.serve import PeerFollow
+from metaq.protocol import replication as rp
+from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
+from metaq.protocol.replication_mqtt import (EPOCH, MESSAGE, NO_EPOCH, POSITION, RESUMED, RETAINED, Entry,
+                                             decode_routes, epoch_entry, epoch_of, join_routes, record_check,
+                                             routes_parts, split_routes)
+from tests.mqttcluster.test_takeover_units import _cluster
+from tests.mqttcluster.test_units import ForkedStore
+
+FIRST, SECOND = (1, 11), (2, 22)  # ForkedStore's history: epoch 1 from log position 0, epoch 2 from 300 (offset 3)
+
+
+def follow(offset, epoch, check=0):
+    return PeerFollow(ForkedStore({"t": 1}), rp.Routes(1, ("t",), (("t", 0, offset),), checks=(check,),
+                                                         epochs=(epoch,)))
+
+
+def test_a_position_past_where_its_epoch_ended_resumes_there_else_as_its_check_says():
+    """KIP-101: the origin answers the end of the peer's epoch in its history; the peer resumes at the smaller."""
+    ours = record_check(1, b"m3")
+    assert follow(4, FIRST).cursors[("t", 0)] == 3  # epoch 1 ended at offset 3 here: the middle master's from there
+    assert follow(4, FIRST).rewound == {("t", 0)}
+    assert follow(2, FIRST).cursors[("t", 0)] == 2  # before its end: where it was (nothing copied twice)
+    assert follow(4, SECOND, ours).cursors[("t", 0)] == 4  # the latest epoch: to this log's end, then the check
+    assert follow(4, SECOND, record_check(1, b"lost")).cursors[("t", 0)] == 3  # the check still proves it
+    assert follow(7, SECOND).cursors[("t", 0)] == 5  # a lie past this log's end: its end, nothing skipped
+    assert follow(4, (2, 77)).cursors[("t", 0)] == 3  # a number this history holds with another origin: not it,
+    assert follow(4, (9, 99)).cursors[("t", 0)] == 4  # so it ends where the latest earlier one does (KIP-279)
+    assert follow(4, (0, 5)).cursors[("t", 0)] == 4  # none earlier: the check alone (none sent: as it says)
+    assert follow(4, NO_EPOCH).cursors[("t", 0)] == 4  # an older peer: as before
+
+
+def test_a_peer_that_takes_epochs_is_told_them_before_the_records_and_the_position():
+    store = ForkedStore({"t": 1})
+    f = PeerFollow(store, rp.Routes(1, ("t",), (("t", 0, 2),), epochs=(FIRST,)))
+    got = f.batch()
+    assert [(e.kind, e.offset) for e in got] == [(EPOCH, 1), (POSITION, 2), (MESSAGE, 2), (EPOCH, 3), (MESSAGE, 3),
+                                                 (MESSAGE, 4), (POSITION, 5)]
+    assert [epoch_of(e) for e in got if e.kind == EPOCH] == [FIRST, SECOND]
+    older = PeerFollow(store, rp.Routes(1, ("t",), (("t", 0, 2),)))
+    assert EPOCH not in {e.kind for e in older.batch()}  # a peer of the version before takes none
+
+
+def test_a_peer_keeps_the_epoch_of_each_position_in_its_copies_and_markers():
+    pos = inbox.Positions()
+    pos.told(1, "t", 0, 3, SECOND)
+    assert pos.epoch_at(1, "t", 0, 2) == NO_EPOCH and pos.epoch_at(1, "t", 0, 3) == SECOND
+    pos.copied(1, "t", 0, 4)
+    assert pos.epochs(1, pos.of(1)) == (SECOND,)
+    pos.untold(1)  # a new link: told again before anything of it
+    assert pos.epoch_at(1, "t", 0, 4) == SECOND  # the position's own record
+    assert pos.epoch_at(1, "t", 0, 9) == NO_EPOCH  # untold (an origin of the version before): none
+    copy = inbox.copy_of(1, "t", 0, 4, 0, b"x", 1_000, check=7, epoch=SECOND)
+    mark = inbox.marker(1, "t", 0, 5, 1_000, 7, FIRST)
+    assert inbox.place_of(*copy) == ((1, "t", 0, 4), 7, False, SECOND)
+    assert inbox.place_of(*mark) == ((1, "t", 0, 4), 7, True, FIRST)
+    assert inbox.place_of(*inbox.copy_of(1, "t", 0, 4, 0, b"x", 1_000)) == ((1, "t", 0, 4), 0, False, NO_EPOCH)
+
+
+def test_epochs_kept_are_bounded_with_the_positions():
+    """One epoch per position, and one told per partition: at most ``most`` (MQTT_CLUSTER_MAX_POSITIONS)."""
+    pos = inbox.Positions(most=2)
+    assert pos.told(1, "a", 0, 0, FIRST) and pos.told(1, "b", 0, 0, FIRST)
+    assert not pos.told(1, "c", 0, 0, FIRST)  # one past: not kept (its copy resumes unchecked by epoch)
+    assert pos.epoch_at(1, "c", 0, 5) == NO_EPOCH
+    pos.copied(1, "a", 0, 0)
+    pos.copied(1, "b", 0, 0)
+    assert not pos.copied(1, "c", 0, 0) and len(pos) == 2
+    assert pos.told(1, "a", 0, 1, SECOND)  # a partition kept is told again
+
+
+def test_routes_carry_an_epoch_per_position_in_parts_too():
+    routes = rp.Routes(3, ("a/#",), (("a", 0, 4), ("b", 1, 9)), 0, checks=(5, 6), epochs=(FIRST, NO_EPOCH))
+    p = rp.ReplicationParser()
+    p.receive_data(rp.serialize(routes))
+    assert p.next_event() == routes
+    parts = split_routes(routes, most=110)
+    assert len(parts) > 1
+    joined = None
+    for part in parts:
+        joined = join_routes(joined, decode_routes(routes_parts(part)[0]))
+    assert joined.positions == routes.positions and joined.epochs == routes.epochs
+    assert decode_routes(json.dumps({"broker": 3, "filters": [], "epochs": []}).encode()).epochs == ()
+    assert decode_routes(json.dumps({"broker": 3, "filters": []}).encode()).epochs is None  # an older peer
+
+
+@pytest.mark.parametrize("bad", [[[1, 2]], [[1, -2]], [[1]], [1], [[1, 2**63]], "x"])
+def test_a_lie_in_a_routes_epochs_is_a_clear_error(bad):
+    with pytest.raises(RemoteProtocolError, match="epoch"):
+        decode_routes(json.dumps({"broker": 3, "filters": [], "positions": [["a", 0, 4], ["b", 0, 1]],
+                                  "epochs": bad}).encode())
+
+
+def test_a_lie_in_an_epoch_entry_is_a_clear_error_and_the_copies_before_it_stand():
+    """An EPOCH entry whose origin is not 8 bytes or is negative, or whose number is negative, ends the link (a fatal
+    error naming it); the entries before it were applied, and the link resumes from the positions."""
+    good = epoch_entry("t", 0, 3, SECOND)
+    assert epoch_of(good) == SECOND
+    for bad in (good._replace(data=b"\x00" * 4), good._replace(data=b"\xff" * 8), good._replace(ts=-1)):
+        with pytest.raises(RemoteProtocolError, match="EPOCH entry"):
+            epoch_of(bad)
+    p = rp.ReplicationParser()
+    p.receive_data(rp.serialize(rp.Records((Entry(MESSAGE, "t", 0, 2, 0, 1, b"m"), good._replace(data=b"x")))))
+    entries = iter(p.next_event().entries)
+    assert next(entries).kind == MESSAGE
+    with pytest.raises(RemoteProtocolError):
+        epoch_of(next(entries))
+
+
+def test_a_resumed_position_names_the_epoch_of_the_record_before_it():
+    f = follow(4, FIRST)
+    got = f.batch()
+    assert (got[0].kind, got[0].offset, epoch_of(got[0])) == (EPOCH, 2, FIRST)
+    assert (got[1].kind, got[1].offset, got[1].flag) == (POSITION, 3, RESUMED)
+
+
+def test_copies_keep_the_epoch_told_and_a_lie_in_it_loses_nothing_before():
+    """A peer's copies carry the epoch the EPOCH entry before them told (its position keeps it); a malformed EPOCH
+    entry ends the frame there, the copies before it written and their positions moved."""
+    data = b"\x00\x00\x00\x02ab-payload"
+    cluster = _cluster()
+    appended = []
+    cluster.put_path = SimpleNamespace(check_write=lambda *a, **k: None, append_burst=lambda frames, src, now: (0, []),
+                                       append=lambda *a, **k: appended.append(a[2:4]) or SimpleNamespace(offset=0),
+                                       written=lambda keys, now: None)
+    entries = [epoch_entry("sensors", 1, 40, FIRST), Entry(MESSAGE, "sensors", 1, 41, 1, 1700000000000, data),
+               epoch_entry("sensors", 1, 42, SECOND), Entry(MESSAGE, "sensors", 1, 42, 1, 1700000000000, data),
+               epoch_entry("sensors", 1, 43, SECOND)._replace(data=b"lie")]
+    with pytest.raises(RemoteProtocolError, match="EPOCH entry"):
+        cluster.apply(2, entries)
+    assert [inbox.place_of(*made)[3] for made in appended] == [FIRST, SECOND]
+    assert cluster.positions.get(2, "sensors", 1) == 43
+    assert cluster.positions.epochs(2, cluster.positions.of(2)) == (SECOND,)
+
+
+def test_a_retained_offset_keeps_its_epoch_and_resumes_no_further_than_where_it_ended():
+    """The ``%MQTT%`` offset a peer asks retained records from carries the epoch of the retained record before it, as
+    a position does: past where that epoch ended here it resumes there."""
+    store = ForkedStore({"t": 1})
+    assert PeerFollow(store, rp.Routes(1, (), (), 4, retained_epoch=FIRST)).retained == 3
+    assert PeerFollow(store, rp.Routes(1, (), (), 4, retained_epoch=SECOND)).retained == 4
+    assert PeerFollow(store, rp.Routes(1, (), (), -1, retained_epoch=FIRST)).retained == -1  # none asked
+    routes = rp.Routes(1, ("a/#",), (("a", 0, 4),), 4, retained_epoch=FIRST, epochs=(SECOND,))
+    p = rp.ReplicationParser()
+    p.receive_data(rp.serialize(routes))
+    assert p.next_event() == routes
+    assert all(part.retained_epoch == FIRST for part in split_routes(routes, most=100))
+    with pytest.raises(RemoteProtocolError, match="epoch"):
+        decode_routes(json.dumps({"broker": 3, "filters": [], "retained_epoch": [1]}).encode())
+    cluster = _cluster()
+    cluster.apply(2, [epoch_entry(MQTT_SESSIONS_TOPIC, 0, 6, SECOND),
+                      Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, 7, 0, 1, b"U{}")])
+    assert cluster.retained_from(2) == (8, record_check(1, b"U{}"), SECOND)
