@@ -246,7 +246,8 @@ class Broker:
             self.http = HttpPort(self.core, views, self.tx.manager.in_doubt, self.flusher.observe_flushes,
                                  config.http.open_metrics, check,
                                  UnsentReplies(lim.max_http_unsent_bytes, lim.request_timeout_s), self.quota_use,
-                                 WebSocketPorts(config.mqtt.ws_port, config.mqtt.wss_port, config.mqtt.ws_path))
+                                 WebSocketPorts(config.mqtt.ws_port, config.mqtt.wss_port, config.mqtt.ws_path,
+                                                config.mqtt.max_keep_alive_s))
             admin_views = AdminViews(self.admin, self.store, self.topic_admin, self.guard, self.group_admin)
             add_admin_routes(self.http.router, admin_views)  # offsets, dead letters
             add_timer_routes(self.http.router, TimerViews(self.timers, self.put_path))  # list and cancel timers
