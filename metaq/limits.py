@@ -779,6 +779,8 @@ MQTT_MAX_WILDCARD_TOPICS = 256
 #: configuration with more is refused at the start. Each new topic name is matched against them once (the broker
 #: remembers a name's topic), each SUBSCRIBE's filter against all of them.
 MQTT_MAX_TOPIC_RULES = 256
+#: The metaq topic of MQTT names whose first level is no legal metaq topic name (``mqtt.fallback_topic``'s default).
+MQTT_FALLBACK_TOPIC = "mqtt"
 #: MQTT topic names whose metaq topic the broker remembers (``TopicMap.place``; the most recent, a device repeats
 #: the same few): a name not among them is matched against the rules again.
 MQTT_PLACED_NAMES = 4096

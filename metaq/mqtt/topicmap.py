@@ -26,7 +26,7 @@ import zlib
 from typing import NamedTuple
 
 from metaq.errors import InvalidTopic
-from metaq.limits import MQTT_KEPT_NAME, MQTT_MAX_TOPIC_RULES, MQTT_PLACED_NAMES, validate_topic
+from metaq.limits import MQTT_FALLBACK_TOPIC, MQTT_KEPT_NAME, MQTT_MAX_TOPIC_RULES, MQTT_PLACED_NAMES, validate_topic
 from metaq.mqtt.topics import TopicError, has_wildcard, matches, validate_filter
 from metaq.topics.names import is_internal
 
@@ -34,7 +34,7 @@ __all__ = ["DEFAULT_FALLBACK", "TopicRule", "TopicMapError", "TopicMap", "overla
            "broker_name", "DEFAULT_MAP"]
 
 #: The metaq topic of names whose first level is no legal metaq topic name (``mqtt.fallback_topic``'s default).
-DEFAULT_FALLBACK = "mqtt"
+DEFAULT_FALLBACK = MQTT_FALLBACK_TOPIC
 
 
 class TopicMapError(ValueError):

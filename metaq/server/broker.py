@@ -1,4 +1,9 @@
-"""Broker assembly: one store, one flusher, the text server, background tasks, shutdown."""
+"""Broker assembly: one store, one flusher, the text server, background tasks, shutdown.
+
+What the configuration may leave off (ZooKeeper, its election, the remoting, MQTT, MQTT cluster, HTTP and gRPC ports)
+is imported where it is assembled, only when it is set: a broker loads the code of what it serves and starts sooner
+(tests/server/test_startup.py keeps it).
+"""
 
 import gc
 import logging
@@ -10,8 +15,6 @@ from gevent.event import Event
 from gevent.lock import Semaphore
 
 from metaq import errors, limits, speedups
-from metaq.admin.http import AdminViews, add_admin_routes
-from metaq.trace.http import TraceViews, add_trace_routes
 from metaq.trace.service import Tracer
 from metaq.admin.service import AdminOps, TextGroupMembers
 from metaq.admin.wire import ClientCommand
@@ -20,32 +23,14 @@ from metaq.protocol import checksum, registration
 from metaq.priorities.wire import with_owner_keys
 from metaq.clock import now_ms
 from metaq.server.config import is_loopback
-from metaq.server.http.origin import BrowserCheck
 from metaq.serving.proxies import TrustedProxies
 from metaq.serving.connections import ConnectionCore, ConnectionLimits, Strangers
 from metaq.timers.scheduler import DelayScheduler
 from metaq.server.flusher import AheadWorker, Flusher
 from metaq.server.guard import Guard
-from metaq.server.http.api import BrokerViews
-from metaq.server.http.port import HttpPort
-from metaq.server.http.server import UnsentReplies
-from metaq.server.http.topicview import WebSocketPorts
 from metaq.serving.longpoll import PartitionWaiters
-from metaq.mqtt.port import MqttPort
-from metaq.mqtt.websocket import listen_websocket
-from metaq.mqttcluster.asks import Asks
-from metaq.mqttcluster.calls import PeerClient
-from metaq.mqttcluster.inbox import INBOX
-from metaq.mqttcluster.members import Members
-from metaq.mqttcluster.peers import MqttCluster
-from metaq.mqttcluster.serve import PeerServer
-from metaq.mqttcluster.service import ClientIds
 from metaq.serving.putpath import PutPath, WriteGate
-from metaq.server.registry import ZkRegistry
-from metaq.server.routes import ClusterView
-from metaq.server.remoting.server import RemotingServer, advertised_ip
 from metaq.reqreply.service import ReplyRouter
-from metaq.server.replication.election import Election
 from metaq.server.replication.roles import Roles
 from metaq.server.stats import (BrokerStats, NodeFacts, StatsService, grpc_values, quota_rows, remoting_values,
                                 security_values)
@@ -61,7 +46,6 @@ from metaq.topics.service import TopicAdmin
 from metaq.groups.service import GroupAdmin
 from metaq.store.results import PRESSURE_FULL, PRESSURE_NONE
 from metaq.storestate import open_store
-from metaq.timers.http import TimerViews, add_timer_routes
 from metaq.timers.service import TimerService
 
 log = logging.getLogger(__name__)
@@ -117,17 +101,22 @@ class Broker:
                                    TrustedProxies(config.security.trusted_proxies, config.security.proxy_protocol))
         self.roles = Roles(config, self.store, self.core, self.flusher, self.waiters, self.store_lock)
         self.roles.on_disk_full(self._retention_due.set)  # a slave's copy met a full disk: the same rule
-        self.registry = None
+        self.registry = self.cluster = None
         if config.zk.connect:
+            from metaq.server.registry import ZkRegistry
+            from metaq.server.routes import ClusterView
+
             self.registry = ZkRegistry(config, self.store, self.config_checksum, self.roles.slave_id,
                                        lambda: self.roles.replication_port, self._rocketmq_addresses,
                                        self._listener_registrations)
             self.roles.attach_registry(self.registry)
             self.roles.on_change(self.registry.set_role)
-        # the cluster's RocketMQ brokers, for the RocketMQ front-ends' routes (server/routes.py)
-        self.cluster = ClusterView(self.registry.zk, config.zk.root).brokers if self.registry is not None else None
+            # the cluster's RocketMQ brokers, for the RocketMQ front-ends' routes (server/routes.py)
+            self.cluster = ClusterView(self.registry.zk, config.zk.root).brokers
         self.election = None
         if config.replication.ha == "auto":  # the config requires zk.connect with it
+            from metaq.server.replication.election import Election
+
             self.election = Election(config, self.store, self.roles, self.registry.zk, self.registry.ids_path,
                                      lambda: self.registry.url,
                                      lambda: self.remoting.address if self.remoting is not None else None,
@@ -188,6 +177,8 @@ class Broker:
                                  zero_copy=config.broker.zero_copy_reads, http=http)
         self.remoting = None
         if config.remoting.port:
+            from metaq.server.remoting.server import RemotingServer
+
             self.remoting = RemotingServer(self.core, config, self.store, self.stats, self.put_path, self.tx,
                                            self.roles, self.waiters, elected_master=self.election.master_remoting
                                            if self.election is not None else None, replies=self.replies,
@@ -195,6 +186,8 @@ class Broker:
         self.mqtt = None
         self.mqtt_ws = []  # the MQTT port's WebSocket listeners, once started
         if config.mqtt.port:  # docs/mqtt.md
+            from metaq.mqtt.port import MqttPort
+
             self.mqtt = MqttPort(self.core, config.mqtt, self.store, self.put_path, self.guard, self.waiters,
                                  config.store.max_transfer_size, lambda: self.roles.is_master,
                                  lambda: self.election.master_mqtt() if self.election is not None else None,
@@ -202,6 +195,9 @@ class Broker:
             self.roles.on_change(self.mqtt.role_changed)  # a promoted slave's sessions are its own
         self.mqtt_cluster = self.cluster_members = self.peer_asks = None
         if self.mqtt is not None and self.registry is not None:  # MQTT across the cluster (metaq/mqttcluster)
+            from metaq.mqttcluster.asks import Asks
+            from metaq.mqttcluster.members import Members
+
             self.cluster_members = Members(self.registry.zk, config.zk.root)  # read once for both below
             self.mqtt.client_ids = self._client_ids(config)  # a client id is the cluster's (docs/mqtt.md)
             members = self.cluster_members
@@ -231,6 +227,15 @@ class Broker:
             self.stats_service.add_source("mqtt_positions", self.mqtt.positions)
         self.http = None
         if config.http.port:  # docs/operating.md "The HTTP port"
+            from metaq.admin.http import AdminViews, add_admin_routes
+            from metaq.server.http.api import BrokerViews
+            from metaq.server.http.origin import BrowserCheck
+            from metaq.server.http.port import HttpPort
+            from metaq.server.http.server import UnsentReplies
+            from metaq.server.http.topicview import WebSocketPorts
+            from metaq.timers.http import TimerViews, add_timer_routes
+            from metaq.trace.http import TraceViews, add_trace_routes
+
             views = BrokerViews(self.store, self.stats, self.put_path, self.guard, self.roles,
                                 self.stats_service.summary_values, lambda: self.stopping, lim.max_body_bytes,
                                 self.disk_pressure, config.broker.id)
@@ -241,7 +246,8 @@ class Broker:
             self.http = HttpPort(self.core, views, self.tx.manager.in_doubt, self.flusher.observe_flushes,
                                  config.http.open_metrics, check,
                                  UnsentReplies(lim.max_http_unsent_bytes, lim.request_timeout_s), self.quota_use,
-                                 WebSocketPorts(config.mqtt.ws_port, config.mqtt.wss_port, config.mqtt.ws_path))
+                                 WebSocketPorts(config.mqtt.ws_port, config.mqtt.wss_port, config.mqtt.ws_path,
+                                                config.mqtt.max_keep_alive_s))
             admin_views = AdminViews(self.admin, self.store, self.topic_admin, self.guard, self.group_admin)
             add_admin_routes(self.http.router, admin_views)  # offsets, dead letters
             add_timer_routes(self.http.router, TimerViews(self.timers, self.put_path))  # list and cancel timers
@@ -310,6 +316,9 @@ class Broker:
         """The MQTT cluster's client ids (``metaq.mqttcluster``): calls to the other masters over their
         replication ports, with the replication secret and TLS a slave's link uses (calls from them are answered by
         the cluster's ``PeerServer``: ``mqtt_cluster``)."""
+        from metaq.mqttcluster.calls import PeerClient
+        from metaq.mqttcluster.service import ClientIds
+
         tls = config.security.tls
         client = PeerClient(config.broker.id, self.roles.secret,
                             client_context(tls) if tls.mode != "off" and tls.replication else None)
@@ -408,6 +417,8 @@ class Broker:
 
     def _listen_mqtt_websocket(self, host):
         """The MQTT port's WebSocket listeners that are set (docs/mqtt.md "Over WebSocket")."""
+        from metaq.mqtt.websocket import listen_websocket
+
         for name, number in (("mqtt-ws", self.config.mqtt.ws_port), ("mqtt-wss", self.config.mqtt.wss_port)):
             if number:
                 listener = listen_websocket(self.core, self.mqtt, self.config.mqtt, name, host, number)
@@ -618,6 +629,8 @@ class Broker:
 
 def _dialed(host, port):
     """``host:port`` as other machines dial a listener bound to ``host`` (a wildcard: this machine's address)."""
+    from metaq.server.remoting.server import advertised_ip
+
     host = advertised_ip(host) if host in ("", "0.0.0.0", "::") else host
     return ("[%s]:%d" if ":" in host else "%s:%d") % (host, port)
 
@@ -626,6 +639,10 @@ def mqtt_cluster(config, store, put_path, port, members, roles, waiters, calls, 
     """The broker's MQTT cluster (``mqttcluster.peers``): its links to the peers, and the one server of the other
     masters on the replication port (``roles.peer_handler``: their follows, and their ``calls``, the client ids'
     handlers, each held to what the member may ask: ``asks``); the port reads the inbox and merges retained."""
+    from metaq.mqttcluster.inbox import INBOX
+    from metaq.mqttcluster.peers import MqttCluster
+    from metaq.mqttcluster.serve import PeerServer
+
     tls = config.security.tls
     cluster = MqttCluster(config, store, put_path, port, members, lambda: roles.is_master, secret=roles.secret,
                           tls=client_context(tls) if tls.mode != "off" and tls.replication else None,

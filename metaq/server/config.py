@@ -23,7 +23,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from metaq import limits
 from metaq.errors import ConfigError, InvalidTopic
-from metaq.mqtt.topicmap import DEFAULT_FALLBACK, TopicMap, TopicMapError
 from metaq.timers.levels import DEFAULT_LEVELS, MAX_LEVELS, SCHEDULE_TOPIC, parse_levels
 from metaq.store.config import FLUSH_MODES, StoreConfig, TopicSpec
 from metaq.timers.records import TIMER_TOPIC
@@ -488,7 +487,7 @@ class MqttSection(_Section):
     # MQTT topic names -> metaq topics (docs/mqtt.md "Topics"): [{filter: <MQTT filter>, topic: <metaq topic>}, ...],
     # the first match wins; else a name's first level when it is a legal metaq topic name, else fallback_topic
     topic_map: List[Dict[str, str]] = []
-    fallback_topic: str = DEFAULT_FALLBACK
+    fallback_topic: str = limits.MQTT_FALLBACK_TOPIC
     cluster_max_ids: int = Field(limits.MQTT_CLUSTER_MAX_IDS, ge=1)  # a home broker's client ids (mqttcluster)
     # the percent of them one other broker may hold (mqttcluster: ids.holder_share)
     cluster_holder_share_percent: int = Field(limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT, ge=1, le=100)
@@ -513,6 +512,12 @@ class MqttSection(_Section):
 
     @model_validator(mode="after")
     def _topic_map(self):
+        """A map or fallback the file sets is checked by MQTT's rules here, whether or not the port is on; the
+        defaults are those rules' own, so a file that sets neither loads no MQTT code."""
+        if not {"topic_map", "fallback_topic"} & self.model_fields_set:
+            return self
+        from metaq.mqtt.topicmap import TopicMapError
+
         try:
             self.topics()
         except TopicMapError as exc:
@@ -520,7 +525,9 @@ class MqttSection(_Section):
         return self
 
     def topics(self):
-        """The broker's ``mqtt.topicmap.TopicMap`` of ``topic_map`` and ``fallback_topic``."""
+        """The broker's ``mqtt.topicmap.TopicMap`` of ``topic_map`` and ``fallback_topic`` (the MQTT port's)."""
+        from metaq.mqtt.topicmap import TopicMap
+
         return TopicMap(self.topic_map, self.fallback_topic)
 
 

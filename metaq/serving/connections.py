@@ -70,15 +70,14 @@ from metaq.errors import ConfigError
 from metaq.auth.acl import failure_prefix
 from metaq.serving.proxies import ProxyHeaderError, TrustedProxies, read_header
 from metaq.serving.tls import PLAINTEXT_REFUSAL, TLS_HANDSHAKE_BYTE, TLS_SOCKETS
-from metaq.serving.tlsio import BioTls
-from metaq.serving.wsio import WsStream
 
 log = logging.getLogger(__name__)
 
-#: Streams layered over the socket that take all the socket holds in one ``recv`` and say what they hold
-#: (``pending``): TLS through memory BIOs, a WebSocket (over a plain or TLS socket). A connection on one is read and
+#: A stream layered over the socket that takes all the socket holds in one ``recv`` and says what it holds
+#: (``pending``) has this class attribute true: TLS through memory BIOs (``tlsio.BioTls``), a WebSocket over a plain or
+#: TLS socket (``wsio.WsStream``, loaded with a front-end that listens for WebSockets). A connection on one is read and
 #: written only through it (``Connection.tls``), and parks as a plain one does.
-LAYERED_SOCKETS = (BioTls, WsStream)
+LAYERED = "layered"
 
 #: Bytes asked of one recv().
 RECV_BYTES = 256 * 1024
@@ -589,10 +588,10 @@ class Connection:
         self.request_timeout = rules.request_s
         self.replies = ReplyBudget(rules.reply_bytes)
         self.session = None  # the guard's Session (metaq.server.guard), set by the core once made
-        # True: read and written only through its socket object (TLS, or a WebSocket: ``LAYERED_SOCKETS``), never
-        # by descriptor
-        self.tls = isinstance(sock, TLS_SOCKETS) or isinstance(sock, WsStream)
-        self.tls_bio = isinstance(sock, LAYERED_SOCKETS)
+        # True: read and written only through its socket object (TLS, or a WebSocket: ``LAYERED``), never by
+        # descriptor
+        self.tls_bio = getattr(type(sock), LAYERED, False)
+        self.tls = self.tls_bio or isinstance(sock, TLS_SOCKETS)
         # a plain socket's underlying non-blocking one (gevent's ``_sock``), what a read or write that must not wait
         # uses; None for TLS (an SSL socket is read and written through itself)
         self.raw_sock = None if self.tls else getattr(sock, "_sock", sock)

@@ -36,6 +36,8 @@ class HandshakeTimeout(Exception):
 class BioTls:
     """One TLS connection (see the module doc); ``handshake`` makes it."""
 
+    layered = True  # read and written only through this object, all the socket holds taken at once (connections.py)
+
     def __init__(self, sock, sslobj, incoming, outgoing):
         self.sock = sock
         self._obj = sslobj

@@ -100,6 +100,7 @@ class WsStream:
     ``setsockopt``, ``pending``, ``close``. ``claim`` (set by the front-end once its connection is made): the
     connection core's ``claim`` for it, given the client an ``X-Forwarded-For`` names, returning why not or None."""
 
+    layered = True  # read and written only through this object, all the socket holds taken at once (connections.py)
     __slots__ = ("sock", "rules", "address", "peer", "claim", "subprotocol", "_started", "_head", "_hs", "_ws",
                  "_ready", "_eof", "_timeout", "_send_lock", "_frames", "_tokens", "_tokens_at", "_in", "_owed",
                  "_fragmented", "_controls", "_raw", "_rest")

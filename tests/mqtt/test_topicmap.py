@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from metaq.limits import MQTT_MAX_TOPIC_RULES
-from metaq.mqtt.topicmap import DEFAULT_MAP, TopicMap, TopicMapError, overlaps
+from metaq.mqtt.topicmap import DEFAULT_FALLBACK, DEFAULT_MAP, TopicMap, TopicMapError, overlaps
 from metaq.mqtt.topics import matches
 
 DEVICES = TopicMap([{"filter": "/devices/#", "topic": "devices"},
@@ -118,6 +118,15 @@ def test_the_broker_refuses_a_bad_rule_in_its_settings_with_the_rule_named():
     with pytest.raises(ValueError, match="mqtt.topic_map rule 2: filter 'a/#/b'"):
         MqttSection(topic_map=[{"filter": "ok/#", "topic": "ok"}, {"filter": "a/#/b", "topic": "x"}])
     assert MqttSection(topic_map=[{"filter": "/d/#", "topic": "d"}]).topics().topic_of("/d/1") == "d"
+
+
+def test_a_bad_fallback_in_the_settings_is_refused_with_the_port_off_and_the_default_is_the_maps_own():
+    from metaq.server.config import MqttSection
+    with pytest.raises(ValueError, match="mqtt.fallback_topic"):
+        MqttSection(fallback_topic="no way")
+    with pytest.raises(ValueError, match="mqtt.topic_map rule 1"):
+        MqttSection(fallback_topic="mqtt", topic_map=[{"filter": "a/#/b", "topic": "x"}])
+    assert MqttSection().fallback_topic == DEFAULT_FALLBACK
 
 
 def test_the_docs_example_maps_each_name_as_its_comment_says():

@@ -2,7 +2,7 @@
 how the client is driven): a handler that takes longer than the invisible duration gets each message once and its
 acks succeed, while another consumer of the group gets nothing meanwhile; a push consumer whose process dies has
 its unacknowledged messages delivered again promptly, not after their invisible duration. The port's
-``renew_invisible_ms`` is 10 s here (60 s by default) so that a 25 s handler outlasts two of them."""
+``renew_invisible_ms`` is 4 s here (60 s by default) so that a 10 s handler outlasts two of them."""
 
 import time
 
@@ -13,8 +13,8 @@ from tests.rmq5.test_official_client import Official, client_python, endpoint, g
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-RENEW_S = 10
-HANDLER_S = 25
+RENEW_S = 4
+HANDLER_S = 10
 
 
 @pytest.fixture(scope="module")

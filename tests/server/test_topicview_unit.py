@@ -2,7 +2,7 @@
 Content-Security-Policy), every value escaped, and scripts that write text only and keep no credentials."""
 
 from metaq import limits
-from metaq.server.http.topicview import TopicPage, WebSocketPorts, policy
+from metaq.server.http.topicview import TopicPage, WebSocketPorts, keep_alive_s, policy
 
 HOSTILE = '"><script>alert(1)</script>'
 
@@ -47,3 +47,10 @@ def test_the_scripts_write_text_only_and_keep_no_credentials():
                       "sessionStorage", "document.cookie", "indexedDB", "eval("):
             assert never not in script, never
     assert "this.opts.password = null" in page.client.decode()  # dropped once the CONNECT is sent
+
+
+def test_the_page_asks_its_keep_alive_or_the_ports_bound_when_lower():
+    at = limits.DASHBOARD_KEEPALIVE_S
+    assert [keep_alive_s(bound) for bound in (0, at + 1, at, at - 1, 1)] == [at, at, at, at - 1, 1]
+    assert 'data-keepalive="%d"' % at in TopicPage(WebSocketPorts(8083)).page(_Request()).body.decode()
+    assert 'data-keepalive="4"' in TopicPage(WebSocketPorts(8083, max_keep_alive_s=4)).page(_Request()).body.decode()

@@ -27,11 +27,19 @@ _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253})(:[0-9]{1,5})?$")
 @dataclasses.dataclass(frozen=True)
 class WebSocketPorts:
     """Where the MQTT port's WebSocket listeners are (``mqtt.ws_port``, ``mqtt.wss_port``, ``mqtt.ws_path``); a
-    port is None when off."""
+    port is None when off. ``max_keep_alive_s``: the port's bound on a client's Keep Alive (``mqtt.max_keep_alive_s``,
+    0: none), which the page's asks within (``keep_alive_s``)."""
 
     ws_port: Optional[int] = None
     wss_port: Optional[int] = None
     path: str = "/mqtt"
+    max_keep_alive_s: int = 0
+
+
+def keep_alive_s(bound):
+    """The Keep Alive the page's client asks: ``DASHBOARD_KEEPALIVE_S``, or the MQTT port's bound (``bound``, 0: none)
+    when that is lower, since the port refuses an MQTT 3.1.1 CONNECT that asks more."""
+    return min(limits.DASHBOARD_KEEPALIVE_S, bound) if bound else limits.DASHBOARD_KEEPALIVE_S
 
 
 def _read(name):
@@ -69,7 +77,7 @@ class TopicPage:
         attrs = {"ws-port": p.ws_port or "", "wss-port": p.wss_port or "", "ws-path": p.path,
                  "max-messages": limits.DASHBOARD_MAX_MESSAGES, "max-packet": limits.DASHBOARD_MAX_PACKET_BYTES,
                  "shown-payload": limits.DASHBOARD_SHOWN_PAYLOAD_BYTES,
-                 "max-inflight": limits.DASHBOARD_MAX_INFLIGHT, "keepalive": limits.DASHBOARD_KEEPALIVE_S}
+                 "max-inflight": limits.DASHBOARD_MAX_INFLIGHT, "keepalive": keep_alive_s(p.max_keep_alive_s)}
         data = " ".join('data-%s="%s"' % (k, html.escape(str(v), quote=True)) for k, v in attrs.items())
         body = _PAGE % {"data": data, "user": html.escape(user, quote=True)}
         return Response(200, body, "text/html; charset=utf-8",
