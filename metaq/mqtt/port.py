@@ -172,11 +172,11 @@ class MqttPort:
         self._refused_meanwhile = False  # it kept no session for a while: the wills left meanwhile are adopted after
         self.sessions_expired = 0
         self.records_written = 0  # %MQTT% records this broker wrote since its start
-        #: the MQTT cluster (``metaq.mqttcluster.peers.MqttCluster``) when this broker is part of one, else None: its
-        #: inbox is read by every subscription, its peers' retained messages are merged with ours
+        #: the MQTT cluster (``metaq.mqttcluster.following.peers.MqttCluster``) when this broker is part of one, else
+        #: None: its inbox is read by every subscription, its peers' retained messages are merged with ours
         self.cluster = None
         self.cluster_topics = ()
-        #: the MQTT cluster's client ids (``metaq.mqttcluster.service.ClientIds``) when in one, else None
+        #: the MQTT cluster's client ids (``metaq.mqttcluster.clientids.service.ClientIds``) when in one, else None
         self.client_ids = None
 
     @property
@@ -320,7 +320,7 @@ class MqttPort:
         """True while what holds ``client_id`` here is a session loaded from the sessions' log at this broker's
         start, or learned as a slave and taken over at its promotion, that no connection claimed since: in an MQTT
         cluster, a copy from before a restart or a failover, which gives way to one another broker held live
-        meanwhile (``metaq.mqttcluster.ids.HomeRegistry.hold``)."""
+        meanwhile (``metaq.mqttcluster.clientids.ids.HomeRegistry.hold``)."""
         return client_id in self._recovered and client_id in self.table.sessions and client_id not in self._clients
 
     def began_clean(self, client_id):
@@ -913,7 +913,8 @@ class MqttPort:
 
     def share_histories(self):
         """The ``$share`` groups' assignment histories the sessions' log holds ((share name, filter) ->
-        ``ShareHistory``; a slave's: its master's, as copied): what ``metaq.mqttcluster.share.Shares`` assigns by."""
+        ``ShareHistory``; a slave's: its master's, as copied): what
+        ``metaq.mqttcluster.sharing.share.Shares`` assigns by."""
         return self.table.shares
 
     def record_share_history(self, key, changes):

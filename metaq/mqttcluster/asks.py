@@ -22,7 +22,7 @@ not answer.
 """
 
 from metaq import limits
-from metaq.mqttcluster.ids import home_of
+from metaq.mqttcluster.clientids.ids import home_of
 
 __all__ = ["Asks"]
 

@@ -42,7 +42,7 @@ from metaq import errors, limits
 from metaq.mqtt.records import name_of
 from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.mqtt.topics import matches
-from metaq.mqttcluster.calls import serve_calls
+from metaq.mqttcluster.clientids.calls import serve_calls
 from metaq.protocol import replication as rp
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
 from metaq.protocol.replication_mqtt import (MESSAGE, POSITION, RESUMED, RETAINED, ROUTED, SHARED, Entry, Records,

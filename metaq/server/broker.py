@@ -34,12 +34,12 @@ from metaq.serving.longpoll import PartitionWaiters
 from metaq.mqtt.port import MqttPort
 from metaq.mqtt.websocket import listen_websocket
 from metaq.mqttcluster.asks import Asks
-from metaq.mqttcluster.calls import PeerClient
-from metaq.mqttcluster.inbox import INBOX
+from metaq.mqttcluster.clientids.calls import PeerClient
+from metaq.mqttcluster.following.inbox import INBOX
 from metaq.mqttcluster.members import Members
-from metaq.mqttcluster.peers import MqttCluster
+from metaq.mqttcluster.following.peers import MqttCluster
 from metaq.mqttcluster.serve import PeerServer
-from metaq.mqttcluster.service import ClientIds
+from metaq.mqttcluster.clientids.service import ClientIds
 from metaq.serving.putpath import PutPath, WriteGate
 from metaq.server.registry import ZkRegistry
 from metaq.server.routes import ClusterView
@@ -623,8 +623,8 @@ def _dialed(host, port):
 
 
 def mqtt_cluster(config, store, put_path, port, members, roles, waiters, calls, asks):
-    """The broker's MQTT cluster (``mqttcluster.peers``): its links to the peers, and the one server of the other
-    masters on the replication port (``roles.peer_handler``: their follows, and their ``calls``, the client ids'
+    """The broker's MQTT cluster (``mqttcluster.following.peers``): its links to the peers, and the one server of the
+    other masters on the replication port (``roles.peer_handler``: their follows, and their ``calls``, the client ids'
     handlers, each held to what the member may ask: ``asks``); the port reads the inbox and merges retained."""
     tls = config.security.tls
     cluster = MqttCluster(config, store, put_path, port, members, lambda: roles.is_master, secret=roles.secret,

@@ -14,13 +14,14 @@ from pydantic import ValidationError
 from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.mqtt.port import MqttPort
-from metaq.mqttcluster import handover, inbox, service
-from metaq.mqttcluster.calls import PeerClient, PeerUnreachable
-from metaq.mqttcluster.ids import home_of
-from metaq.mqttcluster.link import ACK_EXPECTED_S, PeerLink
-from metaq.mqttcluster.peers import MqttCluster
+from metaq.mqttcluster.clientids import handover, service
+from metaq.mqttcluster.following import inbox
+from metaq.mqttcluster.clientids.calls import PeerClient, PeerUnreachable
+from metaq.mqttcluster.clientids.ids import home_of
+from metaq.mqttcluster.following.link import ACK_EXPECTED_S, PeerLink
+from metaq.mqttcluster.following.peers import MqttCluster
 from metaq.mqttcluster.serve import FilterSet, PeerFollow
-from metaq.mqttcluster.service import LEASE_MARGIN_S, ClientIds
+from metaq.mqttcluster.clientids.service import LEASE_MARGIN_S, ClientIds
 from metaq.protocol import replication as rp
 from metaq.server.config import ServerConfig
 from metaq.protocol.replication_mqtt import MESSAGE, POSITION, ROUTED, Entry, decode_routes, join_routes, split_routes

@@ -11,11 +11,12 @@ import pytest
 from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.mqtt.records import message_of, record_data
-from metaq.mqttcluster import calls, handover, inbox
+from metaq.mqttcluster.clientids import calls, handover
+from metaq.mqttcluster.following import inbox
 from metaq.mqttcluster.asks import Asks
-from metaq.mqttcluster.ids import home_of
-from metaq.mqttcluster.routes import aggregate
-from metaq.mqttcluster.peers import MqttCluster
+from metaq.mqttcluster.clientids.ids import home_of
+from metaq.mqttcluster.following.routes import aggregate
+from metaq.mqttcluster.following.peers import MqttCluster
 from metaq.mqttcluster.members import Members
 from metaq.mqttcluster.serve import FilterSet, PeerFollow, PeerServer
 from metaq.protocol import replication as rp
@@ -593,7 +594,7 @@ def test_a_copy_that_gives_way_ends_as_the_connect_that_made_the_standing_one(mo
     """The home answers a hold with the ids to end and, of them, those whose standing copy a Clean Start 0 CONNECT
     made (``cont``); a drop carries it per id; the holder ends its copy with ``give_up(id, not continued)``: Clean
     Start 0 drops a delayed will, 1 (or not known) publishes it."""
-    from metaq.mqttcluster.service import ClientIds
+    from metaq.mqttcluster.clientids.service import ClientIds
     ended = []
     port = SimpleNamespace(give_up=lambda c, clean, user: ended.append((c, clean)) or (None, None),
                            holds_any=lambda c: True)
@@ -623,7 +624,7 @@ def test_a_drop_waits_for_a_connect_here_whose_registration_is_on_its_way():
     """A drop (the id registered elsewhere while this broker held a copy) that comes while a CONNECT here waits for
     its home's answer waits for it: a later registration answered here keeps the copy the CONNECT goes on with; a
     CONNECT refused (no later answer) leaves the drop to end the copy."""
-    from metaq.mqttcluster.service import ClientIds
+    from metaq.mqttcluster.clientids.service import ClientIds
     ended = []
     port = SimpleNamespace(give_up=lambda c, clean, user: ended.append((c, clean)) or (None, None),
                            holds_any=lambda c: True)

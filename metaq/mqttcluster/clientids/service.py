@@ -65,9 +65,9 @@ from gevent.lock import Semaphore
 
 from metaq import limits
 from metaq.mqtt import wire
-from metaq.mqttcluster import handover
-from metaq.mqttcluster.calls import PeerUnreachable
-from metaq.mqttcluster.ids import HomeRegistry, RegistryFull, home_of
+from metaq.mqttcluster.clientids import handover
+from metaq.mqttcluster.clientids.calls import PeerUnreachable
+from metaq.mqttcluster.clientids.ids import HomeRegistry, RegistryFull, home_of
 from metaq.serving.connections import share_loop
 
 log = logging.getLogger(__name__)

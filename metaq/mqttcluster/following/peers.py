@@ -48,10 +48,10 @@ from gevent.event import Event
 from metaq import limits
 from metaq.mqtt.follow import RecordError, decode_retained
 from metaq.mqtt.topics import matches
-from metaq.mqttcluster import inbox
-from metaq.mqttcluster.link import PeerLink
-from metaq.mqttcluster.routes import aggregate
-from metaq.mqttcluster.share import Shares, weights_moved
+from metaq.mqttcluster.following import inbox
+from metaq.mqttcluster.following.link import PeerLink
+from metaq.mqttcluster.following.routes import aggregate
+from metaq.mqttcluster.sharing.share import Shares, weights_moved
 from metaq.protocol.registration import mqtt_membership
 from metaq.protocol.replication_mqtt import (MESSAGE, POSITION, RESUMED, RETAINED, ROUTED, SHARED, record_check,
                                              split_shared)
