@@ -129,6 +129,7 @@ FEATURE_ROLES = {
     "asks": "state",  # what a member of a cluster may ask of this broker: who it is, its calls' ids (MQTT cluster)
     "members": "service",  # a cluster's members as ZooKeeper names them: one reader, its listeners woken (MQTT)
     "handover": "front-end",  # a session handed from one broker to another (MQTT cluster)
+    "seam": "front-end",  # a feature's seam with another: the one interface it calls, and each side's implementation
     "headercache": "codec",  # HTTP/2 header blocks coded and checked once while a connection repeats them (gRPC's)
     "messagebytes": "front-end",  # a stored message as a gRPC client gets it, written as protobuf bytes
     "http2": "codec",  # a server's HTTP/2 connection, sans-IO (gRPC's): frames in, events out, frames to send

@@ -385,8 +385,6 @@ class PeerServer:
         ``asks``: who may be served and what it may ask (``asks.Asks``; None: any peer that proved the secret)."""
         self.followed = followed
         self.asks = asks
-        if asks is not None:  # a member ZooKeeper dropped whose follow stays open is still served (cut off from it)
-            asks.linked = lambda broker_id: broker_id in self._links
         self._links = {}  # peer broker id -> the socket of its follow now (one per member: a newer one ends it)
         self.calls = calls if calls is not None else {}
         self.store = store

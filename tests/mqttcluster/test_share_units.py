@@ -355,11 +355,9 @@ def test_a_brokers_route_carries_its_groups_with_members_at_most_max_groups(monk
 
     from metaq.mqttcluster.following.peers import MqttCluster
     monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_GROUPS", 2)
-    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
-                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
     log = Log()
     port = SimpleNamespace(share_histories=log.histories, record_share_history=log.record)
-    cluster = MqttCluster(config, SimpleNamespace(written_position=0, log_start=0), None, port, None, lambda: True)
+    cluster = MqttCluster(0, SimpleNamespace(written_position=0, log_start=0), None, port, None, lambda: True)
     event = cluster.route_changed
     cluster.groups_changed({G: 1, ("a", "x"): 1})  # at the limit: both
     assert cluster.groups() == (("a", "x"), G) and event.is_set() and cluster.route()[0] == 1
@@ -382,11 +380,9 @@ def test_a_change_of_members_only_goes_into_the_weights_once_settled(monkeypatch
     monkeypatch.setattr(limits, "MQTT_CLUSTER_SHARE_SETTLE_S", 0.05)
     monkeypatch.setattr(limits, "MQTT_CLUSTER_SHARE_WEIGHT_MAX", 8)
     monkeypatch.setattr(limits, "MQTT_CLUSTER_SHARE_WEIGHT_STEP_PERCENT", 25)
-    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
-                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
     log = Log()
     port = SimpleNamespace(share_histories=log.histories, record_share_history=log.record)
-    cluster = MqttCluster(config, SimpleNamespace(written_position=0, log_start=0), None, port, None, lambda: True)
+    cluster = MqttCluster(0, SimpleNamespace(written_position=0, log_start=0), None, port, None, lambda: True)
     cluster.groups_changed({G: 1})
     assert cluster.weights() == (1,) and cluster.route()[0] == 1 and log.table.shares[G].changes[-1][1] == ones(0)
     for members in range(2, 5):

@@ -87,9 +87,7 @@ def test_a_routes_ack_waits_for_the_positions_of_its_partitions_when_its_rescan_
 def _cluster(filters=()):
     port = SimpleNamespace(subscribed_filters=lambda: iter(filters), topics=SimpleNamespace(
         topics_for=lambda f: ((f.split("/", 1)[0],), f.startswith("#"))))
-    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
-                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
-    return MqttCluster(config, None, None, port, None, lambda: True)
+    return MqttCluster(0, None, None, port, None, lambda: True)
 
 
 def test_pinned_filters_stay_in_the_route_and_the_takers_wait_ends_with_every_linked_peers_ack():

@@ -11,6 +11,7 @@ import pytest
 from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.mqtt.records import message_of, record_data
+from metaq.mqtt.seam import Alone
 from metaq.mqttcluster.clientids import calls, handover
 from metaq.mqttcluster.following import inbox
 from metaq.mqttcluster.asks import Asks
@@ -276,9 +277,7 @@ def test_a_follow_resumed_starts_a_partition_without_a_position_where_the_earlie
 
 def test_peers_retained_messages_newest_wins_within_their_limit(monkeypatch):
     monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_RETAINED", 2)
-    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
-                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
-    cluster = MqttCluster(config, None, None, None, None, lambda: True)
+    cluster = MqttCluster(0, None, None, None, None, lambda: True)
     cluster._set_retained("x", 100, 2, "x@100")
     cluster._set_retained("x", 100, 1, "older broker id")  # same time: the higher broker id stays
     cluster._set_retained("x", 99, 5, "older")
@@ -332,10 +331,8 @@ def test_the_members_reader_wakes_its_listeners_when_the_members_change_only():
 
 def test_a_broker_follows_at_most_max_peers_the_lowest_ids_first(monkeypatch):
     monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_PEERS", 2)
-    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
-                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
     zk = FakeZk([0, 1, 2])
-    cluster = MqttCluster(config, None, None, None, Members(zk, "/meta"), lambda: True)
+    cluster = MqttCluster(0, None, None, None, Members(zk, "/meta"), lambda: True)
     read = cluster.members.read
     assert cluster.peers_of(read()) == {1: "127.0.0.1:20001", 2: "127.0.0.1:20002"}  # at it: both
     assert cluster.peers_refused == 0
@@ -347,9 +344,7 @@ def test_a_broker_follows_at_most_max_peers_the_lowest_ids_first(monkeypatch):
 def test_a_subscription_adds_its_filter_to_the_route_at_once_and_a_covered_one_changes_nothing(monkeypatch):
     monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_FILTERS", 2)
     port = SimpleNamespace(subscribed_filters=lambda: iter(["a/1"]))
-    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
-                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
-    cluster = MqttCluster(config, None, None, port, None, lambda: True)
+    cluster = MqttCluster(0, None, None, port, None, lambda: True)
     cluster.routes_changed()
     assert cluster.route() == (1, ("a/1",))
     woken = cluster.route_changed
@@ -558,7 +553,7 @@ def test_a_handover_is_adopted_in_turns_of_the_loop():
 def _port_state():
     """The parts of an MqttPort that ``claim``, ``release`` and ``end_session`` keep ``began_clean`` with."""
     from metaq.mqtt.port import MqttPort
-    port = SimpleNamespace(_clients={}, _recovered=set(), _began_clean=set(), client_ids=None,
+    port = SimpleNamespace(_clients={}, _recovered=set(), _began_clean=set(), cluster=Alone(),
                            table=SimpleNamespace(sessions={}, wills={}),
                            _held_by_another=lambda user, client_id: None, _take_from=lambda *a: None,
                            _write=lambda *a: None)
@@ -648,11 +643,9 @@ def test_a_master_holds_its_mqtt_traffic_until_every_peer_follows_it_at_most_its
     """``MqttCluster.hold``: ``wait_followed`` (before a CONNACK, a will) returns once each other member follows this
     broker (its follow's route in), within the bound; at the bound it returns without the peers still away, and no
     sooner while one is."""
-    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
-                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
     members = Members(FakeZk([0, 1, 2]), "/meta")
     members.current = members.read()
-    cluster = MqttCluster(config, None, None, None, members, lambda: True, hold_s=0.5)
+    cluster = MqttCluster(0, None, None, None, members, lambda: True, hold_s=0.5)
     waiter = gevent.spawn(cluster.wait_followed)
     cluster.hold()
     cluster.followed(1, True)
@@ -680,11 +673,9 @@ def test_a_master_holds_its_mqtt_traffic_until_every_peer_follows_it_at_most_its
 
 
 def test_a_start_hold_of_0_holds_nothing():
-    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
-                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
     members = Members(FakeZk([0, 1]), "/meta")
     members.current = members.read()
-    cluster = MqttCluster(config, None, None, None, members, lambda: True, hold_s=0)
+    cluster = MqttCluster(0, None, None, None, members, lambda: True, hold_s=0)
     cluster.hold()
     waiter = gevent.spawn(cluster.wait_followed)
     waiter.join(0.05)
@@ -726,9 +717,10 @@ def test_asks_hold_each_call_to_its_member():
     kept.members()
     kept._members = lambda: None  # ZooKeeper unreadable now: the last reading stands
     assert kept.stranger(2) is None
-    dropped = Asks(1, lambda: {1: ("a", 0)})  # ZooKeeper dropped broker 2 (cut off from it only)
+    follows = set()  # the peers whose follow of broker 1 is live (``MqttCluster.follows_here``)
+    dropped = Asks(1, lambda: {1: ("a", 0)}, follows.__contains__)  # ZooKeeper dropped broker 2 (cut off from it)
     assert "no member" in dropped.stranger(2)
-    dropped.linked = lambda broker_id: broker_id == 2  # its follow of broker 1, admitted as a member, still open
+    follows.add(2)  # its follow of broker 1, admitted as a member, still open
     assert dropped.stranger(2) is None and "no member" in dropped.stranger(9)
     assert "this broker" in dropped.stranger(1)
 

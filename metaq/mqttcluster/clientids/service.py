@@ -88,10 +88,13 @@ def _bound_of_register():
 
 class ClientIds:
     """See the module doc. ``port``: the MQTT port; ``members``: the cluster's ``members.Members``; ``client``: a
-    ``calls.PeerClient``; ``is_member``: True while this broker is a master with a replication port."""
+    ``calls.PeerClient``; ``is_member``: True while this broker is a master with a replication port; ``cluster``:
+    the MQTT cluster's following (``following.peers.MqttCluster``: its route and copies' positions, for the
+    takeover's end; None: no takeover's end)."""
 
     def __init__(self, port, store, members, broker_id, client, max_ids, max_transfer, is_member,
-                 lease_s=limits.MQTT_CLUSTER_ID_LEASE_S, share_percent=limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT):
+                 lease_s=limits.MQTT_CLUSTER_ID_LEASE_S, share_percent=limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT,
+                 cluster=None):
         self.port, self.store, self.members_reader = port, store, members
         self.broker_id = broker_id
         self.client = client
@@ -123,9 +126,7 @@ class ClientIds:
         self._started = time.monotonic()
         self.lease_closed = 0  # connections closed: the lease of their id's home ran out
         self._members_wake = Event()
-        #: the MQTT cluster (``peers.MqttCluster``): its route and copies' positions, for the takeover's end; set by
-        #: the broker once made (None: no takeover's end)
-        self.cluster = None
+        self.cluster = cluster
         #: (client id, taking broker) -> (until, SavedSession, {(topic, partition): where its handover stopped}):
         #: sessions given up here whose taker may ask for the rest (``_rest``), oldest first, at most
         #: MQTT_HANDOVER_MAX_LINGERING

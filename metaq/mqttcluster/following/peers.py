@@ -52,7 +52,6 @@ from metaq.mqttcluster.following import inbox
 from metaq.mqttcluster.following.link import PeerLink
 from metaq.mqttcluster.following.routes import aggregate
 from metaq.mqttcluster.sharing.share import Shares, weights_moved
-from metaq.protocol.registration import mqtt_membership
 from metaq.protocol.replication_mqtt import (MESSAGE, POSITION, RESUMED, RETAINED, ROUTED, SHARED, record_check,
                                              split_shared)
 from metaq.clock import now_ms
@@ -76,13 +75,15 @@ def unfollowed(peers, followers):
 
 
 class MqttCluster:
-    """See the module doc. ``port``: the broker's MqttPort; ``members``: the cluster's ``members.Members``;
-    ``is_master()``; ``hold_s``: the start hold's bound (``mqtt.cluster_start_hold_s``; None:
-    MQTT_CLUSTER_START_HOLD_S)."""
+    """See the module doc. ``broker_id``: this broker's; ``port``: the broker's MqttPort; ``members``: the cluster's
+    ``members.Members``; ``is_master()``; ``membership``: ``"on"``, or why the other masters cannot follow this one
+    (``registration.mqtt_membership``); ``secret`` and ``tls``: the replication secret (bytes or None) and the
+    client TLS context its links prove and dial with; ``hold_s``: the start hold's bound
+    (``mqtt.cluster_start_hold_s``; None: MQTT_CLUSTER_START_HOLD_S)."""
 
-    def __init__(self, config, store, put_path, port, members, is_master, secret=None, tls=None, hold_s=None):
-        self.config = config
-        self.broker_id = config.broker.id
+    def __init__(self, broker_id, store, put_path, port, members, is_master, membership="on", secret=None, tls=None,
+                 hold_s=None):
+        self.broker_id = broker_id
         self.store = store
         self.put_path = put_path
         self.port = port
@@ -122,8 +123,7 @@ class MqttCluster:
         self.copied = 0
         self.recovered = 0
         self.peers_refused = 0
-        #: ``"on"``, or why the other masters cannot follow this one (``members.membership``)
-        self.membership = mqtt_membership(config.mqtt.port, config.zk.connect, config.replication.port)
+        self.membership = membership
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -407,6 +407,11 @@ class MqttCluster:
         else:
             self._followers.pop(broker_id, None)
         self._hold_wake.set()
+
+    def follows_here(self, broker_id):
+        """True while a follow of this broker by peer ``broker_id`` is live (``followed``): a member ZooKeeper
+        dropped whose follow stays open is still served (``asks.Asks.linked``: cut off from ZooKeeper only)."""
+        return broker_id in self._followers
 
     def wait_followed(self):
         """Return once no hold runs: before a CONNACK and a will (``MqttPort``), so that what this broker's clients
