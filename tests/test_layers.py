@@ -120,6 +120,8 @@ FEATURE_ROLES = {
     "renewer": "front-end",  # a gRPC port's keeping of its clients' messages invisible while they live (auto-renew)
     "routes": "logic",  # a cluster's routes: what one broker's subscriptions want of its peers (pure)
     "share": "logic",  # a cluster's shared groups: which broker's group takes what (pure, the clock passed in)
+    "retained": "state",  # the retained messages of other brokers as this one knows them (MQTT cluster)
+    "offer": "service",  # what a broker offers a cluster of its shared groups: their weights, settled (MQTT cluster)
     "inbox": "state",  # the copies of other brokers' messages in an internal topic, and where each resumes
     "serve": "service", "link": "service", "peers": "service",  # a cluster's links: served, followed, kept
     # a gRPC service's RPC groups (rpcs.py dispatches to them) and what they share

@@ -18,14 +18,20 @@ shared by the concerns
     asks.py        ``Asks``: what a member may ask of this broker: who it is, its calls' ids (state)
     serve.py       ``PeerServer``: the one server of the other masters on the replication port, by their first frame:
                    a peer's follow (ROUTES in, RECORDS out) or its calls (service)
+    seam.py        ``ClusterSeam``: the MQTT port's seam (``metaq.mqtt.seam``) as a member answers it, each ask sent
+                   to the concern below that answers it (front-end)
 following/ (following and routes: EMQX's router)
     inbox.py       the copies of other brokers' messages in ``%MQTTIN%``, and the resume positions they record (state)
     routes.py      a broker's filters, aggregated: what its subscriptions want of its peers (logic, pure)
     link.py        the follower's side of one peer: connect, prove, send ROUTES, copy each RECORDS frame (service)
-    peers.py       ``MqttCluster``: one link per other member, copies through the put path, retained messages, the
-                   start hold (service)
+    retained.py    ``PeerRetained``: the peers' retained messages as this broker knows them, merged with its own
+                   (state)
+    peers.py       ``MqttCluster``: one link per other member, copies through the put path, the route, the start
+                   hold (service)
 sharing/ (shared groups: EMQX's broker dispatch of ``$share``)
     share.py       ``Shares``: which broker's group takes each record, by the history the sessions' log holds (logic)
+    offer.py       ``GroupOffer``: this broker's groups with members and their weights as its route carries them, a
+                   change of counts only settled first (service)
 clientids/ (client ids and takeover: EMQX's connection manager)
     ids.py         ``home_of``: a client id's home broker (rendezvous hash over the members); ``HomeRegistry``: the
                    home's client id -> holding broker, bounded by ``mqtt.cluster_max_ids`` (state)

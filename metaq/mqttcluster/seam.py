@@ -1,10 +1,10 @@
 """The MQTT port's seam as a member of an MQTT cluster answers it (the contract: ``metaq.mqtt.seam.Alone``).
 
 Each of the port's asks goes to the concern that answers it: following and routes (``following.peers.MqttCluster``:
-the start hold, the route, the peers' retained messages), shared groups (its ``sharing.share.Shares``, and the
-groups an inbox copy was made for), client ids and takeover (``clientids.service.ClientIds``). The seam holds the
-three and nothing else; the broker makes it from the port (``MqttPort(cluster=...)``) with every part it needs
-passed in.
+the start hold, the route; its ``following.retained.PeerRetained``: the peers' retained messages), shared groups
+(its ``sharing.offer.GroupOffer`` and ``sharing.share.Shares``, and the groups an inbox copy was made for), client
+ids and takeover (``clientids.service.ClientIds``). The seam holds the three and nothing else; the broker makes it
+from the port (``MqttPort(cluster=...)``) with every part it needs passed in.
 """
 
 from metaq.mqttcluster.following import inbox
@@ -48,13 +48,13 @@ class ClusterSeam:
         self.client_ids.released(client_id)
 
     def knows_retained(self, name):
-        return self.following.knows_retained(name)
+        return self.following.retained.knows(name)
 
     def local_cleared(self, name, at):
-        self.following.local_cleared(name, at)
+        self.following.retained.local_cleared(name, at)
 
     def retained_for(self, topic_filter, topics, local):
-        return self.following.retained_for(topic_filter, topics, local)
+        return self.following.retained.merged(topic_filter, topics, local)
 
     def routes_changed(self, topic_filter):
         self.following.routes_changed(topic_filter)

@@ -277,16 +277,16 @@ def test_a_follow_resumed_starts_a_partition_without_a_position_where_the_earlie
 
 def test_peers_retained_messages_newest_wins_within_their_limit(monkeypatch):
     monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_RETAINED", 2)
-    cluster = MqttCluster(0, None, None, None, None, lambda: True)
-    cluster._set_retained("x", 100, 2, "x@100")
-    cluster._set_retained("x", 100, 1, "older broker id")  # same time: the higher broker id stays
-    cluster._set_retained("x", 99, 5, "older")
-    assert cluster.retained["x"] == (100, 2, "x@100")
-    cluster._set_retained("x", 101, 1, None)  # a clear, newer: it wins
-    assert cluster.retained["x"] == (101, 1, None) and not cluster.knows_retained("x")
-    cluster._set_retained("y", 1, 1, "y")  # at the limit: kept
-    cluster._set_retained("z", 1, 1, "z")  # past it: not kept
-    assert set(cluster.retained) == {"x", "y"}
+    retained = MqttCluster(0, None, None, None, None, lambda: True).retained
+    retained.keep("x", 100, 2, "x@100")
+    retained.keep("x", 100, 1, "older broker id")  # same time: the higher broker id stays
+    retained.keep("x", 99, 5, "older")
+    assert retained.names["x"] == (100, 2, "x@100")
+    retained.keep("x", 101, 1, None)  # a clear, newer: it wins
+    assert retained.names["x"] == (101, 1, None) and not retained.knows("x")
+    retained.keep("y", 1, 1, "y")  # at the limit: kept
+    retained.keep("z", 1, 1, "z")  # past it: not kept
+    assert set(retained.names) == {"x", "y"}
 
 
 class FakeZk:
