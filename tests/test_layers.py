@@ -129,6 +129,7 @@ FEATURE_ROLES = {
     "halves": "front-end", "telemetry": "front-end", "consumers": "front-end", "producers": "front-end",
     "ids": "state",  # which broker is a client id's home, and the home's registry of ids (MQTT cluster)
     "asks": "state",  # what a member of a cluster may ask of this broker: who it is, its calls' ids (MQTT cluster)
+    "leases": "service",  # the leases of a cluster's homes: held, renewed, counted out (MQTT cluster)
     "members": "service",  # a cluster's members as ZooKeeper names them: one reader, its listeners woken (MQTT)
     "handover": "front-end",  # a session handed from one broker to another (MQTT cluster)
     "seam": "front-end",  # a feature's seam with another: the one interface it calls, and each side's implementation

@@ -933,7 +933,7 @@ class MqttPort:
 
     def retained_for(self, topic_filter, topics):
         """The retained messages whose name ``topic_filter`` matches, of the metaq topics in ``topics`` (in a
-        cluster, the peers' too: ``MqttCluster.retained_for``)."""
+        cluster, the peers' too: ``PeerRetained.merged``)."""
         local = [r for r in self.table.retained.values() if r.metaq_topic in topics and matches(topic_filter, r.name)]
         return self.cluster.retained_for(topic_filter, topics, local)
 

@@ -40,6 +40,8 @@ clientids/ (client ids and takeover: EMQX's connection manager)
     handover.py    a session given up by one broker as JSON (its messages not acknowledged as their records) and
                    adopted by another (written to its own sessions' log); the rest that reached the old broker for
                    it after (the takeover's end) (front-end)
+    leases.py      ``Leases``: the leases of the homes this broker holds (renewed by calls), and when a holder's
+                   surely ran out (service)
     service.py     ``ClientIds``: a CONNECT's registration with the id's home, the home's serialisation per id and
                    its calls to the holder, the takeover's end, the leases of the homes, re-registration when the
                    members change (service)
