@@ -73,6 +73,10 @@ RULES = {
 FEATURES = {"timers", "topics", "offsets", "keys", "idempotence", "transactions", "priorities", "reqreply",
             "admin", "filters", "mqtt", "rmq5", "pop", "trace", "groups", "mqttcluster"}
 
+#: A feature package's sub-packages, one level down, each its modules of one concern (each module named by its role,
+#: as in a flat package): the MQTT cluster's as EMQX splits its router, its broker dispatch and its connection manager.
+FEATURE_PARTS = {"mqttcluster": {"following", "sharing", "clientids"}}
+
 #: A feature module's name -> its role.
 FEATURE_ROLES = {
     "records": "codec", "wire": "codec", "burst": "codec",  # bytes in, values out
@@ -112,6 +116,8 @@ FEATURE_ROLES = {
     "renewer": "front-end",  # a gRPC port's keeping of its clients' messages invisible while they live (auto-renew)
     "routes": "logic",  # a cluster's routes: what one broker's subscriptions want of its peers (pure)
     "share": "logic",  # a cluster's shared groups: which broker's group takes what (pure, the clock passed in)
+    "retained": "state",  # the retained messages of other brokers as this one knows them (MQTT cluster)
+    "offer": "service",  # what a broker offers a cluster of its shared groups: their weights, settled (MQTT cluster)
     "inbox": "state",  # the copies of other brokers' messages in an internal topic, and where each resumes
     "serve": "service", "link": "service", "peers": "service",  # a cluster's links: served, followed, kept
     # a gRPC service's RPC groups (rpcs.py dispatches to them) and what they share
@@ -119,8 +125,10 @@ FEATURE_ROLES = {
     "halves": "front-end", "telemetry": "front-end", "consumers": "front-end", "producers": "front-end",
     "ids": "state",  # which broker is a client id's home, and the home's registry of ids (MQTT cluster)
     "asks": "state",  # what a member of a cluster may ask of this broker: who it is, its calls' ids (MQTT cluster)
+    "leases": "service",  # the leases of a cluster's homes: held, renewed, counted out (MQTT cluster)
     "members": "service",  # a cluster's members as ZooKeeper names them: one reader, its listeners woken (MQTT)
     "handover": "front-end",  # a session handed from one broker to another (MQTT cluster)
+    "seam": "front-end",  # a feature's seam with another: the one interface it calls, and each side's implementation
     "headercache": "codec",  # HTTP/2 header blocks coded and checked once while a connection repeats them (gRPC's)
     "messagebytes": "front-end",  # a stored message as a gRPC client gets it, written as protobuf bytes
     "http2": "codec",  # a server's HTTP/2 connection, sans-IO (gRPC's): frames in, events out, frames to send
@@ -134,9 +142,12 @@ ROLE_LAYERS = {"codec": "protocol", "logic": "protocol", "state": "store", "serv
 
 
 def feature_module_layer(parts):
-    """The layer of the feature module ``parts`` (``["timers", "records"]``); None for a name that is no role."""
+    """The layer of the feature module ``parts`` (``["timers", "records"]``, ``["mqttcluster", "following",
+    "link"]``); None for a name that is no role."""
+    if len(parts) == 3 and parts[1] in FEATURE_PARTS.get(parts[0], ()):
+        parts = [parts[0], parts[2]]  # a module of a sub-package: by its role, as in the package itself
     if len(parts) != 2:
-        return None  # a feature package is flat
+        return None  # a feature package is flat but for its named sub-packages
     if parts[1] == "__init__":
         return "root"  # a docstring: the feature and its modules by role
     return ROLE_LAYERS.get(FEATURE_ROLES.get(parts[1]))
@@ -165,7 +176,8 @@ def imported_names(tree):
                 yield node.lineno, alias.name
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             yield node.lineno, node.module
-            if node.module == "metaq" or node.module in {"metaq." + f for f in FEATURES}:
+            if node.module == "metaq" or node.module in {"metaq." + f for f in FEATURES} | {
+                    "metaq.%s.%s" % (f, s) for f, subs in FEATURE_PARTS.items() for s in subs}:
                 for alias in node.names:
                     yield node.lineno, node.module + "." + alias.name
 
@@ -177,9 +189,9 @@ LEAVES = {"metaq.native._bytes", "metaq.speedups", "metaq.native"}
 def allowed(name, metaq_ok):
     parts = name.split(".")
     if len(parts) > 1 and parts[1] in FEATURES:
-        if len(parts) == 2:
-            return True  # the feature package itself: a docstring
-        layer = feature_module_layer(parts[1:3])
+        if len(parts) == 2 or (len(parts) == 3 and parts[2] in FEATURE_PARTS.get(parts[1], ())):
+            return True  # the feature package itself, or one of its sub-packages: a docstring
+        layer = feature_module_layer(parts[1:4] if parts[2] in FEATURE_PARTS.get(parts[1], ()) else parts[1:3])
         return layer is not None and allowed("metaq." + layer, metaq_ok)
     return (any(name == ok or name.startswith(ok + ".") for ok in metaq_ok - {"metaq"}) or name == "metaq"
             or name in LEAVES or ("metaq" in metaq_ok and metaq_attribute(name)))
@@ -273,6 +285,32 @@ def test_feature_modules_get_their_roles_layer(tmp_path):
         # no layer (test_every_feature_module_has_a_role): a feature's client side is in metaq/client/
         "timers/client.py": [], "timers/helpers.py": [], "timers/sub/records.py": [],
     }
+
+
+def test_a_features_sub_packages_modules_get_their_roles_layer(tmp_path):
+    """A named sub-package's modules are by role as the package's own; a module of an unnamed one has no layer."""
+    fake_root = _fake_feature(tmp_path, {
+        "mqttcluster/__init__.py": '"""A feature."""\n',
+        "mqttcluster/following/__init__.py": '"""A concern."""\n',
+        "mqttcluster/following/inbox.py": "from metaq.mqttcluster.following import peers\n"
+                                          "from metaq.mqttcluster.sharing.share import Shares\n",
+        "mqttcluster/following/peers.py": "import gevent\nfrom metaq.mqttcluster.following import inbox\n"
+                                          "from metaq.mqttcluster import sharing\n",
+        "mqttcluster/following/helpers.py": "",
+        "mqttcluster/elsewhere/inbox.py": "",
+        "protocol/x.py": "from metaq.mqttcluster.following.routes import aggregate\n"
+                         "from metaq.mqttcluster.clientids import service\n",
+    })
+    layers = {p.relative_to(fake_root).as_posix(): layer_of(p, fake_root) for p in sorted(fake_root.rglob("*.py"))}
+    assert layers == {"mqttcluster/__init__.py": "root", "mqttcluster/following/__init__.py": "root",
+                      "mqttcluster/following/inbox.py": "store", "mqttcluster/following/peers.py": "server",
+                      "mqttcluster/following/helpers.py": None, "mqttcluster/elsewhere/inbox.py": None,
+                      "protocol/x.py": "protocol"}
+    found = {rel: violations(fake_root / rel, fake_root) for rel in layers}
+    assert found["mqttcluster/following/inbox.py"] == [
+        "inbox.py:1 imports metaq.mqttcluster.following.peers (layer store)"]
+    assert found["mqttcluster/following/peers.py"] == []
+    assert found["protocol/x.py"] == ["x.py:2 imports metaq.mqttcluster.clientids.service (layer protocol)"]
 
 
 def test_layers_import_a_features_modules_by_role(tmp_path):

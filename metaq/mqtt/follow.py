@@ -18,8 +18,8 @@ slave, by the code that keeps messages.
   ends it. The last record of a (name, filter) is its group.
 * **Shared groups' assignment** (``encode_share_history`` / ``encode_share_history_end``): ``{"k": "b", "n": name,
   "f": filter, "h": [[since, [broker ids]], ...]}`` is the history by which this log's master assigns its messages
-  of a ``$share`` group to the brokers of an MQTT cluster (``metaq.mqttcluster.share``): from log position ``since``
-  on, among those brokers; ``{"k": "bd", ...}`` ends it. The last record of a (name, filter) is its history.
+  of a ``$share`` group to the brokers of an MQTT cluster (``metaq.mqttcluster.sharing.share``): from log position
+  ``since`` on, among those brokers; ``{"k": "bd", ...}`` ends it. The last record of a (name, filter) is its history.
 * **Wills** (``encode_will`` / ``encode_will_end``): ``{"k": "w", ...}`` is the will of a connection the master
   holds (or one waiting for its delay): its client id, user and address, topic, payload, QoS, retain, MQTT 5
   properties and Will Delay; ``{"k": "wd", "c": id}`` says it was published or dropped (a DISCONNECT 0x00, a

@@ -5,7 +5,8 @@ sessions (docs/mqtt.md).
 per-address share, the deadlines, the allow-list, TLS and the strangers' login deadline apply as on every port. It
 is given what it uses: the connection core, the ``mqtt:`` settings, the store (partition counts and the read path),
 the put path (the one write decision and append), the guard, the partition waiters (deliveries wake on appends)
-and the store's ``max_transfer_size``.
+and the store's ``max_transfer_size``; in an MQTT cluster, what makes its seam with the cluster (``seam.Alone`` is
+the contract, and a broker alone's): everything it asks of the cluster goes through that one interface.
 
 What it holds across connections:
 
@@ -56,6 +57,7 @@ from metaq.mqtt.follow import (MQTT_JOURNAL, MQTT_LEARN_BATCH, MQTT_SESSIONS_TOP
                                encode_carried, encode_end, encode_group, encode_group_end, encode_retained,
                                encode_share_history, encode_share_history_end, encode_unretained, encode_will, replay)
 from metaq.mqtt.records import partition_for, placement, record_data
+from metaq.mqtt.seam import Alone
 from metaq.mqtt.session import SharedGroup
 from metaq.mqtt.topics import TopicError, matches, split_shared
 from metaq.mqtt.wills import Wills
@@ -121,7 +123,7 @@ class MqttPort:
     frames_of = staticmethod(burst_frames)
 
     def __init__(self, core, settings, store, put_path, guard, waiters, max_transfer, is_master=lambda: True,
-                 master_reference=lambda: None, master_refusal=lambda: None, unconfirmable=lambda: None):
+                 master_reference=lambda: None, master_refusal=lambda: None, unconfirmable=lambda: None, cluster=None):
         self.core = core
         self.settings = settings  # the ``mqtt:`` section
         self.store = store
@@ -172,12 +174,10 @@ class MqttPort:
         self._refused_meanwhile = False  # it kept no session for a while: the wills left meanwhile are adopted after
         self.sessions_expired = 0
         self.records_written = 0  # %MQTT% records this broker wrote since its start
-        #: the MQTT cluster (``metaq.mqttcluster.peers.MqttCluster``) when this broker is part of one, else None: its
-        #: inbox is read by every subscription, its peers' retained messages are merged with ours
-        self.cluster = None
-        self.cluster_topics = ()
-        #: the MQTT cluster's client ids (``metaq.mqttcluster.service.ClientIds``) when in one, else None
-        self.client_ids = None
+        #: the seam with the MQTT cluster (``seam.Alone``'s methods): made last, from the port, by ``cluster`` (a
+        #: member's: ``metaq.mqttcluster.seam``), else a broker alone's
+        self.cluster = Alone() if cluster is None else cluster(self)
+        self.cluster_topics = self.cluster.topics  # what every subscription reads besides its own (the inbox)
 
     @property
     def closing(self):
@@ -216,8 +216,7 @@ class MqttPort:
         claimed), so that one user cannot close another's devices or drop their wills."""
         refusal = self._held_by_another(conn.session.user, client_id)
         if refusal is not None:
-            if self.client_ids is not None:
-                self.client_ids.finished(client_id)
+            self.cluster.finished(client_id)
             return refusal
         self._take_from(conn, client_id, clean_start)
         if clean_start:
@@ -249,13 +248,11 @@ class MqttPort:
         return None
 
     def join_cluster(self, client_id, clean_start, user):
-        """Before ``claim``: in an MQTT cluster, once this broker's peers follow it (``MqttCluster.wait_followed``:
-        what the client publishes then reaches their subscribers), ``client_id`` registered with its home broker and
-        its session brought from the broker holding it (``ClientIds.join``). None: go on; else ``(reason code,
-        why)``."""
-        if self.cluster is not None:
-            self.cluster.wait_followed()
-        return None if self.client_ids is None else self.client_ids.join(client_id, clean_start, user)
+        """Before ``claim``: in an MQTT cluster, once this broker's peers follow it (``wait_followed``: what the
+        client publishes then reaches their subscribers), ``client_id`` registered with its home broker and its
+        session brought from the broker holding it (the seam's ``join``). None: go on; else ``(reason code, why)``."""
+        self.cluster.wait_followed()
+        return self.cluster.join(client_id, clean_start, user)
 
     def give_up(self, client_id, clean_start, user):
         """Another broker of the cluster takes ``client_id`` over (``metaq.mqttcluster``): the connection holding
@@ -320,7 +317,7 @@ class MqttPort:
         """True while what holds ``client_id`` here is a session loaded from the sessions' log at this broker's
         start, or learned as a slave and taken over at its promotion, that no connection claimed since: in an MQTT
         cluster, a copy from before a restart or a failover, which gives way to one another broker held live
-        meanwhile (``metaq.mqttcluster.ids.HomeRegistry.hold``)."""
+        meanwhile (``metaq.mqttcluster.clientids.ids.HomeRegistry.hold``)."""
         return client_id in self._recovered and client_id in self.table.sessions and client_id not in self._clients
 
     def began_clean(self, client_id):
@@ -343,8 +340,7 @@ class MqttPort:
             del self._clients[client_id]
             if client_id not in self.table.sessions:
                 self._began_clean.discard(client_id)
-                if self.client_ids is not None:
-                    self.client_ids.released(client_id)
+                self.cluster.released(client_id)
 
     # -- persistent sessions ---------------------------------------------------
 
@@ -355,8 +351,7 @@ class MqttPort:
         it, and it ends with it however the connection ends, a takeover too (MQTT 5.0 §3.1.4: the original session
         ends on the takeover), a restart or a failover. So no later CONNECT resumes the state from before what that
         connection acknowledged."""
-        if self.client_ids is not None:
-            self.client_ids.finished(client_id)  # claimed: a takeover from another broker may go on
+        self.cluster.finished(client_id)  # claimed: a takeover from another broker may go on
         handed = self._handed.pop(client_id, None)  # newer than its record, which may not have been written
         saved = handed if handed is not None else self.table.sessions.get(client_id)
         if saved is None:
@@ -377,8 +372,8 @@ class MqttPort:
             self._began_clean.discard(client_id)
         if client_id in self.table.sessions:
             self._write(client_id, encode_end(client_id))
-            if self.client_ids is not None and client_id not in self._clients:
-                self.client_ids.released(client_id)
+            if client_id not in self._clients:
+                self.cluster.released(client_id)
 
     def save_first(self, session):
         """Write ``session`` (as ``save``) before the client is told what depends on the record (a QoS 2 PUBLISH, the
@@ -495,8 +490,8 @@ class MqttPort:
         self._unconfirmable_since = None
         if self._fenced is not False or self._refused_meanwhile:
             self._refused_meanwhile = False
-            if self._fenced is not False and self.cluster is not None:
-                self.cluster.hold()  # until the peers follow this broker again (``MqttCluster.hold``)
+            if self._fenced is not False:
+                self.cluster.hold()  # in a cluster, until the peers follow this broker again (``MqttCluster.hold``)
             self._fenced = False
             self.wills.adopt_next()  # the wills of the connections that ended meanwhile were left in the log
         return True
@@ -690,8 +685,8 @@ class MqttPort:
         r = self.put_path.append(topic, partition, flag, data, now, checked=True)  # asked above, no yield since
         if retain:
             record = encode_retained(Retained(name, topic, flag, data, now)) if payload else encode_unretained(name)
-            elsewhere = self.cluster is not None and self.cluster.knows_retained(name)  # a peer's: cleared too
-            if not payload and self.cluster is not None:
+            elsewhere = self.cluster.knows_retained(name)  # a peer's: cleared too
+            if not payload:
                 self.cluster.local_cleared(name, now)
             if payload or name in self.table.retained or elsewhere:
                 end = self._write(name, record)
@@ -886,8 +881,7 @@ class MqttPort:
 
     def _groups_changed(self):
         """In a cluster, the groups here go in the route (``MqttCluster.groups_changed``)."""
-        if self.cluster is not None:
-            self.cluster.groups_changed(self.group_weights())
+        self.cluster.groups_changed(self.group_weights())
 
     def group_weights(self):
         """{(share name, filter): its members here} of the shared groups with members here, and 0 for each group
@@ -904,16 +898,12 @@ class MqttPort:
         inbox when the peer assigned it to this group (``inbox.groups_of``)."""
         if not matches(group.topic_filter, m.topic):
             return False
-        if self.cluster is None:
-            return True
-        key = (group.name, group.topic_filter)
-        if topic in self.cluster_topics:
-            return key in self.cluster.copy_groups(rec.flag, rec.data)
-        return self.cluster.shares.takes(key, topic, partition, rec.position)
+        return self.cluster.group_takes((group.name, group.topic_filter), topic, partition, rec)
 
     def share_histories(self):
         """The ``$share`` groups' assignment histories the sessions' log holds ((share name, filter) ->
-        ``ShareHistory``; a slave's: its master's, as copied): what ``metaq.mqttcluster.share.Shares`` assigns by."""
+        ``ShareHistory``; a slave's: its master's, as copied): what
+        ``metaq.mqttcluster.sharing.share.Shares`` assigns by."""
         return self.table.shares
 
     def record_share_history(self, key, changes):
@@ -943,9 +933,9 @@ class MqttPort:
 
     def retained_for(self, topic_filter, topics):
         """The retained messages whose name ``topic_filter`` matches, of the metaq topics in ``topics`` (in a
-        cluster, the peers' too: ``MqttCluster.retained_for``)."""
+        cluster, the peers' too: ``PeerRetained.merged``)."""
         local = [r for r in self.table.retained.values() if r.metaq_topic in topics and matches(topic_filter, r.name)]
-        return local if self.cluster is None else self.cluster.retained_for(topic_filter, topics, local)
+        return self.cluster.retained_for(topic_filter, topics, local)
 
     def subscribed_filters(self):
         """Every filter a session of this broker holds, connected or not (shared ones not): the cluster's route."""
@@ -960,8 +950,7 @@ class MqttPort:
 
     def routes_changed(self, topic_filter):
         """A subscription of ``topic_filter`` was made: the cluster's route holds it from now on."""
-        if self.cluster is not None:
-            self.cluster.routes_changed(topic_filter)
+        self.cluster.routes_changed(topic_filter)
 
     def made_visible(self, topic, result, now):
         """A put nobody waits for (QoS 0, a will): what follows it is the put path's (``PutPath.ack_mode``: visible
@@ -975,8 +964,7 @@ class MqttPort:
 
     def wait_followed(self):
         """In an MQTT cluster, until this broker's peers follow it (``MqttCluster.wait_followed``); else at once."""
-        if self.cluster is not None:
-            self.cluster.wait_followed()
+        self.cluster.wait_followed()
 
     def positions(self):
         """Where every shared group and persistent session is (``stats groups``: ``metaq.groups.lag.Position``): a
@@ -1000,7 +988,7 @@ class MqttPort:
 
     def summary_values(self):
         """The ``stats`` summary's MQTT pairs: the port, its connections, the wills published since the start and
-        those waiting for their delay; in an MQTT cluster, its client ids' (``ClientIds.summary_values``)."""
+        those waiting for their delay; in an MQTT cluster, the cluster's (the seam's ``summary_values``)."""
         return [("mqtt_port", self.port or 0), ("mqtt_connections", self.connection_count()),
                 ("mqtt_wills_published", self.wills.published_count),
                 ("mqtt_delayed_wills", self.wills.delayed_count()),
@@ -1008,8 +996,7 @@ class MqttPort:
                 ("mqtt_sessions_expired", self.sessions_expired), ("mqtt_retained", len(self.table.retained)),
                 ("mqtt_retained_bytes", self.table.retained_bytes), ("mqtt_shared_groups", len(self._groups)),
                 ("mqtt_shared_groups_kept", len(self.table.groups)),
-                ("mqtt_session_records", self.records_written)] + \
-            (self.client_ids.summary_values() if self.client_ids is not None else [])
+                ("mqtt_session_records", self.records_written)] + self.cluster.summary_values()
 
     def stop(self, grace_s):
         """The broker stops (called while it may still write, before a master hands its leadership over): its MQTT

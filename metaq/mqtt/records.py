@@ -25,7 +25,7 @@ A record's properties cannot hold ``\\x01`` or ``\\x02``: JSON escapes them in u
 one is kept as ``MQTT_TOPIC_B64`` (``_named``); a content type, response topic or client identifier holding one is
 refused (``RecordRefusal``; the front-end answers 0x83).
 
-A record of the MQTT cluster's inbox (``%MQTTIN%``, ``metaq.mqttcluster.inbox``) is a copy of a peer broker's
+A record of the MQTT cluster's inbox (``%MQTTIN%``, ``metaq.mqttcluster.following.inbox``) is a copy of a peer broker's
 message and always carries the name it was published with.
 
 **The other way.** A record of topic ``t`` without ``MQTT_TOPIC`` (put over text, RocketMQ or HTTP), or whose name

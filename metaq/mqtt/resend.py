@@ -39,7 +39,7 @@ def message_at(store, topic, partition, offset, max_transfer):
     """``(metaq topic, flag, data)`` of the message at ``offset`` of ``topic``'s ``partition``, or None when the log
     holds it no more: a record of its topic, or one a session carried from another broker (a ``%MQTT%`` record,
     ``follow``'s ``encode_carried``), which is the message of the topic it names. A session's messages in flight are
-    found again so, here and when it moves to another broker (``mqttcluster.handover``)."""
+    found again so, here and when it moves to another broker (``mqttcluster.clientids.handover``)."""
     try:
         records, _next = store.read_records(topic, partition, offset, 1, max_transfer)
     except errors.MetaqError:

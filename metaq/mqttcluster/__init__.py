@@ -8,28 +8,41 @@ id's home broker, which takes it from the broker holding it (PEER_CALL / PEER_RE
 secret as peers (``serving.replication.handshake.peer_proof``), with the TLS a slave's link uses.
 
 A feature package: every module of the feature is here, named by its role (``tests/test_layers.py``
-FEATURE_ROLES).
+FEATURE_ROLES), in a sub-package per concern as EMQX splits its router, its broker dispatch and its connection
+manager (``FEATURE_PARTS``): following and routes, shared groups, client ids and takeover; what they share (the
+members, the one server of the peers, what a peer may ask) at the top.
 
-state (the store layer's rules: no socket, gevent or clock)
-    inbox.py       the copies of other brokers' messages in ``%MQTTIN%``, and the resume positions they record
+shared by the concerns
+    members.py     ``Members``: the masters of the cluster as ZooKeeper names them, the one reader of them (a watch
+                   wakes it), its listeners (the links and the client ids) woken when they change (service)
+    asks.py        ``Asks``: what a member may ask of this broker: who it is, its calls' ids (state)
+    serve.py       ``PeerServer``: the one server of the other masters on the replication port, by their first frame:
+                   a peer's follow (ROUTES in, RECORDS out) or its calls (service)
+    seam.py        ``ClusterSeam``: the MQTT port's seam (``metaq.mqtt.seam``) as a member answers it, each ask sent
+                   to the concern below that answers it (front-end)
+following/ (following and routes: EMQX's router)
+    inbox.py       the copies of other brokers' messages in ``%MQTTIN%``, and the resume positions they record (state)
+    routes.py      a broker's filters, aggregated: what its subscriptions want of its peers (logic, pure)
+    link.py        the follower's side of one peer: connect, prove, send ROUTES, copy each RECORDS frame (service)
+    retained.py    ``PeerRetained``: the peers' retained messages as this broker knows them, merged with its own
+                   (state)
+    peers.py       ``MqttCluster``: one link per other member, copies through the put path, the route, the start
+                   hold (service)
+sharing/ (shared groups: EMQX's broker dispatch of ``$share``)
+    share.py       ``Shares``: which broker's group takes each record, by the history the sessions' log holds (logic)
+    offer.py       ``GroupOffer``: this broker's groups with members and their weights as its route carries them, a
+                   change of counts only settled first (service)
+clientids/ (client ids and takeover: EMQX's connection manager)
     ids.py         ``home_of``: a client id's home broker (rendezvous hash over the members); ``HomeRegistry``: the
-                   home's client id -> holding broker, bounded by ``mqtt.cluster_max_ids``
-logic
-    routes.py      a broker's filters, aggregated: what its subscriptions want of its peers (pure)
-front-end (the server layer)
+                   home's client id -> holding broker, bounded by ``mqtt.cluster_max_ids`` (state)
     calls.py       broker-to-broker calls over the replication port (PEER_CALL / PEER_REPLY), each bounded by
-                   ``MQTT_CLUSTER_CALL_TIMEOUT_S``, and a link's calls answered
+                   ``MQTT_CLUSTER_CALL_TIMEOUT_S``, and a link's calls answered (front-end)
     handover.py    a session given up by one broker as JSON (its messages not acknowledged as their records) and
                    adopted by another (written to its own sessions' log); the rest that reached the old broker for
-                   it after (the takeover's end)
-service (the server layer)
-    members.py     ``Members``: the masters of the cluster as ZooKeeper names them, the one reader of them (a watch
-                   wakes it), its listeners (the links and the client ids) woken when they change
-    serve.py       ``PeerServer``: the one server of the other masters on the replication port, by their first frame:
-                   a peer's follow (ROUTES in, RECORDS out) or its calls
-    link.py        the follower's side of one peer: connect, prove, send ROUTES, copy each RECORDS frame
-    peers.py       ``MqttCluster``: one link per other member, copies through the put path, retained messages
+                   it after (the takeover's end) (front-end)
+    leases.py      ``Leases``: the leases of the homes this broker holds (renewed by calls), and when a holder's
+                   surely ran out (service)
     service.py     ``ClientIds``: a CONNECT's registration with the id's home, the home's serialisation per id and
                    its calls to the holder, the takeover's end, the leases of the homes, re-registration when the
-                   members change
+                   members change (service)
 """

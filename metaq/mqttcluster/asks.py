@@ -22,22 +22,22 @@ not answer.
 """
 
 from metaq import limits
-from metaq.mqttcluster.ids import home_of
+from metaq.mqttcluster.clientids.ids import home_of
 
 __all__ = ["Asks"]
 
 
 class Asks:
     """See the module doc. ``broker_id``: this broker's; ``members()``: the members as last read
-    (``Members.current``: ``{broker id: ...}``, None while ZooKeeper cannot be read)."""
+    (``Members.current``: ``{broker id: ...}``, None while ZooKeeper cannot be read); ``linked(broker_id)``: a
+    follow of this broker by that peer is open now, admitted while it was a member (``MqttCluster.follows_here``;
+    none by default)."""
 
-    def __init__(self, broker_id, members):
+    def __init__(self, broker_id, members, linked=lambda _broker_id: False):
         self.broker_id = broker_id
         self._members = members
         self._known = {}  # the last reading that was not None
-        #: ``linked(broker_id)``: a follow of this broker by that peer is open now, admitted while it was a member
-        #: (``serve.PeerServer`` sets it; none by default)
-        self.linked = lambda _broker_id: False
+        self.linked = linked
         self.refused = 0  # calls and links refused since the start
         #: op -> check(caller, request) -> (refusal, request)
         self._checks = {"register": self._register, "give_up": self._give_up, "hold": self._homed_here,

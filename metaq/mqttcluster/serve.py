@@ -46,7 +46,7 @@ from metaq import errors, limits
 from metaq.mqtt.records import name_of
 from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.mqtt.topics import matches
-from metaq.mqttcluster.calls import serve_calls
+from metaq.mqttcluster.clientids.calls import serve_calls
 from metaq.protocol import replication as rp
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
 from metaq.protocol.replication_mqtt import (MESSAGE, NO_EPOCH, POSITION, RESUMED, RETAINED, ROUTED, SHARED, Entry,
@@ -450,8 +450,6 @@ class PeerServer:
         ``asks``: who may be served and what it may ask (``asks.Asks``; None: any peer that proved the secret)."""
         self.followed = followed
         self.asks = asks
-        if asks is not None:  # a member ZooKeeper dropped whose follow stays open is still served (cut off from it)
-            asks.linked = lambda broker_id: broker_id in self._links
         self._links = {}  # peer broker id -> the socket of its follow now (one per member: a newer one ends it)
         self.calls = calls if calls is not None else {}
         self.store = store

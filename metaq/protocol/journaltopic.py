@@ -23,7 +23,7 @@ _POP_BYTES = POP_TOPIC.encode()
 MQTT_SESSIONS_TOPIC = "%MQTT%"  # the MQTT persistent sessions' and retained messages' records (metaq.mqtt.follow)
 _MQTT_BYTES = MQTT_SESSIONS_TOPIC.encode()
 #: The MQTT cluster's inbox: the copies of the peer brokers' messages this broker's sessions subscribe
-#: (metaq.mqttcluster.inbox); a client's put to it would hand devices messages no peer published.
+#: (metaq.mqttcluster.following.inbox); a client's put to it would hand devices messages no peer published.
 MQTT_INBOX_TOPIC = "%MQTTIN%"
 #: The delay scheduler's internal topic (RocketMQ's name; one partition per delay level, ``metaq.timers.levels``):
 #: not a journal, but the broker's own, and the topic table's names refuse it like the journals' (``topics.names``).

@@ -30,7 +30,7 @@ Frame (big-endian)::
       5  1  type       HELLO=1 DATA=2 ACK=3 HEARTBEAT=4 ERROR=5 EPOCHS=6 CHALLENGE=7 PROOF=8 OFFSETS=9
                           TOPICS=10 (the topic table: T_TOPICS below) ROUTES=11 RECORDS=12 (a peer broker's
                           MQTT follow: ``metaq.protocol.replication_mqtt``) PEER_CALL=20 PEER_REPLY=21 (one
-                          cluster member's call to another: ``metaq.mqttcluster.calls``)
+                          cluster member's call to another: ``metaq.mqttcluster.clientids.calls``)
       6  2  reserved   0
       8  4  length     payload bytes (checked against the limits before buffering)
      12  4  crc        CRC-32 of header bytes [0, 12) followed by the payload
@@ -64,8 +64,8 @@ Payloads::
     RECORDS             the records of the followed topics whose MQTT names a peer's filter matches:
                         ``metaq.protocol.replication_mqtt``
     PEER_CALL  >i       broker_id int32 (the calling master's), then the request as UTF-8 JSON: one broker of an
-                        MQTT cluster asking another (``metaq.mqttcluster.calls``), sent in place of a HELLO after
-                        the caller's PROOF (bound to its broker id), and again for each further call on the link:
+                        MQTT cluster asking another (``metaq.mqttcluster.clientids.calls``), sent in place of a HELLO
+                        after the caller's PROOF (bound to its broker id), and again for each further call on the link:
                         ``metaq.protocol.replication_peer``
     PEER_REPLY          the answer to the PEER_CALL before it, UTF-8 JSON; the first one on a link is preceded by
                         the callee's PROOF (a PEER_CALL or PEER_REPLY holds at most MQTT_CLUSTER_MAX_CALL_BYTES)

@@ -56,9 +56,9 @@ RECORDS (master to peer), ``>I`` count then count entries, at most MQTT_CLUSTER_
                        RESUMED (1) when the master resumes the peer's copy here, before the position the peer sent
                        (the peer's copies from here on are not of this master's records: it copies these again)
       kind 3 RETAINED  a retained message's record (``R``/``U``) of the master's ``%MQTT%`` journal at ``offset``
-      kind 4 SHARED    a MESSAGE the master assigned to the peer's ``$share`` groups (``metaq.mqttcluster.share``): its
-                       data is ``>H`` length, the groups as UTF-8 JSON ``[[share name, filter], ...]``, then the
-                       record's data
+      kind 4 SHARED    a MESSAGE the master assigned to the peer's ``$share`` groups
+                       (``metaq.mqttcluster.sharing.share``): its data is ``>H`` length, the groups as UTF-8 JSON
+                       ``[[share name, filter], ...]``, then the record's data
       kind 5 ROUTED    the peer's route of version ``offset`` (its ROUTES "version") is the master's from here on:
                        every entry after it was chosen by that route or a later one, every POSITION the master had
                        to send before it was sent (no topic, no data; sent only for a route that names a version)

@@ -1,5 +1,5 @@
 """The replication stream's two frames of MQTT cluster calls (types 20 and 21, ``metaq.protocol.replication``): one
-master of an MQTT cluster asking another (``metaq.mqttcluster.calls``). Sans-IO.
+master of an MQTT cluster asking another (``metaq.mqttcluster.clientids.calls``). Sans-IO.
 
 A caller connects to the replication port as a slave does, proves the replication secret as peers do (CHALLENGE,
 PROOF), then sends PEER_CALL where a slave sends HELLO; the callee answers its PROOF, then one PEER_REPLY per

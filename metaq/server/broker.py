@@ -9,6 +9,7 @@ import gc
 import logging
 import socket
 import time
+from typing import Callable, NamedTuple
 
 import gevent
 from gevent.event import Event
@@ -185,26 +186,24 @@ class Broker:
                                            cluster=self.cluster)
         self.mqtt = None
         self.mqtt_ws = []  # the MQTT port's WebSocket listeners, once started
+        self.mqtt_cluster = self.cluster_members = None
         if config.mqtt.port:  # docs/mqtt.md
             from metaq.mqtt.port import MqttPort
 
+            seam = None
+            if self.registry is not None:  # MQTT across the cluster (metaq/mqttcluster)
+                from metaq.mqttcluster.members import Members
+
+                self.cluster_members = Members(self.registry.zk, config.zk.root)  # read once for the whole cluster
+                seam = mqtt_cluster(config, self.store, self.put_path, self.cluster_members, self.waiters,
+                                    self._replication_for_peers())
             self.mqtt = MqttPort(self.core, config.mqtt, self.store, self.put_path, self.guard, self.waiters,
                                  config.store.max_transfer_size, lambda: self.roles.is_master,
                                  lambda: self.election.master_mqtt() if self.election is not None else None,
-                                 self.roles.acknowledge_refusal, lambda: self.roles.unconfirmable_refusal)
+                                 self.roles.acknowledge_refusal, lambda: self.roles.unconfirmable_refusal, seam)
             self.roles.on_change(self.mqtt.role_changed)  # a promoted slave's sessions are its own
-        self.mqtt_cluster = self.cluster_members = self.peer_asks = None
-        if self.mqtt is not None and self.registry is not None:  # MQTT across the cluster (metaq/mqttcluster)
-            from metaq.mqttcluster.asks import Asks
-            from metaq.mqttcluster.members import Members
-
-            self.cluster_members = Members(self.registry.zk, config.zk.root)  # read once for both below
-            self.mqtt.client_ids = self._client_ids(config)  # a client id is the cluster's (docs/mqtt.md)
-            members = self.cluster_members
-            self.peer_asks = Asks(config.broker.id, lambda: members.current)
-            self.mqtt_cluster = mqtt_cluster(config, self.store, self.put_path, self.mqtt, self.cluster_members,
-                                             self.roles, self.waiters, self.mqtt.client_ids.calls, self.peer_asks)
-            self.mqtt.client_ids.cluster = self.mqtt_cluster  # its route and positions: the takeover's end
+            if seam is not None:
+                self.mqtt_cluster = self.mqtt.cluster  # the seam the port made: started and stopped with the broker
         self.stats_service.add_source("node", self.stats_facts)
         self.stats_service.add_source("replication", self.roles.stats_values)
         self.stats_service.add_source("delay", lambda: self.delay.summary_values() + self.timers.summary_values()
@@ -219,9 +218,7 @@ class Broker:
                                                                                  strangers.evicted,
                                                                                  self.core.proxy_refused))
         self.stats_service.add_source("zero_copy", self.text.zero_copy_values)
-        self.stats_service.add_source("mqtt", (lambda: self.mqtt.summary_values() + (
-            self.mqtt_cluster.summary_values() + self.peer_asks.summary_values() if self.mqtt_cluster is not None
-            else [])) if self.mqtt is not None
+        self.stats_service.add_source("mqtt", self.mqtt.summary_values if self.mqtt is not None  # and its cluster's
                                       else lambda: [("mqtt_port", 0)])
         if self.mqtt is not None:
             self.stats_service.add_source("mqtt_positions", self.mqtt.positions)
@@ -312,20 +309,13 @@ class Broker:
             return None
         return self.config.remoting.broker_name or "metaq-%d" % self.config.broker.id, remoting, grpc
 
-    def _client_ids(self, config):
-        """The MQTT cluster's client ids (``metaq.mqttcluster``): calls to the other masters over their
-        replication ports, with the replication secret and TLS a slave's link uses (calls from them are answered by
-        the cluster's ``PeerServer``: ``mqtt_cluster``)."""
-        from metaq.mqttcluster.calls import PeerClient
-        from metaq.mqttcluster.service import ClientIds
-
-        tls = config.security.tls
-        client = PeerClient(config.broker.id, self.roles.secret,
-                            client_context(tls) if tls.mode != "off" and tls.replication else None)
-        return ClientIds(self.mqtt, self.store, self.cluster_members, config.broker.id, client,
-                         config.mqtt.cluster_max_ids, config.store.max_transfer_size,
-                         lambda: self.roles.is_master and self.roles.replication_port is not None,
-                         config.mqtt.cluster_id_lease_s, config.mqtt.cluster_holder_share_percent)
+    def _replication_for_peers(self):
+        """What the MQTT cluster uses of the replication port, each passed in (``PeersReplication``)."""
+        roles = self.roles
+        return PeersReplication(secret=roles.secret, is_master=lambda: roles.is_master,
+                                is_member=lambda: roles.is_master and roles.replication_port is not None,
+                                confirmed_end=roles.confirmed_end, wait_confirmed=roles.wait_confirmed,
+                                serve_peers=roles.serve_peers)
 
     def _mqtt_address(self):
         """This broker's MQTT address as the elected master's leader node names it ("host:port", a wildcard bind
@@ -448,10 +438,8 @@ class Broker:
         if self.mqtt is not None:
             self.mqtt.listen(self.config.mqtt.host or cfg.host, self.config.mqtt.port)
             self._listen_mqtt_websocket(self.config.mqtt.host or cfg.host)
-            if self.mqtt.client_ids is not None:
-                self.mqtt.client_ids.start()
         if self.mqtt_cluster is not None:
-            self.mqtt_cluster.start()
+            self.mqtt_cluster.start()  # its client ids, then its links
             self.cluster_members.start()  # after its listeners joined
         if self.grpc is not None:
             self.grpc.listen(self.config.grpc.host or cfg.host, self.config.grpc.port)
@@ -589,10 +577,8 @@ class Broker:
         self.core.stop_accepting(keep)
         if self.mqtt_cluster is not None:
             self.cluster_members.stop()
-            self.mqtt_cluster.stop()
+            self.mqtt_cluster.stop()  # its links, then its client ids
         if self.mqtt is not None:  # while it may still write: its wills published, its sessions written
-            if self.mqtt.client_ids is not None:
-                self.mqtt.client_ids.stop()
             self.mqtt.stop(SHUTDOWN_GRACE_S)
         if self.election is not None:
             self.election.step_down()  # stop acknowledging; an in-sync slave catches up; closing the session ends
@@ -635,23 +621,53 @@ def _dialed(host, port):
     return ("[%s]:%d" if ":" in host else "%s:%d") % (host, port)
 
 
-def mqtt_cluster(config, store, put_path, port, members, roles, waiters, calls, asks):
-    """The broker's MQTT cluster (``mqttcluster.peers``): its links to the peers, and the one server of the other
-    masters on the replication port (``roles.peer_handler``: their follows, and their ``calls``, the client ids'
-    handlers, each held to what the member may ask: ``asks``); the port reads the inbox and merges retained."""
-    from metaq.mqttcluster.inbox import INBOX
-    from metaq.mqttcluster.peers import MqttCluster
+class PeersReplication(NamedTuple):
+    """What the MQTT cluster uses of the replication port (``Roles``), and nothing else of it: the replication
+    ``secret`` its links and calls prove; ``is_master()``; ``is_member()``: a master with a replication port (a member
+    of the cluster); ``confirmed_end()`` and ``wait_confirmed(timeout)``: what may leave this broker for a peer (in
+    ``sync`` mode, only what the slaves confirmed); ``serve_peers(handler)``: the one handler of the other masters'
+    links on every replication server (now and after a promotion)."""
+    secret: object
+    is_master: Callable
+    is_member: Callable
+    confirmed_end: Callable
+    wait_confirmed: Callable
+    serve_peers: Callable
+
+
+def mqtt_cluster(config, store, put_path, members, waiters, replication):
+    """The function of the MQTT port that makes its seam with the MQTT cluster (``mqttcluster.seam``): the
+    cluster's following (its links to the peers), its client ids (calls to the other masters over their
+    replication ports, with the replication secret and the TLS a slave's link uses), and the one server of the
+    other masters on the replication port (``replication.serve_peers``: their follows, and their calls, each held
+    to what the member may ask: ``Asks``); given every part it uses, the replication port's as ``replication``
+    (``PeersReplication``)."""
+    from metaq.mqttcluster.asks import Asks
+    from metaq.mqttcluster.clientids.calls import PeerClient
+    from metaq.mqttcluster.clientids.service import ClientIds
+    from metaq.mqttcluster.following.peers import MqttCluster
+    from metaq.mqttcluster.seam import ClusterSeam
     from metaq.mqttcluster.serve import PeerServer
 
     tls = config.security.tls
-    cluster = MqttCluster(config, store, put_path, port, members, lambda: roles.is_master, secret=roles.secret,
-                          tls=client_context(tls) if tls.mode != "off" and tls.replication else None,
-                          hold_s=config.mqtt.cluster_start_hold_s)
-    roles.serve_peers(PeerServer(store, waiters, port.topics, cluster.shares, roles.confirmed_end,
-                                 roles.wait_confirmed, calls, cluster.followed, asks).serve)
-    port.cluster = cluster
-    port.cluster_topics = (INBOX,)
-    return cluster
+    context = client_context(tls) if tls.mode != "off" and tls.replication else None
+    broker_id = config.broker.id
+
+    def make(port):
+        following = MqttCluster(broker_id, store, put_path, port, members, replication.is_master,
+                                membership=registration.mqtt_membership(config.mqtt.port, config.zk.connect,
+                                                           config.replication.port),
+                                secret=replication.secret, tls=context, hold_s=config.mqtt.cluster_start_hold_s)
+        client_ids = ClientIds(port, store, members, broker_id, PeerClient(broker_id, replication.secret, context),
+                               config.mqtt.cluster_max_ids, config.store.max_transfer_size, replication.is_member,
+                               config.mqtt.cluster_id_lease_s, config.mqtt.cluster_holder_share_percent,
+                               cluster=following)  # its route and positions: the takeover's end
+        asks = Asks(broker_id, lambda: members.current, following.follows_here)
+        replication.serve_peers(PeerServer(store, waiters, port.topics, following.shares, replication.confirmed_end,
+                                           replication.wait_confirmed, client_ids.calls, following.followed,
+                                           asks).serve)
+        return ClusterSeam(following, client_ids, asks)
+    return make
 
 
 def grpc_port(core, config, store, put_path, guard, cluster=None, tx=None, pop=None):

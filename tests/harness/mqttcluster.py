@@ -7,7 +7,7 @@ import time
 
 from metaq import admincli as admin
 from metaq.client.local import free_port, small_config
-from metaq.mqttcluster.ids import home_of
+from metaq.mqttcluster.clientids.ids import home_of
 from tests.harness.acl import login
 from tests.harness.broker import wait_for
 from tests.harness.mqtt import V311, Paho, with_mqtt

@@ -19,7 +19,7 @@ import yaml
 
 from metaq import limits
 from metaq.client.local import small_config
-from metaq.mqttcluster.calls import PeerClient, PeerUnreachable
+from metaq.mqttcluster.clientids.calls import PeerClient, PeerUnreachable
 from tests.harness.broker import under_nofile, wait_for
 from tests.harness.mqttcluster import Cluster, PaperMembers, cluster_config
 from tests.harness.replication import stats

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from metaq.mqttcluster.ids import home_of
+from metaq.mqttcluster.clientids.ids import home_of
 from tests.harness import netns
 from tests.harness.broker import wait_for
 from tests.harness.ha import Group

@@ -9,7 +9,7 @@ import pytest
 
 from metaq.mqtt.records import message_of, name_of, record_data
 from metaq.mqtt.topicmap import DEFAULT_MAP, TopicMap
-from metaq.mqttcluster import inbox
+from metaq.mqttcluster.following import inbox
 from metaq.mqttcluster.serve import send_records
 from metaq.protocol import replication as rp
 from metaq.protocol.message import encode_payload

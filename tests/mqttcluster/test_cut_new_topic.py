@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from metaq.mqttcluster.ids import home_of
+from metaq.mqttcluster.clientids.ids import home_of
 from tests.harness.broker import wait_for
 from tests.harness.faults import LinkProxy
 from tests.harness.mqtt import V311, Paho

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from metaq.errors import RemoteProtocolError
-from metaq.mqttcluster import inbox
+from metaq.mqttcluster.following import inbox
 from metaq.mqttcluster.serve import PeerFollow
 from metaq.protocol import replication as rp
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC

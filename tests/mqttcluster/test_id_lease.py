@@ -12,7 +12,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from metaq.mqtt import wire
-from metaq.mqttcluster.ids import home_of
+from metaq.mqttcluster.clientids.ids import home_of
 from tests.harness import netns
 from tests.harness.broker import wait_for
 from tests.harness.mqtt import V5, Paho, Raw

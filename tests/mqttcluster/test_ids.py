@@ -1,13 +1,13 @@
-"""A client id's home (rendezvous hash over the members) and the home's bounded registry (metaq/mqttcluster/ids.py),
-and the PEER_CALL / PEER_REPLY frames of the replication stream."""
+"""A client id's home (rendezvous hash over the members) and the home's bounded registry
+(metaq/mqttcluster/clientids/ids.py), and the PEER_CALL / PEER_REPLY frames of the replication stream."""
 
 import pytest
 from pydantic import ValidationError
 
 from metaq import limits
 from metaq.errors import RemoteProtocolError
-from metaq.mqttcluster.ids import HomeRegistry, RegistryFull, holder_share, home_of
-from metaq.mqttcluster.service import ClientIds
+from metaq.mqttcluster.clientids.ids import HomeRegistry, RegistryFull, holder_share, home_of
+from metaq.mqttcluster.clientids.service import ClientIds
 from metaq.protocol import replication as rp
 from metaq.server.config import ServerConfig
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from metaq.mqtt import wire
-from metaq.mqttcluster.ids import home_of
+from metaq.mqttcluster.clientids.ids import home_of
 from tests.harness.mqtt import V311, Paho, Raw, mosquitto_pub
 from tests.harness.mqttcluster import Cluster, wait_routed
 from tests.harness.replication import stats

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from metaq import limits
-from metaq.mqttcluster.calls import PeerClient, PeerUnreachable
-from metaq.mqttcluster.ids import home_of
+from metaq.mqttcluster.clientids.calls import PeerClient, PeerUnreachable
+from metaq.mqttcluster.clientids.ids import home_of
 from tests.harness.broker import wait_for
 from tests.harness.mqtt import Raw
 from tests.harness.mqttcluster import Cluster, PaperMembers
@@ -95,7 +95,7 @@ from gevent import monkey
 monkey.patch_all()
 import gevent
 from metaq import limits
-from metaq.mqttcluster.calls import PeerClient
+from metaq.mqttcluster.clientids.calls import PeerClient
 address, most = sys.argv[1], limits.MQTT_CLUSTER_PEER_CONNECTIONS - limits.MQTT_CLUSTER_LEASE_CONNECTIONS
 client = PeerClient(7, None, timeout_s=10)
 calls = [gevent.spawn(client.call, address, {"op": "none"}, None, i == most) for i in range(2 * most)]

@@ -7,8 +7,8 @@ from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.mqtt.follow import SessionTable, encode_share_history, encode_share_history_end
 from metaq.mqtt.records import record_data
-from metaq.mqttcluster import inbox
-from metaq.mqttcluster.share import Shares, owner_of, unit
+from metaq.mqttcluster.following import inbox
+from metaq.mqttcluster.sharing.share import Shares, owner_of, unit
 from metaq.protocol import replication as rp
 from metaq.protocol.replication_mqtt import SHARED, Entry, join_routes, shared_data, split_routes, split_shared
 from metaq.protocol.stream import NEED_DATA
@@ -353,13 +353,11 @@ def test_an_inbox_copy_names_the_groups_it_was_assigned_to():
 def test_a_brokers_route_carries_its_groups_with_members_at_most_max_groups(monkeypatch):
     from types import SimpleNamespace
 
-    from metaq.mqttcluster.peers import MqttCluster
+    from metaq.mqttcluster.following.peers import MqttCluster
     monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_GROUPS", 2)
-    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
-                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
     log = Log()
     port = SimpleNamespace(share_histories=log.histories, record_share_history=log.record)
-    cluster = MqttCluster(config, SimpleNamespace(written_position=0, log_start=0), None, port, None, lambda: True)
+    cluster = MqttCluster(0, SimpleNamespace(written_position=0, log_start=0), None, port, None, lambda: True)
     event = cluster.route_changed
     cluster.groups_changed({G: 1, ("a", "x"): 1})  # at the limit: both
     assert cluster.groups() == (("a", "x"), G) and event.is_set() and cluster.route()[0] == 1
@@ -378,15 +376,13 @@ def test_a_change_of_members_only_goes_into_the_weights_once_settled(monkeypatch
     import gevent
     from types import SimpleNamespace
 
-    from metaq.mqttcluster.peers import MqttCluster
+    from metaq.mqttcluster.following.peers import MqttCluster
     monkeypatch.setattr(limits, "MQTT_CLUSTER_SHARE_SETTLE_S", 0.05)
     monkeypatch.setattr(limits, "MQTT_CLUSTER_SHARE_WEIGHT_MAX", 8)
     monkeypatch.setattr(limits, "MQTT_CLUSTER_SHARE_WEIGHT_STEP_PERCENT", 25)
-    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
-                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
     log = Log()
     port = SimpleNamespace(share_histories=log.histories, record_share_history=log.record)
-    cluster = MqttCluster(config, SimpleNamespace(written_position=0, log_start=0), None, port, None, lambda: True)
+    cluster = MqttCluster(0, SimpleNamespace(written_position=0, log_start=0), None, port, None, lambda: True)
     cluster.groups_changed({G: 1})
     assert cluster.weights() == (1,) and cluster.route()[0] == 1 and log.table.shares[G].changes[-1][1] == ones(0)
     for members in range(2, 5):

@@ -14,13 +14,15 @@ from pydantic import ValidationError
 from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.mqtt.port import MqttPort
-from metaq.mqttcluster import handover, inbox, service
-from metaq.mqttcluster.calls import PeerClient, PeerUnreachable
-from metaq.mqttcluster.ids import home_of
-from metaq.mqttcluster.link import ACK_EXPECTED_S, PeerLink
-from metaq.mqttcluster.peers import MqttCluster
+from metaq.mqttcluster.clientids import handover, service
+from metaq.mqttcluster.following import inbox
+from metaq.mqttcluster.clientids.calls import PeerClient, PeerUnreachable
+from metaq.mqttcluster.clientids.ids import home_of
+from metaq.mqttcluster.following.link import ACK_EXPECTED_S, PeerLink
+from metaq.mqttcluster.following.peers import MqttCluster
 from metaq.mqttcluster.serve import FilterSet, PeerFollow
-from metaq.mqttcluster.service import LEASE_MARGIN_S, ClientIds
+from metaq.mqttcluster.clientids.leases import LEASE_MARGIN_S
+from metaq.mqttcluster.clientids.service import ClientIds
 from metaq.protocol import replication as rp
 from metaq.server.config import ServerConfig
 from metaq.protocol.replication_mqtt import MESSAGE, POSITION, ROUTED, Entry, decode_routes, join_routes, split_routes
@@ -86,9 +88,7 @@ def test_a_routes_ack_waits_for_the_positions_of_its_partitions_when_its_rescan_
 def _cluster(filters=()):
     port = SimpleNamespace(subscribed_filters=lambda: iter(filters), topics=SimpleNamespace(
         topics_for=lambda f: ((f.split("/", 1)[0],), f.startswith("#"))))
-    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
-                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
-    return MqttCluster(config, None, None, port, None, lambda: True)
+    return MqttCluster(0, None, None, port, None, lambda: True)
 
 
 def test_pinned_filters_stay_in_the_route_and_the_takers_wait_ends_with_every_linked_peers_ack():
@@ -188,10 +188,10 @@ def test_a_broker_closes_the_connections_of_the_ids_whose_homes_lease_ran_out():
     ids._end_unleased()
     assert closed == []  # a home first seen: a lease's time from now
     now = time.monotonic()
-    ids._leases = {1: now + 4 / 4 + LEASE_MARGIN_S - 0.01, 2: now + 4 / 4 + LEASE_MARGIN_S + 0.1}
+    ids.leases.until = {1: now + 4 / 4 + LEASE_MARGIN_S - 0.01, 2: now + 4 / 4 + LEASE_MARGIN_S + 0.1}
     ids._end_unleased()  # out a look and a margin before its end: closed by then, a busy loop included
     assert sorted(closed) == sorted(homed[1]) and ids.lease_closed == 2  # its own ids (3) never
-    ids._renewed(1, time.monotonic())
+    ids.leases.renewed(1, time.monotonic())
     closed.clear()
     ids._end_unleased()
     assert closed == []
@@ -203,15 +203,15 @@ def test_a_home_takes_an_id_from_a_holder_that_does_not_answer_only_once_its_lea
 
     ids = _ids(lease_s=0.4, client=SimpleNamespace(call=unreachable, close=lambda: None))
     ask = {"c": "x", "clean": False}
-    ids._heard[1] = time.monotonic()
-    gone = ids._lease_gone(1)
-    assert gone == pytest.approx(ids._heard[1] + 0.5 + LEASE_MARGIN_S)
+    ids.leases.heard(1)
+    gone = ids.leases.gone(1)
+    assert gone == pytest.approx(ids.leases.heard_at[1] + 0.5 + LEASE_MARGIN_S)
     refused = ids._take_from(1, 2, ask, time.monotonic() + 0.1)  # it would run out past the caller's bound
     assert "lease" in refused["error"]
     assert ids._take_from(1, 2, ask, time.monotonic() + 5) == {"unreached": True}
     assert time.monotonic() >= gone
-    ids._heard.clear()
-    assert ids._lease_gone(1) == pytest.approx(ids._started + 0.5 + LEASE_MARGIN_S)  # never heard: since the start
+    ids.leases.heard_at.clear()
+    assert ids.leases.gone(1) == pytest.approx(ids.leases.started + 0.5 + LEASE_MARGIN_S)  # not heard: the start
 
 
 def test_a_takeover_that_passed_the_share_is_not_refused_by_it_after_the_handover():

@@ -11,11 +11,13 @@ import pytest
 from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.mqtt.records import message_of, record_data
-from metaq.mqttcluster import calls, handover, inbox
+from metaq.mqtt.seam import Alone
+from metaq.mqttcluster.clientids import calls, handover
+from metaq.mqttcluster.following import inbox
 from metaq.mqttcluster.asks import Asks
-from metaq.mqttcluster.ids import home_of
-from metaq.mqttcluster.routes import aggregate
-from metaq.mqttcluster.peers import MqttCluster
+from metaq.mqttcluster.clientids.ids import home_of
+from metaq.mqttcluster.following.routes import aggregate
+from metaq.mqttcluster.following.peers import MqttCluster
 from metaq.mqttcluster.members import Members
 from metaq.mqttcluster.serve import FilterSet, PeerFollow, PeerServer
 from metaq.protocol import replication as rp
@@ -275,18 +277,16 @@ def test_a_follow_resumed_starts_a_partition_without_a_position_where_the_earlie
 
 def test_peers_retained_messages_newest_wins_within_their_limit(monkeypatch):
     monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_RETAINED", 2)
-    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
-                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
-    cluster = MqttCluster(config, None, None, None, None, lambda: True)
-    cluster._set_retained("x", 100, 2, "x@100")
-    cluster._set_retained("x", 100, 1, "older broker id")  # same time: the higher broker id stays
-    cluster._set_retained("x", 99, 5, "older")
-    assert cluster.retained["x"] == (100, 2, "x@100")
-    cluster._set_retained("x", 101, 1, None)  # a clear, newer: it wins
-    assert cluster.retained["x"] == (101, 1, None) and not cluster.knows_retained("x")
-    cluster._set_retained("y", 1, 1, "y")  # at the limit: kept
-    cluster._set_retained("z", 1, 1, "z")  # past it: not kept
-    assert set(cluster.retained) == {"x", "y"}
+    retained = MqttCluster(0, None, None, None, None, lambda: True).retained
+    retained.keep("x", 100, 2, "x@100")
+    retained.keep("x", 100, 1, "older broker id")  # same time: the higher broker id stays
+    retained.keep("x", 99, 5, "older")
+    assert retained.names["x"] == (100, 2, "x@100")
+    retained.keep("x", 101, 1, None)  # a clear, newer: it wins
+    assert retained.names["x"] == (101, 1, None) and not retained.knows("x")
+    retained.keep("y", 1, 1, "y")  # at the limit: kept
+    retained.keep("z", 1, 1, "z")  # past it: not kept
+    assert set(retained.names) == {"x", "y"}
 
 
 class FakeZk:
@@ -331,10 +331,8 @@ def test_the_members_reader_wakes_its_listeners_when_the_members_change_only():
 
 def test_a_broker_follows_at_most_max_peers_the_lowest_ids_first(monkeypatch):
     monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_PEERS", 2)
-    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
-                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
     zk = FakeZk([0, 1, 2])
-    cluster = MqttCluster(config, None, None, None, Members(zk, "/meta"), lambda: True)
+    cluster = MqttCluster(0, None, None, None, Members(zk, "/meta"), lambda: True)
     read = cluster.members.read
     assert cluster.peers_of(read()) == {1: "127.0.0.1:20001", 2: "127.0.0.1:20002"}  # at it: both
     assert cluster.peers_refused == 0
@@ -346,9 +344,7 @@ def test_a_broker_follows_at_most_max_peers_the_lowest_ids_first(monkeypatch):
 def test_a_subscription_adds_its_filter_to_the_route_at_once_and_a_covered_one_changes_nothing(monkeypatch):
     monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_FILTERS", 2)
     port = SimpleNamespace(subscribed_filters=lambda: iter(["a/1"]))
-    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
-                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
-    cluster = MqttCluster(config, None, None, port, None, lambda: True)
+    cluster = MqttCluster(0, None, None, port, None, lambda: True)
     cluster.routes_changed()
     assert cluster.route() == (1, ("a/1",))
     woken = cluster.route_changed
@@ -557,7 +553,7 @@ def test_a_handover_is_adopted_in_turns_of_the_loop():
 def _port_state():
     """The parts of an MqttPort that ``claim``, ``release`` and ``end_session`` keep ``began_clean`` with."""
     from metaq.mqtt.port import MqttPort
-    port = SimpleNamespace(_clients={}, _recovered=set(), _began_clean=set(), client_ids=None,
+    port = SimpleNamespace(_clients={}, _recovered=set(), _began_clean=set(), cluster=Alone(),
                            table=SimpleNamespace(sessions={}, wills={}),
                            _held_by_another=lambda user, client_id: None, _take_from=lambda *a: None,
                            _write=lambda *a: None)
@@ -593,7 +589,7 @@ def test_a_copy_that_gives_way_ends_as_the_connect_that_made_the_standing_one(mo
     """The home answers a hold with the ids to end and, of them, those whose standing copy a Clean Start 0 CONNECT
     made (``cont``); a drop carries it per id; the holder ends its copy with ``give_up(id, not continued)``: Clean
     Start 0 drops a delayed will, 1 (or not known) publishes it."""
-    from metaq.mqttcluster.service import ClientIds
+    from metaq.mqttcluster.clientids.service import ClientIds
     ended = []
     port = SimpleNamespace(give_up=lambda c, clean, user: ended.append((c, clean)) or (None, None),
                            holds_any=lambda c: True)
@@ -623,7 +619,7 @@ def test_a_drop_waits_for_a_connect_here_whose_registration_is_on_its_way():
     """A drop (the id registered elsewhere while this broker held a copy) that comes while a CONNECT here waits for
     its home's answer waits for it: a later registration answered here keeps the copy the CONNECT goes on with; a
     CONNECT refused (no later answer) leaves the drop to end the copy."""
-    from metaq.mqttcluster.service import ClientIds
+    from metaq.mqttcluster.clientids.service import ClientIds
     ended = []
     port = SimpleNamespace(give_up=lambda c, clean, user: ended.append((c, clean)) or (None, None),
                            holds_any=lambda c: True)
@@ -647,11 +643,9 @@ def test_a_master_holds_its_mqtt_traffic_until_every_peer_follows_it_at_most_its
     """``MqttCluster.hold``: ``wait_followed`` (before a CONNACK, a will) returns once each other member follows this
     broker (its follow's route in), within the bound; at the bound it returns without the peers still away, and no
     sooner while one is."""
-    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
-                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
     members = Members(FakeZk([0, 1, 2]), "/meta")
     members.current = members.read()
-    cluster = MqttCluster(config, None, None, None, members, lambda: True, hold_s=0.5)
+    cluster = MqttCluster(0, None, None, None, members, lambda: True, hold_s=0.5)
     waiter = gevent.spawn(cluster.wait_followed)
     cluster.hold()
     cluster.followed(1, True)
@@ -679,11 +673,9 @@ def test_a_master_holds_its_mqtt_traffic_until_every_peer_follows_it_at_most_its
 
 
 def test_a_start_hold_of_0_holds_nothing():
-    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta", connect="127.0.0.1:2181"),
-                             mqtt=SimpleNamespace(port=1883), replication=SimpleNamespace(port=8124))
     members = Members(FakeZk([0, 1]), "/meta")
     members.current = members.read()
-    cluster = MqttCluster(config, None, None, None, members, lambda: True, hold_s=0)
+    cluster = MqttCluster(0, None, None, None, members, lambda: True, hold_s=0)
     cluster.hold()
     waiter = gevent.spawn(cluster.wait_followed)
     waiter.join(0.05)
@@ -725,9 +717,10 @@ def test_asks_hold_each_call_to_its_member():
     kept.members()
     kept._members = lambda: None  # ZooKeeper unreadable now: the last reading stands
     assert kept.stranger(2) is None
-    dropped = Asks(1, lambda: {1: ("a", 0)})  # ZooKeeper dropped broker 2 (cut off from it only)
+    follows = set()  # the peers whose follow of broker 1 is live (``MqttCluster.follows_here``)
+    dropped = Asks(1, lambda: {1: ("a", 0)}, follows.__contains__)  # ZooKeeper dropped broker 2 (cut off from it)
     assert "no member" in dropped.stranger(2)
-    dropped.linked = lambda broker_id: broker_id == 2  # its follow of broker 1, admitted as a member, still open
+    follows.add(2)  # its follow of broker 1, admitted as a member, still open
     assert dropped.stranger(2) is None and "no member" in dropped.stranger(9)
     assert "this broker" in dropped.stranger(1)
 

@@ -19,8 +19,8 @@ from metaq import limits
 from metaq.auth import proofs
 from metaq.client.local import free_port, small_config
 from metaq.mqtt.records import record_data
-from metaq.mqttcluster.calls import PeerClient
-from metaq.mqttcluster.ids import home_of
+from metaq.mqttcluster.clientids.calls import PeerClient
+from metaq.mqttcluster.clientids.ids import home_of
 from metaq.protocol import replication as rp
 from metaq.protocol.checksum import crc32
 from metaq.serving.replication import handshake

@@ -13,7 +13,7 @@ from metaq import limits
 from metaq.client.local import free_port
 from metaq.protocol import replication as rp
 from metaq.protocol.replication_mqtt import POSITION, Entry
-from metaq.mqttcluster.ids import holder_share
+from metaq.mqttcluster.clientids.ids import holder_share
 from metaq.serving.replication import handshake
 from tests.harness.broker import wait_for
 from tests.harness.mqtt import Raw, mqtt_config

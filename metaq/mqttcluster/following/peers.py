@@ -12,8 +12,9 @@ append of the put path's burst writer (as a batch of puts); positions move with 
 with the POSITION entries). A refused append (a full disk, a slave now) ends the link: it resumes from the
 positions, nothing lost.
 
-**Shared groups.** The route carries this broker's ``$share`` groups with members; the broker a message is published
-on decides which broker's group takes it (``share.py``): its own group reads only what is assigned here
+**Shared groups.** The route carries this broker's ``$share`` groups with members (``sharing.offer.GroupOffer``: its
+changes applied here as a new route); the broker a message is published on decides which broker's group takes it
+(``sharing.share``): its own group reads only what is assigned here
 (``MqttPort.group_takes``), a peer's link sends a SHARED entry for what is assigned there, copied with the groups
 marked (only they take the copy).
 
@@ -32,9 +33,8 @@ acks a route's version with ROUTED): from the positions held then (``positions_f
 holds the session's filters. A session given up keeps its filters in the route (``pin``) until the broker taking it
 asked for what reached this broker for it since (or MQTT_HANDOVER_LINGER_S): the two sides meet at those positions.
 
-**Retained messages.** Each link follows the peer's ``%MQTT%`` journal's ``R``/``U`` records from its start
-(kept in memory here, at most MQTT_CLUSTER_MAX_RETAINED names, rebuilt at each start and after a promotion the same
-way), with this broker's own clears; for a name the newest by (time, broker id) wins against the local table.
+**Retained messages.** Each link follows the peer's ``%MQTT%`` journal's ``R``/``U`` records from its start, kept
+in ``retained.PeerRetained`` (its module doc: the bound, the newest by (time, broker id) against the local table).
 """
 
 import itertools
@@ -46,13 +46,12 @@ import gevent
 from gevent.event import Event
 
 from metaq import limits
-from metaq.mqtt.follow import RecordError, decode_retained
-from metaq.mqtt.topics import matches
-from metaq.mqttcluster import inbox
-from metaq.mqttcluster.link import PeerLink
-from metaq.mqttcluster.routes import aggregate
-from metaq.mqttcluster.share import Shares, weights_moved
-from metaq.protocol.registration import mqtt_membership
+from metaq.mqttcluster.following import inbox
+from metaq.mqttcluster.following.link import PeerLink
+from metaq.mqttcluster.following.retained import PeerRetained
+from metaq.mqttcluster.following.routes import aggregate
+from metaq.mqttcluster.sharing.offer import GroupOffer
+from metaq.mqttcluster.sharing.share import Shares
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
 from metaq.protocol.replication_mqtt import (EPOCH, MESSAGE, NO_EPOCH, POSITION, RESUMED, RETAINED, ROUTED, SHARED,
                                              epoch_of, record_check, split_shared)
@@ -77,13 +76,15 @@ def unfollowed(peers, followers):
 
 
 class MqttCluster:
-    """See the module doc. ``port``: the broker's MqttPort; ``members``: the cluster's ``members.Members``;
-    ``is_master()``; ``hold_s``: the start hold's bound (``mqtt.cluster_start_hold_s``; None:
-    MQTT_CLUSTER_START_HOLD_S)."""
+    """See the module doc. ``broker_id``: this broker's; ``port``: the broker's MqttPort; ``members``: the cluster's
+    ``members.Members``; ``is_master()``; ``membership``: ``"on"``, or why the other masters cannot follow this one
+    (``registration.mqtt_membership``); ``secret`` and ``tls``: the replication secret (bytes or None) and the
+    client TLS context its links prove and dial with; ``hold_s``: the start hold's bound
+    (``mqtt.cluster_start_hold_s``; None: MQTT_CLUSTER_START_HOLD_S)."""
 
-    def __init__(self, config, store, put_path, port, members, is_master, secret=None, tls=None, hold_s=None):
-        self.config = config
-        self.broker_id = config.broker.id
+    def __init__(self, broker_id, store, put_path, port, members, is_master, membership="on", secret=None, tls=None,
+                 hold_s=None):
+        self.broker_id = broker_id
         self.store = store
         self.put_path = put_path
         self.port = port
@@ -97,12 +98,12 @@ class MqttCluster:
                              lambda: port.share_histories(),
                              lambda key, changes: port.record_share_history(key, changes),
                              pause=lambda turn: share_loop(time.monotonic() if turn is None else turn))
-        self._groups = ()  # this broker's $share groups with members, as its route carries them
-        self._weights = ()  # their weights (members here), one per group, as the route carries them
-        self._settling = None  # the greenlet that applies a change of counts only (``groups_changed``)
-        self._live = ((), ())  # the groups with members here and their weights, as last told (applied or settling)
+        #: this broker's groups with members and their weights, as its route carries them (``sharing.offer``)
+        self.offer = GroupOffer(self.shares, self._groups_applied)
         self.links = {}  # broker id -> PeerLink
-        self.retained = {}  # MQTT topic name -> (at ms, broker id, Retained or None)
+        #: the peers' retained messages as this broker knows them (``retained.PeerRetained``)
+        self.retained = PeerRetained(broker_id, lambda topic, name: port.topics.holds(topic, name),
+                                     lambda name: port.table.retained.get(name))
         self.retained_next = {}  # broker id -> (next offset of its %MQTT% journal read, the check and the epoch of
         # the record before it) (this process's)
         self.route_changed = Event()
@@ -123,8 +124,7 @@ class MqttCluster:
         self.copied = 0
         self.recovered = 0
         self.peers_refused = 0
-        #: ``"on"``, or why the other masters cannot follow this one (``members.membership``)
-        self.membership = mqtt_membership(config.mqtt.port, config.zk.connect, config.replication.port)
+        self.membership = membership
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -162,8 +162,7 @@ class MqttCluster:
         self.links.clear()
         for t in self._tasks:
             t.kill(block=False)
-        if self._settling is not None:
-            self._settling.kill(block=False)
+        self.offer.stop()
 
     # -- the route -----------------------------------------------------------------
 
@@ -187,56 +186,22 @@ class MqttCluster:
 
     def groups(self):
         """This broker's ``$share`` groups with members ((share name, filter), ...), as its route carries them."""
-        return self._groups
+        return self.offer.groups
 
     def weights(self):
         """The weight of each of ``groups()`` here (its members, at most MQTT_CLUSTER_SHARE_WEIGHT_MAX), in order."""
-        return self._weights
+        return self.offer.weights
 
     def groups_changed(self, live):
-        """This broker's groups with members are ``live`` now ({group: members here}, from ``MqttPort``'s
-        ``group_weights``: 0 for a group kept here with no member connected): who takes what of each is decided again
-        (``share.Shares``, a broker's share weighted by its members) and the links send ROUTES again. A group here that
-        gained its first member or lost its last goes at once; a change of counts only, once one moved by more than
-        MQTT_CLUSTER_SHARE_WEIGHT_STEP_PERCENT (``share.weights_moved``), waits MQTT_CLUSTER_SHARE_SETTLE_S, so that
-        a burst of members costs one change and members coming and going around a count cost none. At most
-        MQTT_CLUSTER_MAX_GROUPS go in the route, those with members first (the others' members take what is
-        published here, as without a cluster)."""
-        live = dict(live)
-        groups = tuple(sorted(live))
-        if len(groups) > limits.MQTT_CLUSTER_MAX_GROUPS:
-            log.warning("mqtt cluster: %d shared groups, past MQTT_CLUSTER_MAX_GROUPS (%d): the others are not shared "
-                        "across the cluster", len(groups), limits.MQTT_CLUSTER_MAX_GROUPS)
-            groups = tuple(sorted(sorted(live, key=lambda g: (not live[g], g))[:limits.MQTT_CLUSTER_MAX_GROUPS]))
-        weights = tuple(min(live[g], limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX) for g in groups)
-        if groups != self._groups or [w > 0 for w in weights] != [w > 0 for w in self._weights]:
-            self._apply_groups(groups, weights)
-        elif weights_moved(self._weights, weights) and self._settling is None:
-            self._settling = gevent.spawn_later(limits.MQTT_CLUSTER_SHARE_SETTLE_S, self._settle)
-        self._live = (groups, weights)
+        """This broker's groups with members are ``live`` now ({group: members here}): its offer of them changes
+        (``offer.GroupOffer.changed``: at once, or once settled), then the route (``_groups_applied``)."""
+        self.offer.changed(live)
 
-    def _settle(self):
-        """The counts that changed since a change of counts only, once settled (the groups as they are now)."""
-        self._settling = None
-        groups, weights = self._live
-        if groups != self._groups or weights_moved(self._weights, weights):
-            self._apply_groups(groups, weights)
-
-    def _apply_groups(self, groups, weights):
-        self._groups, self._weights = groups, weights
-        refused = self.shares.refused
-        self.shares.set_local(dict(zip(groups, weights, strict=True)))
-        if self.shares.refused > refused:
-            log.warning("mqtt cluster: %d shared groups tracked is the limit (MQTT_CLUSTER_MAX_GROUPS): some of this "
-                        "broker's are not shared across the cluster", self.shares.most)
+    def _groups_applied(self):
+        """The offer's groups or weights changed: a new route version, the links send ROUTES again."""
         self._set_route(self._route[0] + 1, self._route[1])
         event, self.route_changed = self.route_changed, Event()
         event.set()
-
-    @staticmethod
-    def copy_groups(flag, data):
-        """The groups an inbox record was copied for (``inbox.groups_of``)."""
-        return inbox.groups_of(flag, data)
 
     def _add_filter(self, topic_filter):
         version, filters = self._route
@@ -409,6 +374,11 @@ class MqttCluster:
             self._followers.pop(broker_id, None)
         self._hold_wake.set()
 
+    def follows_here(self, broker_id):
+        """True while a follow of this broker by peer ``broker_id`` is live (``followed``): a member ZooKeeper
+        dropped whose follow stays open is still served (``asks.Asks.linked``: cut off from ZooKeeper only)."""
+        return broker_id in self._followers
+
     def wait_followed(self):
         """Return once no hold runs: before a CONNACK and a will (``MqttPort``), so that what this broker's clients
         publish reaches every peer's subscribers. At most ``hold_s``."""
@@ -492,7 +462,7 @@ class MqttCluster:
                 elif e.kind == RETAINED:
                     self.retained_next[origin] = (e.offset + 1, record_check(e.ts, e.data),
                                                   positions.epoch_at(origin, MQTT_SESSIONS_TOPIC, 0, e.offset))
-                    self._apply_retained(origin, e)
+                    self.retained.apply(origin, e)
                 elif e.kind == ROUTED and routed is not None:
                     routed.append(e.offset)
         finally:  # the copies before a malformed entry are written; what was appended is made visible: readers wake now
@@ -569,59 +539,6 @@ class MqttCluster:
         self._inbox_end[partition] = r.offset + 1
         return {(inbox.INBOX, partition)}
 
-    # -- retained ------------------------------------------------------------------
-
-    def _apply_retained(self, origin, e):
-        try:
-            name, r = decode_retained(e.data)
-        except RecordError as exc:
-            log.warning("mqtt cluster: peer broker %d: %s", origin, exc)
-            return
-        at = r.at_ms if r is not None else e.ts
-        self._set_retained(name, at, origin, r)
-
-    def _set_retained(self, name, at, broker, r):
-        old = self.retained.get(name)
-        if old is not None and (old[0], old[1]) >= (at, broker):
-            return
-        if old is None and len(self.retained) >= limits.MQTT_CLUSTER_MAX_RETAINED:
-            log.warning("mqtt cluster: %d retained names is the limit (MQTT_CLUSTER_MAX_RETAINED): %s from broker %d "
-                        "is not kept", limits.MQTT_CLUSTER_MAX_RETAINED, name, broker)
-            return
-        self.retained[name] = (at, broker, r)
-
-    def local_cleared(self, name, at):
-        """This broker cleared ``name``'s retained message at ``at``: older ones of the peers no longer show here."""
-        if name in self.retained:
-            self._set_retained(name, at, self.broker_id, None)
-
-    def knows_retained(self, name):
-        entry = self.retained.get(name)
-        return entry is not None and entry[2] is not None
-
-    def retained_for(self, topic_filter, topics, local):
-        """The retained messages for a subscription of ``topic_filter`` reading ``topics``: ``local`` (the port's
-        own) merged with the peers', the newest of each name by (time, broker id). A peer's is the name's when the
-        topic map puts the name in its metaq topic (``TopicMap.holds``), whether or not this broker has that topic
-        yet: a wildcard filter gets a peer's retained message of a topic only the peer holds."""
-        if not self.retained:
-            return local
-        out = {}
-        for r in local:
-            entry = self.retained.get(r.name)
-            if entry is None or (entry[0], entry[1]) < (r.at_ms, self.broker_id):
-                out[r.name] = r
-        local_names = {r.name for r in local}
-        for name, (at, broker, r) in self.retained.items():
-            if r is None or name in out or not matches(topic_filter, name) or \
-                    not (r.metaq_topic in topics or self.port.topics.holds(r.metaq_topic, name)):
-                continue
-            local_r = self.port.table.retained.get(name) if name in local_names else None
-            if local_r is not None and (local_r.at_ms, self.broker_id) > (at, broker):
-                continue
-            out[name] = r
-        return list(out.values())
-
     # -- stats ---------------------------------------------------------------------
 
     def summary_values(self):
@@ -632,10 +549,10 @@ class MqttCluster:
                   ("mqtt_cluster_filters", len(self._route[1])),
                   ("mqtt_cluster_copied", self.copied),
                   ("mqtt_cluster_positions", len(self.positions)),
-                  ("mqtt_cluster_groups", len(self._groups)),
+                  ("mqtt_cluster_groups", len(self.offer.groups)),
                   ("mqtt_cluster_peer_groups", sum(len(g) for _t, g in self.shares.peers.values())),
                   ("mqtt_cluster_peer_group_members", sum(sum(g.values()) for _t, g in self.shares.peers.values())),
-                  ("mqtt_cluster_retained", sum(1 for e in self.retained.values() if e[2] is not None))]
+                  ("mqtt_cluster_retained", self.retained.count())]
         if self.shares.refused:
             values.append(("mqtt_cluster_groups_refused", self.shares.refused))
         if self.shares.forgotten:

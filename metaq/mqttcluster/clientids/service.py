@@ -39,15 +39,15 @@ holds live; that broker is told to end it (``drop``). A member that leaves takes
 registries. A copy ended so goes as the device's CONNECT that made the standing copy would have ended it on one
 broker (``_drop``): after a Clean Start 0 one its pending will is dropped, else published.
 
-**Leases** (``_lease_loop``): a broker keeps a connection of an id whose home is another broker only while it holds
-a lease of that home: a call to it answered (``lease``, every quarter of ``mqtt.cluster_id_lease_s``, in turns of
-its own, or any other: ``_call``), valid for the lease from when the call was sent, less a quarter of it and a
-margin (``_end_unleased``). Past it (the home cut off, or down and not
-yet gone from ZooKeeper) the connections of the ids homed there are closed (MQTT 5: DISCONNECT 0x9C Use another
-server; the will as for a network failure), as a deposed master closes its sessions. A home that cannot reach the
-holder of an id registers another broker only once the holder's lease surely ran out since the home last heard from
-it (any call from it: ``_heard``), within the registration's bound (else the CONNECT is refused, 0x88, and retried):
-two live connections of one id do not overlap, however the brokers are cut.
+**Leases** (``_lease_loop``, kept by ``leases.Leases``): a broker keeps a connection of an id whose home is another
+broker only while it holds a lease of that home: a call to it answered (``lease``, every quarter of
+``mqtt.cluster_id_lease_s``, in turns of its own, or any other: ``_call``), valid for the lease from when the call
+was sent, less a quarter of it and a margin (``_end_unleased``). Past it (the home cut off, or down and not yet gone
+from ZooKeeper) the connections of the ids homed there are closed (MQTT 5: DISCONNECT 0x9C Use another server; the
+will as for a network failure), as a deposed master closes its sessions. A home that cannot reach the holder of an
+id registers another broker only once the holder's lease surely ran out since the home last heard from it (any call
+from it: ``Leases.heard``), within the registration's bound (else the CONNECT is refused, 0x88, and retried): two
+live connections of one id do not overlap, however the brokers are cut.
 
 **No ZooKeeper write per device**: registries live in memory on the homes; when the members change each broker
 tells the homes of the ids it holds (those whose home changed or restarted), ``MQTT_CLUSTER_ID_BATCH`` a call, and
@@ -65,9 +65,10 @@ from gevent.lock import Semaphore
 
 from metaq import limits
 from metaq.mqtt import wire
-from metaq.mqttcluster import handover
-from metaq.mqttcluster.calls import PeerUnreachable
-from metaq.mqttcluster.ids import HomeRegistry, RegistryFull, home_of
+from metaq.mqttcluster.clientids import handover
+from metaq.mqttcluster.clientids.calls import PeerUnreachable
+from metaq.mqttcluster.clientids.ids import HomeRegistry, RegistryFull, home_of
+from metaq.mqttcluster.clientids.leases import Leases
 from metaq.serving.connections import share_loop
 
 log = logging.getLogger(__name__)
@@ -77,8 +78,6 @@ __all__ = ["ClientIds"]
 #: Seconds the home waits for the holder's answer: half a registration's bound, so the CONNECT that waits for the
 #: home learns the outcome either way; the holder waits at most half of it for a CONNECT of its own to go live.
 HOLDER_TIMEOUT_S = limits.MQTT_CLUSTER_CALL_TIMEOUT_S / 2
-#: Seconds a home adds to a holder's lease before it takes the holder's ids elsewhere (its loop's turn, a clock's rate).
-LEASE_MARGIN_S = 0.25
 
 
 def _bound_of_register():
@@ -88,10 +87,13 @@ def _bound_of_register():
 
 class ClientIds:
     """See the module doc. ``port``: the MQTT port; ``members``: the cluster's ``members.Members``; ``client``: a
-    ``calls.PeerClient``; ``is_member``: True while this broker is a master with a replication port."""
+    ``calls.PeerClient``; ``is_member``: True while this broker is a master with a replication port; ``cluster``:
+    the MQTT cluster's following (``following.peers.MqttCluster``: its route and copies' positions, for the
+    takeover's end; None: no takeover's end)."""
 
     def __init__(self, port, store, members, broker_id, client, max_ids, max_transfer, is_member,
-                 lease_s=limits.MQTT_CLUSTER_ID_LEASE_S, share_percent=limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT):
+                 lease_s=limits.MQTT_CLUSTER_ID_LEASE_S, share_percent=limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT,
+                 cluster=None):
         self.port, self.store, self.members_reader = port, store, members
         self.broker_id = broker_id
         self.client = client
@@ -116,16 +118,10 @@ class ClientIds:
             ("register", self._register), ("give_up", self._give_up), ("hold", self._hold), ("release", self._release),
             ("drop", self._drop), ("rest", self._rest), ("lease", lambda _caller, _request: {}))}
         self.lease_s = lease_s
-        #: home broker id -> until when (monotonic) this broker may keep connections of the ids homed there
-        self._leases = {}
-        self._heard = {}  # broker id -> when (monotonic) a call from it last came: its lease of this home began by then
-        self._renewing = {}  # broker id -> the greenlet renewing this broker's lease of it
-        self._started = time.monotonic()
+        self.leases = Leases(broker_id, lease_s)  # of the homes, held here; the holders', heard here
         self.lease_closed = 0  # connections closed: the lease of their id's home ran out
         self._members_wake = Event()
-        #: the MQTT cluster (``peers.MqttCluster``): its route and copies' positions, for the takeover's end; set by
-        #: the broker once made (None: no takeover's end)
-        self.cluster = None
+        self.cluster = cluster
         #: (client id, taking broker) -> (until, SavedSession, {(topic, partition): where its handover stopped}):
         #: sessions given up here whose taker may ask for the rest (``_rest``), oldest first, at most
         #: MQTT_HANDOVER_MAX_LINGERING
@@ -332,7 +328,7 @@ class ClientIds:
 
     def _take_from(self, holder, caller, request, deadline):
         """Ask ``holder`` to give the id up for ``caller``: its answer (``{"session": ...}``, ``{}``, an error). A
-        holder that does not answer is passed over once its lease surely ran out (``_lease_gone``), by ``deadline``;
+        holder that does not answer is passed over once its lease surely ran out (``Leases.gone``), by ``deadline``;
         else an error (the CONNECT is refused and retried)."""
         ask = {"op": "give_up", "c": request["c"], "clean": request["clean"], "u": request.get("u"), "to": caller,
                "gen": self.registry.generation(request["c"])}
@@ -344,7 +340,7 @@ class ClientIds:
         try:
             return self._call(holder, address, ask, HOLDER_TIMEOUT_S)
         except PeerUnreachable as exc:
-            gone = self._lease_gone(holder)
+            gone = self.leases.gone(holder)
             if gone > deadline:
                 return {"error": "client id %s is held by broker %d, unreachable (%s); its lease of the id runs out "
                                  "in %.1f s (mqtt.cluster_id_lease_s): try again" % (
@@ -579,9 +575,9 @@ class ClientIds:
     # -- leases -----------------------------------------------------------------------------------------------------
 
     def _heard_by(self, fn):
-        """``fn``, a call's handler, that first records the caller heard from now (``_lease_gone``)."""
+        """``fn``, a call's handler, that first records the caller heard from now (``Leases.gone``)."""
         def handler(caller, request):
-            self._heard[caller] = time.monotonic()
+            self.leases.heard(caller)
             return fn(caller, request)
         return handler
 
@@ -591,57 +587,26 @@ class ClientIds:
         A ``lease`` call goes in the turns kept for it (``PeerClient.call``). Raises PeerUnreachable."""
         sent = time.monotonic()
         answer = self.client.call(address, request, timeout_s, exclusive, lease=request.get("op") == "lease")
-        self._renewed(broker_id, sent)
+        self.leases.renewed(broker_id, sent)
         return answer
-
-    def _renewed(self, home, sent):
-        """A call sent to ``home`` at ``sent`` was answered: this broker's lease of it runs to ``sent`` + the lease."""
-        self._leases[home] = max(self._leases.get(home, 0.0), sent + self.lease_s)
-
-    def _lease_gone(self, holder):
-        """When (monotonic) ``holder``'s lease of this home surely ran out and it closed its connections of the ids
-        homed here: the lease from the last call heard from it (or this broker's start), one of its looks later
-        (``_lease_loop``), and a margin."""
-        heard = self._heard.get(holder, self._started)
-        return heard + self.lease_s * 1.25 + LEASE_MARGIN_S
 
     def _lease_loop(self):
         while True:
             gevent.sleep(self.lease_s / 4)
             try:
                 if self.active():
-                    self._renew_leases()
+                    self.leases.renew(self.members, self._call)
                     self._end_unleased()
                 else:
-                    self._leases.clear()  # a member again: each home gets a lease's time (``_end_unleased``)
+                    self.leases.clear()  # a member again: each home gets a lease's time (``_end_unleased``)
             except Exception:  # noqa: BLE001 - the loop must go on
                 log.exception("mqtt cluster: keeping the client ids' leases failed")
 
-    def _renew_leases(self):
-        for home, address in self.members.items():
-            running = self._renewing.get(home)
-            if home != self.broker_id and (running is None or running.dead):
-                self._renewing[home] = gevent.spawn(self._renew, home, address)
-        for home in [h for h in self._renewing if h not in self.members]:
-            self._renewing.pop(home).kill(block=False)
-            self._leases.pop(home, None)
-
-    def _renew(self, home, address):
-        try:
-            self._call(home, address, {"op": "lease"}, self.lease_s / 2)
-        except PeerUnreachable:
-            pass
-
     def _end_unleased(self):
-        """Close the connections of the ids whose home's lease ran out (a home first seen now gets a lease's time).
-        A lease counts as out one look (a quarter of it) and LEASE_MARGIN_S before its end, so that the closes are
-        done by its end, its look's period and a busy loop included: well within the home's wait (``_lease_gone``)."""
-        now = time.monotonic()
-        early = self.lease_s / 4 + LEASE_MARGIN_S
-        lapsed = set()
-        for home in self.members:
-            if home != self.broker_id and self._leases.setdefault(home, now + self.lease_s) - early < now:
-                lapsed.add(home)
+        """Close the connections of the ids whose home's lease ran out (``Leases.lapsed``: a quarter of it and
+        LEASE_MARGIN_S before its end, so that the closes are done by its end, its look's period and a busy loop
+        included: well within the home's wait, ``Leases.gone``)."""
+        lapsed = self.leases.lapsed(self.members)
         if not lapsed:
             return
         members, ended, turn = self.members, [], time.monotonic()
@@ -662,8 +627,9 @@ class ClientIds:
         self._greenlets = [gevent.spawn(self._watch), gevent.spawn(self._release_loop), gevent.spawn(self._lease_loop)]
 
     def stop(self):
-        for g in self._greenlets + list(self._renewing.values()):
+        for g in self._greenlets:
             g.kill(block=False)
+        self.leases.stop()
         self.client.close()
 
     def _watch(self):

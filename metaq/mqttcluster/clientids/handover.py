@@ -35,7 +35,7 @@ from metaq.mqtt.follow import SavedSession
 from metaq.mqtt.records import message_of
 from metaq.mqtt.resend import message_at
 from metaq.mqtt.session import PUBLISH_SENT, PUBREL_SENT, MqttSession
-from metaq.mqttcluster.inbox import INBOX, origin_of
+from metaq.mqttcluster.following.inbox import INBOX, origin_of
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
 from metaq.clock import now_ms
 from metaq.serving.connections import share_loop
