@@ -26,6 +26,7 @@ from collections import OrderedDict
 import gevent
 
 from metaq import errors, limits
+from metaq.admin import limits as admin_limits
 from metaq.protocol.compression import COMPRESSION_BITS
 from metaq.protocol.journaltopic import DLQ_PREFIX, RESENT_PREFIX
 from metaq.protocol.properties import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY, stored_payload
@@ -48,7 +49,7 @@ class TextGroupMembers:
     """Text connections that committed or queried a group's offsets, while they are open (time passed in,
     monotonic seconds). Bounded by ``max_members`` (group, connection) entries: the least recently seen goes."""
 
-    def __init__(self, max_members=limits.MAX_TEXT_GROUP_MEMBERS):
+    def __init__(self, max_members=admin_limits.MAX_TEXT_GROUP_MEMBERS):
         self.max_members = max_members
         self._seen = OrderedDict()  # (group, conn_id) -> (peer, last seen)
         self._groups_of = {}  # conn_id -> {group}
@@ -174,10 +175,11 @@ class AdminOps:
         offset, end = store.min_offset(topic, partition), store.max_offset(topic, partition)
         offset = max(offset, first or 0)
         found = []
-        while offset < end and len(found) < limits.MAX_DLQ_SCAN:
+        while offset < end and len(found) < admin_limits.MAX_DLQ_SCAN:
             try:
                 records, nxt = store.read_records(topic, partition, offset,
-                                                  min(limits.DLQ_SCAN_STEP, limits.MAX_DLQ_SCAN - len(found)),
+                                                  min(admin_limits.DLQ_SCAN_STEP,
+                                                      admin_limits.MAX_DLQ_SCAN - len(found)),
                                                   _READ_BYTES)
             except errors.Moved as exc:  # retention moved the partition's start while this scan let others run
                 if exc.offset <= offset:
@@ -195,7 +197,7 @@ class AdminOps:
         """The first offset of the dead letters a list or resend sees: the newest ``limits.MAX_DLQ_SCAN`` of the
         partition (the newest are the ones an operator is after; older ones are named by ``more``)."""
         return max(self.store.min_offset(topic, partition),
-                   self.store.max_offset(topic, partition) - limits.MAX_DLQ_SCAN)
+                   self.store.max_offset(topic, partition) - admin_limits.MAX_DLQ_SCAN)
 
     def resent(self, group, windows=None):
         """The positions ``(partition, offset)`` of the group's dead letters already resent (its journal), only
@@ -238,13 +240,13 @@ class AdminOps:
             more = more or windows[p] > self.store.min_offset(topic, p)
             for i, (offset, rec) in enumerate(records):
                 letters.append((p, offset, message_of_record(rec, _HOST), (p, offset) in resent))
-                if i % limits.DLQ_SCAN_STEP == limits.DLQ_SCAN_STEP - 1:
+                if i % admin_limits.DLQ_SCAN_STEP == admin_limits.DLQ_SCAN_STEP - 1:
                     self.pause()
         return topic, letters, more
 
-    def dlq_list(self, group, max_count=limits.MAX_DLQ_LIST):
+    def dlq_list(self, group, max_count=admin_limits.MAX_DLQ_LIST):
         """``{"group", "topic", "dead_letters": [...], "more"}``: the group's dead letters, oldest first."""
-        max_count = max(1, min(max_count, limits.MAX_DLQ_LIST))
+        max_count = max(1, min(max_count, admin_limits.MAX_DLQ_LIST))
         topic, letters, more = self._letters(group)
         letters.sort(key=lambda letter: (letter[2].store_timestamp, letter[0], letter[1]))
         shown = [_describe(p, offset, msg, resent) for p, offset, msg, resent in letters[:max_count]]
@@ -309,7 +311,7 @@ def _msg_id(msg):
 
 def _describe(partition, offset, msg, resent):
     body = bytes(msg.body)
-    preview = body[:limits.DLQ_BODY_PREVIEW_BYTES].decode("utf-8", "backslashreplace")
+    preview = body[:admin_limits.DLQ_BODY_PREVIEW_BYTES].decode("utf-8", "backslashreplace")
     return {"position": "%d-%d" % (partition, offset), "id": _msg_id(msg),
             "topic": msg.properties.get(PROP_RETRY_TOPIC), "tags": msg.properties.get(PROP_TAGS),
             "keys": msg.properties.get(PROP_KEYS), "reconsume_times": msg.reconsume_times,

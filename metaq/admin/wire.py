@@ -17,7 +17,8 @@ bad field (the text parser answers it as its protocol error).
 import json
 from typing import NamedTuple, Optional, Tuple
 
-from metaq import limits
+from metaq.admin import limits as admin_limits
+from metaq.rmq5 import limits as rmq5_limits
 from metaq.protocol.commands import NEEDS_ADMIN, TextCommand, register, token
 from metaq.protocol.integers import parse_int
 
@@ -101,7 +102,8 @@ def _parse_client_command(t):
     if t[1] == "verify" and (topic is None or message_id is None):
         raise ValueError("client_command verify: name the message's topic and id")
     return ClientCommand(t[1], t[2], topic, message_id,
-                         parse_int(t[5], "timeout-ms", 1, limits.GRPC_CLIENT_COMMAND_MAX_TIMEOUT_MS), _opaque(t[6]))
+                         parse_int(t[5], "timeout-ms", 1, rmq5_limits.GRPC_CLIENT_COMMAND_MAX_TIMEOUT_MS),
+                         _opaque(t[6]))
 
 
 def _serialize_client_command(e):
@@ -124,7 +126,7 @@ def _parse_reset_offset(t):
 
 
 def _parse_dlq_list(t):
-    return DlqList(t[1], parse_int(t[2], "max", 1, limits.MAX_DLQ_LIST), _opaque(t[3]))
+    return DlqList(t[1], parse_int(t[2], "max", 1, admin_limits.MAX_DLQ_LIST), _opaque(t[3]))
 
 
 def _parse_dlq_resend(t):

@@ -42,6 +42,7 @@ import ipaddress
 import re
 
 from metaq import limits
+from metaq.auth import limits as auth_limits
 from metaq.auth.quotas import RATES, parse_quotas
 from metaq.errors import ConfigError
 
@@ -127,7 +128,7 @@ class _Decisions:
         answer = self.exact.get(name)
         if answer is None:
             answer = next((rule.perms for rule in self.patterns if rule.regex.match(name) is not None), self.default)
-        if len(self.answers) >= limits.MAX_ACL_DECISIONS_CACHED:
+        if len(self.answers) >= auth_limits.MAX_ACL_DECISIONS_CACHED:
             del self.answers[next(iter(self.answers))]  # the oldest: names are the clients' to choose
         self.answers[name] = answer
         return answer
@@ -209,8 +210,8 @@ def parse_addresses(entries, where):
     """A list of addresses and CIDR networks -> tuple of ``ip_network``; ConfigError naming the bad entry."""
     if not isinstance(entries, list):
         raise ConfigError("%s must be a list of addresses or networks (10.0.0.0/8), got %r" % (where, entries))
-    if len(entries) > limits.MAX_ACL_RULES:
-        raise ConfigError("%s lists %d entries: the limit is %d" % (where, len(entries), limits.MAX_ACL_RULES))
+    if len(entries) > auth_limits.MAX_ACL_RULES:
+        raise ConfigError("%s lists %d entries: the limit is %d" % (where, len(entries), auth_limits.MAX_ACL_RULES))
     nets = []
     for i, entry in enumerate(entries):
         try:
@@ -233,8 +234,8 @@ def _rules(mapping, table, where):
         return ()
     if not isinstance(mapping, dict):
         raise ConfigError("%s must map names (or patterns) to permissions, got %r" % (where, mapping))
-    if len(mapping) > limits.MAX_ACL_RULES:
-        raise ConfigError("%s has %d rules: the limit is %d" % (where, len(mapping), limits.MAX_ACL_RULES))
+    if len(mapping) > auth_limits.MAX_ACL_RULES:
+        raise ConfigError("%s has %d rules: the limit is %d" % (where, len(mapping), auth_limits.MAX_ACL_RULES))
     rules = []
     for name, value in mapping.items():
         if not isinstance(name, str) or not name or len(name) > limits.MAX_NAME_BYTES:
@@ -265,8 +266,8 @@ def _named_entries(doc, key, source):
     entries = doc.get(key) or {}
     if not isinstance(entries, dict):
         raise ConfigError("%s: %s must map names to settings" % (source, key))
-    if len(entries) > limits.MAX_ACL_USERS:
-        raise ConfigError("%s: %d %s: the limit is %d" % (source, len(entries), key, limits.MAX_ACL_USERS))
+    if len(entries) > auth_limits.MAX_ACL_USERS:
+        raise ConfigError("%s: %d %s: the limit is %d" % (source, len(entries), key, auth_limits.MAX_ACL_USERS))
     for name, entry in entries.items():
         if not isinstance(name, str) or not _NAME.match(name):
             raise ConfigError("%s: %s: %r is not a name (letters, digits, _ . @ -, at most 128)" % (source, key, name))
@@ -297,9 +298,9 @@ def parse_acl(doc, source="the permissions file"):
         secret = secret.encode("utf-8")
         if len(secret) > limits.MAX_SECRET_BYTES:
             raise ConfigError("%s.secret is longer than %d bytes" % (where, limits.MAX_SECRET_BYTES))
-        if len(secret) < limits.MIN_USER_SECRET_BYTES:
+        if len(secret) < auth_limits.MIN_USER_SECRET_BYTES:
             raise ConfigError("%s.secret is %d bytes: at least %d are needed (a random string: openssl rand -hex 16)"
-                              % (where, len(secret), limits.MIN_USER_SECRET_BYTES))
+                              % (where, len(secret), auth_limits.MIN_USER_SECRET_BYTES))
         own = _grants(entry, where, _USER_KEYS)
         taken = entry.get("roles") or []
         if not isinstance(taken, list) or not all(isinstance(r, str) for r in taken):
@@ -314,7 +315,7 @@ def parse_acl(doc, source="the permissions file"):
     return Acl(users, allow, parse_quotas(doc.get("quotas"), "%s: quotas" % source))
 
 
-def failure_prefix(host, v4_bits=limits.AUTH_PREFIX_V4):
+def failure_prefix(host, v4_bits=auth_limits.AUTH_PREFIX_V4):
     """The network a failed login from ``host`` is also counted under: its IPv4 /24 (``v4_bits``) or IPv6 /64
     (``limits``), as text; None for a name that is no address (a Unix socket's). One IPv6 host holds a whole /64,
     so an address is no narrower than that."""
@@ -324,5 +325,5 @@ def failure_prefix(host, v4_bits=limits.AUTH_PREFIX_V4):
         return None
     if address.version == 6 and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
-    bits = v4_bits if address.version == 4 else limits.AUTH_PREFIX_V6
+    bits = v4_bits if address.version == 4 else auth_limits.AUTH_PREFIX_V6
     return str(ipaddress.ip_network("%s/%d" % (address, bits), strict=False))

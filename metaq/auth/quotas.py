@@ -31,6 +31,14 @@ rate is unbounded until the file sets one.
 """
 
 from metaq import limits
+from metaq.auth import limits as auth_limits
+from metaq.idempotence import limits as idempotence_limits
+from metaq.offsets import limits as offsets_limits
+from metaq.reqreply import limits as reqreply_limits
+from metaq.rmq5 import limits as rmq5_limits
+from metaq.timers import limits as timers_limits
+from metaq.topics import limits as topics_limits
+from metaq.transactions import limits as transactions_limits
 from metaq.errors import ConfigError, QuotaExceeded
 
 __all__ = ["Quota", "QUOTAS", "RATES", "RATE_OF", "Quotas", "parse_quotas", "default_quota", "quota_error"]
@@ -47,29 +55,29 @@ class Quota:
 
 
 QUOTAS = {q.name: q for q in (
-    Quota("idempotent_producers", limits.MAX_IDEMPOTENT_PRODUCERS, "limits.MAX_IDEMPOTENT_PRODUCERS",
+    Quota("idempotent_producers", idempotence_limits.MAX_IDEMPOTENT_PRODUCERS, "limits.MAX_IDEMPOTENT_PRODUCERS",
           "idempotent producer windows (one per producer id and partition) the broker keeps for the user; past "
           "it the user's own least recently written window is evicted"),
-    Quota("transactions", limits.MAX_OPEN_TRANSACTIONS, "transactions.max_open",
+    Quota("transactions", transactions_limits.MAX_OPEN_TRANSACTIONS, "transactions.max_open",
           "open and prepared transactions of the user (local, XA branches, RocketMQ half messages)"),
-    Quota("topics", limits.MAX_TOPICS, "limits.max_topics",
+    Quota("topics", topics_limits.MAX_TOPICS, "limits.max_topics",
           "topics the user's puts created (a put that would create one more is refused)"),
-    Quota("partitions", limits.MAX_TOTAL_PARTITIONS, "limits.max_partitions",
+    Quota("partitions", topics_limits.MAX_TOTAL_PARTITIONS, "limits.max_partitions",
           "partitions of the topics the user's puts created"),
-    Quota("consumer_offsets", limits.MAX_CONSUMER_OFFSETS, "limits.MAX_CONSUMER_OFFSETS",
+    Quota("consumer_offsets", offsets_limits.MAX_CONSUMER_OFFSETS, "limits.MAX_CONSUMER_OFFSETS",
           "committed consumer offsets (group, topic, partition) the broker keeps that the user's commits made"),
-    Quota("request_waiters", limits.MAX_PENDING_REQUESTS, "limits.max_pending_requests",
+    Quota("request_waiters", reqreply_limits.MAX_PENDING_REQUESTS, "limits.max_pending_requests",
           "text requests of the user waiting for their replies (request-reply)"),
-    Quota("timers", limits.MAX_PENDING_TIMERS, "limits.max_pending_timers",
+    Quota("timers", timers_limits.MAX_PENDING_TIMERS, "limits.max_pending_timers",
           "timed messages of the user pending (put_at, RocketMQ 5's timer properties: scheduled, not yet delivered "
           "or cancelled)"),
     Quota("connections", limits.max_connections_for(1024), "limits.max_connections",
           "connections logged in as the user, on every port"),
     Quota("parked_gets", limits.MAX_PARKED_GETS, "limits.max_parked_gets",
           "long polls of the user parked at once waiting for a message (RocketMQ 5 receives and pulls)"),
-    Quota("producer_topics", limits.GRPC_MAX_PRODUCER_TOPICS, "limits.GRPC_MAX_PRODUCER_TOPICS",
+    Quota("producer_topics", rmq5_limits.GRPC_MAX_PRODUCER_TOPICS, "limits.GRPC_MAX_PRODUCER_TOPICS",
           "topic names the Settings of the user's RocketMQ 5 producers name, over all their open Telemetry streams"),
-    Quota("consumer_clients", limits.GRPC_MAX_CONSUMER_CLIENTS, "limits.GRPC_MAX_CONSUMER_CLIENTS",
+    Quota("consumer_clients", rmq5_limits.GRPC_MAX_CONSUMER_CLIENTS, "limits.GRPC_MAX_CONSUMER_CLIENTS",
           "RocketMQ 5 consumer clients (client ids) of the user whose Telemetry Settings the gRPC port keeps; a new "
           "one past it is refused unless the user's own client heard from longest ago is idle"),
 )}
@@ -88,7 +96,7 @@ def default_quota(name, broker_limit=None):
     """The built-in default of quota ``name``: ``limits.QUOTA_DEFAULT_SHARE`` of its broker-wide limit (the
     configured one when given), at least 1."""
     limit = QUOTAS[name].limit if broker_limit is None else broker_limit
-    return max(1, int(limit * limits.QUOTA_DEFAULT_SHARE))
+    return max(1, int(limit * auth_limits.QUOTA_DEFAULT_SHARE))
 
 
 def parse_quotas(mapping, where):
@@ -159,7 +167,7 @@ class Quotas:
         key = (user, kind)
         bucket = self._buckets.get(key)
         if bucket is None:
-            if len(self._buckets) >= 2 * limits.MAX_ACL_USERS:  # users removed from the file since
+            if len(self._buckets) >= 2 * auth_limits.MAX_ACL_USERS:  # users removed from the file since
                 self._buckets.clear()
             bucket = self._buckets[key] = [float(rate), now]
         tokens = min(float(rate), bucket[0] + (now - bucket[1]) * rate) - nbytes

@@ -61,6 +61,7 @@ from metaq.client.idempotence import frees_sequences, gap_expected, other_conten
 from metaq.idempotence.wire import (DUPLICATE_MARK, IdempotentBatch, IdempotentPut, decode_idem_runs,
                                     encode_idem_sub_records, idem_sub_record)
 from metaq import limits
+from metaq.idempotence import limits as idempotence_limits
 
 log = logging.getLogger(__name__)
 
@@ -303,7 +304,7 @@ class Batcher:
         self.producer = producer
         self.idempotent = bool(getattr(producer, "idempotent", False))  # add's batches are putb_idem
         self._line = _LINE + (_IDEM_LINE if self.idempotent else 0)
-        self._most = limits.MAX_IDEMPOTENT_BATCH_MESSAGES if self.idempotent else limits.MAX_BATCH_MESSAGES
+        self._most = idempotence_limits.MAX_IDEMPOTENT_BATCH_MESSAGES if self.idempotent else limits.MAX_BATCH_MESSAGES
         self.batch_bytes = int(batch_bytes)
         self.linger_s = linger_ms / 1000.0
         self.max_in_flight = int(max_in_flight)
@@ -392,7 +393,7 @@ class Batcher:
         line = _LINE + len(tb)
         chunks = []
         n = len(payloads)
-        most_messages = limits.MAX_IDEMPOTENT_BATCH_MESSAGES if idempotent else limits.MAX_BATCH_MESSAGES
+        most_messages = idempotence_limits.MAX_IDEMPOTENT_BATCH_MESSAGES if idempotent else limits.MAX_BATCH_MESSAGES
         if idempotent:
             line += _IDEM_LINE
         if sum(map(len, payloads)) + n * line <= self.batch_bytes and n <= most_messages:

@@ -25,6 +25,8 @@ import weakref
 from concurrent.futures import Future
 
 from metaq import limits
+from metaq.auth import limits as auth_limits
+from metaq.client import limits as client_limits
 from metaq.client.security import resolve as resolve_security
 from metaq.errors import ConnectionLost, MetaqError, RemoteProtocolError, RequestTimeout, Unauthenticated, os_reason
 from metaq.protocol import events as ev
@@ -380,7 +382,7 @@ class BrokerConnection:
             sock = self._open_socket()
         except Unauthenticated as exc:  # not a network trouble: no quick retries, the same answer meanwhile
             self._auth_error, self._last_error = exc, exc
-            self._retry_at = time.monotonic() + max(self.max_backoff, limits.CLIENT_AUTH_RETRY_S)
+            self._retry_at = time.monotonic() + max(self.max_backoff, client_limits.CLIENT_AUTH_RETRY_S)
             log.warning("%s (no new attempt for %.0f s)", exc, self._retry_at - time.monotonic())
             raise
         except (OSError, MetaqError) as exc:
@@ -418,7 +420,7 @@ class BrokerConnection:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock = self.security.wrap(sock, self.address[0], self.url)
-            self.security.authenticate(sock, self.url, self.connect_timeout + limits.AUTH_FAILURE_DELAY_S)
+            self.security.authenticate(sock, self.url, self.connect_timeout + auth_limits.AUTH_FAILURE_DELAY_S)
             sock.settimeout(self.io_timeout)
         except BaseException:
             sock.close()

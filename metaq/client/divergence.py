@@ -22,7 +22,8 @@ message stored
 import threading
 from collections import OrderedDict
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.client import limits as client_limits
 from metaq.protocol.msgid import id_timestamp_ms
 
 #: probe_verdict's answers.
@@ -38,7 +39,7 @@ class Checkpoints:
 
     LEVELS = 64  # offsets are 64-bit
 
-    def __init__(self, limit=limits.MAX_FETCH_CHECKPOINTS):
+    def __init__(self, limit=client_limits.MAX_FETCH_CHECKPOINTS):
         if limit < 2 * self.LEVELS + 1:
             raise ValueError("checkpoints need a limit of at least %d (2 per bit of an offset and the last), not %r"
                              % (2 * self.LEVELS + 1, limit))
@@ -100,7 +101,7 @@ class ReadsKept:
     both logs hold. At most ``limit`` partitions, the oldest dropped; taken once, and only by a fetcher starting
     where the stopped one was (the same offset, and the same last id when the commit holds one)."""
 
-    def __init__(self, limit=limits.MAX_KEPT_FETCH_READS):
+    def __init__(self, limit=client_limits.MAX_KEPT_FETCH_READS):
         if limit < 0:
             raise ValueError("a limit of kept reads must be 0 or more, not %r" % (limit,))
         self.limit = limit
@@ -154,4 +155,4 @@ def rewind_time_ms(msg_ids):
     time less ``limits.DIVERGENCE_REWIND_MS``."""
     if not msg_ids:
         raise errors.ClientError("no message id to rewind from")
-    return max(0, min(id_timestamp_ms(m) for m in msg_ids) - limits.DIVERGENCE_REWIND_MS)
+    return max(0, min(id_timestamp_ms(m) for m in msg_ids) - client_limits.DIVERGENCE_REWIND_MS)

@@ -22,7 +22,8 @@ import logging
 import threading
 import time
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.client import limits as client_limits
 from metaq.client.divergence import MATCH, MISMATCH, Checkpoints, probe_verdict, rewind_time_ms
 from metaq.client.message import Message
 from metaq.client.replies import reply_error
@@ -412,7 +413,7 @@ class PartitionFetcher:
                 tried.append(cp_id)
         if self._stop.is_set() or self._seek_to is not None:
             return None
-        since_ms = rewind_time_ms(tried) if tried else int(time.time() * 1000) - limits.DIVERGENCE_REWIND_MS
+        since_ms = rewind_time_ms(tried) if tried else int(time.time() * 1000) - client_limits.DIVERGENCE_REWIND_MS
         resume = min(self.consumer.offset_at(topic, self.partition, since_ms), offset if end is None else end)
         log.warning("%s %s: the log at %s differs from every record read before (%s); reading again from offset %d, "
                     "the first stored since %d ms (was at %d)", topic, self.partition, conn.url, exc, resume,

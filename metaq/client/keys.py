@@ -7,7 +7,8 @@ broker's text ``lookup`` (``limits.MAX_KEY_QUERY_RESULTS`` messages a page), new
 message once it is flushed: one just sent may need a flush interval to show.
 """
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.keys import limits as keys_limits
 from metaq.client.message import Message
 from metaq.client.replay import to_timestamp_ms
 from metaq.client.replies import reply_error
@@ -29,7 +30,7 @@ def lookup(conn, topic, key, since=None, until=None, timeout=10.0):
     hi = 2**63 - 1 if until is None else to_timestamp_ms(until)
     cursor = ""
     for _ in range(MAX_PAGES):
-        reply = conn.call(ev.Lookup(topic, key, lo, hi, limits.MAX_KEY_QUERY_RESULTS, cursor, 0), timeout=timeout)
+        reply = conn.call(ev.Lookup(topic, key, lo, hi, keys_limits.MAX_KEY_QUERY_RESULTS, cursor, 0), timeout=timeout)
         if not isinstance(reply, ev.Result) or reply.code != 200:
             raise reply_error(reply, "lookup %s %s" % (topic, key))
         page = decode_lookup_body(reply.body)

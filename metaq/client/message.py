@@ -10,7 +10,7 @@ or when it was fetched (consumer).
 from array import array
 from typing import NamedTuple, Optional
 
-from metaq import limits
+from metaq.keys import limits as keys_limits
 from metaq.protocol.compression import compress
 from metaq.protocol.events import DelayedPut, Put
 from metaq.protocol.message import decode_payload, encode_payload
@@ -135,7 +135,7 @@ class Message:
             # sent to be indexed (docs/messaging.md "Key index") when the index could take it; a key of another kind
             # only picks the partition (the Spark sink passes the partition it chose that way)
             key = self.key_bytes()
-            if key and len(key) <= limits.MAX_KEY_BYTES and b"\x01" not in key and b"\x02" not in key:
+            if key and len(key) <= keys_limits.MAX_KEY_BYTES and b"\x01" not in key and b"\x02" not in key:
                 properties = dict(properties, **{PROP_KEYS: key.decode("utf-8", "replace")})
         if (compress_over is not None and len(body) > compress_over
                 and (self.attribute is None or self.attribute or properties)):

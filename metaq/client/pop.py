@@ -10,6 +10,7 @@ the group's dead-letter topic ``%DLQ%<group>``. Blocking sockets, no threads of 
 import time
 
 from metaq import limits
+from metaq.pop import limits as pop_limits
 from metaq.client.connection import BrokerConnection
 from metaq.client.message import Message
 from metaq.client.replies import reply_error
@@ -47,7 +48,7 @@ class SimpleConsumer:
         self.conn = BrokerConnection(url, security=security) if self._own else url
         self.group, self.topic, self.invisible_ms, self.fifo, self.timeout = group, topic, invisible_ms, fifo, timeout
 
-    def receive(self, max_messages=limits.POP_MAX_BATCH, invisible_ms=None, wait_s=0.0):
+    def receive(self, max_messages=pop_limits.POP_MAX_BATCH, invisible_ms=None, wait_s=0.0):
         """Up to ``max_messages`` ``Received``; with ``wait_s``, the broker holds the request until some come (a new
         message, or one whose invisible time ended) or the wait ends (then ``[]``; the broker's ``max_wait_ms``
         bounds one request, so a longer wait asks again)."""
@@ -69,8 +70,8 @@ class SimpleConsumer:
         expired handle, one of an older delivery)."""
         handles = [r.handle if isinstance(r, Received) else r for r in received]
         out = []
-        for i in range(0, len(handles), limits.POP_MAX_ACK_HANDLES):
-            chunk = handles[i:i + limits.POP_MAX_ACK_HANDLES]
+        for i in range(0, len(handles), pop_limits.POP_MAX_ACK_HANDLES):
+            chunk = handles[i:i + pop_limits.POP_MAX_ACK_HANDLES]
             reply = self.conn.call(Ack(self.topic, self.group, tuple(chunk), 0), timeout=self.timeout)
             if not isinstance(reply, ev.Result) or reply.code != 200:
                 raise reply_error(reply, "ack %s %s" % (self.topic, self.group))

@@ -23,7 +23,8 @@ each level starts at its stored offset, else at ``start_from``'s earliest or lat
 
 import logging
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.priorities import limits as priorities_limits
 from metaq.client.divergence import Checkpoints
 from metaq.client.fetcher import LONG_POLL_MARGIN_S, PartitionFetcher, records_of
 from metaq.client.message import Message
@@ -46,9 +47,9 @@ def check_levels(priorities, replay=None):
         raise errors.ClientError("a priority subscription cannot start_from a time: its levels start at their stored "
                                  "offsets, else at earliest or latest")
     if not isinstance(priorities, int) or isinstance(priorities, bool) or not (
-            2 <= priorities <= limits.MAX_PRIORITY_LEVELS):
+            2 <= priorities <= priorities_limits.MAX_PRIORITY_LEVELS):
         raise errors.ClientError("priorities must be 0 (none) or 2..%d levels, got %r"
-                                 % (limits.MAX_PRIORITY_LEVELS, priorities))
+                                 % (priorities_limits.MAX_PRIORITY_LEVELS, priorities))
     return priorities
 
 

@@ -42,6 +42,7 @@ import zlib
 from concurrent.futures import Future
 
 from metaq import limits
+from metaq.idempotence import limits as idempotence_limits
 from metaq.errors import BrokerError, ConnectionLost, RequestTimeout, Unauthenticated, Unavailable
 from metaq.protocol import events as ev
 from metaq.idempotence.wire import IdempotentPut
@@ -695,11 +696,11 @@ class Producer:
             seqs = self._sequences.get(key)
             if seqs is None:
                 seqs = self._sequences[key] = _Sequences()
-            if seqs.next - seqs.low >= limits.IDEMPOTENCE_WINDOW:
+            if seqs.next - seqs.low >= idempotence_limits.IDEMPOTENCE_WINDOW:
                 if not wait:
                     return None
                 # wait until half the window is free, not for one slot: the sends then go out in bursts
-                while seqs.next - seqs.low > limits.IDEMPOTENCE_WINDOW // 2:
+                while seqs.next - seqs.low > idempotence_limits.IDEMPOTENCE_WINDOW // 2:
                     left = send.deadline - time.monotonic()
                     if left <= 0 or self._closed:
                         raise RequestTimeout("%d sends to %s of %s are unanswered (limits.IDEMPOTENCE_WINDOW): no "
@@ -760,7 +761,7 @@ class Producer:
                 seqs.release(first, count)
             else:
                 seqs.finished_run(first, count)
-            if seqs.waiting and seqs.next - seqs.low <= limits.IDEMPOTENCE_WINDOW // 2:
+            if seqs.waiting and seqs.next - seqs.low <= idempotence_limits.IDEMPOTENCE_WINDOW // 2:
                 seqs.waiting = False
                 self._window_cond.notify_all()
 
@@ -813,7 +814,7 @@ class Producer:
             seqs = send.sequences
             with self._window_lock:
                 seqs.finished(send.seq)
-                if seqs.waiting and seqs.next - seqs.low <= limits.IDEMPOTENCE_WINDOW // 2:
+                if seqs.waiting and seqs.next - seqs.low <= idempotence_limits.IDEMPOTENCE_WINDOW // 2:
                     seqs.waiting = False
                     self._window_cond.notify_all()
         send.future.set_result(result)  # runs the callbacks

@@ -39,6 +39,7 @@ import threading
 import yaml
 
 from metaq import errors, limits
+from metaq.client import limits as client_limits
 from metaq.auth import proofs
 from metaq.protocol import events as ev
 from metaq.protocol.stream import CLOSED, NEED_DATA
@@ -64,7 +65,7 @@ def _flag(value, where):
     raise errors.ConfigError("%s must be 1/true/yes/on or 0/false/no/off, got %r" % (where, value))
 
 
-def read_private(path, what, max_bytes=limits.MAX_CREDENTIALS_FILE_BYTES):
+def read_private(path, what, max_bytes=client_limits.MAX_CREDENTIALS_FILE_BYTES):
     """The bytes of a file that holds a secret: refused (ConfigError) when group or others may read or write it,
     as ssh refuses such a private key, or when larger than ``max_bytes``."""
     path = os.path.expanduser(str(path))
@@ -287,7 +288,7 @@ class ClientSecurity:
         if self.user is None:
             return False
         sock.settimeout(timeout)
-        parser = TextParser(max_line=limits.MAX_LINE_BYTES, max_body=limits.MAX_AUTH_REPLY_BYTES)
+        parser = TextParser(max_line=limits.MAX_LINE_BYTES, max_body=client_limits.MAX_AUTH_REPLY_BYTES)
         reply = _exchange(sock, parser, ev.Auth(self.user, None, None, 1), where)
         if reply.code == 200:
             nonce = bytes(reply.body).decode("ascii", "replace")
@@ -375,7 +376,7 @@ class TlsSocket:
         view = memoryview(data)
         with self._send_lock:
             while view:
-                chunk, view = view[:limits.CLIENT_TLS_WRITE_BYTES], view[limits.CLIENT_TLS_WRITE_BYTES:]
+                chunk, view = view[:client_limits.CLIENT_TLS_WRITE_BYTES], view[client_limits.CLIENT_TLS_WRITE_BYTES:]
                 with self._lock:
                     while chunk:
                         chunk = chunk[self._tls.write(chunk):]

@@ -6,7 +6,7 @@ from metaq import errors
 from metaq.client.message import Partition
 from metaq.filters.sql import SqlFilter, compile_sql
 from metaq.filters.wire import tag_token
-from metaq.limits import MAX_FILTER_TAGS, MAX_TAG_EXPRESSION_BYTES
+from metaq.filters.limits import MAX_FILTER_TAGS, MAX_TAG_EXPRESSION_BYTES
 
 __all__ = ["Subscription", "make_filter", "broker_tags", "sql_filter", "as_partition"]
 

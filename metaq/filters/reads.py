@@ -24,7 +24,7 @@ from typing import List, NamedTuple
 from metaq.errors import CorruptRecord, Moved
 from metaq.filters.sql import SqlFilter
 from metaq.filters.wire import OFFSET_FIELD
-from metaq.limits import MAX_SQL_FILTER_SCAN
+from metaq.filters.limits import MAX_SQL_FILTER_SCAN
 from metaq.protocol.properties import record_properties
 from metaq.store.index import UNIT_SIZE
 from metaq.store.record import ATTRIBUTE_FLAG, TOPIC_START, decode_record, record_is, record_ok, record_tags

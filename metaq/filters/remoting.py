@@ -11,7 +11,7 @@ a heartbeat carrying more than ``limits.MAX_HEARTBEAT_SQL_SUBSCRIPTIONS`` is ref
 heartbeat compiles a bounded number of expressions on the loop (compiled ones are shared: ``sql.compiled``).
 """
 
-from metaq import limits
+from metaq.filters import limits as filters_limits
 from metaq.errors import BadFilterExpression, ClientError
 from metaq.filters.sql import compiled
 
@@ -23,13 +23,13 @@ class SqlSubscriptions:
     """(consumer group, topic) -> the SQL92 filter of its latest heartbeat (a ``SqlFilter``, or the compile
     error's text)."""
 
-    def __init__(self, live, max_entries=limits.MAX_SQL_SUBSCRIPTIONS):
+    def __init__(self, live, max_entries=filters_limits.MAX_SQL_SUBSCRIPTIONS):
         self._live = live
         self.max_entries = max_entries
         self._subs = {}  # (group, topic) -> (expression, SqlFilter or error text)
 
     @staticmethod
-    def check(consumers, most=limits.MAX_HEARTBEAT_SQL_SUBSCRIPTIONS):
+    def check(consumers, most=filters_limits.MAX_HEARTBEAT_SQL_SUBSCRIPTIONS):
         """ClientError when a heartbeat's ``ConsumerData``s carry more than ``most`` SQL92 subscriptions: checked
         before anything of the heartbeat is recorded."""
         n = sum(1 for c in consumers for s in c.subscriptions

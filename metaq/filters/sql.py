@@ -42,7 +42,7 @@ import math
 import operator
 import re
 
-from metaq import limits
+from metaq.filters import limits as filters_limits
 from metaq.errors import BadFilterExpression
 
 __all__ = ["SqlFilter", "compile_sql", "compiled"]
@@ -725,15 +725,16 @@ class SqlFilter:
         return "SqlFilter(%r)" % self.expression
 
 
-@functools.lru_cache(maxsize=limits.SQL_FILTER_CACHE)
+@functools.lru_cache(maxsize=filters_limits.SQL_FILTER_CACHE)
 def compiled(expression):
     """``compile_sql(expression)`` with the broker's limits, kept for the ``limits.SQL_FILTER_CACHE`` expressions
     used last (a compiled filter is immutable: any request may share it); errors are raised, never kept."""
     return compile_sql(expression)
 
 
-def compile_sql(expression, max_chars=limits.MAX_SQL_FILTER_CHARS, max_depth=limits.MAX_SQL_FILTER_DEPTH,
-                max_in_items=limits.MAX_SQL_FILTER_IN_ITEMS):
+def compile_sql(expression, max_chars=filters_limits.MAX_SQL_FILTER_CHARS,
+                max_depth=filters_limits.MAX_SQL_FILTER_DEPTH,
+                max_in_items=filters_limits.MAX_SQL_FILTER_IN_ITEMS):
     """The ``SqlFilter`` of ``expression`` (str); BadFilterExpression (a ClientError) naming the position and
     what was expected when it does not parse, is empty, or passes one of the limits."""
     if len(expression) > max_chars:

@@ -16,7 +16,7 @@ mapping read them too).
 
 import struct
 
-from metaq import limits
+from metaq.filters import limits as filters_limits
 from metaq.errors import BadFilterExpression, RemoteProtocolError
 from metaq.filters.sql import compiled
 from metaq.protocol.checksum import metaq_checksum
@@ -100,7 +100,7 @@ def _parse_get_sql(t):
     partition = parse_int(t[3], "partition", -1, INT32_MAX)
     offset = parse_int(t[4], "offset", INT64_MIN, INT64_MAX)
     max_size = parse_int(t[5], "maxSize", INT32_MIN, INT32_MAX)
-    length = parse_int(t[6], "exprBytes", 1, limits.MAX_SQL_FILTER_BYTES)
+    length = parse_int(t[6], "exprBytes", 1, filters_limits.MAX_SQL_FILTER_BYTES)
     max_wait_ms = parse_int(t[7], "maxWaitMs", 0, INT32_MAX) if len(t) >= 9 else None
     token_ = t[8] if len(t) == 10 else ""
     passed = token_.endswith(PASSED_SUFFIX)

@@ -28,6 +28,8 @@ import os
 from dataclasses import dataclass
 
 from metaq import limits
+from metaq.groups import limits as groups_limits
+from metaq.topics import limits as topics_limits
 from metaq.errors import ClientError, InvalidTopic, NotFound, StoreError
 from metaq.store.files import fsync_dir, write_atomically
 
@@ -35,7 +37,7 @@ GROUPS_FILE = "groups.json"
 TABLE_FORMAT = 1
 SETTING_NAMES = ("max_retries", "consumption_enabled", "broadcast_allowed", "read_from_slave_when_slow", "fifo")
 #: Largest group table file: its entries at their longest names fit well within it.
-MAX_GROUP_TABLE_BYTES = limits.MAX_TOPIC_TABLE_BYTES // 2
+MAX_GROUP_TABLE_BYTES = topics_limits.MAX_TOPIC_TABLE_BYTES // 2
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ def parse_settings(name, values, base=None):
         raise ClientError("unknown group setting %s (known: %s)" % (", ".join(unknown), ", ".join(SETTING_NAMES)))
     s = base.to_json() if base is not None else GroupSettings(name).to_json()
     if "max_retries" in values:
-        s["max_retries"] = _optional_int(values["max_retries"], "max_retries", 0, limits.MAX_GROUP_RETRIES,
+        s["max_retries"] = _optional_int(values["max_retries"], "max_retries", 0, groups_limits.MAX_GROUP_RETRIES,
                                          "limits.MAX_GROUP_RETRIES")
     if "read_from_slave_when_slow" in values:
         s["read_from_slave_when_slow"] = _optional_int(values["read_from_slave_when_slow"],
@@ -174,7 +176,7 @@ class GroupTable:
             raise ClientError("group-settings set %s: give at least one setting (%s)"
                               % (group, ", ".join(SETTING_NAMES)))
         old = self.entries.get(group)
-        if old is None and len(self.entries) >= limits.MAX_GROUP_SETTINGS:
+        if old is None and len(self.entries) >= groups_limits.MAX_GROUP_SETTINGS:
             raise ClientError("group %s gets no settings: the table holds %d groups, its limit "
                               "(limits.MAX_GROUP_SETTINGS); delete another group's settings first"
                               % (group, len(self.entries)))
@@ -231,8 +233,9 @@ def _parse_state(state):
         raise ValueError("unknown group table format %r (this broker reads %d)"
                          % (state.get("format") if isinstance(state, dict) else state, TABLE_FORMAT))
     groups = state["groups"]
-    if len(groups) > limits.MAX_GROUP_SETTINGS:
-        raise ValueError("%d groups: at most %d (limits.MAX_GROUP_SETTINGS)" % (len(groups), limits.MAX_GROUP_SETTINGS))
+    if len(groups) > groups_limits.MAX_GROUP_SETTINGS:
+        raise ValueError("%d groups: at most %d (limits.MAX_GROUP_SETTINGS)"
+                         % (len(groups), groups_limits.MAX_GROUP_SETTINGS))
     entries = {}
     for name, raw in groups.items():
         entries[name] = parse_settings(check_group(name), {k: raw[k] for k in SETTING_NAMES if k in raw})

@@ -48,7 +48,7 @@ import os
 import struct
 from operator import itemgetter
 
-from metaq.limits import IDEMPOTENCE_SNAPSHOT_BYTES
+from metaq.idempotence.limits import IDEMPOTENCE_SNAPSHOT_BYTES
 from metaq.idempotence.records import MARK, MAX_PID, MAX_SEQ, check_identity, stored_identity, with_identity
 from metaq.errors import ClientError, QuotaExceeded
 from metaq.protocol.checksum import metaq_checksum

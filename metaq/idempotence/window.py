@@ -65,7 +65,7 @@ import zlib
 from array import array
 from bisect import bisect_right
 
-from metaq import limits
+from metaq.idempotence import limits as idempotence_limits
 from metaq.errors import ClientError
 
 __all__ = ["SequenceTooOld", "ProducerTable", "SnapshotError", "OLDER", "snapshot_position"]
@@ -155,8 +155,10 @@ class _Window:
 class ProducerTable:
     """Every producer-partition's window (see the module docstring)."""
 
-    def __init__(self, window=limits.IDEMPOTENCE_WINDOW, max_producers=limits.MAX_IDEMPOTENT_PRODUCERS,
-                 ttl_ms=limits.IDEMPOTENT_PRODUCER_TTL_MS, quota_of=None, max_evicted=limits.MAX_EVICTED_PRODUCERS):
+    def __init__(self, window=idempotence_limits.IDEMPOTENCE_WINDOW,
+                 max_producers=idempotence_limits.MAX_IDEMPOTENT_PRODUCERS,
+                 ttl_ms=idempotence_limits.IDEMPOTENT_PRODUCER_TTL_MS, quota_of=None,
+                 max_evicted=idempotence_limits.MAX_EVICTED_PRODUCERS):
         """``quota_of(owner)``: the windows user ``owner`` may hold (None: no quota, only ``max_producers``)."""
         if window < 1 or max_producers < 1 or ttl_ms < 1:
             raise ValueError("window, max_producers and ttl_ms must be positive")

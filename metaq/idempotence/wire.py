@@ -14,7 +14,8 @@ Its event, parser (the general one and the one-step line parser), serializer and
 import re
 from typing import NamedTuple
 
-from metaq import limits, speedups
+from metaq import speedups
+from metaq.idempotence import limits as idempotence_limits
 from metaq.idempotence.burst import scan_idem_burst
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.events import UNCHECKED
@@ -115,7 +116,7 @@ class IdempotentBatch(NamedTuple):
 
 def _parse_putb_idem(t):
     topic = t[1]
-    count = parse_int(t[2], "count", 1, limits.MAX_IDEMPOTENT_BATCH_MESSAGES)
+    count = parse_int(t[2], "count", 1, idempotence_limits.MAX_IDEMPOTENT_BATCH_MESSAGES)
     opaque = parse_int(t[4], "opaque", _INT32_MIN, _INT32_MAX)
     return lambda body: IdempotentBatch(topic, count, body, opaque)
 

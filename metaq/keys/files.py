@@ -25,7 +25,7 @@ import sys
 import zlib
 from array import array
 
-from metaq import limits
+from metaq.keys import limits as keys_limits
 from metaq.errors import ClientError, StoreError
 from metaq.protocol.properties import NAME_VALUE_SEPARATOR, PROP_KEYS, PROP_UNIQ_KEY, PROPERTY_SEPARATOR
 from metaq.store.mapped import MappedFile
@@ -70,9 +70,9 @@ def keys_of_properties(props):
             keys.append(value)
     out = []
     for k in keys:
-        if k and len(k) <= limits.MAX_KEY_BYTES and k not in out:
+        if k and len(k) <= keys_limits.MAX_KEY_BYTES and k not in out:
             out.append(k)
-            if len(out) == limits.MAX_KEYS_PER_MESSAGE:
+            if len(out) == keys_limits.MAX_KEYS_PER_MESSAGE:
                 break
     return out
 
@@ -92,8 +92,8 @@ def data_keys(flag, data):
 def check_key(key):
     """A lookup's key as bytes; raises ClientError (via limits' errors) when it cannot be an indexed key."""
     b = key.encode("utf-8") if isinstance(key, str) else bytes(key)
-    if not b or len(b) > limits.MAX_KEY_BYTES or b" " in b or _PROPS in b or _NAME_VALUE in b:
-        raise ClientError("a key must be 1..%d bytes without spaces or separators" % limits.MAX_KEY_BYTES)
+    if not b or len(b) > keys_limits.MAX_KEY_BYTES or b" " in b or _PROPS in b or _NAME_VALUE in b:
+        raise ClientError("a key must be 1..%d bytes without spaces or separators" % keys_limits.MAX_KEY_BYTES)
     return b
 
 

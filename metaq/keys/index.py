@@ -25,7 +25,8 @@ import logging
 from bisect import bisect_right
 from typing import NamedTuple, Optional
 
-from metaq import limits, speedups
+from metaq import speedups
+from metaq.keys import limits as keys_limits
 from metaq.errors import ClientError, StoreError
 from metaq.protocol.properties import NAME_VALUE_SEPARATOR, PROP_KEYS, PROP_UNIQ_KEY, PROPERTY_SEPARATOR
 from metaq.keys.files import KeyFile, check_key, data_keys, key_hash, keys_of_properties
@@ -98,11 +99,11 @@ def parse_cursor(text):
     """``(file, entry)`` of a cursor (``""``/None: the start); raises ClientError on anything else."""
     if not text:
         return None
-    if len(text) > limits.MAX_KEY_CURSOR_BYTES:
-        raise ClientError("cursor longer than %d bytes" % limits.MAX_KEY_CURSOR_BYTES)
+    if len(text) > keys_limits.MAX_KEY_CURSOR_BYTES:
+        raise ClientError("cursor longer than %d bytes" % keys_limits.MAX_KEY_CURSOR_BYTES)
     a, sep, b = str(text).partition(":")
     if not sep or not a.isdigit() or not b.isdigit():
-        raise ClientError("bad cursor %r" % (text[:limits.MAX_KEY_CURSOR_BYTES],))
+        raise ClientError("bad cursor %r" % (text[:keys_limits.MAX_KEY_CURSOR_BYTES],))
     return int(a), int(b)
 
 
@@ -113,8 +114,8 @@ class KeyIndex:
     follows = FLUSHED
 
     def __init__(self, dirs, slots, capacity):
-        if capacity < limits.MAX_KEYS_PER_MESSAGE or slots < 1:
-            raise StoreError("a key index file needs at least %d entries and 1 slot" % limits.MAX_KEYS_PER_MESSAGE)
+        if capacity < keys_limits.MAX_KEYS_PER_MESSAGE or slots < 1:
+            raise StoreError("a key index file needs at least %d entries and 1 slot" % keys_limits.MAX_KEYS_PER_MESSAGE)
         self._dirs = dirs
         self.slots, self.capacity = slots, capacity
         self.files = []
@@ -228,7 +229,7 @@ class KeyIndex:
         each ending by ``end``; returns where the walk stopped (``follower.Subscriber.learn``). The C walk goes in
         pieces of ``KEY_INDEX_WALK_BYTES`` at most, so the list of keyed records stays bounded."""
         while True:
-            walk_stop = min(stop, rel + limits.KEY_INDEX_WALK_BYTES)
+            walk_stop = min(stop, rel + keys_limits.KEY_INDEX_WALK_BYTES)
             after, keyed = keyed_records(mm, rel, walk_stop, end)
             at = rel
             try:
@@ -324,7 +325,7 @@ class KeySearch:
         self._key = key
         self._hash = key_hash(self._tb, key)
         self._since, self._until = since_ms, until_ms
-        self._max = max(1, min(max_count, limits.MAX_KEY_QUERY_RESULTS))
+        self._max = max(1, min(max_count, keys_limits.MAX_KEY_QUERY_RESULTS))
         files = [f for f in reversed(index.files) if f.count and f.max_ts >= since_ms and f.min_ts <= until_ms]
         self._next = None  # entry + 1 to read next in the current file; None: its slot first
         if cursor is not None:  # resume: the cursor's file at its entry (0: its slot), or the older ones
@@ -378,7 +379,7 @@ class KeySearch:
             self._next = None
             self.done = not self._files
             return
-        if self._scanned >= limits.MAX_KEY_SCAN_ENTRIES:
+        if self._scanned >= keys_limits.MAX_KEY_SCAN_ENTRIES:
             self._stop()
             return
         self._scanned += 1
@@ -402,7 +403,7 @@ class KeySearch:
             return  # a hash collision
         self.records.append(rec)
         self._bytes += size
-        if len(self.records) >= self._max or self._bytes >= limits.MAX_KEY_QUERY_BYTES:
+        if len(self.records) >= self._max or self._bytes >= keys_limits.MAX_KEY_QUERY_BYTES:
             self._stop()
 
     def _stop(self):

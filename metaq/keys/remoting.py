@@ -10,6 +10,7 @@ found is QUERY_NOT_FOUND, as RocketMQ answers.
 """
 
 from metaq import limits
+from metaq.keys import limits as keys_limits
 from metaq.protocol.rocketmq.headers import UNIQUE_KEY_QUERY, QueryMessageHeader, decode_header
 from metaq.protocol.rocketmq.mapping import message_of_record, stored_message_bytes
 from metaq.protocol.rocketmq.remoting import ResponseCode, response_for
@@ -21,7 +22,7 @@ def query_message(store, cmd, host):
     h = decode_header(QueryMessageHeader, cmd)
     max_num = h.max_num
     if (cmd.ext_fields or {}).get(UNIQUE_KEY_QUERY) == "true":
-        max_num = limits.MAX_KEY_QUERY_RESULTS
+        max_num = keys_limits.MAX_KEY_QUERY_RESULTS
     limits.validate_topic(h.topic)
     page = walk(store.key_search(h.topic, h.key, h.begin_timestamp, h.end_timestamp, max(1, max_num))).page()
     fields = {"indexLastUpdateTimestamp": page.updated_ms, "indexLastUpdatePhyoffset": page.indexed_to}

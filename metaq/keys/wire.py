@@ -13,7 +13,7 @@ Big-endian, as every MetaQ form. The cursor is ``-`` on the last page.
 import struct
 from typing import NamedTuple, Optional
 
-from metaq import limits
+from metaq.keys import limits as keys_limits
 from metaq.errors import RemoteProtocolError
 from metaq.protocol.commands import NEEDS_SUBSCRIBER, TextCommand, register, token
 from metaq.protocol.events import Lookup
@@ -72,9 +72,9 @@ def decode_lookup_body(body):
 
 
 def _parse_lookup(t):
-    if len(t[2].encode("utf-8")) > limits.MAX_KEY_BYTES or len(t[6]) > limits.MAX_KEY_CURSOR_BYTES:
-        raise TokenError("lookup: a key is 1..%d bytes, a cursor at most %d" % (limits.MAX_KEY_BYTES,
-                                                                               limits.MAX_KEY_CURSOR_BYTES))
+    if len(t[2].encode("utf-8")) > keys_limits.MAX_KEY_BYTES or len(t[6]) > keys_limits.MAX_KEY_CURSOR_BYTES:
+        raise TokenError("lookup: a key is 1..%d bytes, a cursor at most %d" % (keys_limits.MAX_KEY_BYTES,
+                                                                               keys_limits.MAX_KEY_CURSOR_BYTES))
     return Lookup(t[1], t[2], parse_int(t[3], "since", 0, INT64_MAX), parse_int(t[4], "until", 0, INT64_MAX),
                   parse_int(t[5], "max", 1, INT32_MAX), "" if t[6] == "-" else t[6],
                   parse_int(t[7], "opaque", INT32_MIN, INT32_MAX))

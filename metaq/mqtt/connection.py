@@ -29,6 +29,7 @@ import time
 from gevent.lock import Semaphore
 
 from metaq import limits
+from metaq.mqtt import limits as mqtt_limits
 from metaq.mqtt import wire
 from metaq.mqtt.acks import Acknowledgements
 from metaq.mqtt.connect import connect
@@ -273,7 +274,7 @@ class Connection(core.Connection):
     #: An idle connection, most of a device fleet's, holds no greenlet (the connection core's ``parks``), once idle
     #: for ``limits.MQTT_PARK_AFTER_S``.
     parks = True
-    park_after_s = limits.MQTT_PARK_AFTER_S
+    park_after_s = mqtt_limits.MQTT_PARK_AFTER_S
     #: [MQTT-3.1.2-24]: a packet begun whose bytes stop for 1.5 x Keep Alive closes the connection as a network
     #: failure (its will fires), before the request deadline; Keep Alive bounds the time from the end of one packet
     #: to the start of the next (3.1.2.10), not a packet's transmission: one arriving steadily is served.

@@ -3,7 +3,7 @@ that gets it the same way (``Decoded``): the fan-out readers, the deliveries' ow
 take a record's message and its encodings from here, bounded by count and bytes (``limits.MQTT_SHARED_DECODES``,
 ``limits.MQTT_SHARED_DECODES_BYTES``)."""
 
-from metaq import limits
+from metaq.mqtt import limits as mqtt_limits
 from metaq.mqtt import wire
 from metaq.mqtt.records import message_of
 from metaq.mqtt.topicmap import DEFAULT_MAP
@@ -19,7 +19,8 @@ class Decoded:
 
     __slots__ = ("topics", "count", "nbytes", "_messages", "_packets")
 
-    def __init__(self, topics=DEFAULT_MAP, count=limits.MQTT_SHARED_DECODES, nbytes=limits.MQTT_SHARED_DECODES_BYTES):
+    def __init__(self, topics=DEFAULT_MAP, count=mqtt_limits.MQTT_SHARED_DECODES,
+                 nbytes=mqtt_limits.MQTT_SHARED_DECODES_BYTES):
         self.topics = topics
         self.count = count
         self.nbytes = nbytes

@@ -68,7 +68,8 @@ import time
 
 import gevent
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.mqtt import limits as mqtt_limits
 from metaq.auth.acl import SUB
 from metaq.mqtt.direct import DirectPath
 from metaq.mqtt.fanplan import FanMember
@@ -186,7 +187,7 @@ class Delivery:
             if self._retained:
                 pending, self._retained = self._retained, []
                 self.subs.send_retained(pending)
-            if time.monotonic() - self.subs.rescanned >= limits.MQTT_TOPIC_RESCAN_S:
+            if time.monotonic() - self.subs.rescanned >= mqtt_limits.MQTT_TOPIC_RESCAN_S:
                 self.subs.rescan()
             seen = self._ends()  # before the pass: an append after its read of a partition woke nobody
             room.clear()  # before the pass: an acknowledgement during it is kept when the pass needed one
@@ -225,7 +226,7 @@ class Delivery:
             else:
                 ds[self] = None
         try:
-            self.waiters.wait_any(keys, limits.MQTT_TOPIC_RESCAN_S, self.conn.room, self._unread(seen),
+            self.waiters.wait_any(keys, mqtt_limits.MQTT_TOPIC_RESCAN_S, self.conn.room, self._unread(seen),
                                   self.out.store.max_offset)
         finally:
             for key in keys:
@@ -340,7 +341,7 @@ class Delivery:
         if offset is None:
             return False
         try:
-            records, _next = out.store.read_records(topic, partition, offset, limits.MQTT_DELIVERY_BATCH,
+            records, _next = out.store.read_records(topic, partition, offset, mqtt_limits.MQTT_DELIVERY_BATCH,
                                                     out.max_transfer)
         except errors.Moved as moved:
             group.cursors[key] = moved.offset
@@ -392,7 +393,7 @@ class Delivery:
         if offset is None:
             return False
         try:
-            records, _next = out.store.read_records(topic, partition, offset, limits.MQTT_DELIVERY_BATCH,
+            records, _next = out.store.read_records(topic, partition, offset, mqtt_limits.MQTT_DELIVERY_BATCH,
                                                     out.max_transfer)
         except errors.Moved as moved:  # below the log's start (retention), or past a slave's cut end
             cursors[key] = moved.offset

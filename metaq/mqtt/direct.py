@@ -10,7 +10,8 @@ waiting subscriber of a burst; the bytes are made and written by the C helper (`
 ``fanout.send_each``).
 """
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.mqtt import limits as mqtt_limits
 from metaq.mqtt.fanout import send_each
 from metaq.mqtt.outbound import DROPPED, HELD
 from metaq.mqtt.records import stored_message
@@ -298,7 +299,8 @@ def _records(out, key, offset):
     decoded as it is reached; None when the log cannot be read (the greenlet meets it and says why)."""
     topic, partition = key
     try:
-        read, _next = out.store.read_records(topic, partition, offset, limits.MQTT_DELIVERY_BATCH, out.max_transfer)
+        read, _next = out.store.read_records(topic, partition, offset, mqtt_limits.MQTT_DELIVERY_BATCH,
+                                             out.max_transfer)
     except errors.MetaqError:
         return None
     return _decoded(out.decoded, topic, read)

@@ -14,6 +14,7 @@ import gevent
 from gevent.event import Event
 
 from metaq import errors, limits, speedups
+from metaq.mqtt import limits as mqtt_limits
 from metaq.serving.connections import share_loop
 
 
@@ -133,13 +134,13 @@ class Fanout:
                 try:
                     if store.partitions_of(topic) != self._partitions:
                         return  # a literal filter's partition may have moved: each member rescans alone
-                    records, _next = store.read_records(topic, partition, self.offset, limits.MQTT_DELIVERY_BATCH,
+                    records, _next = store.read_records(topic, partition, self.offset, mqtt_limits.MQTT_DELIVERY_BATCH,
                                                         f.max_transfer)
                 except errors.MetaqError:
                     return
                 if not records:
                     self._wake.clear()
-                    f.waiters.wait_any((self.key,), limits.MQTT_TOPIC_RESCAN_S, self._wake)
+                    f.waiters.wait_any((self.key,), mqtt_limits.MQTT_TOPIC_RESCAN_S, self._wake)
                     turn = time.monotonic()
                     continue
                 batch = _Batch(records, topic, decoded)

@@ -47,7 +47,7 @@ import base64
 import json
 import logging
 
-from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
 from metaq.store.journals import JournalTopic, read_journal
 
@@ -216,9 +216,9 @@ def _weighed(brokers, weights):
     """A change's ``((broker, weight), ...)`` sorted, each weight 0..MQTT_CLUSTER_SHARE_WEIGHT_MAX (0: the group is
     kept there for persistent members away, none connected)."""
     if len(weights) != len(brokers) or \
-            not all(type(w) is int and 0 <= w <= limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX for w in weights):
+            not all(type(w) is int and 0 <= w <= mqttcluster_limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX for w in weights):
         raise RecordError("an assignment history's weights must be one per broker, each 0..%d "
-                          "(MQTT_CLUSTER_SHARE_WEIGHT_MAX)" % limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX)
+                          "(MQTT_CLUSTER_SHARE_WEIGHT_MAX)" % mqttcluster_limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX)
     return tuple(sorted((int(b), w) for b, w in zip(brokers, weights, strict=True)))
 
 

@@ -15,7 +15,8 @@ import time
 
 import gevent
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.mqtt import limits as mqtt_limits
 from metaq.auth.acl import SUB
 from metaq.mqtt import wire
 from metaq.mqtt.records import message_of
@@ -152,8 +153,8 @@ class Outbound:
         if match is None:
             granted, ids = session.matching(topic, name, m.client_id)
             match = [granted, tuple(ids), None]
-            if len(name) <= limits.MQTT_KEPT_NAME:
-                if len(matched) >= limits.MQTT_KEPT_MATCHES:
+            if len(name) <= mqtt_limits.MQTT_KEPT_NAME:
+                if len(matched) >= mqtt_limits.MQTT_KEPT_MATCHES:
                     matched.clear()
                     self._drop_plain()
                 matched[key] = match

@@ -47,7 +47,8 @@ import zlib
 
 import gevent
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.mqtt import limits as mqtt_limits
 from metaq.groups.lag import Position
 from metaq.mqtt import direct
 from metaq.mqtt.connection import Connection
@@ -397,10 +398,10 @@ class MqttPort:
         """Write one record of the sessions' log (a master's); its PutResult, or None when it was not written."""
         if not self.is_master():
             return None
-        if len(data) > limits.MQTT_MAX_SESSION_RECORD_BYTES:
+        if len(data) > mqtt_limits.MQTT_MAX_SESSION_RECORD_BYTES:
             log.warning("mqtt client %s: its session needs a record of %d bytes, past %d "
                         "(MQTT_MAX_SESSION_RECORD_BYTES): not saved", client_id, len(data),
-                        limits.MQTT_MAX_SESSION_RECORD_BYTES)
+                        mqtt_limits.MQTT_MAX_SESSION_RECORD_BYTES)
             return None
         try:
             self.put_path.check_writable()
@@ -445,12 +446,12 @@ class MqttPort:
         the offline ones past their expiry or age end, records too far behind the log end are written again."""
         saved_at = time.monotonic()
         while not self.closing:
-            gevent.sleep(limits.MQTT_ROLE_CHECK_S)
+            gevent.sleep(mqtt_limits.MQTT_ROLE_CHECK_S)
             try:
                 if not self._check_role():
                     continue
                 self.wills.due()
-                if time.monotonic() - saved_at < limits.MQTT_SESSION_SAVE_INTERVAL_S:
+                if time.monotonic() - saved_at < mqtt_limits.MQTT_SESSION_SAVE_INTERVAL_S:
                     continue
                 saved_at = time.monotonic()
                 self._keep_once()
@@ -532,7 +533,7 @@ class MqttPort:
         turn = self._save_changed_sessions(turn)
         turn = self._expire_sessions(turn)
         turn = self._save_groups(turn)
-        behind = self.store.written_position - min(limits.MQTT_SESSION_REWRITE_BYTES,
+        behind = self.store.written_position - min(mqtt_limits.MQTT_SESSION_REWRITE_BYTES,
                                                    self.store.config.segment_size)
         turn = self._rewrite_groups(behind, turn)
         turn = self._rewrite_share_histories(behind, turn)
@@ -814,7 +815,7 @@ class MqttPort:
         wake saved; the others are kept decoded for their readers (``_keep_decoded``). Returns ``{key: events}``, the
         waits the append's wake passes over."""
         return direct.serve_waiting(self.waiting, self.fanouts.readers, self._keep_decoded, direct.deliver_now,
-                                    limits.MQTT_DIRECT_DELIVERIES, keys, staged, runs, client_id, now)
+                                    mqtt_limits.MQTT_DIRECT_DELIVERIES, keys, staged, runs, client_id, now)
 
     def _keep_decoded(self, key, kruns, staged, client_id, now, made):
         """Keep the messages of partition ``key``'s runs ``kruns`` of the burst (``deliver_now``'s; ``made``: those

@@ -18,8 +18,9 @@ PUBACK/PUBREC, MQTT 5 QoS 0 is dropped (logged), MQTT 3.1.1 (which has no negati
 import logging
 import time
 
-from metaq import errors, limits
-from metaq.limits import MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES
+from metaq import errors
+from metaq.mqtt import limits as mqtt_limits
+from metaq.mqtt.limits import MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES
 from metaq.mqtt import wire
 from metaq.mqtt.plainturn import entries_of, plain_turn
 from metaq.mqtt.records import RecordRefusal, plain_plan
@@ -57,7 +58,7 @@ def remember_plan(plans, topics, name, client_id):
     """Add ``records.plain_plan(topics, name, client_id)`` to ``plans`` under the name's bytes unless it is there;
     ``plans`` holds at most ``MQTT_PLAIN_PLANS`` names (full, it starts again), of at most ``limits.MQTT_KEPT_NAME``
     characters (a longer name takes the general path at each PUBLISH)."""
-    if len(name) > limits.MQTT_KEPT_NAME:
+    if len(name) > mqtt_limits.MQTT_KEPT_NAME:
         return
     key = name.encode("utf-8")
     if key not in plans:
@@ -115,7 +116,7 @@ class Publishes:
         self._burst_bytes += len(data)
         if not p.properties:
             self._plan(name)
-        if len(burst) >= limits.MQTT_PUBLISH_BURST or self._burst_bytes >= limits.MQTT_PUBLISH_BURST_BYTES:
+        if len(burst) >= mqtt_limits.MQTT_PUBLISH_BURST or self._burst_bytes >= mqtt_limits.MQTT_PUBLISH_BURST_BYTES:
             return self.flush()
         return True
 
@@ -134,7 +135,7 @@ class Publishes:
         at = self._decided_at
         path = self.port.put_path
         if (at is None or at[1] != user or (at[0] != path.standing and not path.decision_stands(at[0]))
-                or len(decided) >= limits.MQTT_KEPT_DECISIONS):
+                or len(decided) >= mqtt_limits.MQTT_KEPT_DECISIONS):
             decided.clear()
             self._decided_at = (path.version, user)
         return decided
@@ -143,9 +144,9 @@ class Publishes:
         """The connection parks: it keeps its staging plans and write decisions while they are at most
         ``limits.MQTT_PARKED_PLANS`` each (a device's next PUBLISH is then staged in one step from the first packet
         of its next turn, ``stage_plain``), else drops them (its next turn makes them again)."""
-        if self.plans is not None and len(self.plans) > limits.MQTT_PARKED_PLANS:
+        if self.plans is not None and len(self.plans) > mqtt_limits.MQTT_PARKED_PLANS:
             self.plans = None
-        if len(self.decided) > limits.MQTT_PARKED_PLANS:
+        if len(self.decided) > mqtt_limits.MQTT_PARKED_PLANS:
             self.decided.clear()
 
     def _name(self, p):
@@ -197,7 +198,7 @@ class Publishes:
         burst = self._burst
         split, qos1, nbytes = parser.plain_publishes(
             self.plans, self._decisions(), self.conn.settings.receive_maximum - self.acks.unacked,
-            limits.MQTT_PUBLISH_BURST - len(burst), limits.MQTT_PUBLISH_BURST_BYTES - self._burst_bytes)
+            mqtt_limits.MQTT_PUBLISH_BURST - len(burst), mqtt_limits.MQTT_PUBLISH_BURST_BYTES - self._burst_bytes)
         if not split:
             return None
         self._pubacks = None
@@ -218,7 +219,7 @@ class Publishes:
         # the kept decisions made at the put path's standing version for the session's user of now stand with no
         # question asked (``_decisions``, which decides every other case: not called for this one)
         if (self._decided_at != (self.port.put_path.standing, session.user if session is not None else None)
-                or len(decided) >= limits.MQTT_KEPT_DECISIONS):
+                or len(decided) >= mqtt_limits.MQTT_KEPT_DECISIONS):
             decided = self._decisions()
         room = conn.settings.receive_maximum - acks.unacked
         now = int(_time() * 1000)  # (``clock.now_ms``)
@@ -266,7 +267,7 @@ class Publishes:
         burst.extend(staged)
         self.acks.unacked += qos1
         self._burst_bytes += nbytes
-        if len(burst) >= limits.MQTT_PUBLISH_BURST or self._burst_bytes >= limits.MQTT_PUBLISH_BURST_BYTES:
+        if len(burst) >= mqtt_limits.MQTT_PUBLISH_BURST or self._burst_bytes >= mqtt_limits.MQTT_PUBLISH_BURST_BYTES:
             return self.flush()
         return True
 

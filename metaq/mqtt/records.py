@@ -41,7 +41,7 @@ import zlib
 from typing import NamedTuple
 
 from metaq.errors import RemoteProtocolError
-from metaq.limits import MQTT_ATTRIBUTE_CACHE, MQTT_KEPT_NAME
+from metaq.mqtt.limits import MQTT_ATTRIBUTE_CACHE, MQTT_KEPT_NAME
 from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.protocol.journaltopic import MQTT_INBOX_TOPIC
 from metaq.protocol.message import decode_attribute, decode_payload, encode_payload

@@ -26,7 +26,8 @@ import zlib
 from typing import NamedTuple
 
 from metaq.errors import InvalidTopic
-from metaq.limits import MQTT_FALLBACK_TOPIC, MQTT_KEPT_NAME, MQTT_MAX_TOPIC_RULES, MQTT_PLACED_NAMES, validate_topic
+from metaq.limits import validate_topic
+from metaq.mqtt.limits import MQTT_FALLBACK_TOPIC, MQTT_KEPT_NAME, MQTT_MAX_TOPIC_RULES, MQTT_PLACED_NAMES
 from metaq.mqtt.topics import TopicError, has_wildcard, matches, validate_filter
 from metaq.topics.names import is_internal
 

@@ -18,7 +18,7 @@ to whole filters (a shared filter's ``$share/<group>/`` prefix included). Each r
 the reason; the codec (``metaq.mqtt.wire``) turns it into the MQTT 5 reason code a server answers with.
 """
 
-from metaq.limits import MQTT_MAX_TOPIC_BYTES, MQTT_MAX_TOPIC_LEVELS
+from metaq.mqtt.limits import MQTT_MAX_TOPIC_BYTES, MQTT_MAX_TOPIC_LEVELS
 
 __all__ = ["SHARE_PREFIX", "TopicError", "validate_name", "validate_filter", "split_shared", "matches",
            "has_wildcard"]

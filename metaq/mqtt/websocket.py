@@ -11,7 +11,7 @@ Behind a trusted proxy the upgrade's ``X-Forwarded-For`` names the client: the s
 import functools
 import time
 
-from metaq import limits
+from metaq.serving import limits as serving_limits
 from metaq.mqtt.connection import Connection
 from metaq.serving.wsio import WsRules, WsStream
 
@@ -25,8 +25,8 @@ def listen_websocket(core, port, settings, name, host, number):
     """Start the MQTT port ``port``'s WebSocket listener ``name`` ("mqtt-ws" or "mqtt-wss": the core makes the latter
     TLS) on ``host:number`` with the ``mqtt:`` ``settings``; returns the Listener."""
     rules = WsRules(settings.ws_path, SUBPROTOCOLS, settings.ws_allowed_origins,
-                    settings.max_packet_bytes + limits.WS_FRAME_MARGIN_BYTES,
-                    min(limits.WS_HANDSHAKE_TIMEOUT_S, core.rules.request_s), core.proxies)
+                    settings.max_packet_bytes + serving_limits.WS_FRAME_MARGIN_BYTES,
+                    min(serving_limits.WS_HANDSHAKE_TIMEOUT_S, core.rules.request_s), core.proxies)
 
     def make(sock, address, conn_id):
         stream = WsStream(sock, rules, address, time.monotonic())

@@ -30,7 +30,8 @@ import time
 
 import gevent
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.mqtt import limits as mqtt_limits
 from metaq.mqtt.follow import SavedWill, encode_will, encode_will_end
 from metaq.mqtt.wire import Will
 from metaq.serving.connections import share_loop
@@ -175,10 +176,10 @@ class Wills:
         ``limits.MQTT_MAX_DETACHED_WILLS`` (past it the oldest is dropped, logged)."""
         detached = [o for o, (c, _, _) in self._pending.items()
                     if self.logged_wills().get(c) is None or self.logged_wills()[c].origin != o]
-        for origin in detached[:max(0, len(detached) + 1 - limits.MQTT_MAX_DETACHED_WILLS)]:
+        for origin in detached[:max(0, len(detached) + 1 - mqtt_limits.MQTT_MAX_DETACHED_WILLS)]:
             client_id, will, _ = self._pending.pop(origin)
             log.warning("mqtt client %s: its will to %s is dropped unpublished: %d wills wait outside the sessions' "
-                        "log (MQTT_MAX_DETACHED_WILLS)", client_id, will.topic, limits.MQTT_MAX_DETACHED_WILLS)
+                        "log (MQTT_MAX_DETACHED_WILLS)", client_id, will.topic, mqtt_limits.MQTT_MAX_DETACHED_WILLS)
 
     def will_done(self, client_id, origin):
         """The will ``origin`` of ``client_id`` was published or dropped: its end written while the log holds it,
@@ -241,7 +242,7 @@ class Wills:
         if tried:
             log.warning("mqtt: %d wills tried again: %d published, %d still refused for now (%s); tried again every "
                         "%.0f s while this broker may write", tried, self.published_count - published,
-                        len(self._pending), self._last_refusal, limits.MQTT_WILL_RETRY_S)
+                        len(self._pending), self._last_refusal, mqtt_limits.MQTT_WILL_RETRY_S)
 
     def due(self):
         """While this broker keeps sessions, one pass over the wills at a time (none published twice), the keeper
@@ -253,7 +254,7 @@ class Wills:
             self._adopt_due = False
             self._adopting = gevent.spawn(self._adopt_wills)
         elif (self._pending or self._published) and \
-                time.monotonic() - self._retried_at >= limits.MQTT_WILL_RETRY_S:
+                time.monotonic() - self._retried_at >= mqtt_limits.MQTT_WILL_RETRY_S:
             self._retried_at = time.monotonic()
             self._adopting = gevent.spawn(self._retry_wills)
 
@@ -308,7 +309,7 @@ class Wills:
         except (errors.MetaqError, ValueError) as exc:
             if origin is not None and passing(exc):
                 if origin not in self._pending and not logged and \
-                        len(self._pending) >= limits.MQTT_MAX_DETACHED_WILLS:
+                        len(self._pending) >= mqtt_limits.MQTT_MAX_DETACHED_WILLS:
                     log.warning("mqtt client %s: its will to %s was not published: %s; %d wills wait already "
                                 "(MQTT_MAX_DETACHED_WILLS)", client_id, will.topic, exc, len(self._pending))
                 else:
@@ -317,7 +318,7 @@ class Wills:
                     if not quiet:
                         log.warning("mqtt client %s: its will to %s is not published yet: %s; tried again every "
                                     "%.0f s while this broker may write", client_id, will.topic, exc,
-                                    limits.MQTT_WILL_RETRY_S)
+                                    mqtt_limits.MQTT_WILL_RETRY_S)
                     return
             else:
                 log.warning("mqtt client %s: its will to %s was not published: %s", client_id, will.topic, exc)

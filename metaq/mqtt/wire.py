@@ -45,7 +45,7 @@ import struct
 from dataclasses import dataclass, field
 
 from metaq.errors import RemoteProtocolError
-from metaq.limits import MQTT_MAX_PACKET_BYTES
+from metaq.mqtt.limits import MQTT_MAX_PACKET_BYTES
 from metaq.mqtt.topics import TopicError, validate_filter, validate_name
 from metaq.protocol.stream import StreamParser
 from metaq.speedups import load

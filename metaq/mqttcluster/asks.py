@@ -21,7 +21,7 @@ refused a call or have ids passed over; it asks again at its next look at the me
 not answer.
 """
 
-from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.mqttcluster.clientids.ids import home_of
 
 __all__ = ["Asks"]
@@ -128,9 +128,9 @@ class Asks:
 def _batch(ids):
     if not isinstance(ids, list):
         raise TypeError("ids must be a list")
-    if len(ids) > limits.MQTT_CLUSTER_ID_BATCH:
+    if len(ids) > mqttcluster_limits.MQTT_CLUSTER_ID_BATCH:
         raise ValueError("%d ids in one call: at most %d (MQTT_CLUSTER_ID_BATCH)" % (len(ids),
-                                                                                    limits.MQTT_CLUSTER_ID_BATCH))
+                                                                                    mqttcluster_limits.MQTT_CLUSTER_ID_BATCH))
     return ids
 
 

@@ -17,7 +17,7 @@ import gevent
 from gevent.event import Event
 from kazoo.exceptions import KazooException, NoNodeError
 
-from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class Members:
     def __init__(self, zk, root, poll_s=None):
         self.zk = zk
         self.root = root
-        self.poll_s = limits.MQTT_CLUSTER_MEMBERS_POLL_S if poll_s is None else poll_s
+        self.poll_s = mqttcluster_limits.MQTT_CLUSTER_MEMBERS_POLL_S if poll_s is None else poll_s
         #: ``{broker id: (replication address, its node's ZooKeeper session)}`` as last read; None while ZooKeeper
         #: cannot be read (those who use it keep what they had)
         self.current = None

@@ -43,6 +43,7 @@ import gevent
 from gevent.event import Event
 
 from metaq import errors, limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.mqtt.records import name_of
 from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.mqtt.topics import matches
@@ -118,17 +119,17 @@ class PeerFollow:
         epochs = routes.epochs or (NO_EPOCH,) * len(routes.positions)
         #: where the peer's copies resume, at most MQTT_CLUSTER_MAX_FOLLOWED (the partitions it may follow here)
         self.resume = {(t, p): (o, c, e) for (t, p, o), c, e in itertools.islice(
-            zip(routes.positions, checks, epochs, strict=True), limits.MQTT_CLUSTER_MAX_FOLLOWED)}
+            zip(routes.positions, checks, epochs, strict=True), mqttcluster_limits.MQTT_CLUSTER_MAX_FOLLOWED)}
         #: the peer takes EPOCH entries: ``told`` is, per followed partition, the log span ``[start, end)`` of the
         #: epoch it was last told (at most MQTT_CLUSTER_MAX_FOLLOWED, as the cursors), ``history`` the latest entry
         #: of this broker's epochs they were told by (a new epoch here tells them again)
         self.tells = routes.epochs is not None
         self.told = {}
         self.history = None
-        if len(routes.positions) > limits.MQTT_CLUSTER_MAX_FOLLOWED:
+        if len(routes.positions) > mqttcluster_limits.MQTT_CLUSTER_MAX_FOLLOWED:
             log.warning("mqtt cluster: peer %d sent %d resume positions; the first %d are kept "
                         "(MQTT_CLUSTER_MAX_FOLLOWED): the others' partitions start as new", self.broker_id,
-                        len(routes.positions), limits.MQTT_CLUSTER_MAX_FOLLOWED)
+                        len(routes.positions), mqttcluster_limits.MQTT_CLUSTER_MAX_FOLLOWED)
         self.cursors = {}  # (topic, partition) -> next offset to read
         self.retained = routes.retained  # next offset of %MQTT% partition 0, -1: none
         self.known_at_route = set()
@@ -202,7 +203,7 @@ class PeerFollow:
         for key in wanted:
             if key in self.cursors:
                 continue
-            if len(self.cursors) >= limits.MQTT_CLUSTER_MAX_FOLLOWED:
+            if len(self.cursors) >= mqttcluster_limits.MQTT_CLUSTER_MAX_FOLLOWED:
                 if not self.refused_logged:
                     self.refused_logged = True
                     log.warning("mqtt cluster: peer %d follows %d partitions (MQTT_CLUSTER_MAX_FOLLOWED): %s-%d and "
@@ -241,7 +242,7 @@ class PeerFollow:
         if self.tells and self.history != self.store.epochs.entries[-1]:
             self.told.clear()
             self.history = self.store.epochs.entries[-1]
-        store, entries, budget = self.store, self._announced(), limits.MQTT_CLUSTER_BATCH_BYTES
+        store, entries, budget = self.store, self._announced(), mqttcluster_limits.MQTT_CLUSTER_BATCH_BYTES
         self.held = False
         for key, offset in list(self.cursors.items()):
             if budget <= 0:
@@ -376,7 +377,8 @@ class PeerFollow:
         if offset < 0:
             return 0
         try:
-            records, _nxt = self.store.read_records(key[0], key[1], offset, 1, limits.MQTT_CLUSTER_BATCH_BYTES)
+            records, _nxt = self.store.read_records(key[0], key[1], offset, 1,
+                                                    mqttcluster_limits.MQTT_CLUSTER_BATCH_BYTES)
         except errors.MetaqError:
             return 0
         if not records or records[0].queue_offset != offset:
@@ -468,7 +470,7 @@ class PeerServer:
         MQTT_CLUSTER_MEMBERS_POLL_S (a member that just joined is read here a moment after it reads itself)."""
         if self.asks is not None:
             refusal = self.asks.stranger(hello.broker_id)
-            deadline = time.monotonic() + 2 * limits.MQTT_CLUSTER_MEMBERS_POLL_S
+            deadline = time.monotonic() + 2 * mqttcluster_limits.MQTT_CLUSTER_MEMBERS_POLL_S
             while refusal is not None and time.monotonic() < deadline:
                 gevent.sleep(0.1)
                 refusal = self.asks.stranger(hello.broker_id)
@@ -564,7 +566,7 @@ class PeerServer:
         old = self.ended.pop(follow.broker_id, None)
         if old is not None and old[0] > marker:
             marker, starts = old[0], {**starts, **old[1]}
-            while len(starts) > limits.MQTT_CLUSTER_MAX_FOLLOWED:
+            while len(starts) > mqttcluster_limits.MQTT_CLUSTER_MAX_FOLLOWED:
                 del starts[next(iter(starts))]
         self.ended[follow.broker_id] = (marker, starts)
         while len(self.ended) > limits.MQTT_CLUSTER_MAX_PEERS:

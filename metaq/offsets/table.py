@@ -25,7 +25,8 @@ import logging
 from collections import OrderedDict
 
 from metaq.errors import ClientError
-from metaq.limits import MAX_CONSUMER_OFFSETS, MAX_TX_OWNER_BYTES, validate_group
+from metaq.limits import MAX_TX_OWNER_BYTES, validate_group
+from metaq.offsets.limits import MAX_CONSUMER_OFFSETS
 
 log = logging.getLogger(__name__)
 

@@ -41,6 +41,7 @@ import gevent
 from gevent.event import AsyncResult, Event
 
 from metaq import errors, limits
+from metaq.pop import limits as pop_limits
 from metaq.groups import lag as group_lag
 from metaq.groups import policy as group_policy
 from metaq.pop.follow import POP_JOURNAL, POP_LEARN_BATCH, PopLog, replay
@@ -88,8 +89,8 @@ class PopService:
     message is dead-lettered; ``waiters``: the partitions' long-poll waiters (``serving/longpoll.py``) a receive with a
     wait parks on."""
 
-    def __init__(self, store, put_path, is_master=True, max_attempts=limits.POP_MAX_ATTEMPTS, make_state=PopState,
-                 snapshot_bytes=limits.POP_SNAPSHOT_BYTES, waiters=None):
+    def __init__(self, store, put_path, is_master=True, max_attempts=pop_limits.POP_MAX_ATTEMPTS, make_state=PopState,
+                 snapshot_bytes=pop_limits.POP_SNAPSHOT_BYTES, waiters=None):
         self.store, self.path, self.waiters = store, put_path, waiters
         self.max_attempts = max(1, max_attempts)
         self.snapshot_bytes = snapshot_bytes
@@ -133,8 +134,8 @@ class PopService:
         group_policy.require(settings, group)  # the group's settings: may it consume now (groups/policy.py)
         attempts = group_policy.max_attempts(settings, attempts)
         limits.validate_topic(topic)
-        _check_range("max_messages", max_messages, 1, limits.POP_MAX_BATCH)
-        _check_range("invisible_ms", invisible_ms, limits.POP_MIN_INVISIBLE_MS, limits.POP_MAX_INVISIBLE_MS)
+        _check_range("max_messages", max_messages, 1, pop_limits.POP_MAX_BATCH)
+        _check_range("invisible_ms", invisible_ms, pop_limits.POP_MIN_INVISIBLE_MS, pop_limits.POP_MAX_INVISIBLE_MS)
         _check_range("wait_ms", wait_ms, 0, limits.MAX_WAIT_MS)
         waits = wait_ms and self.waiters is not None
         seen = self._seen(topic) if waits else None  # before the read: an append after it is read at once
@@ -215,9 +216,9 @@ class PopService:
         """``wait`` False: the caller cannot wait for the turn's end (a connection's reader answering in its turn):
         the turn's acknowledgements so far, these included, are written now (``AckBatch.write_now``), so that the
         answer still follows its record into the log."""
-        if not 1 <= len(handles) <= limits.POP_MAX_ACK_HANDLES:
+        if not 1 <= len(handles) <= pop_limits.POP_MAX_ACK_HANDLES:
             raise errors.ClientError("an ack takes 1..%d receipt handles (limits.POP_MAX_ACK_HANDLES), not %d"
-                                     % (limits.POP_MAX_ACK_HANDLES, len(handles)))
+                                     % (pop_limits.POP_MAX_ACK_HANDLES, len(handles)))
         self.path.check_writable()
         now = now_ms()
         results, done = [], []
@@ -236,7 +237,7 @@ class PopService:
         return results
 
     def change_invisible(self, group, topic, handle_text, invisible_ms):
-        _check_range("invisible_ms", invisible_ms, limits.POP_MIN_INVISIBLE_MS, limits.POP_MAX_INVISIBLE_MS)
+        _check_range("invisible_ms", invisible_ms, pop_limits.POP_MIN_INVISIBLE_MS, pop_limits.POP_MAX_INVISIBLE_MS)
         self.path.check_writable()
         now = now_ms()
         p, o, f = self.state.flight(group, topic, handle_text, now)
@@ -495,8 +496,8 @@ def _message_group(rec):
     """The record's message group, at most ``POP_MAX_MESSAGE_GROUP_CHARS`` (a longer one: its start and a CRC-32 of
     the whole, so that the journal's records stay bounded)."""
     name = message_of_record(rec, _HOST).properties.get(MESSAGE_GROUP) or None
-    if name is not None and len(name) > limits.POP_MAX_MESSAGE_GROUP_CHARS:
-        name = "%s~%08x" % (name[:limits.POP_MAX_MESSAGE_GROUP_CHARS - 9], zlib.crc32(name.encode("utf-8")))
+    if name is not None and len(name) > pop_limits.POP_MAX_MESSAGE_GROUP_CHARS:
+        name = "%s~%08x" % (name[:pop_limits.POP_MAX_MESSAGE_GROUP_CHARS - 9], zlib.crc32(name.encode("utf-8")))
     return name
 
 

@@ -26,7 +26,8 @@ messages go out one at a time, in log order; a redelivery keeps its place ahead 
 
 import heapq
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.pop import limits as pop_limits
 from metaq.pop.records import InvalidHandle, handle, parse_handle, parse_handles
 
 __all__ = ["Flight", "Cursor", "PopState", "Plan"]
@@ -239,8 +240,8 @@ class PopState:
     """Every (group, topic)'s ``GroupPop`` (see the module doc). ``apply(rec)`` takes a journal record; snapshot
     records are taken by ``pop/follow.py``'s replay, which builds a fresh state from them."""
 
-    def __init__(self, max_groups=limits.POP_MAX_GROUPS, max_in_flight=limits.POP_MAX_IN_FLIGHT,
-                 max_span=limits.POP_MAX_SPAN):
+    def __init__(self, max_groups=pop_limits.POP_MAX_GROUPS, max_in_flight=pop_limits.POP_MAX_IN_FLIGHT,
+                 max_span=pop_limits.POP_MAX_SPAN):
         self.groups = {}  # (group, topic) -> GroupPop
         self.max_groups, self.max_in_flight, self.max_span = max_groups, max_in_flight, max_span
         self.visited = 0  # the deadline entries receives met (what a receive walks beyond what it hands out)

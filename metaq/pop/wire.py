@@ -21,7 +21,7 @@ Big-endian, as every MetaQ form. Each needs the user to consume as the group and
 import struct
 from typing import NamedTuple
 
-from metaq import limits
+from metaq.pop import limits as pop_limits
 from metaq.errors import RemoteProtocolError
 from metaq.protocol.commands import NEEDS_GROUP_MEMBER, TextCommand, register, token
 from metaq.protocol.integers import INT32_MAX, INT32_MIN, TokenError, parse_int
@@ -126,22 +126,23 @@ def _parse_receive(t):
     if t[5] not in MODES:
         raise TokenError("receive: the mode is normal or fifo, not %r" % t[5][:20])
     wait = parse_int(t[6], "maxWaitMs", 0, INT32_MAX) if len(t) == 8 else 0
-    return Receive(t[1], t[2], parse_int(t[3], "max", 1, limits.POP_MAX_BATCH),
-                   parse_int(t[4], "invisibleMs", limits.POP_MIN_INVISIBLE_MS, limits.POP_MAX_INVISIBLE_MS),
+    return Receive(t[1], t[2], parse_int(t[3], "max", 1, pop_limits.POP_MAX_BATCH),
+                   parse_int(t[4], "invisibleMs", pop_limits.POP_MIN_INVISIBLE_MS, pop_limits.POP_MAX_INVISIBLE_MS),
                    t[5] == "fifo", _opaque(t[-1]), wait)
 
 
 def _parse_ack(t):
     handles = tuple(t[3].split(","))
-    if not 1 <= len(handles) <= limits.POP_MAX_ACK_HANDLES or not all(handles):
+    if not 1 <= len(handles) <= pop_limits.POP_MAX_ACK_HANDLES or not all(handles):
         raise TokenError("ack: 1..%d comma-separated receipt handles (limits.POP_MAX_ACK_HANDLES)"
-                         % limits.POP_MAX_ACK_HANDLES)
+                         % pop_limits.POP_MAX_ACK_HANDLES)
     return Ack(t[1], t[2], handles, _opaque(t[4]))
 
 
 def _parse_change(t):
     return ChangeInvisible(t[1], t[2], t[3],
-                           parse_int(t[4], "invisibleMs", limits.POP_MIN_INVISIBLE_MS, limits.POP_MAX_INVISIBLE_MS),
+                           parse_int(t[4], "invisibleMs", pop_limits.POP_MIN_INVISIBLE_MS,
+                                     pop_limits.POP_MAX_INVISIBLE_MS),
                            _opaque(t[5]))
 
 

@@ -26,7 +26,7 @@ the oldest head goes first (ties: the higher level).
 
 from typing import NamedTuple, Optional, Tuple
 
-from metaq import limits
+from metaq.priorities import limits as priorities_limits
 from metaq.protocol.commands import NEEDS_HANDLER, TextCommand, register, token
 from metaq.protocol.integers import parse_int
 from metaq.protocol.leveltopic import LEVEL_MARK, is_level_topic, level_refusal, level_topic, split_level
@@ -67,9 +67,9 @@ class PriorityGet(NamedTuple):
 def parse_offsets(token):
     """The ``o_0,o_1,...`` token: 1..MAX_PRIORITY_LEVELS offsets >= 0; ValueError with the reason."""
     parts = token.split(",")
-    if len(parts) > limits.MAX_PRIORITY_LEVELS:
+    if len(parts) > priorities_limits.MAX_PRIORITY_LEVELS:
         raise ValueError("get_prio: at most %d offsets (limits.MAX_PRIORITY_LEVELS), got %d"
-                         % (limits.MAX_PRIORITY_LEVELS, len(parts)))
+                         % (priorities_limits.MAX_PRIORITY_LEVELS, len(parts)))
     return tuple(parse_int(p, "offset", 0, _INT64[1]) for p in parts)
 
 

@@ -88,6 +88,7 @@ import struct
 from typing import NamedTuple
 
 from metaq import limits
+from metaq.server.replication import limits as replication_limits
 from metaq.errors import RemoteProtocolError
 from metaq.protocol import replication_offsets as offsets_codec
 from metaq.protocol import replication_mqtt as mqtt_codec
@@ -158,9 +159,9 @@ INT64_MAX = 2**63 - 1
 
 def history_problem(entries):
     """Why ``entries`` is not a valid epoch history (see the module docstring), or None."""
-    if not 1 <= len(entries) <= limits.MAX_REPLICATION_EPOCHS:
+    if not 1 <= len(entries) <= replication_limits.MAX_REPLICATION_EPOCHS:
         return "an epoch history has 1..%d entries, not %d (limit MAX_REPLICATION_EPOCHS)" % (
-            limits.MAX_REPLICATION_EPOCHS, len(entries))
+            replication_limits.MAX_REPLICATION_EPOCHS, len(entries))
     prev = None
     for entry in entries:
         if len(entry) != 3:
@@ -234,9 +235,10 @@ def nonce_problem(nonce, optional=False):
     """Why ``nonce`` (text) cannot be a handshake nonce, or None. ``optional``: "" is allowed."""
     if optional and not nonce:
         return None
-    if not limits.MIN_REPLICATION_NONCE_CHARS <= len(nonce) <= limits.MAX_REPLICATION_NONCE_CHARS:
+    if (not replication_limits.MIN_REPLICATION_NONCE_CHARS <= len(nonce)
+        <= replication_limits.MAX_REPLICATION_NONCE_CHARS):
         return "a nonce has %d..%d characters, not %d (limits MIN/MAX_REPLICATION_NONCE_CHARS)" % (
-            limits.MIN_REPLICATION_NONCE_CHARS, limits.MAX_REPLICATION_NONCE_CHARS, len(nonce))
+            replication_limits.MIN_REPLICATION_NONCE_CHARS, replication_limits.MAX_REPLICATION_NONCE_CHARS, len(nonce))
     if not _is_hex(nonce):
         return "a nonce is lowercase hex text"
     return None
@@ -244,9 +246,9 @@ def nonce_problem(nonce, optional=False):
 
 def proof_problem(proof):
     """Why ``proof`` (text) cannot be a proof ("" is: none), or None."""
-    if len(proof) > limits.MAX_REPLICATION_PROOF_CHARS:
+    if len(proof) > replication_limits.MAX_REPLICATION_PROOF_CHARS:
         return "a proof has at most %d characters, not %d (limit MAX_REPLICATION_PROOF_CHARS)" % (
-            limits.MAX_REPLICATION_PROOF_CHARS, len(proof))
+            replication_limits.MAX_REPLICATION_PROOF_CHARS, len(proof))
     if not _is_hex(proof):
         return "a proof is lowercase hex text"
     return None
@@ -275,8 +277,8 @@ def _frame(ftype, payload_parts):
     return [head[:_CRC_COVERS] + struct.pack(">I", crc)] + list(payload_parts)
 
 
-def frame_parts(event, max_data=limits.MAX_REPLICATION_DATA_BYTES,
-                max_error_text=limits.MAX_REPLICATION_ERROR_TEXT):
+def frame_parts(event, max_data=replication_limits.MAX_REPLICATION_DATA_BYTES,
+                max_error_text=replication_limits.MAX_REPLICATION_ERROR_TEXT):
     """The frame as a list of buffers to send in order (a DATA's log bytes are not copied)."""
     if isinstance(event, Data):
         if len(event.data) > max_data:
@@ -345,8 +347,8 @@ class ReplicationParser:
     body is buffered: the replication port's ``REPLICATION_HANDSHAKE_FRAME_BYTES`` until its peer proved the secret
     (then the port sets it to None)."""
 
-    def __init__(self, max_data=limits.MAX_REPLICATION_DATA_BYTES,
-                 max_error_text=limits.MAX_REPLICATION_ERROR_TEXT, max_frame=None):
+    def __init__(self, max_data=replication_limits.MAX_REPLICATION_DATA_BYTES,
+                 max_error_text=replication_limits.MAX_REPLICATION_ERROR_TEXT, max_frame=None):
         self.max_data = max_data
         self.max_error_text = max_error_text
         self.max_frame = max_frame
@@ -420,11 +422,11 @@ class ReplicationParser:
                 raise _fail("frame type %d must carry %d bytes, not %d" % (ftype, fixed, length))
         elif ftype in (T_HELLO, T_EPOCHS):
             head = HELLO.size if ftype == T_HELLO else EPOCHS.size
-            most = head + EPOCH_ENTRY.size * limits.MAX_REPLICATION_EPOCHS
+            most = head + EPOCH_ENTRY.size * replication_limits.MAX_REPLICATION_EPOCHS
             if not head + EPOCH_ENTRY.size <= length <= most or (length - head) % EPOCH_ENTRY.size:
                 raise _fail("frame type %d of %d bytes: must be %d + %d x (1..%d epoch entries) "
                             "(limit MAX_REPLICATION_EPOCHS)" % (ftype, length, head, EPOCH_ENTRY.size,
-                                                                 limits.MAX_REPLICATION_EPOCHS))
+                                                                 replication_limits.MAX_REPLICATION_EPOCHS))
         elif ftype == T_DATA:
             if not DATA_HEAD.size <= length <= DATA_HEAD.size + self.max_data:
                 raise _fail("DATA frame of %d bytes: must be %d..%d (limit MAX_REPLICATION_DATA_BYTES)"
@@ -434,13 +436,14 @@ class ReplicationParser:
                 raise _fail("ERROR frame of %d bytes: must be %d..%d (limit MAX_REPLICATION_ERROR_TEXT)"
                             % (length, ERROR_HEAD.size, ERROR_HEAD.size + self.max_error_text))
         elif ftype == T_CHALLENGE:
-            low, high = (CHALLENGE_HEAD.size + limits.MIN_REPLICATION_NONCE_CHARS,
-                         CHALLENGE_HEAD.size + limits.MAX_REPLICATION_NONCE_CHARS)
+            low, high = (CHALLENGE_HEAD.size + replication_limits.MIN_REPLICATION_NONCE_CHARS,
+                         CHALLENGE_HEAD.size + replication_limits.MAX_REPLICATION_NONCE_CHARS)
             if not low <= length <= high:
                 raise _fail("CHALLENGE frame of %d bytes: must be %d..%d (limits MIN/MAX_REPLICATION_NONCE_CHARS)"
                             % (length, low, high))
         elif ftype == T_PROOF:
-            high = PROOF_HEAD.size + limits.MAX_REPLICATION_NONCE_CHARS + limits.MAX_REPLICATION_PROOF_CHARS
+            high = (PROOF_HEAD.size + replication_limits.MAX_REPLICATION_NONCE_CHARS
+                    + replication_limits.MAX_REPLICATION_PROOF_CHARS)
             if not PROOF_HEAD.size <= length <= high:
                 raise _fail("PROOF frame of %d bytes: must be %d..%d (limits MAX_REPLICATION_NONCE_CHARS, "
                             "MAX_REPLICATION_PROOF_CHARS)" % (length, PROOF_HEAD.size, high))

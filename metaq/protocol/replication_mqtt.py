@@ -86,6 +86,7 @@ import zlib
 from typing import NamedTuple
 
 from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.errors import RemoteProtocolError
 
 __all__ = ["Routes", "Records", "Entry", "MESSAGE", "POSITION", "RETAINED", "SHARED", "ROUTED", "EPOCH", "RESUMED",
@@ -194,10 +195,10 @@ def split_shared(data):
 
 
 def _groups(groups):
-    if not isinstance(groups, list) or len(groups) > limits.MQTT_CLUSTER_MAX_GROUPS or \
+    if not isinstance(groups, list) or len(groups) > mqttcluster_limits.MQTT_CLUSTER_MAX_GROUPS or \
             not all(isinstance(g, list) and len(g) == 2 and all(isinstance(x, str) and x for x in g) for g in groups):
         raise _fail("groups must be a list of at most %d [share name, filter] pairs (MQTT_CLUSTER_MAX_GROUPS)"
-                    % limits.MQTT_CLUSTER_MAX_GROUPS)
+                    % mqttcluster_limits.MQTT_CLUSTER_MAX_GROUPS)
     return tuple((g[0], g[1]) for g in groups)
 
 
@@ -215,7 +216,7 @@ def split_routes(routes, most=None):
     checks, then groups, in order), every part but the last with ``more``. One item always fits a part: a filter is
     at most MQTT_MAX_TOPIC_BYTES, a topic name MAX_NAME_BYTES."""
     if most is None:
-        most = limits.MQTT_CLUSTER_ROUTES_BYTES
+        most = mqttcluster_limits.MQTT_CLUSTER_ROUTES_BYTES
     if len(_routes_json(routes)) <= most:
         return [routes._replace(more=False)]
     empty = Routes(routes.broker_id, (), (), routes.retained, (), (), True, routes.version,
@@ -268,11 +269,11 @@ def join_routes(so_far, part):
                      + (part.epochs or (NO_EPOCH,) * len(part.positions))
                      if so_far.epochs or part.epochs else ()),
                     so_far.retained_epoch)
-    for what, count, most, name in (("filters", len(joined.filters), limits.MQTT_CLUSTER_MAX_FILTERS,
+    for what, count, most, name in (("filters", len(joined.filters), mqttcluster_limits.MQTT_CLUSTER_MAX_FILTERS,
                                      "MQTT_CLUSTER_MAX_FILTERS"),
-                                    ("positions", len(joined.positions), limits.MQTT_CLUSTER_MAX_POSITIONS,
+                                    ("positions", len(joined.positions), mqttcluster_limits.MQTT_CLUSTER_MAX_POSITIONS,
                                      "MQTT_CLUSTER_MAX_POSITIONS"),
-                                    ("groups", len(joined.groups), limits.MQTT_CLUSTER_MAX_GROUPS,
+                                    ("groups", len(joined.groups), mqttcluster_limits.MQTT_CLUSTER_MAX_GROUPS,
                                      "MQTT_CLUSTER_MAX_GROUPS")):
         if count > most:
             raise _fail("a route in parts of more than %d %s (%s)" % (most, what, name))
@@ -299,9 +300,9 @@ def _routes_json(event):
 
 def routes_parts(event):
     payload = _routes_json(event)
-    if len(payload) > limits.MQTT_CLUSTER_ROUTES_BYTES:
+    if len(payload) > mqttcluster_limits.MQTT_CLUSTER_ROUTES_BYTES:
         raise ValueError("a ROUTES frame of %d bytes exceeds MQTT_CLUSTER_ROUTES_BYTES (%d)"
-                         % (len(payload), limits.MQTT_CLUSTER_ROUTES_BYTES))
+                         % (len(payload), mqttcluster_limits.MQTT_CLUSTER_ROUTES_BYTES))
     return [payload]
 
 
@@ -313,21 +314,22 @@ def records_parts(event):
         parts.append(topic)
         if e.data:
             parts.append(e.data)
-    if sum(len(p) for p in parts) > limits.MQTT_CLUSTER_FRAME_BYTES:
-        raise ValueError("a RECORDS frame past MQTT_CLUSTER_FRAME_BYTES (%d)" % limits.MQTT_CLUSTER_FRAME_BYTES)
+    if sum(len(p) for p in parts) > mqttcluster_limits.MQTT_CLUSTER_FRAME_BYTES:
+        raise ValueError("a RECORDS frame past MQTT_CLUSTER_FRAME_BYTES (%d)"
+                         % mqttcluster_limits.MQTT_CLUSTER_FRAME_BYTES)
     return parts
 
 
 def check_routes_length(length):
-    if not 2 <= length <= limits.MQTT_CLUSTER_ROUTES_BYTES:
+    if not 2 <= length <= mqttcluster_limits.MQTT_CLUSTER_ROUTES_BYTES:
         raise _fail("ROUTES of %d bytes: must be 2..%d (limit MQTT_CLUSTER_ROUTES_BYTES)"
-                    % (length, limits.MQTT_CLUSTER_ROUTES_BYTES))
+                    % (length, mqttcluster_limits.MQTT_CLUSTER_ROUTES_BYTES))
 
 
 def check_records_length(length):
-    if not COUNT.size <= length <= limits.MQTT_CLUSTER_FRAME_BYTES:
+    if not COUNT.size <= length <= mqttcluster_limits.MQTT_CLUSTER_FRAME_BYTES:
         raise _fail("RECORDS of %d bytes: must be %d..%d (limit MQTT_CLUSTER_FRAME_BYTES)"
-                    % (length, COUNT.size, limits.MQTT_CLUSTER_FRAME_BYTES))
+                    % (length, COUNT.size, mqttcluster_limits.MQTT_CLUSTER_FRAME_BYTES))
 
 
 def _bounded(value, low, high, what):
@@ -347,14 +349,14 @@ def decode_routes(payload):
         raise _fail("ROUTES is not a JSON object")
     broker = _bounded(obj.get("broker"), 0, limits.MAX_BROKER_ID, "broker id")
     filters = obj.get("filters")
-    if not isinstance(filters, list) or len(filters) > limits.MQTT_CLUSTER_MAX_FILTERS or \
+    if not isinstance(filters, list) or len(filters) > mqttcluster_limits.MQTT_CLUSTER_MAX_FILTERS or \
             not all(isinstance(f, str) and f for f in filters):
         raise _fail("ROUTES filters must be a list of at most %d non-empty strings (MQTT_CLUSTER_MAX_FILTERS)"
-                    % limits.MQTT_CLUSTER_MAX_FILTERS)
+                    % mqttcluster_limits.MQTT_CLUSTER_MAX_FILTERS)
     positions = obj.get("positions", [])
-    if not isinstance(positions, list) or len(positions) > limits.MQTT_CLUSTER_MAX_POSITIONS:
+    if not isinstance(positions, list) or len(positions) > mqttcluster_limits.MQTT_CLUSTER_MAX_POSITIONS:
         raise _fail("ROUTES positions must be a list of at most %d entries (MQTT_CLUSTER_MAX_POSITIONS)"
-                    % limits.MQTT_CLUSTER_MAX_POSITIONS)
+                    % mqttcluster_limits.MQTT_CLUSTER_MAX_POSITIONS)
     out = []
     for p in positions:
         if not isinstance(p, list) or len(p) != 3 or not isinstance(p[0], str) or not p[0]:
@@ -373,7 +375,8 @@ def decode_routes(payload):
     weights = obj.get("weights", [])
     if not isinstance(weights, list) or len(weights) not in (0, len(groups)):
         raise _fail("ROUTES weights must be a list of one weight per group")
-    weights = tuple(_bounded(w, 0, limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX, "group weight (MQTT_CLUSTER_SHARE_WEIGHT_MAX)")
+    weights = tuple(_bounded(w, 0, mqttcluster_limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX,
+                             "group weight (MQTT_CLUSTER_SHARE_WEIGHT_MAX)")
                     for w in weights)
     retained_check = _bounded(obj.get("retained_check", 0), 0, 2**33 - 1, "retained check")
     return Routes(broker, tuple(filters), tuple(out), retained, groups, checks, more, version, weights,

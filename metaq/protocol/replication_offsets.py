@@ -33,6 +33,7 @@ import struct
 from typing import NamedTuple
 
 from metaq import limits
+from metaq.offsets import limits as offsets_limits
 from metaq.errors import InvalidTopic, RemoteProtocolError
 
 __all__ = ["Offsets", "SNAPSHOT", "END", "OWNERS", "OFFSETS_HEAD", "OFFSET_ENTRY", "OWNER_LEN", "payload_parts",
@@ -118,7 +119,7 @@ def _problem(entry, owners=False):
 def _flags_problem(event):
     if event.end and not event.snapshot:
         return "END without SNAPSHOT: only a snapshot has a last frame"
-    most = limits.MAX_REPLICATION_OFFSETS_PER_FRAME
+    most = offsets_limits.MAX_REPLICATION_OFFSETS_PER_FRAME
     low = 0 if event.end else 1
     if not low <= len(event.entries) <= most:
         return "%d entries: a frame carries %d..%d (limit MAX_REPLICATION_OFFSETS_PER_FRAME; none only in a " \
@@ -146,9 +147,9 @@ def payload_parts(event):
             body += OWNER_LEN.pack(len(owner)) + owner
         parts.append(body)
         size += len(body)
-    if size > limits.MAX_REPLICATION_OFFSETS_BYTES:
+    if size > offsets_limits.MAX_REPLICATION_OFFSETS_BYTES:
         raise ValueError("OFFSETS entries of %d bytes exceed the %d-byte limit (MAX_REPLICATION_OFFSETS_BYTES)"
-                         % (size, limits.MAX_REPLICATION_OFFSETS_BYTES))
+                         % (size, offsets_limits.MAX_REPLICATION_OFFSETS_BYTES))
     if len({e[:3] for e in event.entries}) != len(event.entries):
         raise ValueError("an OFFSETS frame names a (group, topic, partition) twice")
     return parts
@@ -156,7 +157,7 @@ def payload_parts(event):
 
 def check_length(length):
     """Refuse (fatally) a payload length no OFFSETS frame can have, from the header alone."""
-    most = OFFSETS_HEAD.size + limits.MAX_REPLICATION_OFFSETS_BYTES
+    most = OFFSETS_HEAD.size + offsets_limits.MAX_REPLICATION_OFFSETS_BYTES
     if not OFFSETS_HEAD.size <= length <= most:
         raise _fail("a frame of %d bytes: must be %d..%d (limit MAX_REPLICATION_OFFSETS_BYTES)"
                     % (length, OFFSETS_HEAD.size, most))
@@ -168,9 +169,9 @@ def decode(payload):
     if flags & ~(SNAPSHOT | END | OWNERS):
         raise _fail("unknown flags %#04x" % flags)
     owners = bool(flags & OWNERS)
-    if count > limits.MAX_REPLICATION_OFFSETS_PER_FRAME:
+    if count > offsets_limits.MAX_REPLICATION_OFFSETS_PER_FRAME:
         raise _fail("%d entries: a frame carries at most %d (limit MAX_REPLICATION_OFFSETS_PER_FRAME)"
-                    % (count, limits.MAX_REPLICATION_OFFSETS_PER_FRAME))
+                    % (count, offsets_limits.MAX_REPLICATION_OFFSETS_PER_FRAME))
     at, end, entries, keys = OFFSETS_HEAD.size, len(payload), [], set()
     for i in range(count):
         if at + OFFSET_ENTRY.size > end:
@@ -235,8 +236,8 @@ def frames(entries, snapshot):
     out, chunk, size = [], [], 0
     for entry in entries:
         grown = size + entry_size(entry)
-        if chunk and (len(chunk) == limits.MAX_REPLICATION_OFFSETS_PER_FRAME
-                      or grown > limits.MAX_REPLICATION_OFFSETS_BYTES):
+        if chunk and (len(chunk) == offsets_limits.MAX_REPLICATION_OFFSETS_PER_FRAME
+                      or grown > offsets_limits.MAX_REPLICATION_OFFSETS_BYTES):
             out.append(_event(chunk, snapshot))
             chunk, grown = [], entry_size(entry)
         chunk.append(entry)

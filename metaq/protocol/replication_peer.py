@@ -15,6 +15,7 @@ import struct
 from typing import NamedTuple
 
 from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.errors import RemoteProtocolError
 
 __all__ = ["PeerCall", "PeerReply", "call_parts", "reply_parts", "check_call_length", "check_reply_length",
@@ -42,9 +43,9 @@ def _fail(reason):
 
 
 def _check_body(body):
-    if len(body) > limits.MQTT_CLUSTER_MAX_CALL_BYTES:
+    if len(body) > mqttcluster_limits.MQTT_CLUSTER_MAX_CALL_BYTES:
         raise ValueError("a peer call or reply of %d bytes is past the limit of %d (MQTT_CLUSTER_MAX_CALL_BYTES)"
-                         % (len(body), limits.MQTT_CLUSTER_MAX_CALL_BYTES))
+                         % (len(body), mqttcluster_limits.MQTT_CLUSTER_MAX_CALL_BYTES))
 
 
 def call_parts(event):
@@ -58,9 +59,9 @@ def reply_parts(event):
 
 
 def _check_length(length, head):
-    if not head <= length <= head + limits.MQTT_CLUSTER_MAX_CALL_BYTES:
+    if not head <= length <= head + mqttcluster_limits.MQTT_CLUSTER_MAX_CALL_BYTES:
         raise _fail("peer frame of %d bytes: must be %d..%d (limit MQTT_CLUSTER_MAX_CALL_BYTES)"
-                    % (length, head, head + limits.MQTT_CLUSTER_MAX_CALL_BYTES))
+                    % (length, head, head + mqttcluster_limits.MQTT_CLUSTER_MAX_CALL_BYTES))
 
 
 def check_call_length(length):

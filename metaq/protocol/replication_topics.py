@@ -33,6 +33,7 @@ import json
 from typing import NamedTuple
 
 from metaq import limits
+from metaq.topics import limits as topics_limits
 from metaq.errors import InvalidTopic, RemoteProtocolError
 
 __all__ = ["Topics", "OWNERS_KEY", "GROUPS_KEY", "encode", "payload_parts", "check_length", "decode", "owner_problem"]
@@ -119,9 +120,9 @@ def encode(table, owners=(), groups=None):
 
 
 def _size_problem(length):
-    if not 0 < length <= limits.MAX_TOPIC_TABLE_BYTES:
+    if not 0 < length <= topics_limits.MAX_TOPIC_TABLE_BYTES:
         return "TOPICS frame of %d bytes: must be 1..%d (limit MAX_TOPIC_TABLE_BYTES)" % (
-            length, limits.MAX_TOPIC_TABLE_BYTES)
+            length, topics_limits.MAX_TOPIC_TABLE_BYTES)
     return None
 
 

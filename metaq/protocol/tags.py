@@ -22,7 +22,7 @@ It is part of the log's index format, written whether or not anyone filters; the
 import functools
 from typing import FrozenSet, NamedTuple
 
-from metaq import limits
+from metaq.filters import limits as filters_limits
 from metaq.errors import ClientError
 from metaq.protocol.checksum import metaq_checksum
 
@@ -63,8 +63,9 @@ class TagFilter(NamedTuple):
         return tags in self.tags
 
 
-@functools.lru_cache(maxsize=limits.TAG_FILTER_CACHE)
-def parse_tag_expression(expression, max_bytes=limits.MAX_TAG_EXPRESSION_BYTES, max_tags=limits.MAX_FILTER_TAGS):
+@functools.lru_cache(maxsize=filters_limits.TAG_FILTER_CACHE)
+def parse_tag_expression(expression, max_bytes=filters_limits.MAX_TAG_EXPRESSION_BYTES,
+                         max_tags=filters_limits.MAX_FILTER_TAGS):
     """The ``TagFilter`` of ``expression`` (str), or None when it wants every record (``*``, empty, None); kept for
     the ``limits.TAG_FILTER_CACHE`` expressions parsed last (a ``TagFilter`` is immutable: any request may share
     it), errors raised, never kept.

@@ -15,6 +15,7 @@ client id, as its heartbeats name it). Properties travel in a MetaQ message's at
 """
 
 from metaq import limits
+from metaq.reqreply import limits as reqreply_limits
 from metaq.errors import ClientError, RemoteProtocolError
 from metaq.protocol.message import ATTRIBUTE_FLAG, decode_payload, encode_payload
 from metaq.protocol.properties import encode_attribute, split_attribute
@@ -86,8 +87,8 @@ def reply_properties(request, error=None):
 def _error_text(error):
     text = str(error).replace("\x01", " ").replace("\x02", " ") or "error"
     data = text.encode("utf-8")
-    if len(data) > limits.MAX_REPLY_ERROR_BYTES:
-        text = data[:limits.MAX_REPLY_ERROR_BYTES].decode("utf-8", "ignore")
+    if len(data) > reqreply_limits.MAX_REPLY_ERROR_BYTES:
+        text = data[:reqreply_limits.MAX_REPLY_ERROR_BYTES].decode("utf-8", "ignore")
     return text
 
 

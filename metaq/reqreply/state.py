@@ -13,7 +13,8 @@ what it touches: no scan of the whole table but ``expire``'s.
 
 from typing import NamedTuple
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.reqreply import limits as reqreply_limits
 
 
 class Pending(NamedTuple):
@@ -24,8 +25,8 @@ class Pending(NamedTuple):
 
 
 class PendingRequests:
-    def __init__(self, max_total=limits.MAX_PENDING_REQUESTS,
-                 per_connection=limits.MAX_PENDING_REQUESTS_PER_CONNECTION, quota=None):
+    def __init__(self, max_total=reqreply_limits.MAX_PENDING_REQUESTS,
+                 per_connection=reqreply_limits.MAX_PENDING_REQUESTS_PER_CONNECTION, quota=None):
         """``quota(user, current)``: raises when ``user``, with ``current`` requests waiting, may not add one."""
         self.max_total = max_total
         self.per_connection = per_connection

@@ -27,6 +27,7 @@ import gevent
 from gevent.event import AsyncResult
 
 from metaq import errors, limits
+from metaq.rmq5 import limits as rmq5_limits
 from metaq.admin import wire as adminwire
 from metaq.protocol.rocketmq.mapping import message_of_record
 from metaq.protocol.text import encode_result
@@ -79,7 +80,7 @@ class StoredMessages:
 class ClientCommands:
     """The streams and the questions (see the module doc). ``find(topic, message_id) -> pb.Message``."""
 
-    def __init__(self, find, max_pending=limits.GRPC_MAX_PENDING_CLIENT_COMMANDS):
+    def __init__(self, find, max_pending=rmq5_limits.GRPC_MAX_PENDING_CLIENT_COMMANDS):
         self.find = find
         self.max_pending = max_pending
         self.streams = {}  # client id -> {user ("" with authentication off): its Telemetry call (the last spoken on)}
@@ -139,7 +140,7 @@ class ClientCommands:
                     return ClientKey(name[:i], name[i + 1:]), call
         raise errors.NotFound("no gRPC client %s has a Telemetry stream open on this broker" % name)
 
-    def ask(self, kind, name, topic=None, message_id=None, timeout_s=limits.GRPC_CLIENT_COMMAND_TIMEOUT_MS / 1000):
+    def ask(self, kind, name, topic=None, message_id=None, timeout_s=rmq5_limits.GRPC_CLIENT_COMMAND_TIMEOUT_MS / 1000):
         """Ask the client ``name`` (``lookup``) (``stack`` or ``verify``) and wait for its answer: the reply body's
         dict. NotFound (no such client here, no such message), ClientError (an id of several users' clients),
         Unavailable (``max_pending`` questions waiting; the stream ended), ClientNoAnswer (nothing within

@@ -8,7 +8,8 @@ import time
 from collections import OrderedDict
 from typing import NamedTuple
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.rmq5 import limits as rmq5_limits
 from metaq.rmq5.calls import client_of
 from metaq.rmq5.wire import GrpcError, Status
 
@@ -75,7 +76,7 @@ class ConsumerClients:
         (``limits.GRPC_CLIENT_IDLE_MS``: taken for ended), else the new one is refused RESOURCE_EXHAUSTED, so one
         user's many client ids never push out another user's live Settings. With authentication off there is one
         tenant: the broker's bound forgets the oldest client, idle or not (it sends its Settings again)."""
-        idle_before = now - limits.GRPC_CLIENT_IDLE_MS / 1000.0
+        idle_before = now - rmq5_limits.GRPC_CLIENT_IDLE_MS / 1000.0
         user = client.user
         mine = self._by_user.get(user)
         if user and self.guard is not None and mine:
@@ -86,13 +87,13 @@ class ConsumerClients:
                 if heard > idle_before:
                     raise GrpcError(Status.RESOURCE_EXHAUSTED, "TOO_MANY_REQUESTS: %s" % exc) from None
                 self.forget(oldest)
-        if len(self._consumers) < limits.GRPC_MAX_CONSUMER_CLIENTS:
+        if len(self._consumers) < rmq5_limits.GRPC_MAX_CONSUMER_CLIENTS:
             return
         oldest = next(iter(self._consumers))
         if user and self._by_user[oldest.user][oldest] > idle_before:
             raise GrpcError(Status.RESOURCE_EXHAUSTED, "TOO_MANY_REQUESTS: the gRPC port keeps the Settings of %d "
                             "consumer clients (limits.GRPC_MAX_CONSUMER_CLIENTS), none idle; client %s refused"
-                            % (limits.GRPC_MAX_CONSUMER_CLIENTS, client.id))
+                            % (rmq5_limits.GRPC_MAX_CONSUMER_CLIENTS, client.id))
         self.forget(oldest)
 
     def forget(self, client):

@@ -20,7 +20,7 @@ import re
 from hpack import Decoder, Encoder
 from hpack.table import HeaderTable
 
-from metaq import limits
+from metaq.rmq5 import limits as rmq5_limits
 from metaq.rmq5.http2 import ProtocolError
 
 #: A field name HTTP/2 accepts (RFC 9113 section 8.2.1): visible ASCII, no upper case, a colon only first.
@@ -91,7 +91,7 @@ class CachedDecoder(Decoder):
     block goes. Each call gets a list of its own; hpack's checks (list size, table size) ran on the block once and
     hold for the same block under the same table and limits."""
 
-    def __init__(self, *args, blocks=limits.GRPC_CACHED_HEADER_BLOCKS, **kwargs):
+    def __init__(self, *args, blocks=rmq5_limits.GRPC_CACHED_HEADER_BLOCKS, **kwargs):
         super().__init__(*args, **kwargs)
         self.header_table = CountedTable()
         self._blocks = blocks
@@ -186,7 +186,7 @@ class CheckedHeaders:
 
     __slots__ = ("_lists", "_checked")
 
-    def __init__(self, lists=limits.GRPC_CACHED_HEADER_BLOCKS):
+    def __init__(self, lists=rmq5_limits.GRPC_CACHED_HEADER_BLOCKS):
         self._lists = lists
         self._checked = {}  # request header list (a tuple) -> its metadata, oldest first
 

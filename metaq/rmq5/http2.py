@@ -49,7 +49,7 @@ from collections import OrderedDict, deque
 
 from hpack import HPACKError, OversizedHeaderListError
 
-from metaq import limits
+from metaq.rmq5 import limits as rmq5_limits
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY_FRAME, WINDOW_UPDATE, CONTINUATION = range(10)
@@ -165,7 +165,7 @@ class ServerConnection:
         #: still fill with DATA it sent before it knew: ``_data_in_flight``; oldest first) and the runs of ids the
         #: client skipped (never opened); any other lower id is a stream the client ended.
         self._reset_ids = OrderedDict()
-        self._skipped = deque(maxlen=limits.GRPC_CLOSED_STREAMS_KEPT)
+        self._skipped = deque(maxlen=rmq5_limits.GRPC_CLOSED_STREAMS_KEPT)
         #: Called ``(type, flags, length, stream id)`` for each frame as its header is whole; a reason (text)
         #: returned ends the connection with ENHANCE_YOUR_CALM.
         self.on_frame = None
@@ -281,7 +281,7 @@ class ServerConnection:
         full DATA frames up to ``window`` (its receive window left; 0: the client reset it) no work wasted."""
         reset = self._reset_ids
         reset[stream_id] = window
-        if len(reset) > limits.GRPC_CLOSED_STREAMS_KEPT:
+        if len(reset) > rmq5_limits.GRPC_CLOSED_STREAMS_KEPT:
             reset.popitem(last=False)
 
     def reset_stream(self, stream_id, code=ErrorCode.NO_ERROR):

@@ -61,7 +61,7 @@ import time
 import gevent
 from gevent.event import Event
 from gevent.lock import Semaphore
-from metaq import limits
+from metaq.rmq5 import limits as rmq5_limits
 from metaq.rmq5 import http2
 from metaq.rmq5.http2 import (ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, PING, WINDOW_UPDATE,
                               ErrorCode, ProtocolError, ServerConnection, StreamClosed)
@@ -91,11 +91,12 @@ class PortLimits:
     __slots__ = ("max_streams", "max_message_bytes", "max_header_bytes", "max_call_s", "max_control_frames",
                  "max_new_streams", "flood_window_s", "flood_penalty_s")
 
-    def __init__(self, max_streams=limits.GRPC_MAX_STREAMS_PER_CONNECTION,
-                 max_message_bytes=limits.GRPC_MAX_MESSAGE_BYTES, max_header_bytes=limits.GRPC_MAX_HEADER_BYTES,
-                 max_call_s=limits.GRPC_MAX_CALL_S, max_control_frames=limits.GRPC_MAX_CONTROL_FRAMES,
-                 max_new_streams=limits.GRPC_MAX_NEW_STREAMS, flood_window_s=limits.GRPC_FLOOD_WINDOW_S,
-                 flood_penalty_s=limits.GRPC_FLOOD_PENALTY_S):
+    def __init__(self, max_streams=rmq5_limits.GRPC_MAX_STREAMS_PER_CONNECTION,
+                 max_message_bytes=rmq5_limits.GRPC_MAX_MESSAGE_BYTES,
+                 max_header_bytes=rmq5_limits.GRPC_MAX_HEADER_BYTES,
+                 max_call_s=rmq5_limits.GRPC_MAX_CALL_S, max_control_frames=rmq5_limits.GRPC_MAX_CONTROL_FRAMES,
+                 max_new_streams=rmq5_limits.GRPC_MAX_NEW_STREAMS, flood_window_s=rmq5_limits.GRPC_FLOOD_WINDOW_S,
+                 flood_penalty_s=rmq5_limits.GRPC_FLOOD_PENALTY_S):
         self.max_streams = max_streams
         self.max_message_bytes = max_message_bytes
         self.max_header_bytes = max_header_bytes
@@ -143,8 +144,8 @@ class FloodBudget:
         """The port sent the client ``frames`` DATA frames: room for the window updates and the bandwidth probes
         (PING) it answers with."""
         most = self.limits.max_control_frames
-        self.credit = min(self.credit + frames * limits.GRPC_WINDOW_UPDATES_PER_DATA, most)
-        self.pongs = min(self.pongs + frames * limits.GRPC_PINGS_PER_DATA, most)
+        self.credit = min(self.credit + frames * rmq5_limits.GRPC_WINDOW_UPDATES_PER_DATA, most)
+        self.pongs = min(self.pongs + frames * rmq5_limits.GRPC_PINGS_PER_DATA, most)
 
     def tick(self, now):
         """The time of a read: a window past ``flood_window_s`` starts again."""
@@ -157,7 +158,7 @@ class FloodBudget:
         DATA frame, a small one ending a call, HEADERS opening a stream) are taken first."""
         lim = self.limits
         if ftype == DATA:
-            if length >= limits.GRPC_SMALL_FRAME_BYTES:  # payload delivered: free, and pays for a small frame
+            if length >= rmq5_limits.GRPC_SMALL_FRAME_BYTES:  # payload delivered: free, and pays for a small frame
                 if self.paid < lim.max_control_frames:
                     self.paid += 1
                 return None
@@ -183,7 +184,7 @@ class FloodBudget:
         if headers and stream_id > self.last_stream:  # a stream opened: counted, and pays for small frames
             self.last_stream = stream_id
             self.streams += 1
-            paid = self.paid + limits.GRPC_SMALL_FRAMES_PER_STREAM
+            paid = self.paid + rmq5_limits.GRPC_SMALL_FRAMES_PER_STREAM
             self.paid = paid if paid < lim.max_control_frames else lim.max_control_frames
             if self.streams > lim.max_new_streams:
                 return "more than %d streams opened in %g s (grpc.max_new_streams)" % (lim.max_new_streams,
@@ -196,12 +197,12 @@ class FloodBudget:
         if flags & END_HEADERS:
             self.block = 0
         else:
-            if length < limits.GRPC_SMALL_FRAME_BYTES:  # a tiny part that does not end its block
+            if length < rmq5_limits.GRPC_SMALL_FRAME_BYTES:  # a tiny part that does not end its block
                 self.controls += 1
             self.block += length
-            if self.block > limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes:
+            if self.block > rmq5_limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes:
                 return "a header block of more than %d bytes begun (%d x grpc.max_header_bytes)" % (
-                    limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes, limits.GRPC_HEADER_BLOCK_FACTOR)
+                    rmq5_limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes, rmq5_limits.GRPC_HEADER_BLOCK_FACTOR)
         return self._excess()
 
     def wasteful(self):
@@ -209,7 +210,7 @@ class FloodBudget:
         for flooding (its address then cools down, ``GrpcPort``), not for a busy client's many streams."""
         lim = self.limits
         return (self.controls > lim.max_control_frames
-                or self.block > limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes)
+                or self.block > rmq5_limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes)
 
     def wasted(self):
         """A frame the HTTP/2 layer refused with a stream error (the layer's ``on_wasted``): None while within the
@@ -315,7 +316,7 @@ class GrpcConnection(Connection):
             self._flush()
             turn = time.monotonic()
             while not self.closed and not self.ended:
-                data = self.receive(limits.GRPC_RECV_BYTES)
+                data = self.receive(rmq5_limits.GRPC_RECV_BYTES)
                 if not data:
                     break
                 if self.ended:  # a call's end ended the connection meanwhile (its GOAWAY sent): no more is read
@@ -455,7 +456,7 @@ class GrpcConnection(Connection):
         flood."""
         if self.on_flood is not None and isinstance(self.address, tuple):
             self.on_flood(self.address[0])
-        self._drain_after_goaway(limits.GRPC_CALM_LINGER_BYTES)
+        self._drain_after_goaway(rmq5_limits.GRPC_CALM_LINGER_BYTES)
 
     def _drain_after_goaway(self, most=None):
         """After a GOAWAY: stop sending and read what the client still sends, at most ``LINGER_S``, so that the
@@ -724,7 +725,7 @@ class GrpcConnection(Connection):
                     return False
                 continue
             self.http2.send_data(call.stream_id, data[:room])
-            if room == len(data) or room >= limits.GRPC_SMALL_FRAME_BYTES:  # (a sliver the window let out earns
+            if room == len(data) or room >= rmq5_limits.GRPC_SMALL_FRAME_BYTES:  # (a sliver the window let out earns
                 self.budget.sent_data()  # the client nothing: the data dribble, windows opened a byte at a time)
             data = data[room:]
         if flush:

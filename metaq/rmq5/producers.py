@@ -5,6 +5,7 @@ user, its ``producer_topics`` quota.
 """
 
 from metaq import errors, limits
+from metaq.rmq5 import limits as rmq5_limits
 from metaq.rmq5.wire import GrpcError, Status
 
 
@@ -27,7 +28,7 @@ class ProducerStreams:
         ``limits.GRPC_MAX_TOPICS_PER_SETTINGS`` names (INVALID_ARGUMENT), each a legal topic name, and the names
         kept stay within ``limits.GRPC_MAX_PRODUCER_TOPICS`` and the user's ``producer_topics`` quota
         (RESOURCE_EXHAUSTED). So one stream holds at most one Settings' names, and a user at most its quota."""
-        most = limits.GRPC_MAX_TOPICS_PER_SETTINGS
+        most = rmq5_limits.GRPC_MAX_TOPICS_PER_SETTINGS
         if len(topics) > most:
             raise GrpcError(Status.INVALID_ARGUMENT, "BAD_REQUEST: a producer's Settings names %d topics: at most %d "
                             "(limits.GRPC_MAX_TOPICS_PER_SETTINGS)" % (len(topics), most))
@@ -40,10 +41,10 @@ class ProducerStreams:
             names.add(resource.name)
         mine = len(self._published.get(call, ()))
         held = sum(self._by_user.values()) - mine
-        if held + len(names) > limits.GRPC_MAX_PRODUCER_TOPICS:
+        if held + len(names) > rmq5_limits.GRPC_MAX_PRODUCER_TOPICS:
             raise GrpcError(Status.RESOURCE_EXHAUSTED, "TOO_MANY_REQUESTS: the broker keeps %d topic names of "
                             "producers' streams (limits.GRPC_MAX_PRODUCER_TOPICS); this Settings names %d more"
-                            % (limits.GRPC_MAX_PRODUCER_TOPICS, len(names)))
+                            % (rmq5_limits.GRPC_MAX_PRODUCER_TOPICS, len(names)))
         guard = self.guard
         if guard is not None and client.user:
             try:

@@ -27,6 +27,7 @@ master's (HA_NOT_AVAILABLE elsewhere), stored at most at the queue's end, under 
 import time
 
 from metaq import errors, limits
+from metaq.rmq5 import limits as rmq5_limits
 from metaq.auth.acl import SUB
 from metaq.filters.sql import compiled
 from metaq.groups import policy as group_policy
@@ -122,7 +123,7 @@ class PullService:
         self._exists(topic, queue)
         if request.batch_size < 1:
             raise Refusal("BAD_REQUEST", "batch_size must be at least 1, not %d" % request.batch_size)
-        batch = min(request.batch_size, limits.GRPC_PULL_MAX_BATCH)
+        batch = min(request.batch_size, rmq5_limits.GRPC_PULL_MAX_BATCH)
         filt = _filter_of(request.filter_expression)
         if self.roles is not None and self.roles.read_refusal is not None:
             raise Refusal("HA_NOT_AVAILABLE", self.roles.read_refusal)

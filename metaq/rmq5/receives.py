@@ -10,6 +10,8 @@ import logging
 import time
 
 from metaq import errors, limits
+from metaq.pop import limits as pop_limits
+from metaq.rmq5 import limits as rmq5_limits
 from metaq.auth.acl import SUB
 from metaq.filters.sql import compiled
 from metaq.filters.wire import parse_tag_expression
@@ -30,7 +32,7 @@ log = logging.getLogger(__name__)
 
 #: A receive's invisible duration when the request names none and no renewer is given (a push consumer's
 #: ``auto_renew``), as the proxy's.
-DEFAULT_INVISIBLE_MS = limits.GRPC_RENEW_INVISIBLE_MS
+DEFAULT_INVISIBLE_MS = rmq5_limits.GRPC_RENEW_INVISIBLE_MS
 
 
 #: Receives a ReceiveMessage makes while every message it got was filtered out, even past its long poll (each one
@@ -130,7 +132,7 @@ class Receives:
             raise Refusal("FORBIDDEN", decision.refusal)
         wanted = _filter_of(request.filter_expression)
         settings = self.consumers.settings_of(call)
-        batch = min(max(request.batch_size, 1), limits.POP_MAX_BATCH)
+        batch = min(max(request.batch_size, 1), pop_limits.POP_MAX_BATCH)
         renewer = self.renewer if request.auto_renew else None
         invisible = _invisible_ms(request, renewer)
         budget = int(call.timeout_s * 1000) - POLL_RESERVE_MS
@@ -193,13 +195,13 @@ class Receives:
             self.renewer.settled(group, topic, [r.handle for r in received])
         try:
             back = self.pop.release(group, topic, [(r.partition, r.offset, r.attempt, r.deadline_ms) for r in received],
-                                    now_ms() + limits.GRPC_RELEASE_INVISIBLE_MS)
+                                    now_ms() + rmq5_limits.GRPC_RELEASE_INVISIBLE_MS)
         except errors.MetaqError as exc:  # not the master now: they come back at their deadline
             log.info("grpc: %d messages of an unsent receive of %s/%s stay invisible until their deadline: %s",
                      len(received), group[:128], topic[:128], exc)
             return
         log.info("grpc: a receive of %s/%s did not reach its client: %d messages visible again in %d ms",
-                 group[:128], topic[:128], len(back), limits.GRPC_RELEASE_INVISIBLE_MS)
+                 group[:128], topic[:128], len(back), rmq5_limits.GRPC_RELEASE_INVISIBLE_MS)
 
     def waits(self, rpc, request):
         """True when answering ``request`` may wait: every RPC of this group but AckMessage and ReceiveMessage. An
@@ -234,8 +236,8 @@ class Receives:
         handles = [h for _m, h in entries]
         results = []
         try:
-            for i in range(0, len(handles), limits.POP_MAX_ACK_HANDLES):
-                results += pop.ack(group, topic, handles[i:i + limits.POP_MAX_ACK_HANDLES], wait)
+            for i in range(0, len(handles), pop_limits.POP_MAX_ACK_HANDLES):
+                results += pop.ack(group, topic, handles[i:i + pop_limits.POP_MAX_ACK_HANDLES], wait)
         except errors.MetaqError as exc:
             raise Refusal(code_of(exc), str(exc)) from None
         if self.renewer is not None:  # (read only while it renews something)
@@ -249,10 +251,10 @@ class Receives:
         pop = self._pop_service()
         group, topic = request.group.name, request.topic.name
         self._may_consume(call, group, topic)
-        invisible = max(duration_ms(request.invisible_duration), limits.POP_MIN_INVISIBLE_MS)
-        if invisible > limits.POP_MAX_INVISIBLE_MS:
+        invisible = max(duration_ms(request.invisible_duration), pop_limits.POP_MIN_INVISIBLE_MS)
+        if invisible > pop_limits.POP_MAX_INVISIBLE_MS:
             raise Refusal("ILLEGAL_INVISIBLE_TIME", "invisible_duration may be at most %d ms"
-                          % limits.POP_MAX_INVISIBLE_MS)
+                          % pop_limits.POP_MAX_INVISIBLE_MS)
         try:
             new = pop.change_invisible(group, topic, request.receipt_handle, invisible)
         except InvalidHandle as exc:
@@ -347,7 +349,7 @@ def _invisible_ms(request, renewer):
     if request.auto_renew or not request.HasField("invisible_duration"):
         return DEFAULT_INVISIBLE_MS
     invisible = duration_ms(request.invisible_duration)
-    if not limits.POP_MIN_INVISIBLE_MS <= invisible <= limits.POP_MAX_INVISIBLE_MS:
+    if not pop_limits.POP_MIN_INVISIBLE_MS <= invisible <= pop_limits.POP_MAX_INVISIBLE_MS:
         raise Refusal("ILLEGAL_INVISIBLE_TIME", "invisible_duration must be within %d..%d ms, not %d"
-                      % (limits.POP_MIN_INVISIBLE_MS, limits.POP_MAX_INVISIBLE_MS, invisible))
+                      % (pop_limits.POP_MIN_INVISIBLE_MS, pop_limits.POP_MAX_INVISIBLE_MS, invisible))
     return invisible

@@ -29,7 +29,8 @@ import logging
 
 import gevent
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.rmq5 import limits as rmq5_limits
 from metaq.pop.records import parse_handles
 from metaq.clock import now_ms
 
@@ -60,9 +61,9 @@ class Renewals:
     """What is renewed, for whom (pure; see the module doc). Keys are ``(group, topic, partition, offset)``; a client
     is whatever key the caller names it by (the gRPC port's ``calls.ClientKey``: its user and client id)."""
 
-    def __init__(self, max_total=limits.GRPC_MAX_RENEWED, max_per_client=limits.GRPC_MAX_RENEWED_PER_CLIENT,
-                 max_age_ms=limits.GRPC_RENEW_MAX_MS, idle_ms=limits.GRPC_CLIENT_IDLE_MS,
-                 max_per_user=limits.GRPC_MAX_RENEWED_PER_USER):
+    def __init__(self, max_total=rmq5_limits.GRPC_MAX_RENEWED, max_per_client=rmq5_limits.GRPC_MAX_RENEWED_PER_CLIENT,
+                 max_age_ms=rmq5_limits.GRPC_RENEW_MAX_MS, idle_ms=rmq5_limits.GRPC_CLIENT_IDLE_MS,
+                 max_per_user=rmq5_limits.GRPC_MAX_RENEWED_PER_USER):
         self.max_total, self.max_per_client, self.max_per_user = max_total, max_per_client, max_per_user
         self.by_user = {}  # user -> messages its clients hold (clients with a user only: authentication on)
         self.max_age_ms, self.idle_ms = max_age_ms, idle_ms
@@ -299,9 +300,9 @@ class Renewer:
             for client, held in ended:
                 for (group, topic), entries in held.items():
                     for chunk in _chunks(entries):
-                        self.pop.release(group, topic, chunk, now + limits.GRPC_RELEASE_INVISIBLE_MS)
+                        self.pop.release(group, topic, chunk, now + rmq5_limits.GRPC_RELEASE_INVISIBLE_MS)
                 log.info("grpc: client %s ended: the messages it held are visible again in %d ms", str(client)[:128],
-                         limits.GRPC_RELEASE_INVISIBLE_MS)
+                         rmq5_limits.GRPC_RELEASE_INVISIBLE_MS)
             deadline = now + self.invisible_ms
             for (group, topic), entries in r.due(now, self.ahead_ms).items():
                 for chunk in _chunks(entries):

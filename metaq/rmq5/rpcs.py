@@ -31,7 +31,8 @@ import logging
 
 import gevent
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.rmq5 import limits as rmq5_limits
 from metaq.auth import proofs
 from metaq.rmq5 import messages_pb2 as pb
 from metaq.rmq5.calls import delivered_now, status
@@ -67,7 +68,7 @@ def _check_signed_date(date_time, now):
         signed = proofs.mqv2_date_ms(date_time)
     except ValueError:
         raise Refusal("UNAUTHORIZED", "x-mq-date-time %r is not yyyyMMdd'T'HHmmss'Z'" % date_time[:40]) from None
-    skew = limits.GRPC_AUTH_MAX_SKEW_MS
+    skew = rmq5_limits.GRPC_AUTH_MAX_SKEW_MS
     if abs(now - signed) > skew:
         raise Refusal("UNAUTHORIZED", "x-mq-date-time %s is %d s %s the broker's clock: a signature is accepted "
                       "within %d s of it (limits.GRPC_AUTH_MAX_SKEW_MS; sign each call when it is made, check the "

@@ -11,7 +11,8 @@ than its maximum before keeping a byte of it.
 import enum
 import struct
 
-from metaq import limits, speedups
+from metaq import speedups
+from metaq.rmq5 import limits as rmq5_limits
 
 #: HTTP/2 ``:path`` of every RPC: this, then the RPC's name (case-sensitive).
 SERVICE = "apache.rocketmq.v2.MessagingService"
@@ -98,7 +99,7 @@ class MessageReader:
 
     __slots__ = ("max_bytes", "buf", "messages")
 
-    def __init__(self, max_bytes=limits.GRPC_MAX_MESSAGE_BYTES):
+    def __init__(self, max_bytes=rmq5_limits.GRPC_MAX_MESSAGE_BYTES):
         self.max_bytes = max_bytes
         self.buf = bytearray()
         self.messages = 0  # whole messages read so far

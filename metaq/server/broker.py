@@ -15,11 +15,12 @@ import gevent
 from gevent.event import Event
 from gevent.lock import Semaphore
 
-from metaq import errors, limits, speedups
+from metaq import errors, speedups
+from metaq.transactions import limits as transactions_limits
 from metaq.trace.service import Tracer
 from metaq.admin.service import AdminOps, TextGroupMembers
 from metaq.admin.wire import ClientCommand
-from metaq.limits import COLD_READ_CHECK_S
+from metaq.store.limits import COLD_READ_CHECK_S
 from metaq.protocol import checksum, registration
 from metaq.priorities.wire import with_owner_keys
 from metaq.clock import now_ms
@@ -694,7 +695,7 @@ def grpc_port(core, config, store, put_path, guard, cluster=None, tx=None, pop=N
                                config.limits.max_body_bytes, endpoint, broker_id=config.broker.id, cluster=cluster,
                                tx=tx, checks=Checks(r.transaction_check_interval_ms / 1000.0, r.transaction_timeout_ms,
                                                     r.transaction_check_max, r.max_half_messages,
-                                                    limits.MAX_CHECKS_PER_ROUND), pop=pop,
+                                                    transactions_limits.MAX_CHECKS_PER_ROUND), pop=pop,
                                pulls=PullService(store, guard, put_path.waiters, put_path.roles, put_path.check_master,
                                                  endpoint, config.store.max_transfer_size, config.limits.max_wait_ms),
                                clients=ClientCommands(StoredMessages(store, endpoint,

@@ -22,6 +22,18 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from metaq import limits
+from metaq.keys import limits as keys_limits
+from metaq.mqtt import limits as mqtt_limits
+from metaq.mqttcluster import limits as mqttcluster_limits
+from metaq.pop import limits as pop_limits
+from metaq.reqreply import limits as reqreply_limits
+from metaq.rmq5 import limits as rmq5_limits
+from metaq.server.http import limits as http_limits
+from metaq.server.remoting import limits as remoting_limits
+from metaq.serving import limits as serving_limits
+from metaq.timers import limits as timers_limits
+from metaq.topics import limits as topics_limits
+from metaq.transactions import limits as transactions_limits
 from metaq.errors import ConfigError, InvalidTopic
 from metaq.timers.levels import DEFAULT_LEVELS, MAX_LEVELS, SCHEDULE_TOPIC, parse_levels
 from metaq.store.config import FLUSH_MODES, StoreConfig, TopicSpec
@@ -126,7 +138,7 @@ class StoreSection(_Section):
     segment_size: int = Field(_STORE["segment_size"], ge=64 * 1024)
     index_file_units: int = Field(_STORE["index_file_units"], ge=16)
     key_index_slots: int = Field(_STORE["key_index_slots"], ge=1)  # the key index (keys/index.py)
-    key_index_entries: int = Field(_STORE["key_index_entries"], ge=limits.MAX_KEYS_PER_MESSAGE)
+    key_index_entries: int = Field(_STORE["key_index_entries"], ge=keys_limits.MAX_KEYS_PER_MESSAGE)
     flush: Literal[FLUSH_MODES] = _STORE["flush"]
     flush_every_messages: int = Field(_STORE["flush_every_messages"], ge=1)
     flush_interval_ms: int = Field(_STORE["flush_interval_ms"], ge=1)
@@ -154,7 +166,7 @@ class LimitsSection(_Section):
     max_connections_per_address: Optional[int] = Field(None, ge=1)
     max_reply_bytes: int = Field(limits.MAX_REPLY_BYTES, ge=4096)
     max_partial_request_bytes: int = Field(limits.MAX_PARTIAL_REQUEST_BYTES, ge=1 << 20)
-    max_http_unsent_bytes: int = Field(limits.MAX_HTTP_UNSENT_BYTES, ge=1 << 16)
+    max_http_unsent_bytes: int = Field(http_limits.MAX_HTTP_UNSENT_BYTES, ge=1 << 16)
     login_timeout_s: float = Field(limits.LOGIN_TIMEOUT_S, gt=0)
     max_unauthenticated: Optional[int] = Field(None, ge=1)
     max_unauthenticated_per_address: int = Field(limits.MAX_UNAUTHENTICATED_PER_ADDRESS, ge=1)
@@ -162,15 +174,15 @@ class LimitsSection(_Section):
     tls_handshakes_per_address_s: int = Field(limits.TLS_HANDSHAKES_PER_ADDRESS_S, ge=1)
     max_parked_gets: int = Field(limits.MAX_PARKED_GETS, ge=0)
     max_parked_gets_per_connection: int = Field(limits.MAX_PARKED_GETS_PER_CONNECTION, ge=0)
-    max_pending_requests: int = Field(limits.MAX_PENDING_REQUESTS, ge=0)
-    max_pending_timers: int = Field(limits.MAX_PENDING_TIMERS, ge=0)
-    max_pending_requests_per_connection: int = Field(limits.MAX_PENDING_REQUESTS_PER_CONNECTION, ge=0)
-    max_request_timeout_ms: int = Field(limits.MAX_REQUEST_TIMEOUT_MS, ge=1)
+    max_pending_requests: int = Field(reqreply_limits.MAX_PENDING_REQUESTS, ge=0)
+    max_pending_timers: int = Field(timers_limits.MAX_PENDING_TIMERS, ge=0)
+    max_pending_requests_per_connection: int = Field(reqreply_limits.MAX_PENDING_REQUESTS_PER_CONNECTION, ge=0)
+    max_request_timeout_ms: int = Field(reqreply_limits.MAX_REQUEST_TIMEOUT_MS, ge=1)
     idle_timeout_s: float = Field(limits.IDLE_TIMEOUT_S, gt=0)
     request_timeout_s: float = Field(limits.REQUEST_TIMEOUT_S, gt=0)
     max_wait_ms: int = Field(limits.MAX_WAIT_MS, ge=0)
-    max_topics: int = Field(limits.MAX_TOPICS, ge=1)
-    max_partitions: int = Field(limits.MAX_TOTAL_PARTITIONS, ge=1)
+    max_topics: int = Field(topics_limits.MAX_TOPICS, ge=1)
+    max_partitions: int = Field(topics_limits.MAX_TOTAL_PARTITIONS, ge=1)
 
 
 class ZkSection(_Section):
@@ -284,14 +296,15 @@ class RemotingSection(_Section):
     access_message_in_memory_max_ratio: int = Field(40, ge=0, le=100)
     send_back_delay_level: Optional[int] = Field(None, ge=0, le=MAX_LEVELS)
     client_timeout_s: float = Field(120.0, gt=0)
-    max_frame_bytes: int = Field(limits.MAX_REMOTING_FRAME, ge=64 * 1024)
-    max_client_entries: int = Field(limits.MAX_REMOTING_MEMBERS, ge=1)
+    max_frame_bytes: int = Field(remoting_limits.MAX_REMOTING_FRAME, ge=64 * 1024)
+    max_client_entries: int = Field(remoting_limits.MAX_REMOTING_MEMBERS, ge=1)
     lock_expiry_s: float = Field(60.0, gt=0)  # orderly consumers' queue locks (conf/server.yaml)
-    max_locks: int = Field(limits.MAX_REMOTING_LOCKS, ge=1)
+    max_locks: int = Field(remoting_limits.MAX_REMOTING_LOCKS, ge=1)
     transaction_check_interval_ms: int = Field(60_000, ge=10, le=86_400_000)
     transaction_timeout_ms: int = Field(6_000, ge=0, le=86_400_000)
     transaction_check_max: int = Field(15, ge=0, le=1_000_000)
-    max_half_messages: int = Field(limits.MAX_HALF_MESSAGES, ge=1, le=10 * limits.MAX_OPEN_TRANSACTIONS)
+    max_half_messages: int = Field(transactions_limits.MAX_HALF_MESSAGES, ge=1,
+                                   le=10 * transactions_limits.MAX_OPEN_TRANSACTIONS)
 
     @field_validator("host", "advertised_host", "broker_name", "cluster")
     @classmethod
@@ -462,40 +475,41 @@ class MqttSection(_Section):
 
     port: Optional[int] = Field(None, ge=0, le=65535)  # None or 0 = off (1883 by convention, 8883 with TLS)
     host: Optional[str] = None  # bind address; default broker.host
-    max_packet_bytes: int = Field(limits.MQTT_MAX_PACKET_BYTES, ge=64)
+    max_packet_bytes: int = Field(mqtt_limits.MQTT_MAX_PACKET_BYTES, ge=64)
     # MQTT over WebSocket (docs/mqtt.md "Over WebSocket"): ws:// and wss:// (security.tls) ports, None or 0 = off,
     # on the MQTT port's host; the upgrade's path; the Origin values a browser page may come from (empty: any)
     ws_port: Optional[int] = Field(None, ge=0, le=65535)
     wss_port: Optional[int] = Field(None, ge=0, le=65535)
     ws_path: str = Field("/mqtt", pattern=r"^/[\x21-\x7e]*$", max_length=256)
-    ws_allowed_origins: List[str] = Field([], max_length=limits.WS_MAX_ALLOWED_ORIGINS)
-    receive_maximum: int = Field(limits.MQTT_RECEIVE_MAXIMUM, ge=1, le=65535)
-    max_inflight: int = Field(limits.MQTT_MAX_INFLIGHT, ge=1, le=65535)
-    max_subscriptions: int = Field(limits.MQTT_MAX_SUBSCRIPTIONS, ge=1)
-    max_wildcard_topics: int = Field(limits.MQTT_MAX_WILDCARD_TOPICS, ge=1)
-    max_client_id_bytes: int = Field(limits.MQTT_MAX_CLIENT_ID_BYTES, ge=23, le=65535)
-    topic_alias_maximum: int = Field(limits.MQTT_TOPIC_ALIAS_MAXIMUM, ge=0, le=65535)
-    max_outbound_aliases: int = Field(limits.MQTT_MAX_OUTBOUND_ALIASES, ge=0, le=65535)
-    max_keep_alive_s: int = Field(limits.MQTT_MAX_KEEP_ALIVE_S, ge=0, le=65535)  # 0 = no bound
-    max_delayed_wills: int = Field(limits.MQTT_MAX_DELAYED_WILLS, ge=0)
+    ws_allowed_origins: List[str] = Field([], max_length=serving_limits.WS_MAX_ALLOWED_ORIGINS)
+    receive_maximum: int = Field(mqtt_limits.MQTT_RECEIVE_MAXIMUM, ge=1, le=65535)
+    max_inflight: int = Field(mqtt_limits.MQTT_MAX_INFLIGHT, ge=1, le=65535)
+    max_subscriptions: int = Field(mqtt_limits.MQTT_MAX_SUBSCRIPTIONS, ge=1)
+    max_wildcard_topics: int = Field(mqtt_limits.MQTT_MAX_WILDCARD_TOPICS, ge=1)
+    max_client_id_bytes: int = Field(mqtt_limits.MQTT_MAX_CLIENT_ID_BYTES, ge=23, le=65535)
+    topic_alias_maximum: int = Field(mqtt_limits.MQTT_TOPIC_ALIAS_MAXIMUM, ge=0, le=65535)
+    max_outbound_aliases: int = Field(mqtt_limits.MQTT_MAX_OUTBOUND_ALIASES, ge=0, le=65535)
+    max_keep_alive_s: int = Field(mqtt_limits.MQTT_MAX_KEEP_ALIVE_S, ge=0, le=65535)  # 0 = no bound
+    max_delayed_wills: int = Field(mqtt_limits.MQTT_MAX_DELAYED_WILLS, ge=0)
     # how long a master that may confirm no write keeps its connections holding a session or a will open
-    unconfirmable_grace_s: float = Field(limits.MQTT_UNCONFIRMABLE_GRACE_S, ge=0)
-    max_offline_sessions: int = Field(limits.MQTT_MAX_OFFLINE_SESSIONS, ge=0)  # persistent sessions kept offline
-    offline_session_max_age_s: int = Field(limits.MQTT_OFFLINE_SESSION_MAX_AGE_S, ge=1)
-    max_retained: int = Field(limits.MQTT_MAX_RETAINED, ge=0)  # retained messages kept
-    max_retained_bytes: int = Field(limits.MQTT_MAX_RETAINED_BYTES, ge=0)
+    unconfirmable_grace_s: float = Field(mqtt_limits.MQTT_UNCONFIRMABLE_GRACE_S, ge=0)
+    max_offline_sessions: int = Field(mqtt_limits.MQTT_MAX_OFFLINE_SESSIONS, ge=0)  # persistent sessions kept offline
+    offline_session_max_age_s: int = Field(mqtt_limits.MQTT_OFFLINE_SESSION_MAX_AGE_S, ge=1)
+    max_retained: int = Field(mqtt_limits.MQTT_MAX_RETAINED, ge=0)  # retained messages kept
+    max_retained_bytes: int = Field(mqtt_limits.MQTT_MAX_RETAINED_BYTES, ge=0)
     # MQTT topic names -> metaq topics (docs/mqtt.md "Topics"): [{filter: <MQTT filter>, topic: <metaq topic>}, ...],
     # the first match wins; else a name's first level when it is a legal metaq topic name, else fallback_topic
     topic_map: List[Dict[str, str]] = []
-    fallback_topic: str = limits.MQTT_FALLBACK_TOPIC
-    cluster_max_ids: int = Field(limits.MQTT_CLUSTER_MAX_IDS, ge=1)  # a home broker's client ids (mqttcluster)
+    fallback_topic: str = mqtt_limits.MQTT_FALLBACK_TOPIC
+    cluster_max_ids: int = Field(mqttcluster_limits.MQTT_CLUSTER_MAX_IDS,
+                                 ge=1)  # a home broker's client ids (mqttcluster)
     # the percent of them one other broker may hold (mqttcluster: ids.holder_share)
-    cluster_holder_share_percent: int = Field(limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT, ge=1, le=100)
+    cluster_holder_share_percent: int = Field(mqttcluster_limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT, ge=1, le=100)
     # how long a master beginning to keep sessions holds CONNACKs and wills until its peers follow it (mqttcluster)
-    cluster_start_hold_s: float = Field(limits.MQTT_CLUSTER_START_HOLD_S, ge=0)
+    cluster_start_hold_s: float = Field(mqttcluster_limits.MQTT_CLUSTER_START_HOLD_S, ge=0)
     # how long a broker keeps a connection of a client id whose home it cannot reach (mqttcluster: ClientIds); at
     # least 1 s: the holder counts it out a quarter of it and 0.25 s early, and renews it every quarter of it
-    cluster_id_lease_s: float = Field(limits.MQTT_CLUSTER_ID_LEASE_S, ge=1, le=60)
+    cluster_id_lease_s: float = Field(mqttcluster_limits.MQTT_CLUSTER_ID_LEASE_S, ge=1, le=60)
 
     @field_validator("host")
     @classmethod
@@ -532,7 +546,7 @@ class MqttSection(_Section):
 
 
 #: What a gRPC message needs beside its body (the topic, properties, ids): ``limits.GRPC_MAX_MESSAGE_BYTES``'s room.
-GRPC_MESSAGE_ROOM = limits.GRPC_MAX_MESSAGE_BYTES - limits.MAX_BODY_BYTES
+GRPC_MESSAGE_ROOM = rmq5_limits.GRPC_MAX_MESSAGE_BYTES - limits.MAX_BODY_BYTES
 
 
 class GrpcSection(_Section):
@@ -541,20 +555,20 @@ class GrpcSection(_Section):
     port: Optional[int] = Field(None, ge=0, le=65535)  # None or 0 = off; 8081 by RocketMQ's convention
     host: Optional[str] = None  # bind address; default broker.host
     advertised_host: Optional[str] = None  # the host routes name; default the bind host (a wildcard: the client's)
-    max_streams_per_connection: int = Field(limits.GRPC_MAX_STREAMS_PER_CONNECTION, ge=1, le=1 << 16)
-    max_message_bytes: int = Field(limits.GRPC_MAX_MESSAGE_BYTES, ge=1024, le=1 << 30)
-    max_header_bytes: int = Field(limits.GRPC_MAX_HEADER_BYTES, ge=1024, le=1 << 20)
-    max_call_s: float = Field(limits.GRPC_MAX_CALL_S, gt=0, le=3600)
+    max_streams_per_connection: int = Field(rmq5_limits.GRPC_MAX_STREAMS_PER_CONNECTION, ge=1, le=1 << 16)
+    max_message_bytes: int = Field(rmq5_limits.GRPC_MAX_MESSAGE_BYTES, ge=1024, le=1 << 30)
+    max_header_bytes: int = Field(rmq5_limits.GRPC_MAX_HEADER_BYTES, ge=1024, le=1 << 20)
+    max_call_s: float = Field(rmq5_limits.GRPC_MAX_CALL_S, gt=0, le=3600)
     # per connection and flood_window_s: frames that do no work (port.FloodBudget: control, unknown, empty, tiny and
     # refused frames, small frames past their credit, WINDOW_UPDATEs for data never sent) and streams opened
-    max_control_frames: int = Field(limits.GRPC_MAX_CONTROL_FRAMES, ge=10, le=1 << 20)
-    max_new_streams: int = Field(limits.GRPC_MAX_NEW_STREAMS, ge=1, le=1 << 24)
-    flood_window_s: float = Field(limits.GRPC_FLOOD_WINDOW_S, gt=0, le=3600)
+    max_control_frames: int = Field(rmq5_limits.GRPC_MAX_CONTROL_FRAMES, ge=10, le=1 << 20)
+    max_new_streams: int = Field(rmq5_limits.GRPC_MAX_NEW_STREAMS, ge=1, le=1 << 24)
+    flood_window_s: float = Field(rmq5_limits.GRPC_FLOOD_WINDOW_S, gt=0, le=3600)
     # an address cut for flooding is refused new connections this long, doubled at each cut in a row; 0 = never
-    flood_penalty_s: float = Field(limits.GRPC_FLOOD_PENALTY_S, ge=0, le=3600)
+    flood_penalty_s: float = Field(rmq5_limits.GRPC_FLOOD_PENALTY_S, ge=0, le=3600)
     # a push consumer's message invisible this long from its delivery and each renewal (auto-renew)
-    renew_invisible_ms: int = Field(limits.GRPC_RENEW_INVISIBLE_MS, ge=limits.POP_MIN_INVISIBLE_MS,
-                                    le=limits.POP_MAX_INVISIBLE_MS)
+    renew_invisible_ms: int = Field(rmq5_limits.GRPC_RENEW_INVISIBLE_MS, ge=pop_limits.POP_MIN_INVISIBLE_MS,
+                                    le=pop_limits.POP_MAX_INVISIBLE_MS)
 
     @field_validator("host", "advertised_host")
     @classmethod
@@ -791,7 +805,7 @@ class ServerConfig(_Section):
             topics=[TopicSpec(SCHEDULE_TOPIC, len(self.delay.levels_ms())), TopicSpec(TIMER_TOPIC, 1),
                     TopicSpec(TX_TOPIC, 1), TopicSpec(POP_TOPIC, 1),
                     TopicSpec(MQTT_SESSIONS_TOPIC, 1),
-                    TopicSpec(MQTT_INBOX_TOPIC, limits.MQTT_CLUSTER_INBOX_PARTITIONS)]
+                    TopicSpec(MQTT_INBOX_TOPIC, mqttcluster_limits.MQTT_CLUSTER_INBOX_PARTITIONS)]
             + self.remoting.retry_topic_specs()
             + [TopicSpec(t.name, t.partitions) for t in self.topics],
             max_topics=self.limits.max_topics, max_partitions=self.limits.max_partitions,

@@ -20,7 +20,7 @@ from gevent.lock import Semaphore
 
 from metaq import speedups
 from metaq.errors import BrokerError, DiskFull, Unavailable
-from metaq.limits import LOG_FOLLOW_RETRY_S
+from metaq.store.limits import LOG_FOLLOW_RETRY_S
 from metaq.clock import now_ms
 
 log = logging.getLogger(__name__)

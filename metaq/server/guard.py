@@ -23,7 +23,8 @@ import time
 
 import gevent
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.auth import limits as auth_limits
 from metaq.auth import proofs
 from metaq.auth.acl import ADMIN, PUB, SUB, failure_prefix, parse_acl
 from metaq.auth.quotas import RATE_OF, Quotas
@@ -73,9 +74,9 @@ def _read_acl(path):
                                  "secret. chmod 600 it (or 640 for a group of operators)"
                                  % (path, stat.S_IMODE(st.st_mode)))
     size = st.st_size
-    if size > limits.MAX_ACL_FILE_BYTES:
+    if size > auth_limits.MAX_ACL_FILE_BYTES:
         raise errors.ConfigError("security.acl_file %s is %d bytes: the limit is %d (limits.MAX_ACL_FILE_BYTES)"
-                                 % (path, size, limits.MAX_ACL_FILE_BYTES))
+                                 % (path, size, auth_limits.MAX_ACL_FILE_BYTES))
     return _file_state(path), parse_acl(read_yaml(path), "security.acl_file %s" % path)
 
 
@@ -349,9 +350,9 @@ class Guard:
         if nonce is None:
             raise errors.Unauthenticated("authentication failed: no nonce outstanding: send auth <user> <opaque> "
                                          "first, then auth <user> <client nonce> <proof> <opaque>")
-        if now - issued > limits.AUTH_NONCE_TTL_S:
+        if now - issued > auth_limits.AUTH_NONCE_TTL_S:
             raise errors.Unauthenticated("authentication failed: the nonce expired (valid for %.0f s): ask for a "
-                                         "new one" % limits.AUTH_NONCE_TTL_S)
+                                         "new one" % auth_limits.AUTH_NONCE_TTL_S)
         if nonce_user != name:
             raise errors.Unauthenticated("authentication failed: the nonce was given to user %s, not %s"
                                          % (nonce_user, name))
@@ -369,17 +370,17 @@ class Guard:
         """Count one failed authentication from ``host`` and from its network (``failure_prefix``); returns the
         seconds to wait before answering it: a delay once either has failed too often in the window."""
         now = time.monotonic() if now is None else now
-        over = self._count_failure(host, limits.AUTH_FAILURES_BEFORE_DELAY, now)
+        over = self._count_failure(host, auth_limits.AUTH_FAILURES_BEFORE_DELAY, now)
         prefix = failure_prefix(host)
         if prefix is not None and prefix != host:
-            over = self._count_failure(prefix, limits.AUTH_PREFIX_FAILURES_BEFORE_DELAY, now) or over
-        while len(self._failures) > limits.MAX_AUTH_FAILURE_ADDRESSES:
+            over = self._count_failure(prefix, auth_limits.AUTH_PREFIX_FAILURES_BEFORE_DELAY, now) or over
+        while len(self._failures) > auth_limits.MAX_AUTH_FAILURE_ADDRESSES:
             self._failures.popitem(last=False)
-        return limits.AUTH_FAILURE_DELAY_S if over else 0.0
+        return auth_limits.AUTH_FAILURE_DELAY_S if over else 0.0
 
     def _count_failure(self, key, allowed, now):
         times = self._failures.pop(key, None) or collections.deque(maxlen=allowed + 1)
-        while times and now - times[0] > limits.AUTH_FAILURE_WINDOW_S:
+        while times and now - times[0] > auth_limits.AUTH_FAILURE_WINDOW_S:
             times.popleft()
         times.append(now)
         self._failures[key] = times

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import metaq
 from metaq import limits
+from metaq.groups import limits as groups_limits
 from metaq.errors import Forbidden, MetaqError
 from metaq.groups import lag
 from metaq.protocol import checksum
@@ -401,8 +402,8 @@ def offset_rows(store):
             for t, p in sorted(store.partition_keys())]
 
 
-def group_rows(store, positions=(), may_see=None, most=limits.MAX_GROUP_LAG_ROWS,
-               most_bytes=limits.MAX_GROUP_LAG_BYTES):
+def group_rows(store, positions=(), may_see=None, most=groups_limits.MAX_GROUP_LAG_ROWS,
+               most_bytes=groups_limits.MAX_GROUP_LAG_BYTES):
     """``(GroupRows, left_out)`` of ``stats groups``: the committed offsets of the store's groups and ``positions``
     (the other kinds', ``metaq.groups.lag.Position``), those ``may_see`` allows, with their lag; at most ``most``
     rows in ``most_bytes``, the most behind (``lag.rows``)."""

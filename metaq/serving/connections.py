@@ -66,6 +66,7 @@ from gevent.event import Event
 from gevent.server import StreamServer
 
 from metaq import limits
+from metaq.rmq5 import limits as rmq5_limits
 from metaq.errors import ConfigError
 from metaq.auth.acl import failure_prefix
 from metaq.serving.proxies import ProxyHeaderError, TrustedProxies, read_header
@@ -439,7 +440,7 @@ class Penalties:
 
     __slots__ = ("limit", "max_s", "refused", "_cut")
 
-    def __init__(self, limit=limits.MAX_PENALIZED_ADDRESSES, max_s=limits.GRPC_FLOOD_PENALTY_MAX_S):
+    def __init__(self, limit=rmq5_limits.MAX_PENALIZED_ADDRESSES, max_s=rmq5_limits.GRPC_FLOOD_PENALTY_MAX_S):
         self.limit = limit
         self.max_s = max_s
         self.refused = 0  # connections refused for a cooldown, since the start

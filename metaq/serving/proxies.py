@@ -12,7 +12,7 @@ import ipaddress
 import socket
 import time
 
-from metaq import limits
+from metaq.serving import limits as serving_limits
 from metaq.auth.acl import address_in
 from metaq.protocol.proxyheader import ProxyHeaderError, parse
 
@@ -49,8 +49,9 @@ class TrustedProxies:
         if not values or not isinstance(peer, tuple) or not self.trusts(peer[0]):
             return None
         hops = b",".join(values).decode("latin-1").split(",")
-        if len(hops) > limits.FORWARDED_MAX_HOPS:
-            raise ValueError("%d hops, more than %d (FORWARDED_MAX_HOPS)" % (len(hops), limits.FORWARDED_MAX_HOPS))
+        if len(hops) > serving_limits.FORWARDED_MAX_HOPS:
+            raise ValueError("%d hops, more than %d (FORWARDED_MAX_HOPS)"
+                             % (len(hops), serving_limits.FORWARDED_MAX_HOPS))
         hosts = [_hop(h) for h in hops]
         client = next((h for h in reversed(hosts) if not self.trusts(h)), hosts[0])
         return client, 0

@@ -42,7 +42,7 @@ from wsproto.frame_protocol import CloseReason
 from wsproto.handshake import H11Handshake
 from wsproto.utilities import ProtocolError, RemoteProtocolError
 
-from metaq import limits
+from metaq.serving import limits as serving_limits
 from metaq.protocol.wsframe import binary_header, frames
 
 __all__ = ["WsRules", "WsStream"]
@@ -63,7 +63,7 @@ class WsRules:
 
     __slots__ = ("path", "subprotocols", "origins", "max_frame", "handshake_s", "proxies")
 
-    def __init__(self, path, subprotocols, origins, max_frame, handshake_s=limits.WS_HANDSHAKE_TIMEOUT_S,
+    def __init__(self, path, subprotocols, origins, max_frame, handshake_s=serving_limits.WS_HANDSHAKE_TIMEOUT_S,
                  proxies=None):
         self.handshake_s = handshake_s
         self.proxies = proxies
@@ -121,7 +121,7 @@ class WsStream:
         self._timeout = None
         self._send_lock = Semaphore()
         self._frames = 0  # frames of the message under way
-        self._tokens = float(limits.WS_CONTROL_FRAMES_PER_S)  # control frames the peer may still send now
+        self._tokens = float(serving_limits.WS_CONTROL_FRAMES_PER_S)  # control frames the peer may still send now
         self._tokens_at = started
         self._in = None  # a frame's bytes not yet whole (a bytearray), kept for the next read
         self._owed = 0  # bytes of the frame wsproto is reading still to be handed to it
@@ -180,9 +180,9 @@ class WsStream:
         self._head += data
         end = self._head.find(_END_OF_HEAD)
         if end < 0:
-            if len(self._head) > limits.WS_MAX_HANDSHAKE_BYTES:
+            if len(self._head) > serving_limits.WS_MAX_HANDSHAKE_BYTES:
                 self._refuse(431, "the upgrade request is longer than %d bytes (WS_MAX_HANDSHAKE_BYTES)"
-                             % limits.WS_MAX_HANDSHAKE_BYTES)
+                             % serving_limits.WS_MAX_HANDSHAKE_BYTES)
             return
         head, rest = bytes(self._head[:end + 4]), bytes(self._head[end + 4:])
         self._head = None
@@ -315,21 +315,21 @@ class WsStream:
                     self._frames = 0
                 elif event.frame_finished:
                     self._frames += 1
-                    if self._frames >= limits.WS_MAX_FRAGMENTS:
+                    if self._frames >= serving_limits.WS_MAX_FRAGMENTS:
                         self._close(CloseReason.POLICY_VIOLATION, "more than %d frames in one message "
-                                    "(WS_MAX_FRAGMENTS)" % limits.WS_MAX_FRAGMENTS)
+                                    "(WS_MAX_FRAGMENTS)" % serving_limits.WS_MAX_FRAGMENTS)
                         return
             elif isinstance(event, (Ping, Pong)):
-                if time.monotonic() - self._tokens_at > limits.WS_CONTROL_QUIET_S:
+                if time.monotonic() - self._tokens_at > serving_limits.WS_CONTROL_QUIET_S:
                     self._controls = 0  # the last one long ago: a library's keep-alive ping, not a flood
                 self._controls += 1
-                if self._controls > limits.WS_CONTROL_FRAMES_WITHOUT_DATA:
+                if self._controls > serving_limits.WS_CONTROL_FRAMES_WITHOUT_DATA:
                     self._close(CloseReason.POLICY_VIOLATION, "more than %d control frames with no MQTT bytes between "
-                                "(WS_CONTROL_FRAMES_WITHOUT_DATA)" % limits.WS_CONTROL_FRAMES_WITHOUT_DATA)
+                                "(WS_CONTROL_FRAMES_WITHOUT_DATA)" % serving_limits.WS_CONTROL_FRAMES_WITHOUT_DATA)
                     return
                 if not self._control_budget():
                     self._close(CloseReason.POLICY_VIOLATION, "more than %d control frames a second "
-                                "(WS_CONTROL_FRAMES_PER_S)" % limits.WS_CONTROL_FRAMES_PER_S)
+                                "(WS_CONTROL_FRAMES_PER_S)" % serving_limits.WS_CONTROL_FRAMES_PER_S)
                     return
                 if isinstance(event, Ping):
                     self._send_frame(event.response())
@@ -347,7 +347,7 @@ class WsStream:
     def _control_budget(self):
         """One control frame taken from the peer's budget: False when none is left."""
         now = time.monotonic()
-        rate = limits.WS_CONTROL_FRAMES_PER_S
+        rate = serving_limits.WS_CONTROL_FRAMES_PER_S
         self._tokens = min(float(rate), self._tokens + (now - self._tokens_at) * rate)
         self._tokens_at = now
         if self._tokens < 1.0:

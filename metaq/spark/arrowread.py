@@ -19,7 +19,8 @@ range and offset.
 import numpy as np
 import pyarrow as pa
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.spark import limits as spark_limits
 from metaq.client import security as client_security
 from metaq.client.connection import BrokerConnection
 from metaq.client.fetcher import records_of
@@ -56,8 +57,8 @@ def batch_rows_option(opts):
         value = int(value)
     except (TypeError, ValueError):
         raise ValueError("option maxRecordsPerBatch must be an integer, got %r" % (value,)) from None
-    if not 1 <= value <= limits.MAX_ARROW_BATCH_ROWS:
-        raise ValueError("option maxRecordsPerBatch must be 1..%d, got %d" % (limits.MAX_ARROW_BATCH_ROWS, value))
+    if not 1 <= value <= spark_limits.MAX_ARROW_BATCH_ROWS:
+        raise ValueError("option maxRecordsPerBatch must be 1..%d, got %d" % (spark_limits.MAX_ARROW_BATCH_ROWS, value))
     return value
 
 
@@ -141,8 +142,8 @@ def read_batches(r, fetch_bytes=DEFAULT_FETCH_BYTES, timeout=30.0, security=None
     """Yield Arrow batches of every offset of the range ``r`` (``[r.start, r.end)``), in order: exactly ``r.count``
     rows, the rows ``read_rows`` yields, or an exception. DataLoss / skipped offsets as ``read_rows``; a reply that
     fails its scan (checksum, length) or holds no whole record raises RemoteProtocolError."""
-    if not 1 <= max_rows <= limits.MAX_ARROW_BATCH_ROWS:
-        raise ValueError("max_rows must be 1..%d, got %r" % (limits.MAX_ARROW_BATCH_ROWS, max_rows))
+    if not 1 <= max_rows <= spark_limits.MAX_ARROW_BATCH_ROWS:
+        raise ValueError("max_rows must be 1..%d, got %r" % (spark_limits.MAX_ARROW_BATCH_ROWS, max_rows))
     if r.count <= 0:
         return
     key = "%d-%d" % (r.broker_id, r.partition)

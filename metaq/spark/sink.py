@@ -44,6 +44,7 @@ import os
 from collections import deque
 
 from metaq import errors, limits
+from metaq.spark import limits as spark_limits
 from metaq.client import security as client_security
 from metaq.client.message import Message, Partition
 from metaq.protocol.properties import PROPERTY_SEPARATOR
@@ -78,8 +79,8 @@ class SinkOptions:
             raise ValueError("the metaq sink needs the option 'brokers' (meta://host:port,...) or 'zk'")
         self.topic = limits.validate_topic(opts["topic"]) if opts.get("topic") else None
         self.in_flight = int(opts.get("maxinflight", DEFAULT_IN_FLIGHT))
-        if not 1 <= self.in_flight <= limits.MAX_SINK_IN_FLIGHT:
-            raise ValueError("maxInFlight must be 1..%d, got %d" % (limits.MAX_SINK_IN_FLIGHT, self.in_flight))
+        if not 1 <= self.in_flight <= spark_limits.MAX_SINK_IN_FLIGHT:
+            raise ValueError("maxInFlight must be 1..%d, got %d" % (spark_limits.MAX_SINK_IN_FLIGHT, self.in_flight))
         self.timeout = float(opts.get("timeoutseconds", 30))
         self.idempotent = str(opts.get("idempotent", "true")).strip().lower() != "false"
         self.security = security_options(opts)

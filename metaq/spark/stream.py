@@ -45,7 +45,8 @@ import re
 from metaq import errors
 from metaq.client import security as client_security
 from metaq.client.message import Partition
-from metaq.limits import MAX_STREAM_TASKS, validate_topic
+from metaq.limits import validate_topic
+from metaq.spark.limits import MAX_STREAM_TASKS
 from metaq.protocol import events as ev
 from metaq.protocol import stats as stats_codec
 from metaq.timers.levels import SCHEDULE_TOPIC

@@ -9,7 +9,7 @@ before its last drop their page tables (``MappedFile.drop_pages``, MADV_DONTNEED
 stay in the page cache and a read maps them again (a minor fault per 64 KiB or so).
 """
 
-from metaq.limits import COLD_READ_DROP_BYTES, HOT_MAP_BYTES
+from metaq.store.limits import COLD_READ_DROP_BYTES, HOT_MAP_BYTES
 
 
 def drop_cold_pages(segments, partitions, flushed):

@@ -30,7 +30,7 @@ import os
 from collections import deque
 
 from metaq.errors import StoreError
-from metaq.limits import MAX_CUTS_REMEMBERED
+from metaq.store.limits import MAX_CUTS_REMEMBERED
 from metaq.store.files import close_now, fsync_dir, fsync_fd, prepared_path, unlink_quietly
 from metaq.store.mapped import MappedFile, adopt_prepared, close_files
 from metaq.store.record import BLANK_MAGIC, MARKER

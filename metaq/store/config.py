@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from typing import List
 
 from metaq import limits
+from metaq.idempotence import limits as idempotence_limits
+from metaq.keys import limits as keys_limits
+from metaq.topics import limits as topics_limits
 from metaq.errors import ConfigError, InvalidTopic, UnknownTopic
 
 FLUSH_MODES = ("sync", "async")
@@ -56,9 +59,10 @@ class StoreConfig:
     disk_danger_ratio: float = 0.90
     max_transfer_size: int = limits.MAX_TRANSFER_BYTES
     force_recovery: bool = False
-    max_topics: int = limits.MAX_TOPICS
-    max_partitions: int = limits.MAX_TOTAL_PARTITIONS
-    producer_ttl_s: float = limits.IDEMPOTENT_PRODUCER_TTL_MS / 1000.0  # idempotent producers (idempotence/window.py)
+    max_topics: int = topics_limits.MAX_TOPICS
+    max_partitions: int = topics_limits.MAX_TOTAL_PARTITIONS
+    # idempotent producers (idempotence/window.py)
+    producer_ttl_s: float = idempotence_limits.IDEMPOTENT_PRODUCER_TTL_MS / 1000.0
 
     def __post_init__(self):
         self.data_dir = os.path.abspath(os.fspath(self.data_dir))
@@ -72,9 +76,9 @@ class StoreConfig:
             raise ConfigError("segment_size must be at least %d bytes, got %r" % (MIN_SEGMENT_SIZE, self.segment_size))
         if self.index_file_units < 1:
             raise ConfigError("index_file_units must be at least 1, got %r" % (self.index_file_units,))
-        if self.key_index_slots < 1 or self.key_index_entries < limits.MAX_KEYS_PER_MESSAGE:
+        if self.key_index_slots < 1 or self.key_index_entries < keys_limits.MAX_KEYS_PER_MESSAGE:
             raise ConfigError("key_index_slots must be at least 1 and key_index_entries at least %d"
-                              % limits.MAX_KEYS_PER_MESSAGE)
+                              % keys_limits.MAX_KEYS_PER_MESSAGE)
         if self.flush not in FLUSH_MODES:
             raise ConfigError("flush must be one of %s, got %r" % ("/".join(FLUSH_MODES), self.flush))
         for name in ("flush_every_messages", "flush_interval_ms", "checkpoint_interval_ms", "max_transfer_size",

@@ -46,7 +46,7 @@ fsyncs the file.
 import logging
 import secrets
 
-from metaq import limits
+from metaq.server.replication import limits as replication_limits
 from metaq.protocol.replication import history_problem
 from metaq.store.files import DISK_FULL_ERRNOS
 
@@ -214,8 +214,8 @@ class EpochHistory:
         if kept and kept[-1][0] >= epoch:
             raise ValueError("epoch %d at %d does not follow the entry %s" % (epoch, start, kept[-1]))
         kept.append((epoch, start, origin))
-        if len(kept) > limits.MAX_REPLICATION_EPOCHS:
-            kept = kept[-limits.MAX_REPLICATION_EPOCHS:]
+        if len(kept) > replication_limits.MAX_REPLICATION_EPOCHS:
+            kept = kept[-replication_limits.MAX_REPLICATION_EPOCHS:]
         self.entries = kept
 
     def save(self):

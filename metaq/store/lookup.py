@@ -14,7 +14,8 @@ No sockets, threads or clock.
 import struct
 
 from metaq.errors import CorruptRecord, Moved, NotFound
-from metaq.limits import ID_SCAN_STEP_BYTES, MAX_NAME_BYTES
+from metaq.limits import MAX_NAME_BYTES
+from metaq.store.limits import ID_SCAN_STEP_BYTES
 from metaq.store.index import UNIT, UNIT_SIZE
 from metaq.store.record import TOPIC_START, check_record, decode_record, record_is, record_ok
 

@@ -2,7 +2,7 @@
 
 import logging
 
-from metaq.limits import MAX_CORRUPT_LOGGED
+from metaq.store.limits import MAX_CORRUPT_LOGGED
 
 log = logging.getLogger("metaq.store.store")
 

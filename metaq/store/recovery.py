@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from metaq import limits
+from metaq.store import limits as store_limits
 from metaq.errors import CorruptLog, InvalidTopic, StoreError
 from metaq.protocol.checksum import crc32
 from metaq.protocol.message import HEADER
@@ -169,7 +170,7 @@ def _scan_segment(seg, rel, apply, out):
     refuse_unreadable(seg, rel, seg.file.nonzero_end(rel))
     while True:
         rel, count, max_id, units, runs = recovery_scan.scan_log(mm, rel, size, seg.start,
-                                                                 limits.RECOVERY_SCAN_RECORDS)
+                                                                 store_limits.RECOVERY_SCAN_RECORDS)
         if count:
             apply(units, runs)
             out.records += count

@@ -14,7 +14,9 @@ import struct
 from operator import attrgetter
 
 from metaq.errors import ClientError, CorruptRecord, DiskFull, InvalidTopic, Moved, NotFound, UnknownTopic
-from metaq.limits import KEY_INDEX_STEP_BYTES, MAX_FILTER_SCAN_UNITS, validate_partition
+from metaq.limits import validate_partition
+from metaq.filters.limits import MAX_FILTER_SCAN_UNITS
+from metaq.keys.limits import KEY_INDEX_STEP_BYTES
 from metaq.store import batch, gather, lookup, recovery, replica, unitcheck
 from metaq.store.ahead import AheadWork
 from metaq.store.coldmaps import ColdMaps

@@ -17,7 +17,7 @@ it reads is in memory already and within ``limits.UNIT_REPAIR_READ_BYTES``. No s
 import logging
 import mmap
 
-from metaq import limits
+from metaq.store import limits as store_limits
 from metaq.store.index import UNIT_SIZE
 from metaq.store.record import record_is, record_ok
 from metaq.store.recovery_scan import scan_log
@@ -133,7 +133,7 @@ def _units_between(log_, p, lo, hi, start, stop):
         rel = pos - seg.start
         while rel < end and len(found) < hi - lo:
             rel_next, count, _max_id, units, runs = scan_log(seg.file.mm, rel, end, seg.start,
-                                                                    limits.RECOVERY_SCAN_RECORDS)
+                                                                    store_limits.RECOVERY_SCAN_RECORDS)
             for topic, partition, first, at, n in runs:
                 if (topic, partition) != key or first >= hi or first + n <= lo:
                     continue
@@ -164,7 +164,7 @@ def repair_resident(log_, p, n, written):
     if seg is None or after[1] <= 0 or not seg.start <= after[0] < seg.end or after[0] + after[1] > seg.end:
         return False
     lo, hi = before[0] + before[1], after[0]
-    if not 0 <= hi - lo <= limits.UNIT_REPAIR_READ_BYTES:
+    if not 0 <= hi - lo <= store_limits.UNIT_REPAIR_READ_BYTES:
         return False
     if not _resident(seg.file, before[0] - seg.start, hi + after[1] - seg.start):
         return False

@@ -14,7 +14,8 @@ the time comes in as ``now_ms``.
 import re
 
 from metaq import speedups
-from metaq.limits import MAX_DELIVER_AHEAD_MS, MAX_NAME_BYTES
+from metaq.limits import MAX_NAME_BYTES
+from metaq.timers.limits import MAX_DELIVER_AHEAD_MS
 from metaq.protocol.checksum import crc32
 from metaq.timers.records import ENTRY, KIND_ENTRY, KIND_OWNED, MAGIC, VERSION, owner_field
 

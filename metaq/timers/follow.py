@@ -28,7 +28,7 @@ No SQLite, sockets, gevent or clock: the service wakes on ``wake`` and does the 
 
 import logging
 
-from metaq.limits import TIMER_INDEX_BATCH, TIMER_INDEX_BATCH_BYTES
+from metaq.timers.limits import TIMER_INDEX_BATCH, TIMER_INDEX_BATCH_BYTES
 from metaq.store.follower import FLUSHED
 from metaq.store.record import HEADER, MESSAGE_MAGIC, PREFIX, TOPIC_START, check_record, decode_record
 from metaq.timers.records import BadTimerRecord, TimerDone, TimerEntry, decode

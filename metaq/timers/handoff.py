@@ -12,7 +12,7 @@ the log record's (``get``); a cut of the log or a demotion clears it.
 
 from collections import deque
 
-from metaq.limits import MAX_TIMER_FRESH, MAX_TIMER_FRESH_BYTES
+from metaq.timers.limits import MAX_TIMER_FRESH, MAX_TIMER_FRESH_BYTES
 from metaq.store.record import record_size
 
 

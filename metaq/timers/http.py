@@ -13,7 +13,7 @@ timer service (``timers/service.py``). Both need the ``admin`` permission, as th
 
 from metaq import errors
 from metaq.auth.acl import ADMIN
-from metaq.limits import MAX_TIMER_LIST
+from metaq.timers.limits import MAX_TIMER_LIST
 from metaq.protocol.text import INT64_MAX, INT64_MIN
 from metaq.clock import now_ms
 from metaq.protocol.httpreply import json_response

@@ -31,8 +31,8 @@ import sqlite3
 
 from metaq.errors import StoreError
 
-from metaq.limits import (MAX_TIMER_OUTCOMES, TIMER_INDEX_CACHE_BYTES, TIMER_INDEX_CHECKPOINT_PAGES,
-                          TIMER_INDEX_WAL_BYTES)
+from metaq.timers.limits import (MAX_TIMER_OUTCOMES, TIMER_INDEX_CACHE_BYTES, TIMER_INDEX_CHECKPOINT_PAGES,
+                                 TIMER_INDEX_WAL_BYTES)
 from metaq.timers.records import TimerCancel, TimerDone, TimerEntry
 
 FILE_NAME = "timers.db"

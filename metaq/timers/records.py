@@ -38,7 +38,8 @@ import struct
 from typing import NamedTuple
 
 from metaq.errors import ClientError, StoreError
-from metaq.limits import MAX_DELIVER_AHEAD_MS, MAX_NAME_BYTES, MAX_TIMER_DONE_IDS, MAX_TX_OWNER_BYTES
+from metaq.limits import MAX_NAME_BYTES, MAX_TX_OWNER_BYTES
+from metaq.timers.limits import MAX_DELIVER_AHEAD_MS, MAX_TIMER_DONE_IDS
 from metaq.protocol.journaltopic import TIMER_TOPIC
 
 __all__ = ["TIMER_TOPIC", "KIND_ENTRY", "KIND_CANCEL", "KIND_DONE", "KIND_OWNED", "HEAD", "ENTRY", "TimerEntry",

@@ -42,10 +42,10 @@ from gevent.event import Event
 from gevent.threadpool import ThreadPool
 
 from metaq import errors
-from metaq.limits import (MAX_PENDING_TIMERS, MAX_TIMER_DONE_IDS, MAX_TIMER_LIST, MAX_TIMER_OUTCOMES,
-                          MAX_TIMER_WINDOW_ROWS,
-                          TIMER_INDEX_INTERVAL_MS, TIMER_SCAN_FROM_INTERVAL_S, TIMER_WINDOW_MS,
-                          validate_partition)
+from metaq.limits import validate_partition
+from metaq.timers.limits import (MAX_PENDING_TIMERS, MAX_TIMER_DONE_IDS, MAX_TIMER_LIST, MAX_TIMER_OUTCOMES,
+                                 MAX_TIMER_WINDOW_ROWS, TIMER_INDEX_INTERVAL_MS, TIMER_SCAN_FROM_INTERVAL_S,
+                                 TIMER_WINDOW_MS)
 from metaq.protocol.checksum import metaq_checksum
 from metaq.clock import now_ms
 from metaq.loop.coldpages import bring_in

@@ -9,7 +9,7 @@ while it delivers (``extend``); a full window gives its latest rows back to the 
 
 from bisect import insort
 
-from metaq.limits import MAX_TIMER_WINDOW_BYTES, MAX_TIMER_WINDOW_ROWS, TIMER_WINDOW_MS
+from metaq.timers.limits import MAX_TIMER_WINDOW_BYTES, MAX_TIMER_WINDOW_ROWS, TIMER_WINDOW_MS
 
 
 def _size(item):

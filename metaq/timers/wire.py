@@ -13,7 +13,7 @@
 
 from typing import NamedTuple
 
-from metaq.limits import MAX_TIMER_LIST
+from metaq.timers.limits import MAX_TIMER_LIST
 from metaq.protocol.commands import NEEDS_ADMIN, NEEDS_HANDLER, TextCommand, register, token
 from metaq.protocol.integers import parse_int
 from metaq.timers.burst import scan_put_ats

@@ -32,6 +32,8 @@ import os
 from dataclasses import dataclass, field
 
 from metaq import limits
+from metaq.priorities import limits as priorities_limits
+from metaq.topics import limits as topics_limits
 from metaq.errors import ClientError, InvalidTopic, StoreError, TopicForbidden, UnknownTopic
 from metaq.protocol.journaltopic import SCHEDULE_TOPIC
 from metaq.priorities.wire import is_level_topic, level_topic, split_level
@@ -64,7 +66,7 @@ class TopicSettings:
     @property
     def max_wait_ms(self):
         """The starvation bound a priority topic's gets apply."""
-        return self.priority_max_wait_ms or limits.DEFAULT_PRIORITY_MAX_WAIT_MS
+        return self.priority_max_wait_ms or priorities_limits.DEFAULT_PRIORITY_MAX_WAIT_MS
 
     @property
     def readable(self):
@@ -150,14 +152,15 @@ def _set_priorities(s, values, base):
         if base is not None and base.priorities and s.priorities < base.priorities:
             raise ClientError("priorities can only grow (%d now, %d asked): the messages of the levels dropped would "
                               "be stranded" % (base.priorities, s.priorities))
-        if s.priorities != 0 and not 2 <= s.priorities <= limits.MAX_PRIORITY_LEVELS:
+        if s.priorities != 0 and not 2 <= s.priorities <= priorities_limits.MAX_PRIORITY_LEVELS:
             raise ClientError("priorities must be 0 (none) or 2..%d levels (limits.MAX_PRIORITY_LEVELS), got %r"
-                              % (limits.MAX_PRIORITY_LEVELS, s.priorities))
+                              % (priorities_limits.MAX_PRIORITY_LEVELS, s.priorities))
     if "priority_max_wait_ms" in values:
         s.priority_max_wait_ms = _optional(values["priority_max_wait_ms"], "priority_max_wait_ms", int)
-        if s.priority_max_wait_ms is not None and not 1 <= s.priority_max_wait_ms <= limits.MAX_PRIORITY_MAX_WAIT_MS:
+        if (s.priority_max_wait_ms is not None
+            and not 1 <= s.priority_max_wait_ms <= priorities_limits.MAX_PRIORITY_MAX_WAIT_MS):
             raise ClientError("priority_max_wait_ms must be 1..%d (limits.MAX_PRIORITY_MAX_WAIT_MS), got %r"
-                              % (limits.MAX_PRIORITY_MAX_WAIT_MS, s.priority_max_wait_ms))
+                              % (priorities_limits.MAX_PRIORITY_MAX_WAIT_MS, s.priority_max_wait_ms))
 
 
 def _number(value, name, kind):
@@ -197,12 +200,12 @@ class TopicTableFile:
     def load(self):
         try:
             with open(self.path, "rb") as f:
-                data = f.read(limits.MAX_TOPIC_TABLE_BYTES + 1)
+                data = f.read(topics_limits.MAX_TOPIC_TABLE_BYTES + 1)
         except FileNotFoundError:
             return self
-        if len(data) > limits.MAX_TOPIC_TABLE_BYTES:
+        if len(data) > topics_limits.MAX_TOPIC_TABLE_BYTES:
             raise StoreError("%s is larger than %d bytes (limits.MAX_TOPIC_TABLE_BYTES)"
-                             % (self.path, limits.MAX_TOPIC_TABLE_BYTES))
+                             % (self.path, topics_limits.MAX_TOPIC_TABLE_BYTES))
         try:
             self.apply_json(json.loads(data.decode("utf-8")))
         except (ValueError, TypeError, KeyError, AttributeError, ClientError) as exc:
@@ -238,10 +241,10 @@ class TopicTableFile:
         """BLOCKING (an fsync): write the table atomically; the version grows first."""
         self.version += 1
         data = self.encode()
-        if len(data) > limits.MAX_TOPIC_TABLE_BYTES:
+        if len(data) > topics_limits.MAX_TOPIC_TABLE_BYTES:
             self.version -= 1
             raise ClientError("the topic table would pass %d bytes (limits.MAX_TOPIC_TABLE_BYTES)"
-                              % limits.MAX_TOPIC_TABLE_BYTES)
+                              % topics_limits.MAX_TOPIC_TABLE_BYTES)
         write_atomically(self.path, data)
         fsync_dir(self.root)
 

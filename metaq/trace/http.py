@@ -11,7 +11,8 @@ the one permission decision, ``Guard.require``). ``max``: 1 to ``limits.TRACE_MA
 JSON is the text ``trace`` reply's (``trace/wire.py``); 404 for no such message, 400 for a malformed id.
 """
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.trace import limits as trace_limits
 from metaq.protocol.httpreply import READ, json_response
 from metaq.trace.wire import TraceQuery
 
@@ -27,10 +28,10 @@ class TraceViews:
         msg_id, key = request.arg("id"), request.arg("key")
         if (msg_id is None) == (key is None):
             raise errors.ClientError("give id=<message id> or key=<key> (with topic=<topic>), one of them")
-        most = request.arg("max", limits.TRACE_MAX_RESULTS, int)
-        if not 1 <= most <= limits.TRACE_MAX_RESULTS:
+        most = request.arg("max", trace_limits.TRACE_MAX_RESULTS, int)
+        if not 1 <= most <= trace_limits.TRACE_MAX_RESULTS:
             raise errors.ClientError("max=%d: a trace answers 1 to %d messages (limits.TRACE_MAX_RESULTS)"
-                                     % (most, limits.TRACE_MAX_RESULTS))
+                                     % (most, trace_limits.TRACE_MAX_RESULTS))
         query = TraceQuery("id" if key is None else "key", msg_id if key is None else key, request.arg("topic"),
                            most, 0)
         return json_response(self.tracer.trace(query, self.guard, request.session))

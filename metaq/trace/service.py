@@ -29,6 +29,8 @@ loop (``coldpages.walk``), the copy scan lets the others run every ``limits.DLQ_
 import gevent
 
 from metaq import errors, limits
+from metaq.admin import limits as admin_limits
+from metaq.trace import limits as trace_limits
 from metaq.auth.acl import SUB
 from metaq.protocol.journaltopic import DLQ_PREFIX, RETRY_PREFIX
 from metaq.protocol.msgid import id_broker, id_timestamp_ms
@@ -76,7 +78,7 @@ class _Since:
                 return
             try:
                 records, nxt = store.read_records(topic, partition, offset,
-                                                  min(limits.DLQ_SCAN_STEP, self.most - read), _READ_BYTES)
+                                                  min(admin_limits.DLQ_SCAN_STEP, self.most - read), _READ_BYTES)
             except errors.Moved as exc:  # retention moved the start while others ran
                 if exc.offset <= offset:
                     return
@@ -127,7 +129,7 @@ def trace_message(store, query, require_read, pop_state=None, host=None, broker_
     if query.topic is not None:
         limits.validate_topic(query.topic)
         require_read(query.topic)
-    most = max(1, min(query.max_count, limits.TRACE_MAX_RESULTS))
+    most = max(1, min(query.max_count, trace_limits.TRACE_MAX_RESULTS))
     if query.kind == "key":
         if query.topic is None:
             raise errors.ClientError("a key is looked up in one topic: name it")
@@ -190,7 +192,7 @@ def _by_metaq_id(store, topic, msg_id):
         return []
     since = id_timestamp_ms(msg_id) - ID_SKEW_MS
     for p in range(count):
-        for _offset, rec in _Since(store, topic, p, since, limits.TRACE_ID_SCAN):
+        for _offset, rec in _Since(store, topic, p, since, trace_limits.TRACE_ID_SCAN):
             if rec.msg_id == msg_id:
                 return [rec]
             if rec.msg_id > msg_id:
@@ -262,7 +264,7 @@ def _is_copy_of(origin, rec, uniq):
 
 def _copies(store, rec, uniq, host, pause):
     """``([copy], complete)``: the message's copies in the groups' retry and dead-letter topics (module doc)."""
-    budget = limits.TRACE_MAX_COPY_SCAN
+    budget = trace_limits.TRACE_MAX_COPY_SCAN
     found, complete = [], True
     for topic in store.known_topics():
         if topic.startswith(RETRY_PREFIX):
@@ -299,7 +301,7 @@ def _traces(store, uniq, host):
     try:
         store.partitions_of(TRACE_TOPIC)
         page = walk(store.key_search(TRACE_TOPIC, uniq, _ALL_TIME[0], _ALL_TIME[1],
-                                     limits.TRACE_MAX_RECORDS)).page()
+                                     trace_limits.TRACE_MAX_RECORDS)).page()
     except (errors.UnknownTopic, errors.ClientError):
         return [], True
     out, complete = [], page.cursor is None
@@ -308,7 +310,7 @@ def _traces(store, uniq, host):
         for t in parse_trace_body(bytes(body)):
             if t["msg_id"] != uniq:
                 continue
-            if len(out) >= limits.TRACE_MAX_RECORDS:
+            if len(out) >= trace_limits.TRACE_MAX_RECORDS:
                 complete = False
                 break
             out.append(dict(t, trace_topic_offset=rec.queue_offset))

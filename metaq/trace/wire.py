@@ -14,7 +14,7 @@ broker has no such message, 400 for a malformed id.
 import json
 from typing import NamedTuple, Optional
 
-from metaq import limits
+from metaq.trace import limits as trace_limits
 from metaq.protocol.commands import NEEDS_USER, TextCommand, register, token
 from metaq.protocol.integers import parse_int
 
@@ -42,7 +42,7 @@ def _parse_trace(t):
     if not t[2]:
         raise ValueError("trace: give a message id or a key")
     return TraceQuery(t[1], t[2], None if t[3] == ANY_TOPIC else t[3],
-                      parse_int(t[4], "max", 1, limits.TRACE_MAX_RESULTS), parse_int(t[5], "opaque", *_INT32))
+                      parse_int(t[4], "max", 1, trace_limits.TRACE_MAX_RESULTS), parse_int(t[5], "opaque", *_INT32))
 
 
 def _serialize_trace(e):

@@ -6,7 +6,7 @@
 from typing import NamedTuple
 
 from metaq.errors import ConfigError
-from metaq.limits import MAX_OPEN_TRANSACTIONS, MAX_TX_HELD_BYTES
+from metaq.transactions.limits import MAX_OPEN_TRANSACTIONS, MAX_TX_HELD_BYTES
 from metaq.transactions import records as R
 from metaq.transactions.journal import MAX_JOURNAL_FILE_SIZE, MIN_JOURNAL_FILE_SIZE
 

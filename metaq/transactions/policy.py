@@ -17,7 +17,7 @@ RocketMQ's rules (``TransactionalMessageServiceImpl#check``, ``BrokerConfig``), 
 
 from typing import NamedTuple
 
-from metaq import limits
+from metaq.transactions import limits as transactions_limits
 
 
 class Round(NamedTuple):
@@ -40,7 +40,7 @@ def immunity_ms(value):
         return -1
     if seconds < 0:
         return -1
-    return min(seconds, limits.MAX_CHECK_IMMUNITY_S) * 1000
+    return min(seconds, transactions_limits.MAX_CHECK_IMMUNITY_S) * 1000
 
 
 def is_due(stored_ms, immunity, now_ms, timeout_ms):
@@ -48,7 +48,7 @@ def is_due(stored_ms, immunity, now_ms, timeout_ms):
     return now_ms - stored_ms >= (timeout_ms if immunity < 0 else immunity)
 
 
-def plan_round(halves, now_ms, timeout_ms, check_max, limit=limits.MAX_CHECKS_PER_ROUND):
+def plan_round(halves, now_ms, timeout_ms, check_max, limit=transactions_limits.MAX_CHECKS_PER_ROUND):
     """The ``Round`` for ``halves`` (objects with ``number``, ``stored_ms``, ``checks``, ``immunity_ms``)."""
     due = sorted((h for h in halves if is_due(h.stored_ms, h.immunity_ms, now_ms, timeout_ms)),
                  key=lambda h: (h.stored_ms, h.number))

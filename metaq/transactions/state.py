@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 from metaq.errors import ClientError, MetaqError, TransactionError
-from metaq.limits import (MAX_BODY_BYTES, MAX_TX_OWNER_BYTES, TX_LEARN_BATCH, TX_LEARN_BATCH_BYTES, TX_SNAPSHOT_STEP,
-                          validate_partition)
+from metaq.limits import MAX_BODY_BYTES, MAX_TX_OWNER_BYTES, validate_partition
+from metaq.transactions.limits import TX_LEARN_BATCH, TX_LEARN_BATCH_BYTES, TX_SNAPSHOT_STEP
 from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge, record_size
 from metaq.transactions import records as R
 from metaq.protocol.journaltopic import TX_TOPIC

@@ -3,11 +3,12 @@
 import pytest
 
 from metaq import limits
+from metaq.auth import limits as auth_limits
 from metaq.auth.acl import PUB, SUB, parse_acl
 from metaq.errors import ConfigError
 
 #: A secret of the shortest length a permissions file accepts.
-S = "s" * limits.MIN_USER_SECRET_BYTES
+S = "s" * auth_limits.MIN_USER_SECRET_BYTES
 
 
 def acl(users, roles=None, allow=None):
@@ -88,9 +89,9 @@ def test_address_lists_global_and_per_user():
     ({"users": {}, "allow": ["10.0.0.300"]}, r"allow.0: '10.0.0.300' is not an address"),
     ({"users": {}, "allow": "10.0.0.0/8"}, r"allow must be a list"),
     ({"users": {"u": {"secret": "x" * (limits.MAX_SECRET_BYTES + 1)}}}, r"secret is longer than"),
-    ({"users": {"u": {"secret": "x" * (limits.MIN_USER_SECRET_BYTES - 1)}}},
-     r"users.u.secret is %d bytes: at least %d are needed" % (limits.MIN_USER_SECRET_BYTES - 1,
-                                                              limits.MIN_USER_SECRET_BYTES)),
+    ({"users": {"u": {"secret": "x" * (auth_limits.MIN_USER_SECRET_BYTES - 1)}}},
+     r"users.u.secret is %d bytes: at least %d are needed" % (auth_limits.MIN_USER_SECRET_BYTES - 1,
+                                                              auth_limits.MIN_USER_SECRET_BYTES)),
 ])
 def test_bad_files_are_refused_naming_the_setting(doc, message):
     with pytest.raises(ConfigError, match=message):
@@ -98,18 +99,18 @@ def test_bad_files_are_refused_naming_the_setting(doc, message):
 
 
 def test_rule_count_limit_and_one_past():
-    rules = {"t%d" % i: "sub" for i in range(limits.MAX_ACL_RULES)}
+    rules = {"t%d" % i: "sub" for i in range(auth_limits.MAX_ACL_RULES)}
     assert acl({"u": {"secret": S, "topics": rules}}).user("u").may(SUB, "topic", "t7")
     rules["one-more"] = "sub"
-    with pytest.raises(ConfigError, match="rules: the limit is %d" % limits.MAX_ACL_RULES):
+    with pytest.raises(ConfigError, match="rules: the limit is %d" % auth_limits.MAX_ACL_RULES):
         acl({"u": {"secret": S, "topics": rules}})
 
 
 def test_user_count_limit_and_one_past():
-    users = {"u%d" % i: {"secret": S} for i in range(limits.MAX_ACL_USERS)}
-    assert len(parse_acl({"users": users}).users) == limits.MAX_ACL_USERS
+    users = {"u%d" % i: {"secret": S} for i in range(auth_limits.MAX_ACL_USERS)}
+    assert len(parse_acl({"users": users}).users) == auth_limits.MAX_ACL_USERS
     users["one-more"] = {"secret": S}
-    with pytest.raises(ConfigError, match="the limit is %d" % limits.MAX_ACL_USERS):
+    with pytest.raises(ConfigError, match="the limit is %d" % auth_limits.MAX_ACL_USERS):
         parse_acl({"users": users})
 
 
@@ -166,7 +167,7 @@ def test_the_decision_table_answers_as_the_rules_do_one_by_one(own, roles, asked
 
 
 def test_a_user_with_the_most_pattern_rules_is_decided_without_trying_them_all_again():
-    rules = {"t%d-*" % i: "sub" for i in range(limits.MAX_ACL_RULES - 1)}
+    rules = {"t%d-*" % i: "sub" for i in range(auth_limits.MAX_ACL_RULES - 1)}
     rules["orders-*"] = "pub|sub"
     user = parse_acl({"users": {"u": {"secret": S, "topics": rules}}}).user("u")
     calls = []
@@ -180,7 +181,7 @@ def test_a_user_with_the_most_pattern_rules_is_decided_without_trying_them_all_a
         rule.regex = Counted()
     assert user.may(PUB, "topic", "orders-eu") and user.may(SUB, "topic", "t7-x")
     first = len(calls)
-    assert first <= 2 * limits.MAX_ACL_RULES
+    assert first <= 2 * auth_limits.MAX_ACL_RULES
     for _ in range(100):
         assert user.may(PUB, "topic", "orders-eu") and not user.may(PUB, "topic", "t7-x")
     assert len(calls) == first  # remembered: no rule tried again
@@ -189,10 +190,10 @@ def test_a_user_with_the_most_pattern_rules_is_decided_without_trying_them_all_a
 def test_the_remembered_answers_stop_at_their_limit_and_the_oldest_goes_first():
     user = parse_acl({"users": {"u": {"secret": S, "topics": {"a*": "pub"}}}}).user("u")
     table = user._decisions["topic"]
-    for i in range(limits.MAX_ACL_DECISIONS_CACHED):
+    for i in range(auth_limits.MAX_ACL_DECISIONS_CACHED):
         assert user.may(PUB, "topic", "a%d" % i)
-    assert len(table.answers) == limits.MAX_ACL_DECISIONS_CACHED and "a0" in table.answers
+    assert len(table.answers) == auth_limits.MAX_ACL_DECISIONS_CACHED and "a0" in table.answers
     assert not user.may(PUB, "topic", "b")  # one past: the oldest answer is forgotten
-    assert len(table.answers) == limits.MAX_ACL_DECISIONS_CACHED
+    assert len(table.answers) == auth_limits.MAX_ACL_DECISIONS_CACHED
     assert "a0" not in table.answers and "b" in table.answers
     assert user.may(PUB, "topic", "a0")  # decided again, the same

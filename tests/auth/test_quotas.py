@@ -2,12 +2,14 @@
 
 import pytest
 
-from metaq import limits
+from metaq.auth import limits as auth_limits
+from metaq.idempotence import limits as idempotence_limits
+from metaq.transactions import limits as transactions_limits
 from metaq.auth.acl import parse_acl
 from metaq.auth.quotas import QUOTAS, Quotas, default_quota
 from metaq.errors import ConfigError, QuotaExceeded
 
-SECRET = "s" * limits.MIN_USER_SECRET_BYTES
+SECRET = "s" * auth_limits.MIN_USER_SECRET_BYTES
 
 
 def _acl(**doc):
@@ -24,9 +26,10 @@ def test_the_users_own_quota_then_its_roles_then_the_files_then_half_the_broker_
     assert quotas.limit("carol", "idempotent_producers") == 9
     assert quotas.limit("carol", "transactions") == 4
     bare = Quotas(_acl, {"transactions": 100})
-    assert bare.limit("carol", "idempotent_producers") == limits.MAX_IDEMPOTENT_PRODUCERS // 2
+    assert bare.limit("carol", "idempotent_producers") == idempotence_limits.MAX_IDEMPOTENT_PRODUCERS // 2
     assert bare.limit("carol", "transactions") == 50 == default_quota("transactions", 100)
-    assert Quotas(lambda: None).limit(None, "transactions") == limits.MAX_OPEN_TRANSACTIONS  # authentication off
+    # authentication off
+    assert Quotas(lambda: None).limit(None, "transactions") == transactions_limits.MAX_OPEN_TRANSACTIONS
 
 
 def test_check_at_the_quota_and_one_past_names_the_quota_the_user_and_its_value():
@@ -53,7 +56,7 @@ def test_a_bad_quota_is_refused_naming_it(doc, message):
 def test_every_quota_divides_a_named_broker_limit():
     for q in QUOTAS.values():
         assert q.limit >= 1 and q.limit_name and q.counts
-        assert default_quota(q.name) == int(q.limit * limits.QUOTA_DEFAULT_SHARE)
+        assert default_quota(q.name) == int(q.limit * auth_limits.QUOTA_DEFAULT_SHARE)
 
 
 def test_a_rate_paces_bytes_past_one_seconds_burst_and_no_rate_never_waits():

@@ -2,7 +2,8 @@
 
 import pytest
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.client import limits as client_limits
 from metaq.client.divergence import (MATCH, MISMATCH, UNKNOWN, Checkpoints, ReadsKept, probe_verdict,
                                      rewind_time_ms)
 from metaq.protocol.msgid import id_timestamp_ms
@@ -34,10 +35,10 @@ def test_the_limit_holds_for_any_offsets_and_one_below_it_is_refused():
         for step in (1, 1 << k):
             offset += step
             cps.add(offset, offset)
-    assert len(cps) <= limits.MAX_FETCH_CHECKPOINTS
-    assert Checkpoints(limit=limits.MAX_FETCH_CHECKPOINTS).limit == limits.MAX_FETCH_CHECKPOINTS
+    assert len(cps) <= client_limits.MAX_FETCH_CHECKPOINTS
+    assert Checkpoints(limit=client_limits.MAX_FETCH_CHECKPOINTS).limit == client_limits.MAX_FETCH_CHECKPOINTS
     with pytest.raises(ValueError, match="at least 129"):
-        Checkpoints(limit=limits.MAX_FETCH_CHECKPOINTS - 1)
+        Checkpoints(limit=client_limits.MAX_FETCH_CHECKPOINTS - 1)
 
 
 def test_last_cut_and_a_rewound_add_drop_what_lies_after():
@@ -75,7 +76,7 @@ def test_the_time_fallback_goes_back_from_the_oldest_id():
     gen = IdGenerator(7)
     old, new = gen.next_id(1_700_000_000_000), gen.next_id(1_700_000_050_000)
     assert id_timestamp_ms(old) == 1_700_000_000_000
-    assert rewind_time_ms([new, old]) == 1_700_000_000_000 - limits.DIVERGENCE_REWIND_MS
+    assert rewind_time_ms([new, old]) == 1_700_000_000_000 - client_limits.DIVERGENCE_REWIND_MS
     with pytest.raises(errors.ClientError):
         rewind_time_ms([])
 
@@ -106,12 +107,12 @@ def test_reads_kept_are_taken_once_by_a_fetcher_starting_where_the_stopped_one_w
 
 
 def test_reads_kept_hold_the_limit_and_drop_the_oldest_one_past_it():
-    kept = ReadsKept(limit=limits.MAX_KEPT_FETCH_READS)
-    for p in range(limits.MAX_KEPT_FETCH_READS):
+    kept = ReadsKept(limit=client_limits.MAX_KEPT_FETCH_READS)
+    for p in range(client_limits.MAX_KEPT_FETCH_READS):
         kept.keep(("t", p), 10, 1009, read(0, 9))
-    assert len(kept) == limits.MAX_KEPT_FETCH_READS
+    assert len(kept) == client_limits.MAX_KEPT_FETCH_READS
     kept.keep(("t", "one past"), 10, 1009, read(0, 9))
-    assert len(kept) == limits.MAX_KEPT_FETCH_READS
+    assert len(kept) == client_limits.MAX_KEPT_FETCH_READS
     assert kept.take(("t", 0), 10) is None  # the oldest went
     assert kept.take(("t", 1), 10) is not None and kept.take(("t", "one past"), 10) is not None
     with pytest.raises(ValueError):

@@ -6,7 +6,7 @@ a gap after a failed frame, a task run again with the same producer id answered 
 import signal
 import time
 
-from metaq import limits
+from metaq.idempotence import limits as idempotence_limits
 from metaq.client import Producer
 from metaq.idempotence.records import identity_in_attribute
 from metaq.protocol.message import decode_payload
@@ -25,7 +25,7 @@ def identities(broker, topic, partition=0):
 
 
 def test_frames_take_the_partitions_sequences_in_order_and_a_rerun_is_duplicates(broker):
-    n = limits.MAX_IDEMPOTENT_BATCH_MESSAGES * 2 + 5  # three frames
+    n = idempotence_limits.MAX_IDEMPOTENT_BATCH_MESSAGES * 2 + 5  # three frames
     payloads = [b"p%d" % k for k in range(n)]
     with Producer(brokers=[url_of(broker)], idempotent=True, producer_id=PID) as p:
         first = p.send_many("t-ism", payloads[:100], partition=0)
@@ -37,7 +37,8 @@ def test_frames_take_the_partitions_sequences_in_order_and_a_rerun_is_duplicates
     with Producer(brokers=[url_of(broker)], idempotent=True, producer_id=PID) as p:  # the task run again
         again = p.send_many("t-ism", payloads, partition=0).result(30)
         assert again.success and again.duplicates == n
-        older = n - limits.IDEMPOTENCE_WINDOW  # below the window: a duplicate whose offset is no longer known
+        # below the window: a duplicate whose offset is no longer known
+        older = n - idempotence_limits.IDEMPOTENCE_WINDOW
         assert list(again.offsets()) == [-1] * older + list(range(older, n))
         more = p.send_many("t-ism", [b"next"], partition=0).result(30)
         assert more.success and more.duplicates == 0 and list(more.offsets()) == [n]

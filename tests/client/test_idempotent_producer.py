@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metaq import limits
+from metaq.idempotence import limits as idempotence_limits
 from metaq.client import Consumer, KeySelector, Message, Producer
 from metaq.client.producer import _Sequences
 from metaq.idempotence.records import identity_in_attribute
@@ -18,7 +18,7 @@ def identities(broker, topic, partition):
 
 
 def test_sequences_per_partition_in_send_order_past_the_window(broker):
-    n = limits.IDEMPOTENCE_WINDOW * 2 + 100  # send_async waits for room once a window is unanswered
+    n = idempotence_limits.IDEMPOTENCE_WINDOW * 2 + 100  # send_async waits for room once a window is unanswered
     with Producer(brokers=[url_of(broker)], idempotent=True, producer_id=5,
                   selector=lambda topic, partitions, message: partitions[int(message.body) % len(partitions)]) as p:
         results = [p.send(Message("t-seq", b"0"))]  # creates the topic (partition 0): then its 4 are known

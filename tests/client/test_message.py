@@ -94,14 +94,14 @@ def test_an_attribute_holding_the_properties_separator_is_refused():
 def test_a_key_is_sent_as_keys_only_when_the_index_could_take_it():
     """The key picks the partition (KeySelector) whatever it is; it is also sent as KEYS (README "Key index")
     when it is at most MAX_KEY_BYTES and holds no separator, so no key ever makes a send fail."""
-    from metaq import limits
+    from metaq.keys import limits as keys_limits
 
     def keys_of(m):
         return roundtrip(m).properties.get("KEYS")
 
     assert keys_of(Message("t", b"x", key="order-1")) == "order-1"
-    assert keys_of(Message("t", b"x", key=b"k" * limits.MAX_KEY_BYTES)) == "k" * limits.MAX_KEY_BYTES
-    assert keys_of(Message("t", b"x", key=b"k" * (limits.MAX_KEY_BYTES + 1))) is None
+    assert keys_of(Message("t", b"x", key=b"k" * keys_limits.MAX_KEY_BYTES)) == "k" * keys_limits.MAX_KEY_BYTES
+    assert keys_of(Message("t", b"x", key=b"k" * (keys_limits.MAX_KEY_BYTES + 1))) is None
     assert keys_of(Message("t", b"x", key=b"a\x02b")) is None and keys_of(Message("t", b"x", key=b"a\x01b")) is None
     assert keys_of(Message("t", b"x", key=7)) == "7"
     assert keys_of(Message("t", b"x", key=Partition(7, 0))) is None  # a key of another kind: the partition only

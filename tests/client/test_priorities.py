@@ -13,6 +13,7 @@ import time
 import pytest
 
 from metaq import limits
+from metaq.priorities import limits as priorities_limits
 from metaq.client.consumer import Consumer
 from metaq.client.local import free_port, rmq_config, small_config
 from metaq.client.message import Message
@@ -72,7 +73,8 @@ def assert_highest_first(levels, bodies, sent):
 
 def test_raw_get_prio_drains_a_mixed_backlog_highest_first(broker):
     with broker.client() as c:
-        create(c, "jobs", partitions=1, priorities=LEVELS, priority_max_wait_ms=limits.MAX_PRIORITY_MAX_WAIT_MS)
+        create(c, "jobs", partitions=1, priorities=LEVELS,
+               priority_max_wait_ms=priorities_limits.MAX_PRIORITY_MAX_WAIT_MS)
         sent = backlog(c, "jobs")
         assert ends(c, "jobs") == [len(sent[k]) for k in range(LEVELS)]
         offsets, levels, bodies = [0] * LEVELS, [], {k: [] for k in range(LEVELS)}
@@ -94,7 +96,8 @@ def test_raw_get_prio_drains_a_mixed_backlog_highest_first(broker):
 
 def test_the_consumer_drains_highest_first_and_keeps_offsets_per_level(broker):
     with broker.client() as c:
-        create(c, "jobs", partitions=1, priorities=LEVELS, priority_max_wait_ms=limits.MAX_PRIORITY_MAX_WAIT_MS)
+        create(c, "jobs", partitions=1, priorities=LEVELS,
+               priority_max_wait_ms=priorities_limits.MAX_PRIORITY_MAX_WAIT_MS)
         sent = backlog(c, "jobs")
     got, lock, first, go_on = [], threading.Lock(), threading.Event(), threading.Event()
 
@@ -161,7 +164,8 @@ def test_bad_inputs_are_refused_and_nothing_is_stored(broker):
         assert r.code == 400 and b"internal topic" in r.body
         assert ends(c, "jobs") == [0, 0, 0]
         assert c.get_records("plain", 0, 0)[0].data == b"x" and len(c.get_records("plain", 0, 0)) == 1
-        for offsets, why in (([0, 0], b"one offset per level"), ([0] * (limits.MAX_PRIORITY_LEVELS + 1), b"at most")):
+        for offsets, why in (([0, 0], b"one offset per level"),
+                             ([0] * (priorities_limits.MAX_PRIORITY_LEVELS + 1), b"at most")):
             r = c.call(PriorityGet("jobs", "g", 0, tuple(offsets), 1 << 20, c.opaque()))
             assert r.code == 400 and why in r.body, r
         r = c.get_prio("plain", 0, [0, 0])
@@ -169,10 +173,11 @@ def test_bad_inputs_are_refused_and_nothing_is_stored(broker):
         c.send(b"get_prio jobs g 0 0,x,0 1000 5\r\n")
         r = c.read_event()
         assert r.code == 400 and b"not an integer" in r.body
-        for bad in (1, limits.MAX_PRIORITY_LEVELS + 1):
+        for bad in (1, priorities_limits.MAX_PRIORITY_LEVELS + 1):
             r = c.call(TopicCommand("create", "bad%d" % bad, (("priorities", str(bad)),), c.opaque()))
             assert r.code == 400 and b"priorities must be" in r.body, r
-        assert create(c, "widest", priorities=limits.MAX_PRIORITY_LEVELS)["priorities"] == limits.MAX_PRIORITY_LEVELS
+        assert (create(c, "widest", priorities=priorities_limits.MAX_PRIORITY_LEVELS)["priorities"]
+                == priorities_limits.MAX_PRIORITY_LEVELS)
         r = c.call(TopicCommand("create", "jobs%P1", (), c.opaque()))
         assert r.code == 400 and b"internal name" in r.body
         r = c.call(TopicCommand("alter", "jobs", (("priorities", "2"),), c.opaque()))
@@ -267,7 +272,8 @@ def test_a_slave_serves_the_levels_as_its_master(broker_factory, tmp_path):
     s = broker_factory(small_config(str(tmp_path / "s" / "data")), workdir=tmp_path / "s",
                        extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1"])
     with m.client() as c:
-        create(c, "jobs", partitions=1, priorities=LEVELS, priority_max_wait_ms=limits.MAX_PRIORITY_MAX_WAIT_MS)
+        create(c, "jobs", partitions=1, priorities=LEVELS,
+               priority_max_wait_ms=priorities_limits.MAX_PRIORITY_MAX_WAIT_MS)
         sent = backlog(c, "jobs", count=60)
     caught_up(m, s)
 
@@ -297,7 +303,7 @@ def test_a_priority_subscription_refuses_what_it_cannot_do(broker):
         with pytest.raises(errors.ClientError, match="start_from a time"):
             consumer.subscribe("jobs", print, priorities=LEVELS)
     with Consumer("g", brokers=[url(broker)]) as consumer:
-        for bad in (1, limits.MAX_PRIORITY_LEVELS + 1, "3"):
+        for bad in (1, priorities_limits.MAX_PRIORITY_LEVELS + 1, "3"):
             with pytest.raises(errors.ClientError, match="priorities must be"):
                 consumer.subscribe("jobs", print, priorities=bad)
-        consumer.subscribe("jobs", print, priorities=limits.MAX_PRIORITY_LEVELS)
+        consumer.subscribe("jobs", print, priorities=priorities_limits.MAX_PRIORITY_LEVELS)

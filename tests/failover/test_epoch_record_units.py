@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from metaq import limits
+from metaq.server.replication import limits as replication_limits
 from metaq.server.replication import epochrecord
 from metaq.store.epochs import leads_record, took_part
 
@@ -60,17 +60,18 @@ def test_a_node_nested_too_deep_or_with_integers_out_of_range_is_unreadable_not_
 def test_a_node_past_its_byte_limit_is_refused_at_the_limit_it_is_read():
     entry = {"epoch": 1, "start": 0, "origin": 1, "member": "m", "replication": None}
     data = json.dumps({"epochs": [entry]}).encode()
-    padded = data[:-1] + b" " * (limits.MAX_EPOCH_RECORD_BYTES - len(data)) + b"}"
-    assert len(padded) == limits.MAX_EPOCH_RECORD_BYTES and epochrecord.parse(padded)
+    padded = data[:-1] + b" " * (replication_limits.MAX_EPOCH_RECORD_BYTES - len(data)) + b"}"
+    assert len(padded) == replication_limits.MAX_EPOCH_RECORD_BYTES and epochrecord.parse(padded)
     with pytest.raises(ValueError, match="MAX_EPOCH_RECORD_BYTES"):
         epochrecord.parse(padded[:-1] + b" }")
 
 
 def test_only_the_latest_recorded_epochs_are_kept_in_a_node():
     entries = [{"epoch": e, "start": e, "origin": e, "member": "m", "replication": None}
-               for e in range(1, limits.MAX_RECORDED_EPOCHS + 2)]
+               for e in range(1, replication_limits.MAX_RECORDED_EPOCHS + 2)]
     parsed = epochrecord.parse(json.dumps({"epochs": entries}).encode())
-    assert len(parsed) == limits.MAX_RECORDED_EPOCHS and parsed[-1]["epoch"] == limits.MAX_RECORDED_EPOCHS + 1
+    assert (len(parsed) == replication_limits.MAX_RECORDED_EPOCHS
+            and parsed[-1]["epoch"] == replication_limits.MAX_RECORDED_EPOCHS + 1)
 
 
 def test_the_record_in_zookeeper_keeps_the_latest_and_refuses_an_older_epoch(zk_connect):
@@ -83,10 +84,10 @@ def test_the_record_in_zookeeper_keeps_the_latest_and_refuses_an_older_epoch(zk_
         assert record.read() == ([], None) and record.next_epoch(4) == 5
         zk.create(record.path, b"not json", makepath=True)  # unreadable: counted as none, replaced by the next add
         assert record.read()[0] == [] and record.latest() is None
-        for e in range(1, limits.MAX_RECORDED_EPOCHS + 2):
+        for e in range(1, replication_limits.MAX_RECORDED_EPOCHS + 2):
             assert record.add({"epoch": e, "start": e, "origin": e, "member": "m", "replication": None}) is None
         entries, _version = record.read()
-        assert len(entries) == limits.MAX_RECORDED_EPOCHS and entries[0]["epoch"] == 2
+        assert len(entries) == replication_limits.MAX_RECORDED_EPOCHS and entries[0]["epoch"] == 2
         newest = entries[-1]
         assert record.add(dict(newest)) is None  # the same entry again: already there
         assert record.add({"epoch": newest["epoch"], "start": 0, "origin": 5, "member": "x",

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metaq import limits
+from metaq.filters import limits as filters_limits
 from metaq.errors import BadFilterExpression, ClientError, RemoteProtocolError
 from metaq.filters.sql import compile_sql
 from metaq.protocol import events
@@ -149,12 +149,13 @@ def test_errors_name_position_and_expectation(expression, position, expected):
 
 
 def test_length_limit_at_and_past():
-    at = "a = '%s'" % ("x" * (limits.MAX_SQL_FILTER_CHARS - 6))
-    assert len(at) == limits.MAX_SQL_FILTER_CHARS
-    assert compile_sql(at).matches({"a": "x" * (limits.MAX_SQL_FILTER_CHARS - 6)})
-    with pytest.raises(BadFilterExpression, match="at most %d characters" % limits.MAX_SQL_FILTER_CHARS) as info:
+    at = "a = '%s'" % ("x" * (filters_limits.MAX_SQL_FILTER_CHARS - 6))
+    assert len(at) == filters_limits.MAX_SQL_FILTER_CHARS
+    assert compile_sql(at).matches({"a": "x" * (filters_limits.MAX_SQL_FILTER_CHARS - 6)})
+    with pytest.raises(BadFilterExpression,
+                       match="at most %d characters" % filters_limits.MAX_SQL_FILTER_CHARS) as info:
         compile_sql(at + " ")
-    assert info.value.position == limits.MAX_SQL_FILTER_CHARS
+    assert info.value.position == filters_limits.MAX_SQL_FILTER_CHARS
 
 
 def _nested(levels):
@@ -162,7 +163,7 @@ def _nested(levels):
 
 
 def test_depth_limit_at_and_past():
-    n = limits.MAX_SQL_FILTER_DEPTH
+    n = filters_limits.MAX_SQL_FILTER_DEPTH
     assert compile_sql(_nested(n)).matches(MSG)
     with pytest.raises(BadFilterExpression, match="nesting at most %d levels" % n) as info:
         compile_sql(_nested(n + 1))
@@ -183,7 +184,7 @@ def test_long_flat_conditions_are_no_nesting():
 
 
 def test_in_items_limit_at_and_past():
-    n = limits.MAX_SQL_FILTER_IN_ITEMS
+    n = filters_limits.MAX_SQL_FILTER_IN_ITEMS
     items = ", ".join("'v%d'" % i for i in range(n))
     assert compile_sql("p IN (%s)" % items).matches({"p": "v%d" % (n - 1)})
     text = "p IN (%s, 'past')" % items
@@ -258,10 +259,10 @@ def test_get_sql_frame_round_trips_and_a_bad_expression_is_a_400_naming_the_posi
 
 
 def test_get_sql_expression_bytes_limit_at_and_past():
-    n = limits.MAX_SQL_FILTER_BYTES
+    n = filters_limits.MAX_SQL_FILTER_BYTES
     at = b"get_sql t g 0 0 1024 %d 1\r\n" % n + b" " * n
     [err] = parse_frames(at)  # taken, then refused by its characters
-    assert "at most %d characters" % limits.MAX_SQL_FILTER_CHARS in str(err) and not err.fatal
+    assert "at most %d characters" % filters_limits.MAX_SQL_FILTER_CHARS in str(err) and not err.fatal
     past = b"get_sql t g 0 0 1024 %d 2\r\n" % (n + 1) + b" " * (n + 1)
     [err, after] = parse_frames(past + b"get_sql t g 0 0 1024 5 3\r\na > 1")
     assert "exprBytes" in str(err) and not err.fatal and err.opaque == 2  # its body skipped

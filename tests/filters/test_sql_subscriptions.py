@@ -4,7 +4,7 @@ heartbeat, kept as their error when bad, and bounded by ``limits.MAX_SQL_SUBSCRI
 
 import pytest
 
-from metaq import limits
+from metaq.filters import limits as filters_limits
 from metaq.errors import BadFilterExpression, ClientError
 from metaq.filters.remoting import SqlSubscriptions
 from metaq.filters.sql import SqlFilter, compiled
@@ -32,7 +32,7 @@ def test_registered_replaced_kept_as_error_and_dropped_by_a_tag_subscription():
 def test_the_pair_limit_at_and_one_past_and_dead_groups_make_room():
     live = set()
     subs = SqlSubscriptions(lambda group: group in live)
-    n = limits.MAX_SQL_SUBSCRIPTIONS
+    n = filters_limits.MAX_SQL_SUBSCRIPTIONS
     subs.heartbeat([consumer("g%d" % i, "t", "a = 1") for i in range(n)])
     assert len(subs) == n
     live.update("g%d" % i for i in range(n))
@@ -47,7 +47,7 @@ def test_the_pair_limit_at_and_one_past_and_dead_groups_make_room():
 
 
 def test_a_heartbeat_carries_at_most_the_sql_subscription_limit():
-    n = limits.MAX_HEARTBEAT_SQL_SUBSCRIPTIONS
+    n = filters_limits.MAX_HEARTBEAT_SQL_SUBSCRIPTIONS
     at = [consumer("g%d" % i, "t", "a = %d" % i) for i in range(n)] + [consumer("tags", "t", "*", "TAG")]
     SqlSubscriptions.check(at)
     with pytest.raises(ClientError, match="at most %d SQL92 subscriptions, this one carries %d" % (n, n + 1)):
@@ -55,7 +55,7 @@ def test_a_heartbeat_carries_at_most_the_sql_subscription_limit():
 
 
 def test_compiled_expressions_are_shared_up_to_the_cache_limit():
-    n = limits.SQL_FILTER_CACHE
+    n = filters_limits.SQL_FILTER_CACHE
     compiled.cache_clear()
     first = compiled("c = 0")
     for i in range(1, n):

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metaq import limits
+from metaq.filters import limits as filters_limits
 from metaq.errors import ClientError, RemoteProtocolError
 from metaq.filters.wire import (OFFSET_FIELD, decode_tagged_body, decode_tagged_reply, parse_tag_expression,
                                 tag_token)
@@ -26,16 +26,16 @@ def test_expressions():
 
 
 def test_expression_length_limit_at_and_past():
-    at = "A" * limits.MAX_TAG_EXPRESSION_BYTES
+    at = "A" * filters_limits.MAX_TAG_EXPRESSION_BYTES
     assert parse_tag_expression(at).tags == {at.encode()}
     with pytest.raises(ClientError, match="too long"):
         parse_tag_expression(at + "B")
 
 
 def test_expression_tag_count_limit_at_and_past():
-    names = ["t%d" % i for i in range(limits.MAX_FILTER_TAGS)]
-    assert len(parse_tag_expression("||".join(names)).tags) == limits.MAX_FILTER_TAGS
-    with pytest.raises(ClientError, match="names %d tags" % (limits.MAX_FILTER_TAGS + 1)):
+    names = ["t%d" % i for i in range(filters_limits.MAX_FILTER_TAGS)]
+    assert len(parse_tag_expression("||".join(names)).tags) == filters_limits.MAX_FILTER_TAGS
+    with pytest.raises(ClientError, match="names %d tags" % (filters_limits.MAX_FILTER_TAGS + 1)):
         parse_tag_expression("||".join(names + ["one-more"]))
 
 
@@ -113,7 +113,7 @@ def test_decode_tagged_reply_with_the_passed_id():
 
 
 def test_an_expression_parses_the_same_however_often_it_is_given():
-    too_long = "A" * (limits.MAX_TAG_EXPRESSION_BYTES + 1)
+    too_long = "A" * (filters_limits.MAX_TAG_EXPRESSION_BYTES + 1)
     for _ in range(3):  # the later parses are answered as the first, and a refusal is refused again
         assert parse_tag_expression("A || B").tags == {b"A", b"B"}
         assert parse_tag_expression("*") is None and parse_tag_expression("") is None
@@ -126,8 +126,8 @@ def test_an_expression_parses_the_same_however_often_it_is_given():
 
 def test_the_parsed_expressions_kept_stay_within_their_bound():
     parse_tag_expression.cache_clear()
-    expressions = ["T%d || U%d" % (i, i) for i in range(limits.TAG_FILTER_CACHE + 1)]  # one past the bound
+    expressions = ["T%d || U%d" % (i, i) for i in range(filters_limits.TAG_FILTER_CACHE + 1)]  # one past the bound
     for e in expressions:
         assert parse_tag_expression(e).tags == {e.split(" || ")[0].encode(), e.split(" || ")[1].encode()}
-    assert parse_tag_expression.cache_info().currsize == limits.TAG_FILTER_CACHE
+    assert parse_tag_expression.cache_info().currsize == filters_limits.TAG_FILTER_CACHE
     assert parse_tag_expression(expressions[0]).tags == {b"T0", b"U0"}  # the oldest went, and is parsed again

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from metaq import limits
+from metaq.groups import limits as groups_limits
 from metaq.client.local import free_port, small_config
 from metaq.protocol import events as ev
 from metaq.protocol import stats as stats_codec
@@ -124,7 +124,7 @@ def _commit(c, groups, topic, offset):
 def test_a_broker_answers_at_most_its_limit_of_group_rows_the_most_behind_and_says_how_many_it_left_out(
         broker_factory, tmp_path):
     b = broker_factory(small_config(tmp_path / "data", topics=[{"name": "*", "partitions": 1}]))
-    most = limits.MAX_GROUP_LAG_ROWS
+    most = groups_limits.MAX_GROUP_LAG_ROWS
     with b.client() as c:
         for i in range(3):
             c.put_ok("lim", b"m%d" % i, 0)

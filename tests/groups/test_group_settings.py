@@ -7,6 +7,8 @@ import json
 import pytest
 
 from metaq import limits
+from metaq.groups import limits as groups_limits
+from metaq.pop import limits as pop_limits
 from metaq import admincli as admin
 from metaq.client.local import BrokerProcess, free_port, small_config
 from metaq.client.raw import RemotingClient
@@ -96,7 +98,7 @@ def test_max_retries_set_through_http_dead_letters_a_pop_message_after_its_retri
         c.put_ok(topic, b"poison", 0)
     r = request(broker, "PUT", "/api/group-settings/fragile?max_retries=1")
     assert (r.status, r.json()["max_retries"]) == (200, 1)
-    inv = limits.POP_MIN_INVISIBLE_MS
+    inv = pop_limits.POP_MIN_INVISIBLE_MS
     with SimpleConsumer(url(broker), "fragile", topic, invisible_ms=inv) as a:
         attempts = []
         for _ in range(20):
@@ -176,7 +178,7 @@ def test_bad_values_and_unknown_settings_are_refused_with_nothing_changed(broker
     capsys.readouterr()
     before = show(broker, "careful")
     assert cli(broker, "set", "careful", "--max-retries", "-1") == 3
-    assert "max_retries must be 0..%d" % limits.MAX_GROUP_RETRIES in capsys.readouterr().err
+    assert "max_retries must be 0..%d" % groups_limits.MAX_GROUP_RETRIES in capsys.readouterr().err
     r = request(broker, "PUT", "/api/group-settings/careful?max_retries=2&consumption_enabled=maybe")
     assert r.status == 400 and "consumption_enabled must be true or false" in r.json()["error"]
     r = request(broker, "PUT", "/api/group-settings/careful?retries=2")

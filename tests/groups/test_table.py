@@ -7,6 +7,7 @@ import json
 import pytest
 
 from metaq import limits
+from metaq.groups import limits as groups_limits
 from metaq.errors import ClientError, ConsumptionDisabled, NotFound, StoreError
 from metaq.groups import policy
 from metaq.groups.table import GroupSettings, GroupTable, TABLE_FORMAT
@@ -33,8 +34,9 @@ def test_a_set_is_saved_atomically_and_read_back(tmp_path):
 
 
 @pytest.mark.parametrize("values, says", [
-    ({"max_retries": "-1"}, "max_retries must be 0..%d" % limits.MAX_GROUP_RETRIES),
-    ({"max_retries": str(limits.MAX_GROUP_RETRIES + 1)}, "max_retries must be 0..%d" % limits.MAX_GROUP_RETRIES),
+    ({"max_retries": "-1"}, "max_retries must be 0..%d" % groups_limits.MAX_GROUP_RETRIES),
+    ({"max_retries": str(groups_limits.MAX_GROUP_RETRIES + 1)},
+     "max_retries must be 0..%d" % groups_limits.MAX_GROUP_RETRIES),
     ({"max_retries": "2.5"}, "max_retries must be a whole number"),
     ({"consumption_enabled": "maybe"}, "consumption_enabled must be true or false"),
     ({"read_from_slave_when_slow": "0"}, "read_from_slave_when_slow must be 1..%d" % limits.MAX_BROKER_ID),
@@ -51,23 +53,23 @@ def test_bad_values_are_refused_and_nothing_changes(tmp_path, values, says):
 
 
 def test_max_retries_at_its_limit_is_taken(tmp_path):
-    assert GroupTable(str(tmp_path)).set("g", {"max_retries": limits.MAX_GROUP_RETRIES}).max_retries == \
-        limits.MAX_GROUP_RETRIES
+    assert GroupTable(str(tmp_path)).set("g", {"max_retries": groups_limits.MAX_GROUP_RETRIES}).max_retries == \
+        groups_limits.MAX_GROUP_RETRIES
 
 
 def test_the_table_holds_max_group_settings_groups_and_refuses_one_more(tmp_path):
     t = GroupTable(str(tmp_path))
-    t.apply_json(full_state(limits.MAX_GROUP_SETTINGS - 1))
+    t.apply_json(full_state(groups_limits.MAX_GROUP_SETTINGS - 1))
     t.set("last", {"max_retries": 2})  # at the limit
-    assert len(t.entries) == limits.MAX_GROUP_SETTINGS
+    assert len(t.entries) == groups_limits.MAX_GROUP_SETTINGS
     with pytest.raises(ClientError, match="limits.MAX_GROUP_SETTINGS"):
         t.set("one-more", {"max_retries": 2})
-    assert t.get("one-more") is None and len(t.entries) == limits.MAX_GROUP_SETTINGS
+    assert t.get("one-more") is None and len(t.entries) == groups_limits.MAX_GROUP_SETTINGS
     t.set("g0", {"max_retries": 5})  # a group already there may still change
     assert t.get("g0").max_retries == 5
-    assert len(GroupTable(str(tmp_path)).load().entries) == limits.MAX_GROUP_SETTINGS
+    assert len(GroupTable(str(tmp_path)).load().entries) == groups_limits.MAX_GROUP_SETTINGS
     with pytest.raises(ValueError, match="MAX_GROUP_SETTINGS"):
-        GroupTable(str(tmp_path)).apply_json(full_state(limits.MAX_GROUP_SETTINGS + 1))
+        GroupTable(str(tmp_path)).apply_json(full_state(groups_limits.MAX_GROUP_SETTINGS + 1))
 
 
 def test_a_table_file_that_cannot_be_read_names_itself(tmp_path):

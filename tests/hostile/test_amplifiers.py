@@ -8,7 +8,7 @@ client invents: each is bounded.
 import json
 import time
 
-from metaq import limits
+from metaq.server.remoting import limits as remoting_limits
 from metaq.client.local import rmq_config, small_config
 from metaq.client.raw import RemotingClient
 from metaq.protocol import events as ev
@@ -41,7 +41,7 @@ def heartbeat(client, groups):
 
 def test_a_heartbeat_naming_too_many_groups_is_refused(broker_factory, tmp_path):
     broker = broker_factory(rmq_config(tmp_path / "data"))
-    most = limits.MAX_HEARTBEAT_GROUPS
+    most = remoting_limits.MAX_HEARTBEAT_GROUPS
     with RemotingClient(broker.config["remoting"]["port"], timeout=30) as rc:
         r = rc.call(RequestCode.HEART_BEAT, {}, heartbeat("c1", ["G%d" % i for i in range(most)]))  # the limit
         assert r.code == ResponseCode.SUCCESS

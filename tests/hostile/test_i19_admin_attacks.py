@@ -74,12 +74,12 @@ def _fill_dlq(b, count, group="CGD"):
 
 
 def test_the_newest_dead_letter_can_be_resent_however_many_older_ones_there_are(broker_factory, tmp_path):
-    from metaq import limits
+    from metaq.admin import limits as admin_limits
     from tests.hostile.common import LoopProbe
     b = _rmq_broker(broker_factory, tmp_path)
     with RemotingClient(b.config["remoting"]["port"]) as rc:
         _dead_letter(rc, "tD", b"first", "U0")  # makes the DLQ topic a RocketMQ one
-    _fill_dlq(b, limits.MAX_DLQ_SCAN)
+    _fill_dlq(b, admin_limits.MAX_DLQ_SCAN)
     with RemotingClient(b.config["remoting"]["port"]) as rc:
         _dead_letter(rc, "tD", b"newest", "UNEW")
     with LoopProbe(b.port) as probe:
@@ -91,13 +91,13 @@ def test_the_newest_dead_letter_can_be_resent_however_many_older_ones_there_are(
 
 
 def test_listing_a_full_dead_letter_queue_does_not_stall_the_loop(broker_factory, tmp_path):
-    from metaq import limits
+    from metaq.admin import limits as admin_limits
     from tests.hostile.common import LoopProbe
     b = _rmq_broker(broker_factory, tmp_path)
     with RemotingClient(b.config["remoting"]["port"]) as rc:
         for i in range(20):
             _dead_letter(rc, "tD", b"poison", "U%d" % i)
-    _fill_dlq(b, limits.MAX_DLQ_SCAN)
+    _fill_dlq(b, admin_limits.MAX_DLQ_SCAN)
     with LoopProbe(b.port) as probe:
         for _ in range(3):
             listed = request(b, "GET", "/api/dlq/CGD?max=5", timeout=60)

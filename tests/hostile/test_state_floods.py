@@ -5,7 +5,7 @@ Each is bounded: ``MAX_PENDING_BURSTS`` (then the connection is not read), ``tra
 """
 
 
-from metaq import limits
+from metaq.offsets import limits as offsets_limits
 from metaq.client.local import small_config
 from metaq.protocol import events as ev
 from metaq.protocol.text import serialize
@@ -46,7 +46,7 @@ def test_open_transactions_past_the_broker_limit_are_refused(broker_factory, tmp
 
 def test_committed_offsets_past_the_broker_limit_are_refused(broker_factory, tmp_path):
     broker = broker_factory(small_config(tmp_path / "data"))
-    n = limits.MAX_CONSUMER_OFFSETS
+    n = offsets_limits.MAX_CONSUMER_OFFSETS
     with broker.client(timeout=60) as c:
         c.put_ok("oc", b"one message", partition=0)
         c.send(b"".join(serialize(ev.CommitOffset("g%d" % i, "oc", 0, 1, i)) for i in range(n)))  # the limit

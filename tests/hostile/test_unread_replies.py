@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from metaq import limits
+from metaq.server.remoting import limits as remoting_limits
 
 from metaq.client.local import rmq_config, small_config
 from metaq.client.raw import RemotingClient, pull_fields
@@ -123,7 +123,7 @@ def test_unread_remoting_sends_hold_at_most_the_request_budget(broker_factory, t
     flood = b"".join(pull_frame("bigs", i) for i in range(1, 13)) + b"".join(
         send_frame("sendflood", body, 1000 + i) for i in range(100))
     with unread_flood(broker, port, flood, seconds=8) as (grown, probe):
-        assert grown < 2 * limits.MAX_REMOTING_INFLIGHT_BYTES + 64 * MiB, \
+        assert grown < 2 * remoting_limits.MAX_REMOTING_INFLIGHT_BYTES + 64 * MiB, \
             "the broker grew %.0f MB for one client's unread sends" % (grown / MiB)
         assert not probe.failures and probe.p99() < 0.050
     with RemotingClient(port) as rc:  # what was stored is whole, and the broker takes sends as before

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metaq import limits
+from metaq.idempotence import limits as idempotence_limits
 from metaq.idempotence.window import OLDER, ProducerTable, SnapshotError
 
 NOW = 1_609_459_200_000
@@ -146,13 +146,13 @@ def test_memory_per_producer_partition():
     def alone():
         t = ProducerTable()
         for pid in range(1, n + 1):
-            for seq in range(limits.IDEMPOTENCE_WINDOW + 10):
+            for seq in range(idempotence_limits.IDEMPOTENCE_WINDOW + 10):
                 t.record(pid, "topic-%d" % pid, 0, seq, seq, NOW)
         return t
 
     def interleaved():
         t = ProducerTable()
-        for seq in range(limits.IDEMPOTENCE_WINDOW):
+        for seq in range(idempotence_limits.IDEMPOTENCE_WINDOW):
             for pid in range(1, 21):
                 t.record(pid, "topic", 0, seq, 20 * seq + pid, NOW)
         return t
@@ -162,7 +162,7 @@ def test_memory_per_producer_partition():
     per_alone, per_mixed = size_alone / n, size_mixed / 20
     print("bytes per producer-partition: alone %.0f, interleaved %.0f" % (per_alone, per_mixed))
     assert per_alone < 1024
-    assert per_mixed < 24 * limits.IDEMPOTENCE_WINDOW * 1.2
+    assert per_mixed < 24 * idempotence_limits.IDEMPOTENCE_WINDOW * 1.2
 
 
 @st.composite
@@ -217,7 +217,7 @@ def test_record_run_takes_only_sequences_above_the_highest():
 # -- owners and quotas (docs/security.md "Quotas") ----------------------------------------------------------------
 
 
-def _owned_table(quotas, max_producers=limits.MAX_IDEMPOTENT_PRODUCERS):
+def _owned_table(quotas, max_producers=idempotence_limits.MAX_IDEMPOTENT_PRODUCERS):
     return ProducerTable(window=8, max_producers=max_producers, quota_of=lambda owner: quotas.get(owner, 1000))
 
 
@@ -274,7 +274,7 @@ def test_a_snapshot_from_before_owners_is_read():
 
     runs = struct.pack(">qqq", 0, 5, 3)
     body = struct.pack(">qiqqHI", 7, 0, 2, NOW, 1, 1) + b"t" + runs
-    rest = struct.pack(">qIqIqqI", 123, 8, limits.IDEMPOTENT_PRODUCER_TTL_MS, 4096, 0, 0, 1) + body
+    rest = struct.pack(">qIqIqqI", 123, 8, idempotence_limits.IDEMPOTENT_PRODUCER_TTL_MS, 4096, 0, 0, 1) + body
     data = b"MQPW" + struct.pack(">HI", 1, zlib.crc32(rest)) + rest
     t = _owned_table({})
     assert t.load(data) == 123

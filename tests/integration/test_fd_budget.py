@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.client.local import small_config
 from metaq.mqttcluster.clientids.calls import PeerClient, PeerUnreachable
 from tests.harness.broker import under_nofile, wait_for
@@ -177,7 +178,7 @@ def test_clients_filling_the_cap_of_a_cluster_broker_keep_none_of_its_peers_link
                    limits={"max_connections": FULL_CAP, "max_connections_per_address": FULL_CAP}).start().brokers
     address = "127.0.0.1:%d" % b.config["replication"]["port"]
     headroom = limits.REPLICATION_HEADROOM + limits.MQTT_CLUSTER_PEER_HEADROOM
-    own_host = limits.MQTT_CLUSTER_PEERS_PER_ADDRESS
+    own_host = mqttcluster_limits.MQTT_CLUSTER_PEERS_PER_ADDRESS
     assert limits.REPLICATION_HEADROOM < own_host < headroom <= 2 * own_host  # what this test needs of the limits
     members = PaperMembers(zk_connect, [100, 500, 999])
     clients, held = [], []

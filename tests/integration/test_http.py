@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from metaq import limits
+from metaq.server.http import limits as http_limits
 from metaq.client.local import free_port, small_config
 from metaq.protocol import events as ev
 from tests.harness.broker import wait_for
@@ -75,19 +75,19 @@ def test_http_errors_are_json_with_the_text_protocols_codes(hbroker):
 def test_a_huge_content_length_is_refused_413_without_reading_the_body(hbroker):
     s = _raw(hbroker)
     s.sendall(b"POST /api/topics/t-big/messages HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
-              % (limits.HTTP_MAX_BODY_BYTES + 1))  # and no body: the answer comes without it
+              % (http_limits.HTTP_MAX_BODY_BYTES + 1))  # and no body: the answer comes without it
     reply = read_until_closed(s)
     assert reply.startswith(b"HTTP/1.1 413 ") and b"HTTP_MAX_BODY_BYTES" in reply
     s.close()
     r = request(hbroker, "POST", "/api/topics/t-big/messages?partition=0", body=b"b" * 1000)
     assert r.status == 200  # the broker serves on
     # at the limit the port reads the body; the broker's own message limit (max_body_bytes) then answers
-    r = request(hbroker, "POST", "/api/topics/t-big/messages?partition=0", body=b"b" * limits.HTTP_MAX_BODY_BYTES)
+    r = request(hbroker, "POST", "/api/topics/t-big/messages?partition=0", body=b"b" * http_limits.HTTP_MAX_BODY_BYTES)
     assert r.status == 400 and "limits.max_body_bytes" in r.json()["error"]
 
 
 def test_request_line_and_headers_are_bounded(hbroker):
-    room = limits.HTTP_MAX_REQUEST_LINE - len(b"GET /healthz? HTTP/1.1\r\n") - 1
+    room = http_limits.HTTP_MAX_REQUEST_LINE - len(b"GET /healthz? HTTP/1.1\r\n") - 1
     s = _raw(hbroker)
     s.sendall(b"GET /healthz?%s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % (b"a" * room))
     assert read_until_closed(s).startswith(b"HTTP/1.1 200 ")  # just under the limit
@@ -95,7 +95,7 @@ def test_request_line_and_headers_are_bounded(hbroker):
     s.sendall(b"GET /healthz?%s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % (b"a" * (room + 1)))
     assert read_until_closed(s).startswith(b"HTTP/1.1 414 ")
     header = b"X-Pad: %s\r\n" % (b"p" * 1000)
-    fits = limits.HTTP_MAX_HEADER_BYTES // len(header) - 1
+    fits = http_limits.HTTP_MAX_HEADER_BYTES // len(header) - 1
     s = _raw(hbroker)
     s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + header * fits + b"\r\n")
     assert read_until_closed(s).startswith(b"HTTP/1.1 200 ")
@@ -202,16 +202,17 @@ def test_a_corrupt_record_is_answered_512_never_served(broker_factory, tmp_path)
 
 
 def test_a_get_returns_at_most_max_count_and_max_bytes_but_at_least_one(hbroker):
-    from metaq import limits as lim
+    from metaq.server.http import limits as http_limits
 
     with hbroker.client() as c:
-        for i in range(lim.HTTP_MAX_GET_MESSAGES + 1):
+        for i in range(http_limits.HTTP_MAX_GET_MESSAGES + 1):
             c.put_ok("t-many", b"m%04d" % i, 0)
     path = "/api/topics/t-many/partitions/0/messages?offset=0"
     doc = request(hbroker, "GET", path).json()  # the default: HTTP_MAX_GET_MESSAGES
-    assert len(doc["messages"]) == lim.HTTP_MAX_GET_MESSAGES == doc["next_offset"]
-    doc = request(hbroker, "GET", path + "&max_count=%d" % (lim.HTTP_MAX_GET_MESSAGES + 1)).json()  # and the most
-    assert len(doc["messages"]) == lim.HTTP_MAX_GET_MESSAGES
+    assert len(doc["messages"]) == http_limits.HTTP_MAX_GET_MESSAGES == doc["next_offset"]
+    doc = request(hbroker, "GET",
+                  path + "&max_count=%d" % (http_limits.HTTP_MAX_GET_MESSAGES + 1)).json()  # and the most
+    assert len(doc["messages"]) == http_limits.HTTP_MAX_GET_MESSAGES
     doc = request(hbroker, "GET", path + "&max_count=2").json()
     assert [m["offset"] for m in doc["messages"]] == [0, 1] and doc["next_offset"] == 2
     doc = request(hbroker, "GET", path + "&max_bytes=1").json()  # smaller than one message: still one

@@ -88,7 +88,7 @@ def test_timers_listed_and_cancelled_over_http(broker_factory, tmp_path):
     import time
 
     from metaq.client.local import small_config
-    from metaq.limits import MAX_TIMER_LIST
+    from metaq.timers.limits import MAX_TIMER_LIST
     from tests.harness.broker import consume_all, wait_for
     from tests.harness.timers import put_at_ok, timers
 

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from metaq import limits
+from metaq.idempotence import limits as idempotence_limits
 from metaq.client.local import free_port, small_config
 from metaq.idempotence.records import identity_in_attribute
 from metaq.idempotence.wire import IdempotentBatch, decode_idem_runs, idem_sub_record
@@ -146,7 +146,7 @@ def test_bad_input_is_refused_naming_the_first_bad_sub_record(broker):
 
 
 def test_the_limit_at_and_one_past(broker):
-    limit = limits.MAX_IDEMPOTENT_BATCH_MESSAGES
+    limit = idempotence_limits.MAX_IDEMPOTENT_BATCH_MESSAGES
     with broker.client() as c:
         runs = runs_of(c, batch("t-il", seqs(limit)))
         assert sum(r[3] for r in runs) == limit

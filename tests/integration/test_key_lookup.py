@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from metaq import limits
+from metaq.keys import limits as keys_limits
 from metaq.client import keys
 from metaq.client.local import small_config
 from metaq.client.message import Message
@@ -54,20 +54,20 @@ def test_a_key_with_ten_thousand_messages_comes_back_complete_by_pages(broker_fa
 def test_the_text_lookup_pages_bounds_and_refusals(broker_factory, tmp_path):
     b = broker_factory(small_config(tmp_path / "d", **FAST))
     with b.client() as c:
-        for i in range(limits.MAX_KEY_QUERY_RESULTS + 5):
+        for i in range(keys_limits.MAX_KEY_QUERY_RESULTS + 5):
             put_keyed(c, "tL", b"%d" % i, "k")
-        assert eventually(lambda: len(list(keys.lookup(Conn(c), "tL", "k"))) == limits.MAX_KEY_QUERY_RESULTS + 5)
+        assert eventually(lambda: len(list(keys.lookup(Conn(c), "tL", "k"))) == keys_limits.MAX_KEY_QUERY_RESULTS + 5)
         r = c.call(ev.Lookup("tL", "k", 0, 2**63 - 1, 10 ** 9, "", 7))
         page = decode_lookup_body(r.body)
-        assert r.code == 200 and len(page.items) == limits.MAX_KEY_QUERY_RESULTS and page.cursor
+        assert r.code == 200 and len(page.items) == keys_limits.MAX_KEY_QUERY_RESULTS and page.cursor
         rest = decode_lookup_body(c.call(ev.Lookup("tL", "k", 0, 2**63 - 1, 100, page.cursor, 8)).body)
         assert len(rest.items) == 5 and rest.cursor is None
         assert [int(i.data[-1:]) for i in rest.items][-1] == 0  # the oldest last
         assert c.call(ev.Lookup("tL", "bad:cursor", 0, 1, 1, "x", 9)).code == 400
-        long_key = "k" * (limits.MAX_KEY_BYTES + 1)
+        long_key = "k" * (keys_limits.MAX_KEY_BYTES + 1)
         c.send(("lookup tL %s 0 1 1 - 10\r\n" % long_key).encode())
         assert c.read_event().code == 400
-        at_limit = c.call(ev.Lookup("tL", "k" * limits.MAX_KEY_BYTES, 0, 1, 1, "", 11))
+        at_limit = c.call(ev.Lookup("tL", "k" * keys_limits.MAX_KEY_BYTES, 0, 1, 1, "", 11))
         assert at_limit.code == 200 and decode_lookup_body(at_limit.body).items == []
 
 

@@ -17,7 +17,7 @@ import pytest
 from metaq import admincli as admin
 from metaq.auth import proofs
 from metaq.client.local import free_port, ns_of, small_config
-from metaq.limits import MAX_CONSUMER_OFFSETS
+from metaq.offsets.limits import MAX_CONSUMER_OFFSETS
 from metaq.protocol import events as ev
 from metaq.protocol import replication as rp
 from metaq.protocol.checksum import crc32

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from metaq import limits
+from metaq.keys import limits as keys_limits
 from metaq.client.local import free_port, small_config
 from metaq.keys.wire import decode_lookup_body
 from metaq.protocol import events as ev
@@ -61,7 +61,7 @@ def load(broker, kind, seed):
 def keyed_at(client, i):
     """How many messages of the key round's ``i``-th key the broker's key index finds."""
     topic = PARTS[i % len(PARTS)][0]
-    r = client.call(ev.Lookup(topic, "k%d-%d" % (len(ROUNDS), i), 0, 2**63 - 1, limits.MAX_KEY_QUERY_RESULTS, "",
+    r = client.call(ev.Lookup(topic, "k%d-%d" % (len(ROUNDS), i), 0, 2**63 - 1, keys_limits.MAX_KEY_QUERY_RESULTS, "",
                               client.opaque()))
     assert r.code == 200, r
     return len(decode_lookup_body(r.body).items)

@@ -181,7 +181,7 @@ def test_a_slave_promoted_with_timers_pending_delivers_each_once(broker_factory,
 @pytest.mark.slow
 def test_more_messages_due_at_one_time_than_the_window_holds_each_delivered_once(broker_factory, tmp_path):
     from bench.run import pipelined
-    from metaq.limits import MAX_TIMER_WINDOW_ROWS
+    from metaq.timers.limits import MAX_TIMER_WINDOW_ROWS
     from metaq.protocol.checksum import metaq_checksum
     from metaq.protocol.text import serialize
     from metaq.timers.wire import TimerPut
@@ -286,7 +286,7 @@ def test_more_messages_due_within_seconds_than_the_window_holds_arrive_once_in_d
     import struct
 
     from bench.run import pipelined
-    from metaq.limits import MAX_TIMER_WINDOW_ROWS
+    from metaq.timers.limits import MAX_TIMER_WINDOW_ROWS
     from metaq.protocol.checksum import metaq_checksum
     from metaq.protocol.text import serialize
     from metaq.timers.wire import TimerPut
@@ -319,7 +319,7 @@ def test_more_deliveries_left_without_their_done_than_the_window_holds_are_not_d
     """A crash that left more deliveries without their DONE record than MAX_TIMER_WINDOW_ROWS (written offline
     here, so certain): the restarted broker's recovery check finds every one of them, not only the first window's,
     and delivers none a second time."""
-    from metaq.limits import MAX_TIMER_WINDOW_ROWS
+    from metaq.timers.limits import MAX_TIMER_WINDOW_ROWS
     from metaq.protocol.checksum import metaq_checksum
     from metaq.protocol.message import encode_payload
     from metaq.timers.records import TIMER_TOPIC, encode_entry
@@ -354,7 +354,8 @@ def test_more_message_data_due_at_once_than_the_window_holds_is_delivered_once_e
     """20 messages of 4 MiB due at the same moment: 80 MiB, past MAX_TIMER_WINDOW_BYTES (64 MiB). The window takes
     what fits, the rest waits in timers.db, and each is delivered once, none early (the broker does not hold them
     all in memory for it)."""
-    from metaq.limits import MAX_BODY_BYTES, MAX_TIMER_WINDOW_BYTES
+    from metaq.limits import MAX_BODY_BYTES
+    from metaq.timers.limits import MAX_TIMER_WINDOW_BYTES
 
     b = start(broker_factory, tmp_path, limits={"max_body_bytes": MAX_BODY_BYTES}, store={"segment_size": 64 << 20})
     n = MAX_TIMER_WINDOW_BYTES // MAX_BODY_BYTES + 4

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metaq import limits
+from metaq.keys import limits as keys_limits
 from metaq.errors import ClientError
 from metaq.protocol.message import encode_payload
 from metaq.protocol.properties import encode_attribute
@@ -38,7 +38,7 @@ def flush(s):
         pass
 
 
-def lookup_all(s, topic, key, since=0, until=BIG, page=limits.MAX_KEY_QUERY_RESULTS):
+def lookup_all(s, topic, key, since=0, until=BIG, page=keys_limits.MAX_KEY_QUERY_RESULTS):
     """Every page of a lookup: ``(positions newest first, pages)``."""
     out, cursor, pages = [], None, 0
     while True:
@@ -89,17 +89,17 @@ def test_plain_attributes_and_no_attribute_are_not_indexed(data_dir):
 
 def test_keys_per_message_at_the_limit_and_one_past(data_dir):
     s = open_store(data_dir)
-    keys = ["k%d" % i for i in range(limits.MAX_KEYS_PER_MESSAGE + 1)]
+    keys = ["k%d" % i for i in range(keys_limits.MAX_KEYS_PER_MESSAGE + 1)]
     put(s, "test", keys)
     flush(s)
     found = [k for k in keys if keyindex.run(s.key_search("test", k, 0, BIG, 1)).records]
-    assert found == keys[:limits.MAX_KEYS_PER_MESSAGE]
+    assert found == keys[:keys_limits.MAX_KEYS_PER_MESSAGE]
     s.close(NOW)
 
 
 def test_key_length_at_the_limit_and_one_past(data_dir):
     s = open_store(data_dir)
-    at, past = "a" * limits.MAX_KEY_BYTES, "b" * (limits.MAX_KEY_BYTES + 1)
+    at, past = "a" * keys_limits.MAX_KEY_BYTES, "b" * (keys_limits.MAX_KEY_BYTES + 1)
     put(s, "test", [at, past])
     flush(s)
     assert len(keyindex.run(s.key_search("test", at, 0, BIG, 1)).records) == 1
@@ -113,7 +113,7 @@ def test_ten_thousand_keys_in_one_message_cost_the_limit(data_dir):
     s = open_store(data_dir, segment_size=1 << 20)
     put(s, "test", ["k%d" % i for i in range(10_000)])
     flush(s)
-    assert sum(f.count for f in s.keys.files) == limits.MAX_KEYS_PER_MESSAGE
+    assert sum(f.count for f in s.keys.files) == keys_limits.MAX_KEYS_PER_MESSAGE
     s.close(NOW)
 
 
@@ -122,7 +122,7 @@ def test_a_page_is_bounded_and_the_cursor_returns_the_rest(data_dir):
     puts = [put(s, "test", ["hot"]) for _ in range(300)]
     flush(s)
     first = keyindex.run(s.key_search("test", "hot", 0, BIG, 10 ** 9))
-    assert len(first.records) == limits.MAX_KEY_QUERY_RESULTS and first.cursor
+    assert len(first.records) == keys_limits.MAX_KEY_QUERY_RESULTS and first.cursor
     got, pages = lookup_all(s, "test", "hot", page=7)
     assert len(got) == 300 and len(set(got)) == 300 and pages >= 300 // 7
     assert [r.offset for r in puts] == sorted(r.offset for r in puts)
@@ -130,7 +130,7 @@ def test_a_page_is_bounded_and_the_cursor_returns_the_rest(data_dir):
 
 
 def test_the_scan_limit_ends_a_page_with_a_cursor(data_dir, monkeypatch):
-    monkeypatch.setattr(limits, "MAX_KEY_SCAN_ENTRIES", 5)
+    monkeypatch.setattr(keys_limits, "MAX_KEY_SCAN_ENTRIES", 5)
     s = open_store(data_dir, segment_size=1 << 20)
     for i in range(20):
         put(s, "test", ["hot"], now=NOW + i)
@@ -143,11 +143,11 @@ def test_the_scan_limit_ends_a_page_with_a_cursor(data_dir, monkeypatch):
 
 
 def test_bad_cursors_are_refused():
-    for bad in ("x", "1:", ":1", "1:2:3", "9" * (limits.MAX_KEY_CURSOR_BYTES + 1)):
+    for bad in ("x", "1:", ":1", "1:2:3", "9" * (keys_limits.MAX_KEY_CURSOR_BYTES + 1)):
         with pytest.raises(ClientError):
             keyindex.parse_cursor(bad)
     assert keyindex.parse_cursor("12:3") == (12, 3)
-    assert keyindex.parse_cursor("1:" + "0" * (limits.MAX_KEY_CURSOR_BYTES - 2)) == (1, 0)
+    assert keyindex.parse_cursor("1:" + "0" * (keys_limits.MAX_KEY_CURSOR_BYTES - 2)) == (1, 0)
 
 
 def test_time_bounds(data_dir):
@@ -231,7 +231,7 @@ def test_a_cut_log_takes_its_entries_out(data_dir):
 
 
 def test_retention_drops_whole_files_and_skips_gone_records(data_dir):
-    s = open_store(data_dir, key_index_entries=limits.MAX_KEYS_PER_MESSAGE)
+    s = open_store(data_dir, key_index_entries=keys_limits.MAX_KEYS_PER_MESSAGE)
     for _ in range(200):
         put(s, "test", ["k"], body=b"x" * 200)
     flush(s)
@@ -248,7 +248,7 @@ def test_retention_drops_whole_files_and_skips_gone_records(data_dir):
 
 
 def test_a_search_survives_retention_during_its_walk(data_dir):
-    s = open_store(data_dir, key_index_entries=limits.MAX_KEYS_PER_MESSAGE)
+    s = open_store(data_dir, key_index_entries=keys_limits.MAX_KEYS_PER_MESSAGE)
     for _ in range(200):
         put(s, "test", ["k"], body=b"x" * 200)
     flush(s)
@@ -270,7 +270,7 @@ _ops = st.lists(st.tuples(st.sampled_from(["test", "tx"]), st.lists(st.sampled_f
 @given(ops=_ops, cut=st.sampled_from(["none", "checkpoint", "nocheckpoint", "torn"]))
 def test_lookups_equal_a_brute_force_scan_and_survive_a_rebuild(fast_dir, ops, cut):
     d = os.path.join(fast_dir, "d%d" % abs(hash((tuple(map(str, ops)), cut))))
-    sizes = dict(key_index_entries=limits.MAX_KEYS_PER_MESSAGE, key_index_slots=3)
+    sizes = dict(key_index_entries=keys_limits.MAX_KEYS_PER_MESSAGE, key_index_slots=3)
     s = open_store(d, **sizes)
     puts = []
     for i, (topic, keys, dt, size) in enumerate(ops):
@@ -429,9 +429,9 @@ def test_the_c_walk_goes_in_bounded_pieces_and_finds_every_key(data_dir, monkeyp
     piece ends inside a record (1, 200 bytes), past a few records, or the default."""
     spans = []
     real = keyindex.keyed_records
-    limit = limits.KEY_INDEX_WALK_BYTES if walk is None else walk
+    limit = keys_limits.KEY_INDEX_WALK_BYTES if walk is None else walk
     if walk is not None:
-        monkeypatch.setattr(limits, "KEY_INDEX_WALK_BYTES", walk)
+        monkeypatch.setattr(keys_limits, "KEY_INDEX_WALK_BYTES", walk)
 
     def watched(buf, rel, stop, end):
         spans.append(stop - rel)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from metaq import limits
+from metaq.server.http import limits as http_limits
 from metaq.client.local import free_port
 from tests.harness.acl import SECRETS, secured_config
 from tests.harness.browser import Browser
@@ -133,40 +133,42 @@ def test_the_pages_limits_hold_at_and_one_past(page):
     _submit(browser, "watch")
     browser.wait_for("document.getElementById('subscriptions').textContent.includes('granted')")
     device = Paho(b, "device", user="alice", secret=SECRETS["alice"])
-    shown = limits.DASHBOARD_SHOWN_PAYLOAD_BYTES
+    shown = http_limits.DASHBOARD_SHOWN_PAYLOAD_BYTES
     device.publish("orders/long", b"a" * shown, 1)
     device.publish("orders/long", b"b" * (shown + 1), 1)
     browser.wait_for("document.querySelectorAll('#messages tbody tr').length === 2")
     assert browser.evaluate(ROWS)[0][4] == "a" * shown  # the whole payload: no note
-    for i in range(limits.DASHBOARD_MAX_MESSAGES - 2):
+    for i in range(http_limits.DASHBOARD_MAX_MESSAGES - 2):
         device.c.publish("orders/many", b"m%d" % i, 0)
     device.publish("orders/many", b"last", 1)
-    count = limits.DASHBOARD_MAX_MESSAGES + 1
+    count = http_limits.DASHBOARD_MAX_MESSAGES + 1
     browser.wait_for("Array.from(document.querySelectorAll('#messages tbody tr td:first-child')).some("
                      "c => c.textContent === '%d')" % count)
     rows = browser.evaluate(ROWS)
-    assert len(rows) == limits.DASHBOARD_MAX_MESSAGES and rows[0][0] == "2" and rows[-1][0] == str(count)
+    assert len(rows) == http_limits.DASHBOARD_MAX_MESSAGES and rows[0][0] == "2" and rows[-1][0] == str(count)
     assert rows[0][4] == "b" * shown + " … (%d bytes, the first %d shown)" % (shown + 1, shown)
     # the page's QoS 1 publishes waiting for their PUBACK: DASHBOARD_MAX_INFLIGHT, and one more refused
     _type(browser, **{"pub-topic": "orders/burst"})
     notes = browser.evaluate("for (let i = 0; i <= %d; i++) document.getElementById('publish').requestSubmit(); "
                              "Array.from(document.querySelectorAll('#published li'), li => li.textContent)"
-                             % limits.DASHBOARD_MAX_INFLIGHT)  # in one turn of the page: no PUBACK read between
-    assert notes.count("orders/burst: sent, waiting for PUBACK") == limits.DASHBOARD_MAX_INFLIGHT, notes
-    assert notes[0].startswith("orders/burst: refused in the page: %d packets wait" % limits.DASHBOARD_MAX_INFLIGHT)
-    browser.wait_for("document.querySelectorAll('#published li').length === %d" % (2 * limits.DASHBOARD_MAX_INFLIGHT
+                             % http_limits.DASHBOARD_MAX_INFLIGHT)  # in one turn of the page: no PUBACK read between
+    assert notes.count("orders/burst: sent, waiting for PUBACK") == http_limits.DASHBOARD_MAX_INFLIGHT, notes
+    assert notes[0].startswith("orders/burst: refused in the page: %d packets wait"
+                               % http_limits.DASHBOARD_MAX_INFLIGHT)
+    browser.wait_for("document.querySelectorAll('#published li').length === %d"
+                     % (2 * http_limits.DASHBOARD_MAX_INFLIGHT
                                                                                   + 1))
     # a packet of DASHBOARD_MAX_PACKET_BYTES is read; one byte more closes the connection at its length field
     topic = "orders/big"
-    payload = limits.DASHBOARD_MAX_PACKET_BYTES - (1 + 3 + 2 + len(topic))  # QoS 0: a 3-byte Remaining Length
+    payload = http_limits.DASHBOARD_MAX_PACKET_BYTES - (1 + 3 + 2 + len(topic))  # QoS 0: a 3-byte Remaining Length
     device.c.publish(topic, b"x" * payload, 0)
     browser.wait_for("Array.from(document.querySelectorAll('#messages tbody tr td:nth-child(2)')).some("
                      "c => c.textContent === 'orders/big')")
     device.c.publish(topic, b"x" * (payload + 1), 0)
     browser.wait_for("document.getElementById('state').textContent.startsWith('not connected')")
     assert _state(browser) == ("not connected: a packet of %d bytes passes the page's limit of %d bytes "
-                               "(limits.DASHBOARD_MAX_PACKET_BYTES)" % (limits.DASHBOARD_MAX_PACKET_BYTES + 1,
-                                                                         limits.DASHBOARD_MAX_PACKET_BYTES))
+                               "(limits.DASHBOARD_MAX_PACKET_BYTES)" % (http_limits.DASHBOARD_MAX_PACKET_BYTES + 1,
+                                                                         http_limits.DASHBOARD_MAX_PACKET_BYTES))
 
 
 def test_a_page_over_https_connects_over_wss(broker_factory, tmp_path):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from metaq import limits
+from metaq.mqtt import limits as mqtt_limits
 from metaq.client.local import small_config
 from metaq.mqtt import wire
 from tests.harness.mqtt import Raw, mqtt_port, next_publish, with_mqtt
@@ -58,7 +58,7 @@ def publish_one_at_a_time(pub, payloads):
 def test_every_waiting_subscriber_gets_each_message_once_in_order_at_the_bound_and_past_it(broker_factory, tmp_path,
                                                                                            flush):
     b = broker_factory(config(tmp_path, flush))
-    n = limits.MQTT_DIRECT_DELIVERIES + 1  # the bound's worth served from the publisher's turn, one past it not
+    n = mqtt_limits.MQTT_DIRECT_DELIVERIES + 1  # the bound's worth served from the publisher's turn, one past it not
     subs = [subscriber(b, "sub%d" % i, wire.MQTT_5 if i % 2 else wire.MQTT_311) for i in range(n)]
     pub = Raw(b, wire.MQTT_5, timeout=30)
     assert pub.connect("pub").reason_code == 0
@@ -210,7 +210,7 @@ def test_a_session_subscribed_alone_and_in_a_shared_group_to_one_topic_gets_both
                      (next_publish(s), next_publish(s)))
         assert got == [((1,), payload), ((2,), payload)]
     # each copy waiting for the delivery's own timeout (limits.MQTT_TOPIC_RESCAN_S) would take about a second a round
-    assert time.monotonic() - started < rounds * limits.MQTT_TOPIC_RESCAN_S / 2
+    assert time.monotonic() - started < rounds * mqtt_limits.MQTT_TOPIC_RESCAN_S / 2
 
 
 @pytest.mark.parametrize("ack_first", [True, False])
@@ -239,7 +239,7 @@ def test_a_receive_maximum_of_one_gets_a_one_at_a_time_publishers_messages_in_or
         else:
             held = p.packet_id
     assert got == want
-    assert time.monotonic() - started < 20 * limits.MQTT_TOPIC_RESCAN_S
+    assert time.monotonic() - started < 20 * mqtt_limits.MQTT_TOPIC_RESCAN_S
 
 
 def test_a_qos_2_subscriber_with_a_receive_maximum_of_one_gets_each_message_once_its_pubcomp_frees_the_window(
@@ -272,7 +272,7 @@ def test_a_qos_2_subscriber_with_a_receive_maximum_of_one_gets_each_message_once
         got.append(p.payload)
         held = p.packet_id
     assert got == want
-    assert time.monotonic() - started < 10 * limits.MQTT_TOPIC_RESCAN_S
+    assert time.monotonic() - started < 10 * mqtt_limits.MQTT_TOPIC_RESCAN_S
 
 
 def test_the_window_in_flight_is_each_connections_own_receive_maximum_under_mqtt_max_inflight(broker_factory,

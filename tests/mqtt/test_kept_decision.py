@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from metaq import limits
+from metaq.mqtt import limits as mqtt_limits
 from metaq.client.local import small_config
 from metaq.mqtt import wire
 from metaq.mqtt.publishes import Publishes
@@ -209,8 +209,8 @@ def test_kept_decisions_start_again_after_a_change_another_user_or_mqtt_kept_dec
     for extra in (0, 1):
         decided = publishes._decisions()
         decided.clear()
-        decided.update(("t%d" % k, 1) for k in range(limits.MQTT_KEPT_DECISIONS - 1 + extra))
-        assert len(publishes._decisions()) == (limits.MQTT_KEPT_DECISIONS - 1 if not extra else 0)
+        decided.update(("t%d" % k, 1) for k in range(mqtt_limits.MQTT_KEPT_DECISIONS - 1 + extra))
+        assert len(publishes._decisions()) == (mqtt_limits.MQTT_KEPT_DECISIONS - 1 if not extra else 0)
 
 
 def test_a_kept_decision_skips_asking_only_while_no_answer_moves_with_the_clock():
@@ -240,11 +240,11 @@ def test_a_kept_decision_skips_asking_only_while_no_answer_moves_with_the_clock(
 @pytest.mark.parametrize("extra", [0, 1], ids=["at", "past"])
 def test_a_parked_connection_keeps_at_most_mqtt_parked_plans_plans_and_decisions(extra):
     publishes, _path_ = _publishes()
-    for k in range(limits.MQTT_PARKED_PLANS + extra):
+    for k in range(mqtt_limits.MQTT_PARKED_PLANS + extra):
         publishes._plan("t%d/x" % k)
         publishes._decisions()["t%d" % k] = 1
     publishes.parked()
-    kept = limits.MQTT_PARKED_PLANS if not extra else 0
+    kept = mqtt_limits.MQTT_PARKED_PLANS if not extra else 0
     assert len(publishes.plans or {}) == kept and len(publishes.decided) == kept
 
 
@@ -282,5 +282,5 @@ def test_a_devices_read_passes_its_kept_decisions_only_while_they_stand_at_the_s
     assert read() == {}
     path.roles.replication, path.roles.slave_refusal = None, None
     path.changed()
-    publishes._decisions().update(("t%d" % k, 1) for k in range(limits.MQTT_KEPT_DECISIONS))
+    publishes._decisions().update(("t%d" % k, 1) for k in range(mqtt_limits.MQTT_KEPT_DECISIONS))
     assert read() == {}

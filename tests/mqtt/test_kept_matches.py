@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from metaq import limits
+from metaq.mqtt import limits as mqtt_limits
 from metaq.client.local import small_config
 from metaq.mqtt import wire
 from metaq.mqtt.outbound import Outbound, encode_publish
@@ -72,7 +72,8 @@ def ids(p):
 
 
 @pytest.mark.parametrize("flush,name", [("async", "km/x"), ("sync", "km/x"),
-                                        ("async", "km/" + "l" * limits.MQTT_KEPT_NAME)])  # past the bound: not kept
+                                        ("async",
+                                         "km/" + "l" * mqtt_limits.MQTT_KEPT_NAME)])  # past the bound: not kept
 def test_a_subscription_added_replaced_or_dropped_between_two_messages_applies_to_the_next(broker_factory, tmp_path,
                                                                                             flush, name):
     b = broker_factory(config(tmp_path, flush))
@@ -125,7 +126,7 @@ def test_a_topic_a_wildcard_filter_comes_to_read_applies_to_the_next_message(bro
     subscribe(sub, 2, "+/x", 1, 1)
     publish(pub, "fresh/x", b"first")  # makes the topic; the wildcard filter finds it at its next look
     seen = ids(next_publish(sub))
-    deadline = time.monotonic() + 10 * limits.MQTT_TOPIC_RESCAN_S
+    deadline = time.monotonic() + 10 * mqtt_limits.MQTT_TOPIC_RESCAN_S
     n = 0
     while seen != (1, 2):
         assert seen == (2,) and time.monotonic() < deadline, seen
@@ -141,7 +142,7 @@ def test_a_wildcard_subscriber_gets_each_name_rightly_at_the_kept_bound_and_past
     pub = client(b, "pub")
     subscribe(sub, 1, "many/+", 1, 1)
     subscribe(sub, 2, "many/odd1", 1, 2)
-    names = ["many/n%d" % i for i in range(limits.MQTT_KEPT_MATCHES + 1)] + ["many/odd1", "many/n0"]
+    names = ["many/n%d" % i for i in range(mqtt_limits.MQTT_KEPT_MATCHES + 1)] + ["many/odd1", "many/n0"]
     for i, name in enumerate(names):
         publish(pub, name, b"%d" % i, i % 60000 + 1)
         p = next_publish(sub)
@@ -163,10 +164,10 @@ def _outbound():
 def test_the_matches_kept_are_bounded_at_the_limit_and_past_it_begin_again():
     out = _outbound()
     msg = SimpleNamespace(client_id="p", retain=False)
-    for i in range(limits.MQTT_KEPT_MATCHES):
+    for i in range(mqtt_limits.MQTT_KEPT_MATCHES):
         msg.topic = "k/%d" % i
         assert out.decision("k", msg)[0] == 1
-    assert len(out._matched) == limits.MQTT_KEPT_MATCHES  # at the limit: all kept
+    assert len(out._matched) == mqtt_limits.MQTT_KEPT_MATCHES  # at the limit: all kept
     msg.topic = "k/past"
     assert out.decision("k", msg)[0] == 1
     assert len(out._matched) == 1  # one past it: the others dropped, the new one kept
@@ -174,7 +175,7 @@ def test_the_matches_kept_are_bounded_at_the_limit_and_past_it_begin_again():
 
 def test_a_name_is_kept_up_to_the_longest_kept_and_matched_each_time_past_it():
     out = _outbound()
-    msg = SimpleNamespace(client_id="p", retain=False, topic="k/" + "n" * (limits.MQTT_KEPT_NAME - 2))
+    msg = SimpleNamespace(client_id="p", retain=False, topic="k/" + "n" * (mqtt_limits.MQTT_KEPT_NAME - 2))
     assert out.decision("k", msg)[0] == 1
     assert len(out._matched) == 1  # at the bound: kept
     msg.topic += "n"

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import gevent
 import gevent.socket
 
-from metaq import limits
+from metaq.mqtt import limits as mqtt_limits
 from metaq.mqtt.acks import PubAckRun
 from metaq.mqtt.connection import Connection
 from metaq.mqtt.fanout import send_each
@@ -19,8 +19,8 @@ def _connection():
     ours, theirs = socket.socketpair()
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     theirs.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    port = SimpleNamespace(settings=SimpleNamespace(max_packet_bytes=limits.MQTT_MAX_PACKET_BYTES,
-                                                   max_inflight=limits.MQTT_MAX_INFLIGHT), put_path=None,
+    port = SimpleNamespace(settings=SimpleNamespace(max_packet_bytes=mqtt_limits.MQTT_MAX_PACKET_BYTES,
+                                                   max_inflight=mqtt_limits.MQTT_MAX_INFLIGHT), put_path=None,
                            burst_durable=None, core=SimpleNamespace(rules=ConnectionLimits(60, 60)))
     conn = Connection(gevent.socket.socket(fileno=ours.detach()), ("127.0.0.1", 1), 1, port)
     return conn, gevent.socket.socket(fileno=theirs.detach())

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from metaq import limits
+from metaq.mqtt import limits as mqtt_limits
 from metaq.mqtt import wire
 from metaq.client.local import small_config
 from metaq.mqtt.follow import RecordError, SavedSession, decode, encode
@@ -262,7 +262,7 @@ def test_delivering_to_a_session_writes_a_record_per_interval_not_per_message(br
     with b.client() as c:
         written = int(c.stats_dict()["mqtt_session_records"]) - before
     seconds = time.monotonic() - started
-    assert 1 <= written <= int(seconds / limits.MQTT_SESSION_SAVE_INTERVAL_S) + 2, (written, seconds)
+    assert 1 <= written <= int(seconds / mqtt_limits.MQTT_SESSION_SAVE_INTERVAL_S) + 2, (written, seconds)
 
 
 @pytest.mark.slow
@@ -321,7 +321,7 @@ def _big_filters(client_id, record_bytes, n=17):
 def test_max_session_record_bytes_at_the_limit_and_one_past(broker_factory, tmp_path):
     """A session whose record would be past MQTT_MAX_SESSION_RECORD_BYTES is not saved (logged); at the limit it is."""
     b = broker_factory(with_mqtt(small_config(tmp_path / "data", store={"segment_size": 4 << 20})))  # fits one
-    limit = limits.MQTT_MAX_SESSION_RECORD_BYTES
+    limit = mqtt_limits.MQTT_MAX_SESSION_RECORD_BYTES
     for client_id, size in (("at-limit", limit), ("one-past", limit + 1)):
         filters = _big_filters(client_id, size)
         raw = Raw(b)

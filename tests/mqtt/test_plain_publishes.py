@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from metaq.limits import MQTT_MAX_PACKET_BYTES
+from metaq.mqtt.limits import MQTT_MAX_PACKET_BYTES
 from metaq.mqtt import port, publishes, wire
 from metaq.mqtt.acks import PubAckRun
 from metaq.mqtt.plainturn import entries_of

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from metaq.client.consumer import Consumer
-from metaq.limits import MQTT_MAX_PACKET_BYTES, MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES
+from metaq.mqtt.limits import MQTT_MAX_PACKET_BYTES, MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES
 from metaq.mqtt import port, wire
 from metaq.mqtt.plainturn import entries_of, plain_turn
 from metaq.mqtt.records import partition_for

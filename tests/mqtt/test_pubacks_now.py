@@ -15,7 +15,7 @@ import pytest
 from gevent import ssl as gevent_ssl
 from gevent.event import Event
 
-from metaq import limits
+from metaq.mqtt import limits as mqtt_limits
 from metaq.mqtt.connection import Connection
 from metaq.mqtt.plainturn import pubacks_now
 from metaq.mqtt.wire import encode_pubacks_py
@@ -26,8 +26,8 @@ PINGRESP = b"\xd0\x00"
 
 
 def _port():
-    return SimpleNamespace(settings=SimpleNamespace(max_packet_bytes=limits.MQTT_MAX_PACKET_BYTES,
-                                                   max_inflight=limits.MQTT_MAX_INFLIGHT), put_path=None,
+    return SimpleNamespace(settings=SimpleNamespace(max_packet_bytes=mqtt_limits.MQTT_MAX_PACKET_BYTES,
+                                                   max_inflight=mqtt_limits.MQTT_MAX_INFLIGHT), put_path=None,
                            burst_durable=None, core=SimpleNamespace(rules=ConnectionLimits(60, 60)))
 
 

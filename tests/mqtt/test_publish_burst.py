@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from metaq import limits
+from metaq.mqtt import limits as mqtt_limits
 from metaq.client.consumer import Consumer
 from metaq.mqtt import wire
 from metaq.mqtt.records import partition_for, record_data
@@ -68,7 +68,8 @@ def test_a_burst_of_qos1_publishes_in_one_write_is_stored_in_order_and_each_ackn
     raw.close()
 
 
-@pytest.mark.parametrize("count", [limits.MQTT_PUBLISH_BURST, limits.MQTT_PUBLISH_BURST + 1], ids=["at", "past"])
+@pytest.mark.parametrize("count", [mqtt_limits.MQTT_PUBLISH_BURST, mqtt_limits.MQTT_PUBLISH_BURST + 1],
+                         ids=["at", "past"])
 def test_the_burst_limit_at_and_one_past_stores_every_publish_in_order(mqtt_broker, count):
     name = "limit%d/t" % count
     bodies = [b"q%04d" % k for k in range(count)]
@@ -142,10 +143,10 @@ def test_the_burst_bytes_limit_at_and_one_past_stores_every_publish_in_order(mqt
     name, client_id, v = "bytes%d/t" % extra, "bytes-%d" % extra, wire.MQTT_5
     size = len(record_data(name, b"", 1, client_id, {})[1])  # a record's bytes beside its payload
     bodies = [bytes([65 + k]) * 60000 for k in range(16)]
-    last = limits.MQTT_PUBLISH_BURST_BYTES + extra - sum(size + len(b) for b in bodies) - size
+    last = mqtt_limits.MQTT_PUBLISH_BURST_BYTES + extra - sum(size + len(b) for b in bodies) - size
     bodies.append(b"z" * last)
     assert sum(len(record_data(name, b, 1, client_id, {})[1]) for b in bodies) == \
-        limits.MQTT_PUBLISH_BURST_BYTES + extra
+        mqtt_limits.MQTT_PUBLISH_BURST_BYTES + extra
     raw = _connected(mqtt_broker, client_id, v)
     raw.send_bytes(_publishes(name, bodies + [b"after"], 1, v))
     assert [raw.read() for _ in range(len(bodies) + 1)] == [wire.PubAck(k + 1) for k in range(len(bodies) + 1)]

@@ -4,7 +4,7 @@ name, never a function bound onto an object at run time; the C it keeps splits b
 import ast
 import pathlib
 
-from metaq.limits import MQTT_MAX_PACKET_BYTES
+from metaq.mqtt.limits import MQTT_MAX_PACKET_BYTES
 from metaq.mqtt import plainturn, wire
 from metaq.mqtt.port import MqttPort
 from metaq.mqtt.wire import MQTT_5, Publish, PubAck, encode

@@ -119,7 +119,7 @@ def test_a_publish_without_properties_is_stored_alike_every_time_and_a_bad_clien
 
 
 def test_the_deliveries_keep_at_most_mqtt_shared_decodes_records_decoded_and_publishes_encoded():
-    from metaq.limits import MQTT_SHARED_DECODES, MQTT_SHARED_DECODES_BYTES
+    from metaq.mqtt.limits import MQTT_SHARED_DECODES, MQTT_SHARED_DECODES_BYTES
     from metaq.mqtt import wire
     from metaq.mqtt.decoded import Decoded
 
@@ -141,7 +141,7 @@ def test_the_deliveries_keep_at_most_mqtt_shared_decodes_records_decoded_and_pub
 
 
 def test_the_deliveries_keep_at_most_mqtt_shared_decodes_bytes_of_payloads():
-    from metaq.limits import MQTT_SHARED_DECODES_BYTES
+    from metaq.mqtt.limits import MQTT_SHARED_DECODES_BYTES
     from metaq.mqtt.decoded import Decoded
 
     d = Decoded()
@@ -162,7 +162,7 @@ def test_what_is_kept_per_topic_name_is_kept_only_for_names_up_to_the_bound():
     """Names may be 65,535 bytes: 4,096 remembered attributes and placements of such names, and 32 staging plans on
     each connection, would hold hundreds of MiB. A name up to ``MQTT_KEPT_NAME`` characters is kept; one past is
     encoded, placed and staged at each message, with the same result."""
-    from metaq.limits import MQTT_KEPT_NAME
+    from metaq.mqtt.limits import MQTT_KEPT_NAME
     from metaq.mqtt.publishes import remember_plan
     from metaq.mqtt.records import _plain_attribute
     topics = TopicMap()

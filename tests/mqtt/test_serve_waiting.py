@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from metaq import limits
+from metaq.mqtt import limits as mqtt_limits
 from metaq.mqtt import direct
 from metaq.store.batch import BurstRun
 from tests.mqtt.test_direct_publishes import SOURCE
@@ -57,7 +57,7 @@ def scenario(seed):
     def keep_decoded(key, kruns, staged, client_id, now, made):
         log.append(("keep", key, len(kruns), sorted(made)))
 
-    most = rnd.choice([1, 2, 3, limits.MQTT_DIRECT_DELIVERIES])
+    most = rnd.choice([1, 2, 3, mqtt_limits.MQTT_DIRECT_DELIVERIES])
     return waiting, readers, keep_decoded, deliver, most, set(keys), "staged", runs, "pub", 7, log, rnd
 
 

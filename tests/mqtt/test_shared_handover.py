@@ -8,7 +8,7 @@ import collections
 import socket
 import time
 
-from metaq import limits
+from metaq.mqtt import limits as mqtt_limits
 from metaq.mqtt import wire
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from tests.harness.mqtt import Paho, mqtt_config, mqtt_port
@@ -73,7 +73,7 @@ def test_a_member_that_does_not_take_its_turn_has_its_message_taken_by_another(b
             if streak == 5:
                 break
         assert streak == 5, "the stuck member's sends never waited after %d messages" % len(sent)
-        time.sleep(limits.MQTT_TOPIC_RESCAN_S + SLACK_S)  # the last one passed on is taken meanwhile
+        time.sleep(mqtt_limits.MQTT_TOPIC_RESCAN_S + SLACK_S)  # the last one passed on is taken meanwhile
         # nothing else published: the reader takes the stuck member's message a second later
         for k in range(2):
             n = len(reader.messages)
@@ -82,7 +82,7 @@ def test_a_member_that_does_not_take_its_turn_has_its_message_taken_by_another(b
             got = reader.wait_messages(n + 1, timeout=10)
             took = time.monotonic() - started
             assert [m.payload for m in got[n:]] == [b"alone%d" % k]
-            assert took <= limits.MQTT_TOPIC_RESCAN_S + SLACK_S, took
+            assert took <= mqtt_limits.MQTT_TOPIC_RESCAN_S + SLACK_S, took
         # the next message published lets it go at once (and is itself the next one waiting)
         n = len(reader.messages)
         started = time.monotonic()
@@ -91,7 +91,7 @@ def test_a_member_that_does_not_take_its_turn_has_its_message_taken_by_another(b
         put(b"second")
         got = reader.wait_messages(n + 1, timeout=10)
         took = time.monotonic() - started
-        assert got[n].payload == b"first" and took < limits.MQTT_TOPIC_RESCAN_S, took
+        assert got[n].payload == b"first" and took < mqtt_limits.MQTT_TOPIC_RESCAN_S, took
         assert reader.wait_messages(n + 2, timeout=10)[n + 1].payload == b"second"
     held = _drain(stuck)  # what the stuck member's socket held: the messages it took before its sends waited
     delivered = collections.Counter([m.payload for m in reader.messages] + held)

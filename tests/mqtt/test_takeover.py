@@ -22,7 +22,7 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from metaq import limits
+from metaq.mqtt import limits as mqtt_limits
 from metaq import admincli as admin
 from metaq.client.local import free_port, small_config
 from metaq.mqtt import wire
@@ -306,7 +306,7 @@ def test_a_takeover_hands_on_the_session_its_record_could_not_hold(broker_factor
     of its subscriptions), yet a takeover hands it on as its connection held it, in memory: its subscriptions, and
     what it acknowledged stays acknowledged."""
     b = broker_factory(with_mqtt(small_config(tmp_path / "data", store={"segment_size": 4 << 20})))
-    filters = _big_filters("dev", limits.MQTT_MAX_SESSION_RECORD_BYTES + 1)
+    filters = _big_filters("dev", mqtt_limits.MQTT_MAX_SESSION_RECORD_BYTES + 1)
     name = filters[0]
     first, present = _connect(b, V5, "dev", FOREVER)
     first.send(wire.Subscribe(1, tuple(wire.Subscription(f, 2) for f in filters)))

@@ -6,7 +6,7 @@ import base64
 
 import pytest
 
-from metaq.limits import MQTT_MAX_TOPIC_LEVELS
+from metaq.mqtt.limits import MQTT_MAX_TOPIC_LEVELS
 from metaq.mqtt import wire
 from metaq.mqtt.records import partition_for
 from metaq.protocol import events as ev

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from metaq.limits import MQTT_MAX_TOPIC_RULES
+from metaq.mqtt.limits import MQTT_MAX_TOPIC_RULES
 from metaq.mqtt.topicmap import DEFAULT_FALLBACK, DEFAULT_MAP, TopicMap, TopicMapError, overlaps
 from metaq.mqtt.topics import matches
 

@@ -3,7 +3,7 @@ in 3.1.1 §4.7) and the limits at and one past."""
 
 import pytest
 
-from metaq.limits import MQTT_MAX_TOPIC_BYTES, MQTT_MAX_TOPIC_LEVELS
+from metaq.mqtt.limits import MQTT_MAX_TOPIC_BYTES, MQTT_MAX_TOPIC_LEVELS
 from metaq.mqtt.topics import OutboundAliases, TopicError, matches, split_shared, validate_filter, validate_name
 
 

@@ -13,7 +13,7 @@ import gevent
 import gevent.socket
 import pytest
 
-from metaq import limits
+from metaq.mqtt import limits as mqtt_limits
 from metaq.mqtt import wire
 from metaq.mqtt.connection import Connection
 from metaq.serving.connections import ConnectionLimits
@@ -117,8 +117,8 @@ def test_a_pubrec_after_pubacks_in_one_read_takes_the_general_path(mqtt_broker):
 
 def _connection(durable):
     ours, theirs = socket.socketpair()
-    port = SimpleNamespace(settings=SimpleNamespace(max_packet_bytes=limits.MQTT_MAX_PACKET_BYTES,
-                                                   max_inflight=limits.MQTT_MAX_INFLIGHT), put_path=None,
+    port = SimpleNamespace(settings=SimpleNamespace(max_packet_bytes=mqtt_limits.MQTT_MAX_PACKET_BYTES,
+                                                   max_inflight=mqtt_limits.MQTT_MAX_INFLIGHT), put_path=None,
                            burst_durable=durable, core=SimpleNamespace(rules=ConnectionLimits(60, 60)))
     conn = Connection(gevent.socket.socket(fileno=ours.detach()), ("127.0.0.1", 1), 1, port)
     return conn, gevent.socket.socket(fileno=theirs.detach())

@@ -6,7 +6,7 @@ import struct
 import threading
 import time
 
-from metaq import limits
+from metaq.serving import limits as serving_limits
 from metaq.client.local import free_port, small_config
 from metaq.mqtt import wire
 from metaq.protocol.stream import NEED_DATA
@@ -167,7 +167,7 @@ def test_upgrade_refusals_say_why(broker_factory, tmp_path):
     status, _, body = r.answer()
     assert status in (400, 426) and b"not a WebSocket upgrade" in body
     r = RawWs(port)
-    r.send(b"GET /mqtt HTTP/1.1\r\nX-Pad: " + b"a" * limits.WS_MAX_HANDSHAKE_BYTES)
+    r.send(b"GET /mqtt HTTP/1.1\r\nX-Pad: " + b"a" * serving_limits.WS_MAX_HANDSHAKE_BYTES)
     assert r.answer()[0] == 431
     assert Raw(b).connect("still-serving").reason_code == 0
 
@@ -266,7 +266,7 @@ def test_replies_and_deliveries_the_socket_takes_in_part_arrive_whole_and_in_ord
 
 def test_a_frame_past_the_bound_is_refused_at_its_header(broker_factory, tmp_path):
     b = ws_broker(broker_factory, tmp_path, max_packet_bytes=MAX_PACKET)
-    bound = MAX_PACKET + limits.WS_FRAME_MARGIN_BYTES
+    bound = MAX_PACKET + serving_limits.WS_FRAME_MARGIN_BYTES
     at = WsMqtt(b)
     assert at.connect().reason_code == 0
     pings = wire.encode(wire.PingReq(), wire.MQTT_5) * (bound // 2)
@@ -322,7 +322,7 @@ def test_fragments_per_message_are_bounded(broker_factory, tmp_path):
     ping = wire.encode(wire.PingReq(), wire.MQTT_5)
     at = WsMqtt(b)
     assert at.connect().reason_code == 0
-    most = limits.WS_MAX_FRAGMENTS
+    most = serving_limits.WS_MAX_FRAGMENTS
     at.send(frame(BINARY, ping[:1], fin=False) + frame(CONTINUATION, b"", fin=False) * (most - 2)
             + frame(CONTINUATION, ping[1:]))
     assert isinstance(at.read(), wire.PingResp)  # WS_MAX_FRAGMENTS frames: one message
@@ -335,7 +335,7 @@ def test_fragments_per_message_are_bounded(broker_factory, tmp_path):
 
 def test_control_frames_are_budgeted(broker_factory, tmp_path):
     b = ws_broker(broker_factory, tmp_path)
-    rate, apart = limits.WS_CONTROL_FRAMES_PER_S, limits.WS_CONTROL_FRAMES_WITHOUT_DATA
+    rate, apart = serving_limits.WS_CONTROL_FRAMES_PER_S, serving_limits.WS_CONTROL_FRAMES_WITHOUT_DATA
     pingreq = frame(BINARY, wire.encode(wire.PingReq(), wire.MQTT_5))
     assert apart < rate
     burst = (frame(PING, b"p") * apart + pingreq) * (rate // apart) + frame(PING, b"p") * (rate % apart) + pingreq
@@ -354,7 +354,7 @@ def test_control_frames_are_budgeted(broker_factory, tmp_path):
 
 def test_a_client_that_only_pings_is_closed_past_the_control_frames_without_data(broker_factory, tmp_path):
     b = ws_broker(broker_factory, tmp_path)
-    apart = limits.WS_CONTROL_FRAMES_WITHOUT_DATA
+    apart = serving_limits.WS_CONTROL_FRAMES_WITHOUT_DATA
     at = WsMqtt(b)
     assert at.connect().reason_code == 0
     at.send(frame(PING, b"p") * (apart - 1) + frame(PONG, b"q"))  # PINGs and unasked PONGs alike

@@ -2,7 +2,7 @@
 
 import pytest
 
-from metaq import limits
+from metaq.serving import limits as serving_limits
 from metaq.errors import ConfigError
 from metaq.server.config import load_config
 
@@ -21,9 +21,9 @@ def test_websocket_settings_are_checked():
         load_config(None, {"mqtt.port": 1883, "mqtt.ws_port": 1883})
     with pytest.raises(ConfigError, match="ws_path"):
         load_config(None, {"mqtt.port": 1883, "mqtt.ws_port": 8083, "mqtt.ws_path": "mqtt"})
-    most = ["https://h%d.example" % i for i in range(limits.WS_MAX_ALLOWED_ORIGINS)]
+    most = ["https://h%d.example" % i for i in range(serving_limits.WS_MAX_ALLOWED_ORIGINS)]
     assert len(load_config(None, {"mqtt.port": 1883, "mqtt.ws_allowed_origins": most}).mqtt.ws_allowed_origins) \
-        == limits.WS_MAX_ALLOWED_ORIGINS
+        == serving_limits.WS_MAX_ALLOWED_ORIGINS
     with pytest.raises(ConfigError, match="ws_allowed_origins"):
         load_config(None, {"mqtt.port": 1883, "mqtt.ws_allowed_origins": most + ["https://one.more"]})
 

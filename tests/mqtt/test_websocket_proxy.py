@@ -3,7 +3,7 @@ names the client (its rightmost hop that is no trusted proxy) for the per-addres
 logs; an untrusted peer's header is not read; a trusted proxy's header that is no list of addresses, or longer than
 ``FORWARDED_MAX_HOPS``, is refused 400 with the reason."""
 
-from metaq import limits
+from metaq.serving import limits as serving_limits
 from metaq.client.local import free_port
 from metaq.mqtt import wire
 from tests.harness.broker import wait_for
@@ -79,7 +79,7 @@ def test_an_untrusted_peers_header_is_not_read(broker_factory, tmp_path):
 
 def test_a_trusted_proxys_malformed_or_long_header_is_refused_400(broker_factory, tmp_path):
     b = start(broker_factory, tmp_path)
-    most = limits.FORWARDED_MAX_HOPS
+    most = serving_limits.FORWARDED_MAX_HOPS
     for bad, why in [("not-an-ip", b"the hop 'not-an-ip' is no IP address"),
                      ("192.0.2.1,,192.0.2.2", b"the hop '' is no IP address"),
                      (", ".join(["192.0.2.1"] * (most + 1)), b"%d hops, more than %d (FORWARDED_MAX_HOPS)"

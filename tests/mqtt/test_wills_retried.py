@@ -11,7 +11,7 @@ import time
 import gevent
 import pytest
 
-from metaq import limits
+from metaq.mqtt import limits as mqtt_limits
 from metaq.mqtt import wire
 from metaq.mqtt.connect import connect
 from metaq.mqtt.connection import Connection
@@ -54,14 +54,14 @@ def test_a_will_refused_for_a_passing_reason_is_published_once_writes_come_back(
         parts.gate.disk_full("the disk is full (a test)")
         port.wills.publish_will("meter-1", will, security, origin)  # its connection ended: refused, for now
         assert port.wills.published_count == 0 and "meter-1" in port.table.wills
-        gevent.sleep(limits.MQTT_WILL_RETRY_S * 2 + 0.3)
+        gevent.sleep(mqtt_limits.MQTT_WILL_RETRY_S * 2 + 0.3)
         assert port.wills.published_count == 0 and "meter-1" in port.table.wills  # tried again, refused again
         lines = [r.getMessage() for r in caplog.records if r.name == "metaq.mqtt.wills"]
         assert len([m for m in lines if "meter-1" in m]) == 1, lines  # its first refusal only
         assert len([m for m in lines if "1 wills tried again: 0 published, 1 still refused" in m]) >= 2, lines
         parts.gate.refresh()  # space again
-        _wait(lambda: "meter-1" not in port.table.wills, limits.MQTT_WILL_RETRY_S + 2.0, "the will published")
-        gevent.sleep(limits.MQTT_WILL_RETRY_S + 0.3)
+        _wait(lambda: "meter-1" not in port.table.wills, mqtt_limits.MQTT_WILL_RETRY_S + 2.0, "the will published")
+        gevent.sleep(mqtt_limits.MQTT_WILL_RETRY_S + 0.3)
         assert port.wills.published_count == 1  # once
     finally:
         keeper.kill()
@@ -96,12 +96,12 @@ def test_a_pending_will_is_published_when_its_client_id_connects_again_meanwhile
         parts.gate.disk_full("the disk is full (a test)")
         port.wills.publish_will("meter-3", will, security, origin)
         assert port.claim(conn, "meter-3", True) is None  # its device is back, Clean Start 1: tried, refused again
-        gevent.sleep(limits.MQTT_WILL_RETRY_S * 2 + 0.3)  # retry passes while the client id is connected
+        gevent.sleep(mqtt_limits.MQTT_WILL_RETRY_S * 2 + 0.3)  # retry passes while the client id is connected
         assert port.wills.published_count == 0
         parts.gate.refresh()
-        _wait(lambda: port.wills.published_count == 1, limits.MQTT_WILL_RETRY_S + 2.0, "the will published")
+        _wait(lambda: port.wills.published_count == 1, mqtt_limits.MQTT_WILL_RETRY_S + 2.0, "the will published")
         assert "meter-3" not in port.table.wills
-        gevent.sleep(limits.MQTT_WILL_RETRY_S + 0.3)
+        gevent.sleep(mqtt_limits.MQTT_WILL_RETRY_S + 0.3)
         assert port.wills.published_count == 1
     finally:
         keeper.kill()
@@ -126,12 +126,12 @@ def test_a_pending_will_outlives_a_newer_will_of_its_client_id_and_that_ones_nor
         assert why is None and origin2 != origin1  # its next connection's will
         port.wills.will_done("meter-4", origin2)  # that connection's normal DISCONNECT ends its own will only
         assert "meter-4" not in port.table.wills
-        gevent.sleep(limits.MQTT_WILL_RETRY_S + 0.3)
+        gevent.sleep(mqtt_limits.MQTT_WILL_RETRY_S + 0.3)
         assert port.wills.published_count == 0  # still no room
         port.settings.max_retained = 10
-        _wait(lambda: port.wills.published_count == 1, limits.MQTT_WILL_RETRY_S + 2.0, "the first will published")
+        _wait(lambda: port.wills.published_count == 1, mqtt_limits.MQTT_WILL_RETRY_S + 2.0, "the first will published")
         assert port.table.retained["status/meter-4"].data.endswith(b"gone-1")
-        gevent.sleep(limits.MQTT_WILL_RETRY_S + 0.3)
+        gevent.sleep(mqtt_limits.MQTT_WILL_RETRY_S + 0.3)
         assert port.wills.published_count == 1
     finally:
         keeper.kill()
@@ -193,7 +193,7 @@ def test_a_connect_is_refused_when_the_broker_stops_confirming_while_it_waits(pa
 def test_waiting_wills_the_log_no_longer_holds_are_bounded(parts, monkeypatch, caplog):
     """``limits.MQTT_MAX_DETACHED_WILLS`` waiting wills whose client id recorded a newer will are kept; one more
     drops the oldest of them, logged."""
-    monkeypatch.setattr(limits, "MQTT_MAX_DETACHED_WILLS", 2)
+    monkeypatch.setattr(mqtt_limits, "MQTT_MAX_DETACHED_WILLS", 2)
     port = _port(parts)
     port.settings.max_retained = 0  # every retained will waits for room
     security = port.guard.acting_for(None, "127.0.0.1")

@@ -4,7 +4,7 @@ bytes parsed, and every malformed input refused with the reason code a server an
 import pytest
 
 from metaq.errors import RemoteProtocolError
-from metaq.limits import MQTT_MAX_PACKET_BYTES
+from metaq.mqtt.limits import MQTT_MAX_PACKET_BYTES
 from metaq.mqtt import wire
 from metaq.mqtt.wire import (MQTT_5, MQTT_311, Auth, Connack, Connect, Disconnect, MqttError, MqttParser, PingReq,
                              PingResp, PubAck, PubComp, PubRec, PubRel, Publish, Suback, Subscribe, Subscription,

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from metaq.limits import MQTT_MAX_PACKET_BYTES
+from metaq.mqtt.limits import MQTT_MAX_PACKET_BYTES
 from metaq.mqtt import wire
 from metaq.mqtt.wire import MQTT_5, MQTT_311, MqttError, MqttParser, PubAck, Publish, encode, encode_varint
 from metaq.protocol.stream import CLOSED, NEED_DATA

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from metaq.limits import MQTT_MAX_PACKET_BYTES
+from metaq.mqtt.limits import MQTT_MAX_PACKET_BYTES
 from metaq.mqtt import wire
 from metaq.mqtt.wire import PubAck, Publish, encode_varint
 

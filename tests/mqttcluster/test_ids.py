@@ -4,7 +4,7 @@
 import pytest
 from pydantic import ValidationError
 
-from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.errors import RemoteProtocolError
 from metaq.mqttcluster.clientids.ids import HomeRegistry, RegistryFull, holder_share, home_of
 from metaq.mqttcluster.clientids.service import ClientIds
@@ -48,7 +48,7 @@ def test_one_holder_at_its_share_and_past_it():
     id past it is refused (by ``register`` and ``hold``, nothing changed), the home's own ids and another holder's
     still go in, and an id it gives up or that moves away makes room again."""
     r = HomeRegistry(10, own=1)
-    assert r.share == holder_share(10) == 10 * limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT // 100 > 0
+    assert r.share == holder_share(10) == 10 * mqttcluster_limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT // 100 > 0
     for i in range(r.share):
         assert r.hold("two-%d" % i, 2) is None
     assert r.held_by(2) == r.share
@@ -76,7 +76,8 @@ def test_one_holder_at_its_share_and_past_it():
 
 def test_the_holder_share_is_a_setting_within_its_bounds():
     """``mqtt.cluster_holder_share_percent``: 50 by default, 1 to 100; a home's registry holds a broker to it."""
-    assert ServerConfig().mqtt.cluster_holder_share_percent == limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT == 50
+    assert (ServerConfig().mqtt.cluster_holder_share_percent == mqttcluster_limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT
+            == 50)
     for good in (1, 100):
         assert ServerConfig.model_validate({"mqtt": {"cluster_holder_share_percent": good}})
     for bad in (0, 101):
@@ -132,9 +133,9 @@ def test_peer_frames_round_trip_and_their_bound():
     assert parser.next_event() == rp.PeerCall(5, b'{"op":"register"}')
     assert parser.next_event() == rp.PeerReply(b"{}")
     with pytest.raises(ValueError):
-        rp.serialize(rp.PeerReply(b"x" * (limits.MQTT_CLUSTER_MAX_CALL_BYTES + 1)))
+        rp.serialize(rp.PeerReply(b"x" * (mqttcluster_limits.MQTT_CLUSTER_MAX_CALL_BYTES + 1)))
     frame = bytearray(rp.serialize(rp.PeerReply(b"{}")))
-    frame[8:12] = (limits.MQTT_CLUSTER_MAX_CALL_BYTES + 1).to_bytes(4, "big")  # a length past the bound
+    frame[8:12] = (mqttcluster_limits.MQTT_CLUSTER_MAX_CALL_BYTES + 1).to_bytes(4, "big")  # a length past the bound
     bad = rp.ReplicationParser()
     bad.receive_data(bytes(frame))
     with pytest.raises(RemoteProtocolError):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.mqtt import wire
 from tests.harness.mqtt import Raw
 from tests.harness.replication import stats
@@ -18,8 +18,8 @@ from tests.mqttcluster.test_client_ids import _cluster
 pytestmark = pytest.mark.slow
 
 #: Messages queued for the session: a full handover, each MESSAGE_BYTES (together about MQTT_HANDOVER_MAX_BYTES).
-MESSAGES = limits.MQTT_HANDOVER_MAX_MESSAGES
-MESSAGE_BYTES = limits.MQTT_HANDOVER_MAX_BYTES // MESSAGES - 100
+MESSAGES = mqttcluster_limits.MQTT_HANDOVER_MAX_MESSAGES
+MESSAGE_BYTES = mqttcluster_limits.MQTT_HANDOVER_MAX_BYTES // MESSAGES - 100
 #: A generous bound on one answer to another client while the handover is built and adopted (a noisy 2-core
 #: machine; the steps themselves: tests/mqttcluster/test_units.py, the loop's turns while a handover is built,
 #: parsed and adopted).

@@ -15,7 +15,7 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from metaq import limits
+from metaq.mqtt import limits as mqtt_limits
 from tests.harness.mqtt import V5, Paho
 from tests.harness.mqttcluster import wait_routed
 
@@ -39,7 +39,8 @@ class Publisher(threading.Thread):
     PUBCOMP) came."""
 
     def __init__(self, broker, qos, name, rate=100, burst=1):
-        assert burst <= limits.MQTT_RECEIVE_MAXIMUM  # past it the broker ends the connection, Paho sends them again
+        # past it the broker ends the connection, Paho sends them again
+        assert burst <= mqtt_limits.MQTT_RECEIVE_MAXIMUM
         super().__init__(daemon=True)
         self.client = Paho(broker, "publisher-" + name, connect=False)
         self.client.c.max_inflight_messages_set(max(20, burst))

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.mqttcluster.clientids.calls import PeerClient, PeerUnreachable
 from metaq.mqttcluster.clientids.ids import home_of
 from tests.harness.broker import wait_for
@@ -60,7 +61,7 @@ def test_proved_peers_of_one_host_count_apart_from_its_strangers_up_to_their_own
                                                                                         zk_connect):
     (b,) = Cluster(broker_factory, tmp_path, zk_connect, 1).start().brokers
     address = "127.0.0.1:%d" % b.config["replication"]["port"]
-    limit = limits.MQTT_CLUSTER_PEERS_PER_ADDRESS
+    limit = mqttcluster_limits.MQTT_CLUSTER_PEERS_PER_ADDRESS
     assert limit > 4 * limits.HEADROOM_PER_ADDRESS  # a host of many cores' brokers, far past the strangers' share
     members = PaperMembers(zk_connect, [2])  # (the calls' links all broker 2's: a broker serves members only)
     wait_for(lambda: stats(b).get("mqtt_cluster_members") == "2", 10, "broker 2 a member")
@@ -95,8 +96,9 @@ from gevent import monkey
 monkey.patch_all()
 import gevent
 from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.mqttcluster.clientids.calls import PeerClient
-address, most = sys.argv[1], limits.MQTT_CLUSTER_PEER_CONNECTIONS - limits.MQTT_CLUSTER_LEASE_CONNECTIONS
+address, most = sys.argv[1], limits.MQTT_CLUSTER_PEER_CONNECTIONS - mqttcluster_limits.MQTT_CLUSTER_LEASE_CONNECTIONS
 client = PeerClient(7, None, timeout_s=10)
 calls = [gevent.spawn(client.call, address, {"op": "none"}, None, i == most) for i in range(2 * most)]
 gevent.joinall(calls, timeout=30)
@@ -114,7 +116,8 @@ def test_calls_to_one_peer_go_at_once_up_to_their_limit_then_in_turn(broker_fact
     call."""
     (b,) = Cluster(broker_factory, tmp_path, zk_connect, 1).start().brokers
     address = "127.0.0.1:%d" % b.config["replication"]["port"]
-    most = limits.MQTT_CLUSTER_PEER_CONNECTIONS - limits.MQTT_CLUSTER_LEASE_CONNECTIONS  # the others: the leases'
+    # the others: the leases'
+    most = limits.MQTT_CLUSTER_PEER_CONNECTIONS - mqttcluster_limits.MQTT_CLUSTER_LEASE_CONNECTIONS
     assert most > 1
     members = PaperMembers(zk_connect, [7])  # the caller's id: a broker serves members only
     wait_for(lambda: stats(b).get("mqtt_cluster_members") == "2", 10, "broker 7 a member")

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from metaq import limits
+from metaq.mqtt import limits as mqtt_limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from tests.harness.mqtt import Paho
 from tests.harness.mqttcluster import Cluster, wait_routed
 from tests.integration.test_topic_table import admin
@@ -27,8 +28,8 @@ def test_a_route_past_one_routes_frame_goes_in_parts(broker_factory, tmp_path, z
     """Broker 0's sessions subscribe filters whose route is past MQTT_CLUSTER_ROUTES_BYTES: the route goes to broker
     1 in parts, as a change of the route while the link is up and in the handshake of a link made again (broker 1
     restarted); each time a message for a filter of any part, and for a filter added after them, crosses."""
-    assert LONG_FILTERS * LONG_BYTES > limits.MQTT_CLUSTER_ROUTES_BYTES
-    assert LONG_FILTERS // 2 <= limits.MQTT_MAX_SUBSCRIPTIONS
+    assert LONG_FILTERS * LONG_BYTES > mqttcluster_limits.MQTT_CLUSTER_ROUTES_BYTES
+    assert LONG_FILTERS // 2 <= mqtt_limits.MQTT_MAX_SUBSCRIPTIONS
     cluster = Cluster(broker_factory, tmp_path, zk_connect, 2).start()
     subs = [Paho(cluster[0], "long-%d" % k) for k in range(2)]
     assert subs[0].subscribe("probe/#", 1) == [1]

@@ -3,7 +3,7 @@ history of membership changes and its limits), the SHARED entry and the ROUTES g
 
 import pytest
 
-from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.errors import RemoteProtocolError
 from metaq.mqtt.follow import SessionTable, encode_share_history, encode_share_history_end
 from metaq.mqtt.records import record_data
@@ -189,7 +189,7 @@ def test_flaps_with_nothing_written_between_leave_the_history_as_it_was():
     shares.set_peer(1, "link-1", [G])
     log.end = 2000
     before = log.table.shares[G].changes
-    for _ in range(limits.MQTT_CLUSTER_SHARE_HISTORY + 1):
+    for _ in range(mqttcluster_limits.MQTT_CLUSTER_SHARE_HISTORY + 1):
         shares.set_peer(1, "link-1", [])
         shares.set_peer(1, "link-1", [G])
     assert log.table.shares[G].changes == before
@@ -277,7 +277,8 @@ def test_the_history_and_the_groups_kept_at_and_past_their_limits():
     shares.set_local([("b", "y"), G])
     assert set(log.table.shares) == {("b", "y"), G} and shares.refused == 1
     defaults = log.shares()
-    assert defaults.most == limits.MQTT_CLUSTER_MAX_GROUPS and defaults.history == limits.MQTT_CLUSTER_SHARE_HISTORY
+    assert (defaults.most == mqttcluster_limits.MQTT_CLUSTER_MAX_GROUPS
+            and defaults.history == mqttcluster_limits.MQTT_CLUSTER_SHARE_HISTORY)
 
 
 def test_the_group_whose_last_change_is_oldest_gives_way_first():
@@ -332,9 +333,11 @@ def test_shared_entries_and_route_groups_round_trip_and_are_bounded():
     assert round_trip(records) == records
     routes = rp.Routes(1, ("a/#",), (), -1, (G,))
     assert round_trip(routes) == routes
-    at_limit = rp.Routes(1, (), (), -1, tuple(("g", "f%d" % i) for i in range(limits.MQTT_CLUSTER_MAX_GROUPS)))
+    at_limit = rp.Routes(1, (), (), -1,
+                         tuple(("g", "f%d" % i) for i in range(mqttcluster_limits.MQTT_CLUSTER_MAX_GROUPS)))
     assert round_trip(at_limit) == at_limit
-    past = rp.Routes(1, (), (), -1, tuple(("g", "f%d" % i) for i in range(limits.MQTT_CLUSTER_MAX_GROUPS + 1)))
+    past = rp.Routes(1, (), (), -1,
+                     tuple(("g", "f%d" % i) for i in range(mqttcluster_limits.MQTT_CLUSTER_MAX_GROUPS + 1)))
     with pytest.raises(RemoteProtocolError, match="MQTT_CLUSTER_MAX_GROUPS"):
         round_trip(past)
     with pytest.raises(RemoteProtocolError, match="groups"):
@@ -354,7 +357,7 @@ def test_a_brokers_route_carries_its_groups_with_members_at_most_max_groups(monk
     from types import SimpleNamespace
 
     from metaq.mqttcluster.following.peers import MqttCluster
-    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_GROUPS", 2)
+    monkeypatch.setattr(mqttcluster_limits, "MQTT_CLUSTER_MAX_GROUPS", 2)
     log = Log()
     port = SimpleNamespace(share_histories=log.histories, record_share_history=log.record)
     cluster = MqttCluster(0, SimpleNamespace(written_position=0, log_start=0), None, port, None, lambda: True)
@@ -377,9 +380,9 @@ def test_a_change_of_members_only_goes_into_the_weights_once_settled(monkeypatch
     from types import SimpleNamespace
 
     from metaq.mqttcluster.following.peers import MqttCluster
-    monkeypatch.setattr(limits, "MQTT_CLUSTER_SHARE_SETTLE_S", 0.05)
-    monkeypatch.setattr(limits, "MQTT_CLUSTER_SHARE_WEIGHT_MAX", 8)
-    monkeypatch.setattr(limits, "MQTT_CLUSTER_SHARE_WEIGHT_STEP_PERCENT", 25)
+    monkeypatch.setattr(mqttcluster_limits, "MQTT_CLUSTER_SHARE_SETTLE_S", 0.05)
+    monkeypatch.setattr(mqttcluster_limits, "MQTT_CLUSTER_SHARE_WEIGHT_MAX", 8)
+    monkeypatch.setattr(mqttcluster_limits, "MQTT_CLUSTER_SHARE_WEIGHT_STEP_PERCENT", 25)
     log = Log()
     port = SimpleNamespace(share_histories=log.histories, record_share_history=log.record)
     cluster = MqttCluster(0, SimpleNamespace(written_position=0, log_start=0), None, port, None, lambda: True)
@@ -435,9 +438,9 @@ def test_route_weights_round_trip_split_over_parts_and_are_bounded():
     for part in parts:
         joined = join_routes(joined, round_trip(part))
     assert joined.groups == many.groups and joined.weights == many.weights
-    at = rp.Routes(1, (), (), -1, (G,), weights=(limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX,))
+    at = rp.Routes(1, (), (), -1, (G,), weights=(mqttcluster_limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX,))
     assert round_trip(at) == at
-    for bad in ((-1,), (limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX + 1,), (1, 1)):
+    for bad in ((-1,), (mqttcluster_limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX + 1,), (1, 1)):
         with pytest.raises(RemoteProtocolError, match="weight"):
             round_trip(rp.Routes(1, (), (), -1, (G,), weights=bad))
 

@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.errors import RemoteProtocolError
 from metaq.mqtt.port import MqttPort
 from metaq.mqttcluster.clientids import handover, service
@@ -293,7 +294,7 @@ class EndCluster(FakeCluster):
 def test_a_takeovers_end_is_short_when_the_copies_the_positions_count_are_not_readable_in_time(monkeypatch):
     """The positions count the copies appended, the session reads from the readable end: when the copies did not
     become readable within MQTT_HANDOVER_END_S, the end is counted short (they may come twice), not complete."""
-    monkeypatch.setattr(limits, "MQTT_HANDOVER_END_S", 0.05)
+    monkeypatch.setattr(mqttcluster_limits, "MQTT_HANDOVER_END_S", 0.05)
 
     def call(address, request, timeout_s=None, exclusive=False, lease=False):
         return {"complete": True, "queued": []}
@@ -318,7 +319,7 @@ def test_lease_renewals_have_turns_of_their_own_that_other_calls_never_fill():
         return {}
 
     client._call = answer
-    others = limits.MQTT_CLUSTER_PEER_CONNECTIONS - limits.MQTT_CLUSTER_LEASE_CONNECTIONS
+    others = limits.MQTT_CLUSTER_PEER_CONNECTIONS - mqttcluster_limits.MQTT_CLUSTER_LEASE_CONNECTIONS
     storm = [gevent.spawn(client.call, "h:1", {"op": "register"}, 5) for _ in range(3 * others)]
     gevent.sleep(0.01)
     assert len(going) == others  # at their limit; the rest wait
@@ -359,7 +360,7 @@ class Copies:
 def test_a_call_for_the_rest_names_at_most_max_followed_positions_of_each_origin(monkeypatch):
     """The rest's positions at MQTT_CLUSTER_MAX_FOLLOWED of an origin (and MQTT_CLUSTER_MAX_PEERS origins and the
     taker) are looked at; one past is a clear error, nothing handed, the session's filters unpinned."""
-    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_FOLLOWED", 3)
+    monkeypatch.setattr(mqttcluster_limits, "MQTT_CLUSTER_MAX_FOLLOWED", 3)
     monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_PEERS", 1)
     monkeypatch.setattr(service.handover, "rest", lambda *_a: {"queued": [], "dropped": 0})
     saved = SimpleNamespace(subscriptions=[("a/#", 1, False, ("a",), False, None)])
@@ -403,8 +404,8 @@ def test_the_taker_starts_a_session_past_where_the_holders_handover_stopped(monk
     (its ``stop``): it waits until its own copies reach it, then takes the session's read positions (each message once,
     by the handover or by its copies); past MQTT_HANDOVER_END_S, or a stop past MQTT_CLUSTER_MAX_FOLLOWED positions of
     one origin, it goes on, counted short (what is before may come twice, nothing is lost)."""
-    monkeypatch.setattr(limits, "MQTT_HANDOVER_END_S", 0.1)
-    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_FOLLOWED", 2)
+    monkeypatch.setattr(mqttcluster_limits, "MQTT_HANDOVER_END_S", 0.1)
+    monkeypatch.setattr(mqttcluster_limits, "MQTT_CLUSTER_MAX_FOLLOWED", 2)
     state = {"subs": [["a/#", 1, False, ["a"]]], "inf": [], "queued": []}
 
     def taker():

@@ -9,6 +9,7 @@ import gevent
 import pytest
 
 from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.errors import RemoteProtocolError
 from metaq.mqtt.records import message_of, record_data
 from metaq.mqtt.seam import Alone
@@ -67,12 +68,12 @@ def test_a_records_frame_that_does_not_fill_itself_is_refused_as_its_entries_are
 
 
 def test_routes_bounds():
-    too_many = rp.Routes(1, tuple("f%d" % i for i in range(limits.MQTT_CLUSTER_MAX_FILTERS + 1)))
+    too_many = rp.Routes(1, tuple("f%d" % i for i in range(mqttcluster_limits.MQTT_CLUSTER_MAX_FILTERS + 1)))
     p = rp.ReplicationParser()
     p.receive_data(rp.serialize(too_many))
     with pytest.raises(RemoteProtocolError, match="MQTT_CLUSTER_MAX_FILTERS"):
         p.next_event()
-    at_limit = rp.Routes(1, tuple("f%d" % i for i in range(limits.MQTT_CLUSTER_MAX_FILTERS)))
+    at_limit = rp.Routes(1, tuple("f%d" % i for i in range(mqttcluster_limits.MQTT_CLUSTER_MAX_FILTERS)))
     p = rp.ReplicationParser()
     p.receive_data(rp.serialize(at_limit))
     assert p.next_event() == at_limit
@@ -93,16 +94,17 @@ def test_a_route_at_every_limit_goes_in_parts_that_join_to_it():
     filters and groups as a route may hold, is far past one ROUTES frame: it goes in parts within
     MQTT_CLUSTER_ROUTES_BYTES each, and the receiver joins them to the same route."""
     topic = "t" * limits.MAX_NAME_BYTES
-    n = limits.MQTT_CLUSTER_MAX_POSITIONS
-    route = rp.Routes(4, tuple("f/%d" % i for i in range(limits.MQTT_CLUSTER_MAX_FILTERS)),
+    n = mqttcluster_limits.MQTT_CLUSTER_MAX_POSITIONS
+    route = rp.Routes(4, tuple("f/%d" % i for i in range(mqttcluster_limits.MQTT_CLUSTER_MAX_FILTERS)),
                       tuple((topic, i % limits.MAX_PARTITIONS, 2**62 + i) for i in range(n)), 9,
-                      tuple(("g", "s/%d" % i) for i in range(limits.MQTT_CLUSTER_MAX_GROUPS)),
+                      tuple(("g", "s/%d" % i) for i in range(mqttcluster_limits.MQTT_CLUSTER_MAX_GROUPS)),
                       tuple((1 << 32) | i for i in range(n)))
     with pytest.raises(ValueError, match="MQTT_CLUSTER_ROUTES_BYTES"):
         rp.serialize(route)  # one frame cannot hold it
     parts = split_routes(route)
     assert len(parts) > 1 and all(p.more for p in parts[:-1]) and not parts[-1].more
-    assert all(len(rp.serialize(p)) <= limits.MQTT_CLUSTER_ROUTES_BYTES + rp.FRAME_HEADER.size for p in parts)
+    assert all(len(rp.serialize(p)) <= mqttcluster_limits.MQTT_CLUSTER_ROUTES_BYTES + rp.FRAME_HEADER.size for p
+               in parts)
     assert _joined(parts) == route
     small = rp.Routes(4, ("a/#",), (("a", 0, 3),), 1, (), (7,))
     assert split_routes(small) == [small] and _joined([small]) == small
@@ -112,12 +114,12 @@ def test_a_route_in_parts_past_a_limit_is_refused():
     """Parts that join to more than a route may hold (one position past MQTT_CLUSTER_MAX_POSITIONS, one filter past
     MQTT_CLUSTER_MAX_FILTERS) are a fatal protocol error, as one frame holding as many is; so is a part of another
     broker."""
-    n = limits.MQTT_CLUSTER_MAX_POSITIONS
+    n = mqttcluster_limits.MQTT_CLUSTER_MAX_POSITIONS
     positions = tuple(("t", 0, i) for i in range(n))
     assert len(_joined(split_routes(rp.Routes(1, (), positions), most=1 << 20)).positions) == n
     with pytest.raises(RemoteProtocolError, match="MQTT_CLUSTER_MAX_POSITIONS"):
         _joined(split_routes(rp.Routes(1, (), positions + (("t", 1, 0),)), most=1 << 20))
-    filters = tuple("f%d" % i for i in range(limits.MQTT_CLUSTER_MAX_FILTERS + 1))
+    filters = tuple("f%d" % i for i in range(mqttcluster_limits.MQTT_CLUSTER_MAX_FILTERS + 1))
     with pytest.raises(RemoteProtocolError, match="MQTT_CLUSTER_MAX_FILTERS"):
         _joined(split_routes(rp.Routes(1, filters), most=20_000))
     with pytest.raises(RemoteProtocolError, match="broker 2"):
@@ -221,7 +223,7 @@ class FakeStore:
 
 
 def test_a_peer_follows_at_most_max_followed_partitions(monkeypatch):
-    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_FOLLOWED", 4)
+    monkeypatch.setattr(mqttcluster_limits, "MQTT_CLUSTER_MAX_FOLLOWED", 4)
     store = FakeStore({"a": 2, "b": 2})
     follow = PeerFollow(store, rp.Routes(1, ("#",), (("a", 0, 3),)))
     assert follow.cursors == {("a", 0): 3, ("a", 1): 10, ("b", 0): 10, ("b", 1): 10}  # at it: all
@@ -276,7 +278,7 @@ def test_a_follow_resumed_starts_a_partition_without_a_position_where_the_earlie
 
 
 def test_peers_retained_messages_newest_wins_within_their_limit(monkeypatch):
-    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_RETAINED", 2)
+    monkeypatch.setattr(mqttcluster_limits, "MQTT_CLUSTER_MAX_RETAINED", 2)
     retained = MqttCluster(0, None, None, None, None, lambda: True).retained
     retained.keep("x", 100, 2, "x@100")
     retained.keep("x", 100, 1, "older broker id")  # same time: the higher broker id stays
@@ -342,7 +344,7 @@ def test_a_broker_follows_at_most_max_peers_the_lowest_ids_first(monkeypatch):
 
 
 def test_a_subscription_adds_its_filter_to_the_route_at_once_and_a_covered_one_changes_nothing(monkeypatch):
-    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_FILTERS", 2)
+    monkeypatch.setattr(mqttcluster_limits, "MQTT_CLUSTER_MAX_FILTERS", 2)
     port = SimpleNamespace(subscribed_filters=lambda: iter(["a/1"]))
     cluster = MqttCluster(0, None, None, port, None, lambda: True)
     cluster.routes_changed()
@@ -524,7 +526,8 @@ def test_a_handovers_json_is_built_and_parsed_in_turns_of_the_loop():
     """A handover's answer (a session of MQTT_HANDOVER_MAX_MESSAGES queued messages, about
     MQTT_HANDOVER_MAX_BYTES) is encoded and parsed an item at a time: the loop's other greenlets run meanwhile."""
     answer = {"session": {"c": "big", "inf": [], "dropped": 0,
-                          "queued": [[1, "t", 0, "x" * 2200] for _ in range(limits.MQTT_HANDOVER_MAX_MESSAGES)]},
+                          "queued": [[1, "t", 0, "x" * 2200] for _
+                                     in range(mqttcluster_limits.MQTT_HANDOVER_MAX_MESSAGES)]},
               "from": 1}
     with Ticker() as ticker:
         body, encoding = ticker.during(calls._encode, answer)
@@ -702,7 +705,7 @@ def test_asks_hold_each_call_to_its_member():
     assert asks.admit(3, {"op": "release", "ids": homed[3] + homed[1]})[1]["ids"] == homed[1]
     refusal, served = asks.admit(2, {"op": "drop", "ids": [[c, 1, False] for c in homed[1] + homed[2]]})
     assert refusal is None and [e[0] for e in served["ids"]] == homed[2]
-    batch = ["x-%d" % i for i in range(limits.MQTT_CLUSTER_ID_BATCH)]
+    batch = ["x-%d" % i for i in range(mqttcluster_limits.MQTT_CLUSTER_ID_BATCH)]
     assert asks.admit(2, {"op": "hold", "ids": batch})[0] is None
     assert "MQTT_CLUSTER_ID_BATCH" in asks.admit(2, {"op": "hold", "ids": batch + ["one-more"]})[0]
     for bad in ({"op": "hold"}, {"op": "hold", "ids": "abc"}, {"op": "hold", "ids": [1]},
@@ -733,7 +736,7 @@ def test_a_handover_is_checked_whole_before_it_is_adopted():
             "sh": [], "inf": [[1, "publish", 1] + message, [2, "pubrel", 2]], "queued": [[1] + message],
             "dropped": 0}
     assert handover.problem(good, "dev") is None
-    most = limits.MQTT_HANDOVER_MAX_MESSAGES
+    most = mqttcluster_limits.MQTT_HANDOVER_MAX_MESSAGES
     at_limit = dict(good, inf=[], queued=[[1] + message] * most)
     assert handover.problem(at_limit, "dev") is None
     past = dict(good, inf=[[1, "publish", 1] + message], queued=[[1] + message] * most)
@@ -752,8 +755,8 @@ def test_the_end_of_a_handover_is_checked_whole_before_any_of_it_is_taken():
     message that is not one, base64 that is not, or another shape are each a clear problem, never a KeyError."""
     message = ["t", 0, "aGVsbG8="]
     assert handover.rest_problem({"queued": [[1] + message], "dropped": 0}) is None
-    assert handover.rest_problem({"queued": [[1] + message] * limits.MQTT_HANDOVER_MAX_MESSAGES}) is None
-    past = {"queued": [[1] + message] * (limits.MQTT_HANDOVER_MAX_MESSAGES + 1), "dropped": 0}
+    assert handover.rest_problem({"queued": [[1] + message] * mqttcluster_limits.MQTT_HANDOVER_MAX_MESSAGES}) is None
+    past = {"queued": [[1] + message] * (mqttcluster_limits.MQTT_HANDOVER_MAX_MESSAGES + 1), "dropped": 0}
     assert "MQTT_HANDOVER_MAX_MESSAGES" in handover.rest_problem(past)
     for bad in ([], {"queued": "x"}, {"queued": [], "dropped": "2"}, {"queued": [[1, "t", 0]]},
                 {"queued": [[1, "t", 0, "!!not base64!!"]]}, {"queued": [["1"] + message]}):
@@ -765,7 +768,7 @@ def test_a_route_of_many_filters_finds_its_topics_sharing_the_loop():
     """``FilterSet.topics`` of MQTT_CLUSTER_MAX_FILTERS filters: one filter that reads every topic ends the look at
     once (all of them); else the loop is shared between filters (``share_loop``): another greenlet runs meanwhile."""
     known = ["t%d" % i for i in range(4000)] + ["%MQTT%"]
-    every = FilterSet(["t%d/#" % i for i in range(limits.MQTT_CLUSTER_MAX_FILTERS - 1)] + ["#"])
+    every = FilterSet(["t%d/#" % i for i in range(mqttcluster_limits.MQTT_CLUSTER_MAX_FILTERS - 1)] + ["#"])
     assert every.topics(known) == set(known) - {"%MQTT%"}
     ticks = []
 
@@ -774,7 +777,7 @@ def test_a_route_of_many_filters_finds_its_topics_sharing_the_loop():
             ticks.append(1)
             gevent.sleep(0)
 
-    many = FilterSet(["t%d/x/#" % i for i in range(limits.MQTT_CLUSTER_MAX_FILTERS)])
+    many = FilterSet(["t%d/x/#" % i for i in range(mqttcluster_limits.MQTT_CLUSTER_MAX_FILTERS)])
     ticker = gevent.spawn(tick)
     gevent.sleep(0)
     ticks.clear()
@@ -790,7 +793,7 @@ def test_a_route_of_many_filters_finds_its_topics_sharing_the_loop():
 def test_a_peer_keeps_at_most_max_followed_resume_positions(monkeypatch):
     """A route's resume positions are kept up to MQTT_CLUSTER_MAX_FOLLOWED (the partitions a peer may follow here):
     at the limit all, one past it the first ones (the rest start as new partitions do)."""
-    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_FOLLOWED", 4)
+    monkeypatch.setattr(mqttcluster_limits, "MQTT_CLUSTER_MAX_FOLLOWED", 4)
     store = FakeStore({})
     at = PeerFollow(store, rp.Routes(1, (), tuple(("t%d" % i, 0, i) for i in range(4))))
     assert len(at.resume) == 4

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from metaq import limits
+from metaq.pop import limits as pop_limits
 from metaq import admincli as admin
 from metaq.admin.wire import DlqList
 from metaq.client.local import small_config
@@ -80,13 +80,13 @@ def test_an_unacked_message_comes_back_with_attempt_2_and_change_invisible_holds
 def test_past_the_maximum_attempts_the_message_is_in_the_dead_letter_topic(broker_factory, tmp_path):
     b = broker_factory(small_config(tmp_path / "data", topics=[{"name": "one", "partitions": 1}]))
     put(b, "one", 1)
-    inv = limits.POP_MIN_INVISIBLE_MS
+    inv = pop_limits.POP_MIN_INVISIBLE_MS
     with SimpleConsumer(url(b), GROUP, "one", invisible_ms=inv) as a:
         attempts = []
         deadline = time.monotonic() + 30
-        while len(attempts) < limits.POP_MAX_ATTEMPTS and time.monotonic() < deadline:
+        while len(attempts) < pop_limits.POP_MAX_ATTEMPTS and time.monotonic() < deadline:
             attempts += [r.attempt for r in a.receive(1, wait_s=1)]
-        assert attempts == list(range(1, limits.POP_MAX_ATTEMPTS + 1))
+        assert attempts == list(range(1, pop_limits.POP_MAX_ATTEMPTS + 1))
         time.sleep(inv / 1000 + 0.05)
         assert a.receive(1) == []  # the 17th receive moved it to the dead letters
     with b.client() as cl:
@@ -96,7 +96,7 @@ def test_past_the_maximum_attempts_the_message_is_in_the_dead_letter_topic(broke
             return json.loads(cl.call(DlqList(GROUP, 10, cl.opaque())).body)["dead_letters"]
         wait_for(letters, what="the dead letter listed")
         assert [(d["topic"], d["body"], d["reconsume_times"]) for d in letters()] == \
-            [("one", "m0", limits.POP_MAX_ATTEMPTS)]
+            [("one", "m0", pop_limits.POP_MAX_ATTEMPTS)]
 
 
 @pytest.mark.fault
@@ -158,8 +158,8 @@ def test_a_receive_with_a_wait_answers_when_a_message_arrives_or_one_expires(bro
 
 def test_long_message_groups_stay_apart_at_the_limit_and_one_past(broker_factory, tmp_path):
     b = broker_factory(small_config(tmp_path / "data", topics=[{"name": "one", "partitions": 1}]))
-    at = "g" * limits.POP_MAX_MESSAGE_GROUP_CHARS
-    past = ["h" * limits.POP_MAX_MESSAGE_GROUP_CHARS + tail for tail in ("1", "2")]  # one past, same start
+    at = "g" * pop_limits.POP_MAX_MESSAGE_GROUP_CHARS
+    past = ["h" * pop_limits.POP_MAX_MESSAGE_GROUP_CHARS + tail for tail in ("1", "2")]  # one past, same start
     with Producer(brokers=[url(b)]) as p:
         for i, g in enumerate([at, past[0], past[1], at, past[0]]):
             assert p.send(Message("one", b"%d" % i, properties={"__SHARDINGKEY": g})).success

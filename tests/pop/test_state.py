@@ -4,7 +4,8 @@ and the journal's replay equal to the live state (metaq/pop/follow.py) over a re
 import gevent
 import pytest
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.pop import limits as pop_limits
 from metaq.pop.follow import PopLog, replay
 from metaq.pop.records import InvalidHandle, decode, encode, handle, parse_handle
 from metaq.pop.service import PopService
@@ -239,7 +240,7 @@ def test_the_retention_floor_moves_to_a_snapshot_only_once_its_end_is_durable(tm
 
 
 def test_limits_are_named():
-    assert limits.POP_MAX_ATTEMPTS == 16 and limits.POP_MAX_BATCH == 32
+    assert pop_limits.POP_MAX_ATTEMPTS == 16 and pop_limits.POP_MAX_BATCH == 32
 
 
 def test_a_slave_keeps_the_log_from_the_last_snapshot_its_own_flush_made_durable(tmp_path):
@@ -492,8 +493,8 @@ def test_a_receives_messages_name_their_delivery_and_their_handles_ack_them(tmp_
             assert r.handle == handle(r.partition, r.offset, r.attempt, r.deadline_ms)
             assert parse_handle(r.handle) == (r.partition, r.offset, r.attempt, r.deadline_ms)
         assert b.pop.ack(G, T, [got[0].handle]) == [None]
-        b.pop.change_invisible(G, T, got[1].handle, limits.POP_MIN_INVISIBLE_MS)
-        gevent.sleep(limits.POP_MIN_INVISIBLE_MS / 1000 + 0.05)
+        b.pop.change_invisible(G, T, got[1].handle, pop_limits.POP_MIN_INVISIBLE_MS)
+        gevent.sleep(pop_limits.POP_MIN_INVISIBLE_MS / 1000 + 0.05)
         [again] = b.pop.receive(G, T, 3, 60_000)
         assert (again.offset, again.attempt) == (1, 2) and again.handle == handle(0, 1, 2, again.deadline_ms)
         assert isinstance(b.pop.ack(G, T, [got[1].handle])[0], InvalidHandle)

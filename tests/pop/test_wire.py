@@ -4,6 +4,7 @@ and the receive reply's body both ways."""
 import pytest
 
 from metaq import limits
+from metaq.pop import limits as pop_limits
 from metaq.errors import RemoteProtocolError
 from metaq.pop.wire import Ack, ChangeInvisible, Receive, decode_ack_body, decode_received, encode_ack_body, \
     encode_received
@@ -17,26 +18,26 @@ def parse(line):
 
 
 def test_receive_batch_and_invisible_bounds_at_the_limit_and_one_past():
-    e = parse(b"receive t g %d %d fifo 7\r\n" % (limits.POP_MAX_BATCH, limits.POP_MAX_INVISIBLE_MS))
-    assert e == Receive("t", "g", limits.POP_MAX_BATCH, limits.POP_MAX_INVISIBLE_MS, True, 7)
+    e = parse(b"receive t g %d %d fifo 7\r\n" % (pop_limits.POP_MAX_BATCH, pop_limits.POP_MAX_INVISIBLE_MS))
+    assert e == Receive("t", "g", pop_limits.POP_MAX_BATCH, pop_limits.POP_MAX_INVISIBLE_MS, True, 7)
     assert parse(serialize(e)) == e
-    assert parse(b"receive t g 1 %d normal 1\r\n" % limits.POP_MIN_INVISIBLE_MS).invisible_ms == \
-        limits.POP_MIN_INVISIBLE_MS
-    for bad in (b"receive t g %d 1000 normal 1\r\n" % (limits.POP_MAX_BATCH + 1),
+    assert parse(b"receive t g 1 %d normal 1\r\n" % pop_limits.POP_MIN_INVISIBLE_MS).invisible_ms == \
+        pop_limits.POP_MIN_INVISIBLE_MS
+    for bad in (b"receive t g %d 1000 normal 1\r\n" % (pop_limits.POP_MAX_BATCH + 1),
                 b"receive t g 0 1000 normal 1\r\n",
-                b"receive t g 1 %d normal 1\r\n" % (limits.POP_MAX_INVISIBLE_MS + 1),
-                b"receive t g 1 %d normal 1\r\n" % (limits.POP_MIN_INVISIBLE_MS - 1),
+                b"receive t g 1 %d normal 1\r\n" % (pop_limits.POP_MAX_INVISIBLE_MS + 1),
+                b"receive t g 1 %d normal 1\r\n" % (pop_limits.POP_MIN_INVISIBLE_MS - 1),
                 b"receive t g 1 1000 lifo 1\r\n"):
         with pytest.raises(RemoteProtocolError):
             parse(bad)
 
 
 def test_ack_handles_at_the_limit_and_one_past_and_change_invisible():
-    hs = ",".join("%d:%d:16:1764100000000" % (i % 4, 100000 + i) for i in range(limits.POP_MAX_ACK_HANDLES))
+    hs = ",".join("%d:%d:16:1764100000000" % (i % 4, 100000 + i) for i in range(pop_limits.POP_MAX_ACK_HANDLES))
     line = b"ack t g %s 3\r\n" % hs.encode()
     assert len(line) <= limits.MAX_LINE_BYTES  # the most handles fit a line
     e = parse(line)
-    assert isinstance(e, Ack) and len(e.handles) == limits.POP_MAX_ACK_HANDLES
+    assert isinstance(e, Ack) and len(e.handles) == pop_limits.POP_MAX_ACK_HANDLES
     assert parse(serialize(e)) == e
     with pytest.raises(RemoteProtocolError):
         parse(b"ack t g %s,0:1:1:1 3\r\n" % hs.encode())

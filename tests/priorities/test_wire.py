@@ -3,7 +3,7 @@ the broker's choice of a level (times passed in)."""
 
 import pytest
 
-from metaq import limits
+from metaq.priorities import limits as priorities_limits
 from metaq.errors import RemoteProtocolError
 from metaq.priorities.wire import (PriorityGet, PriorityPut, choose_level, decode_get_prio_body,
                                    encode_get_prio_prefix, is_level_topic, level_topic, split_level,
@@ -59,7 +59,7 @@ def test_get_prio_expects_round_trip_one_per_level():
     (b"get_prio t g 0 0,0 100 0 -1:4,- 5\r\n", "expect offset"),
     (b"get_prio t g 0 0,0 100 0 3:x,- 5\r\n", "expect msgId"),
     (b"get_prio t g 0 0,0 100 0 ,- 5\r\n", "invalid expect ''"),
-    (b"get_prio t g 0 " + b",".join([b"0"] * (limits.MAX_PRIORITY_LEVELS + 1)) + b" 100 5\r\n", "at most 8"),
+    (b"get_prio t g 0 " + b",".join([b"0"] * (priorities_limits.MAX_PRIORITY_LEVELS + 1)) + b" 100 5\r\n", "at most 8"),
     (b"put_prio t 0 1 0 -1 x 5\r\nb", "priority"),
 ])
 def test_bad_lines_are_refused_with_the_reason(line, why):
@@ -69,8 +69,8 @@ def test_bad_lines_are_refused_with_the_reason(line, why):
 
 
 def test_the_offsets_limit_and_one_past():
-    most = b",".join([b"0"] * limits.MAX_PRIORITY_LEVELS)
-    assert len(parse(b"get_prio t g 0 " + most + b" 100 5\r\n").offsets) == limits.MAX_PRIORITY_LEVELS
+    most = b",".join([b"0"] * priorities_limits.MAX_PRIORITY_LEVELS)
+    assert len(parse(b"get_prio t g 0 " + most + b" 100 5\r\n").offsets) == priorities_limits.MAX_PRIORITY_LEVELS
     with pytest.raises(RemoteProtocolError):
         parse(b"get_prio t g 0 " + most + b",0 100 5\r\n")
 

@@ -8,6 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metaq import limits
+from metaq.offsets import limits as offsets_limits
+from metaq.server.replication import limits as replication_limits
+from metaq.topics import limits as topics_limits
 from metaq.errors import RemoteProtocolError
 from metaq.protocol.checksum import crc32
 from metaq.protocol.replication import (
@@ -65,12 +68,12 @@ topic_owners = st.lists(st.tuples(names, users, st.integers(1, limits.MAX_PARTIT
 TABLE = {"format": 1, "version": 3, "topics": {}, "deleted": {}}
 topics_events = st.builds(lambda owners: rt.encode(TABLE, owners), topic_owners)
 
-nonces = st.text("0123456789abcdef", min_size=limits.MIN_REPLICATION_NONCE_CHARS,
-                 max_size=limits.MAX_REPLICATION_NONCE_CHARS)
+nonces = st.text("0123456789abcdef", min_size=replication_limits.MIN_REPLICATION_NONCE_CHARS,
+                 max_size=replication_limits.MAX_REPLICATION_NONCE_CHARS)
 events = st.one_of(
     st.builds(Challenge, st.booleans(), nonces),
     st.builds(Proof, st.one_of(st.just(""), nonces),
-              st.text("0123456789abcdef", max_size=limits.MAX_REPLICATION_PROOF_CHARS)),
+              st.text("0123456789abcdef", max_size=replication_limits.MAX_REPLICATION_PROOF_CHARS)),
     st.builds(Hello, i32, st.integers(0, limits.MAX_BROKER_ID), st.integers(1, 2**63 - 1), pos64, histories()),
     st.builds(Epochs, pos64, pos64, histories()),
     st.builds(Data, pos64, st.binary(max_size=3000)),
@@ -168,9 +171,9 @@ def test_data_limit_at_and_past():
 
 def test_default_limits_are_the_named_ones():
     p = ReplicationParser()
-    assert p.max_data == limits.MAX_REPLICATION_DATA_BYTES
-    assert p.max_error_text == limits.MAX_REPLICATION_ERROR_TEXT
-    assert limits.MAX_REPLICATION_DATA_BYTES > limits.MAX_BODY_BYTES + limits.MAX_NAME_BYTES + 62
+    assert p.max_data == replication_limits.MAX_REPLICATION_DATA_BYTES
+    assert p.max_error_text == replication_limits.MAX_REPLICATION_ERROR_TEXT
+    assert replication_limits.MAX_REPLICATION_DATA_BYTES > limits.MAX_BODY_BYTES + limits.MAX_NAME_BYTES + 62
 
 
 def test_error_text_limit_at_and_past():
@@ -257,7 +260,7 @@ def test_receive_after_eof_is_a_bug():
 
 
 def test_epoch_history_limit_at_and_past():
-    at = tuple((i, i, i * 7) for i in range(limits.MAX_REPLICATION_EPOCHS))
+    at = tuple((i, i, i * 7) for i in range(replication_limits.MAX_REPLICATION_EPOCHS))
     p = ReplicationParser()
     p.receive_data(serialize(Hello(1, 2, 4096, 10, at)))
     assert p.next_event().epochs == at
@@ -285,7 +288,7 @@ def proof_frame(nonce, proof, nonce_len=None, proof_len=None):
 
 
 @pytest.mark.parametrize("event", [
-    Challenge(True, NONCE), Challenge(False, "f" * limits.MAX_REPLICATION_NONCE_CHARS),
+    Challenge(True, NONCE), Challenge(False, "f" * replication_limits.MAX_REPLICATION_NONCE_CHARS),
     Proof(NONCE, PROOF_HEX), Proof(NONCE, ""), Proof("", PROOF_HEX), Proof("", ""),
 ])
 def test_handshake_frames_round_trip(event):
@@ -386,7 +389,7 @@ def test_bad_offsets_frames(wire, message):
 
 
 def test_an_oversize_offsets_frame_is_refused_from_the_header_alone():
-    head = FRAME_HEADER.pack(b"MQRS", VERSION, 9, 0, 5 + limits.MAX_REPLICATION_OFFSETS_BYTES + 1, 0)
+    head = FRAME_HEADER.pack(b"MQRS", VERSION, 9, 0, 5 + offsets_limits.MAX_REPLICATION_OFFSETS_BYTES + 1, 0)
     p = ReplicationParser()
     p.receive_data(head)
     with pytest.raises(RemoteProtocolError, match="MAX_REPLICATION_OFFSETS_BYTES"):
@@ -400,7 +403,8 @@ def test_an_oversize_offsets_frame_is_refused_from_the_header_alone():
     (Offsets((("g g", "t", 0, 1, 1),), False), "illegal group name"),
     (Offsets((("g", "t", 0, -1, 1),), False), "offset -1"),
     (Offsets((("g", "t", 0, 1),), False), "an entry is"),
-    (Offsets(tuple(("g%d" % i, "t", 0, 1, 1) for i in range(limits.MAX_REPLICATION_OFFSETS_PER_FRAME + 1)), True),
+    (Offsets(tuple(("g%d" % i, "t", 0, 1, 1) for i in range(offsets_limits.MAX_REPLICATION_OFFSETS_PER_FRAME + 1)),
+             True),
      "1001 entries"),
     (Offsets(tuple(("g%d" % i + "x" * 190, "t" * 200, 0, 1, 1) for i in range(1000)), True),
      "exceed the 262144-byte limit"),
@@ -412,7 +416,7 @@ def test_bad_offsets_are_not_sent(event, message):
 
 def test_offsets_at_the_entry_limit_round_trip():
     rows = tuple(("group-%d" % i, "topic", i % limits.MAX_PARTITIONS, i, 2**63 - 1)
-                 for i in range(limits.MAX_REPLICATION_OFFSETS_PER_FRAME))
+                 for i in range(offsets_limits.MAX_REPLICATION_OFFSETS_PER_FRAME))
     p = ReplicationParser()
     p.receive_data(serialize(Offsets(rows, True, True)))
     assert p.next_event() == Offsets(rows, True, True)
@@ -424,8 +428,9 @@ def test_frames_split_any_table_within_both_limits(rows, snapshot):
     events = ro.frames(rows, snapshot)
     assert [e for ev in events for e in ev.entries] == rows
     for ev in events:
-        assert len(ev.entries) <= limits.MAX_REPLICATION_OFFSETS_PER_FRAME
-        assert len(serialize(ev)) <= FRAME_HEADER.size + ro.OFFSETS_HEAD.size + limits.MAX_REPLICATION_OFFSETS_BYTES
+        assert len(ev.entries) <= offsets_limits.MAX_REPLICATION_OFFSETS_PER_FRAME
+        assert (len(serialize(ev))
+                <= FRAME_HEADER.size + ro.OFFSETS_HEAD.size + offsets_limits.MAX_REPLICATION_OFFSETS_BYTES)
         assert ev.snapshot is snapshot
     if snapshot:  # a snapshot always ends, even an empty one
         assert [ev.end for ev in events] == [False] * (len(events) - 1) + [True]
@@ -439,7 +444,7 @@ def test_frames_split_any_table_within_both_limits(rows, snapshot):
 def test_long_names_make_more_frames_than_the_entry_limit_alone():
     rows = [("g%04d" % i + "x" * 195, "t" * 200, 0, i, i) for i in range(1000)]  # 422 bytes each
     events = ro.frames(rows, snapshot=True)
-    per = limits.MAX_REPLICATION_OFFSETS_BYTES // 422
+    per = offsets_limits.MAX_REPLICATION_OFFSETS_BYTES // 422
     assert per < 1000 and [len(ev.entries) for ev in events] == [per, 1000 - per]
 
 
@@ -450,8 +455,9 @@ def test_topics_frame_round_trip_and_bound():
     p = ReplicationParser()
     p.receive_data(serialize(rp.Topics(table)))
     assert p.next_event() == rp.Topics(table)
-    with pytest.raises(ValueError, match="must be 1..%d \\(limit MAX_TOPIC_TABLE_BYTES" % limits.MAX_TOPIC_TABLE_BYTES):
-        serialize(rp.Topics(b"x" * (limits.MAX_TOPIC_TABLE_BYTES + 1)))
+    with pytest.raises(ValueError,
+                       match="must be 1..%d \\(limit MAX_TOPIC_TABLE_BYTES" % topics_limits.MAX_TOPIC_TABLE_BYTES):
+        serialize(rp.Topics(b"x" * (topics_limits.MAX_TOPIC_TABLE_BYTES + 1)))
 
 
 # -- OFFSETS with owners (the OWNERS flag: each entry's owner follows it) ----------------------------------------------
@@ -516,8 +522,9 @@ def test_frames_split_an_owned_table_within_both_limits(rows, snapshot):
     assert [e if ev.owners else e + (None,) for ev in events for e in ev.entries] == rows
     for ev in events:
         assert ev.owners == any(e[5] is not None for e in ev.entries if len(e) == 6)
-        assert len(ev.entries) <= limits.MAX_REPLICATION_OFFSETS_PER_FRAME
-        assert len(serialize(ev)) <= FRAME_HEADER.size + ro.OFFSETS_HEAD.size + limits.MAX_REPLICATION_OFFSETS_BYTES
+        assert len(ev.entries) <= offsets_limits.MAX_REPLICATION_OFFSETS_PER_FRAME
+        assert (len(serialize(ev))
+                <= FRAME_HEADER.size + ro.OFFSETS_HEAD.size + offsets_limits.MAX_REPLICATION_OFFSETS_BYTES)
     p = ReplicationParser()
     p.receive_data(b"".join(serialize(ev) for ev in events) + serialize(Heartbeat(1)))
     assert drain(p) == (events + [Heartbeat(1)], NEED_DATA)
@@ -527,10 +534,11 @@ def test_long_owners_make_more_frames():
     owner = "u" * limits.MAX_TX_OWNER_BYTES
     rows = [("g%04d" % i + "x" * 195, "t" * 200, 0, i, i, owner) for i in range(1000)]  # 422 + 1 + 128 bytes each
     events = ro.frames(rows, snapshot=True)
-    per = limits.MAX_REPLICATION_OFFSETS_BYTES // 551
+    per = offsets_limits.MAX_REPLICATION_OFFSETS_BYTES // 551
     assert [len(ev.entries) for ev in events] == [per] * (1000 // per) + [1000 % per]
     for ev in events:
-        assert len(b"".join(ro.payload_parts(ev))) <= ro.OFFSETS_HEAD.size + limits.MAX_REPLICATION_OFFSETS_BYTES
+        assert (len(b"".join(ro.payload_parts(ev)))
+                <= ro.OFFSETS_HEAD.size + offsets_limits.MAX_REPLICATION_OFFSETS_BYTES)
 
 
 def test_an_owner_at_the_limit_is_carried_and_one_past_it_is_not():
@@ -628,25 +636,25 @@ def test_topic_owners_at_their_limits_are_carried_and_one_past_them_are_not():
         with pytest.raises(RemoteProtocolError, match="bad TOPICS: owner 1 of 1: .*" + message) as info:
             parse_one(topics_frame(dict(TABLE, owners=[list(owner)])))
         assert info.value.fatal
-    many = [("t%d" % i, "alice", 1) for i in range(limits.MAX_TOPICS * 4)]  # no count of its own: the bytes
-    assert len(parse_one(serialize(rt.encode(TABLE, many))).owners) == limits.MAX_TOPICS * 4
+    many = [("t%d" % i, "alice", 1) for i in range(topics_limits.MAX_TOPICS * 4)]  # no count of its own: the bytes
+    assert len(parse_one(serialize(rt.encode(TABLE, many))).owners) == topics_limits.MAX_TOPICS * 4
 
 
 def test_owners_that_would_pass_the_table_size_are_not_sent():
     """The owners count in MAX_TOPIC_TABLE_BYTES (the only bound of how many a frame carries): a table near it
     with owners is refused (the master then sends the table alone); a payload of exactly the limit is carried,
     one byte past it is not, and one announced past it is refused from the frame header alone."""
-    pad = limits.MAX_TOPIC_TABLE_BYTES - len(rt.encode(dict(TABLE, pad=""), []).table)
+    pad = topics_limits.MAX_TOPIC_TABLE_BYTES - len(rt.encode(dict(TABLE, pad=""), []).table)
     event = rt.encode(dict(TABLE, pad="x" * pad), [])
-    assert len(event.table) == limits.MAX_TOPIC_TABLE_BYTES and parse_one(serialize(event)) == event
+    assert len(event.table) == topics_limits.MAX_TOPIC_TABLE_BYTES and parse_one(serialize(event)) == event
     with pytest.raises(ValueError, match="TOPICS frame of %d bytes: must be 1..%d \\(limit MAX_TOPIC_TABLE_BYTES"
-                       % (limits.MAX_TOPIC_TABLE_BYTES + 1, limits.MAX_TOPIC_TABLE_BYTES)):
+                       % (topics_limits.MAX_TOPIC_TABLE_BYTES + 1, topics_limits.MAX_TOPIC_TABLE_BYTES)):
         rt.encode(dict(TABLE, pad="x" * (pad + 1)), [])
-    with pytest.raises(ValueError, match="must be 1..%d" % limits.MAX_TOPIC_TABLE_BYTES):
+    with pytest.raises(ValueError, match="must be 1..%d" % topics_limits.MAX_TOPIC_TABLE_BYTES):
         rt.encode(dict(TABLE, pad="x" * pad), [("t", "alice", 1)])
-    head = FRAME_HEADER.pack(b"MQRS", VERSION, 10, 0, limits.MAX_TOPIC_TABLE_BYTES + 1, 0)
+    head = FRAME_HEADER.pack(b"MQRS", VERSION, 10, 0, topics_limits.MAX_TOPIC_TABLE_BYTES + 1, 0)
     with pytest.raises(RemoteProtocolError, match="TOPICS frame of %d bytes: must be 1..%d" % (
-            limits.MAX_TOPIC_TABLE_BYTES + 1, limits.MAX_TOPIC_TABLE_BYTES)) as info:
+            topics_limits.MAX_TOPIC_TABLE_BYTES + 1, topics_limits.MAX_TOPIC_TABLE_BYTES)) as info:
         parse_one(head)
     assert info.value.fatal
 

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from bench.rocketmq_peer import run_peer
-from metaq import limits
+from metaq.keys import limits as keys_limits
 from metaq.client.local import ns_of
 from metaq.client.raw import RemotingClient
 from metaq.protocol.rocketmq.bodies import decode_stored_messages
@@ -60,12 +60,12 @@ def test_keys_and_unique_keys_found_and_unknown_keys_not(rmq_factory):
 def test_max_num_and_key_length_are_bounded(rmq_factory):
     b = rmq_factory(**FAST)
     with RemotingClient(rport(b)) as rc:
-        most = limits.MAX_KEY_QUERY_RESULTS
+        most = keys_limits.MAX_KEY_QUERY_RESULTS
         for i in range(most + 1):
             send_v1(rc, "tB", b"x", props={"KEYS": "hot last" if i == most else "hot"})
         assert found(rc, "tB", "last")  # the index follows the log in order: every one of them is in
         assert len(found(rc, "tB", "hot", max_num=10 ** 9)) == most
-        assert query(rc, "tB", "k" * (limits.MAX_KEY_BYTES + 1)).code != C.SUCCESS
+        assert query(rc, "tB", "k" * (keys_limits.MAX_KEY_BYTES + 1)).code != C.SUCCESS
         assert query(rc, "tB", "hot").code == C.SUCCESS  # the connection still serves
 
 
@@ -100,9 +100,9 @@ def test_pipelined_queries_never_read_are_held_by_the_reply_budget(rmq_factory):
                                                                  "segment_size": 8 << 20})
     body = b"p" * (48 << 10)
     with RemotingClient(rport(b)) as rc:
-        for _ in range(limits.MAX_KEY_QUERY_RESULTS):
+        for _ in range(keys_limits.MAX_KEY_QUERY_RESULTS):
             assert send_v1(rc, "tQB", body, props={"KEYS": "popular"}).code == 0
-        most = limits.MAX_KEY_QUERY_RESULTS
+        most = keys_limits.MAX_KEY_QUERY_RESULTS
         assert len(found(rc, "tQB", "popular", at_least=most, max_num=64)) == most
         rss = [int(line.split()[1]) for line in open("/proc/%d/status" % b.proc.pid) if line.startswith("VmRSS")][0]
         fields = {"topic": "tQB", "key": "popular", "maxNum": 64, "beginTimestamp": 0, "endTimestamp": 2**62}
@@ -112,5 +112,5 @@ def test_pipelined_queries_never_read_are_held_by_the_reply_budget(rmq_factory):
                  if line.startswith("VmRSS")][0] - rss
         answers = [rc.response(opaque) for opaque in sent]
     assert grown < 40_000, grown  # KiB: a few pages held, not 40 (about 120 MB)
-    assert all(a.code == C.SUCCESS and len(decode_stored_messages(a.body)) == limits.MAX_KEY_QUERY_RESULTS
+    assert all(a.code == C.SUCCESS and len(decode_stored_messages(a.body)) == keys_limits.MAX_KEY_QUERY_RESULTS
                for a in answers)

@@ -4,7 +4,7 @@ orderly consumer sees it (README "RocketMQ clients", "Orderly consumers")."""
 import json
 import time
 
-from metaq import limits
+from metaq.server.remoting import limits as remoting_limits
 from metaq.client.raw import RemotingClient
 from metaq.protocol.rocketmq.lockbodies import LockBatchBody, MessageQueue, encode_lock_batch
 from metaq.protocol.rocketmq.remoting import RequestCode as R
@@ -86,11 +86,11 @@ def test_a_lying_mq_set_locks_nothing_it_names_falsely(rmq_factory):
                 MessageQueue("tL", BROKER, -1), MessageQueue("unknown", BROKER, 0),  # a topic the broker refuses
                 MessageQueue("bad/name", BROKER, 0), MessageQueue("tL", BROKER, 3), MessageQueue("tL", BROKER, 3)]
         assert lock(a, "c-a", "G", lies) == [3]
-        many = [MessageQueue("tL", BROKER, i % 4) for i in range(limits.MAX_LOCK_BATCH_QUEUES + 1)]
+        many = [MessageQueue("tL", BROKER, i % 4) for i in range(remoting_limits.MAX_LOCK_BATCH_QUEUES + 1)]
         r = a.call(R.LOCK_BATCH_MQ, body=body("c-a", "G", many))
         assert r.code == C.INVALID_PARAMETER and "MAX_LOCK_BATCH_QUEUES" in r.remark
         assert a.call(R.LOCK_BATCH_MQ, body=b"{not json").code == C.INVALID_PARAMETER
-        assert lock(a, "c-a", "G", many[:limits.MAX_LOCK_BATCH_QUEUES]) == [0, 1, 2, 3]  # at the limit: served
+        assert lock(a, "c-a", "G", many[:remoting_limits.MAX_LOCK_BATCH_QUEUES]) == [0, 1, 2, 3]  # at the limit: served
         with b.client() as text:
             assert text.stats_dict()["rocketmq_queue_locks"] == "4"
 

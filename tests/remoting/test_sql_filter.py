@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from metaq import limits
+from metaq.filters import limits as filters_limits
 from metaq.client import Consumer
 from metaq.errors import BadFilterExpression, ClientError
 from metaq.client.raw import PULL_FLAGS
@@ -101,11 +101,12 @@ def test_a_bad_expression_is_subscription_parse_failed_naming_the_position(rmq_b
 
 def test_the_expression_length_limit_at_and_past(rmq_broker, rc):
     put_with_properties(rmq_broker.port, "sq4", 0, [{"a": "1"}])
-    pad = limits.MAX_SQL_FILTER_CHARS - len("a = 1 ")
+    pad = filters_limits.MAX_SQL_FILTER_CHARS - len("a = 1 ")
     at = "a = 1 " + " " * pad
     assert offsets(sql_pull(rc, "sq4", 0, 0, at)) == [0]
     r = sql_pull(rc, "sq4", 0, 0, at + " ")
-    assert r.code == C.SUBSCRIPTION_PARSE_FAILED and "at most %d characters" % limits.MAX_SQL_FILTER_CHARS in r.remark
+    assert (r.code == C.SUBSCRIPTION_PARSE_FAILED
+            and "at most %d characters" % filters_limits.MAX_SQL_FILTER_CHARS in r.remark)
 
 
 def test_a_push_consumer_pull_uses_the_heartbeat_expression(rmq_broker, rc):
@@ -135,7 +136,7 @@ def test_an_unknown_expression_type_is_refused(rmq_broker, rc):
 
 @pytest.mark.slow
 def test_a_pull_evaluates_at_most_the_scan_limit(rmq_broker, rc):
-    limit = limits.MAX_SQL_FILTER_SCAN
+    limit = filters_limits.MAX_SQL_FILTER_SCAN
     put_with_properties(rmq_broker.port, "sq7", 0, [{"a": "0"}] * limit + [{"a": "1"}])
     # from offset 1 the wanted record is the limit-th one evaluated: found in one pull
     assert offsets(sql_pull(rc, "sq7", 0, 1, "a = 1", max_nums=1)) == [limit]
@@ -199,7 +200,7 @@ def test_text_get_sql(broker):
 
 
 def test_text_get_sql_evaluates_at_most_the_scan_limit(broker):
-    n = limits.MAX_SQL_FILTER_SCAN
+    n = filters_limits.MAX_SQL_FILTER_SCAN
     put_with_properties(broker.port, "sqs", 0, [{"a": "0"}] * n + [{"a": "1"}])
     with broker.client() as c:
         r = c.get_sql("sqs", 0, 0, "a = 1")
@@ -243,7 +244,7 @@ def test_a_bad_sql92_subscription_is_refused_at_subscribe(broker):
 
 
 def test_a_heartbeat_past_the_sql_subscription_limit_is_refused_whole(rmq_broker, rc):
-    n = limits.MAX_HEARTBEAT_SQL_SUBSCRIPTIONS
+    n = filters_limits.MAX_HEARTBEAT_SQL_SUBSCRIPTIONS
 
     def body(count):
         return json.dumps({"clientID": "10.0.0.9@many", "consumerDataSet": [{

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from bench.rocketmq_peer import run_peer
-from metaq import limits
+from metaq.filters import limits as filters_limits
 from metaq.client import Consumer
 from metaq.client.local import ns_of
 from metaq.client.raw import PULL_FLAGS, RemotingClient
@@ -93,7 +93,7 @@ def test_a_pull_over_only_unwanted_records_moves_on_and_waits_for_a_wanted_one(r
 
 @pytest.mark.slow
 def test_a_pull_scans_at_most_the_unit_limit(rmq_broker, rc):
-    limit = limits.MAX_FILTER_SCAN_UNITS
+    limit = filters_limits.MAX_FILTER_SCAN_UNITS
     pipeline_puts(rmq_broker.port, "tf3", 0, ["B"] * limit + ["A"], payload=b"")
     # from offset 1 the wanted record is the limit-th unit scanned: found in one pull
     r = pull(rc, "tf3", 0, 1, sub="A", max_nums=1)
@@ -107,9 +107,9 @@ def test_a_pull_scans_at_most_the_unit_limit(rmq_broker, rc):
 
 def test_a_bad_subscription_is_refused_and_the_connection_goes_on(rmq_broker, rc):
     pipeline_puts(rmq_broker.port, "tf4", 0, ["A"])
-    r = pull(rc, "tf4", 0, 0, sub="x" * (limits.MAX_TAG_EXPRESSION_BYTES + 1))
+    r = pull(rc, "tf4", 0, 0, sub="x" * (filters_limits.MAX_TAG_EXPRESSION_BYTES + 1))
     assert r.code == ResponseCode.INVALID_PARAMETER and "too long" in r.remark
-    r = pull(rc, "tf4", 0, 0, sub="x" * limits.MAX_TAG_EXPRESSION_BYTES)  # at the limit: a valid, unmatched tag
+    r = pull(rc, "tf4", 0, 0, sub="x" * filters_limits.MAX_TAG_EXPRESSION_BYTES)  # at the limit: a valid, unmatched tag
     assert r.code == ResponseCode.PULL_NOT_FOUND and int(r.ext_fields["nextBeginOffset"]) == 1
     assert pull(rc, "tf4", 0, 0, sub="A").code == ResponseCode.SUCCESS
 
@@ -129,7 +129,8 @@ def test_text_get_tags(broker):
         r = c.get_tags("tf5", 0, 15, "A")  # past it: go to the end
         assert isinstance(r, ev.Result) and r.code == 301 and r.body == b"14"
         # malformed or oversize tags: 400 saying why, the connection goes on
-        for tags, why in (("*", b"at least one tag"), ("x" * (limits.MAX_TAG_EXPRESSION_BYTES + 1), b"too long")):
+        for tags, why in (("*", b"at least one tag"),
+                          ("x" * (filters_limits.MAX_TAG_EXPRESSION_BYTES + 1), b"too long")):
             r = c.get_tags("tf5", 0, 0, tags)
             assert isinstance(r, ev.Result) and r.code == 400 and why in r.body, r
         assert isinstance(c.get_tags("tf5", 0, 0, "A"), ev.Value)
@@ -148,12 +149,12 @@ def test_text_get_tags(broker):
 
 
 def test_text_get_tags_past_the_unit_limit_says_where_to_go_on(broker, monkeypatch):
-    n = limits.MAX_FILTER_SCAN_UNITS + 1
+    n = filters_limits.MAX_FILTER_SCAN_UNITS + 1
     pipeline_puts(broker.port, "tf6", 0, ["B"] * n + ["A"], payload=b"")
     with broker.client() as c:
         r = c.get_tags("tf6", 0, 0, "A")
-        assert isinstance(r, ev.Value) and decode_tagged_body(r.body) == (limits.MAX_FILTER_SCAN_UNITS, [])
-        nxt, records = decode_tagged_body(c.get_tags("tf6", 0, limits.MAX_FILTER_SCAN_UNITS, "A").body)
+        assert isinstance(r, ev.Value) and decode_tagged_body(r.body) == (filters_limits.MAX_FILTER_SCAN_UNITS, [])
+        nxt, records = decode_tagged_body(c.get_tags("tf6", 0, filters_limits.MAX_FILTER_SCAN_UNITS, "A").body)
         assert nxt == n + 1 and [o for o, _rec in records] == [n]
         stats = c.stats_dict()
     assert int(stats["filter_skipped_units"]) >= n

@@ -3,6 +3,7 @@
 import pytest
 
 from metaq import errors, limits
+from metaq.reqreply import limits as reqreply_limits
 from metaq.protocol import events as ev
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.reqreply.records import (CORRELATION_ID, REPLY_ERROR, REPLY_TO_CLIENT, is_request, properties_of,
@@ -50,8 +51,10 @@ def test_a_reply_carries_the_requests_routing_and_an_error_when_given():
 
 
 def test_a_long_error_is_cut_to_its_limit():
-    text = reply_properties(request_properties("c", "a", 1, "C"), "é" * limits.MAX_REPLY_ERROR_BYTES)[REPLY_ERROR]
-    assert len(text.encode()) <= limits.MAX_REPLY_ERROR_BYTES and text == "é" * (limits.MAX_REPLY_ERROR_BYTES // 2)
+    text = reply_properties(request_properties("c", "a", 1, "C"),
+                            "é" * reqreply_limits.MAX_REPLY_ERROR_BYTES)[REPLY_ERROR]
+    assert (len(text.encode()) <= reqreply_limits.MAX_REPLY_ERROR_BYTES
+            and text == "é" * (reqreply_limits.MAX_REPLY_ERROR_BYTES // 2))
 
 
 def test_routing_refuses_missing_or_oversized_fields():

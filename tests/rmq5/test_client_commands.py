@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from metaq import limits
+from metaq.rmq5 import limits as rmq5_limits
 from metaq import admincli as admin
 from metaq.admin.wire import ClientCommand, decode_body
 from metaq.client.local import BrokerProcess, free_port, small_config
@@ -156,7 +156,7 @@ def test_a_client_that_never_answers_ends_in_a_timeout_and_an_unknown_one_in_404
     for wait, ok in (("60", True), ("60.001", False)):  # GRPC_CLIENT_COMMAND_MAX_TIMEOUT_MS, and one past
         rc, _, err = ask(capsys, broker, "stack", "nobody@1", "--wait", wait)
         assert (rc == admin.EXIT_USAGE) != ok, (wait, err)
-    assert limits.GRPC_CLIENT_COMMAND_MAX_TIMEOUT_MS == 60_000
+    assert rmq5_limits.GRPC_CLIENT_COMMAND_MAX_TIMEOUT_MS == 60_000
     rc, _, err = ask(capsys, broker, "stack", "nobody@1")
     assert rc == admin.EXIT_REFUSED and "no gRPC client nobody@1" in err
     # the stream ended: the client is no longer known
@@ -164,7 +164,7 @@ def test_a_client_that_never_answers_ends_in_a_timeout_and_an_unknown_one_in_404
 
 
 def test_questions_past_the_pending_limit_are_refused_and_an_ended_stream_ends_its_questions(broker):
-    limit = limits.GRPC_MAX_PENDING_CLIENT_COMMANDS
+    limit = rmq5_limits.GRPC_MAX_PENDING_CLIENT_COMMANDS
     c = Connected(broker.config["grpc"]["port"], "busy@1", lambda command: None)
     texts = [broker.client() for _ in range(limit + 1)]
     try:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from metaq import limits
+from metaq.auth import limits as auth_limits
 from tests.harness.acl import SECRETS, write_acl
 from tests.harness.grpc_turns import grpc_broker, inline_and_spawned
 from tests.rmq5.test_grpc_port import Client, code, credentials, message
@@ -89,7 +89,7 @@ def test_an_ack_that_waits_stalls_neither_its_connection_nor_another(tmp_path):
         assert code(shared.send(*[message(TOPIC, b"m%d" % i) for i in range(2)], metadata=alice()).status) == "OK"
         st, got = receive(shared, GROUP, TOPIC, batch=2, metadata=alice())
         assert code(st) == "OK" and len(got) == 2
-        for _ in range(limits.AUTH_FAILURES_BEFORE_DELAY):
+        for _ in range(auth_limits.AUTH_FAILURES_BEFORE_DELAY):
             refused = shared.unary("AckMessage", _ack_request("x"), pb.AckMessageResponse, metadata=wrong())
             assert code(refused.status) == "UNAUTHORIZED"
         done = {}
@@ -109,7 +109,7 @@ def test_an_ack_that_waits_stalls_neither_its_connection_nor_another(tmp_path):
             assert code(r.status) == "OK"
         assert "wrong" not in done  # alice's acks were not behind the delayed ones
         t.join(30)
-        assert done["wrong"][0] == "UNAUTHORIZED" and done["wrong"][1] >= 2 * limits.AUTH_FAILURE_DELAY_S
+        assert done["wrong"][0] == "UNAUTHORIZED" and done["wrong"][1] >= 2 * auth_limits.AUTH_FAILURE_DELAY_S
     finally:
         shared.close()
         other.close()

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from metaq import limits
+from metaq.rmq5 import limits as rmq5_limits
 from metaq.client.local import BrokerProcess, free_port, small_config
 from tests.harness.acl import SECRETS, write_acl
 from tests.rmq5.test_grpc_port import Client, code, credentials, message, signing_date
@@ -16,7 +16,7 @@ pb = pytest.importorskip("metaq.rmq5.messages_pb2")
 
 pytestmark = pytest.mark.integration
 
-SKEW_S = limits.GRPC_AUTH_MAX_SKEW_MS // 1000
+SKEW_S = rmq5_limits.GRPC_AUTH_MAX_SKEW_MS // 1000
 
 
 @pytest.fixture(scope="module")

@@ -265,8 +265,8 @@ def test_window_updates_answering_data_sent_are_free_up_to_their_credit():
 
 
 def test_a_header_block_is_bounded_as_it_comes_and_one_byte_past_ends_the_connection(broker):
-    from metaq import limits
-    bound = limits.GRPC_HEADER_BLOCK_FACTOR * limits.GRPC_MAX_HEADER_BYTES
+    from metaq.rmq5 import limits as rmq5_limits
+    bound = rmq5_limits.GRPC_HEADER_BLOCK_FACTOR * rmq5_limits.GRPC_MAX_HEADER_BYTES
     raw = Frames(grpc_port(broker))
     try:
         raw.send(PREFACE + frame(SETTINGS))
@@ -354,13 +354,14 @@ def test_one_byte_data_frames_on_an_open_stream_count_past_the_streams_credit_an
     """A stream pays for GRPC_SMALL_FRAMES_PER_STREAM small frames (its 5-byte message prefix takes one); past
     them each 1-byte DATA frame counts against the control budget; one past it ends the connection, and another
     client is answered."""
-    from metaq import limits
+    from metaq.rmq5 import limits as rmq5_limits
     bystander = _bystander(broker)
     try:
         prefix = frame(DATA, 0, 1, b"\0" + (1 << 20).to_bytes(4, "big"))  # a message of 1 MiB begun
         opening = PREFACE + frame(SETTINGS) + frame(SETTINGS, ACK) + frame(HEADERS, END_HEADERS, 1,
                                                                            header_block("SendMessage")) + prefix
-        _budget_then_one_more(broker, opening, frame(DATA, 0, 1, b"x"), spent=2 - (limits.GRPC_SMALL_FRAMES_PER_STREAM
+        _budget_then_one_more(broker, opening, frame(DATA, 0, 1, b"x"),
+                              spent=2 - (rmq5_limits.GRPC_SMALL_FRAMES_PER_STREAM
                                                                                      - 1))
         _after_the_cut_a_bystander_is_answered(broker, bystander)
     finally:
@@ -474,8 +475,8 @@ def test_a_stream_error_resets_its_stream_and_the_connection_goes_on(broker, ope
 def test_a_stream_past_max_concurrent_streams_is_refused_and_the_goaway_names_the_last_stream_taken(roomy):
     """One stream more than SETTINGS_MAX_CONCURRENT_STREAMS is reset REFUSED_STREAM (a gRPC client retries it), the
     connection going on; a GOAWAY after names the last stream taken, not the refused one."""
-    from metaq import limits
-    most = limits.GRPC_MAX_STREAMS_PER_CONNECTION
+    from metaq.rmq5 import limits as rmq5_limits
+    most = rmq5_limits.GRPC_MAX_STREAMS_PER_CONNECTION
     raw = Frames(grpc_port(roomy))
     block = header_block("Heartbeat")
     try:
@@ -773,8 +774,8 @@ def test_kept_header_blocks_are_served_at_the_limit_and_one_past_and_never_after
     connection is answered for each as its headers say (past the limit the oldest kept block goes and is decoded
     again); then a block inserts another :path, so the same bytes as the kept blocks now name a method the port does
     not have: they are answered as a fresh decoder reads them (UNIMPLEMENTED), not as the kept lists say."""
-    from metaq import limits
-    n = limits.GRPC_CACHED_HEADER_BLOCKS + 1
+    from metaq.rmq5 import limits as rmq5_limits
+    n = rmq5_limits.GRPC_CACHED_HEADER_BLOCKS + 1
     blocks = [_path_block(62, "raw-%d" % i) for i in range(n)]  # :path = the newest entry of the table
     dec = hpack.Decoder()
     raw = Frames(grpc_port(roomy))

@@ -7,7 +7,7 @@ import queue
 
 import pytest
 
-from metaq import limits
+from metaq.rmq5 import limits as rmq5_limits
 from metaq.client.local import free_port, small_config
 from metaq.protocol import stats as stats_codec
 from tests.harness.acl import SECRETS, login, write_acl
@@ -118,7 +118,7 @@ def test_a_users_new_clients_never_push_out_another_users_live_settings_at_the_b
     from metaq.rmq5.calls import ClientKey
     from metaq.rmq5.consumers import ConsumerClients
     from metaq.rmq5.wire import GrpcError, Status
-    monkeypatch.setattr(limits, "GRPC_MAX_CONSUMER_CLIENTS", 3)
+    monkeypatch.setattr(rmq5_limits, "GRPC_MAX_CONSUMER_CLIENTS", 3)
     quotas = SimpleNamespace(check=lambda user, name, current, more=1: None)  # every user's share: the whole table
     service = ConsumerClients(SimpleNamespace(quotas=quotas))
     service.remember(ClientKey("bob", "b0"), True, 5, now=100.0)
@@ -128,7 +128,7 @@ def test_a_users_new_clients_never_push_out_another_users_live_settings_at_the_b
         service.remember(ClientKey("alice", "a2"), True, 5, now=101.0)
     assert refused.value.status == Status.RESOURCE_EXHAUSTED and "GRPC_MAX_CONSUMER_CLIENTS" in str(refused.value)
     assert ClientKey("bob", "b0") in service and ClientKey("alice", "a2") not in service
-    later = 100.0 + limits.GRPC_CLIENT_IDLE_MS / 1000.0 + 1
+    later = 100.0 + rmq5_limits.GRPC_CLIENT_IDLE_MS / 1000.0 + 1
     service.remember(ClientKey("alice", "a2"), True, 5, now=later)  # bob's idle since: forgotten
     assert ClientKey("bob", "b0") not in service
     assert service.held() == {"alice": 3}
@@ -155,6 +155,6 @@ def test_a_user_past_its_quota_forgets_its_own_idle_client_else_is_refused():
         service.remember(ClientKey("alice", "a2"), True, 5, now=101.0)
     assert refused.value.status == Status.RESOURCE_EXHAUSTED and "consumer_clients of user alice" in str(refused.value)
     service.remember(ClientKey("alice", "a1"), True, 5, now=150.0)  # a known client: heard from again
-    later = 100.0 + limits.GRPC_CLIENT_IDLE_MS / 1000.0 + 1
+    later = 100.0 + rmq5_limits.GRPC_CLIENT_IDLE_MS / 1000.0 + 1
     service.remember(ClientKey("alice", "a2"), True, 5, now=later)  # a0 idle: alice's own, forgotten
     assert set(service.clients()) == {ClientKey("bob", "b0"), ClientKey("alice", "a1"), ClientKey("alice", "a2")}

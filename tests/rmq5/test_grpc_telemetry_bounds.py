@@ -8,7 +8,7 @@ import queue
 
 import pytest
 
-from metaq import limits
+from metaq.rmq5 import limits as rmq5_limits
 from metaq.client.local import free_port, small_config
 from metaq.protocol import stats as stats_codec
 from tests.harness.acl import SECRETS, login, write_acl
@@ -20,7 +20,7 @@ pb = pytest.importorskip("metaq.rmq5.messages_pb2")
 
 pytestmark = pytest.mark.integration
 
-PER_SETTINGS = limits.GRPC_MAX_TOPICS_PER_SETTINGS
+PER_SETTINGS = rmq5_limits.GRPC_MAX_TOPICS_PER_SETTINGS
 QUOTA = 1500  # every user's producer_topics quota in the permissions file
 
 
@@ -119,7 +119,7 @@ def test_the_broker_keeps_at_most_grpc_max_producer_topics_names_and_refuses_one
     cfg = small_config(tmp_path / "data", grpc={"port": free_port()})
     broker_factory(cfg)
     c = Client(cfg["grpc"]["port"])
-    full, count = divmod(limits.GRPC_MAX_PRODUCER_TOPICS, PER_SETTINGS)
+    full, count = divmod(rmq5_limits.GRPC_MAX_PRODUCER_TOPICS, PER_SETTINGS)
     streams = [Stream(c, c.metadata) for _ in range(full + 2)]
     try:
         for i in range(full):

@@ -187,8 +187,8 @@ def _decodes(cached, monkeypatch):
 def test_decoder_keeps_the_limits_blocks_and_one_past_drops_the_oldest(monkeypatch):
     """GRPC_CACHED_HEADER_BLOCKS distinct blocks alternating are each decoded by hpack once, then served from the
     cache; one block more drops the oldest kept block, which is decoded again (correctly) when it comes back."""
-    from metaq import limits
-    n = limits.GRPC_CACHED_HEADER_BLOCKS
+    from metaq.rmq5 import limits as rmq5_limits
+    n = rmq5_limits.GRPC_CACHED_HEADER_BLOCKS
     enc, plain, cached, lists, blocks = _indexed_blocks(n + 1)
     calls = _decodes(cached, monkeypatch)
     for _ in range(3):  # the limit's blocks, alternating: each decoded once
@@ -245,10 +245,10 @@ def test_decoder_refuses_a_kept_block_once_a_size_update_evicted_what_it_names()
 def test_checked_headers_keep_the_limits_lists_and_one_past_drops_the_oldest(monkeypatch):
     """CheckedHeaders checks each of GRPC_CACHED_HEADER_BLOCKS alternating lists once; one more drops the oldest,
     checked again when it comes back; a list that fails is never kept."""
-    from metaq import limits
+    from metaq.rmq5 import limits as rmq5_limits
     from metaq.rmq5 import headercache
     from metaq.rmq5.http2 import ProtocolError
-    n = limits.GRPC_CACHED_HEADER_BLOCKS
+    n = rmq5_limits.GRPC_CACHED_HEADER_BLOCKS
     lists = [_method_headers(b"Method%d" % i) for i in range(n + 1)]
     checks = []
     real = headercache.check_fields

@@ -197,8 +197,8 @@ def test_headers_on_a_stream_the_client_ended_is_a_connection_error_stream_close
 
 
 def test_reset_streams_and_skipped_ids_are_remembered_up_to_their_limit():
-    from metaq import limits
-    kept = limits.GRPC_CLOSED_STREAMS_KEPT
+    from metaq.rmq5 import limits as rmq5_limits
+    kept = rmq5_limits.GRPC_CLOSED_STREAMS_KEPT
     for sid, code in ((3, None), (1, ErrorCode.STREAM_CLOSED)):  # the oldest kept reset; one past: forgotten
         c = Client(max_streams=1000)
         for i in range(kept + 1):  # each opened and reset by the client before it ended

@@ -286,10 +286,10 @@ def test_without_subscribe_permission_a_receive_is_forbidden(tmp_path):
 def test_consumer_settings_are_kept_for_at_most_grpc_max_consumer_clients(monkeypatch):
     from types import SimpleNamespace
 
-    from metaq import limits
+    from metaq.rmq5 import limits as rmq5_limits
     from metaq.rmq5.calls import ClientKey
     from metaq.rmq5.consumers import CONSUMER_ATTEMPTS, ConsumerClients
-    monkeypatch.setattr(limits, "GRPC_MAX_CONSUMER_CLIENTS", 3)
+    monkeypatch.setattr(rmq5_limits, "GRPC_MAX_CONSUMER_CLIENTS", 3)
     service = ConsumerClients(None)
 
     def call(client):

@@ -313,11 +313,11 @@ def test_a_call_answered_after_the_connection_ended_gives_back_what_it_took(peer
 def test_each_frame_costs_by_its_kind():
     """FloodBudget's costs: frames that do no work count, full DATA frames are free and pay for a small frame, a stream
     opened pays for GRPC_SMALL_FRAMES_PER_STREAM small ones, tiny header-block parts that end nothing always count."""
-    from metaq import limits
+    from metaq.rmq5 import limits as rmq5_limits
     from metaq.rmq5 import http2 as h
     from metaq.rmq5.port import FloodBudget
 
-    small, per_stream = limits.GRPC_SMALL_FRAME_BYTES, limits.GRPC_SMALL_FRAMES_PER_STREAM
+    small, per_stream = rmq5_limits.GRPC_SMALL_FRAME_BYTES, rmq5_limits.GRPC_SMALL_FRAMES_PER_STREAM
     budget = FloodBudget(PortLimits(max_control_frames=100))
     budget.tick(0.0)
     for head in ((h.PING, 0, 8, 0), (h.SETTINGS, h.ACK, 0, 0), (h.RST_STREAM, 0, 4, 1), (h.PRIORITY, 0, 5, 1),

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from metaq import limits
+from metaq.rmq5 import limits as rmq5_limits
 from metaq.client.local import BrokerProcess, free_port, rmq_config, small_config
 from metaq.client.raw import RemotingClient
 from metaq.protocol import events as ev
@@ -145,7 +145,7 @@ def test_tag_and_sql_filters_serve_only_matching_messages_and_pass_the_others(cl
 
 
 def test_a_pull_serves_at_most_grpc_pull_max_batch_messages(client):
-    n = limits.GRPC_PULL_MAX_BATCH
+    n = rmq5_limits.GRPC_PULL_MAX_BATCH
     q = one_queue(client, "tp-batch", [b"%d" % i for i in range(n + 8)])
     st, got, nxt = pull(client, "g-b", "tp-batch", q, 0, batch=n)  # at the limit
     assert code(st) == "OK" and len(got) == n and nxt == n

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from metaq import limits
+from metaq.rmq5 import limits as rmq5_limits
 from metaq.pop.records import InvalidHandle
 from metaq.protocol.journaltopic import POP_TOPIC
 from metaq.rmq5.renewer import RENEW_AHEAD_MS, Renewals, Renewer
@@ -21,9 +21,9 @@ NOW = 1_700_000_000_000
 
 
 def test_limits_are_named():
-    assert limits.GRPC_RENEW_MAX_MS == 3 * 3600 * 1000 and limits.GRPC_RELEASE_INVISIBLE_MS == 1000
-    assert limits.GRPC_MAX_RENEWED == 100_000 and limits.GRPC_MAX_RENEWED_PER_CLIENT == 10_000
-    assert limits.GRPC_CLIENT_IDLE_MS == 120_000 and limits.GRPC_RENEW_INVISIBLE_MS == 60_000
+    assert rmq5_limits.GRPC_RENEW_MAX_MS == 3 * 3600 * 1000 and rmq5_limits.GRPC_RELEASE_INVISIBLE_MS == 1000
+    assert rmq5_limits.GRPC_MAX_RENEWED == 100_000 and rmq5_limits.GRPC_MAX_RENEWED_PER_CLIENT == 10_000
+    assert rmq5_limits.GRPC_CLIENT_IDLE_MS == 120_000 and rmq5_limits.GRPC_RENEW_INVISIBLE_MS == 60_000
 
 
 def test_messages_are_due_within_the_margin_and_dropped_past_the_maximum_age():
@@ -148,7 +148,7 @@ def test_a_terminated_client_s_messages_are_visible_again_soon(broker):
     renewer.round(now)
     assert len(renewer.renewals) == 0
     for m in got:
-        assert broker.pop.state.flight_at(G, T, 0, m.offset).deadline == now + limits.GRPC_RELEASE_INVISIBLE_MS
+        assert broker.pop.state.flight_at(G, T, 0, m.offset).deadline == now + rmq5_limits.GRPC_RELEASE_INVISIBLE_MS
         with pytest.raises(InvalidHandle):  # the ended client's handles no longer ack
             broker.pop.state.flight(G, T, m.handle, now)
 

@@ -7,7 +7,7 @@ import ssl
 import struct
 import time
 
-from metaq import limits
+from metaq.auth import limits as auth_limits
 from metaq.client.local import small_config
 from metaq.protocol.proxyheader import V2_SIGNATURE
 from tests.harness.broker import wait_for
@@ -181,6 +181,6 @@ def test_failed_logins_slow_the_client_behind_the_proxy_not_its_neighbours(broke
         s.close()
         return time.monotonic() - started
 
-    assert all(refused_after("192.0.2.1") < 0.5 for _ in range(limits.AUTH_FAILURES_BEFORE_DELAY))
-    assert refused_after("192.0.2.1") >= limits.AUTH_FAILURE_DELAY_S * 0.9  # this client is slowed
+    assert all(refused_after("192.0.2.1") < 0.5 for _ in range(auth_limits.AUTH_FAILURES_BEFORE_DELAY))
+    assert refused_after("192.0.2.1") >= auth_limits.AUTH_FAILURE_DELAY_S * 0.9  # this client is slowed
     assert refused_after("198.51.100.7") < 0.5  # another client behind the same proxy is not

@@ -7,7 +7,9 @@ import os
 
 import pytest
 
-from metaq import limits
+from metaq.auth import limits as auth_limits
+from metaq.idempotence import limits as idempotence_limits
+from metaq.timers import limits as timers_limits
 from metaq.client.local import free_port, rmq_config, small_config
 from metaq.client.raw import RemotingClient
 from metaq.idempotence.wire import IdempotentPut
@@ -60,10 +62,10 @@ def test_another_users_window_survives_4100_fresh_producers_of_one_user(broker_f
     bob = login(b, "bob")
     assert bob.call(idem(900, 0, 1)).code == 200
     alice = login(b, "alice")
-    n = limits.MAX_IDEMPOTENT_PRODUCERS + 4
+    n = idempotence_limits.MAX_IDEMPOTENT_PRODUCERS + 4
     replies = pipeline(alice, [idem(10_000 + i, 0, i) for i in range(n)])
     assert [r.code for r in replies] == [200] * n
-    quota = int(limits.MAX_IDEMPOTENT_PRODUCERS * limits.QUOTA_DEFAULT_SHARE)
+    quota = int(idempotence_limits.MAX_IDEMPOTENT_PRODUCERS * auth_limits.QUOTA_DEFAULT_SHARE)
     assert held(b) == {"alice": (quota, quota), "bob": (1, quota), "admin": (0, quota), "reader": (0, quota)}
     r = bob.call(idem(900, 0, 2))  # bob's retried send: a duplicate, not a second copy
     assert r.code == 200 and r.body.endswith(b" dup"), r
@@ -147,7 +149,7 @@ def test_a_slave_applying_replicated_records_keeps_each_users_windows(broker_fac
         with login(master, user) as c:
             for _ in range(count):
                 assert put_at(c, "orders", b"later", "+600000").code == 200
-    limit = limits.MAX_PENDING_TIMERS // 2
+    limit = timers_limits.MAX_PENDING_TIMERS // 2
     timers = {"alice": (2, limit), "bob": (1, limit), "admin": (0, limit), "reader": (0, limit)}
     wait_for(lambda: held(master, "timers") == timers, timeout=20, what="the master's timers per user")
     wait_for(lambda: held(slave, "timers") == timers, timeout=20, what="the slave's timers per user")

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from metaq import limits
+from metaq.auth import limits as auth_limits
 from metaq.client.local import rmq_config
 from metaq.client.raw import RemotingClient, sign_request
 from metaq.protocol import events as ev
@@ -97,17 +97,17 @@ def test_a_wrong_secret_or_a_changed_body_fails_the_signature(secured):
 
 
 def test_repeated_failures_from_an_address_are_slowed(secured):
-    for _ in range(limits.AUTH_FAILURES_BEFORE_DELAY):
+    for _ in range(auth_limits.AUTH_FAILURES_BEFORE_DELAY):
         with as_user(secured, "alice", "guess") as rc:
             refused(send_v1(rc, "orders", b"x"), "Check signature failed")
     started = time.monotonic()
     with as_user(secured, "alice", "guess") as rc:
         refused(send_v1(rc, "orders", b"x"), "Check signature failed")
-    assert time.monotonic() - started >= limits.AUTH_FAILURE_DELAY_S * 0.9
+    assert time.monotonic() - started >= auth_limits.AUTH_FAILURE_DELAY_S * 0.9
     started = time.monotonic()
     with as_user(secured, "alice") as rc:  # a right key is not slowed
         assert send_v1(rc, "orders", b"ok").code == ResponseCode.SUCCESS
-    assert time.monotonic() - started < limits.AUTH_FAILURE_DELAY_S * 0.5
+    assert time.monotonic() - started < auth_limits.AUTH_FAILURE_DELAY_S * 0.5
 
 
 # -- permissions: refused with RocketMQ's reason, the connection goes on -----------------------------------------

@@ -16,6 +16,8 @@ import time
 import pytest
 
 from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
+from metaq.server.replication import limits as replication_limits
 from metaq.auth import proofs
 from metaq.client.local import free_port, small_config
 from metaq.mqtt.records import record_data
@@ -188,12 +190,13 @@ def test_idle_strangers_never_keep_a_slave_out(broker_factory, tmp_path):
         cfg["security"] = {"replication_secret": SECRET}
         broker_factory(cfg, workdir=wd, extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1"])
         wait_for(lambda: stats(master)["replication_slaves"] == "1", 6, "the slave connected past the flood")
-        time.sleep(limits.REPLICATION_PROOF_TIMEOUT_S + 1)  # the strangers closed at their deadline and back
+        time.sleep(replication_limits.REPLICATION_PROOF_TIMEOUT_S
+                   + 1)  # the strangers closed at their deadline and back
         assert stats(master)["replication_slaves"] == "1"
         assert master.log_text().count("slave 1 connected") == 1
     finally:
         flood.stop()
-    assert flood.opened > limits.REPLICATION_STRANGERS
+    assert flood.opened > replication_limits.REPLICATION_STRANGERS
 
 
 def test_strangers_per_address_and_in_all(broker_factory, tmp_path):
@@ -202,33 +205,34 @@ def test_strangers_per_address_and_in_all(broker_factory, tmp_path):
     address holding the most (counted in stats: replication_strangers_evicted); each is closed at
     REPLICATION_PROOF_TIMEOUT_S."""
     master, rport = start_master(broker_factory, tmp_path)
-    per = limits.REPLICATION_STRANGERS_PER_ADDRESS
+    per = replication_limits.REPLICATION_STRANGERS_PER_ADDRESS
     peers = [Peer(rport, (FLOODERS[0], 0)) for _ in range(per + 1)]
     got = [p.next(2.0) for p in peers]
     assert all(isinstance(g, rp.Challenge) for g in got[:per]), got
     assert got[per] is rp.CLOSED  # closed before its CHALLENGE
-    sources = FLOODERS[1:1 + limits.REPLICATION_STRANGERS // per]
+    sources = FLOODERS[1:1 + replication_limits.REPLICATION_STRANGERS // per]
     more = [Peer(rport, (s, 0)) for s in sources for _ in range(per)]  # (opened well within the eviction age)
     for p in more:
         p.next(1.0)
     time.sleep(0.5)
     live = [p for p in peers + more if p.open_now()]
-    assert len(live) == limits.REPLICATION_STRANGERS, len(live)
+    assert len(live) == replication_limits.REPLICATION_STRANGERS, len(live)
     assert sum(p in live for p in peers) < per  # the address holding the most gave way to the others
     counts = stats(master)
-    assert int(counts["replication_strangers"]) == limits.REPLICATION_STRANGERS, counts
+    assert int(counts["replication_strangers"]) == replication_limits.REPLICATION_STRANGERS, counts
     assert int(counts["replication_strangers_evicted"]) >= per - sum(p in live for p in peers), counts
     started = time.monotonic()
-    assert live[-1].next(limits.REPLICATION_PROOF_TIMEOUT_S + 3) is rp.CLOSED
-    assert time.monotonic() - started < limits.REPLICATION_PROOF_TIMEOUT_S + 1
+    assert live[-1].next(replication_limits.REPLICATION_PROOF_TIMEOUT_S + 3) is rp.CLOSED
+    assert time.monotonic() - started < replication_limits.REPLICATION_PROOF_TIMEOUT_S + 1
     for p in peers + more:
         p.close()
 
 
 # -- before the proof only the handshake's small frames ----------------------------------------------------------
 
-@pytest.mark.parametrize("ftype,length", [(rp.T_PEER_CALL, limits.MQTT_CLUSTER_MAX_CALL_BYTES),
-                                          (rp.T_ROUTES, limits.MQTT_CLUSTER_ROUTES_BYTES)], ids=["call", "routes"])
+@pytest.mark.parametrize("ftype,length", [(rp.T_PEER_CALL, mqttcluster_limits.MQTT_CLUSTER_MAX_CALL_BYTES),
+                                          (rp.T_ROUTES, mqttcluster_limits.MQTT_CLUSTER_ROUTES_BYTES)],
+                         ids=["call", "routes"])
 def test_a_large_frame_before_the_proof_is_refused_at_its_header(broker_factory, tmp_path, ftype, length):
     """A PEER_CALL of 32 MiB or a ROUTES of 4 MiB announced by its header after a PROOF: refused at once, before a
     byte of its body came (none is ever sent)."""
@@ -252,7 +256,7 @@ def test_the_handshake_frame_limit_and_one_past_it(broker_factory, tmp_path, ext
     peer = Peer(rport)
     peer.next()
     peer.send(rp.Proof(proofs.new_nonce(), "0" * 64))
-    body = b" " * (limits.REPLICATION_HANDSHAKE_FRAME_BYTES - 4 + extra)
+    body = b" " * (replication_limits.REPLICATION_HANDSHAKE_FRAME_BYTES - 4 + extra)
     peer.sock.sendall(frame(rp.T_PEER_CALL, (1).to_bytes(4, "big") + body))
     event = peer.next(5.0)
     assert isinstance(event, rp.ErrorFrame), event
@@ -328,13 +332,13 @@ def test_peer_calls_held_to_membership(broker_factory, tmp_path, zk_connect):
     assert still_open(device)
 
     before = int(stats(b1)["mqtt_cluster_ids_homed"])
-    ids = ["held-%d" % i for i in range(limits.MQTT_CLUSTER_ID_BATCH + 1)]
+    ids = ["held-%d" % i for i in range(mqttcluster_limits.MQTT_CLUSTER_ID_BATCH + 1)]
     answer = member.again(2, {"op": "hold", "ids": ids})
     assert "MQTT_CLUSTER_ID_BATCH" in answer.get("error", ""), answer
-    answer = member.again(2, {"op": "hold", "ids": ids[:limits.MQTT_CLUSTER_ID_BATCH]})
+    answer = member.again(2, {"op": "hold", "ids": ids[:mqttcluster_limits.MQTT_CLUSTER_ID_BATCH]})
     assert answer == {"drop": [], "cont": []}, answer
-    mine = sum(1 for c in ids[:limits.MQTT_CLUSTER_ID_BATCH] if home_of(c, [1, 2]) == 1)
-    assert 0 < mine < limits.MQTT_CLUSTER_ID_BATCH
+    mine = sum(1 for c in ids[:mqttcluster_limits.MQTT_CLUSTER_ID_BATCH] if home_of(c, [1, 2]) == 1)
+    assert 0 < mine < mqttcluster_limits.MQTT_CLUSTER_ID_BATCH
     assert int(stats(b1)["mqtt_cluster_ids_homed"]) == before + mine
 
     member.send(rp.PeerCall(1, json.dumps(give_up).encode()))  # the link proved broker 2
@@ -471,7 +475,7 @@ def test_a_handover_is_checked_whole_before_anything_of_it_is_taken(broker_facto
     if case == "malformed":
         del state["queued"]
     elif case == "past-the-cap":
-        state = session(client_id, limits.MQTT_HANDOVER_MAX_MESSAGES + 1)
+        state = session(client_id, mqttcluster_limits.MQTT_HANDOVER_MAX_MESSAGES + 1)
     elif case == "another-id":
         state = session("someone-else", 1)
     home = PaperHome({"gen": 1, "session": state, "from": 2})
@@ -512,7 +516,7 @@ def test_a_first_call_past_the_handshake_bound_goes_after_a_small_one(broker_fac
         wait_for(lambda: stats(b1).get("mqtt_cluster_members") == "3", 15, "member 7")
         client = PeerClient(7, SECRET.encode())
         try:
-            pad = "x" * (limits.REPLICATION_HANDSHAKE_FRAME_BYTES + 1)
+            pad = "x" * (replication_limits.REPLICATION_HANDSHAKE_FRAME_BYTES + 1)
             answer = client.call("127.0.0.1:%d" % rport(b1), {"op": "release", "ids": [], "pad": pad})
             assert answer == {}, answer
         finally:

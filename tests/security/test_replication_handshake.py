@@ -3,7 +3,7 @@ and the refusals, played frame by frame through the real codec."""
 
 import pytest
 
-from metaq import limits
+from metaq.server.replication import limits as replication_limits
 from metaq.auth import proofs
 from metaq.protocol import replication as rp
 from metaq.serving.replication import handshake
@@ -121,8 +121,9 @@ def test_master_refuses_a_proof_without_a_nonce_even_with_no_secret():
 def test_proofs_fit_the_frame_limits():
     c = handshake.challenge(SECRET)
     ours, _ = handshake.slave_proof(SECRET, c, 2**31 - 1)
-    assert len(ours.proof) == limits.MAX_REPLICATION_PROOF_CHARS
-    assert limits.MIN_REPLICATION_NONCE_CHARS <= len(ours.nonce) <= limits.MAX_REPLICATION_NONCE_CHARS
+    assert len(ours.proof) == replication_limits.MAX_REPLICATION_PROOF_CHARS
+    assert (replication_limits.MIN_REPLICATION_NONCE_CHARS <= len(ours.nonce)
+            <= replication_limits.MAX_REPLICATION_NONCE_CHARS)
     assert wire(ours) == ours
 
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.client.local import free_port
 from metaq.protocol import replication as rp
 from metaq.protocol.replication_mqtt import POSITION, Entry
@@ -82,7 +82,7 @@ class PaperMaster:
 def tiny_entries_frame():
     """A RECORDS frame of MQTT_CLUSTER_FRAME_BYTES of the smallest entries (one position, over and over)."""
     entry = Entry(POSITION, "t", 0, 1)
-    count = (limits.MQTT_CLUSTER_FRAME_BYTES - 4) // 32
+    count = (mqttcluster_limits.MQTT_CLUSTER_FRAME_BYTES - 4) // 32
     return rp.serialize(rp.Records((entry,) * count))
 
 
@@ -146,7 +146,7 @@ def test_a_member_flooding_holds_leaves_room_for_new_devices(broker_factory, tmp
         share = holder_share(2000)
         flood = homed(3 * share, 1, [1, 2], "flood")
         member = Peer(rport(b1))
-        batch = limits.MQTT_CLUSTER_ID_BATCH
+        batch = mqttcluster_limits.MQTT_CLUSTER_ID_BATCH
         for i in range(0, len(flood), batch):
             call = {"op": "hold", "ids": flood[i:i + batch]}
             answer = member.call(2, call) if i == 0 else member.again(2, call)

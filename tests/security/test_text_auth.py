@@ -132,37 +132,38 @@ def test_failed_auth_is_401_then_closed_and_the_broker_serves_on(broker_factory,
 
 
 def test_repeated_failures_from_one_address_are_slowed(broker_factory, tmp_path):
-    from metaq import limits
+    from metaq.auth import limits as auth_limits
 
     b = broker_factory(secured(tmp_path))
     took = []
-    for _ in range(limits.AUTH_FAILURES_BEFORE_DELAY + 1):
+    for _ in range(auth_limits.AUTH_FAILURES_BEFORE_DELAY + 1):
         with b.client() as c:
             started = time.monotonic()
             assert c.auth("alice", "guess").code == 401
             took.append(time.monotonic() - started)
-    assert max(took[:-1]) < limits.AUTH_FAILURE_DELAY_S
-    assert took[-1] >= limits.AUTH_FAILURE_DELAY_S * 0.9
+    assert max(took[:-1]) < auth_limits.AUTH_FAILURE_DELAY_S
+    assert took[-1] >= auth_limits.AUTH_FAILURE_DELAY_S * 0.9
     with login(b, "alice") as c:  # the right secret still works at once
         assert c.call(ev.Version(1)).code == 200
 
 
 def test_guessers_rotating_their_address_within_a_network_are_slowed_too(broker_factory, tmp_path):
-    from metaq import limits
+    from metaq.auth import limits as auth_limits
 
     b = broker_factory(secured(tmp_path))
     took = []
-    for i in range(limits.AUTH_PREFIX_FAILURES_BEFORE_DELAY + 1):  # one guess from each of 21 addresses of 127.0.0/24
+    for i in range(auth_limits.AUTH_PREFIX_FAILURES_BEFORE_DELAY
+                   + 1):  # one guess from each of 21 addresses of 127.0.0/24
         with TextClient("127.0.0.1", b.port, source="127.0.0.%d" % (i + 10)) as c:
             started = time.monotonic()
             assert c.auth("alice", "guess-%d" % i).code == 401
             took.append(time.monotonic() - started)
-    assert max(took[:-1]) < limits.AUTH_FAILURE_DELAY_S  # no address passed its own limit
-    assert took[-1] >= limits.AUTH_FAILURE_DELAY_S * 0.9  # the network did
+    assert max(took[:-1]) < auth_limits.AUTH_FAILURE_DELAY_S  # no address passed its own limit
+    assert took[-1] >= auth_limits.AUTH_FAILURE_DELAY_S * 0.9  # the network did
     with TextClient("127.0.0.1", b.port, source="127.0.0.9") as c:  # the right secret from that network: at once
         started = time.monotonic()
         assert c.auth("alice", SECRETS["alice"]).code == 200
-        assert time.monotonic() - started < limits.AUTH_FAILURE_DELAY_S
+        assert time.monotonic() - started < auth_limits.AUTH_FAILURE_DELAY_S
 
 
 def test_reloaded_permissions_apply_to_open_connections(broker_factory, tmp_path):

@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from metaq import limits
+from metaq.rmq5 import limits as rmq5_limits
 from metaq.errors import ConfigError
 from metaq.server.config import ServerConfig, load_config
 from metaq.store.config import StoreConfig
@@ -53,10 +53,10 @@ def test_store_and_tx_configs_carry_every_setting(tmp_path):
 
 
 def test_topic_limits_reach_the_store(tmp_path):
-    from metaq import limits
+    from metaq.topics import limits as topics_limits
 
     assert (load_config(None).store_config().max_topics, load_config(None).store_config().max_partitions) == (
-        limits.MAX_TOPICS, limits.MAX_TOTAL_PARTITIONS)
+        topics_limits.MAX_TOPICS, topics_limits.MAX_TOTAL_PARTITIONS)
     c = load_config(None, {"broker.data_dir": str(tmp_path), "limits.max_topics": 7, "limits.max_partitions": 9})
     assert (c.store_config().max_topics, c.store_config().max_partitions) == (7, 9)
     for key in ("limits.max_topics", "limits.max_partitions"):
@@ -106,9 +106,9 @@ def test_the_http_port_is_off_by_default_and_checked_like_the_others():
 
 def test_the_grpc_port_is_off_by_default_and_checked_like_the_others():
     c = load_config(None)
-    assert c.grpc.port is None and c.grpc.max_streams_per_connection == limits.GRPC_MAX_STREAMS_PER_CONNECTION
-    assert (c.grpc.max_message_bytes, c.grpc.max_header_bytes) == (limits.GRPC_MAX_MESSAGE_BYTES,
-                                                                   limits.GRPC_MAX_HEADER_BYTES)
+    assert c.grpc.port is None and c.grpc.max_streams_per_connection == rmq5_limits.GRPC_MAX_STREAMS_PER_CONNECTION
+    assert (c.grpc.max_message_bytes, c.grpc.max_header_bytes) == (rmq5_limits.GRPC_MAX_MESSAGE_BYTES,
+                                                                   rmq5_limits.GRPC_MAX_HEADER_BYTES)
     assert load_config(None, {"grpc.port": 8081}).grpc.port == 8081
     with pytest.raises(ConfigError, match="http.port and grpc.port are both 127.0.0.1:8081"):
         load_config(None, {"grpc.port": 8081, "http.port": 8081})

@@ -8,6 +8,7 @@ from gevent import socket
 
 from metaq.protocol.text import TextParser
 from metaq import limits
+from metaq.rmq5 import limits as rmq5_limits
 from metaq.serving.proxies import TrustedProxies
 from metaq.serving.connections import (PARKED, RECV_BYTES, WHEEL_TICK_S, Connection, ConnectionCore, ConnectionLimits,
                                       HandshakeRate, Listener, Penalties, ReplyBudget, Strangers)
@@ -350,12 +351,12 @@ def test_an_ipv6_host_is_penalized_by_its_64_an_ipv4_one_by_itself_and_a_base_pa
 
 
 def test_the_penalized_addresses_at_their_limit_and_one_past():
-    pen = Penalties(limit=limits.MAX_PENALIZED_ADDRESSES)
-    for i in range(limits.MAX_PENALIZED_ADDRESSES):
+    pen = Penalties(limit=rmq5_limits.MAX_PENALIZED_ADDRESSES)
+    for i in range(rmq5_limits.MAX_PENALIZED_ADDRESSES):
         pen.cut(("grpc", "h%d" % i), 10.0, float(i) / 1e6)
-    assert len(pen) == limits.MAX_PENALIZED_ADDRESSES and pen.refusal(("grpc", "h0"), 1.0) is not None
+    assert len(pen) == rmq5_limits.MAX_PENALIZED_ADDRESSES and pen.refusal(("grpc", "h0"), 1.0) is not None
     pen.cut(("grpc", "one more"), 10.0, 1.0)  # one past: the one cut longest ago is forgotten
-    assert len(pen) == limits.MAX_PENALIZED_ADDRESSES
+    assert len(pen) == rmq5_limits.MAX_PENALIZED_ADDRESSES
     assert pen.refusal(("grpc", "h0"), 1.0) is None and pen.refusal(("grpc", "h1"), 1.0) is not None
     assert pen.refusal(("grpc", "one more"), 1.0) is not None
 

@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.auth import limits as auth_limits
 from metaq.auth import proofs
 from metaq.server.config import load_config
 from metaq.server.guard import ADMIN, PUB, SUB, Guard
@@ -70,7 +71,7 @@ def test_every_bad_handshake_is_401(guard, case, message):
         user = "nobody"
     if case == "wrong secret":
         secret = b"not-the-secret"
-    later = now + (limits.AUTH_NONCE_TTL_S + 1 if case == "expired" else 1)
+    later = now + (auth_limits.AUTH_NONCE_TTL_S + 1 if case == "expired" else 1)
     client_nonce = proofs.new_nonce()
     proof = proofs.text_proof(secret, "client", user, nonce or "0" * 32, client_nonce)
     with pytest.raises(errors.Unauthenticated, match=message):
@@ -85,19 +86,19 @@ def test_nonce_valid_until_its_ttl(guard):
     nonce = guard.challenge(s, "bob", now=0.0)
     c = proofs.new_nonce()
     guard.answer(s, "bob", c, proofs.text_proof(SECRETS["bob"].encode(), "client", "bob", nonce, c),
-                 now=limits.AUTH_NONCE_TTL_S)
+                 now=auth_limits.AUTH_NONCE_TTL_S)
     assert s.user == "bob"
 
 
 def test_backoff_after_repeated_failures_and_address_memory_is_bounded(guard):
-    delays = [guard.failed("10.0.0.1", now=float(i)) for i in range(limits.AUTH_FAILURES_BEFORE_DELAY + 2)]
-    assert delays[:limits.AUTH_FAILURES_BEFORE_DELAY] == [0.0] * limits.AUTH_FAILURES_BEFORE_DELAY
-    assert delays[-1] == limits.AUTH_FAILURE_DELAY_S
+    delays = [guard.failed("10.0.0.1", now=float(i)) for i in range(auth_limits.AUTH_FAILURES_BEFORE_DELAY + 2)]
+    assert delays[:auth_limits.AUTH_FAILURES_BEFORE_DELAY] == [0.0] * auth_limits.AUTH_FAILURES_BEFORE_DELAY
+    assert delays[-1] == auth_limits.AUTH_FAILURE_DELAY_S
     # a window later the address starts afresh
     assert guard.failed("10.0.0.1", now=1000.0) == 0.0
-    for i in range(limits.MAX_AUTH_FAILURE_ADDRESSES + 10):
+    for i in range(auth_limits.MAX_AUTH_FAILURE_ADDRESSES + 10):
         guard.failed("h%d" % i, now=2000.0)
-    assert guard.failing_addresses == limits.MAX_AUTH_FAILURE_ADDRESSES
+    assert guard.failing_addresses == auth_limits.MAX_AUTH_FAILURE_ADDRESSES
 
 
 def test_reload_applies_at_once_and_a_bad_file_keeps_the_old(guard, tmp_path):
@@ -134,8 +135,8 @@ def test_a_bad_or_oversized_file_stops_the_start(tmp_path):
     path.chmod(0o600)
     with pytest.raises(errors.ConfigError, match="users.alice.topics.t: 'write' is not a permission"):
         Guard(load_config(None, {"security.acl_file": str(path)}).security)
-    path.write_text("#" * (limits.MAX_ACL_FILE_BYTES + 1))
-    with pytest.raises(errors.ConfigError, match="the limit is %d" % limits.MAX_ACL_FILE_BYTES):
+    path.write_text("#" * (auth_limits.MAX_ACL_FILE_BYTES + 1))
+    with pytest.raises(errors.ConfigError, match="the limit is %d" % auth_limits.MAX_ACL_FILE_BYTES):
         Guard(load_config(None, {"security.acl_file": str(path)}).security)
     with pytest.raises(errors.ConfigError, match="cannot read security.acl_file"):
         Guard(load_config(None, {"security.acl_file": str(tmp_path / "missing.yaml")}).security)
@@ -171,19 +172,20 @@ def test_an_unknown_user_is_checked_against_a_secret_as_a_known_one_is(guard):
     assert guard.check_login("nobody", matches) is None
     assert guard.check_login("alice", matches).name == "alice"
     assert len(seen) == 2 and seen[1] == SECRETS["alice"].encode()
-    assert len(seen[0]) >= limits.MIN_USER_SECRET_BYTES and seen[0] != seen[1]
+    assert len(seen[0]) >= auth_limits.MIN_USER_SECRET_BYTES and seen[0] != seen[1]
     assert guard.check_login("alice", lambda secret: False) is None
 
 
 def test_guessers_rotating_addresses_within_a_prefix_are_slowed_too(guard):
     delays = [guard.failed("10.9.8.%d" % (i + 1), now=float(i))  # one failure per address: never the address's limit
-              for i in range(limits.AUTH_PREFIX_FAILURES_BEFORE_DELAY + 2)]
-    assert delays[:limits.AUTH_PREFIX_FAILURES_BEFORE_DELAY] == [0.0] * limits.AUTH_PREFIX_FAILURES_BEFORE_DELAY
-    assert delays[-1] == limits.AUTH_FAILURE_DELAY_S
+              for i in range(auth_limits.AUTH_PREFIX_FAILURES_BEFORE_DELAY + 2)]
+    assert (delays[:auth_limits.AUTH_PREFIX_FAILURES_BEFORE_DELAY]
+            == [0.0] * auth_limits.AUTH_PREFIX_FAILURES_BEFORE_DELAY)
+    assert delays[-1] == auth_limits.AUTH_FAILURE_DELAY_S
     assert guard.failed("10.9.9.1", now=30.0) == 0.0  # the next /24 is not this one's
     v6 = [guard.failed("2001:db8:0:1::%x" % (i + 1), now=float(i))
-          for i in range(limits.AUTH_PREFIX_FAILURES_BEFORE_DELAY + 1)]
-    assert v6[-2] == 0.0 and v6[-1] == limits.AUTH_FAILURE_DELAY_S
+          for i in range(auth_limits.AUTH_PREFIX_FAILURES_BEFORE_DELAY + 1)]
+    assert v6[-2] == 0.0 and v6[-1] == auth_limits.AUTH_FAILURE_DELAY_S
     assert guard.failed("2001:db8:0:2::1", now=30.0) == 0.0  # another /64
 
 

@@ -10,7 +10,7 @@ import pytest
 from gevent import pywsgi
 from prometheus_client import generate_latest
 
-from metaq import limits
+from metaq.server.http import limits as http_limits
 from metaq.server.config import load_config
 from metaq.server.guard import Guard
 from metaq.server.http import api, dashboard
@@ -22,7 +22,7 @@ from tests.harness.acl import SECRETS, write_acl
 
 
 def test_the_request_line_limit_is_pywsgis():
-    assert limits.HTTP_MAX_REQUEST_LINE == pywsgi.MAX_REQUEST_LINE  # its handler answers the 414 past it
+    assert http_limits.HTTP_MAX_REQUEST_LINE == pywsgi.MAX_REQUEST_LINE  # its handler answers the 414 past it
 
 
 # -- readiness -------------------------------------------------------------------------------------------------
@@ -71,13 +71,13 @@ class FakeConn:
 def test_the_reader_takes_at_most_a_turns_worth_of_bytes_a_receive():
     """A chunked body of 1-byte chunks costs microseconds a byte to parse: one receive is kept to
     ``limits.HTTP_RECV_BYTES``, so the connection shares the loop between two of them."""
-    from metaq import limits
+    from metaq.server.http import limits as http_limits
 
     conn = FakeConn([b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"])
     r = ConnReader(conn, RequestState())
     r.start_request()
     assert r.readline(100) == b"GET / HTTP/1.1\r\n"
-    assert conn.asked == [limits.HTTP_RECV_BYTES] and limits.HTTP_RECV_BYTES <= 64 * 1024
+    assert conn.asked == [http_limits.HTTP_RECV_BYTES] and http_limits.HTTP_RECV_BYTES <= 64 * 1024
 
 
 def test_the_reader_follows_requests_and_drops_a_partial_one():
@@ -177,7 +177,8 @@ def test_a_body_past_the_limit_is_refused_by_its_content_length():
     router = Router(Guard(load_config(None, {}).security))
     read = []
     router.add("POST", "/p", OPEN, lambda req: read.append(req.body()) or Response(200, "ok"))
-    status, headers, _ = call(router, "POST", "/p", headers={"CONTENT_LENGTH": str(limits.HTTP_MAX_BODY_BYTES + 1)})
+    status, headers, _ = call(router, "POST", "/p",
+                              headers={"CONTENT_LENGTH": str(http_limits.HTTP_MAX_BODY_BYTES + 1)})
     assert status == 413 and headers["Connection"] == "close" and read == []
     assert call(router, "POST", "/p", body=b"x" * 10)[0] == 200 and read == [b"x" * 10]
 
@@ -227,10 +228,10 @@ def _group_collector(rows):
 
 @pytest.mark.parametrize("extra", [0, 1])
 def test_a_scrape_shows_the_most_group_rows_allowed_the_most_behind_first_and_says_how_many_it_left_out(extra):
-    n = limits.MAX_METRICS_GROUP_ROWS + extra
+    n = http_limits.MAX_METRICS_GROUP_ROWS + extra
     rows = [{"group": "g%d" % i, "topic": "t", "partition": 0, "offset": 0, "lag": i} for i in range(n)]
     text = generate_latest(Metrics(_group_collector(rows)).registry).decode()
-    assert text.count("metaq_group_lag_messages{") == limits.MAX_METRICS_GROUP_ROWS
+    assert text.count("metaq_group_lag_messages{") == http_limits.MAX_METRICS_GROUP_ROWS
     assert "metaq_group_rows_left_out %d.0" % extra in text
     if extra:
         assert 'group="g0"' not in text and 'group="g%d"' % (n - 1) in text  # the least behind went
@@ -244,7 +245,7 @@ class Counted(BrokerCollector):
         return super().collect()
 
 
-@pytest.mark.parametrize("build_s, reused_s", [(0.3, limits.METRICS_REUSE_S), (0.06, 0.6), (0.002, 0.0)])
+@pytest.mark.parametrize("build_s, reused_s", [(0.3, http_limits.METRICS_REUSE_S), (0.06, 0.6), (0.002, 0.0)])
 def test_a_costly_answer_is_reused_for_ten_times_its_cost_at_most_a_second(monkeypatch, build_s, reused_s):
     import metaq.server.http.metrics as metrics_module
     clock = [100.0]

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from metaq import limits
+from metaq.server.replication import limits as replication_limits
 from metaq.server.replication.election import _load, members_of
 from metaq.server.replication.leadership import Lease
 from metaq.server.replication.insync import InSyncSet
@@ -68,11 +68,11 @@ def test_a_member_that_left_comes_back_only_once_clearly_caught_up():
 
 def test_the_samples_are_bounded():
     s = InSyncSet(me=0, lag_s=10000.0)  # further back than the samples reach
-    for i in range(limits.MAX_INSYNC_SAMPLES + 50):
+    for i in range(replication_limits.MAX_INSYNC_SAMPLES + 50):
         s.sample(i, now=float(i))
-    assert len(s._ends) == limits.MAX_INSYNC_SAMPLES
+    assert len(s._ends) == replication_limits.MAX_INSYNC_SAMPLES
     # the samples do not reach back far enough: the oldest kept answers (stricter, never laxer)
-    assert s.end_lag_ago(now=float(limits.MAX_INSYNC_SAMPLES + 49)) == 50
+    assert s.end_lag_ago(now=float(replication_limits.MAX_INSYNC_SAMPLES + 49)) == 50
     young = InSyncSet(me=0, lag_s=5.0)
     young.sample(100, now=1.0)
     young.join(1, seen=1.0)
@@ -101,7 +101,7 @@ def test_a_lease_runs_from_the_sending_time_and_a_revocation_ends_it():
     (b"\xff", None),
     (b"{", None),
     (None, None),
-    (b'{"x": "' + b"a" * limits.MAX_ELECTION_NODE_BYTES + b'"}', None),  # past the limit
+    (b'{"x": "' + b"a" * replication_limits.MAX_ELECTION_NODE_BYTES + b'"}', None),  # past the limit
 ])
 def test_election_nodes_are_read_defensively(data, value):
     assert _load(data) == value
@@ -110,8 +110,8 @@ def test_election_nodes_are_read_defensively(data, value):
 def test_members_of_ignores_what_is_not_a_member_id():
     assert members_of({"members": [0, "1", True, 2.0, 3]}) == {0, 3}
     assert members_of({"members": "0,1"}) == set() and members_of(None) == set()
-    many = {"members": list(range(limits.MAX_GROUP_MEMBERS + 10))}
-    assert len(members_of(many)) == limits.MAX_GROUP_MEMBERS
+    many = {"members": list(range(replication_limits.MAX_GROUP_MEMBERS + 10))}
+    assert len(members_of(many)) == replication_limits.MAX_GROUP_MEMBERS
 
 
 def test_a_renewal_sent_before_a_revocation_does_not_undo_it():

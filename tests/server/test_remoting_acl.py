@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.auth import limits as auth_limits
 from metaq.auth import proofs
 from metaq.client.raw import sign_request
 from metaq.protocol.rocketmq.bodies import encode_properties
@@ -119,7 +120,7 @@ def test_admin_codes_are_rocketmqs_and_the_acl_configuration():
 
 
 def test_a_heartbeat_naming_too_many_groups_is_refused_not_checked_one_by_one():
-    many = [("g%d" % i, []) for i in range(limits.MAX_ACL_RESOURCES_PER_REQUEST + 1)]
+    many = [("g%d" % i, []) for i in range(auth_limits.MAX_ACL_RESOURCES_PER_REQUEST + 1)]
     with pytest.raises(errors.ClientError, match="MAX_ACL_RESOURCES_PER_REQUEST"):
         needs(req(R.HEART_BEAT, body=heartbeat(*many)))
     # duplicates count once: a heartbeat repeating one group many times is fine
@@ -198,13 +199,13 @@ def test_name_server_requests_need_no_signature_and_admins_pass_admin_codes(acl)
 
 def test_failed_signatures_count_towards_the_guards_back_off(acl):
     conn = Conn(acl.guard, "10.9.9.9")
-    for _ in range(limits.AUTH_FAILURES_BEFORE_DELAY - 1):
+    for _ in range(auth_limits.AUTH_FAILURES_BEFORE_DELAY - 1):
         with pytest.raises(errors.Unauthenticated):
             acl.check(signed(R.SEND_MESSAGE, SEND_V1, "alice", "wrong"), conn)
     # the next failure from that address is the one that starts the delay
     assert acl.guard.failed("10.9.9.9") == 0.0
-    assert acl.guard.failed("10.9.9.9") == limits.AUTH_FAILURE_DELAY_S
-    assert acl.refused == limits.AUTH_FAILURES_BEFORE_DELAY - 1
+    assert acl.guard.failed("10.9.9.9") == auth_limits.AUTH_FAILURE_DELAY_S
+    assert acl.refused == auth_limits.AUTH_FAILURES_BEFORE_DELAY - 1
 
 
 def test_a_user_limited_to_other_addresses_is_refused(tmp_path):

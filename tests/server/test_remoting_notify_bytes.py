@@ -5,7 +5,7 @@ per connection and in all (an attack review: 20 requester connections that never
 import socket
 import types
 
-from metaq import limits
+from metaq.server.remoting import limits as remoting_limits
 from metaq.protocol.rocketmq.remoting import RequestCode
 from metaq.serving.connections import ConnectionLimits
 from metaq.server.remoting.server import RemotingConnection
@@ -24,7 +24,7 @@ def test_pushes_wait_within_the_connection_and_broker_byte_budgets():
     conn, peer = connection(server)
     push = RequestCode.PUSH_REPLY_MESSAGE_TO_CLIENT
     body = b"r" * (4 * MiB)
-    per_conn = limits.MAX_PENDING_NOTIFY_BYTES // len(body)
+    per_conn = remoting_limits.MAX_PENDING_NOTIFY_BYTES // len(body)
     # queued (their greenlets have not run: nothing sent yet), up to the connection's bytes; one past is refused
     assert all(conn.send_request(push, {}, body, oneway=False) for _ in range(per_conn))
     assert not conn.send_request(push, {}, body, oneway=False)
@@ -32,13 +32,13 @@ def test_pushes_wait_within_the_connection_and_broker_byte_budgets():
     assert server.notify_bytes == per_conn * len(body)
     # the broker's total: every connection stops queueing at it, one that holds none too (thousands of
     # connections holding one each would pass any per-connection bound)
-    server.notify_bytes = limits.MAX_PENDING_NOTIFY_BYTES_TOTAL - len(body) // 2
+    server.notify_bytes = remoting_limits.MAX_PENDING_NOTIFY_BYTES_TOTAL - len(body) // 2
     other, other_peer = connection(server)
     assert not other.send_request(push, {}, body, oneway=False)
     assert other.send_request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": "g"})  # no body: fits
     server.notify_bytes = 0  # nothing waiting anywhere: one larger than the total still goes
     third, third_peer = connection(server)
-    assert third.send_request(push, {}, b"x" * (limits.MAX_PENDING_NOTIFY_BYTES_TOTAL + 1), oneway=False)
+    assert third.send_request(push, {}, b"x" * (remoting_limits.MAX_PENDING_NOTIFY_BYTES_TOTAL + 1), oneway=False)
     for c, p in ((conn, peer), (other, other_peer), (third, third_peer)):
         c.close()
         p.close()
@@ -79,13 +79,13 @@ def test_requests_in_progress_are_bounded_per_connection_and_over_every_connecti
     # a send's body stays held until its answer is sent: one connection's, and every connection's together
     from metaq.serving.connections import ReplyBudget
 
-    per_conn = ReplyBudget(limits.MAX_REMOTING_INFLIGHT_BYTES)
-    total = ReplyBudget(limits.MAX_REMOTING_INFLIGHT_BYTES_TOTAL)
+    per_conn = ReplyBudget(remoting_limits.MAX_REMOTING_INFLIGHT_BYTES)
+    total = ReplyBudget(remoting_limits.MAX_REMOTING_INFLIGHT_BYTES_TOTAL)
     body = 4 * MiB
     never = lambda: False  # noqa: E731
-    assert all(per_conn.reserve(body, never) for _ in range(limits.MAX_REMOTING_INFLIGHT_BYTES // body))
+    assert all(per_conn.reserve(body, never) for _ in range(remoting_limits.MAX_REMOTING_INFLIGHT_BYTES // body))
     assert per_conn.would_wait(body)  # one past: the connection's reader waits
-    many = limits.MAX_REMOTING_INFLIGHT_BYTES_TOTAL // body
+    many = remoting_limits.MAX_REMOTING_INFLIGHT_BYTES_TOTAL // body
     assert all(total.reserve(body, never) for _ in range(many))
     assert total.would_wait(body)  # thousands of connections holding a little each: the reader waits too
     total.release(body)

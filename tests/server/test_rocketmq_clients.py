@@ -2,7 +2,7 @@
 
 import pytest
 
-from metaq import limits
+from metaq.server.remoting import limits as remoting_limits
 from metaq.errors import ClientError
 from metaq.protocol.rocketmq.bodies import ConsumerData, HeartbeatData
 from metaq.server.remoting.clients import ClientRegistry, ProducerRegistry
@@ -128,4 +128,4 @@ def test_producer_entries_are_bounded_at_the_limit_and_refused_one_past_it():
     assert reg.members == 3 and reg.pick("G2") is a
     reg.heartbeat(b, ["G1"], 1.0)  # a known entry is refreshed at the limit
     with pytest.raises(ClientError):
-        reg.heartbeat(Conn(), ["G%d" % n for n in range(limits.MAX_HEARTBEAT_GROUPS + 1)], 0.0)
+        reg.heartbeat(Conn(), ["G%d" % n for n in range(remoting_limits.MAX_HEARTBEAT_GROUPS + 1)], 0.0)

@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from metaq import limits
+from metaq.server.remoting import limits as remoting_limits
 from metaq.server.remoting import locks as locks_module
 from metaq.server.remoting.locks import LockTable
 
@@ -116,7 +116,7 @@ def test_the_table_holds_at_most_max_locks_and_purges_expired_ones_first():
 
 
 def test_the_default_bound_is_the_named_limit():
-    assert LockTable(60.0).max_locks == limits.MAX_REMOTING_LOCKS
+    assert LockTable(60.0).max_locks == remoting_limits.MAX_REMOTING_LOCKS
     with pytest.raises(ValueError):
         LockTable(0)
 

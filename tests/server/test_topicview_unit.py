@@ -1,7 +1,7 @@
 """The topic page as rendered (metaq/server/http/topicview.py), without a broker: where it may connect (its
 Content-Security-Policy), every value escaped, and scripts that write text only and keep no credentials."""
 
-from metaq import limits
+from metaq.server.http import limits as http_limits
 from metaq.server.http.topicview import TopicPage, WebSocketPorts, keep_alive_s, policy
 
 HOSTILE = '"><script>alert(1)</script>'
@@ -35,8 +35,8 @@ def test_the_page_escapes_the_user_and_the_path_and_carries_the_limits():
     assert HOSTILE not in body and "<q>" not in body and body.count("<script") == 2
     assert 'value="&quot;&gt;&lt;script&gt;alert(1)&lt;/script&gt;"' in body
     assert 'data-ws-port="8083" data-wss-port="" data-ws-path="/m&quot;&lt;q&gt;"' in body
-    assert 'data-max-messages="%d"' % limits.DASHBOARD_MAX_MESSAGES in body
-    assert 'data-max-packet="%d"' % limits.DASHBOARD_MAX_PACKET_BYTES in body
+    assert 'data-max-messages="%d"' % http_limits.DASHBOARD_MAX_MESSAGES in body
+    assert 'data-max-packet="%d"' % http_limits.DASHBOARD_MAX_PACKET_BYTES in body
     assert "ws://127.0.0.1:8083" in dict(reply.headers)["Content-Security-Policy"]
 
 
@@ -50,7 +50,7 @@ def test_the_scripts_write_text_only_and_keep_no_credentials():
 
 
 def test_the_page_asks_its_keep_alive_or_the_ports_bound_when_lower():
-    at = limits.DASHBOARD_KEEPALIVE_S
+    at = http_limits.DASHBOARD_KEEPALIVE_S
     assert [keep_alive_s(bound) for bound in (0, at + 1, at, at - 1, 1)] == [at, at, at, at - 1, 1]
     assert 'data-keepalive="%d"' % at in TopicPage(WebSocketPorts(8083)).page(_Request()).body.decode()
     assert 'data-keepalive="4"' in TopicPage(WebSocketPorts(8083, max_keep_alive_s=4)).page(_Request()).body.decode()

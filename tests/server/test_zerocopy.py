@@ -9,6 +9,7 @@ import pytest
 from gevent import socket as gsocket
 
 from metaq import limits
+from metaq.store import limits as store_limits
 from metaq.server import zerocopy
 from metaq.server.zerocopy import ZeroCopySender, send_ranges_py
 from metaq.store.gather import MappedRecords
@@ -461,7 +462,8 @@ def test_a_cut_past_the_records_of_a_reply_lets_it_go_whole(tmp_path):
     assert err is None and got == want
 
 
-@pytest.mark.parametrize("cuts, whole", [(limits.MAX_CUTS_REMEMBERED, True), (limits.MAX_CUTS_REMEMBERED + 1, False)])
+@pytest.mark.parametrize("cuts, whole",
+                         [(store_limits.MAX_CUTS_REMEMBERED, True), (store_limits.MAX_CUTS_REMEMBERED + 1, False)])
 def test_the_log_remembers_where_its_latest_cuts_were_and_older_replies_fail(tmp_path, cuts, whole):
     """A reply read before more cuts than the log remembers cannot tell whether they reached it: it is not sent."""
     from tests.harness.store import NOW

@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.spark import limits as spark_limits
 from metaq.client import Consumer, Message, Producer
 from metaq.client.connection import BrokerConnection
 from metaq.client.local import small_config
@@ -100,12 +101,13 @@ def test_a_batch_holds_at_most_max_rows_and_the_option_is_a_named_limit(two_brok
     r = plan_ranges({"brokers": ",".join(urls), "topic": TOPIC})[0]
     sizes = [b.num_rows for b in read_batches(r, max_rows=7)]
     assert max(sizes) == 7 and sum(sizes) == r.count
-    assert sum(b.num_rows for b in read_batches(r, max_rows=limits.MAX_ARROW_BATCH_ROWS)) == r.count
-    with pytest.raises(ValueError, match="max_rows must be 1..%d" % limits.MAX_ARROW_BATCH_ROWS):
-        list(read_batches(r, max_rows=limits.MAX_ARROW_BATCH_ROWS + 1))
+    assert sum(b.num_rows for b in read_batches(r, max_rows=spark_limits.MAX_ARROW_BATCH_ROWS)) == r.count
+    with pytest.raises(ValueError, match="max_rows must be 1..%d" % spark_limits.MAX_ARROW_BATCH_ROWS):
+        list(read_batches(r, max_rows=spark_limits.MAX_ARROW_BATCH_ROWS + 1))
     assert batch_rows_option({}) == DEFAULT_BATCH_ROWS
-    assert batch_rows_option({"maxrecordsperbatch": str(limits.MAX_ARROW_BATCH_ROWS)}) == limits.MAX_ARROW_BATCH_ROWS
-    for bad in (limits.MAX_ARROW_BATCH_ROWS + 1, 0, "many"):
+    assert (batch_rows_option({"maxrecordsperbatch": str(spark_limits.MAX_ARROW_BATCH_ROWS)})
+            == spark_limits.MAX_ARROW_BATCH_ROWS)
+    for bad in (spark_limits.MAX_ARROW_BATCH_ROWS + 1, 0, "many"):
         with pytest.raises(ValueError, match="maxRecordsPerBatch"):
             batch_rows_option({"maxrecordsperbatch": bad})
 
@@ -208,8 +210,8 @@ def test_spark_reads_the_same_dataframe_with_arrow_and_without(spark, two_broker
     arrow = load(maxRecordsPerBatch=100, maxOffsetsPerPartition=400)
     assert len(arrow) == N and arrow == load(arrow="false")
     assert {(row[1], row[2]) for row in arrow} == set(sent)
-    with pytest.raises(Exception, match="maxRecordsPerBatch must be 1..%d" % limits.MAX_ARROW_BATCH_ROWS):
-        load(maxRecordsPerBatch=limits.MAX_ARROW_BATCH_ROWS + 1)
+    with pytest.raises(Exception, match="maxRecordsPerBatch must be 1..%d" % spark_limits.MAX_ARROW_BATCH_ROWS):
+        load(maxRecordsPerBatch=spark_limits.MAX_ARROW_BATCH_ROWS + 1)
 
 
 def test_the_plain_sinks_value_writes_store_every_row_once_round_robin(spark, two_brokers):

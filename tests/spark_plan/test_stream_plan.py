@@ -7,7 +7,7 @@ from itertools import pairwise
 
 import pytest
 
-from metaq import limits
+from metaq.spark import limits as spark_limits
 from metaq.client.message import Partition
 from metaq.spark.ranges import OffsetRange
 from metaq.spark.rows import DataLoss
@@ -33,7 +33,7 @@ def opts(**kw):
     (dict(BROKERS, subscribePattern="(unclosed"), "not a regular expression"),
     (dict(BROKERS, subscribe="a", maxOffsetsPerTrigger="0"), "maxoffsetspertrigger must be >= 1"),
     (dict(BROKERS, subscribe="a", maxOffsetsPerTrigger="ten"), "must be an integer"),
-    (dict(BROKERS, subscribe="a", minPartitions=str(limits.MAX_STREAM_TASKS + 1)), "minPartitions must be <="),
+    (dict(BROKERS, subscribe="a", minPartitions=str(spark_limits.MAX_STREAM_TASKS + 1)), "minPartitions must be <="),
     (dict(BROKERS, subscribe="bad topic"), "topic"),
 ])
 def test_bad_options_are_refused_with_the_reason(options, problem):
@@ -42,7 +42,7 @@ def test_bad_options_are_refused_with_the_reason(options, problem):
 
 
 def test_min_partitions_at_the_limit_is_accepted():
-    assert opts(minPartitions=str(limits.MAX_STREAM_TASKS)).min_partitions == limits.MAX_STREAM_TASKS
+    assert opts(minPartitions=str(spark_limits.MAX_STREAM_TASKS)).min_partitions == spark_limits.MAX_STREAM_TASKS
 
 
 def test_pattern_matches_whole_names_and_never_the_internal_topic():
@@ -177,13 +177,13 @@ def test_min_partitions_cuts_the_largest_ranges_without_gap_or_overlap():
 
 
 def test_too_many_tasks_in_one_batch_is_refused():
-    start, end = {"orders": {"7-0": 10}}, {"orders": {"7-0": 10 + limits.MAX_STREAM_TASKS + 1}}
-    bounds = {("orders", "7-0"): (0, 10 + limits.MAX_STREAM_TASKS + 1)}
+    start, end = {"orders": {"7-0": 10}}, {"orders": {"7-0": 10 + spark_limits.MAX_STREAM_TASKS + 1}}
+    bounds = {("orders", "7-0"): (0, 10 + spark_limits.MAX_STREAM_TASKS + 1)}
     with pytest.raises(ValueError, match="cuts this micro-batch into 10001 tasks"):
         plan_stream_ranges(start, end, bounds, URLS, opts(maxOffsetsPerPartition="1"))
-    end = {"orders": {"7-0": 10 + limits.MAX_STREAM_TASKS}}
+    end = {"orders": {"7-0": 10 + spark_limits.MAX_STREAM_TASKS}}
     assert len(plan_stream_ranges(start, end, bounds, URLS, opts(maxOffsetsPerPartition="1"))) == \
-        limits.MAX_STREAM_TASKS
+        spark_limits.MAX_STREAM_TASKS
 
 
 # -- the sink -------------------------------------------------------------------------------------
@@ -199,8 +199,9 @@ def test_sink_columns_and_options():
     with pytest.raises(ValueError, match="'topic' column or the 'topic' option"):
         check_columns(["value"], SinkOptions(BROKERS))
     with pytest.raises(ValueError, match="maxInFlight must be"):
-        SinkOptions(dict(BROKERS, maxInFlight=str(limits.MAX_SINK_IN_FLIGHT + 1)))
-    assert SinkOptions(dict(BROKERS, maxInFlight=str(limits.MAX_SINK_IN_FLIGHT))).in_flight == limits.MAX_SINK_IN_FLIGHT
+        SinkOptions(dict(BROKERS, maxInFlight=str(spark_limits.MAX_SINK_IN_FLIGHT + 1)))
+    assert (SinkOptions(dict(BROKERS, maxInFlight=str(spark_limits.MAX_SINK_IN_FLIGHT))).in_flight
+            == spark_limits.MAX_SINK_IN_FLIGHT)
     with pytest.raises(ValueError, match="'brokers'"):
         SinkOptions({"topic": "t"})
 

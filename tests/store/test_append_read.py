@@ -6,7 +6,8 @@ from itertools import pairwise
 
 import pytest
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.store import limits as store_limits
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import HEADER, encode_payload
 from metaq.store.record import BLANK_MAGIC, FIXED_OVERHEAD, MARKER, RecordTooLarge
@@ -303,7 +304,7 @@ def test_preassigned_ids_and_ids_since_a_position_across_segments(data_dir):
             before = scan.pos
             scan.step()
             steps += 1
-            assert 0 < scan.pos - before <= max(end - start, limits.ID_SCAN_STEP_BYTES)
+            assert 0 < scan.pos - before <= max(end - start, store_limits.ID_SCAN_STEP_BYTES)
         assert scan.need() is None and scan.found == store.msg_ids_since(position, among=among)
         assert steps >= 2 if position == 0 else steps >= 1  # several segments: a step each at least
     store.close(NOW + 200)

@@ -234,7 +234,7 @@ def test_the_first_max_corrupt_logged_corrupt_records_are_logged_once_each_and_n
     the first ``MAX_CORRUPT_LOGGED`` of them; past that a read is still refused and counted, never logged."""
     import logging
 
-    from metaq.limits import MAX_CORRUPT_LOGGED
+    from metaq.store.limits import MAX_CORRUPT_LOGGED
 
     s = open_store(data_dir)
     n = MAX_CORRUPT_LOGGED + 2  # the limit and past it

@@ -7,7 +7,8 @@ the log by the read that meets it, which then serves that record (issue 53 point
 
 import pytest
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.store import limits as store_limits
 from metaq.filters.wire import parse_tag_expression
 from metaq.store.index import UNIT
 from tests.harness.store import NOW, open_store
@@ -45,7 +46,7 @@ def unit_of(s, partition, n):
                                   "zeroed"])
 def test_a_damaged_unit_is_a_corrupt_record_and_the_records_before_it_are_served(store, read, case, monkeypatch):
     # rebuilding it on the spot would read more log than UNIT_REPAIR_READ_BYTES (here: any): a corrupt record
-    monkeypatch.setattr(limits, "UNIT_REPAIR_READ_BYTES", -1)
+    monkeypatch.setattr(store_limits, "UNIT_REPAIR_READ_BYTES", -1)
     unit = damaged_unit(store, case)
     damage(store, 4, unit)
     assert READS[read](store, 0) == 4  # records 0..3, then it stops

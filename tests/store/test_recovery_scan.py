@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metaq import limits
+from metaq.store import limits as store_limits
 from metaq.store import recovery, recovery_scan
 from metaq.store.index import UNIT
 from metaq.store.record import BLANK_MAGIC, MARKER, check_record, decode_record, encode_record
@@ -183,7 +183,7 @@ def many_records(n):
 @pytest.mark.parametrize("scan", [pytest.param(scan_log_c, marks=needs_c, id="built"),
                                   pytest.param(scan_log_py, id="python")])
 def test_a_call_checks_at_most_recovery_scan_records(scan):
-    n = limits.RECOVERY_SCAN_RECORDS
+    n = store_limits.RECOVERY_SCAN_RECORDS
     one = len(encode_record("t", 0, 0, NOW, NOW, 0, 0, b""))
     buf = many_records(n + 1)
     stop, count, max_id, units, runs = scan(buf, 0, n * one, 0, n)  # at the limit: the whole segment
@@ -208,13 +208,13 @@ def test_batches_of_a_store_give_the_same_recovery_as_one_batch(fast_dir, monkey
         s.put(*PARTITIONS[i * 3 % len(PARTITIONS)], 0, b"m%d" % i, NOW + i)
     s.abandon()
     seen = []
-    for batch in (limits.RECOVERY_SCAN_RECORDS, 7, 1):
+    for batch in (store_limits.RECOVERY_SCAN_RECORDS, 7, 1):
         work = os.path.join(fast_dir, "work")
         shutil.rmtree(work, ignore_errors=True)
         shutil.copytree(base, work)
         os.unlink(os.path.join(work, "checkpoint"))
         shutil.rmtree(os.path.join(work, "index"), ignore_errors=True)
-        monkeypatch.setattr(limits, "RECOVERY_SCAN_RECORDS", batch)
+        monkeypatch.setattr(store_limits, "RECOVERY_SCAN_RECORDS", batch)
         s = open_store(work, segment_size=1 << 16)
         r = s.recovery
         assert (r.records_scanned, r.index_units_rebuilt, r.stop_reason) == (1000, 1000, "zero header")

@@ -3,7 +3,7 @@ with its partitions and permissions, and the refusals. Files and time only."""
 
 import pytest
 
-from metaq import limits
+from metaq.priorities import limits as priorities_limits
 from metaq.errors import ClientError, TopicForbidden, TopicLimit
 from metaq.topics.table import parse_settings
 from tests.harness.store import HOUR_MS, NOW, open_store, read_all
@@ -11,10 +11,10 @@ from tests.harness.store import HOUR_MS, NOW, open_store, read_all
 
 @pytest.mark.parametrize("values, message", [
     ({"priorities": "1"}, "priorities must be 0"),
-    ({"priorities": str(limits.MAX_PRIORITY_LEVELS + 1)}, "priorities must be 0"),
+    ({"priorities": str(priorities_limits.MAX_PRIORITY_LEVELS + 1)}, "priorities must be 0"),
     ({"priorities": "x"}, "must be a number"),
     ({"priority_max_wait_ms": "0"}, "priority_max_wait_ms must be 1"),
-    ({"priority_max_wait_ms": str(limits.MAX_PRIORITY_MAX_WAIT_MS + 1)}, "priority_max_wait_ms must be 1"),
+    ({"priority_max_wait_ms": str(priorities_limits.MAX_PRIORITY_MAX_WAIT_MS + 1)}, "priority_max_wait_ms must be 1"),
 ])
 def test_bad_priority_settings_are_refused(values, message):
     with pytest.raises(ClientError, match=message):
@@ -22,10 +22,12 @@ def test_bad_priority_settings_are_refused(values, message):
 
 
 def test_the_limits_are_accepted():
-    s = parse_settings({"partitions": "1", "priorities": str(limits.MAX_PRIORITY_LEVELS),
-                        "priority_max_wait_ms": str(limits.MAX_PRIORITY_MAX_WAIT_MS)})
-    assert (s.priorities, s.max_wait_ms) == (limits.MAX_PRIORITY_LEVELS, limits.MAX_PRIORITY_MAX_WAIT_MS)
-    assert parse_settings({"partitions": "1", "priorities": "2"}).max_wait_ms == limits.DEFAULT_PRIORITY_MAX_WAIT_MS
+    s = parse_settings({"partitions": "1", "priorities": str(priorities_limits.MAX_PRIORITY_LEVELS),
+                        "priority_max_wait_ms": str(priorities_limits.MAX_PRIORITY_MAX_WAIT_MS)})
+    assert ((s.priorities, s.max_wait_ms)
+            == (priorities_limits.MAX_PRIORITY_LEVELS, priorities_limits.MAX_PRIORITY_MAX_WAIT_MS))
+    assert (parse_settings({"partitions": "1", "priorities": "2"}).max_wait_ms
+            == priorities_limits.DEFAULT_PRIORITY_MAX_WAIT_MS)
 
 
 def test_levels_are_partitions_of_their_own_that_survive_a_restart(tmp_path, caplog):

@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from metaq import limits
+from metaq.store import limits as store_limits
 from metaq.errors import CorruptRecord
 from metaq.store.index import UNIT, UNIT_SIZE
 from metaq.store.mapped import MappedFile
@@ -122,7 +122,7 @@ def _stretch(s, n):
 def test_a_read_rebuilds_a_unit_when_the_stretch_is_within_the_limit_and_answers_512_past_it(
         data_dir, written, monkeypatch, past):
     s = open_store(data_dir, **CFG)
-    monkeypatch.setattr(limits, "UNIT_REPAIR_READ_BYTES", _stretch(s, 1024) - past)
+    monkeypatch.setattr(store_limits, "UNIT_REPAIR_READ_BYTES", _stretch(s, 1024) - past)
     p = s._parts[("test", 1)]
     good = p.unit(1024)
     f = p.file_for(1024)

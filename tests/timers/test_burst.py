@@ -6,7 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metaq.limits import MAX_DELIVER_AHEAD_MS, MAX_NAME_BYTES
+from metaq.limits import MAX_NAME_BYTES
+from metaq.timers.limits import MAX_DELIVER_AHEAD_MS
 from metaq.protocol.checksum import crc32, metaq_checksum
 from metaq.timers.records import TIMER_TOPIC, TimerEntry, decode, encode_entry, owner_field, parse_when
 from metaq.protocol.text import encode_result

@@ -4,7 +4,7 @@ timers.db has not committed, goes back on a cut, and maps an old timers.db's off
 
 import pytest
 
-from metaq.limits import TIMER_INDEX_BATCH, TIMER_INDEX_BATCH_BYTES
+from metaq.timers.limits import TIMER_INDEX_BATCH, TIMER_INDEX_BATCH_BYTES
 from metaq.store.record import record_size
 from metaq.timers import follow as follow_mod
 from metaq.timers.follow import TimerFollow
@@ -90,7 +90,7 @@ def test_the_batch_holds_its_limit_and_the_next_record_waits_for_the_service(sto
 
 
 def test_a_full_batch_does_not_hold_the_key_index_back(store):
-    from metaq.limits import KEY_INDEX_STEP_BYTES
+    from metaq.keys.limits import KEY_INDEX_STEP_BYTES
     for i in range(3):
         store.put(TIMER_TOPIC, 0, 0, entry(i), NOW)
     while store.written_position < 2 * KEY_INDEX_STEP_BYTES:

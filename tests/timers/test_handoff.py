@@ -1,7 +1,7 @@
 """The timer service's hand-off to the timer index's subscriber: bounded, in log order, a record taken only for its
 offset and the log's message id there; anything else leaves the subscriber to decode the log."""
 
-from metaq.limits import MAX_TIMER_FRESH
+from metaq.timers.limits import MAX_TIMER_FRESH
 from metaq.timers.records import TIMER_TOPIC, TimerCancel
 from metaq.timers.handoff import Handoff
 from metaq.store.record import record_size
@@ -53,7 +53,7 @@ def test_a_gap_or_an_offset_already_indexed_is_not_taken():
 
 
 def test_at_the_byte_limit_the_data_is_kept_and_one_byte_past_it_is_left_to_the_log():
-    from metaq.limits import MAX_TIMER_FRESH_BYTES
+    from metaq.timers.limits import MAX_TIMER_FRESH_BYTES
     from metaq.timers.records import TimerEntry
 
     def entry(n):

@@ -3,7 +3,7 @@
 import pytest
 
 from metaq.errors import ClientError
-from metaq.limits import MAX_DELIVER_AHEAD_MS, MAX_TIMER_DONE_IDS
+from metaq.timers.limits import MAX_DELIVER_AHEAD_MS, MAX_TIMER_DONE_IDS
 from metaq.timers import records as timer
 from metaq.timers.records import BadTimerRecord, TimerCancel, TimerDone, TimerEntry
 

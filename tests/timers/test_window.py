@@ -1,7 +1,7 @@
 """The timer service's delivery window (timers/window.py): bounded by rows and by bytes (at and one past each),
 in due order, every pending row due before its end and none twice, with a real timers.db giving the rows."""
 
-from metaq.limits import MAX_TIMER_WINDOW_BYTES, MAX_TIMER_WINDOW_ROWS, TIMER_WINDOW_MS
+from metaq.timers.limits import MAX_TIMER_WINDOW_BYTES, MAX_TIMER_WINDOW_ROWS, TIMER_WINDOW_MS
 from metaq.timers.records import TimerEntry
 from metaq.timers.window import DeliveryWindow
 from metaq.timers.index import TimerIndex

@@ -3,7 +3,7 @@
 import pytest
 
 from metaq.errors import RemoteProtocolError
-from metaq.limits import MAX_TIMER_LIST
+from metaq.timers.limits import MAX_TIMER_LIST
 from metaq.protocol.text import TextParser, serialize
 from metaq.timers.wire import TimerCancelCommand, TimerList, TimerPut, format_rows, parse_rows
 

@@ -4,7 +4,8 @@ named limits (at the limit the answer is whole, one past it says so)."""
 
 import pytest
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.trace import limits as trace_limits
 from metaq.protocol.msgid import id_broker
 from metaq.protocol.rocketmq.bodies import create_offset_msg_id
 from metaq.protocol.rocketmq.mapping import record_data_from_send
@@ -41,7 +42,7 @@ def trace(s, value, topic=None, kind="id", allowed=None, broker_id=None):
         if allowed is not None and t not in allowed:
             raise errors.Forbidden("permission denied: may not subscribe to topic %s" % t)
 
-    doc = trace_message(s, TraceQuery(kind, value, topic, limits.TRACE_MAX_RESULTS, 0), require_read, None, HOST,
+    doc = trace_message(s, TraceQuery(kind, value, topic, trace_limits.TRACE_MAX_RESULTS, 0), require_read, None, HOST,
                         broker_id, pause=lambda: None)
     return doc, asked
 
@@ -83,7 +84,7 @@ def test_a_metaq_id_of_another_broker_and_a_key_without_topic_are_answered_clear
 
 
 def test_a_metaq_id_is_found_within_the_id_scan_and_not_past_it(store, monkeypatch):
-    monkeypatch.setattr(limits, "TRACE_ID_SCAN", 4)
+    monkeypatch.setattr(trace_limits, "TRACE_ID_SCAN", 4)
     ids = [put(store, "tA", b"m%d" % i, {}, now=NOW).msg_id for i in range(5)]  # one millisecond
     flush(store)
     assert trace(store, str(ids[3]), topic="tA")[0]["messages"][0]["offset"] == 3  # the 4th read: at the limit
@@ -93,7 +94,7 @@ def test_a_metaq_id_is_found_within_the_id_scan_and_not_past_it(store, monkeypat
 
 @pytest.mark.parametrize("copies_before, complete", [(0, True), (1, False)])
 def test_the_copy_scan_reads_at_most_its_limit(store, monkeypatch, copies_before, complete):
-    monkeypatch.setattr(limits, "TRACE_MAX_COPY_SCAN", 3)
+    monkeypatch.setattr(trace_limits, "TRACE_MAX_COPY_SCAN", 3)
     put(store, "tA", b"orig", {"UNIQ_KEY": UNIQ})
     for i in range(2 + copies_before):  # other messages' dead letters, then this one's
         put(store, "%DLQ%G", b"other", {"ORIGIN_MESSAGE_ID": "OTHER%d" % i}, now=NOW + 1)
@@ -106,7 +107,7 @@ def test_the_copy_scan_reads_at_most_its_limit(store, monkeypatch, copies_before
 
 @pytest.mark.parametrize("records, complete", [(0, True), (1, False)])
 def test_trace_records_shown_at_most_their_limit(store, monkeypatch, records, complete):
-    monkeypatch.setattr(limits, "TRACE_MAX_RECORDS", 2)
+    monkeypatch.setattr(trace_limits, "TRACE_MAX_RECORDS", 2)
     put(store, "tA", b"orig", {"UNIQ_KEY": UNIQ})
     body = "".join(encode_sub_before(NOW + i, "CG", "r%d" % i, UNIQ, i, "") for i in range(2 + records))
     put(store, TRACE_TOPIC, body.encode(), {"KEYS": UNIQ})

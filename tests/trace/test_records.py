@@ -3,7 +3,8 @@ message-trace records in the client's layouts (old and new), the ``trace`` comma
 
 import pytest
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.trace import limits as trace_limits
 from metaq.protocol.msgid import compose
 from metaq.protocol.rocketmq.bodies import create_offset_msg_id
 from metaq.protocol.text import TextParser, serialize
@@ -61,11 +62,12 @@ def test_older_and_newer_layouts_and_damaged_rows():
 
 
 def test_the_trace_command_round_trips_and_its_max_is_bounded():
-    for e in (TraceQuery("id", "12345", None, limits.TRACE_MAX_RESULTS, 4), TraceQuery("key", "k-1", "orders", 1, 5)):
+    for e in (TraceQuery("id", "12345", None, trace_limits.TRACE_MAX_RESULTS, 4),
+              TraceQuery("key", "k-1", "orders", 1, 5)):
         parser = TextParser()
         parser.receive_data(serialize(e))
         assert parser.next_event() == e
     parser = TextParser()
-    parser.receive_data(b"trace key k orders %d 6\r\n" % (limits.TRACE_MAX_RESULTS + 1))
+    parser.receive_data(b"trace key k orders %d 6\r\n" % (trace_limits.TRACE_MAX_RESULTS + 1))
     with pytest.raises(errors.RemoteProtocolError, match="max"):
         parser.next_event()

@@ -10,7 +10,8 @@ import subprocess
 import sys
 import time
 
-from metaq import limits
+from metaq.pop import limits as pop_limits
+from metaq.trace import limits as trace_limits
 from metaq import admincli as admin
 from metaq.client.local import rmq_config, small_config
 from metaq.client.raw import RemotingClient
@@ -83,10 +84,10 @@ def test_trace_shows_where_a_message_is_and_what_each_group_did_with_it(broker_f
         assert pc.ack(*got) == [None, None]
     with SimpleConsumer(url(b), "E", "tW", invisible_ms=600_000) as pe:
         assert len(pe.receive(8)) == 2
-    with SimpleConsumer(url(b), "G", "tW", invisible_ms=limits.POP_MIN_INVISIBLE_MS) as pg:
-        for _ in range(limits.POP_MAX_ATTEMPTS + 1):  # never acked: past its attempts it is a dead letter
+    with SimpleConsumer(url(b), "G", "tW", invisible_ms=pop_limits.POP_MIN_INVISIBLE_MS) as pg:
+        for _ in range(pop_limits.POP_MAX_ATTEMPTS + 1):  # never acked: past its attempts it is a dead letter
             pg.receive(8)
-            time.sleep(limits.POP_MIN_INVISIBLE_MS / 1000 + 0.03)
+            time.sleep(pop_limits.POP_MIN_INVISIBLE_MS / 1000 + 0.03)
         assert pg.receive(8) == []
 
     def traced_whole():
@@ -155,7 +156,7 @@ def test_trace_shows_where_a_message_is_and_what_each_group_did_with_it(broker_f
 def test_trace_answers_at_most_the_limit_of_messages(broker_factory, tmp_path, capsys):
     b = broker_factory(with_http(small_config(tmp_path / "data", topics=[{"name": "tK", "partitions": 1}],
                                               store={"flush": "async", "flush_interval_ms": 50})), workdir=tmp_path)
-    most = limits.TRACE_MAX_RESULTS
+    most = trace_limits.TRACE_MAX_RESULTS
     with b.client() as c:
         for i in range(most):
             c.put_ok("tK", b"m%d" % i, 0, attribute="\x02KEYS\x01many")

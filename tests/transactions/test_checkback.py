@@ -2,7 +2,7 @@
 
 from typing import NamedTuple
 
-from metaq import limits
+from metaq.transactions import limits as transactions_limits
 from metaq.transactions.policy import immunity_ms, is_due, plan_round
 
 TIMEOUT = 6_000
@@ -25,7 +25,7 @@ def test_a_message_is_due_once_the_timeout_has_passed_since_it_was_stored():
 def test_check_immunity_replaces_the_timeout_for_its_message():
     assert immunity_ms(None) == -1 and immunity_ms("-1") == -1 and immunity_ms("soon") == -1
     assert immunity_ms("30") == 30_000
-    assert immunity_ms(str(10 ** 12)) == limits.MAX_CHECK_IMMUNITY_S * 1000  # capped
+    assert immunity_ms(str(10 ** 12)) == transactions_limits.MAX_CHECK_IMMUNITY_S * 1000  # capped
     halves = [H(1, 0, immunity_ms=30_000), H(2, 0, immunity_ms=1_000), H(3, 0)]
     assert plan_round(halves, 6_000, TIMEOUT, 15).check == [2, 3]
     assert plan_round(halves, 30_000, TIMEOUT, 15).check == [1, 2, 3]
@@ -44,5 +44,5 @@ def test_a_round_acts_on_at_most_its_limit_oldest_first_and_leaves_the_rest():
     assert (sorted(at.check + at.give_up), at.deferred) == ([1, 2, 3, 4, 5], 0)
     past = plan_round(halves, 10 ** 6, TIMEOUT, 15, limit=4)
     assert (past.check, past.give_up, past.deferred) == ([4, 2], [5, 3], 1)  # number 1, the newest, waits
-    assert plan_round([H(n, 0) for n in range(limits.MAX_CHECKS_PER_ROUND + 1)], TIMEOUT, TIMEOUT,
+    assert plan_round([H(n, 0) for n in range(transactions_limits.MAX_CHECKS_PER_ROUND + 1)], TIMEOUT, TIMEOUT,
                       15).deferred == 1

@@ -12,7 +12,7 @@ from metaq.protocol.checksum import crc32
 from metaq.transactions import records as R
 from metaq.transactions.config import TxConfig
 from metaq.protocol.journaltopic import TX_TOPIC
-from metaq.limits import TX_LEARN_BATCH, TX_LEARN_BATCH_BYTES
+from metaq.transactions.limits import TX_LEARN_BATCH, TX_LEARN_BATCH_BYTES
 from metaq.store.journals import JournalFollow
 from metaq.transactions.follow import SNAPSHOT_FLAG, TX_JOURNAL, LogReplay
 from metaq.transactions.journal import journal_path

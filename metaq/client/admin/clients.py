@@ -11,7 +11,7 @@ the client (each broker's reason), 1 when a broker could not be reached and none
 
 import json
 
-from metaq import limits
+from metaq.rmq5 import limits as rmq5_limits
 from metaq.client.admin.tools import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, AdminExit, ask_brokers
 from metaq.admin.wire import ClientCommand, decode_body
 from metaq.client.replies import reply_error
@@ -31,17 +31,17 @@ def add_parser(sub):
         if name == "verify":
             a.add_argument("message_id", help="the message's id (the client's message id)")
             a.add_argument("--topic", required=True, help="the message's topic")
-        a.add_argument("--wait", type=float, default=limits.GRPC_CLIENT_COMMAND_TIMEOUT_MS / 1000.0,
+        a.add_argument("--wait", type=float, default=rmq5_limits.GRPC_CLIENT_COMMAND_TIMEOUT_MS / 1000.0,
                        help="seconds to wait for the client's answer (default %%(default)s, at most %d)"
-                       % (limits.GRPC_CLIENT_COMMAND_MAX_TIMEOUT_MS // 1000))
+                       % (rmq5_limits.GRPC_CLIENT_COMMAND_MAX_TIMEOUT_MS // 1000))
 
 
 def event_of(args):
     """The ``ClientCommand`` the arguments ask for; AdminExit (usage) for a wait out of range."""
     wait_ms = int(args.wait * 1000)
-    if not 1 <= wait_ms <= limits.GRPC_CLIENT_COMMAND_MAX_TIMEOUT_MS:
+    if not 1 <= wait_ms <= rmq5_limits.GRPC_CLIENT_COMMAND_MAX_TIMEOUT_MS:
         raise AdminExit("clients: --wait %s: more than 0 and at most %d s" % (
-            args.wait, limits.GRPC_CLIENT_COMMAND_MAX_TIMEOUT_MS // 1000), EXIT_USAGE)
+            args.wait, rmq5_limits.GRPC_CLIENT_COMMAND_MAX_TIMEOUT_MS // 1000), EXIT_USAGE)
     if args.action == "verify":
         return ClientCommand("verify", args.client, args.topic, args.message_id, wait_ms, 0)
     return ClientCommand("stack", args.client, None, None, wait_ms, 0)

@@ -9,6 +9,7 @@ broker's resent journal). An id no broker has exits 3.
 """
 
 from metaq import errors, limits
+from metaq.admin import limits as admin_limits
 from metaq.admin import wire
 from metaq.client.admin.tools import EXIT_OK, AdminExit, ask_broker, ask_brokers, refused_by
 
@@ -24,7 +25,7 @@ def add_parser(sub):
     s = dlq.add_parser("list", help="the group's dead letters (%%DLQ%%GROUP), oldest first")
     s.add_argument("group")
     s.add_argument("--max", type=int, default=100, help="at most this many per broker (default 100, at most %d)"
-                   % limits.MAX_DLQ_LIST)
+                   % admin_limits.MAX_DLQ_LIST)
     s = dlq.add_parser("resend", help="put dead letters back on their original topic (all not resent yet, or --id)")
     s.add_argument("group")
     s.add_argument("--id", dest="ids", action="append", metavar="ID",
@@ -72,7 +73,7 @@ def _local(view, bid, name):
 def run(view, args, render):
     if args.dlq_action == "list":
         rows, found = [], False
-        event = wire.DlqList(args.group, max(1, min(args.max, limits.MAX_DLQ_LIST)), 0)
+        event = wire.DlqList(args.group, max(1, min(args.max, admin_limits.MAX_DLQ_LIST)), 0)
         for bid, reply in ask_brokers(view, event, max(view.timeout, 30.0), _refused):
             body = wire.decode_body(reply.body)
             found = True

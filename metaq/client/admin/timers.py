@@ -6,7 +6,8 @@ time and size. ``cancel`` asks every broker to cancel the id (text ``cancel``): 
 ``cancelled``, or says it was ``delivered`` or ``cancelled`` before; no broker knowing it exits 3.
 """
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.timers import limits as timers_limits
 from metaq.client.admin.tools import EXIT_OK, EXIT_REFUSED, AdminExit
 from metaq.client.replies import reply_error
 from metaq.timers.wire import TimerCancelCommand, TimerList, parse_rows
@@ -20,7 +21,7 @@ def add_parser(sub):
     s = act.add_parser("list", help="pending timers, earliest first")
     s.add_argument("--topic", default="*", help="only this topic's")
     s.add_argument("--max", type=int, default=100, help="at most this many per broker (default 100, at most %d)"
-                   % limits.MAX_TIMER_LIST)
+                   % timers_limits.MAX_TIMER_LIST)
     s = act.add_parser("cancel", help="cancel a scheduled message by its id (before it is due)")
     s.add_argument("id", type=int)
 
@@ -43,7 +44,7 @@ def run(view, args, render):
     if args.timers_action == "list":
         rows = []
         for bid in sorted(view.brokers):
-            reply = _call(view, bid, TimerList(args.topic, max(1, min(args.max, limits.MAX_TIMER_LIST)), 0))
+            reply = _call(view, bid, TimerList(args.topic, max(1, min(args.max, timers_limits.MAX_TIMER_LIST)), 0))
             if reply is None:
                 continue
             if reply.code != 200:

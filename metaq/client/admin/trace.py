@@ -12,7 +12,8 @@ a broker refusing (403: the user may not read the topic) exits 3 with the refusa
 import json
 from datetime import datetime, timezone
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.trace import limits as trace_limits
 from metaq.protocol.properties import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
 from metaq.client.admin.tools import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, AdminExit, ask_brokers
 from metaq.trace.records import parse_message_id
@@ -28,16 +29,17 @@ def add_parser(sub):
                    "RocketMQ client's msgId (with --topic)")
     s.add_argument("--key", help="instead of an id: the messages of --topic carrying this key (newest first)")
     s.add_argument("--topic", help="the message's topic")
-    s.add_argument("--max", type=int, default=limits.TRACE_MAX_RESULTS,
-                   help="at most this many messages per broker (default and most: %d)" % limits.TRACE_MAX_RESULTS)
+    s.add_argument("--max", type=int, default=trace_limits.TRACE_MAX_RESULTS,
+                   help="at most this many messages per broker (default and most: %d)" % trace_limits.TRACE_MAX_RESULTS)
 
 
 def query_of(args):
     """The ``TraceQuery`` the arguments ask for; AdminExit (usage, exit 2) for a malformed request."""
     if (args.id is None) == (args.key is None):
         raise AdminExit("trace: give a message id, or --key KEY with --topic", EXIT_USAGE)
-    if not 1 <= args.max <= limits.TRACE_MAX_RESULTS:
-        raise AdminExit("trace: --max %d: 1 to %d (limits.TRACE_MAX_RESULTS)" % (args.max, limits.TRACE_MAX_RESULTS),
+    if not 1 <= args.max <= trace_limits.TRACE_MAX_RESULTS:
+        raise AdminExit("trace: --max %d: 1 to %d (limits.TRACE_MAX_RESULTS)"
+                        % (args.max, trace_limits.TRACE_MAX_RESULTS),
                         EXIT_USAGE)
     if args.key is not None:
         if args.topic is None:

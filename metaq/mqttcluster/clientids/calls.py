@@ -36,6 +36,8 @@ from gevent.event import Event
 from gevent.lock import Semaphore
 
 from metaq import errors, limits
+from metaq.mqttcluster import limits as mqttcluster_limits
+from metaq.server.replication import limits as replication_limits
 from metaq.protocol import replication as rp
 from metaq.protocol.replication_peer import PEER_CALL_HEAD
 from metaq.protocol.stream import CLOSED, NEED_DATA
@@ -237,7 +239,7 @@ class PeerClient:
     """This master's calls to the others: ``broker_id`` its own, ``secret`` the replication secret (bytes or None),
     ``tls`` the TLS client context a slave's link uses (None: plain)."""
 
-    def __init__(self, broker_id, secret, tls=None, timeout_s=limits.MQTT_CLUSTER_CALL_TIMEOUT_S):
+    def __init__(self, broker_id, secret, tls=None, timeout_s=mqttcluster_limits.MQTT_CLUSTER_CALL_TIMEOUT_S):
         self.broker_id = broker_id
         self.secret = secret
         self.tls = tls
@@ -259,7 +261,7 @@ class PeerClient:
         deadline = time.monotonic() + timeout_s
         turns = self._turns.get((address, lease))
         if turns is None:
-            kept = limits.MQTT_CLUSTER_LEASE_CONNECTIONS
+            kept = mqttcluster_limits.MQTT_CLUSTER_LEASE_CONNECTIONS
             most = kept if lease else limits.MQTT_CLUSTER_PEER_CONNECTIONS - kept
             turns = self._turns[(address, lease)] = Turns(most)
         if not turns.take(exclusive, timeout_s):
@@ -321,7 +323,7 @@ class PeerClient:
             if refusal is not None:
                 raise errors.Unauthenticated(refusal)
             send_event(sock, ours)
-            small = PEER_CALL_HEAD.size + len(body) <= limits.REPLICATION_HANDSHAKE_FRAME_BYTES
+            small = PEER_CALL_HEAD.size + len(body) <= replication_limits.REPLICATION_HANDSHAKE_FRAME_BYTES
             send_event(sock, rp.PeerCall(self.broker_id, body if small else OPENING))
             theirs = _next(sock, parser, deadline)
             if isinstance(theirs, rp.ErrorFrame):

@@ -31,6 +31,8 @@ import logging
 import time
 
 from metaq import errors, limits
+from metaq.mqtt import limits as mqtt_limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.mqtt.follow import SavedSession
 from metaq.mqtt.records import message_of
 from metaq.mqtt.resend import message_at
@@ -65,8 +67,8 @@ def _wire(topic, flag, data):
     return [topic, flag, base64.b64encode(bytes(data)).decode("ascii")]
 
 
-def export(store, saved, max_transfer, max_messages=limits.MQTT_HANDOVER_MAX_MESSAGES,
-           max_bytes=limits.MQTT_HANDOVER_MAX_BYTES, ends=None):
+def export(store, saved, max_transfer, max_messages=mqttcluster_limits.MQTT_HANDOVER_MAX_MESSAGES,
+           max_bytes=mqttcluster_limits.MQTT_HANDOVER_MAX_BYTES, ends=None):
     """``saved`` (a ``SavedSession`` this broker gave up) as the JSON its new broker adopts (see the module doc).
     ``ends``: a dict given is filled with where the read of each partition stopped (``rest`` goes on from there)."""
     bound = _Bound(max_messages, max_bytes)
@@ -105,7 +107,7 @@ def _queued(store, session, topic, partition, offset, max_transfer, bound, out, 
     the records ``keep(rec)`` says yes to (None: all); returns the offset where the read stopped."""
     while stop is None or offset < stop:
         try:
-            records, _next = store.read_records(topic, partition, offset, limits.MQTT_DELIVERY_BATCH, max_transfer)
+            records, _next = store.read_records(topic, partition, offset, mqtt_limits.MQTT_DELIVERY_BATCH, max_transfer)
         except errors.Moved as moved:
             if moved.offset == offset:
                 return offset
@@ -152,9 +154,9 @@ def _check_state(state, client_id):
     if not all(isinstance(x, list) for x in lists):
         raise TypeError("subs, q2, sh, inf and queued must be lists")
     count = len(state["inf"]) + len(state["queued"])
-    if count > limits.MQTT_HANDOVER_MAX_MESSAGES:
+    if count > mqttcluster_limits.MQTT_HANDOVER_MAX_MESSAGES:
         raise ValueError("%d messages: at most %d (MQTT_HANDOVER_MAX_MESSAGES)"
-                         % (count, limits.MQTT_HANDOVER_MAX_MESSAGES))
+                         % (count, mqttcluster_limits.MQTT_HANDOVER_MAX_MESSAGES))
     for sub in state["subs"]:
         if not (isinstance(sub, list) and len(sub) >= 5 and isinstance(sub[0], str) and isinstance(sub[3], list)
                 and all(isinstance(t, str) for t in sub[3])):
@@ -184,9 +186,9 @@ def rest_problem(answer):
         queued, dropped = answer.get("queued", []), answer.get("dropped", 0)
         if not isinstance(queued, list) or not isinstance(dropped, int):
             raise TypeError("queued must be a list and dropped a number")
-        if len(queued) > limits.MQTT_HANDOVER_MAX_MESSAGES:
+        if len(queued) > mqttcluster_limits.MQTT_HANDOVER_MAX_MESSAGES:
             raise ValueError("%d messages: at most %d (MQTT_HANDOVER_MAX_MESSAGES)"
-                             % (len(queued), limits.MQTT_HANDOVER_MAX_MESSAGES))
+                             % (len(queued), mqttcluster_limits.MQTT_HANDOVER_MAX_MESSAGES))
         for entry in queued:
             _check_queued(entry)
     except (TypeError, ValueError, KeyError, IndexError) as exc:
@@ -207,8 +209,8 @@ def _check_message(message):
     base64.b64decode(data, validate=True)
 
 
-def rest(store, saved, ends, upto, own_id, max_transfer, max_messages=limits.MQTT_HANDOVER_MAX_MESSAGES,
-         max_bytes=limits.MQTT_HANDOVER_MAX_BYTES):
+def rest(store, saved, ends, upto, own_id, max_transfer, max_messages=mqttcluster_limits.MQTT_HANDOVER_MAX_MESSAGES,
+         max_bytes=mqttcluster_limits.MQTT_HANDOVER_MAX_BYTES):
     """The handover's end of ``saved`` (see the module doc): ``{"queued": [...], "dropped": n}``, the messages of this
     broker's partitions from ``ends`` (``export``'s) on that the taking broker does not copy itself: ``upto`` is
     ``{origin broker: {(topic, partition): offset}}``, where its copies of that origin's partition begin (this
@@ -253,11 +255,11 @@ def positions_read(wire):
         raise TypeError("not a list")
     if len(wire) > limits.MQTT_CLUSTER_MAX_PEERS + 1 or \
             any(not isinstance(entry, list) or len(entry) != 2 or not isinstance(entry[1], list)
-                or len(entry[1]) > limits.MQTT_CLUSTER_MAX_FOLLOWED for entry in wire):
+                or len(entry[1]) > mqttcluster_limits.MQTT_CLUSTER_MAX_FOLLOWED for entry in wire):
         raise ValueError("not [[origin, [[topic, partition, offset], ...]], ...] of at most %d origins "
                          "(MQTT_CLUSTER_MAX_PEERS and the broker itself) and %d positions of one "
                          "(MQTT_CLUSTER_MAX_FOLLOWED)" % (limits.MQTT_CLUSTER_MAX_PEERS + 1,
-                                                          limits.MQTT_CLUSTER_MAX_FOLLOWED))
+                                                          mqttcluster_limits.MQTT_CLUSTER_MAX_FOLLOWED))
     return {int(origin): {(str(t), int(p)): int(o) for t, p, o in positions} for origin, positions in wire}
 
 

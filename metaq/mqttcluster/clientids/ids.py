@@ -28,7 +28,7 @@ Will Delay Interval), published otherwise (``ClientIds._drop``).
 
 import hashlib
 
-from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 
 __all__ = ["home_of", "holder_share", "HomeRegistry", "RegistryFull"]
 
@@ -54,7 +54,7 @@ class RegistryFull(Exception):
     (``holder_share``)."""
 
 
-def holder_share(max_ids, percent=limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT):
+def holder_share(max_ids, percent=mqttcluster_limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT):
     """The ids one broker other than the home may hold in a home's registry of ``max_ids``: ``percent``
     (``mqtt.cluster_holder_share_percent``) of them (at least one), so that no member (a busy one, or one lying in its
     holds) takes every slot from the others and from the home's own devices."""
@@ -67,7 +67,7 @@ class HomeRegistry:
 
     __slots__ = ("max_ids", "own", "share", "_holders", "_counts")
 
-    def __init__(self, max_ids, own=None, share_percent=limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT):
+    def __init__(self, max_ids, own=None, share_percent=mqttcluster_limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT):
         self.max_ids = max_ids
         self.own = own
         self.share = holder_share(max_ids, share_percent)

@@ -63,7 +63,7 @@ import gevent
 from gevent.event import Event
 from gevent.lock import Semaphore
 
-from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.mqtt import wire
 from metaq.mqttcluster.clientids import handover
 from metaq.mqttcluster.clientids.calls import PeerUnreachable
@@ -77,12 +77,12 @@ __all__ = ["ClientIds"]
 
 #: Seconds the home waits for the holder's answer: half a registration's bound, so the CONNECT that waits for the
 #: home learns the outcome either way; the holder waits at most half of it for a CONNECT of its own to go live.
-HOLDER_TIMEOUT_S = limits.MQTT_CLUSTER_CALL_TIMEOUT_S / 2
+HOLDER_TIMEOUT_S = mqttcluster_limits.MQTT_CLUSTER_CALL_TIMEOUT_S / 2
 
 
 def _bound_of_register():
     """When (monotonic) a registration arriving now must be answered: before its caller's call bound runs out."""
-    return time.monotonic() + limits.MQTT_CLUSTER_CALL_TIMEOUT_S - HOLDER_TIMEOUT_S / 5
+    return time.monotonic() + mqttcluster_limits.MQTT_CLUSTER_CALL_TIMEOUT_S - HOLDER_TIMEOUT_S / 5
 
 
 class ClientIds:
@@ -92,7 +92,8 @@ class ClientIds:
     takeover's end; None: no takeover's end)."""
 
     def __init__(self, port, store, members, broker_id, client, max_ids, max_transfer, is_member,
-                 lease_s=limits.MQTT_CLUSTER_ID_LEASE_S, share_percent=limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT,
+                 lease_s=mqttcluster_limits.MQTT_CLUSTER_ID_LEASE_S,
+                 share_percent=mqttcluster_limits.MQTT_CLUSTER_HOLDER_SHARE_PERCENT,
                  cluster=None):
         self.port, self.store, self.members_reader = port, store, members
         self.broker_id = broker_id
@@ -126,7 +127,7 @@ class ClientIds:
         #: sessions given up here whose taker may ask for the rest (``_rest``), oldest first, at most
         #: MQTT_HANDOVER_MAX_LINGERING
         self._lingering = OrderedDict()
-        self.max_lingering = limits.MQTT_HANDOVER_MAX_LINGERING
+        self.max_lingering = mqttcluster_limits.MQTT_HANDOVER_MAX_LINGERING
         self.ends_short = 0  # takeovers whose end did not complete within MQTT_HANDOVER_END_S (what came went on)
         self.takeovers = 0  # sessions this broker took from another
         self.refused = 0  # CONNECTs refused: the home unreachable, or its registry full
@@ -208,7 +209,7 @@ class ClientIds:
         cluster = self.cluster
         if cluster is None:
             return None
-        deadline = time.monotonic() + limits.MQTT_HANDOVER_END_S
+        deadline = time.monotonic() + mqttcluster_limits.MQTT_HANDOVER_END_S
         cursors, upto, short = self._start(state, answer, key, deadline)
         holder = answer.get("from", -1)
         address = self.members.get(holder)
@@ -230,7 +231,7 @@ class ClientIds:
                 rest.get("error") or "broker %d's copies did not catch up" % holder, holder)
         self._ended_short(client_id, holder, short)
         queued = rest.get("queued", ())
-        room = max(0, limits.MQTT_HANDOVER_MAX_MESSAGES - len(state["inf"]) - len(state["queued"]))
+        room = max(0, mqttcluster_limits.MQTT_HANDOVER_MAX_MESSAGES - len(state["inf"]) - len(state["queued"]))
         state["queued"].extend(queued[:room])
         dropped = rest.get("dropped", 0) + max(0, len(queued) - room)
         if dropped:
@@ -399,7 +400,7 @@ class ClientIds:
             log.warning("mqtt client %s: %d sessions given up await their takeover's end (MQTT_HANDOVER_MAX_LINGERING):"
                         " what reaches this broker for it after its handover is not handed on", old[0],
                         self.max_lingering)
-        self._lingering[key] = (time.monotonic() + limits.MQTT_HANDOVER_LINGER_S, saved, {})
+        self._lingering[key] = (time.monotonic() + mqttcluster_limits.MQTT_HANDOVER_LINGER_S, saved, {})
         self.cluster.pin(("given",) + key, [sub[0] for sub in saved.subscriptions])
 
     def _behind(self, upto, reads):
@@ -443,7 +444,7 @@ class ClientIds:
             _until, saved, ends = kept
             try:
                 upto = handover.positions_read(request["upto"])
-                wait = min(float(request.get("wait", 0)), limits.MQTT_HANDOVER_END_S)
+                wait = min(float(request.get("wait", 0)), mqttcluster_limits.MQTT_HANDOVER_END_S)
             except (KeyError, TypeError, ValueError) as exc:
                 return {"error": "client id %s: a call for the rest of its handover that is not [[origin, [[topic, "
                                  "partition, offset], ...]], ...] (%s): nothing handed" % (key[0], exc)}
@@ -556,8 +557,8 @@ class ClientIds:
                 continue
             ids = [[c, g, cont] for c, (g, cont) in owed.items() if self.registry.holder(c) != holder]
             try:
-                for i in range(0, len(ids), limits.MQTT_CLUSTER_ID_BATCH):
-                    request = {"op": "drop", "ids": ids[i:i + limits.MQTT_CLUSTER_ID_BATCH]}
+                for i in range(0, len(ids), mqttcluster_limits.MQTT_CLUSTER_ID_BATCH):
+                    request = {"op": "drop", "ids": ids[i:i + mqttcluster_limits.MQTT_CLUSTER_ID_BATCH]}
                     if holder == self.broker_id:
                         self._drop(self.broker_id, request)
                     else:
@@ -641,7 +642,7 @@ class ClientIds:
                     self._members_changed(found)  # or a home that did not answer is told again
             except Exception:  # noqa: BLE001 - the watch must go on
                 log.exception("mqtt cluster: acting on the members failed")
-            self._members_wake.wait(limits.MQTT_CLUSTER_MEMBERS_POLL_S)
+            self._members_wake.wait(mqttcluster_limits.MQTT_CLUSTER_MEMBERS_POLL_S)
 
     def _members_changed(self, found):
         before, before_owners = self.members, self._owners
@@ -667,8 +668,8 @@ class ClientIds:
             if every or home != was or before_owners.get(home) != found.get(home):
                 moved.setdefault(home, []).append(client_id)
         for home, ids in moved.items():
-            for i in range(0, len(ids), limits.MQTT_CLUSTER_ID_BATCH):
-                self._tell_hold(home, ids[i:i + limits.MQTT_CLUSTER_ID_BATCH])
+            for i in range(0, len(ids), mqttcluster_limits.MQTT_CLUSTER_ID_BATCH):
+                self._tell_hold(home, ids[i:i + mqttcluster_limits.MQTT_CLUSTER_ID_BATCH])
 
     def _joining(self):
         """True for MQTT_CLUSTER_MEMBERS_POLL_S after this broker became a member: the others, who see it join
@@ -678,7 +679,7 @@ class ClientIds:
         now = time.monotonic()
         if self._joined_at is None:
             self._joined_at = now
-        return now - self._joined_at < limits.MQTT_CLUSTER_MEMBERS_POLL_S
+        return now - self._joined_at < mqttcluster_limits.MQTT_CLUSTER_MEMBERS_POLL_S
 
     def _tell_hold(self, home, ids):
         request = {"op": "hold", "ids": ids, "rec": [c for c in ids if self.port.recovered(c)],
@@ -701,7 +702,7 @@ class ClientIds:
 
     def _release_loop(self):
         while True:
-            gevent.sleep(limits.MQTT_CLUSTER_RELEASE_S)
+            gevent.sleep(mqttcluster_limits.MQTT_CLUSTER_RELEASE_S)
             if self._lingering:
                 self._expire_lingering()
             if self._owed:
@@ -717,8 +718,8 @@ class ClientIds:
                 self._answered.pop(client_id, None)
                 homes.setdefault(home_of(client_id, self.members), []).append(client_id)
             for home, ids in homes.items():
-                for i in range(0, len(ids), limits.MQTT_CLUSTER_ID_BATCH):
-                    request = {"op": "release", "ids": ids[i:i + limits.MQTT_CLUSTER_ID_BATCH]}
+                for i in range(0, len(ids), mqttcluster_limits.MQTT_CLUSTER_ID_BATCH):
+                    request = {"op": "release", "ids": ids[i:i + mqttcluster_limits.MQTT_CLUSTER_ID_BATCH]}
                     if home == self.broker_id:
                         self._release(self.broker_id, request)
                         continue

@@ -26,7 +26,8 @@ import json
 import logging
 import zlib
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.mqtt.records import EXPIRES_AT, message_of, named, record_data
 from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.protocol.journaltopic import MQTT_INBOX_TOPIC
@@ -60,7 +61,7 @@ _OWN = frozenset({"MQTT_ORIGIN", "MQTT_GROUPS", "MQTT_NEXT", "MQTT_CHECK", "MQTT
 RECOVER_BATCH = 1024
 
 
-def partition_of(origin, topic, partition, partitions=limits.MQTT_CLUSTER_INBOX_PARTITIONS):
+def partition_of(origin, topic, partition, partitions=mqttcluster_limits.MQTT_CLUSTER_INBOX_PARTITIONS):
     """The inbox partition of the copies of ``origin``'s ``topic``-``partition``."""
     return zlib.crc32(b"%d:%d:%s" % (origin, partition, topic.encode("utf-8"))) % partitions
 
@@ -197,7 +198,7 @@ class Positions:
     it is logged once); with each the check and the epoch of the origin record before it, and the epoch the origin
     last told of its records from an offset on (``told``: one per position, the same bound)."""
 
-    def __init__(self, most=limits.MQTT_CLUSTER_MAX_POSITIONS):
+    def __init__(self, most=mqttcluster_limits.MQTT_CLUSTER_MAX_POSITIONS):
         self.most = most
         self._next = {}
         self._checks = {}  # key -> the check of the origin record before its next offset (absent: none)
@@ -298,7 +299,7 @@ def recover(store, positions):
         while offset < end:
             try:
                 records, _nxt = store.read_records(INBOX, partition, offset, RECOVER_BATCH,
-                                                   limits.MQTT_CLUSTER_BATCH_BYTES)
+                                                   mqttcluster_limits.MQTT_CLUSTER_BATCH_BYTES)
             except (errors.Moved, errors.CorruptRecord) as exc:  # go on from where it says
                 nxt = exc.offset if isinstance(exc, errors.Moved) else exc.next_offset
                 if nxt is None or nxt <= offset:

@@ -15,7 +15,8 @@ import time
 
 import gevent
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.server.replication import limits as replication_limits
 from metaq.protocol import replication as rp
 from metaq.protocol.replication_mqtt import split_routes
 from metaq.serving.connections import share_loop
@@ -116,7 +117,7 @@ class PeerLink:
                            weights=cluster.weights(), retained_check=retained_check,
                            epochs=cluster.positions.epochs(self.broker_id, positions), retained_epoch=retained_epoch)
         parts = self._parts(routes)
-        if len(rp.serialize(parts[0])) - rp.FRAME_HEADER.size > limits.REPLICATION_HANDSHAKE_FRAME_BYTES:
+        if len(rp.serialize(parts[0])) - rp.FRAME_HEADER.size > replication_limits.REPLICATION_HANDSHAKE_FRAME_BYTES:
             # the peer reads no larger frame before the proof: a first part with none of the route, the route after
             parts.insert(0, routes._replace(filters=(), positions=(), groups=(), checks=(), more=True, weights=(),
                                             epochs=()))

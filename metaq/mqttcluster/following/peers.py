@@ -46,6 +46,7 @@ import gevent
 from gevent.event import Event
 
 from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.mqttcluster.following import inbox
 from metaq.mqttcluster.following.link import PeerLink
 from metaq.mqttcluster.following.retained import PeerRetained
@@ -116,7 +117,7 @@ class MqttCluster:
         self._tasks = []
         self._stopping = False
         self._recovered_as_master = False
-        self.hold_s = limits.MQTT_CLUSTER_START_HOLD_S if hold_s is None else hold_s
+        self.hold_s = mqttcluster_limits.MQTT_CLUSTER_START_HOLD_S if hold_s is None else hold_s
         self._followers = {}  # broker id -> how many of its follows of this broker are live now
         self._followed = Event()  # set: no hold (``wait_followed`` returns at once); a master holds from its start
         self._hold_wake = Event()

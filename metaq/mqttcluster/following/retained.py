@@ -8,7 +8,7 @@ with this broker's own clears; for a name the newest by (time, broker id) wins a
 
 import logging
 
-from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.mqtt.follow import RecordError, decode_retained
 from metaq.mqtt.topics import matches
 
@@ -44,9 +44,9 @@ class PeerRetained:
         old = self.names.get(name)
         if old is not None and (old[0], old[1]) >= (at, broker):
             return
-        if old is None and len(self.names) >= limits.MQTT_CLUSTER_MAX_RETAINED:
+        if old is None and len(self.names) >= mqttcluster_limits.MQTT_CLUSTER_MAX_RETAINED:
             log.warning("mqtt cluster: %d retained names is the limit (MQTT_CLUSTER_MAX_RETAINED): %s from broker %d "
-                        "is not kept", limits.MQTT_CLUSTER_MAX_RETAINED, name, broker)
+                        "is not kept", mqttcluster_limits.MQTT_CLUSTER_MAX_RETAINED, name, broker)
             return
         self.names[name] = (at, broker, r)
 

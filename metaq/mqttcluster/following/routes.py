@@ -7,7 +7,7 @@ level itself too) for each filter's literal first level, or ``#`` once any filte
 then sends more than is wanted; the subscriber's broker filters each message as ever; nothing is missed.
 """
 
-from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 
 __all__ = ["aggregate"]
 
@@ -16,7 +16,7 @@ def aggregate(filters, most=None):
     """The route (a sorted tuple of filters) of the filters ``filters`` (any iterable, repeats allowed), at most
     ``most`` of them (None: MQTT_CLUSTER_MAX_FILTERS)."""
     if most is None:
-        most = limits.MQTT_CLUSTER_MAX_FILTERS
+        most = mqttcluster_limits.MQTT_CLUSTER_MAX_FILTERS
     unique = set(filters)
     if len(unique) <= most:
         return tuple(sorted(unique))

@@ -13,7 +13,7 @@ import logging
 
 import gevent
 
-from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.mqttcluster.sharing.share import weights_moved
 
 log = logging.getLogger(__name__)
@@ -39,15 +39,16 @@ class GroupOffer:
         (``share.Shares``, a broker's share weighted by its members), as the module doc says when."""
         live = dict(live)
         groups = tuple(sorted(live))
-        if len(groups) > limits.MQTT_CLUSTER_MAX_GROUPS:
+        if len(groups) > mqttcluster_limits.MQTT_CLUSTER_MAX_GROUPS:
             log.warning("mqtt cluster: %d shared groups, past MQTT_CLUSTER_MAX_GROUPS (%d): the others are not shared "
-                        "across the cluster", len(groups), limits.MQTT_CLUSTER_MAX_GROUPS)
-            groups = tuple(sorted(sorted(live, key=lambda g: (not live[g], g))[:limits.MQTT_CLUSTER_MAX_GROUPS]))
-        weights = tuple(min(live[g], limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX) for g in groups)
+                        "across the cluster", len(groups), mqttcluster_limits.MQTT_CLUSTER_MAX_GROUPS)
+            groups = tuple(sorted(sorted(live,
+                                         key=lambda g: (not live[g], g))[:mqttcluster_limits.MQTT_CLUSTER_MAX_GROUPS]))
+        weights = tuple(min(live[g], mqttcluster_limits.MQTT_CLUSTER_SHARE_WEIGHT_MAX) for g in groups)
         if groups != self.groups or [w > 0 for w in weights] != [w > 0 for w in self.weights]:
             self._apply(groups, weights)
         elif weights_moved(self.weights, weights) and self._settling is None:
-            self._settling = gevent.spawn_later(limits.MQTT_CLUSTER_SHARE_SETTLE_S, self._settle)
+            self._settling = gevent.spawn_later(mqttcluster_limits.MQTT_CLUSTER_SHARE_SETTLE_S, self._settle)
         self._live = (groups, weights)
 
     def _settle(self):

@@ -37,7 +37,7 @@ is published here, as without a cluster). A group with no member anywhere since 
 import hashlib
 import math
 
-from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 
 __all__ = ["Shares", "owner_of", "unit", "weights_moved"]
 
@@ -68,7 +68,7 @@ def weights_moved(applied, now):
     carries) by more than MQTT_CLUSTER_SHARE_WEIGHT_STEP_PERCENT of it: each change of weights is a change of every
     group's history in the sessions' log (bounded at MQTT_CLUSTER_SHARE_HISTORY), so a count that moves a little,
     members coming and going around it, changes nothing."""
-    step = limits.MQTT_CLUSTER_SHARE_WEIGHT_STEP_PERCENT
+    step = mqttcluster_limits.MQTT_CLUSTER_SHARE_WEIGHT_STEP_PERCENT
     return len(applied) != len(now) or any(abs(n - a) * 100 > step * a for a, n in zip(applied, now, strict=True))
 
 
@@ -96,8 +96,8 @@ class Shares:
     def __init__(self, broker_id, position, start, histories, record, most=None, history=None, pause=None):
         """A history's change is ``(since, ((broker, weight), ...))``, the brokers sorted."""
         self.broker_id = broker_id
-        self.most = limits.MQTT_CLUSTER_MAX_GROUPS if most is None else most
-        self.history = limits.MQTT_CLUSTER_SHARE_HISTORY if history is None else history
+        self.most = mqttcluster_limits.MQTT_CLUSTER_MAX_GROUPS if most is None else most
+        self.history = mqttcluster_limits.MQTT_CLUSTER_SHARE_HISTORY if history is None else history
         self.position = position
         self.start = start
         self.histories = histories

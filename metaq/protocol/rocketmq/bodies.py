@@ -20,6 +20,7 @@ import struct
 from typing import NamedTuple
 
 from metaq import limits
+from metaq.server.remoting import limits as remoting_limits
 from metaq.errors import RemoteProtocolError
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.properties import decode_properties, encode_properties  # the stored format's, RocketMQ's too
@@ -458,7 +459,7 @@ def decode_heartbeat(data, opaque=0):
         raise RemoteProtocolError("heartbeat body is not JSON: %s" % exc, opaque, False) from None
     if not isinstance(obj, dict) or not isinstance(obj.get("clientID"), str):
         raise RemoteProtocolError("heartbeat body has no clientID", opaque, False)
-    _bounded("clientID", obj["clientID"], limits.MAX_CLIENT_ID_BYTES, opaque)
+    _bounded("clientID", obj["clientID"], remoting_limits.MAX_CLIENT_ID_BYTES, opaque)
     consumers = []
     for c in _objects(obj.get("consumerDataSet")):
         if not isinstance(c.get("groupName"), str):

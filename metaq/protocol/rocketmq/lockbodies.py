@@ -17,7 +17,7 @@ whole), and nothing of the request is applied.
 import json
 from typing import NamedTuple
 
-from metaq import limits
+from metaq.server.remoting import limits as remoting_limits
 from metaq.errors import RemoteProtocolError
 
 __all__ = ["MessageQueue", "LockBatchBody", "decode_lock_batch", "encode_lock_batch", "encode_lock_ok"]
@@ -59,9 +59,9 @@ def decode_lock_batch(data, opaque=0, what="lock batch body"):
     entries = obj.get("mqSet", [])
     if not isinstance(entries, list):
         raise RemoteProtocolError("%s: mqSet must be a list" % what, opaque, False)
-    if len(entries) > limits.MAX_LOCK_BATCH_QUEUES:
+    if len(entries) > remoting_limits.MAX_LOCK_BATCH_QUEUES:
         raise RemoteProtocolError("%s names %d queues: the limit is %d (MAX_LOCK_BATCH_QUEUES)"
-                                  % (what, len(entries), limits.MAX_LOCK_BATCH_QUEUES), opaque, False)
+                                  % (what, len(entries), remoting_limits.MAX_LOCK_BATCH_QUEUES), opaque, False)
     queues = []
     for entry in entries:
         if not isinstance(entry, dict):

@@ -29,7 +29,7 @@ import json
 import struct
 from dataclasses import dataclass, field
 
-from metaq import limits
+from metaq.server.remoting import limits as remoting_limits
 from metaq.errors import RemoteProtocolError
 from metaq.protocol.stream import StreamParser
 
@@ -404,7 +404,7 @@ class RemotingParser(StreamParser):
     the 8-byte prefix is buffered, before waiting for (or keeping) the rest.
     """
 
-    def __init__(self, max_frame=limits.MAX_REMOTING_FRAME, max_header=limits.MAX_REMOTING_HEADER):
+    def __init__(self, max_frame=remoting_limits.MAX_REMOTING_FRAME, max_header=remoting_limits.MAX_REMOTING_HEADER):
         super().__init__()
         self.max_frame = max_frame
         self.max_header = max_header

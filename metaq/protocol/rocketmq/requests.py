@@ -30,7 +30,8 @@ Adding a served code is one ``register(RemotingRequest(...))`` below and its han
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.auth import limits as auth_limits
 from metaq.protocol.commands import ADMIN, PUBLISH as PUB, SUBSCRIBE as SUB
 from metaq.protocol.journaltopic import RETRY_PREFIX
 from metaq.protocol.rocketmq.bodies import decode_check_client, decode_heartbeat, decode_properties
@@ -303,9 +304,10 @@ def needs_of(cmd, ctx=_NO_CONTEXT):
     found = {}
     for need in declaration.needs(Request(cmd, declaration), ctx):
         found[need] = None
-        if len(found) > limits.MAX_ACL_RESOURCES_PER_REQUEST:
+        if len(found) > auth_limits.MAX_ACL_RESOURCES_PER_REQUEST:
             raise errors.ClientError("request code %d names more than %d topics and groups (the limit "
-                                     "MAX_ACL_RESOURCES_PER_REQUEST)" % (code, limits.MAX_ACL_RESOURCES_PER_REQUEST))
+                                     "MAX_ACL_RESOURCES_PER_REQUEST)"
+                                     % (code, auth_limits.MAX_ACL_RESOURCES_PER_REQUEST))
     return list(found)
 
 

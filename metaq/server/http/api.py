@@ -26,6 +26,7 @@ import base64
 import zlib
 
 from metaq import errors, limits
+from metaq.server.http import limits as http_limits
 from metaq.auth.acl import SUB
 from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.message import decode_payload, encode_payload
@@ -210,13 +211,14 @@ class BrokerViews:
             raise errors.Unavailable(refusal)
         offset = request.arg("offset", 0, int)
         max_bytes = request.arg("max_bytes", limits.MAX_TRANSFER_BYTES, int)
-        max_count = request.arg("max_count", limits.HTTP_MAX_GET_MESSAGES, int)
+        max_count = request.arg("max_count", http_limits.HTTP_MAX_GET_MESSAGES, int)
         if max_bytes <= 0 or max_count <= 0:
             raise errors.ClientError("max_bytes and max_count must be positive")
         raw = request.arg("format", "json") == "raw"
         if raw:
             max_count = 1
-        records, nxt = self.store.read_records(topic, partition, offset, min(max_count, limits.HTTP_MAX_GET_MESSAGES),
+        records, nxt = self.store.read_records(topic, partition, offset,
+                                               min(max_count, http_limits.HTTP_MAX_GET_MESSAGES),
                                                min(max_bytes, limits.MAX_TRANSFER_BYTES))
         self.counters.on_get(topic, not records)
         request.pace("fetch", sum(len(rec.data) for rec in records))  # the user's fetch rate: the reply waits

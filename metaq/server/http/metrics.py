@@ -18,7 +18,7 @@ try:  # prometheus_client >= 0.18
 except ImportError:  # pragma: no cover - older clients always write them
     disable_created_metrics = None
 
-from metaq import limits
+from metaq.server.http import limits as http_limits
 from metaq.serving.connections import share_loop
 from metaq.protocol.httpreply import Response
 
@@ -168,8 +168,8 @@ class BrokerCollector:
         offset = GaugeMetricFamily("metaq_group_committed_offset", "The offset a group committed to this broker.",
                                    labels=["group", "topic", "partition"])
         rows = self.groups()
-        shown = heapq.nlargest(limits.MAX_METRICS_GROUP_ROWS, rows, key=lambda g: g["lag"]) \
-            if len(rows) > limits.MAX_METRICS_GROUP_ROWS else rows  # the most behind first: what an alert needs
+        shown = heapq.nlargest(http_limits.MAX_METRICS_GROUP_ROWS, rows, key=lambda g: g["lag"]) \
+            if len(rows) > http_limits.MAX_METRICS_GROUP_ROWS else rows  # the most behind first: what an alert needs
         turn = time.monotonic()
         for i, g in enumerate(shown):
             labels = [g["group"], g["topic"], str(g["partition"])]
@@ -215,6 +215,7 @@ class Metrics:
             body = generate_latest(self.registry)
             done = time.monotonic()
             cost = done - now
-            self._last = (done + min(limits.METRICS_REUSE_S, 10 * cost) if cost > limits.METRICS_COSTLY_S else done,
+            self._last = (done + min(http_limits.METRICS_REUSE_S, 10 * cost) if cost > http_limits.METRICS_COSTLY_S
+                          else done,
                           body)
         return Response(200, body, CONTENT_TYPE)

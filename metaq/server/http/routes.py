@@ -21,7 +21,8 @@ import re
 from urllib.parse import parse_qs
 
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.server.http import limits as http_limits
 from metaq.protocol.httpreply import OPEN, READ, REASONS, Response, error_for, error_response
 from metaq.server.http.origin import BrowserCheck
 
@@ -65,10 +66,10 @@ class Request:
         if self._body is None:
             stream = self.environ["wsgi.input"]
             try:
-                data = stream.read(limits.HTTP_MAX_BODY_BYTES + 1)  # chunked: no length was announced
+                data = stream.read(http_limits.HTTP_MAX_BODY_BYTES + 1)  # chunked: no length was announced
             except OSError as exc:  # the body stopped arriving (pywsgi: "unexpected end of file"): no answer
                 raise Dropped(str(exc)) from None
-            if len(data) > limits.HTTP_MAX_BODY_BYTES:
+            if len(data) > http_limits.HTTP_MAX_BODY_BYTES:
                 raise BodyTooLarge()
             self._body = data
             self.environ["metaq.body_read"] = True
@@ -141,9 +142,9 @@ class Router:
                                                 "Content-Length)" % coding))
         if length:
             n = int(length)  # plain digits: the server's handler refused anything else
-            if n > limits.HTTP_MAX_BODY_BYTES:
+            if n > http_limits.HTTP_MAX_BODY_BYTES:
                 return _closing(error_response(413, "the body is %d bytes: the limit is %d (limits.HTTP_MAX_BODY_BYTES)"
-                                               % (n, limits.HTTP_MAX_BODY_BYTES)))
+                                               % (n, http_limits.HTTP_MAX_BODY_BYTES)))
         refused = self.browser_check(environ)
         if refused is not None:
             log.info("http %s: %s", environ.get("REMOTE_ADDR"), refused)
@@ -158,7 +159,7 @@ class Router:
             return handler(request)
         except BodyTooLarge:
             return _closing(error_response(413, "the body passes %d bytes (limits.HTTP_MAX_BODY_BYTES)"
-                                           % limits.HTTP_MAX_BODY_BYTES))
+                                           % http_limits.HTTP_MAX_BODY_BYTES))
         except errors.MetaqError as exc:
             return error_for(exc)
 

@@ -22,6 +22,7 @@ import time
 from gevent import pywsgi
 
 from metaq import limits
+from metaq.server.http import limits as http_limits
 from metaq.serving.connections import Connection, share_loop
 from metaq.server.http.routes import Dropped
 
@@ -61,7 +62,7 @@ class ConnReader:
     on as if whole); one that ends between requests reads as the end of the stream.
     """
 
-    def __init__(self, conn, state, max_head=limits.HTTP_MAX_HEADER_BYTES + limits.HTTP_MAX_REQUEST_LINE):
+    def __init__(self, conn, state, max_head=http_limits.HTTP_MAX_HEADER_BYTES + http_limits.HTTP_MAX_REQUEST_LINE):
         self.conn = conn
         self.state = state
         self.max_head = max_head
@@ -103,7 +104,7 @@ class ConnReader:
         # wait, and a greenlet that never waits never lets the others run: every MAX_TURN_MS it lets them.
         self.turn = share_loop(self.turn)
         asked = time.monotonic()
-        data = self.conn.receive(limits.HTTP_RECV_BYTES)
+        data = self.conn.receive(http_limits.HTTP_RECV_BYTES)
         now = time.monotonic()
         if now - asked > WAITED_S:  # the receive waited for the peer (the others ran): a new turn begins
             self.turn = now
@@ -201,7 +202,7 @@ class UnsentReplies:
 
     __slots__ = ("limit", "send_s", "held", "refused")
 
-    def __init__(self, limit=limits.MAX_HTTP_UNSENT_BYTES, send_s=limits.REQUEST_TIMEOUT_S):
+    def __init__(self, limit=http_limits.MAX_HTTP_UNSENT_BYTES, send_s=limits.REQUEST_TIMEOUT_S):
         self.limit = limit
         self.send_s = send_s
         self.held = 0
@@ -280,7 +281,7 @@ class Handler(pywsgi.WSGIHandler):
             return None
         if isinstance(ex, HeadTooLarge):
             body = (b'{"code": 431, "error": "the request headers pass %d bytes '
-                    b'(limits.HTTP_MAX_HEADER_BYTES)"}' % limits.HTTP_MAX_HEADER_BYTES)
+                    b'(limits.HTTP_MAX_HEADER_BYTES)"}' % http_limits.HTTP_MAX_HEADER_BYTES)
             return "431", (_431 % len(body)) + body
         reason = getattr(ex, "formatted_message", None) or str(ex) or type(ex).__name__
         log.info("http %s: a malformed request: %s", self.metaq_conn.peer, reason[:200])
@@ -317,7 +318,7 @@ class HttpConnection(Connection):
 
     def serve(self):
         try:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, limits.HTTP_SEND_BUFFER_BYTES)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, http_limits.HTTP_SEND_BUFFER_BYTES)
         except OSError as exc:
             log.debug("http %s: SO_SNDBUF not set: %s", self.peer, exc)
         reader = self.parser.reader = ConnReader(self, self.parser)

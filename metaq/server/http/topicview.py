@@ -16,7 +16,7 @@ import os
 import re
 from typing import Optional
 
-from metaq import limits
+from metaq.server.http import limits as http_limits
 from metaq.protocol.httpreply import READ, Response
 
 _STATIC = os.path.join(os.path.dirname(__file__), "static")
@@ -39,7 +39,7 @@ class WebSocketPorts:
 def keep_alive_s(bound):
     """The Keep Alive the page's client asks: ``DASHBOARD_KEEPALIVE_S``, or the MQTT port's bound (``bound``, 0: none)
     when that is lower, since the port refuses an MQTT 3.1.1 CONNECT that asks more."""
-    return min(limits.DASHBOARD_KEEPALIVE_S, bound) if bound else limits.DASHBOARD_KEEPALIVE_S
+    return min(http_limits.DASHBOARD_KEEPALIVE_S, bound) if bound else http_limits.DASHBOARD_KEEPALIVE_S
 
 
 def _read(name):
@@ -75,9 +75,10 @@ class TopicPage:
         user = getattr(session, "user", None) or ""
         p = self.ports
         attrs = {"ws-port": p.ws_port or "", "wss-port": p.wss_port or "", "ws-path": p.path,
-                 "max-messages": limits.DASHBOARD_MAX_MESSAGES, "max-packet": limits.DASHBOARD_MAX_PACKET_BYTES,
-                 "shown-payload": limits.DASHBOARD_SHOWN_PAYLOAD_BYTES,
-                 "max-inflight": limits.DASHBOARD_MAX_INFLIGHT, "keepalive": keep_alive_s(p.max_keep_alive_s)}
+                 "max-messages": http_limits.DASHBOARD_MAX_MESSAGES,
+                 "max-packet": http_limits.DASHBOARD_MAX_PACKET_BYTES,
+                 "shown-payload": http_limits.DASHBOARD_SHOWN_PAYLOAD_BYTES,
+                 "max-inflight": http_limits.DASHBOARD_MAX_INFLIGHT, "keepalive": keep_alive_s(p.max_keep_alive_s)}
         data = " ".join('data-%s="%s"' % (k, html.escape(str(v), quote=True)) for k, v in attrs.items())
         body = _PAGE % {"data": data, "user": html.escape(user, quote=True)}
         return Response(200, body, "text/html; charset=utf-8",

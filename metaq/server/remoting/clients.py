@@ -11,7 +11,8 @@ membership changes, so the server can tell the group's clients to rebalance
 
 from typing import NamedTuple
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.server.remoting import limits as remoting_limits
 
 
 class Member(NamedTuple):
@@ -23,7 +24,7 @@ class Member(NamedTuple):
 class ClientRegistry:
     """``max_members`` bounds the (group, client) entries: a heartbeat that would add more is refused."""
 
-    def __init__(self, timeout_s, on_change=None, max_members=limits.MAX_REMOTING_MEMBERS):
+    def __init__(self, timeout_s, on_change=None, max_members=remoting_limits.MAX_REMOTING_MEMBERS):
         self.timeout_s = timeout_s
         self.max_members = max_members
         self._on_change = on_change or (lambda group: None)
@@ -37,9 +38,9 @@ class ClientRegistry:
         ClientError (nothing recorded) when it would take the registry past ``max_members``."""
         groups = self._groups
         names = {c.group_name for c in hb.consumers}
-        if len(names) > limits.MAX_HEARTBEAT_GROUPS:
+        if len(names) > remoting_limits.MAX_HEARTBEAT_GROUPS:
             raise errors.ClientError("a heartbeat may name at most %d consumer groups, this one names %d"
-                                     % (limits.MAX_HEARTBEAT_GROUPS, len(names)))
+                                     % (remoting_limits.MAX_HEARTBEAT_GROUPS, len(names)))
         new = sum(1 for c in names if hb.client_id not in groups.get(c, ()))
         if new and self.members + new > self.max_members:
             raise errors.ClientError("too many RocketMQ clients registered: the limit is %d (group, client) entries"
@@ -176,7 +177,7 @@ class ProducerRegistry:
     a heartbeat. ``max_members`` bounds the (group, connection) entries: a heartbeat that would add more is
     refused. ``pick`` takes the group's connections in turn."""
 
-    def __init__(self, timeout_s, max_members=limits.MAX_REMOTING_MEMBERS):
+    def __init__(self, timeout_s, max_members=remoting_limits.MAX_REMOTING_MEMBERS):
         self.timeout_s = timeout_s
         self.max_members = max_members
         self._groups = {}  # group -> {conn: last seen}
@@ -191,9 +192,9 @@ class ProducerRegistry:
         and that producer ``client_id`` is reached through ``conn`` (RocketMQ's ``findChannel(clientId)``: replies
         to it are pushed there) while ``conn`` is a producer of some group."""
         groups = set(groups)
-        if len(groups) > limits.MAX_HEARTBEAT_GROUPS:
+        if len(groups) > remoting_limits.MAX_HEARTBEAT_GROUPS:
             raise errors.ClientError("a heartbeat may name at most %d producer groups, this one names %d"
-                                     % (limits.MAX_HEARTBEAT_GROUPS, len(groups)))
+                                     % (remoting_limits.MAX_HEARTBEAT_GROUPS, len(groups)))
         new = sum(1 for g in groups if conn not in self._groups.get(g, ()))
         if new and self.members + new > self.max_members:
             raise errors.ClientError("too many RocketMQ producers registered: the limit is %d (group, connection) "

@@ -24,7 +24,8 @@ import logging
 import os
 import time
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.keys import limits as keys_limits
 from metaq.reqreply.records import reply_topic
 from metaq.protocol.rocketmq import requests
 from metaq.protocol.rocketmq.remoting import ResponseCode, not_supported, response_for
@@ -463,7 +464,7 @@ class RemotingDispatcher:
         """QUERY_MESSAGE, answered here like a pull: the page reserves its most (``MAX_KEY_QUERY_BYTES``) of the
         connection's reply budget before it reads and holds its body's bytes until sent, so a client that
         pipelines queries and never reads stops its own queries instead of growing the broker."""
-        budget, held = conn.replies, limits.MAX_KEY_QUERY_BYTES
+        budget, held = conn.replies, keys_limits.MAX_KEY_QUERY_BYTES
         if not budget.reserve(held, lambda: conn.closed):
             return None
         try:

@@ -25,7 +25,7 @@ A connection is any hashable object.
 
 from typing import NamedTuple
 
-from metaq import limits
+from metaq.server.remoting import limits as remoting_limits
 
 
 class LockEntry(NamedTuple):
@@ -35,7 +35,7 @@ class LockEntry(NamedTuple):
 
 
 class LockTable:
-    def __init__(self, expiry_s, max_locks=limits.MAX_REMOTING_LOCKS):
+    def __init__(self, expiry_s, max_locks=remoting_limits.MAX_REMOTING_LOCKS):
         if expiry_s <= 0:
             raise ValueError("the lock expiry must be positive, got %r" % (expiry_s,))
         self.expiry_s = expiry_s

@@ -23,7 +23,9 @@ import gevent
 from gevent.lock import Semaphore
 from gevent.pool import Pool
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.server.remoting import limits as remoting_limits
+from metaq.transactions import limits as transactions_limits
 from metaq.protocol.rocketmq.remoting import RemotingCommand, RemotingParser, RequestCode, encode_command, make_request
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.serving import connections as core
@@ -73,11 +75,12 @@ class RemotingServer:
         self.clients = ClientRegistry(cfg.client_timeout_s, self._group_changed, cfg.max_client_entries)
         self.locks = LockTable(cfg.lock_expiry_s, cfg.max_locks)  # orderly consumers' queue locks
         self.notify_bytes = 0  # bodies of our own requests waiting to be sent, every connection's (send_request)
-        self.requests = core.ReplyBudget(limits.MAX_REMOTING_INFLIGHT_BYTES_TOTAL)  # every connection's requests
+        # every connection's requests
+        self.requests = core.ReplyBudget(remoting_limits.MAX_REMOTING_INFLIGHT_BYTES_TOTAL)
         self._changed, self._notifier = set(), None  # groups whose members changed, told after NOTIFY_COALESCE_S
         self.producers = ProducerRegistry(cfg.client_timeout_s, cfg.max_client_entries)
         self.checkback = CheckBack(tx, self.producers, cfg, lambda: (self.store_ip, self.port),
-                                   limits.MAX_CHECKS_PER_ROUND)
+                                   transactions_limits.MAX_CHECKS_PER_ROUND)
         host = lambda: (self.store_ip, self.port)  # noqa: E731
         self.replies = (RemotingReplies(host, self.producers, replies, config.limits.max_body_bytes)
                         if replies is not None else None)
@@ -199,8 +202,8 @@ class RemotingConnection(core.Connection):
         self.server = server
         self.born_host = tuple(address[:2]) if isinstance(address, tuple) else ("127.0.0.1", 0)
         self.parser = RemotingParser(max_frame=server.config.max_frame_bytes)
-        self.pool = Pool(limits.MAX_REMOTING_INFLIGHT)
-        self.requests = core.ReplyBudget(limits.MAX_REMOTING_INFLIGHT_BYTES)  # bodies of requests in progress
+        self.pool = Pool(remoting_limits.MAX_REMOTING_INFLIGHT)
+        self.requests = core.ReplyBudget(remoting_limits.MAX_REMOTING_INFLIGHT_BYTES)  # bodies of requests in progress
         self._write_lock = Semaphore()
         self._opaques = itertools.count(1)
         self._notifying = 0  # our oneway requests waiting to be sent
@@ -230,10 +233,11 @@ class RemotingConnection(core.Connection):
         ``limits.MAX_PENDING_NOTIFIES`` wait per connection; past that the request is dropped (clients also
         rebalance on their own every 20 s; a check-back comes again next round). Returns whether it was queued."""
         size = len(body) if body else 0
-        if self.closed or self._notifying >= limits.MAX_PENDING_NOTIFIES:
+        if self.closed or self._notifying >= remoting_limits.MAX_PENDING_NOTIFIES:
             return False
-        if (self._notifying and self._notify_bytes + size > limits.MAX_PENDING_NOTIFY_BYTES) or (
-                self.server.notify_bytes and self.server.notify_bytes + size > limits.MAX_PENDING_NOTIFY_BYTES_TOTAL):
+        if (self._notifying and self._notify_bytes + size > remoting_limits.MAX_PENDING_NOTIFY_BYTES) or (
+                self.server.notify_bytes
+                and self.server.notify_bytes + size > remoting_limits.MAX_PENDING_NOTIFY_BYTES_TOTAL):
             return False  # bounded in bytes too (a pushed reply or a check-back carries a whole message): one
             # connection's, and every connection's together (thousands of connections holding one each)
         self._notifying += 1

@@ -54,7 +54,7 @@ from gevent.event import Event
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 from kazoo.protocol.states import KazooState
 
-from metaq import limits
+from metaq.server.replication import limits as replication_limits
 from metaq.server.replication import leadership
 from metaq.server.replication.epochrecord import EpochRecord, NotRecorded, key as record_key, who
 from metaq.server.replication.leadership import TICK_S, Lease, Term, dump as _dump
@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 
 def _load(data):
     """A node's JSON object, or None (missing, too large, not an object)."""
-    if data is None or len(data) > limits.MAX_ELECTION_NODE_BYTES:
+    if data is None or len(data) > replication_limits.MAX_ELECTION_NODE_BYTES:
         return None
     try:
         value = json.loads(data.decode("utf-8"))
@@ -78,7 +78,7 @@ def members_of(insync):
     members = insync.get("members") if insync else None
     if not isinstance(members, list):
         return set()
-    return {m for m in members[:limits.MAX_GROUP_MEMBERS] if isinstance(m, int) and not isinstance(m, bool)}
+    return {m for m in members[:replication_limits.MAX_GROUP_MEMBERS] if isinstance(m, int) and not isinstance(m, bool)}
 
 
 #: Seconds an elected member whose epoch could not be recorded waits before its next candidacy: doubling from the
@@ -326,7 +326,7 @@ class Election:
             names = self.zk.get_children(self.candidates_path)
         except NoNodeError:
             return out
-        for name in names[:limits.MAX_GROUP_MEMBERS]:
+        for name in names[:replication_limits.MAX_GROUP_MEMBERS]:
             if not name.isdigit():
                 continue
             value, _stat = self._read("%s/%s" % (self.candidates_path, name))

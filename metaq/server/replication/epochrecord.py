@@ -29,7 +29,7 @@ import gevent
 from gevent.event import Event
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 
-from metaq import limits
+from metaq.server.replication import limits as replication_limits
 from metaq.store.epochs import leads_record
 
 log = logging.getLogger(__name__)
@@ -71,8 +71,9 @@ def _json_integer(value):
 def parse(data):
     """The entries of a node's bytes (the latest last); ValueError naming what is wrong (nesting too deep for the
     JSON parser included: it counts as unreadable like any other malformed node)."""
-    if len(data) > limits.MAX_EPOCH_RECORD_BYTES:
-        raise ValueError("%d bytes, more than MAX_EPOCH_RECORD_BYTES (%d)" % (len(data), limits.MAX_EPOCH_RECORD_BYTES))
+    if len(data) > replication_limits.MAX_EPOCH_RECORD_BYTES:
+        raise ValueError("%d bytes, more than MAX_EPOCH_RECORD_BYTES (%d)"
+                         % (len(data), replication_limits.MAX_EPOCH_RECORD_BYTES))
     try:
         value = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
@@ -83,7 +84,7 @@ def parse(data):
     if not isinstance(items, list):
         raise ValueError("no list of epochs")
     out = []
-    for item in items[-limits.MAX_RECORDED_EPOCHS:]:
+    for item in items[-replication_limits.MAX_RECORDED_EPOCHS:]:
         if not isinstance(item, dict) or None in (_json_integer(item.get("epoch")), _json_integer(item.get("start")),
                                                   _json_integer(item.get("origin"))):
             raise ValueError("an entry is not {epoch, start, origin, ...} of integers 0 <= n < 2**63: %.200r"
@@ -149,9 +150,9 @@ class EpochRecord:
                 return latest
             if checked is not ANY and latest is not None and key(latest) != key(checked):
                 return latest
-            kept = (entries + [new])[-limits.MAX_RECORDED_EPOCHS:]
+            kept = (entries + [new])[-replication_limits.MAX_RECORDED_EPOCHS:]
             data = json.dumps({"epochs": kept}, separators=(",", ":")).encode("utf-8")
-            while len(data) > limits.MAX_EPOCH_RECORD_BYTES and len(kept) > 1:
+            while len(data) > replication_limits.MAX_EPOCH_RECORD_BYTES and len(kept) > 1:
                 kept = kept[1:]
                 data = json.dumps({"epochs": kept}, separators=(",", ":")).encode("utf-8")
             try:

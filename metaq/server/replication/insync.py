@@ -25,7 +25,7 @@ server calls ``required``, ``confirmed`` and ``acknowledged``.
 import collections
 import time
 
-from metaq import limits
+from metaq.server.replication import limits as replication_limits
 
 
 class InSyncSet:
@@ -35,7 +35,8 @@ class InSyncSet:
         self.waiting_for = set()  # slave member ids every sync put waits for
         self.acked = 0  # the highest log position acknowledged to a producer in sync mode
         self.last_seen = {}  # member -> when it was last connected (monotonic)
-        self._ends = collections.deque(maxlen=limits.MAX_INSYNC_SAMPLES)  # (monotonic time, master's written end)
+        # (monotonic time, master's written end)
+        self._ends = collections.deque(maxlen=replication_limits.MAX_INSYNC_SAMPLES)
 
     # -- the replication server's questions ----------------------------------------------
 

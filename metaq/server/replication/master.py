@@ -6,7 +6,9 @@ import time
 import gevent
 from gevent.event import Event
 
-from metaq import errors, limits
+from metaq import errors
+from metaq.mqttcluster import limits as mqttcluster_limits
+from metaq.server.replication import limits as replication_limits
 from metaq.protocol import replication as rp
 from metaq.protocol.stats import ReplicaRow, format_replica
 from metaq.protocol.stream import CLOSED, NEED_DATA
@@ -74,8 +76,9 @@ class ReplicationServer:
     def start(self):
         rules = self.core.rules
         #: connections that have not proved the secret yet: a share of the headroom apart (``SlaveConnection``)
-        self.strangers = core.Strangers(limits.REPLICATION_PROOF_TIMEOUT_S, limits.REPLICATION_STRANGERS,
-                                        limits.REPLICATION_STRANGERS_PER_ADDRESS, by_share=True)
+        self.strangers = core.Strangers(replication_limits.REPLICATION_PROOF_TIMEOUT_S,
+                                        replication_limits.REPLICATION_STRANGERS,
+                                        replication_limits.REPLICATION_STRANGERS_PER_ADDRESS, by_share=True)
         self.rules = core.ConnectionLimits(rules.idle_s, rules.request_s, rules.reply_bytes, strangers=self.strangers)
         self.listener = self.core.listen("replication", self.host, self.port, self._connection, backlog=64,
                                          headroom=self.config.replication_headroom(), guarded=False, server_first=True,
@@ -214,7 +217,7 @@ class ReplicationServer:
         port's strangers until its proof checked out). Before that only the handshake's small frames are read
         (``REPLICATION_HANDSHAKE_FRAME_BYTES``)."""
         peer = "%s:%d" % address[:2]
-        parser = rp.ReplicationParser(max_frame=limits.REPLICATION_HANDSHAKE_FRAME_BYTES)
+        parser = rp.ReplicationParser(max_frame=replication_limits.REPLICATION_HANDSHAKE_FRAME_BYTES)
         try:
             shaken = self._handshake(sock, parser, address, peer)
             if shaken is None:
@@ -225,9 +228,9 @@ class ReplicationServer:
                 conn.logged_in()  # proved: it leaves the strangers' count and deadline
             if isinstance(hello, (rp.Routes, rp.PeerCall)):  # another master of an MQTT cluster, not a slave
                 if conn is not None and not self.core.reshare(conn, "replication peers",
-                                                              limits.MQTT_CLUSTER_PEERS_PER_ADDRESS):
+                                                              mqttcluster_limits.MQTT_CLUSTER_PEERS_PER_ADDRESS):
                     why = "too many peer brokers from %s: the limit is %d per address" % (
-                        address[0], limits.MQTT_CLUSTER_PEERS_PER_ADDRESS)
+                        address[0], mqttcluster_limits.MQTT_CLUSTER_PEERS_PER_ADDRESS)
                     log.warning("replication: refusing peer broker %d from %s: %s", hello.broker_id, peer, why)
                     send_event(sock, rp.ErrorFrame(ERR_REFUSED, why))
                     return
@@ -273,7 +276,7 @@ class ReplicationServer:
         """CHALLENGE; the slave's PROOF and HELLO, checked (``handshake``): ``(hello, slave nonce, master
         nonce)``, or None when the connection is to close (the reason logged, and sent in an ERROR when it is the
         slave's fault). All of it within REPLICATION_PROOF_TIMEOUT_S: nothing of the log leaves before."""
-        deadline = time.monotonic() + limits.REPLICATION_PROOF_TIMEOUT_S
+        deadline = time.monotonic() + replication_limits.REPLICATION_PROOF_TIMEOUT_S
         challenge = handshake.challenge(self.secret)
         try:
             send_event(sock, challenge)
@@ -326,7 +329,7 @@ class ReplicationServer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 log.info("replication: %s did not finish the handshake within %.0f s; closing", peer,
-                         limits.REPLICATION_PROOF_TIMEOUT_S)
+                         replication_limits.REPLICATION_PROOF_TIMEOUT_S)
                 return None
             sock.settimeout(remaining)
             try:
@@ -363,7 +366,7 @@ class ReplicationServer:
         store = self.store
         last_hb = 0.0
         while not reader.dead and not self._stopping:
-            view, nxt = store.read_log(state.sent, limits.REPLICATION_READ_BYTES, self.upto)
+            view, nxt = store.read_log(state.sent, replication_limits.REPLICATION_READ_BYTES, self.upto)
             if len(view):
                 send_event(sock, rp.Data(state.sent, view))
                 view.release()

@@ -331,9 +331,10 @@ def test_heartbeat_any_json_gives_data_or_protocol_error(value):
 # heartbeats of 8 MiB client ids) --------------------------------------------------------------------------------
 
 from metaq import limits  # noqa: E402
+from metaq.server.remoting import limits as remoting_limits  # noqa: E402
 
 
-@pytest.mark.parametrize("field, most", [("clientID", limits.MAX_CLIENT_ID_BYTES),
+@pytest.mark.parametrize("field, most", [("clientID", remoting_limits.MAX_CLIENT_ID_BYTES),
                                          ("consumer", limits.MAX_NAME_BYTES), ("producer", limits.MAX_NAME_BYTES)])
 def test_a_heartbeat_name_at_its_limit_is_taken_and_one_byte_past_is_refused(field, most):
     def body(size):

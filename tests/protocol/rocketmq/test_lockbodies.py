@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from metaq import limits
+from metaq.server.remoting import limits as remoting_limits
 from metaq.errors import RemoteProtocolError
 from metaq.protocol.rocketmq.lockbodies import (LockBatchBody, MessageQueue, decode_lock_batch, encode_lock_batch,
                                                 encode_lock_ok)
@@ -56,6 +56,7 @@ def _body(n):
 
 
 def test_at_most_max_lock_batch_queues_per_request():
-    assert len(decode_lock_batch(_body(limits.MAX_LOCK_BATCH_QUEUES)).mq_set) == limits.MAX_LOCK_BATCH_QUEUES
+    assert (len(decode_lock_batch(_body(remoting_limits.MAX_LOCK_BATCH_QUEUES)).mq_set)
+            == remoting_limits.MAX_LOCK_BATCH_QUEUES)
     with pytest.raises(RemoteProtocolError, match="MAX_LOCK_BATCH_QUEUES"):
-        decode_lock_batch(_body(limits.MAX_LOCK_BATCH_QUEUES + 1))
+        decode_lock_batch(_body(remoting_limits.MAX_LOCK_BATCH_QUEUES + 1))

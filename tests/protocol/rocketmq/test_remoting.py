@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metaq import limits
+from metaq.server.remoting import limits as remoting_limits
 from metaq.errors import RemoteProtocolError
 from metaq.protocol.rocketmq.remoting import (
     DEFAULT_VERSION,
@@ -236,11 +236,11 @@ def _prefix(total, header_len, serialize_type=0):
 
 
 def test_default_frame_limit_is_checked_on_the_prefix():
-    assert limits.MAX_REMOTING_FRAME == 16 * 1024 * 1024
+    assert remoting_limits.MAX_REMOTING_FRAME == 16 * 1024 * 1024
     parser = RemotingParser()
-    parser.receive_data(_prefix(limits.MAX_REMOTING_FRAME - 4, 10))  # exactly at the limit: wait for it
+    parser.receive_data(_prefix(remoting_limits.MAX_REMOTING_FRAME - 4, 10))  # exactly at the limit: wait for it
     assert parser.next_event() is NEED_DATA
-    _, exc = expect_error(_prefix(limits.MAX_REMOTING_FRAME - 3, 10)[:4], fatal=True)
+    _, exc = expect_error(_prefix(remoting_limits.MAX_REMOTING_FRAME - 3, 10)[:4], fatal=True)
     assert "exceeds the limit" in exc.reason
 
 
@@ -257,11 +257,11 @@ def test_header_limit_at_and_past():
     assert parse_one(data, max_header=header_len).ext_fields == {"k": "v" * 50}
     _, exc = expect_error(data[:8], fatal=True, max_header=header_len - 1)
     assert "header of" in exc.reason
-    assert limits.MAX_REMOTING_HEADER == 1024 * 1024
+    assert remoting_limits.MAX_REMOTING_HEADER == 1024 * 1024
     parser = RemotingParser()
-    parser.receive_data(_prefix(limits.MAX_REMOTING_HEADER + 4, limits.MAX_REMOTING_HEADER))
+    parser.receive_data(_prefix(remoting_limits.MAX_REMOTING_HEADER + 4, remoting_limits.MAX_REMOTING_HEADER))
     assert parser.next_event() is NEED_DATA
-    expect_error(_prefix(limits.MAX_REMOTING_HEADER + 5, limits.MAX_REMOTING_HEADER + 1), fatal=True)
+    expect_error(_prefix(remoting_limits.MAX_REMOTING_HEADER + 5, remoting_limits.MAX_REMOTING_HEADER + 1), fatal=True)
 
 
 @pytest.mark.parametrize("prefix,reason", [
