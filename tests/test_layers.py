@@ -132,13 +132,14 @@ FEATURE_ROLES = {
     "headercache": "codec",  # HTTP/2 header blocks coded and checked once while a connection repeats them (gRPC's)
     "messagebytes": "front-end",  # a stored message as a gRPC client gets it, written as protobuf bytes
     "http2": "codec",  # a server's HTTP/2 connection, sans-IO (gRPC's): frames in, events out, frames to send
+    "limits": "limits",  # the feature's named limits: constants, each with its reason (any layer may read them)
 }
 
 #: A role -> the layer whose rules its modules get. No role is the client's: a feature's client side (its calls of
 #: the Producer and Consumer, its metaq-admin command) lives in metaq/client/, which imports the features' codecs, so
 #: a feature module that imported the client would close a cycle of folders.
 ROLE_LAYERS = {"codec": "protocol", "logic": "protocol", "state": "store", "service": "server",
-               "front-end": "server"}
+               "front-end": "server", "limits": "limits"}
 
 
 def feature_module_layer(parts):
@@ -155,6 +156,8 @@ def feature_module_layer(parts):
 
 def layer_of(path, root=ROOT):
     rel = path.relative_to(root)
+    if rel.name == "limits.py":
+        return "limits"  # metaq/limits.py and every package's: the bottom floor, wherever the file lives
     if len(rel.parts) == 1:
         return {"errors.py": "errors", "limits.py": "limits", "__init__.py": "root",
                 "speedups.py": "speedups", "clock.py": "clock",
@@ -175,6 +178,9 @@ def imported_names(tree):
             for alias in node.names:
                 yield node.lineno, alias.name
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.startswith("metaq.") and all(alias.name == "limits" for alias in node.names):
+                yield node.lineno, node.module + ".limits"  # a package's limits (its __init__ is a docstring)
+                continue
             yield node.lineno, node.module
             if node.module == "metaq" or node.module in {"metaq." + f for f in FEATURES} | {
                     "metaq.%s.%s" % (f, s) for f, subs in FEATURE_PARTS.items() for s in subs}:
@@ -188,6 +194,8 @@ LEAVES = {"metaq.native._bytes", "metaq.speedups", "metaq.native"}
 
 def allowed(name, metaq_ok):
     parts = name.split(".")
+    if parts[-1] == "limits" and len(parts) > 1:
+        return "metaq.limits" in metaq_ok  # a package's named limits are the limits layer's, as metaq/limits.py is
     if len(parts) > 1 and parts[1] in FEATURES:
         if len(parts) == 2 or (len(parts) == 3 and parts[2] in FEATURE_PARTS.get(parts[1], ())):
             return True  # the feature package itself, or one of its sub-packages: a docstring
@@ -339,6 +347,28 @@ def test_layers_import_a_features_modules_by_role(tmp_path):
     }
 
 
+def test_a_packages_limits_are_the_bottom_floor(tmp_path):
+    """A ``limits.py`` anywhere is the limits layer: it imports errors and other limits only, and any layer may
+    import it; in the folder graph it stands with metaq/limits.py, so a lower folder reading a feature's bound
+    draws no arrow up to the feature."""
+    fake_root = _fake_feature(tmp_path, {
+        "timers/limits.py": "from metaq import limits\nfrom metaq.auth import limits as auth_limits\n",
+        "server/http/limits.py": "import time\nfrom metaq.timers import records\nfrom metaq.server import config\n",
+        "protocol/text.py": "from metaq.timers import limits as timers_limits\n"
+                            "from metaq.server.http import limits as http_limits\n",
+    })
+    found = {p.relative_to(fake_root).as_posix(): violations(p, fake_root) for p in sorted(fake_root.rglob("*.py"))}
+    assert found == {
+        "timers/limits.py": [],
+        "server/http/limits.py": ["limits.py:1 imports time (layer limits)",
+                                  "limits.py:2 imports metaq.timers.records (layer limits)",
+                                  "limits.py:3 imports metaq.server (layer limits)"],
+        "protocol/text.py": [],
+    }
+    assert [folder_of(n) for n in ("metaq.limits", "metaq.timers.limits", "metaq.server.http.limits",
+                                   "metaq.timers.records")] == ["limits", "limits", "limits", "timers"]
+
+
 def test_checker_catches_a_forbidden_import(tmp_path):
     fake_root = tmp_path / "metaq"
     (fake_root / "store").mkdir(parents=True)
@@ -488,8 +518,12 @@ FOLDER_PAIRS_BOUND = 0
 
 def folder_of(name):
     """The folder of the module ``name``: ``metaq.server.text.dispatch`` -> ``server``, ``metaq.clock`` -> ``clock``,
-    ``metaq`` -> ``metaq``."""
+    ``metaq`` -> ``metaq``; a package's named limits (``metaq.mqtt.limits``) -> ``limits``: each lives beside its
+    feature's code for reading, and stands on the bottom floor with metaq/limits.py (it imports only errors and
+    other limits), so a lower folder reading a feature's bound draws no arrow up to the feature."""
     parts = name.split(".")
+    if len(parts) > 2 and parts[-1] == "limits":
+        return "limits"
     return parts[1] if len(parts) > 1 else parts[0]
 
 
