@@ -75,20 +75,20 @@ _legal_names = set()
 _LEGAL_NAMES_KEPT = 4096
 
 
-def replication_headroom_for(mqtt_cluster):
+def replication_headroom_for(peer_headroom=0):
     """Connections the replication port takes past the connection cap: REPLICATION_HEADROOM (a master's slaves, and
-    peers not yet proved), and in an MQTT cluster MQTT_CLUSTER_PEER_HEADROOM more, every link its peers may open to
-    it, so that clients filling the cap never keep a peer out."""
-    return REPLICATION_HEADROOM + (MQTT_CLUSTER_PEER_HEADROOM if mqtt_cluster else 0)
+    peers not yet proved) and ``peer_headroom`` more, every link its peers may open to it (an MQTT cluster's
+    ``MQTT_CLUSTER_PEER_HEADROOM``), so that clients filling the cap never keep a peer out."""
+    return REPLICATION_HEADROOM + peer_headroom
 
 
-def fd_reserve_for(mqtt_cluster):
+def fd_reserve_for(peer_headroom=0, link_fds=0):
     """Descriptors a broker keeps back from its open-files limit for everything but its clients' connections: the
-    store's part and the replication port's headroom (``replication_headroom_for``: in an MQTT cluster its peers'
-    links in), and in an MQTT cluster its own links out to its peers (MQTT_CLUSTER_LINK_FDS). The connection cap
-    is the limit less this, so a full headroom never runs the process out of descriptors."""
-    return (FD_STORE_RESERVE + replication_headroom_for(mqtt_cluster)
-            + (MQTT_CLUSTER_LINK_FDS if mqtt_cluster else 0))
+    store's part and the replication port's headroom (``replication_headroom_for``: with ``peer_headroom``, its
+    peers' links in), and ``link_fds``, its own links out to its peers (an MQTT cluster's
+    ``MQTT_CLUSTER_LINK_FDS``). The connection cap is the limit less this, so a full headroom never runs the
+    process out of descriptors."""
+    return FD_STORE_RESERVE + replication_headroom_for(peer_headroom) + link_fds
 
 
 #: Connections a broker whose ``limits.max_connections`` is unset makes room for when it raises its soft open-files
@@ -297,18 +297,3 @@ INFLATE_STEP_BYTES = 256 * 1024
 #: ended (and the interpreter's frame memory each new greenlet maps and gives back). More turns at once make more;
 #: past this many idle, a finished one ends.
 MAX_IDLE_TURN_GREENLETS = 16
-#: Connections one broker opens to another for its calls, and so its calls to it that go at once (each connection
-#: takes one call at a time; more wait their turn, in order, within MQTT_CLUSTER_CALL_TIMEOUT_S).
-MQTT_CLUSTER_PEER_CONNECTIONS = 4
-#: Peers (other masters) a broker keeps a link to at most; past it the lowest broker ids are kept and it logs it.
-#: Also the peers whose ended follows a serving broker remembers (the oldest forgotten past it).
-MQTT_CLUSTER_MAX_PEERS = 64
-#: File descriptors a broker of an MQTT cluster keeps for its outgoing links at most (a follow link and
-#: MQTT_CLUSTER_PEER_CONNECTIONS call links to each of MQTT_CLUSTER_MAX_PEERS peers), on top of FD_RESERVE.
-MQTT_CLUSTER_LINK_FDS = (1 + MQTT_CLUSTER_PEER_CONNECTIONS) * MQTT_CLUSTER_MAX_PEERS
-#: Connections the replication port of a broker in an MQTT cluster takes past the connection cap besides
-#: REPLICATION_HEADROOM: its peers' links in, what each of up to MQTT_CLUSTER_MAX_PEERS peers opens to it (its own
-#: MQTT_CLUSTER_LINK_FDS seen from this side), so that clients filling the cap never keep a peer out. Kept back
-#: from the open-files limit too (``fd_reserve_for``); one host still holds at most HEADROOM_PER_ADDRESS of it
-#: unproved and MQTT_CLUSTER_PEERS_PER_ADDRESS proved.
-MQTT_CLUSTER_PEER_HEADROOM = MQTT_CLUSTER_LINK_FDS

@@ -4,8 +4,6 @@ A limits module: stdlib and other limits modules only, so that any layer may rea
 ``modules`` finds every one for the configuration reference and the docs' checks).
 """
 
-from metaq import limits
-
 #: A client id is the cluster's (metaq/mqttcluster/; docs/mqtt.md "A client id across the cluster").
 #: Client ids one home broker's registry holds at most (id -> the broker holding its session), the default of
 #: ``mqtt.cluster_max_ids``: a CONNECT whose id would be one more is refused (MQTT 5: 0x97 Quota exceeded; 3.1.1:
@@ -51,6 +49,9 @@ MQTT_CLUSTER_MEMBERS_POLL_S = 1.0
 MQTT_CLUSTER_ID_BATCH = 1000
 #: Seconds a broker gathers the ids whose sessions ended before telling their homes (one call per home).
 MQTT_CLUSTER_RELEASE_S = 0.5
+#: Connections one broker opens to another for its calls, and so its calls to it that go at once (each connection
+#: takes one call at a time; more wait their turn, in order, within MQTT_CLUSTER_CALL_TIMEOUT_S).
+MQTT_CLUSTER_PEER_CONNECTIONS = 4
 #: Of MQTT_CLUSTER_PEER_CONNECTIONS, the calls to one peer kept for the client ids' lease renewals: a storm of
 #: registrations and handovers to that peer never starves them (the others take the rest).
 MQTT_CLUSTER_LEASE_CONNECTIONS = 1
@@ -78,11 +79,23 @@ MQTT_CLUSTER_FRAME_BYTES = 16 * 1024 * 1024
 #: serving broker logs it). Also the partitions a serving broker remembers of a peer's ended follow (where it started
 #: those the peer sent no position for: ``serve.PeerServer.since``).
 MQTT_CLUSTER_MAX_FOLLOWED = 65_536
+#: Peers (other masters) a broker keeps a link to at most; past it the lowest broker ids are kept and it logs it.
+#: Also the peers whose ended follows a serving broker remembers (the oldest forgotten past it).
+MQTT_CLUSTER_MAX_PEERS = 64
 #: Connections the other masters of an MQTT cluster on one host may hold on a broker's replication port once each
 #: proved the replication secret (a follow link and MQTT_CLUSTER_PEER_CONNECTIONS call links from each of up to
 #: MQTT_CLUSTER_MAX_PEERS): a proved peer leaves its address's HEADROOM_PER_ADDRESS share for this one, so one host
 #: may run as many brokers of a cluster as it has cores. Past it the peer is refused and retries.
-MQTT_CLUSTER_PEERS_PER_ADDRESS = (1 + limits.MQTT_CLUSTER_PEER_CONNECTIONS) * limits.MQTT_CLUSTER_MAX_PEERS
+MQTT_CLUSTER_PEERS_PER_ADDRESS = (1 + MQTT_CLUSTER_PEER_CONNECTIONS) * MQTT_CLUSTER_MAX_PEERS
+#: File descriptors a broker of an MQTT cluster keeps for its outgoing links at most (a follow link and
+#: MQTT_CLUSTER_PEER_CONNECTIONS call links to each of MQTT_CLUSTER_MAX_PEERS peers), on top of FD_RESERVE.
+MQTT_CLUSTER_LINK_FDS = (1 + MQTT_CLUSTER_PEER_CONNECTIONS) * MQTT_CLUSTER_MAX_PEERS
+#: Connections the replication port of a broker in an MQTT cluster takes past the connection cap besides
+#: REPLICATION_HEADROOM: its peers' links in, what each of up to MQTT_CLUSTER_MAX_PEERS peers opens to it (its own
+#: MQTT_CLUSTER_LINK_FDS seen from this side), so that clients filling the cap never keep a peer out. Kept back
+#: from the open-files limit too (``fd_reserve_for``); one host still holds at most HEADROOM_PER_ADDRESS of it
+#: unproved and MQTT_CLUSTER_PEERS_PER_ADDRESS proved.
+MQTT_CLUSTER_PEER_HEADROOM = MQTT_CLUSTER_LINK_FDS
 #: Partitions of the inbox (``%MQTTIN%``), the internal topic a broker copies its peers' messages into.
 MQTT_CLUSTER_INBOX_PARTITIONS = 8
 #: (origin broker, topic, partition) resume positions a broker keeps at most (recovered from its inbox).

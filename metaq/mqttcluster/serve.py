@@ -42,7 +42,8 @@ import time
 import gevent
 from gevent.event import Event
 
-from metaq import errors, limits
+from metaq import errors
+
 from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.mqtt.records import name_of
 from metaq.mqtt.topicmap import DEFAULT_MAP
@@ -569,7 +570,7 @@ class PeerServer:
             while len(starts) > mqttcluster_limits.MQTT_CLUSTER_MAX_FOLLOWED:
                 del starts[next(iter(starts))]
         self.ended[follow.broker_id] = (marker, starts)
-        while len(self.ended) > limits.MQTT_CLUSTER_MAX_PEERS:
+        while len(self.ended) > mqttcluster_limits.MQTT_CLUSTER_MAX_PEERS:
             del self.ended[next(iter(self.ended))]
 
     @staticmethod

@@ -780,7 +780,10 @@ class ServerConfig(_Section):
 
     def fd_reserve(self):
         """Descriptors this broker keeps back from its open-files limit (``limits.fd_reserve_for``)."""
-        return limits.fd_reserve_for(self.in_mqtt_cluster())
+        if self.in_mqtt_cluster():
+            return limits.fd_reserve_for(mqttcluster_limits.MQTT_CLUSTER_PEER_HEADROOM,
+                                         mqttcluster_limits.MQTT_CLUSTER_LINK_FDS)
+        return limits.fd_reserve_for()
 
     def nofile_target(self, soft, hard):
         """The soft open-files limit this broker raises its own to at start, given its ``soft`` and ``hard``
@@ -789,7 +792,8 @@ class ServerConfig(_Section):
 
     def replication_headroom(self):
         """Connections its replication port takes past the connection cap (``limits.replication_headroom_for``)."""
-        return limits.replication_headroom_for(self.in_mqtt_cluster())
+        return limits.replication_headroom_for(mqttcluster_limits.MQTT_CLUSTER_PEER_HEADROOM
+                                               if self.in_mqtt_cluster() else 0)
 
     def max_connections_per_address(self):
         if self.limits.max_connections_per_address is not None:
@@ -845,7 +849,8 @@ def check_fd_limit(config, source="(defaults)", nofile=None):
     parts = "the store's %d (limits.FD_STORE_RESERVE), the replication port's %d (limits.REPLICATION_HEADROOM)%s" % (
         limits.FD_STORE_RESERVE, limits.REPLICATION_HEADROOM,
         ", the MQTT cluster's peers' links in %d (limits.MQTT_CLUSTER_PEER_HEADROOM) and its links out %d "
-        "(limits.MQTT_CLUSTER_LINK_FDS)" % (limits.MQTT_CLUSTER_PEER_HEADROOM, limits.MQTT_CLUSTER_LINK_FDS)
+        "(limits.MQTT_CLUSTER_LINK_FDS)"
+        % (mqttcluster_limits.MQTT_CLUSTER_PEER_HEADROOM, mqttcluster_limits.MQTT_CLUSTER_LINK_FDS)
         if config.in_mqtt_cluster() else "")
     raise_to = "raise the hard limit (ulimit -Hn, systemd's LimitNOFILE; the broker raises its soft limit up to " \
                "it) to at least %d"

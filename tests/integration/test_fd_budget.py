@@ -28,7 +28,8 @@ from tests.harness.replication import stats
 CAP = 100
 #: RLIMIT_NOFILE's soft limit of a Debian or Ubuntu login and of a systemd service by default.
 LOGIN_SOFT = 1024
-CLUSTER_RESERVE = limits.FD_RESERVE + limits.MQTT_CLUSTER_PEER_HEADROOM + limits.MQTT_CLUSTER_LINK_FDS
+CLUSTER_RESERVE = (limits.FD_RESERVE + mqttcluster_limits.MQTT_CLUSTER_PEER_HEADROOM
+                   + mqttcluster_limits.MQTT_CLUSTER_LINK_FDS)
 
 
 def refused_under(broker, soft, hard=None):
@@ -69,7 +70,9 @@ def test_an_mqtt_cluster_broker_needs_room_for_its_peer_links_the_store_and_its_
     cfg = cluster_config(tmp_path / "b", 0, zk_connect, limits={"max_connections": CAP})
     b = broker_factory(cfg, start=False)
     reserve = CLUSTER_RESERVE
-    assert reserve == limits.FD_STORE_RESERVE + limits.REPLICATION_HEADROOM + 2 * 5 * limits.MQTT_CLUSTER_MAX_PEERS
+    assert (reserve
+            == limits.FD_STORE_RESERVE + limits.REPLICATION_HEADROOM + 2 * 5
+            * mqttcluster_limits.MQTT_CLUSTER_MAX_PEERS)
     line = refused_under(b, reserve + CAP - 1)
     for words in ("limits.FD_STORE_RESERVE", "limits.REPLICATION_HEADROOM", "limits.MQTT_CLUSTER_PEER_HEADROOM",
                   "limits.MQTT_CLUSTER_LINK_FDS", "limits.max_connections is %d" % CAP,
@@ -177,7 +180,7 @@ def test_clients_filling_the_cap_of_a_cluster_broker_keep_none_of_its_peers_link
     (b,) = Cluster(broker_factory, tmp_path, zk_connect, 1,
                    limits={"max_connections": FULL_CAP, "max_connections_per_address": FULL_CAP}).start().brokers
     address = "127.0.0.1:%d" % b.config["replication"]["port"]
-    headroom = limits.REPLICATION_HEADROOM + limits.MQTT_CLUSTER_PEER_HEADROOM
+    headroom = limits.REPLICATION_HEADROOM + mqttcluster_limits.MQTT_CLUSTER_PEER_HEADROOM
     own_host = mqttcluster_limits.MQTT_CLUSTER_PEERS_PER_ADDRESS
     assert limits.REPLICATION_HEADROOM < own_host < headroom <= 2 * own_host  # what this test needs of the limits
     members = PaperMembers(zk_connect, [100, 500, 999])

@@ -95,10 +95,11 @@ import json, sys
 from gevent import monkey
 monkey.patch_all()
 import gevent
-from metaq import limits
+
 from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.mqttcluster.clientids.calls import PeerClient
-address, most = sys.argv[1], limits.MQTT_CLUSTER_PEER_CONNECTIONS - mqttcluster_limits.MQTT_CLUSTER_LEASE_CONNECTIONS
+address = sys.argv[1]
+most = mqttcluster_limits.MQTT_CLUSTER_PEER_CONNECTIONS - mqttcluster_limits.MQTT_CLUSTER_LEASE_CONNECTIONS
 client = PeerClient(7, None, timeout_s=10)
 calls = [gevent.spawn(client.call, address, {"op": "none"}, None, i == most) for i in range(2 * most)]
 gevent.joinall(calls, timeout=30)
@@ -117,7 +118,7 @@ def test_calls_to_one_peer_go_at_once_up_to_their_limit_then_in_turn(broker_fact
     (b,) = Cluster(broker_factory, tmp_path, zk_connect, 1).start().brokers
     address = "127.0.0.1:%d" % b.config["replication"]["port"]
     # the others: the leases'
-    most = limits.MQTT_CLUSTER_PEER_CONNECTIONS - mqttcluster_limits.MQTT_CLUSTER_LEASE_CONNECTIONS
+    most = mqttcluster_limits.MQTT_CLUSTER_PEER_CONNECTIONS - mqttcluster_limits.MQTT_CLUSTER_LEASE_CONNECTIONS
     assert most > 1
     members = PaperMembers(zk_connect, [7])  # the caller's id: a broker serves members only
     wait_for(lambda: stats(b).get("mqtt_cluster_members") == "2", 10, "broker 7 a member")

@@ -11,7 +11,7 @@ import gevent
 import pytest
 from pydantic import ValidationError
 
-from metaq import limits
+
 from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.errors import RemoteProtocolError
 from metaq.mqtt.port import MqttPort
@@ -319,7 +319,7 @@ def test_lease_renewals_have_turns_of_their_own_that_other_calls_never_fill():
         return {}
 
     client._call = answer
-    others = limits.MQTT_CLUSTER_PEER_CONNECTIONS - mqttcluster_limits.MQTT_CLUSTER_LEASE_CONNECTIONS
+    others = mqttcluster_limits.MQTT_CLUSTER_PEER_CONNECTIONS - mqttcluster_limits.MQTT_CLUSTER_LEASE_CONNECTIONS
     storm = [gevent.spawn(client.call, "h:1", {"op": "register"}, 5) for _ in range(3 * others)]
     gevent.sleep(0.01)
     assert len(going) == others  # at their limit; the rest wait
@@ -361,7 +361,7 @@ def test_a_call_for_the_rest_names_at_most_max_followed_positions_of_each_origin
     """The rest's positions at MQTT_CLUSTER_MAX_FOLLOWED of an origin (and MQTT_CLUSTER_MAX_PEERS origins and the
     taker) are looked at; one past is a clear error, nothing handed, the session's filters unpinned."""
     monkeypatch.setattr(mqttcluster_limits, "MQTT_CLUSTER_MAX_FOLLOWED", 3)
-    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_PEERS", 1)
+    monkeypatch.setattr(mqttcluster_limits, "MQTT_CLUSTER_MAX_PEERS", 1)
     monkeypatch.setattr(service.handover, "rest", lambda *_a: {"queued": [], "dropped": 0})
     saved = SimpleNamespace(subscriptions=[("a/#", 1, False, ("a",), False, None)])
     at_limit = [[2, [["a", p, 5] for p in range(3)]], [1, []]]

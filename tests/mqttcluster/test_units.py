@@ -249,7 +249,7 @@ class MadeStore(FakeStore):
 
 
 def test_a_follow_resumed_starts_a_partition_without_a_position_where_the_earlier_follow_left_it(monkeypatch):
-    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_PEERS", 2)
+    monkeypatch.setattr(mqttcluster_limits, "MQTT_CLUSTER_MAX_PEERS", 2)
     store = MadeStore({"a": 1, "c": 1}, {("a", 0): 0, ("c", 0): 500})
     server = PeerServer(store, None)
     assert server.since(1) is None  # never followed since this broker's start: as before, from the end
@@ -332,7 +332,7 @@ def test_the_members_reader_wakes_its_listeners_when_the_members_change_only():
 
 
 def test_a_broker_follows_at_most_max_peers_the_lowest_ids_first(monkeypatch):
-    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_PEERS", 2)
+    monkeypatch.setattr(mqttcluster_limits, "MQTT_CLUSTER_MAX_PEERS", 2)
     zk = FakeZk([0, 1, 2])
     cluster = MqttCluster(0, None, None, None, Members(zk, "/meta"), lambda: True)
     read = cluster.members.read

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.errors import ConfigError
 from metaq.server.config import check_fd_limit, load_config
 
@@ -110,11 +111,11 @@ def test_an_mqtt_cluster_broker_keeps_its_peer_links_out_of_the_limit_too():
     limit: its default cap is that much lower, and a limit one short of them plus its cap is refused naming each."""
     cluster = load_config(None, {"mqtt.port": 1883, "zk.connect": "127.0.0.1:2181", "limits.max_connections": 1000})
     alone = load_config(None, {"mqtt.port": 1883})
-    headroom = limits.REPLICATION_HEADROOM + limits.MQTT_CLUSTER_PEER_HEADROOM
-    per_peer = 1 + limits.MQTT_CLUSTER_PEER_CONNECTIONS  # a follow link and the call links
-    assert limits.MQTT_CLUSTER_PEER_HEADROOM == per_peer * limits.MQTT_CLUSTER_MAX_PEERS
+    headroom = limits.REPLICATION_HEADROOM + mqttcluster_limits.MQTT_CLUSTER_PEER_HEADROOM
+    per_peer = 1 + mqttcluster_limits.MQTT_CLUSTER_PEER_CONNECTIONS  # a follow link and the call links
+    assert mqttcluster_limits.MQTT_CLUSTER_PEER_HEADROOM == per_peer * mqttcluster_limits.MQTT_CLUSTER_MAX_PEERS
     assert cluster.replication_headroom() == headroom and alone.replication_headroom() == limits.REPLICATION_HEADROOM
-    reserve = limits.FD_STORE_RESERVE + headroom + limits.MQTT_CLUSTER_LINK_FDS
+    reserve = limits.FD_STORE_RESERVE + headroom + mqttcluster_limits.MQTT_CLUSTER_LINK_FDS
     assert cluster.fd_reserve() == reserve and alone.fd_reserve() == limits.FD_RESERVE
     check_fd_limit(cluster, nofile=reserve + 1000)
     with pytest.raises(ConfigError, match=r"the replication port's 64 \(limits.REPLICATION_HEADROOM\), the MQTT "

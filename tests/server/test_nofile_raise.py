@@ -12,11 +12,12 @@ import resource
 import pytest
 
 from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.server.config import read_config, raise_nofile_limit
 
 INF = resource.RLIM_INFINITY
 PLAIN = limits.FD_RESERVE
-CLUSTER = limits.fd_reserve_for(True)
+CLUSTER = limits.fd_reserve_for(mqttcluster_limits.MQTT_CLUSTER_PEER_HEADROOM, mqttcluster_limits.MQTT_CLUSTER_LINK_FDS)
 ROOM = limits.DEFAULT_CONNECTION_ROOM
 
 

@@ -35,7 +35,8 @@ import gevent
 from gevent.event import Event
 from gevent.lock import Semaphore
 
-from metaq import errors, limits
+from metaq import errors
+
 from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.server.replication import limits as replication_limits
 from metaq.protocol import replication as rp
@@ -262,7 +263,7 @@ class PeerClient:
         turns = self._turns.get((address, lease))
         if turns is None:
             kept = mqttcluster_limits.MQTT_CLUSTER_LEASE_CONNECTIONS
-            most = kept if lease else limits.MQTT_CLUSTER_PEER_CONNECTIONS - kept
+            most = kept if lease else mqttcluster_limits.MQTT_CLUSTER_PEER_CONNECTIONS - kept
             turns = self._turns[(address, lease)] = Turns(most)
         if not turns.take(exclusive, timeout_s):
             self.failures += 1
@@ -299,7 +300,7 @@ class PeerClient:
                 self.failures += 1
                 raise PeerUnreachable("broker at %s: %s" % (address, exc)) from None
             kept = self._idle.setdefault(address, [])
-            if len(kept) < limits.MQTT_CLUSTER_PEER_CONNECTIONS:
+            if len(kept) < mqttcluster_limits.MQTT_CLUSTER_PEER_CONNECTIONS:
                 kept.append(link)
             else:
                 link.close()

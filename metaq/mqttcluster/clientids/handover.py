@@ -30,7 +30,8 @@ import base64
 import logging
 import time
 
-from metaq import errors, limits
+from metaq import errors
+
 from metaq.mqtt import limits as mqtt_limits
 from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.mqtt.follow import SavedSession
@@ -253,12 +254,12 @@ def positions_read(wire):
     TypeError) naming what is wrong; nothing of it is taken then."""
     if not isinstance(wire, list):
         raise TypeError("not a list")
-    if len(wire) > limits.MQTT_CLUSTER_MAX_PEERS + 1 or \
+    if len(wire) > mqttcluster_limits.MQTT_CLUSTER_MAX_PEERS + 1 or \
             any(not isinstance(entry, list) or len(entry) != 2 or not isinstance(entry[1], list)
                 or len(entry[1]) > mqttcluster_limits.MQTT_CLUSTER_MAX_FOLLOWED for entry in wire):
         raise ValueError("not [[origin, [[topic, partition, offset], ...]], ...] of at most %d origins "
                          "(MQTT_CLUSTER_MAX_PEERS and the broker itself) and %d positions of one "
-                         "(MQTT_CLUSTER_MAX_FOLLOWED)" % (limits.MQTT_CLUSTER_MAX_PEERS + 1,
+                         "(MQTT_CLUSTER_MAX_FOLLOWED)" % (mqttcluster_limits.MQTT_CLUSTER_MAX_PEERS + 1,
                                                           mqttcluster_limits.MQTT_CLUSTER_MAX_FOLLOWED))
     return {int(origin): {(str(t), int(p)): int(o) for t, p, o in positions} for origin, positions in wire}
 

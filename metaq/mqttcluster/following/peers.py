@@ -45,7 +45,7 @@ import zlib
 import gevent
 from gevent.event import Event
 
-from metaq import limits
+
 from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.mqttcluster.following import inbox
 from metaq.mqttcluster.following.link import PeerLink
@@ -331,11 +331,11 @@ class MqttCluster:
         if members is None:
             return None
         peers = {bid: address for bid, (address, _owner) in sorted(members.items()) if bid != self.broker_id}
-        if len(peers) > limits.MQTT_CLUSTER_MAX_PEERS:
-            kept = sorted(peers)[:limits.MQTT_CLUSTER_MAX_PEERS]
+        if len(peers) > mqttcluster_limits.MQTT_CLUSTER_MAX_PEERS:
+            kept = sorted(peers)[:mqttcluster_limits.MQTT_CLUSTER_MAX_PEERS]
             self.peers_refused = len(peers) - len(kept)
             log.warning("mqtt cluster: %d peers, past MQTT_CLUSTER_MAX_PEERS (%d): brokers %s are not followed",
-                        len(peers), limits.MQTT_CLUSTER_MAX_PEERS, sorted(set(peers) - set(kept)))
+                        len(peers), mqttcluster_limits.MQTT_CLUSTER_MAX_PEERS, sorted(set(peers) - set(kept)))
             peers = {b: peers[b] for b in kept}
         else:
             self.peers_refused = 0
