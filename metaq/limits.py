@@ -147,6 +147,13 @@ MAX_TURN_MS = 20
 #: reading more requests (bounds memory per pipelining producer).
 MAX_PENDING_BURSTS = 8
 
+#: After a refusal that closes a text connection (an HTTP request on the text port, a body announced past the
+#: limit): the most bytes, and seconds, of what the client still sends read and dropped before the close, so the
+#: close does not reset the connection and the client reads the refusal (a refused body of up to this size is read
+#: whole).
+CLOSE_DRAIN_BYTES = 4 * MAX_BODY_BYTES
+CLOSE_DRAIN_S = 1.0
+
 #: Long-polling gets (``get ... maxWaitMs``) one text connection may have parked at once: one per
 #: partition it consumes is the normal use. Past it the get is answered 503 at once.
 MAX_PARKED_GETS_PER_CONNECTION = 1024

@@ -10,7 +10,7 @@ from metaq import limits
 from metaq.protocol import events as ev
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.protocol.text import TextParser
-from metaq.server.text.connection import CLOSE_DRAIN_BYTES, CLOSE_DRAIN_S
+from metaq.limits import CLOSE_DRAIN_BYTES, CLOSE_DRAIN_S
 
 WORDS = [b"put", b"get", b"offset", b"stats", b"version", b"quit", b"transaction", b"sync", b"value", b"result",
          b"test", b"g", b"-1", b"0", b"5", b"99999999999", b"-2147483649", b"TX:a:1", b"XID:1:ab:cd:q", b"\xff\xfe"]

@@ -40,6 +40,7 @@ import ipaddress
 from typing import NamedTuple
 
 from metaq.errors import RemoteProtocolError
+from metaq.server.remoting import limits as remoting_limits
 from metaq.protocol.tags import parse_tag_expression
 from metaq.protocol.compression import COMPRESSION_BITS
 from metaq.protocol.journaltopic import DLQ_PREFIX, RETRY_PREFIX
@@ -171,10 +172,10 @@ def record_data_from_send(body, properties, flag=0, sys_flag=0, reconsume_times=
     except ValueError as exc:
         raise RemoteProtocolError(str(exc)) from None
     size = len(attribute.encode("utf-8", "surrogatepass")) if attribute is not None else 0
-    if size > MAX_PROPERTIES_BYTES - PROPERTIES_HEADROOM:
+    room = MAX_PROPERTIES_BYTES - remoting_limits.PROPERTIES_HEADROOM
+    if size > room:
         raise RemoteProtocolError("the message's properties and tags take %d bytes: at most %d may be stored (RocketMQ "
-                                  "carries %d, less what the broker adds)"
-                                  % (size, MAX_PROPERTIES_BYTES - PROPERTIES_HEADROOM, MAX_PROPERTIES_BYTES))
+                                  "carries %d, less what the broker adds)" % (size, room, MAX_PROPERTIES_BYTES))
     return encode_payload(body, attribute)
 
 
@@ -201,12 +202,9 @@ def message_of_record(rec, store_host):
                          rec.born_ts_ms, born or store_host, rec.store_ts_ms, store_host, reconsume, 0, props)
 
 
-#: Room kept under RocketMQ's 32,767 bytes of properties for those the broker adds to a served message (a
-#: check-back's TRAN_MSG and PGROUP, a send-back's RETRY_TOPIC...).
-PROPERTIES_HEADROOM = 1024
 #: The most characters of properties (each key and value, and two separators a property) served whole by
 #: ``message_of_record`` without counting their bytes: at most 4 bytes a character.
-UNTRIMMED_CHARS = (MAX_PROPERTIES_BYTES - PROPERTIES_HEADROOM) // 4
+UNTRIMMED_CHARS = (MAX_PROPERTIES_BYTES - remoting_limits.PROPERTIES_HEADROOM) // 4
 #: The property that says how many of a stored message's properties were left out of the served copy.
 PROP_TRIMMED = "METAQ_TRIMMED_PROPERTIES"
 
@@ -216,7 +214,7 @@ def _fit_properties(props):
     ``MAX_PROPERTIES_BYTES - PROPERTIES_HEADROOM``, saying how many in ``PROP_TRIMMED``: a message stored with
     more (a text put's attribute of 40,000 characters) is still served, where its encoding would fail and
     every pull of its queue with it."""
-    room = MAX_PROPERTIES_BYTES - PROPERTIES_HEADROOM
+    room = MAX_PROPERTIES_BYTES - remoting_limits.PROPERTIES_HEADROOM
     if sum(len(k) + len(v) + 2 for k, v in props.items() if v is not None) <= UNTRIMMED_CHARS:
         return  # at most 4 bytes a character: they fit, without encoding each one to count its bytes
     sizes = {k: len(k.encode("utf-8", "surrogatepass")) + len(v.encode("utf-8", "surrogatepass")) + 2

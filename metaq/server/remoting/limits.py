@@ -15,6 +15,10 @@ MAX_REMOTING_FRAME = 16 * 1024 * 1024
 #: separate cap; a send header carries at most 32 KiB of properties, which JSON
 #: escaping (``\u0001``) can grow sixfold, so 1 MiB leaves ample room.
 MAX_REMOTING_HEADER = 1024 * 1024
+
+#: Room kept under RocketMQ's 32,767 bytes of properties (``MAX_PROPERTIES_BYTES``) for those the broker adds to a
+#: served message (a check-back's TRAN_MSG and PGROUP, a send-back's RETRY_TOPIC...).
+PROPERTIES_HEADROOM = 1024
 #: Requests one remoting connection may have in progress at once (long-polling
 #: pulls and sends waiting for their flush included); reading pauses at the cap.
 MAX_REMOTING_INFLIGHT = 256

@@ -42,12 +42,6 @@ _GETS = (ev.Get, ev.GetTags, ev.GetSql, PriorityGet)  # each waits for the reply
 #: holds at most a receive buffer's worth of requests, so their replies are bounded by it.
 SMALL_REPLY = 4096
 
-#: After a refusal that closes the connection (an HTTP request on the text port, a body announced past the limit):
-#: the most bytes, and seconds, of what the client still sends read and dropped before the close, so the close does
-#: not reset the connection and the client reads the refusal (a refused body of up to this size is read whole).
-CLOSE_DRAIN_BYTES = 4 * limits.MAX_BODY_BYTES
-CLOSE_DRAIN_S = 1.0
-
 #: Buffers per sendmsg call (below IOV_MAX, 1024 on Linux).
 IOV_BATCH = 1000
 
@@ -301,11 +295,11 @@ class Connection(core.Connection):
     def _drain(self):
         """Shut our side and read what the peer still sends, at most ``CLOSE_DRAIN_BYTES`` within ``CLOSE_DRAIN_S``:
         closing with bytes unread would reset the connection, and the peer could lose the reply."""
-        left = CLOSE_DRAIN_BYTES
+        left = limits.CLOSE_DRAIN_BYTES
         try:
             self.sock.shutdown(socket.SHUT_WR)
             self.sock.settimeout(None)  # the last read's timeout may be short: the drain's own bounds it
-            with gevent.Timeout(CLOSE_DRAIN_S, False):
+            with gevent.Timeout(limits.CLOSE_DRAIN_S, False):
                 while left > 0:
                     chunk = self.sock.recv(min(left, 64 * 1024))
                     if not chunk:

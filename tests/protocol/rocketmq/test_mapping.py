@@ -134,7 +134,7 @@ def test_a_real_born_host_is_kept_v4_and_v6():
 # queue with SYSTEM_ERROR, and ended the transaction check-back for good) --------------------------------------
 
 from metaq.protocol.rocketmq.bodies import MAX_PROPERTIES_BYTES, encode_stored_message  # noqa: E402
-from metaq.protocol.rocketmq.mapping import PROPERTIES_HEADROOM  # noqa: E402
+from metaq.server.remoting.limits import PROPERTIES_HEADROOM  # noqa: E402
 
 ROOM = MAX_PROPERTIES_BYTES - PROPERTIES_HEADROOM
 
