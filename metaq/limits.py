@@ -1,13 +1,17 @@
-"""Named limits and name validation shared by every layer (stdlib only).
+"""Named limits and name validation shared by every layer (stdlib only), and the registry of every limits module.
 
 Each limit below is a default; the broker configuration (``limits:`` in
 ``conf/server.yaml``) may change the configurable ones. Every declared length
 is checked against one of these before memory is allocated for it.
 
-Long because it is one table: every layer's named limits, each with the reason for its value, where the
-configuration schema and the docs' limits page read them.
+What every layer shares lives here: line, body and frame sizes, the connection and open-files budget, timeouts,
+the store's and the replication stream's bounds, name validation. A feature's own limits live beside its code, in a
+``limits.py`` of its package (metaq/mqtt/limits.py, metaq/server/http/limits.py, ...): each a limits module like
+this one (stdlib, errors and other limits modules only, so any layer may read it). ``modules`` finds them all, for
+what reads every limit (the docs' checks).
 """
 
+import os
 import re
 import resource
 
@@ -161,6 +165,19 @@ MAX_PARKED_GETS_PER_CONNECTION = 1024
 #: Long polls parked at once on the whole broker, text gets and remoting pulls together (each holds a
 #: greenlet). Past it a get is answered 503 and a pull SYSTEM_BUSY at once.
 MAX_PARKED_GETS = 20_000
+
+
+def modules():
+    """The dotted name of every limits module: this one and each package's ``limits.py``, found in the package's
+    directory, so that no list of them is kept by hand (a new package's limits.py is among them once it exists)."""
+    top = os.path.dirname(os.path.abspath(__file__))
+    found = []
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames[:] = [d for d in dirnames if d.isidentifier()]
+        if "limits.py" in filenames:
+            package = os.path.relpath(dirpath, os.path.dirname(top)).split(os.sep)
+            found.append(".".join(package + ["limits"]))
+    return sorted(found)
 
 
 def validate_topic(topic):

@@ -1,6 +1,7 @@
 """ruff over the whole repository, with ruff.toml's rules (line length 120, the default rules, W, bugbear, complexity
 15): make test runs it. And the named limits' doc comments state contracts: the measurements behind a bound are in
-bench/README.md ("Design measurements behind the code"), not in metaq/limits.py.
+bench/README.md ("Design measurements behind the code"), not in the limits modules (metaq/limits.py and each
+package's limits.py).
 
 A unit test: it starts ruff as a process and opens no socket. ruff is in setup.py's ``test`` extra; without it the
 test is skipped, saying so.
@@ -14,6 +15,8 @@ import sys
 import tomllib
 
 import pytest
+
+from metaq import limits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,12 +47,15 @@ MEASURED = re.compile(r"\d ?(µs|us)\b|(about|~) ?[\d.,]+ ?(ms|KB|MB|GB)\b|\bhel
 
 
 def test_the_limits_doc_comments_hold_no_measured_figures():
-    """Each ``#:`` comment in metaq/limits.py says what the limit bounds and why; the figures that decided it are
-    in bench/README.md."""
-    with open(os.path.join(ROOT, "metaq", "limits.py"), encoding="utf-8") as f:
-        found = ["limits.py:%d: %s" % (n, line.strip()) for n, line in enumerate(f, 1)
-                 if line.lstrip().startswith("#:") and MEASURED.search(line)]
-    assert found == [], "measured figures in limits.py's doc comments (move them to bench/README.md):\n" + \
+    """Each ``#:`` comment in a limits module (metaq/limits.py and every package's, ``limits.modules``) says what
+    the limit bounds and why; the figures that decided it are in bench/README.md."""
+    found = []
+    for name in limits.modules():
+        path = os.path.join(ROOT, *name.split(".")) + ".py"
+        with open(path, encoding="utf-8") as f:
+            found += ["%s:%d: %s" % (os.path.relpath(path, ROOT), n, line.strip()) for n, line in enumerate(f, 1)
+                      if line.lstrip().startswith("#:") and MEASURED.search(line)]
+    assert found == [], "measured figures in the limits modules' doc comments (move them to bench/README.md):\n" + \
         "\n".join(found)
 
 
