@@ -4,11 +4,11 @@ Each limit below is a default; the broker configuration (``limits:`` in
 ``conf/server.yaml``) may change the configurable ones. Every declared length
 is checked against one of these before memory is allocated for it.
 
-What every layer shares lives here: line, body and frame sizes, the connection and open-files budget, timeouts,
-the store's and the replication stream's bounds, name validation. A feature's own limits live beside its code, in a
-``limits.py`` of its package (metaq/mqtt/limits.py, metaq/server/http/limits.py, ...): each a limits module like
-this one (stdlib, errors and other limits modules only, so any layer may read it). ``modules`` finds them all, for
-what reads every limit (the docs' checks).
+What every layer shares lives here: line and body sizes, the connection and open-files budget, timeouts, logging
+in, TLS and proxies, name validation. A feature's own limits live beside its code, in a ``limits.py`` of its package
+(metaq/mqtt/limits.py, metaq/store/limits.py, metaq/server/remoting/limits.py, ...): each a limits module like this
+one (stdlib, errors and other limits modules only, so any layer may read it). ``modules`` finds them all, for what
+reads every limit (the docs' checks).
 """
 
 import os
@@ -234,6 +234,8 @@ LOG_TEMPLATES = 10_000
 #: Topic names the broker keeps realtime counters for (``stats topic``); names past it (clients may ask for
 #: any name) share one set of counters.
 MAX_STATS_TOPICS = 4096
+
+# -- logging in, TLS and proxies (docs/security.md) ------------------------------------------------
 
 #: Seconds a connection to a port with authentication on has to log in (text ``auth``, a signed RocketMQ request,
 #: an HTTP request with a user's credentials) before it is closed: a stranger holds a connection only that long.
