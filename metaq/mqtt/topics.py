@@ -13,7 +13,7 @@ A shared subscription (MQTT 5.0 §4.8.2) is ``$share/<ShareName>/<filter>``: the
 character with no ``/``, ``+`` or ``#``, and the filter after it is a valid filter (at least one character).
 ``split_shared`` reads one; matching is done on the filter it returns.
 
-Bounds (``metaq.limits``): ``MQTT_MAX_TOPIC_BYTES`` (UTF-8 bytes) and ``MQTT_MAX_TOPIC_LEVELS`` apply to names and
+Bounds (``metaq.mqtt.limits``): ``MQTT_MAX_TOPIC_BYTES`` (UTF-8 bytes) and ``MQTT_MAX_TOPIC_LEVELS`` apply to names and
 to whole filters (a shared filter's ``$share/<group>/`` prefix included). Each refusal raises ``TopicError`` with
 the reason; the codec (``metaq.mqtt.wire``) turns it into the MQTT 5 reason code a server answers with.
 """

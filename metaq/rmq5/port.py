@@ -86,7 +86,7 @@ PLAIN_BODIES = {"405": b"the gRPC port takes POST requests only\n",
 
 
 class PortLimits:
-    """The gRPC port's named limits (the ``grpc:`` settings; defaults from ``metaq.limits``)."""
+    """The gRPC port's named limits (the ``grpc:`` settings; defaults from ``metaq.rmq5.limits``)."""
 
     __slots__ = ("max_streams", "max_message_bytes", "max_header_bytes", "max_call_s", "max_control_frames",
                  "max_new_streams", "flood_window_s", "flood_penalty_s")
