@@ -74,7 +74,7 @@ static PyMethodDef methods[] = {
     {"encode_timer_acks", encode_timer_acks, METH_VARARGS,
      "encode_timer_acks(items, start, count, first_id) -> the result 200 replies of taken put_ats, joined"},
     {"now_ms", now_ms, METH_NOARGS, "now_ms() -> milliseconds since the Unix epoch: metaq.server.clock.now_ms_py"},
-    {"write_run", write_run, METH_VARARGS,
+    {"write_run", (PyCFunction)(void (*)(void))write_run, METH_FASTCALL,
      "write_run(log, seg_start, rel, ready, src, frames, i, j, topic, partition, offset, now_ms, first_id, index, "
      "unit_at) -> (count, rel_after)"},
     {"encode_sub_records", encode_sub_records, METH_VARARGS,

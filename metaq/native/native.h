@@ -60,7 +60,7 @@ static inline int put_decimal(char *p, long long v) {
 
 /* METH_FASTCALL arguments checked one by one as PyArg_ParseTuple's format codes check them (the same exceptions for
    bad types), without parsing a format string each call: the per-message entry points' (mqtt_plain_publishes,
-   mqtt_read_publishes, mqtt_burst_frames). Each is 1, or 0 with an exception set. */
+   mqtt_read_publishes, mqtt_burst_frames, write_run). Each is 1, or 0 with an exception set. */
 static inline int metaq_nargs(Py_ssize_t nargs, Py_ssize_t want) {
     if (nargs == want)
         return 1;
@@ -164,7 +164,7 @@ int metaq_scan_args(PyObject *args, Py_buffer *b, Py_ssize_t *pos, Py_ssize_t *e
 /* The entry points of the module's method table (module.c), each in the file of its concern. */
 PyObject *scan_puts(PyObject *self, PyObject *args);         /* textburst.c */
 PyObject *encode_put_acks(PyObject *self, PyObject *args);   /* textburst.c */
-PyObject *write_run(PyObject *self, PyObject *args);         /* records.c */
+PyObject *write_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs); /* records.c */
 PyObject *py_record_ok(PyObject *self, PyObject *args);      /* records.c */
 PyObject *scan_records(PyObject *self, PyObject *args);      /* records.c */
 PyObject *py_crc32(PyObject *self, PyObject *args);          /* records.c */
