@@ -120,7 +120,7 @@ static PyMethodDef methods[] = {
     {"mqtt_split", (PyCFunction)(void (*)(void))mqtt_split, METH_FASTCALL,
      "mqtt_split(buf, pos, max_packet, version, names) -> (fields, a, b): the next MQTT packet's bounds, a plain "
      "PUBLISH's or PUBACK's fields decoded (mqttwire.c)"},
-    {"mqtt_publish_bytes", mqtt_publish_bytes, METH_VARARGS,
+    {"mqtt_publish_bytes", (PyCFunction)(void (*)(void))mqtt_publish_bytes, METH_FASTCALL,
      "mqtt_publish_bytes(first, topic, packet_id, props, payload) -> an encoded PUBLISH (mqttwire.c)"},
     {"mqtt_pubacks", mqtt_pubacks, METH_O, "mqtt_pubacks(packet_ids) -> the successful PUBACKs, joined (mqttwire.c)"},
     {"mqtt_burst_frames", (PyCFunction)(void (*)(void))mqtt_burst_frames, METH_FASTCALL,

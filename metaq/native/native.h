@@ -60,7 +60,7 @@ static inline int put_decimal(char *p, long long v) {
 
 /* METH_FASTCALL arguments checked one by one as PyArg_ParseTuple's format codes check them (the same exceptions for
    bad types), without parsing a format string each call: the per-message entry points' (mqtt_plain_publishes,
-   mqtt_read_publishes, mqtt_burst_frames, write_run). Each is 1, or 0 with an exception set. */
+   mqtt_read_publishes, mqtt_burst_frames, write_run, mqtt_publish_bytes). Each is 1, or 0 with an exception set. */
 static inline int metaq_nargs(Py_ssize_t nargs, Py_ssize_t want) {
     if (nargs == want)
         return 1;
@@ -113,7 +113,7 @@ PyObject *keyed_records(PyObject *self, PyObject *args);
 
 /* mqtt_split, mqtt_publish_bytes and mqtt_pubacks (mqttwire.c): the MQTT wire's per-packet steps. */
 PyObject *mqtt_split(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *mqtt_publish_bytes(PyObject *self, PyObject *args);
+PyObject *mqtt_publish_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *mqtt_pubacks(PyObject *self, PyObject *ids);
 /* mqtt_plain_publishes (mqttpublishes.c) and mqtt_read_publishes (mqttturn.c): the MQTT publisher's read split and staged,
    the second with the PUBACKs of its QoS 1 PUBLISHes. */
