@@ -60,7 +60,8 @@ static inline int put_decimal(char *p, long long v) {
 
 /* METH_FASTCALL arguments checked one by one as PyArg_ParseTuple's format codes check them (the same exceptions for
    bad types), without parsing a format string each call: the per-message entry points' (mqtt_plain_publishes,
-   mqtt_read_publishes, mqtt_burst_frames, write_run, mqtt_publish_bytes). Each is 1, or 0 with an exception set. */
+   mqtt_read_publishes, mqtt_burst_frames, write_run, mqtt_publish_bytes, send_each). Each is 1, or 0 with an
+   exception set. */
 static inline int metaq_nargs(Py_ssize_t nargs, Py_ssize_t want) {
     if (nargs == want)
         return 1;
@@ -171,7 +172,7 @@ PyObject *py_crc32(PyObject *self, PyObject *args);          /* records.c */
 PyObject *gather_records(PyObject *self, PyObject *args);    /* records.c */
 PyObject *check_ranges(PyObject *self, PyObject *args);      /* records.c */
 PyObject *send_ranges(PyObject *self, PyObject *args);       /* send.c */
-PyObject *send_each(PyObject *self, PyObject *args);         /* send.c */
+PyObject *send_each(PyObject *self, PyObject *const *args, Py_ssize_t nargs); /* send.c */
 PyObject *encode_sub_records(PyObject *self, PyObject *args);      /* client.c */
 PyObject *encode_idem_sub_records(PyObject *self, PyObject *args); /* client.c */
 PyObject *scan_reply(PyObject *self, PyObject *args);        /* client.c */
