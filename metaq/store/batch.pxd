@@ -12,7 +12,7 @@ cdef class BurstWriter:
     cdef public IdGenerator ids
     cdef public LogPositions positions
 
-    @cython.locals(n=Py_ssize_t, i=Py_ssize_t, j=Py_ssize_t, ids=IdGenerator, positions=LogPositions)
+    @cython.locals(n=Py_ssize_t, i=Py_ssize_t, j=Py_ssize_t, ids=IdGenerator, positions=LogPositions, topic=bytes)
     cpdef tuple append(self, object frames, object src, object now_ms)
 
 
