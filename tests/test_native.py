@@ -33,6 +33,21 @@ def test_a_built_module_runs_compiled_unless_pure_python_is_asked(name):
         assert module.__file__ == built and name in native.running()
 
 
+@pytest.mark.parametrize("name", native.COMPILED)
+def test_each_class_a_declaration_file_names_is_a_c_struct_where_its_module_runs_compiled(name):
+    """A ``cdef class`` of the module's ``.pxd`` (typed fields, C-called methods: the publisher's turn's burst writer,
+    ids, positions, counters and subscriber paths) is an extension type where the module runs compiled, a plain class
+    where its source runs: a declaration that stopped applying is seen here, not only in the turn's cost."""
+    pxd = pathlib.Path(native.source_path(name)[:-3] + ".pxd")
+    if not pxd.is_file():
+        pytest.skip("no declarations")
+    module = importlib.import_module(name)
+    compiled = name in native.running()
+    for cls in re.findall(r"^cdef class (\w+)", pxd.read_text(), re.M):
+        heap = bool(getattr(module, cls).__flags__ & (1 << 9))  # Py_TPFLAGS_HEAPTYPE: a class made at run time
+        assert heap != compiled, (name, cls)
+
+
 def test_pure_python_runs_every_source():
     code = "import importlib, metaq.native as n; print(all(importlib.import_module(m).__file__.endswith('.py') " \
            "for m in n.COMPILED), n.running())"

@@ -74,7 +74,7 @@ static PyMethodDef methods[] = {
     {"encode_timer_acks", encode_timer_acks, METH_VARARGS,
      "encode_timer_acks(items, start, count, first_id) -> the result 200 replies of taken put_ats, joined"},
     {"now_ms", now_ms, METH_NOARGS, "now_ms() -> milliseconds since the Unix epoch: metaq.server.clock.now_ms_py"},
-    {"write_run", write_run, METH_VARARGS,
+    {"write_run", (PyCFunction)(void (*)(void))write_run, METH_FASTCALL,
      "write_run(log, seg_start, rel, ready, src, frames, i, j, topic, partition, offset, now_ms, first_id, index, "
      "unit_at) -> (count, rel_after)"},
     {"encode_sub_records", encode_sub_records, METH_VARARGS,
@@ -99,7 +99,7 @@ static PyMethodDef methods[] = {
      "(count, ranges, their bytes, stop)"},
     {"send_ranges", send_ranges, METH_VARARGS,
      "send_ranges(fd, head, log, ranges, pos) -> bytes sent by one non-blocking sendmsg"},
-    {"send_each", send_each, METH_VARARGS,
+    {"send_each", (PyCFunction)(void (*)(void))send_each, METH_FASTCALL,
      "send_each(packets, fds) -> [(i, bytes taken or -errno)] of the fds that did not take all of the packets"},
     {"scan_log", scan_log, METH_VARARGS,
      "scan_log(buf, rel, size, base, max_records) -> (stop, count, max_msg_id, units, runs): recovery's scan"},
@@ -120,7 +120,7 @@ static PyMethodDef methods[] = {
     {"mqtt_split", (PyCFunction)(void (*)(void))mqtt_split, METH_FASTCALL,
      "mqtt_split(buf, pos, max_packet, version, names) -> (fields, a, b): the next MQTT packet's bounds, a plain "
      "PUBLISH's or PUBACK's fields decoded (mqttwire.c)"},
-    {"mqtt_publish_bytes", mqtt_publish_bytes, METH_VARARGS,
+    {"mqtt_publish_bytes", (PyCFunction)(void (*)(void))mqtt_publish_bytes, METH_FASTCALL,
      "mqtt_publish_bytes(first, topic, packet_id, props, payload) -> an encoded PUBLISH (mqttwire.c)"},
     {"mqtt_pubacks", mqtt_pubacks, METH_O, "mqtt_pubacks(packet_ids) -> the successful PUBACKs, joined (mqttwire.c)"},
     {"mqtt_burst_frames", (PyCFunction)(void (*)(void))mqtt_burst_frames, METH_FASTCALL,

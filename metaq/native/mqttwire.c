@@ -189,12 +189,24 @@ static int wire_varint(unsigned char *out, Py_ssize_t v) {
 }
 
 /* mqtt_publish_bytes(first, topic, packet_id, props, payload) -> bytes: wire.publish_bytes_py in C. */
-PyObject *mqtt_publish_bytes(PyObject *self, PyObject *args) {
-    int first;
-    PyObject *topic, *props;
-    long packet_id;
+PyObject *mqtt_publish_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long first_l, packet_id;
+    if (!metaq_nargs(nargs, 5) || !metaq_arg_long(args[0], &first_l) || !metaq_arg_type(2, args[1], &PyUnicode_Type)
+        || !metaq_arg_long(args[2], &packet_id))
+        return NULL;
+    if (first_l > INT_MAX || first_l < INT_MIN) { /* 'i' */
+        PyErr_SetString(PyExc_OverflowError, first_l > 0 ? "signed integer is greater than maximum"
+                                                          : "signed integer is less than minimum");
+        return NULL;
+    }
+    int first = (int)first_l;
+    PyObject *topic = args[1], *props = args[3];
     Py_buffer payload;
-    if (!PyArg_ParseTuple(args, "iUlOy*", &first, &topic, &packet_id, &props, &payload))
+    if (PyUnicode_Check(args[4])) { /* 'y*' */
+        PyErr_Format(PyExc_TypeError, "argument 5 must be a bytes-like object, not str");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[4], &payload, PyBUF_SIMPLE) < 0)
         return NULL;
     PyObject *out = NULL;
     Py_ssize_t props_len = 0;

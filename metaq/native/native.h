@@ -60,7 +60,8 @@ static inline int put_decimal(char *p, long long v) {
 
 /* METH_FASTCALL arguments checked one by one as PyArg_ParseTuple's format codes check them (the same exceptions for
    bad types), without parsing a format string each call: the per-message entry points' (mqtt_plain_publishes,
-   mqtt_read_publishes, mqtt_burst_frames). Each is 1, or 0 with an exception set. */
+   mqtt_read_publishes, mqtt_burst_frames, write_run, mqtt_publish_bytes, send_each). Each is 1, or 0 with an
+   exception set. */
 static inline int metaq_nargs(Py_ssize_t nargs, Py_ssize_t want) {
     if (nargs == want)
         return 1;
@@ -113,7 +114,7 @@ PyObject *keyed_records(PyObject *self, PyObject *args);
 
 /* mqtt_split, mqtt_publish_bytes and mqtt_pubacks (mqttwire.c): the MQTT wire's per-packet steps. */
 PyObject *mqtt_split(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *mqtt_publish_bytes(PyObject *self, PyObject *args);
+PyObject *mqtt_publish_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *mqtt_pubacks(PyObject *self, PyObject *ids);
 /* mqtt_plain_publishes (mqttpublishes.c) and mqtt_read_publishes (mqttturn.c): the MQTT publisher's read split and staged,
    the second with the PUBACKs of its QoS 1 PUBLISHes. */
@@ -164,14 +165,14 @@ int metaq_scan_args(PyObject *args, Py_buffer *b, Py_ssize_t *pos, Py_ssize_t *e
 /* The entry points of the module's method table (module.c), each in the file of its concern. */
 PyObject *scan_puts(PyObject *self, PyObject *args);         /* textburst.c */
 PyObject *encode_put_acks(PyObject *self, PyObject *args);   /* textburst.c */
-PyObject *write_run(PyObject *self, PyObject *args);         /* records.c */
+PyObject *write_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs); /* records.c */
 PyObject *py_record_ok(PyObject *self, PyObject *args);      /* records.c */
 PyObject *scan_records(PyObject *self, PyObject *args);      /* records.c */
 PyObject *py_crc32(PyObject *self, PyObject *args);          /* records.c */
 PyObject *gather_records(PyObject *self, PyObject *args);    /* records.c */
 PyObject *check_ranges(PyObject *self, PyObject *args);      /* records.c */
 PyObject *send_ranges(PyObject *self, PyObject *args);       /* send.c */
-PyObject *send_each(PyObject *self, PyObject *args);         /* send.c */
+PyObject *send_each(PyObject *self, PyObject *const *args, Py_ssize_t nargs); /* send.c */
 PyObject *encode_sub_records(PyObject *self, PyObject *args);      /* client.c */
 PyObject *encode_idem_sub_records(PyObject *self, PyObject *args); /* client.c */
 PyObject *scan_reply(PyObject *self, PyObject *args);        /* client.c */

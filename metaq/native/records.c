@@ -155,14 +155,18 @@ static int metaq_run_buffers(PyObject *log_obj, PyObject *src_obj, PyObject *ind
     return 1;
 }
 
-PyObject *write_run(PyObject *self, PyObject *args) {
+PyObject *write_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *log_obj, *src_obj, *frames, *topic_obj, *index_obj;
     long long seg_start, offset, now_ms, first_id;
     Py_ssize_t rel, ready, i, j, unit_at;
     long partition;
-    if (!PyArg_ParseTuple(args, "OLnnOOnnSlLLLOn", &log_obj, &seg_start, &rel, &ready, &src_obj, &frames, &i, &j,
-                          &topic_obj, &partition, &offset, &now_ms, &first_id, &index_obj, &unit_at))
+    if (!metaq_nargs(nargs, 15) || !metaq_arg_ll(args[1], &seg_start) || !metaq_arg_ssize(args[2], &rel)
+        || !metaq_arg_ssize(args[3], &ready) || !metaq_arg_ssize(args[6], &i) || !metaq_arg_ssize(args[7], &j)
+        || !metaq_arg_type(9, args[8], &PyBytes_Type) || !metaq_arg_long(args[9], &partition)
+        || !metaq_arg_ll(args[10], &offset) || !metaq_arg_ll(args[11], &now_ms) || !metaq_arg_ll(args[12], &first_id)
+        || !metaq_arg_ssize(args[14], &unit_at))
         return NULL;
+    log_obj = args[0], src_obj = args[4], frames = args[5], topic_obj = args[8], index_obj = args[13];
     Py_buffer lb, sb, ib;
     if (!metaq_run_buffers(log_obj, src_obj, index_obj, &lb, &sb, &ib))
         return NULL;
@@ -171,7 +175,18 @@ PyObject *write_run(PyObject *self, PyObject *args) {
     PyBuffer_Release(&ib);
     PyBuffer_Release(&sb);
     PyBuffer_Release(&lb);
-    return count < 0 ? NULL : Py_BuildValue("(nn)", count, rel);
+    if (count < 0)
+        return NULL;
+    PyObject *out = PyTuple_New(2), *c = PyLong_FromSsize_t(count), *r = PyLong_FromSsize_t(rel);
+    if (out == NULL || c == NULL || r == NULL) {
+        Py_XDECREF(out);
+        Py_XDECREF(c);
+        Py_XDECREF(r);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(out, 0, c);
+    PyTuple_SET_ITEM(out, 1, r);
+    return out;
 }
 
 static uint32_t get32(const unsigned char *p) {

@@ -10,6 +10,7 @@
 #include "native.h"
 
 #define SEND_IOV_MAX 1024 /* Linux's IOV_MAX */
+#define SEND_SMALL 8      /* packets or sockets send_each holds on the stack */
 
 /* send_ranges(fd, head, log, ranges, pos) == metaq.server.zerocopy.send_ranges_py: one non-blocking sendmsg (MSG_DONTWAIT,
  * MSG_NOSIGNAL) of ``head`` then the ranges of ``log`` (check_ranges' pairs), from byte ``pos`` of that whole, at
@@ -89,10 +90,10 @@ PyObject *send_ranges(PyObject *self, PyObject *args) {
  * ``[(i, n), ...]`` for each ``fds[i]`` that did not take all of it, in order: ``n`` the bytes it took (0 when its
  * buffer was full: EAGAIN), or ``-errno`` when the send failed; ``[]`` when every socket took everything. The GIL is
  * released for the sends; the buffers are held (exported) until they end. */
-PyObject *send_each(PyObject *self, PyObject *args) {
-    PyObject *packets_obj, *fds_obj;
-    if (!PyArg_ParseTuple(args, "OO", &packets_obj, &fds_obj))
+PyObject *send_each(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!metaq_nargs(nargs, 2))
         return NULL;
+    PyObject *packets_obj = args[0], *fds_obj = args[1];
     PyObject *packets = PySequence_Fast(packets_obj, "send_each: packets must be a sequence of buffers");
     if (packets == NULL)
         return NULL;
@@ -114,10 +115,23 @@ PyObject *send_each(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "send_each: %zd packets, at most %d", np, SEND_IOV_MAX);
         goto done;
     }
-    bufs = PyMem_Calloc(np ? (size_t)np : 1, sizeof(Py_buffer));
-    fds = PyMem_Malloc((nf ? (size_t)nf : 1) * sizeof(int));
-    took = PyMem_Malloc((nf ? (size_t)nf : 1) * sizeof(ssize_t));
-    errs = PyMem_Malloc((nf ? (size_t)nf : 1) * sizeof(int));
+    /* a few packets to a few sockets (a subscriber's run, a PUBACK run) on the stack; more on the heap */
+    Py_buffer small_bufs[SEND_SMALL];
+    int small_fds[SEND_SMALL], small_errs[SEND_SMALL];
+    ssize_t small_took[SEND_SMALL];
+    if (np <= SEND_SMALL) {
+        memset(small_bufs, 0, sizeof small_bufs);
+        bufs = small_bufs;
+    } else {
+        bufs = PyMem_Calloc((size_t)np, sizeof(Py_buffer));
+    }
+    if (nf <= SEND_SMALL) {
+        fds = small_fds, took = small_took, errs = small_errs;
+    } else {
+        fds = PyMem_Malloc((size_t)nf * sizeof(int));
+        took = PyMem_Malloc((size_t)nf * sizeof(ssize_t));
+        errs = PyMem_Malloc((size_t)nf * sizeof(int));
+    }
     if (bufs == NULL || fds == NULL || took == NULL || errs == NULL) {
         PyErr_NoMemory();
         goto done;
@@ -177,10 +191,13 @@ PyObject *send_each(PyObject *self, PyObject *args) {
 done:
     for (Py_ssize_t k = 0; k < held; k++)
         PyBuffer_Release(&bufs[k]);
-    PyMem_Free(bufs);
-    PyMem_Free(fds);
-    PyMem_Free(took);
-    PyMem_Free(errs);
+    if (bufs != small_bufs)
+        PyMem_Free(bufs);
+    if (fds != small_fds) {
+        PyMem_Free(fds);
+        PyMem_Free(took);
+        PyMem_Free(errs);
+    }
     Py_DECREF(fdseq);
     Py_DECREF(packets);
     return result;

@@ -559,13 +559,14 @@ class MessageStore:
         whenever the log is written past its flushed end). Asked after every write that became visible
         (``BrokerWrites.visible``); ``_last_flush_ms`` moves to ``now_ms`` whenever it says yes or nothing is left
         to flush."""
-        if self._pos.written <= self._pos.flushed:
+        pos = self._pos
+        if pos.written <= pos.flushed:
             self._last_flush_ms = now_ms
             return False
         if not self._async:
             return True
         cfg = self.config
-        if (self._pos.unflushed_msgs >= cfg.flush_every_messages
+        if (pos.unflushed_msgs >= cfg.flush_every_messages
                 or now_ms - self._last_flush_ms >= cfg.flush_interval_ms):
             self._last_flush_ms = now_ms
             return True
