@@ -98,9 +98,10 @@ def recv_exact(sock, n):
     return data
 
 
-def open_connections(port, n, prefix, keep_alive=60, sources=None, batch=256, host="127.0.0.1"):
-    """``n`` connected sockets, each past its CONNACK (``batch`` CONNECTs in flight at once); spread over the source
-    addresses ``sources`` when given (a broker caps connections per address). Raises on a refused CONNECT."""
+def open_connections(port, n, prefix, keep_alive=60, sources=None, batch=256, host="127.0.0.1", clean=True):
+    """``n`` connected sockets, each past its CONNACK (``batch`` CONNECTs in flight at once; ``clean``: their Clean
+    Session flag); spread over the source addresses ``sources`` when given (a broker caps connections per address).
+    Raises on a refused CONNECT."""
     socks = []
     for start in range(0, n, batch):
         group = []
@@ -110,7 +111,7 @@ def open_connections(port, n, prefix, keep_alive=60, sources=None, batch=256, ho
             if sources:
                 s.bind((sources[i % len(sources)], 0))
             s.connect((host, port))
-            s.sendall(connect_packet("%s-%d" % (prefix, i), keep_alive))
+            s.sendall(connect_packet("%s-%d" % (prefix, i), keep_alive, clean))
             group.append(s)
         for s in group:
             ack = recv_exact(s, CONNACK_LEN)

@@ -924,6 +924,9 @@ MQTT_CLUSTER_PEER_CONNECTIONS = 4
 #: any order): past it a caller waits its turn, in order, within MQTT_CLUSTER_CALL_TIMEOUT_S, then is told the
 #: peer is unreachable; a callee answers a call past it on one link at once with an error saying so.
 MQTT_CLUSTER_CALLS_IN_FLIGHT = 16
+#: Batches of CONNECTs' registrations one broker has in flight to one home at once (each a call of at most
+#: MQTT_CLUSTER_ID_BATCH): a CONNECT past them joins the next batch, sent when one of them is answered.
+MQTT_CLUSTER_REGISTER_BATCHES = 4
 #: Of MQTT_CLUSTER_CALLS_IN_FLIGHT, the calls to one peer kept for the client ids' lease renewals: a storm of
 #: registrations and handovers to that peer never starves them (the others take the rest).
 MQTT_CLUSTER_LEASE_CONNECTIONS = 1
