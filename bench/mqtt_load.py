@@ -156,16 +156,16 @@ def _ready(sel, timeout):
     return out
 
 
-def hold(pipe, port, n, prefix, keep_alive, sources):
+def hold(pipe, port, n, prefix, keep_alive, sources, clean=True):
     """Open ``n`` connections (reply: seconds it took), then on ``("ping", seconds, every)`` send a PINGREQ on each
     every ``every`` seconds for ``seconds`` (reply: pings sent, PINGRESPs received, connections the broker closed),
     on ``("fleet", rate, count, topic, payload_len)`` publish ``count`` QoS 1 messages at ``rate`` a second, each
     from the next connection in turn (``fleet``), on ``("devices", seconds, topic, payload_len)`` have every
     connection publish QoS 1 messages one at a time, the next once the last is acknowledged (``devices``), on
     ``("storm", gap, wait)`` send a PINGREQ's first byte on every one at once and its second ``gap`` seconds later
-    (``storm``: two replies), then on ``"close"`` close them."""
+    (``storm``: two replies), then on ``"close"`` close them. ``clean``: the CONNECTs' Clean Session flag."""
     started = time.perf_counter()
-    socks = open_connections(port, n, prefix, keep_alive, sources)
+    socks = open_connections(port, n, prefix, keep_alive, sources, clean=clean)
     pipe.send(time.perf_counter() - started)
     sel = selectors.DefaultSelector()
     for s in socks:

@@ -17,8 +17,9 @@ state (the store layer's rules: no socket, gevent or clock)
 logic
     routes.py      a broker's filters, aggregated: what its subscriptions want of its peers (pure)
 front-end (the server layer)
-    calls.py       broker-to-broker calls over the replication port (PEER_CALL / PEER_REPLY), each bounded by
-                   ``MQTT_CLUSTER_CALL_TIMEOUT_S``, and a link's calls answered
+    calls.py       broker-to-broker calls over the replication port (PEER_CALL / PEER_REPLY), pipelined on one link
+                   per peer (``MQTT_CLUSTER_CALLS_IN_FLIGHT``), each bounded by ``MQTT_CLUSTER_CALL_TIMEOUT_S``, and a
+                   link's calls answered
     handover.py    a session given up by one broker as JSON (its messages not acknowledged as their records) and
                    adopted by another (written to its own sessions' log); the rest that reached the old broker for
                    it after (the takeover's end)
@@ -29,6 +30,7 @@ service (the server layer)
                    a peer's follow (ROUTES in, RECORDS out) or its calls
     link.py        the follower's side of one peer: connect, prove, send ROUTES, copy each RECORDS frame
     peers.py       ``MqttCluster``: one link per other member, copies through the put path, retained messages
+    registrations.py  ``Registrations``: the CONNECTs' registrations with one home, batched (``registers`` calls)
     service.py     ``ClientIds``: a CONNECT's registration with the id's home, the home's serialisation per id and
                    its calls to the holder, the takeover's end, the leases of the homes, re-registration when the
                    members change
