@@ -8,7 +8,8 @@ goes at once when fewer than ``MQTT_CLUSTER_REGISTER_BATCHES`` batches to its ho
 joins what queued while they were, which goes as one call when one of them is answered. A lone CONNECT so waits no
 longer than before; a storm's wait for a round trip is shared by a whole batch. Each CONNECT gets its own answer (or
 its own error) out of the batch's, within its own bound; a batch the home does not answer makes each of its CONNECTs
-unreachable (``PeerUnreachable``), as one call would. A home of the version before (``registers`` unknown to it) is
+unreachable (``PeerUnreachable``), as one call would, and a CONNECT whose bound runs out first is told so at its
+bound while its batch waits on. A home of the version before (``registers`` unknown to it) is
 asked one call a CONNECT.
 """
 
@@ -46,8 +47,8 @@ class Registrations:
             self._going[home] = self._going.get(home, 0) + 1
             gevent.spawn(self._flush, home)
         try:
-            return result.get(timeout=max(0.0, deadline - time.monotonic()) + 1.0)  # the batch is bounded first
-        except gevent.Timeout:
+            return result.get(timeout=max(0.0, deadline - time.monotonic()))
+        except gevent.Timeout:  # its batch waits on for the others' answers
             raise PeerUnreachable("the home broker %s: no answer in time" % home) from None
 
     def _flush(self, home):
@@ -75,7 +76,7 @@ class Registrations:
             return
         self.batches += 1
         self.batched += len(live)
-        timeout_s = min(deadline for _r, _a, deadline in live) - now
+        timeout_s = max(deadline for _r, _a, deadline in live) - now  # each entry's wait is bounded by its own
         try:
             answers = self._send(home, [request for request, _a, _d in live], timeout_s)
         except PeerUnreachable as exc:

@@ -247,7 +247,11 @@ def test_registrations_to_one_home_go_in_batches_each_with_its_own_answer():
     assert [g.value for g in calls[:-1]] == [{"c": c} for c in names[:-1]]
     assert isinstance(calls[-1].exception, PeerUnreachable) and "its own" in str(calls[-1].exception)
     assert max(sent) == limits.MQTT_CLUSTER_ID_BATCH and sum(sent) == n + 1 and len(sent) <= 5, sent
+    short = gevent.spawn(regs.register, "h", {"c": "short"}, 0.02)
+    long = gevent.spawn(regs.register, "h", {"c": "l"}, 5)
+    gevent.joinall([short, long], timeout=5)  # in one batch: the short one told at its bound, the other answered
+    assert isinstance(short.exception, PeerUnreachable) and long.value == {"c": "l"}
     down = [gevent.spawn(regs.register, "down", {"c": "x%d" % i}, 5) for i in range(3)]
     gevent.joinall(down, timeout=5)
     assert all(isinstance(g.exception, PeerUnreachable) for g in down)
-    assert regs.batched == n + 1 + 3
+    assert regs.batched == n + 1 + 2 + 3
