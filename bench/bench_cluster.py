@@ -41,8 +41,9 @@ idle after.
 ``--reconnect`` has that many devices with persistent sessions (Clean Start 0) connect once, spread evenly over the
 brokers (their client ids' homes spread over them by the hash), leave, and come back at once to the same broker, each
 cluster size of ``--brokers`` in turn in every run: the connects a second of the whole wave back (its last CONNACK),
-each wave from ``RECONNECT_PROCS`` generator processes (more for a larger cluster), and its ratio to the smallest
-cluster of the run.
+each wave from ``RECONNECT_PROCS`` generator processes (more for a larger cluster or past ``RECONNECT_PER_PROC`` each),
+and its ratio to the smallest cluster of the run. A broker holds at most its open-files limit's connections: 100,000
+devices need a hard limit past 100,000 for one broker alone, past 25,000 a broker over 4 (``ulimit -Hn``).
 
 The generator runs on the same cores as the brokers: each row also gives the generators' CPU seconds a second, so
 a ratio that a busy generator held down can be told apart. Not a test: nothing here asserts.
@@ -293,13 +294,15 @@ def held(cluster, connections, keep_alive, seconds, every):
 
 #: Generator processes of a reconnect wave at least (one per broker past it), alike for every cluster size.
 RECONNECT_PROCS = 4
+#: Connections one generator process opens at most (under a process's open-file cap, as ``--held``'s).
+RECONNECT_PER_PROC = 12_500
 
 
 def reconnect(cluster, devices):
     """Connects a second of ``devices`` devices with persistent sessions coming back at once (see the module doc): the
     first wave makes their sessions, the second is timed; ``(rate, seconds)``."""
     n = len(cluster.brokers)
-    procs = max(RECONNECT_PROCS, n)
+    procs = max(RECONNECT_PROCS, n, -(-devices // RECONNECT_PER_PROC))
 
     def wave():
         started = time.perf_counter()
