@@ -12,8 +12,8 @@ import pytest
 
 from bench.mqtt_load import open_connections
 from metaq.mqttcluster import limits as mqttcluster_limits
-from metaq.mqttcluster.calls import PeerClient, PeerUnreachable
-from metaq.mqttcluster.ids import home_of
+from metaq.mqttcluster.clientids.calls import PeerClient, PeerUnreachable
+from metaq.mqttcluster.clientids.ids import home_of
 from metaq.mqttcluster.clientids.registrations import Registrations
 from metaq.protocol import replication as rp
 from tests.harness.broker import wait_for
@@ -54,7 +54,7 @@ from gevent import monkey
 monkey.patch_all()
 import gevent, gevent.server
 from metaq import limits
-from metaq.mqttcluster.calls import PeerClient, PeerUnreachable
+from metaq.mqttcluster.clientids.calls import PeerClient, PeerUnreachable
 
 address, silent, held, fresh = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), json.loads(sys.argv[4])
 server = gevent.server.StreamServer(("127.0.0.1", silent), lambda sock, _a: gevent.sleep(60))
