@@ -196,9 +196,7 @@ class PeerFollow:
             wanted.extend((topic, p) for p in range(partitions))
         keep = set(wanted)
         for key in [k for k in self.cursors if k not in keep]:
-            del self.cursors[key]
-            self.started.pop(key, None)
-            self.told.pop(key, None)
+            self.unfollow(key)
         for key in wanted:
             if key in self.cursors:
                 continue
@@ -215,6 +213,14 @@ class PeerFollow:
                 start = self.started[key] = self.start_of(key)
             self.cursors[key] = start
             self.announce.append(key)
+
+    def unfollow(self, key):
+        """Partition ``key`` is not followed any more (its filters no longer read it, or its topic was deleted): its
+        cursor goes, and with it what the follow kept of it (where it started it, the epoch it told), so that they stay
+        within the partitions followed however many come and go during one link."""
+        self.cursors.pop(key, None)
+        self.started.pop(key, None)
+        self.told.pop(key, None)
 
     def start_of(self, key):
         """Where partition ``key``, which the peer sent no position for, is followed from. A topic that appeared
@@ -250,7 +256,7 @@ class PeerFollow:
                 if offset >= store.max_offset(*key):
                     continue
             except errors.MetaqError:  # its topic deleted since the last rescan: not followed any more
-                self.cursors.pop(key, None)
+                self.unfollow(key)
                 continue
             topic, partition = key
             try:
@@ -263,7 +269,7 @@ class PeerFollow:
                 self.cursors[key] = exc.next_offset
                 continue
             except errors.MetaqError:
-                self.cursors.pop(key, None)
+                self.unfollow(key)
                 continue
             last = None
             for rec in records:

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from metaq.errors import RemoteProtocolError
+from metaq.errors import RemoteProtocolError, UnknownTopic
 from metaq.mqttcluster.following import inbox
 from metaq.mqttcluster.serve import PeerFollow
 from metaq.protocol import replication as rp
@@ -161,3 +161,25 @@ def test_a_retained_offset_keeps_its_epoch_and_resumes_no_further_than_where_it_
     cluster.apply(2, [epoch_entry(MQTT_SESSIONS_TOPIC, 0, 6, SECOND),
                       Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, 7, 0, 1, b"U{}")])
     assert cluster.retained_from(2) == (8, record_check(1, b"U{}"), SECOND)
+
+
+class ChurnStore(ForkedStore):
+    """A ForkedStore whose topics can be deleted: a deleted one's partitions are an error to read, as the store's."""
+
+    def max_offset(self, topic, partition):
+        if topic not in self.topics:
+            raise UnknownTopic(topic)
+        return super().max_offset(topic, partition)
+
+
+def test_a_partition_the_follow_drops_at_its_deletion_leaves_no_epoch_told_behind():
+    """A topic deleted is dropped by the next batch: what the follow told of it, and where it started it, go too (they
+    stay within the followed partitions, however many topics come and go during one link)."""
+    store = ChurnStore({"t": 1})
+    f = PeerFollow(store, rp.Routes(1, ("#",), (), epochs=()), since=(0, {}))
+    f.cursors[("t", 0)] = 2  # (the started one's cursor moved: records to read)
+    f.batch()
+    assert set(f.told) == {("t", 0)} and set(f.started) == {("t", 0)}
+    del store.topics["t"]
+    f.batch()
+    assert f.cursors == {} and f.told == {} and f.started == {}
