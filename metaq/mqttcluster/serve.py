@@ -320,9 +320,13 @@ class PeerFollow:
 
     def epoch_entry(self, key, offset, position):
         """The EPOCH entry of partition ``key``'s record ``offset`` at log ``position``: the epoch of this broker's
-        history whose span holds it, which ``told`` keeps (the records after it in that span need no other)."""
+        history whose span holds it, which ``told`` keeps (the records after it in that span need no other); NO_EPOCH
+        for a record before the first epoch the history holds (trimmed to MAX_REPLICATION_EPOCHS: none known)."""
         entries = self.store.epochs.entries
-        i = max(bisect.bisect_right([e[1] for e in entries], position) - 1, 0)
+        i = bisect.bisect_right([e[1] for e in entries], position) - 1
+        if i < 0:
+            self.told[key] = (0, entries[0][1])
+            return epoch_entry(key[0], key[1], offset, NO_EPOCH)
         self.told[key] = (entries[i][1], entries[i + 1][1] if i + 1 < len(entries) else 2**63)
         return epoch_entry(key[0], key[1], offset, (entries[i][0], entries[i][2]))
 

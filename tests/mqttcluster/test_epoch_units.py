@@ -183,3 +183,22 @@ def test_a_partition_the_follow_drops_at_its_deletion_leaves_no_epoch_told_behin
     del store.topics["t"]
     f.batch()
     assert f.cursors == {} and f.told == {} and f.started == {}
+
+
+class TrimmedStore(ForkedStore):
+    """A ForkedStore whose epoch history was trimmed to its last MAX_REPLICATION_EPOCHS entries: the first kept
+    begins at log position 300 (offset 3), the records before it of epochs no longer held."""
+
+    epochs = SimpleNamespace(entries=[(5, 300, 55), (6, 400, 66)])
+
+
+def test_records_older_than_the_epoch_history_held_are_told_of_no_epoch_once():
+    """A record before the first epoch the history holds is of none known here: one EPOCH entry of NO_EPOCH says so
+    for all of them (not one entry per record, each naming the first kept epoch, which did not write them)."""
+    got = PeerFollow(TrimmedStore({"t": 1}), rp.Routes(1, ("t",), (), epochs=()), since=(0, {})).batch()
+    told = [(e.offset, epoch_of(e)) for e in got if e.kind == EPOCH]
+    assert told == [(0, NO_EPOCH), (3, (5, 55)), (4, (6, 66))]
+    pos = inbox.Positions()
+    pos.told(1, "t", 0, 0, NO_EPOCH)
+    pos.copied(1, "t", 0, 2)
+    assert pos.epochs(1, pos.of(1)) == (NO_EPOCH,)  # the check alone proves it
