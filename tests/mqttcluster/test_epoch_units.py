@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from metaq import limits
 from metaq.errors import RemoteProtocolError, UnknownTopic
 from metaq.mqttcluster.following import inbox
 from metaq.mqttcluster.serve import PeerFollow
@@ -202,3 +203,31 @@ def test_records_older_than_the_epoch_history_held_are_told_of_no_epoch_once():
     pos.told(1, "t", 0, 0, NO_EPOCH)
     pos.copied(1, "t", 0, 2)
     assert pos.epochs(1, pos.of(1)) == (NO_EPOCH,)  # the check alone proves it
+
+
+class Counted(list):
+    """A history whose entries read are counted (each ``[i]`` and each one an iteration passes)."""
+
+    reads = 0
+
+    def __getitem__(self, i):
+        Counted.reads += 1
+        return super().__getitem__(i)
+
+    def __iter__(self):
+        for e in super().__iter__():
+            Counted.reads += 1
+            yield e
+
+
+def test_a_position_is_proved_in_a_few_reads_of_the_longest_epoch_history():
+    """A route of MQTT_CLUSTER_MAX_FOLLOWED positions is proved on the loop: each in steps of log
+    MAX_REPLICATION_EPOCHS of the history (a binary search), not a pass over all of it, whether its epoch is held,
+    unknown or proved by its check."""
+    entries = Counted([(1, 0, 11)] + [(n, 100 * n, 1000 + n) for n in range(2, limits.MAX_REPLICATION_EPOCHS + 1)])
+    store = ForkedStore({"t": 1})
+    store.epochs = SimpleNamespace(entries=entries)
+    for epoch, check in (((1, 11), 0), ((3, 99), 0), ((1, 11), record_check(1, b"lost"))):
+        Counted.reads = 0
+        PeerFollow(store, rp.Routes(1, ("t",), (("t", 0, 9),), checks=(check,), epochs=(epoch,)))
+        assert Counted.reads <= 40, (epoch, check)
