@@ -198,9 +198,7 @@ class PeerFollow:
             wanted.extend((topic, p) for p in range(partitions))
         keep = set(wanted)
         for key in [k for k in self.cursors if k not in keep]:
-            del self.cursors[key]
-            self.started.pop(key, None)
-            self.told.pop(key, None)
+            self.unfollow(key)
         for key in wanted:
             if key in self.cursors:
                 continue
@@ -217,6 +215,14 @@ class PeerFollow:
                 start = self.started[key] = self.start_of(key)
             self.cursors[key] = start
             self.announce.append(key)
+
+    def unfollow(self, key):
+        """Partition ``key`` is not followed any more (its filters no longer read it, or its topic was deleted): its
+        cursor goes, and with it what the follow kept of it (where it started it, the epoch it told), so that they stay
+        within the partitions followed however many come and go during one link."""
+        self.cursors.pop(key, None)
+        self.started.pop(key, None)
+        self.told.pop(key, None)
 
     def start_of(self, key):
         """Where partition ``key``, which the peer sent no position for, is followed from. A topic that appeared
@@ -252,7 +258,7 @@ class PeerFollow:
                 if offset >= store.max_offset(*key):
                     continue
             except errors.MetaqError:  # its topic deleted since the last rescan: not followed any more
-                self.cursors.pop(key, None)
+                self.unfollow(key)
                 continue
             topic, partition = key
             try:
@@ -265,7 +271,7 @@ class PeerFollow:
                 self.cursors[key] = exc.next_offset
                 continue
             except errors.MetaqError:
-                self.cursors.pop(key, None)
+                self.unfollow(key)
                 continue
             last = None
             for rec in records:
@@ -316,9 +322,13 @@ class PeerFollow:
 
     def epoch_entry(self, key, offset, position):
         """The EPOCH entry of partition ``key``'s record ``offset`` at log ``position``: the epoch of this broker's
-        history whose span holds it, which ``told`` keeps (the records after it in that span need no other)."""
+        history whose span holds it, which ``told`` keeps (the records after it in that span need no other); NO_EPOCH
+        for a record before the first epoch the history holds (trimmed to MAX_REPLICATION_EPOCHS: none known)."""
         entries = self.store.epochs.entries
-        i = max(bisect.bisect_right([e[1] for e in entries], position) - 1, 0)
+        i = bisect.bisect_right(entries, position, key=_start) - 1
+        if i < 0:
+            self.told[key] = (0, entries[0][1])
+            return epoch_entry(key[0], key[1], offset, NO_EPOCH)
         self.told[key] = (entries[i][1], entries[i + 1][1] if i + 1 < len(entries) else 2**63)
         return epoch_entry(key[0], key[1], offset, (entries[i][0], entries[i][2]))
 
@@ -326,14 +336,17 @@ class PeerFollow:
         """Where ``epoch`` ``(number, origin)`` ended in partition ``key`` by this broker's history (KIP-101's
         OffsetForLeaderEpoch): the first offset this broker holds of a later epoch, its end when the epoch is its
         latest; an epoch it does not hold (a deposed master's that none of this log's writers took part in) ends
-        where the latest earlier one held here does; None when none is (the check alone decides). Index reads."""
+        where the latest earlier one held here does; None when none is (the check alone decides). Index reads, and
+        a binary search of the history (its entries strictly increase in number: ``store.epochs``), so that a route of
+        MQTT_CLUSTER_MAX_FOLLOWED positions is proved in as many steps of log MAX_REPLICATION_EPOCHS."""
         entries = self.store.epochs.entries
-        held = [i for i, e in enumerate(entries) if (e[0], e[2]) == tuple(epoch)]
-        if not held:
-            held = [i for i, e in enumerate(entries) if e[0] < epoch[0]]
-        if not held or held[-1] + 1 >= len(entries):
-            return None if not held else self.store.max_offset(*key)
-        spans = self.store.record_spans(key[0], key[1], entries[held[-1] + 1][1], 2**63 - 1, 1)
+        i = bisect.bisect_left(entries, epoch[0], key=_number)
+        held = i if i < len(entries) and (entries[i][0], entries[i][2]) == tuple(epoch) else i - 1
+        if held < 0:
+            return None
+        if held + 1 >= len(entries):
+            return self.store.max_offset(*key)
+        spans = self.store.record_spans(key[0], key[1], entries[held + 1][1], 2**63 - 1, 1)
         return spans[0][0] if spans else self.store.max_offset(*key)
 
     def proved(self, key, offset, check, epoch=NO_EPOCH):
@@ -363,8 +376,12 @@ class PeerFollow:
             return offset
         store, (topic, partition) = self.store, key
         position = store.record_position(topic, partition, offset - 1)
-        starts = [e[1] for e in store.epochs.entries]
-        start = max((s for s in starts if s <= position), default=0) if position is not None else starts[-1]
+        entries = store.epochs.entries
+        if position is None:
+            start = entries[-1][1]
+        else:
+            i = bisect.bisect_right(entries, position, key=_start) - 1
+            start = entries[i][1] if i >= 0 else 0
         spans = store.record_spans(topic, partition, start, 2 ** 63 - 1, 1)
         resumed = min(spans[0][0] if spans else store.max_offset(*key), offset)
         log.warning("mqtt cluster: peer %d's copy of %s-%d stops at %d, past a record this broker does not hold "
@@ -598,6 +615,16 @@ class PeerServer:
             log.warning("mqtt cluster: peer broker %d sent %s: ending its link", follow.broker_id,
                         type(event).__name__.upper())
             return
+
+
+def _number(entry):
+    """An epoch history entry's number (``store.epochs``: ``(epoch, start, origin)``)."""
+    return entry[0]
+
+
+def _start(entry):
+    """An epoch history entry's log position where it begins."""
+    return entry[1]
 
 
 def send_records(sock, event):

@@ -24,7 +24,7 @@ from metaq.store.limits import COLD_READ_CHECK_S
 from metaq.protocol import checksum, registration
 from metaq.priorities.wire import with_owner_keys
 from metaq.clock import now_ms
-from metaq.server.config import is_loopback
+from metaq.server.config import advertised_ip, is_loopback
 from metaq.serving.proxies import TrustedProxies
 from metaq.serving.connections import ConnectionCore, ConnectionLimits, Strangers
 from metaq.timers.scheduler import DelayScheduler
@@ -616,8 +616,6 @@ class Broker:
 
 def _dialed(host, port):
     """``host:port`` as other machines dial a listener bound to ``host`` (a wildcard: this machine's address)."""
-    from metaq.server.remoting.server import advertised_ip
-
     host = advertised_ip(host) if host in ("", "0.0.0.0", "::") else host
     return ("[%s]:%d" if ":" in host else "%s:%d") % (host, port)
 

@@ -15,6 +15,7 @@ import ipaddress
 import logging
 import os
 import resource
+import socket
 import zlib
 from typing import Dict, List, Literal, Optional
 
@@ -828,6 +829,17 @@ def is_loopback(host):
         return ipaddress.ip_address(host.strip("[]").split("%", 1)[0]).is_loopback
     except ValueError:
         return False
+
+
+def advertised_ip(host):
+    """An IP address clients can reach for a bind host (a wildcard bind advertises this machine's address). Here, with
+    what a host setting means, so that every listener's address is made without loading the port that serves it."""
+    if host in ("", "0.0.0.0", "::"):
+        host = socket.gethostname()
+    try:
+        return socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
+    except OSError:
+        return "127.0.0.1"
 
 
 def check_fd_limit(config, source="(defaults)", nofile=None):

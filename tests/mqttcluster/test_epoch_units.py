@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from metaq.errors import RemoteProtocolError
+from metaq import limits
+from metaq.errors import RemoteProtocolError, UnknownTopic
 from metaq.mqttcluster.following import inbox
 from metaq.mqttcluster.serve import PeerFollow
 from metaq.protocol import replication as rp
@@ -161,3 +162,72 @@ def test_a_retained_offset_keeps_its_epoch_and_resumes_no_further_than_where_it_
     cluster.apply(2, [epoch_entry(MQTT_SESSIONS_TOPIC, 0, 6, SECOND),
                       Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, 7, 0, 1, b"U{}")])
     assert cluster.retained_from(2) == (8, record_check(1, b"U{}"), SECOND)
+
+
+class ChurnStore(ForkedStore):
+    """A ForkedStore whose topics can be deleted: a deleted one's partitions are an error to read, as the store's."""
+
+    def max_offset(self, topic, partition):
+        if topic not in self.topics:
+            raise UnknownTopic(topic)
+        return super().max_offset(topic, partition)
+
+
+def test_a_partition_the_follow_drops_at_its_deletion_leaves_no_epoch_told_behind():
+    """A topic deleted is dropped by the next batch: what the follow told of it, and where it started it, go too (they
+    stay within the followed partitions, however many topics come and go during one link)."""
+    store = ChurnStore({"t": 1})
+    f = PeerFollow(store, rp.Routes(1, ("#",), (), epochs=()), since=(0, {}))
+    f.cursors[("t", 0)] = 2  # (the started one's cursor moved: records to read)
+    f.batch()
+    assert set(f.told) == {("t", 0)} and set(f.started) == {("t", 0)}
+    del store.topics["t"]
+    f.batch()
+    assert f.cursors == {} and f.told == {} and f.started == {}
+
+
+class TrimmedStore(ForkedStore):
+    """A ForkedStore whose epoch history was trimmed to its last MAX_REPLICATION_EPOCHS entries: the first kept
+    begins at log position 300 (offset 3), the records before it of epochs no longer held."""
+
+    epochs = SimpleNamespace(entries=[(5, 300, 55), (6, 400, 66)])
+
+
+def test_records_older_than_the_epoch_history_held_are_told_of_no_epoch_once():
+    """A record before the first epoch the history holds is of none known here: one EPOCH entry of NO_EPOCH says so
+    for all of them (not one entry per record, each naming the first kept epoch, which did not write them)."""
+    got = PeerFollow(TrimmedStore({"t": 1}), rp.Routes(1, ("t",), (), epochs=()), since=(0, {})).batch()
+    told = [(e.offset, epoch_of(e)) for e in got if e.kind == EPOCH]
+    assert told == [(0, NO_EPOCH), (3, (5, 55)), (4, (6, 66))]
+    pos = inbox.Positions()
+    pos.told(1, "t", 0, 0, NO_EPOCH)
+    pos.copied(1, "t", 0, 2)
+    assert pos.epochs(1, pos.of(1)) == (NO_EPOCH,)  # the check alone proves it
+
+
+class Counted(list):
+    """A history whose entries read are counted (each ``[i]`` and each one an iteration passes)."""
+
+    reads = 0
+
+    def __getitem__(self, i):
+        Counted.reads += 1
+        return super().__getitem__(i)
+
+    def __iter__(self):
+        for e in super().__iter__():
+            Counted.reads += 1
+            yield e
+
+
+def test_a_position_is_proved_in_a_few_reads_of_the_longest_epoch_history():
+    """A route of MQTT_CLUSTER_MAX_FOLLOWED positions is proved on the loop: each in steps of log
+    MAX_REPLICATION_EPOCHS of the history (a binary search), not a pass over all of it, whether its epoch is held,
+    unknown or proved by its check."""
+    entries = Counted([(1, 0, 11)] + [(n, 100 * n, 1000 + n) for n in range(2, limits.MAX_REPLICATION_EPOCHS + 1)])
+    store = ForkedStore({"t": 1})
+    store.epochs = SimpleNamespace(entries=entries)
+    for epoch, check in (((1, 11), 0), ((3, 99), 0), ((1, 11), record_check(1, b"lost"))):
+        Counted.reads = 0
+        PeerFollow(store, rp.Routes(1, ("t",), (("t", 0, 9),), checks=(check,), epochs=(epoch,)))
+        assert Counted.reads <= 40, (epoch, check)

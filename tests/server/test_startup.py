@@ -28,23 +28,28 @@ monkey.patch_all()
 import json, sys
 from metaq.server.config import read_config
 from metaq.server.broker import Broker
+import gevent
 broker = Broker(read_config(sys.argv[1], {}, {}))
-if sys.argv[2] == "start":
+if sys.argv[2] in ("start", "registered"):
     broker.start()
+    while sys.argv[2] == "registered" and not broker.registry.registrations:
+        gevent.sleep(0.05)
     broker.stop()
 print(json.dumps(sorted(sys.modules)))
 """
 
 
 def loaded(workdir, config, start=False):
-    """The modules a broker of ``config`` has loaded once assembled (and started and stopped with ``start``)."""
+    """The modules a broker of ``config`` has loaded once assembled (and started and stopped with ``start``; with
+    ``start="registered"``, stopped once registered in ZooKeeper)."""
     workdir.mkdir()
     path = workdir / "server.yaml"
     path.write_text(yaml.safe_dump(config))
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
-    out = subprocess.run([sys.executable, "-c", CHILD, str(path), "start" if start else "assemble"], env=env,
-                         capture_output=True, text=True, timeout=60, cwd=str(workdir))
+    mode = {True: "start", False: "assemble"}.get(start, start)
+    out = subprocess.run([sys.executable, "-c", CHILD, str(path), mode], env=env, capture_output=True, text=True,
+                         timeout=60, cwd=str(workdir))
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.splitlines()[-1])
 
@@ -67,3 +72,11 @@ def test_each_optional_part_is_loaded_when_its_setting_turns_it_on(tmp_path):
     clustered = loaded(tmp_path / "zk", small_config(tmp_path / "zk" / "data", mqtt={"port": 1883},
                                                      zk={"connect": "127.0.0.1:2181"}))
     assert [package for package in OPTIONAL if not of(started + clustered, package)] == ["metaq.spark"]
+
+
+def test_a_broker_registered_in_zookeeper_loads_no_remoting_it_does_not_serve(tmp_path, zk_connect):
+    """Its listeners' addresses, registered from a greenlet while it serves, are made without the remoting port's
+    code (which a first import there would read from disk on the loop)."""
+    config = small_config(tmp_path / "b" / "data", http={"port": free_port()}, zk={"connect": zk_connect})
+    modules = loaded(tmp_path / "b", config, start="registered")
+    assert "metaq.server.registry" in modules and of(modules, "metaq.server.remoting") == []

@@ -477,8 +477,8 @@ class MqttCluster:
         return copied
 
     def _write(self, origin, run, now, keys):
-        """Append the copies of ``run`` (``(entry, (flag, pieces), check)`` each, in the frame's order) to their inbox
-        partitions with the put path's burst writer (each record's pieces joined once, into the burst's buffer, at
+        """Append the copies of ``run`` (``(entry, (flag, pieces), check, epoch)`` each, in the frame's order) to their
+        inbox partitions with the put path's burst writer (each record's pieces joined once, into the burst's buffer, at
         most a frame's bytes and the copies' properties), and move the positions past each copy written; where the
         burst writer stops (a partition's first append, the next index file, a segment roll) one copy goes through
         ``PutPath.append`` (which refuses what the inbox cannot take) and the burst resumes. ``keys`` gets the

@@ -29,6 +29,7 @@ from metaq.transactions import limits as transactions_limits
 from metaq.protocol.rocketmq.remoting import RemotingCommand, RemotingParser, RequestCode, encode_command, make_request
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.serving import connections as core
+from metaq.server.config import advertised_ip
 from metaq.server.remoting.dispatch import RemotingDispatcher
 from metaq.transactions.remoting import CheckBack
 from metaq.server.remoting.clients import ClientRegistry, ProducerRegistry
@@ -39,16 +40,6 @@ log = logging.getLogger(__name__)
 
 #: How often clients without a recent heartbeat are dropped.
 EXPIRY_INTERVAL_S = 10.0
-
-
-def advertised_ip(host):
-    """An IP address clients can reach for a bind host (a wildcard bind advertises this machine's address)."""
-    if host in ("", "0.0.0.0", "::"):
-        host = socket.gethostname()
-    try:
-        return socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
-    except OSError:
-        return "127.0.0.1"
 
 
 class RemotingServer:
