@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from metaq import limits
+from metaq.server.replication import limits as replication_limits
 from metaq.errors import RemoteProtocolError, UnknownTopic
 from metaq.mqttcluster.following import inbox
 from metaq.mqttcluster.serve import PeerFollow
@@ -224,7 +224,8 @@ def test_a_position_is_proved_in_a_few_reads_of_the_longest_epoch_history():
     """A route of MQTT_CLUSTER_MAX_FOLLOWED positions is proved on the loop: each in steps of log
     MAX_REPLICATION_EPOCHS of the history (a binary search), not a pass over all of it, whether its epoch is held,
     unknown or proved by its check."""
-    entries = Counted([(1, 0, 11)] + [(n, 100 * n, 1000 + n) for n in range(2, limits.MAX_REPLICATION_EPOCHS + 1)])
+    most = replication_limits.MAX_REPLICATION_EPOCHS
+    entries = Counted([(1, 0, 11)] + [(n, 100 * n, 1000 + n) for n in range(2, most + 1)])
     store = ForkedStore({"t": 1})
     store.epochs = SimpleNamespace(entries=entries)
     for epoch, check in (((1, 11), 0), ((3, 99), 0), ((1, 11), record_check(1, b"lost"))):
