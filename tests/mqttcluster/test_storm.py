@@ -53,7 +53,7 @@ import json, sys, time
 from gevent import monkey
 monkey.patch_all()
 import gevent, gevent.server
-from metaq import limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.mqttcluster.clientids.calls import PeerClient, PeerUnreachable
 
 address, silent, held, fresh = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), json.loads(sys.argv[4])

@@ -55,7 +55,10 @@ def loaded(workdir, config, start=False):
 
 
 def of(modules, package):
-    return [m for m in modules if m == package or m.startswith(package + ".")]
+    """What of ``package`` is loaded, its named limits aside: the settings' defaults and bounds read them (constants
+    and a docstring, as ``metaq.limits``), whichever part the settings turn on."""
+    return [m for m in modules if (m == package or m.startswith(package + ".")) and m != package + ".limits"
+            and not (m == package and package + ".limits" in modules)]
 
 
 def test_a_standalone_broker_with_the_default_settings_loads_no_optional_part(tmp_path):
