@@ -25,7 +25,8 @@ static void put64(unsigned char *p, uint64_t v) {
 }
 
 /* The fields of one frame tuple that write_run needs (the 8th, when there is one, is the index unit's tag hash:
-   scan_idem_burst's frames); 0 with an exception set on bad input. */
+   scan_idem_burst's frames; the 9th, when there is one and not None, a buffer holding the body's last bytes, the
+   first ones in src: a copy whose payload stays in the frame it came in); 0 with an exception set on bad input. */
 static int frame_fields(PyObject *t, long long *flag, Py_ssize_t *start, Py_ssize_t *n, unsigned long *crc,
                         uint32_t *tag) {
     if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 7) {
@@ -101,7 +102,16 @@ static Py_ssize_t metaq_write_records(const Py_buffer *lb, const Py_buffer *sb, 
         Py_ssize_t total = hsize + n;
         if (rel + total > ready)
             break;
-        if (start + n > sb->len || unit_at + (count + 1) * UNIT_SIZE > ib->len) {
+        PyObject *tail_obj = PyTuple_GET_SIZE(PyList_GET_ITEM(frames, k)) > 8
+                                 ? PyTuple_GET_ITEM(PyList_GET_ITEM(frames, k), 8) : Py_None;
+        Py_buffer tb;
+        tb.len = 0;
+        if (tail_obj != Py_None && PyObject_GetBuffer(tail_obj, &tb, PyBUF_SIMPLE) < 0)
+            return -1;
+        Py_ssize_t head_n = n - tb.len;
+        if (head_n < 0 || start + head_n > sb->len || unit_at + (count + 1) * UNIT_SIZE > ib->len) {
+            if (tail_obj != Py_None)
+                PyBuffer_Release(&tb);
             PyErr_SetString(PyExc_ValueError, "body or index unit out of range");
             return -1;
         }
@@ -121,7 +131,11 @@ static Py_ssize_t metaq_write_records(const Py_buffer *lb, const Py_buffer *sb, 
         put32(h + 4, (uint32_t)(crc & 0x7FFFFFFFul));
         put64(h + 8, (uint64_t)msg_id);
         put32(h + 16, (uint32_t)flag);
-        memcpy(r + hsize, src + start, n);
+        memcpy(r + hsize, src + start, head_n);
+        if (tail_obj != Py_None) {
+            memcpy(r + hsize + head_n, tb.buf, tb.len);
+            PyBuffer_Release(&tb);
+        }
         unsigned long hcrc = crc_of(r + CRC_START, hsize - CRC_START, 0);
         if (n != op_len) {
             op = crc_shift_op(n);

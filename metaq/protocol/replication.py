@@ -357,12 +357,18 @@ class ReplicationParser:
         self._error = None
 
     def receive_data(self, data):
+        """``data`` received (b"": EOF). Bytes that begin a frame with nothing buffered are kept as they came, not
+        copied: a RECORDS frame they hold whole is decoded as views of them (``_hand_over``)."""
         if self._eof and data:
             raise RuntimeError("receive_data after EOF")
-        if data:
-            self._buf += data
-        else:
+        if not data:
             self._eof = True
+        elif not self._buf and type(data) is bytes:
+            self._buf = data
+        else:
+            if type(self._buf) is bytes:
+                self._buf = bytearray(self._buf)
+            self._buf += data
 
     @property
     def buffered(self):
@@ -406,11 +412,39 @@ class ReplicationParser:
         try:
             if crc32(view[FRAME_HEADER.size:end], crc32(view[:_CRC_COVERS])) != crc:
                 raise _fail("frame CRC mismatch (type %d, %d bytes)" % (ftype, length))
-            event = self._decode(ftype, view[FRAME_HEADER.size:end])
+            if ftype != T_RECORDS:
+                event = self._decode(ftype, view[FRAME_HEADER.size:end])
         finally:
             view.release()
-        del buf[:end]
+        if ftype == T_RECORDS:
+            return self._decode(ftype, self._hand_over(end))
+        self._consume(end)
         return event
+
+    def _consume(self, end):
+        """The frame ending at ``end`` read: dropped from the buffer (received bytes kept as they came are made a
+        buffer once, so the frames after it are dropped in place too)."""
+        buf = self._buf
+        if type(buf) is bytes:
+            buf = self._buf = bytearray(buf) if end < len(buf) else bytearray()
+            del buf[:end]
+        else:
+            del buf[:end]
+
+    def _hand_over(self, end):
+        """The payload of the frame ending at ``end``, as a view of a buffer the parser no longer changes: its
+        entries are read in place (a RECORDS frame's records are copied where they are written, not here). The
+        buffer itself when the bytes after the frame are fewer than its own (they are copied out instead), else
+        the frame copied once."""
+        buf = self._buf
+        if len(buf) - end <= end:
+            with memoryview(buf) as view:
+                self._buf = bytearray(view[end:])
+            return memoryview(buf)[FRAME_HEADER.size:end]
+        with memoryview(buf) as view:
+            frame = bytes(view[FRAME_HEADER.size:end])
+        self._consume(end)
+        return memoryview(frame)
 
     def _check_length(self, ftype, length):
         if self.max_frame is not None and length > self.max_frame:

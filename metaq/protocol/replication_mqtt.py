@@ -399,10 +399,11 @@ def _epochs(epochs, positions):
 def decode_records(payload):
     """A RECORDS frame whose entries are decoded as they are iterated (``RecordEntries``): a frame of
     MQTT_CLUSTER_FRAME_BYTES of tiny entries is hundreds of thousands of them, and its reader lets the other
-    connections run between them as it copies them (``MqttCluster.apply``)."""
+    connections run between them as it copies them (``MqttCluster.apply``). ``payload``: a buffer nothing changes
+    while the entries are read (the parser hands the frame's over), not copied."""
     if len(payload) < COUNT.size:
         raise _fail("RECORDS of %d bytes has no count" % len(payload))
-    return Records(RecordEntries(bytes(payload)))
+    return Records(RecordEntries(payload))
 
 
 class RecordEntries:
@@ -433,7 +434,7 @@ class RecordEntries:
 
     def __iter__(self):
         payload, count = self._payload, self._count
-        view = memoryview(payload)
+        view = payload if isinstance(payload, memoryview) else memoryview(payload)
         at, end = COUNT.size, len(payload)
         for n in range(count):
             if at + ENTRY.size > end:
@@ -445,11 +446,11 @@ class RecordEntries:
             if at + tlen + dlen > end:
                 raise _fail("RECORDS entry %d runs past the frame" % n)
             try:
-                topic = payload[at:at + tlen].decode("utf-8")
+                topic = str(view[at:at + tlen], "utf-8")
             except UnicodeDecodeError:
                 raise _fail("a RECORDS topic is not UTF-8") from None
             at += tlen
-            data = view[at:at + dlen] if kind in (MESSAGE, SHARED) else payload[at:at + dlen]
+            data = view[at:at + dlen] if kind in (MESSAGE, SHARED) else bytes(view[at:at + dlen])
             at += dlen
             yield Entry(kind, topic, partition, offset, flag, ts, data)
         if at != end:

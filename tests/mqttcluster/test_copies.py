@@ -1,24 +1,42 @@
 """A record crossing brokers is decoded and encoded as few times as the walk needs (docs/mqtt.md "A cluster"):
 published on A, read by A's follow of B's route by its name alone, kept as it is in B's inbox, decoded once by
-B's delivery. The brokers count their codec's calls on the test's payload (``tests.harness.codeccount``)."""
+B's delivery. The brokers count their codec's calls on the test's payload (``tests.harness.codeccount``).
+
+The payload's copies along the walk (docs/architecture.md "A payload's copies across brokers"): A's read of its log,
+A's RECORDS frame joined for one write, B's ``recv``, B's write into the inbox log (the parser hands the received
+bytes over, the entries are views of them, the burst writer writes a copy's payload from that view); then delivery
+as for a message published on B."""
 
 import os
 import socket
+from types import SimpleNamespace
 
 import pytest
+from gevent.lock import Semaphore
 
+from metaq.clock import now_ms
 from metaq.mqtt.records import message_of, name_of, record_data
 from metaq.mqtt.topicmap import DEFAULT_MAP, TopicMap
 from metaq.mqttcluster.following import inbox
+from metaq.mqttcluster.following.peers import MqttCluster
 from metaq.mqttcluster.serve import send_records
 from metaq.protocol import replication as rp
 from metaq.protocol.message import encode_payload
 from metaq.protocol.properties import encode_attribute
 from metaq.protocol.replication_mqtt import MESSAGE, POSITION, Entry
+from metaq.server.flusher import Flusher
+from metaq.server.replication.roles import Roles
+from metaq.server.stats import BrokerStats
+from metaq.serving.connections import ConnectionCore, ConnectionLimits
+from metaq.serving.longpoll import PartitionWaiters
+from metaq.serving.putpath import PutPath, WriteGate
+from metaq.store import batch
+from metaq.storestate import open_store
 from tests.harness.broker import wait_for
 from tests.harness.codeccount import counting, read_counts
 from tests.harness.mqtt import Paho
 from tests.harness.mqttcluster import Cluster, wait_routed
+from tests.harness.store import server_config
 
 MARK = "payload-walk-7f3a"
 N = 20
@@ -51,6 +69,47 @@ def test_a_record_crossing_brokers_is_decoded_once(broker_factory, tmp_path, zk_
     # as it came, neither decoded nor encoded)
     assert calls[0]["decode_payload"] == 0 and calls[0]["encode_payload"] <= N, calls
     assert calls[1] == {"encode_payload": 0, "decode_payload": N}, calls
+
+
+def test_a_records_frame_reaches_the_inbox_log_with_each_payload_copied_once(tmp_path, monkeypatch):
+    """B's side of the walk, in process over a real store and put path: the bytes one ``recv`` gave, a RECORDS frame
+    whole, are handed over by the parser (not copied out of its buffer), each MESSAGE entry's data is a view of them,
+    and a copy's payload reaches the log writer as that view (the burst's buffer holds only its attribute block):
+    from the socket's bytes to the inbox log each payload is copied once, by the log writer."""
+    cfg = server_config(tmp_path, flush="async", partitions=1)
+    store = open_store(cfg.store_config(), now_ms())
+    waiters, gate = PartitionWaiters(), WriteGate()
+    flusher = Flusher(store, store.config, waiters.notify, lambda: None)
+    roles = Roles(cfg, store, ConnectionCore(10, ConnectionLimits(60, 60)), flusher, waiters, Semaphore())
+    path = PutPath(store, BrokerStats(), flusher, waiters, roles, gate)
+    cluster = MqttCluster(1, store, path, SimpleNamespace(topics=DEFAULT_MAP), None, lambda: True)
+    payloads = [b"%s-%d-" % (MARK.encode(), i) * 500 for i in range(N)]
+    made = [record_data("walk/t", p, 1, "dev", None) for p in payloads]
+    entries = [Entry(MESSAGE, "walk", 0, i, flag, now_ms(), data) for i, (flag, data) in enumerate(made)]
+    written = []  # each frame the log writer was given: (its body's first bytes in the burst's buffer, its tail)
+    real = batch.write_run
+
+    def write_run(log, seg_start, rel, ready, src, frames, i, j, *rest):
+        written.extend(frames[i:j])
+        return real(log, seg_start, rel, ready, src, frames, i, j, *rest)
+
+    monkeypatch.setattr(batch, "write_run", write_run)
+    try:
+        for frame_entries in (entries[:1], entries[1:]):  # a partition's first copy takes the general path
+            received = b"".join(rp.frame_parts(rp.Records(tuple(frame_entries))))  # as one recv gives them
+            parser = rp.ReplicationParser()
+            parser.receive_data(received)
+            event = parser.next_event()
+            assert all(e.data.obj is received for e in event.entries)  # views of the received bytes
+            assert cluster.apply(0, event.entries) == len(frame_entries)
+        assert len(written) == N - 1
+        copies = [0 if len(f) > 8 and isinstance(f[8], memoryview) and f[8].obj is received else 1 for f in written]
+        assert copies == [0] * (N - 1)  # none before the log writer's own
+        part = inbox.partition_of(0, "walk", 0)
+        records, _next = store.read_records(inbox.INBOX, part, 0, N + 1, 1 << 22)
+        assert [message_of(inbox.INBOX, r.flag, r.data).payload for r in records] == payloads
+    finally:
+        store.close(now_ms())
 
 
 MAPPED = TopicMap([{"filter": "plant/#", "topic": "plants"}])

@@ -121,6 +121,26 @@ def test_c_writer_equals_the_python_reference(bodies, ready, offset, first_id, t
     assert outputs[0] == outputs[1]
 
 
+@pytest.mark.parametrize("split", [0, 3, 8])
+def test_a_body_in_two_places_is_written_as_the_joined_one(split):
+    """A frame's ninth field holds the body's last bytes (a peer's copy: its payload a view of the frame it came in),
+    its first ones in ``src``: the record written is the joined body's, by both writers; a tail longer than the
+    body is refused."""
+    bodies = [b"head-and-payload", b"01234567"]
+    buf, frames = burst([("t", 1, b) for b in bodies])
+    split_frames = [f[:7] + (0, memoryview(bytes(buf[f[4]:f[4] + f[5]]))[split:]) for f in frames]
+    for write in filter(None, (write_run_py, write_run_c)):
+        outputs = []
+        for fs in (frames, split_frames):
+            log, index = bytearray(1000), bytearray(16 * 4)
+            outputs.append((write(log, 0, 0, 1000, buf, fs, 0, 2, b"t", 1, 5, NOW, 9, index, 0), bytes(log),
+                            bytes(index)))
+        assert outputs[0] == outputs[1]
+        over = [frames[0][:7] + (0, b"x" * (frames[0][5] + 1))]
+        with pytest.raises(ValueError, match="out of range"):
+            write(bytearray(1000), 0, 0, 1000, buf, over, 0, 1, b"t", 1, 5, NOW, 9, bytearray(64), 0)
+
+
 def test_a_topic_made_read_only_between_two_bursts_is_not_taken_by_the_next(data_dir):
     """The burst writer finds a partition's writer in the store's table of checked partitions (``Partitions
     .writer``): a topic altered after one burst is no longer there, so the next burst takes nothing and the general

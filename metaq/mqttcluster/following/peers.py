@@ -477,9 +477,11 @@ class MqttCluster:
         return copied
 
     def _write(self, origin, run, now, keys):
-        """Append the copies of ``run`` (``(entry, (flag, pieces), check, epoch)`` each, in the frame's order) to their
-        inbox partitions with the put path's burst writer (each record's pieces joined once, into the burst's buffer, at
-        most a frame's bytes and the copies' properties), and move the positions past each copy written; where the
+        """Append the copies of ``run`` (``(entry, (flag, pieces), check, epoch)`` each, in the frame's order) to
+        their inbox partitions with the put path's burst writer, and move the positions past each copy written. A
+        copy's last piece (an MQTT record's payload: a view of the RECORDS frame it came in) is written from where it
+        is, the frame's tail (``batch.write_run``); only the pieces before it (its attribute block with the copy's
+        properties) go through the burst's buffer: the payload is copied once here, into the log. Where the
         burst writer stops (a partition's first append, the next index file, a segment roll) one copy goes through
         ``PutPath.append`` (which refuses what the inbox cannot take) and the burst resumes. ``keys`` gets the
         ``(topic, partition)`` of the inbox partitions written. Raises the put path's refusal once what it wrote is
@@ -488,12 +490,13 @@ class MqttCluster:
         topic = inbox.INBOX.encode("ascii")
         src, frames = bytearray(), []
         for e, (flag, pieces), _check, _epoch in run:
-            start, crc = len(src), 0
-            for piece in pieces:
+            start, crc, tail = len(src), 0, pieces[-1]
+            for piece in pieces[:-1]:
                 src += piece
                 crc = zlib.crc32(piece, crc)
-            frames.append((topic, inbox.partition_of(origin, e.topic, e.partition), flag, 0, start, len(src) - start,
-                           crc))
+            crc = zlib.crc32(tail, crc)
+            frames.append((topic, inbox.partition_of(origin, e.topic, e.partition), flag, 0, start,
+                           len(src) - start + len(tail), crc, 0, tail))
         done, n = 0, len(frames)
         try:
             path.check_write(inbox.INBOX, AUTHORIZED, internal=True)
@@ -506,7 +509,8 @@ class MqttCluster:
                 done += taken
                 if done < n:  # the burst writer stopped: one copy through the general path, then on
                     f = frames[done]
-                    r = path.append(inbox.INBOX, f[1], f[2], bytes(src[f[4]:f[4] + f[5]]), now, internal=True)
+                    body = b"".join((src[f[4]:f[4] + f[5] - len(f[8])], f[8]))
+                    r = path.append(inbox.INBOX, f[1], f[2], body, now, internal=True)
                     keys.add((inbox.INBOX, f[1]))
                     self._inbox_end[f[1]] = r.offset + 1
                     done += 1
