@@ -25,8 +25,9 @@ static void put64(unsigned char *p, uint64_t v) {
 }
 
 /* The fields of one frame tuple that write_run needs (the 8th, when there is one, is the index unit's tag hash:
-   scan_idem_burst's frames; the 9th, when there is one and not None, a buffer holding the body's last bytes, the
-   first ones in src: a copy whose payload stays in the frame it came in); 0 with an exception set on bad input. */
+   scan_idem_burst's frames; the 9th, when there is one and it is a buffer (an idempotent put's is its producer id),
+   holds the body's last bytes, the first ones in src: a copy whose payload stays in the frame it came in); 0 with an
+   exception set on bad input. */
 static int frame_fields(PyObject *t, long long *flag, Py_ssize_t *start, Py_ssize_t *n, unsigned long *crc,
                         uint32_t *tag) {
     if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 7) {
@@ -104,6 +105,8 @@ static Py_ssize_t metaq_write_records(const Py_buffer *lb, const Py_buffer *sb, 
             break;
         PyObject *tail_obj = PyTuple_GET_SIZE(PyList_GET_ITEM(frames, k)) > 8
                                  ? PyTuple_GET_ITEM(PyList_GET_ITEM(frames, k), 8) : Py_None;
+        if (!PyObject_CheckBuffer(tail_obj))
+            tail_obj = Py_None; /* an idempotent put's ninth field is its producer id, not a tail */
         Py_buffer tb;
         tb.len = 0;
         if (tail_obj != Py_None && PyObject_GetBuffer(tail_obj, &tb, PyBUF_SIMPLE) < 0)

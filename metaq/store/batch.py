@@ -41,10 +41,10 @@ def write_run_py(log, seg_start, rel, ready, src, frames, i, j, topic, partition
     gets queue offset ``offset + k``, message id ``first_id + k``, store and
     born time ``now_ms``, its body from ``src``, and its index unit at
     ``index[unit_at + 16k:]`` (with the frame's tag hash when it has one: an
-    idempotent put's, ``idempotence.burst``; else 0). A frame's ninth field, when it has one and it is not None, is
-    a buffer holding the body's last bytes (the first ones from ``src``): a body in two places is written as it is,
-    not joined first. Returns ``(count, rel_after)``: how many records were written (frames ``i … i + count - 1``)
-    and where they end.
+    idempotent put's, ``idempotence.burst``; else 0). A frame's ninth field, when it has one and it is a buffer (an
+    idempotent put's ninth is its producer id), holds the body's last bytes (the first ones from ``src``): a body in
+    two places is written as it is, not joined first. Returns ``(count, rel_after)``: how many records were written
+    (frames ``i … i + count - 1``) and where they end.
     """
     head = head_struct(len(topic))
     hsize = head.size
@@ -57,7 +57,7 @@ def write_run_py(log, seg_start, rel, ready, src, frames, i, j, topic, partition
                 break
             head.pack_into(out, rel, end - rel, MESSAGE_MAGIC, 0, partition, offset + count, now_ms, now_ms,
                            len(topic), topic, n, crc & 0x7FFFFFFF, first_id + count, flag)
-            tail = frame[8] if len(frame) > 8 else None
+            tail = frame[8] if len(frame) > 8 and isinstance(frame[8], (bytes, bytearray, memoryview)) else None
             head_n = n - (0 if tail is None else len(tail))
             if head_n < 0 or start + head_n > len(body):
                 raise ValueError("body or index unit out of range")
