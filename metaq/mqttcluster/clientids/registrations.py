@@ -20,7 +20,7 @@ import gevent
 from gevent.event import AsyncResult
 
 from metaq.mqttcluster import limits as mqttcluster_limits
-from metaq.mqttcluster.clientids.calls import PeerUnreachable
+from metaq.mqttcluster.calls import PeerUnreachable
 
 __all__ = ["Registrations"]
 
