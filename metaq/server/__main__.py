@@ -3,20 +3,9 @@
 gevent's monkey-patching happens here, first thing, and nowhere else.
 """
 
-import functools
-import importlib.metadata
-
 from gevent import monkey
 
-# gevent looks its plugins up at every event of its patching, each time reading the metadata of every installed
-# distribution (importlib.metadata.entry_points, which gevent's first event imports anyway): none is installed while
-# it patches, so each group is read once, and importlib.metadata is left as it was.
-_entry_points = importlib.metadata.entry_points
-importlib.metadata.entry_points = functools.lru_cache(maxsize=None)(_entry_points)
-try:
-    monkey.patch_all()
-finally:
-    importlib.metadata.entry_points = _entry_points
+monkey.patch_all()
 
 import argparse  # noqa: E402
 import logging  # noqa: E402
