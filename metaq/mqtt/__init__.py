@@ -42,7 +42,8 @@ front-end (the server layer)
     subscribing.py a filter's topics and partitions, from where they are read, the retained messages it is sent
     outbound.py    how one message goes out to a connection: the decision, the PUBLISH, its alias, send and pacing
     resend.py      what a resumed session sends first: its messages in flight, those carried from another broker
-    direct.py      a visible burst sent from the publisher's turn to waiting subscribers (``deliver_now``)
+    direct.py      a visible burst sent from the publisher's turn to waiting subscribers (``deliver_now``), and a
+                   cluster's copies from the turn that writes them (``serve_copies``)
     fanplan.py     a delivery's part in the fan-out readers: what it hands over, its plan of a batch
     fanout.py      the port's fan-out readers: one per partition for every caught-up QoS 0 delivery
 """

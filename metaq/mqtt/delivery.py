@@ -406,6 +406,8 @@ class Delivery:
             log.info("mqtt %s: %s:%d is not read any more: %s", self.conn.peer, topic, partition, exc)
             cursors.pop(key, None)
             return False
+        if topic in self.port.cluster_topics:
+            self.port.copies_read_back += len(records)  # (``stats``: against those its port served it directly)
         for rec in records:
             if not self._deliver(topic, partition, rec):
                 return False

@@ -2,7 +2,9 @@
 a publisher's burst, once visible, has it send what the burst brought at once (``deliver_now``, called through
 ``MqttPort.deliver_now``): non-blocking writes only, the QoS 1 window respected, each
 message decided and encoded as the greenlet would (``outbound.Outbound``). What it cannot send so is left to the
-greenlet, which the append woke as before. A run of plain QoS 1 messages goes out in one step
+greenlet, which the append woke as before. An MQTT cluster's copies of its peers' messages are served alike from
+the turn that writes them to the inbox (``serve_copies``, through ``MqttPort.serve_copies``). A run of plain QoS 1
+messages goes out in one step
 (``direct_publishes``): their packet ids, their place in flight, their PUBLISHes and one write.
 
 This module is compiled with Cython where it is built (``metaq.native``): the publisher's turn runs it for every
@@ -136,6 +138,67 @@ def deliver_now(out, key, runs, staged, client_id, now, made):
     if session.shared and any(key in group.cursors for group, _granted, _id in session.shared.values()):
         return False
     return cursors[key] >= end
+
+
+def serve_copies(waiting, decoded, most, copies):
+    """The MQTT cluster's copies of its peers' messages just appended to the inbox and made visible, from the turn
+    that wrote them (``MqttPort.serve_copies``): ``copies`` ``{inbox partition: [(queue offset, key in Decoded,
+    metaq topic, flag, data), ...]}`` in log order, each ``(topic, flag, data)`` a record whose message
+    (``records.message_of``) is the copy's. The deliveries of ``waiting`` on those partitions (``MqttPort.waiting``),
+    at most ``most`` of them, send what the copies bring from their cursors (``deliver_copies``). The copies of a
+    partition some delivery waits on are decoded once, into ``decoded`` (``Decoded.message``), where a delivery that
+    reads them back from the log after finds them. Returns ``({key: events}, copies served)``: the waits of the
+    deliveries it left at the partition's end, which the append's wake passes over, and how far it moved the
+    cursors."""
+    caught_up = {}
+    served = 0
+    if not waiting:
+        return caught_up, served
+    left = most
+    message = decoded.message
+    for key, found in copies.items():
+        ds = waiting.get(key)
+        if not ds:
+            continue
+        records = [(offset, dkey, message(dkey, topic, flag, data)) for offset, dkey, topic, flag, data in found]
+        for d in list(ds):
+            if left <= 0:
+                return caught_up, served
+            left -= 1
+            cursors = d.out.session.cursors
+            before = cursors.get(key)
+            if deliver_copies(d.out, key, records):
+                caught_up.setdefault(key, set()).add(d.event)
+            if before is not None:
+                served += cursors.get(key, before) - before
+    return caught_up, served
+
+
+def deliver_copies(out, key, records):
+    """Send inbox partition ``key``'s copies ``records`` (``[(queue offset, key in Decoded, MqttMessage)]``, in log
+    order, just written) to ``out``'s session from its cursor, each as the greenlet decides it (``_one``: the
+    session's filters, the copy's own permission, the window in flight, a write that never waits), while the cursor
+    meets them one after the other. It stops, leaving the rest to the greenlet, at a record between them (a marker),
+    at one not sent now (held, or not taken whole) and at a cursor behind them; it does nothing on a TLS connection
+    or for a paced user (``Outbound.sendable``), as ``deliver_now``. True when it left the cursor at the partition's
+    end and no shared group of the session reads the partition (the group's copy is the greenlet's)."""
+    conn, session = out.conn, out.session
+    if conn.closed or conn.tls:
+        return False
+    cursors = session.cursors
+    offset = cursors.get(key)
+    if offset is None or not out.sendable(key[0]):
+        return False
+    plain = conn.outbound_aliases is None
+    for queue_offset, dkey, m in records:
+        if queue_offset < offset:
+            continue
+        if queue_offset != offset or not _one(out, key, queue_offset, dkey, m, plain):
+            return False
+        offset += 1
+    if session.shared and any(key in group.cursors for group, _granted, _id in session.shared.values()):
+        return False
+    return cursors[key] >= out.store.max_offset(*key)
 
 
 class DirectPath:

@@ -175,9 +175,13 @@ class MqttPort:
         self._refused_meanwhile = False  # it kept no session for a while: the wills left meanwhile are adopted after
         self.sessions_expired = 0
         self.records_written = 0  # %MQTT% records this broker wrote since its start
-        #: the seam with the MQTT cluster (``seam.Alone``'s methods): made last, from the port, by ``cluster`` (a
-        #: member's: ``metaq.mqttcluster.seam``), else a broker alone's
-        self.cluster = Alone() if cluster is None else cluster(self)
+        #: the cluster's copies the deliveries' cursors passed from the turn that wrote them (``serve_copies``), and
+        #: the inbox records the deliveries read back from the log
+        self.copies_served_direct = self.copies_read_back = 0
+        #: the seam with the MQTT cluster (``seam.Alone``'s methods): made last, from the port and what it serves the
+        #: cluster's copies with (``serve_copies``), by ``cluster`` (a member's: ``metaq.mqttcluster.seam``), else a
+        #: broker alone's
+        self.cluster = Alone() if cluster is None else cluster(self, self.serve_copies)
         self.cluster_topics = self.cluster.topics  # what every subscription reads besides its own (the inbox)
 
     @property
@@ -817,6 +821,16 @@ class MqttPort:
         return direct.serve_waiting(self.waiting, self.fanouts.readers, self._keep_decoded, direct.deliver_now,
                                     mqtt_limits.MQTT_DIRECT_DELIVERIES, keys, staged, runs, client_id, now)
 
+    def serve_copies(self, copies):
+        """The MQTT cluster's copies just written to the inbox and made visible (``copies``: ``direct.serve_copies``'
+        form, the bytes the cluster's turn holds), served from that turn to the deliveries waiting on them (at most
+        ``limits.MQTT_DIRECT_DELIVERIES``) as a publisher's burst is (``deliver_now``): each copy decoded once, none
+        read back from the log, the subscriber's wake saved. Returns ``{key: events}``, the waits the append's wake
+        passes over."""
+        quiet, served = direct.serve_copies(self.waiting, self.decoded, mqtt_limits.MQTT_DIRECT_DELIVERIES, copies)
+        self.copies_served_direct += served
+        return quiet
+
     def _keep_decoded(self, key, kruns, staged, client_id, now, made):
         """Keep the messages of partition ``key``'s runs ``kruns`` of the burst (``deliver_now``'s; ``made``: those
         made already) decoded for the readers of the log that come after."""
@@ -989,7 +1003,8 @@ class MqttPort:
 
     def summary_values(self):
         """The ``stats`` summary's MQTT pairs: the port, its connections, the wills published since the start and
-        those waiting for their delay; in an MQTT cluster, the cluster's (the seam's ``summary_values``)."""
+        those waiting for their delay, the cluster's copies served from the turn that wrote them and those read back
+        from the inbox (none alone); in an MQTT cluster, the cluster's (the seam's ``summary_values``)."""
         return [("mqtt_port", self.port or 0), ("mqtt_connections", self.connection_count()),
                 ("mqtt_wills_published", self.wills.published_count),
                 ("mqtt_delayed_wills", self.wills.delayed_count()),
@@ -997,7 +1012,9 @@ class MqttPort:
                 ("mqtt_sessions_expired", self.sessions_expired), ("mqtt_retained", len(self.table.retained)),
                 ("mqtt_retained_bytes", self.table.retained_bytes), ("mqtt_shared_groups", len(self._groups)),
                 ("mqtt_shared_groups_kept", len(self.table.groups)),
-                ("mqtt_session_records", self.records_written)] + self.cluster.summary_values()
+                ("mqtt_session_records", self.records_written),
+                ("mqtt_copies_served_direct", self.copies_served_direct),
+                ("mqtt_copies_read_back", self.copies_read_back)] + self.cluster.summary_values()
 
     def stop(self, grace_s):
         """The broker stops (called while it may still write, before a master hands its leadership over): its MQTT

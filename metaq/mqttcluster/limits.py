@@ -98,6 +98,11 @@ MQTT_CLUSTER_LINK_FDS = (1 + MQTT_CLUSTER_PEER_CONNECTIONS) * MQTT_CLUSTER_MAX_P
 MQTT_CLUSTER_PEER_HEADROOM = MQTT_CLUSTER_LINK_FDS
 #: Partitions of the inbox (``%MQTTIN%``), the internal topic a broker copies its peers' messages into.
 MQTT_CLUSTER_INBOX_PARTITIONS = 8
+#: Copies of one RECORDS frame the turn that writes them serves at most to the subscribers waiting on the inbox
+#: (``MqttCluster.apply``, as a publisher's burst of at most MQTT_PUBLISH_BURST serves its own): that turn does not
+#: share the loop while it serves; a frame of more (a backlog crossing) is left to the subscribers' deliveries, which
+#: do.
+MQTT_CLUSTER_DIRECT_COPIES = 128
 #: (origin broker, topic, partition) resume positions a broker keeps at most (recovered from its inbox).
 MQTT_CLUSTER_MAX_POSITIONS = 262_144
 #: Retained messages of peers a broker keeps at most (with their clears), beside its own ``mqtt.max_retained``.

@@ -4,7 +4,8 @@ Each of the port's asks goes to the concern that answers it: following and route
 the start hold, the route; its ``following.retained.PeerRetained``: the peers' retained messages), shared groups
 (its ``sharing.offer.GroupOffer`` and ``sharing.share.Shares``, and the groups an inbox copy was made for), client
 ids and takeover (``clientids.service.ClientIds``). The seam holds the three and nothing else; the broker makes it
-from the port (``MqttPort(cluster=...)``) with every part it needs passed in.
+from the port (``MqttPort(cluster=...)``, given what the port serves the copies with: ``MqttPort.serve_copies``, which
+the following calls from the turn that writes them) with every part it needs passed in.
 """
 
 from metaq.mqttcluster.following import inbox

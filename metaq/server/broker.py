@@ -635,11 +635,12 @@ class PeersReplication(NamedTuple):
 
 
 def mqtt_cluster(config, store, put_path, members, waiters, replication):
-    """The function of the MQTT port that makes its seam with the MQTT cluster (``mqttcluster.seam``): the
-    cluster's following (its links to the peers), its client ids (calls to the other masters over their
-    replication ports, with the replication secret and the TLS a slave's link uses), and the one server of the
-    other masters on the replication port (``replication.serve_peers``: their follows, and their calls, each held
-    to what the member may ask: ``Asks``); given every part it uses, the replication port's as ``replication``
+    """The function of the MQTT port (and what the port serves the cluster's copies with, ``MqttPort.serve_copies``)
+    that makes its seam with the MQTT cluster (``mqttcluster.seam``): the cluster's following (its links to the
+    peers, which serve the subscribers waiting here with what they copy), its client ids (calls to the other masters
+    over their replication ports, with the replication secret and the TLS a slave's link uses), and the one server
+    of the other masters on the replication port (``replication.serve_peers``: their follows, and their calls, each
+    held to what the member may ask: ``Asks``); given every part it uses, the replication port's as ``replication``
     (``PeersReplication``)."""
     from metaq.mqttcluster.asks import Asks
     from metaq.mqttcluster.clientids.calls import PeerClient
@@ -652,11 +653,12 @@ def mqtt_cluster(config, store, put_path, members, waiters, replication):
     context = client_context(tls) if tls.mode != "off" and tls.replication else None
     broker_id = config.broker.id
 
-    def make(port):
+    def make(port, serve):
         following = MqttCluster(broker_id, store, put_path, port, members, replication.is_master,
                                 membership=registration.mqtt_membership(config.mqtt.port, config.zk.connect,
                                                            config.replication.port),
-                                secret=replication.secret, tls=context, hold_s=config.mqtt.cluster_start_hold_s)
+                                secret=replication.secret, tls=context, hold_s=config.mqtt.cluster_start_hold_s,
+                                serve=serve)
         client_ids = ClientIds(port, store, members, broker_id, PeerClient(broker_id, replication.secret, context),
                                config.mqtt.cluster_max_ids, config.store.max_transfer_size, replication.is_member,
                                config.mqtt.cluster_id_lease_s, config.mqtt.cluster_holder_share_percent,

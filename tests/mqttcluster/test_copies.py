@@ -42,11 +42,14 @@ MARK = "payload-walk-7f3a"
 N = 20
 
 
-def test_a_record_crossing_brokers_is_decoded_once(broker_factory, tmp_path, zk_connect, monkeypatch):
+@pytest.mark.parametrize("flush", ["sync", "async"])
+def test_a_record_crossing_brokers_is_decoded_once(broker_factory, tmp_path, zk_connect, monkeypatch, flush):
+    """``sync`` flush: B's subscriber reads the copy from the inbox log; ``async``: the turn that writes the copy
+    serves it (``MqttPort.serve_copies``), decoded from the bytes it holds."""
     monkeypatch.setenv("METAQ_PURE_PYTHON", "1")  # every codec call a Python one, the wrapper's
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))))  # -m tests...
-    cluster = Cluster(broker_factory, tmp_path, zk_connect, 2)
+    cluster = Cluster(broker_factory, tmp_path, zk_connect, 2, store={"flush": flush})
     outs = [tmp_path / ("counts-%d.json" % i) for i in range(2)]
     for i, cfg in enumerate(cluster.configs):
         b = broker_factory(cfg, workdir=tmp_path / ("b%d" % i), start=False)
@@ -63,12 +66,17 @@ def test_a_record_crossing_brokers_is_decoded_once(broker_factory, tmp_path, zk_
     got = sub.wait_messages(N, 20)
     assert sorted(m.payload for m in got) == sorted(b"%s-%d" % (MARK.encode(), i) for i in range(N))
     wait_for(lambda: read_counts(outs[1])["decode_payload"] - before[1]["decode_payload"] >= N, 5, "B's counts")
+    if flush == "async":
+        assert int(cluster.stats(cluster[1])["mqtt_copies_served_direct"]) >= N - 2  # (slack: a PUBACK's wake)
     after = [read_counts(o) for o in outs]
     calls = [{k: after[b][k] - before[b][k] for k in after[b]} for b in range(2)]
     # A: at most its publish's encode (its follow reads the name alone); B: delivery's one decode (the copy is kept
     # as it came, neither decoded nor encoded)
     assert calls[0]["decode_payload"] == 0 and calls[0]["encode_payload"] <= N, calls
     assert calls[1] == {"encode_payload": 0, "decode_payload": N}, calls
+    # the walk's copies of a payload: at most 4 (the codec's two here; the bytes' own, A's frame and B's write into
+    # the inbox log, held to one each by the test below and by one write of a frame)
+    assert sum(calls[0].values()) + sum(calls[1].values()) <= 2 * N, calls
 
 
 def test_a_records_frame_reaches_the_inbox_log_with_each_payload_copied_once(tmp_path, monkeypatch):
@@ -148,6 +156,9 @@ def test_a_copy_reads_as_its_origin_record_and_names_its_place(topic, flag, data
     assert got == expect
     assert inbox.place_of(*copy) == ((3, topic, 1, 42), 77, False, (0, 0))
     assert inbox.groups_of(*copy) == (("g", "sensors/#"),)
+    # the copy's message as the turn that writes it reads it, from the origin's bytes (``inbox.read_as``)
+    made = inbox.copy_parts(3, topic, 1, 42, flag, data, 2_000, MAPPED, (("g", "sensors/#"),), 77)
+    assert message_of(*inbox.read_as(topic, flag, data, made), MAPPED) == message_of(inbox.INBOX, *copy, MAPPED)
 
 
 def test_an_mqtt_record_is_kept_as_it_is_and_any_other_made_again():

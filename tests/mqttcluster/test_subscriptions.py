@@ -68,11 +68,13 @@ def test_a_subscriber_on_the_publishers_broker_is_not_sent_copies(cluster):
     assert len(sub0.wait_messages(2, 1.0)) == 1 and len(sub2.wait_messages(2, 0.2)) == 1
 
 
-def test_a_copy_is_delivered_only_to_users_who_may_read_its_topic(broker_factory, tmp_path, zk_connect):
+@pytest.mark.parametrize("flush", ["sync", "async"])
+def test_a_copy_is_delivered_only_to_users_who_may_read_its_topic(broker_factory, tmp_path, zk_connect, flush):
     """The inbox holds every peer's topics: each copy is asked for the permission of the topic it was published to
-    (reader may read every topic but payroll)."""
+    (reader may read every topic but payroll), by the subscriber's delivery (``sync`` flush) or by the turn that
+    writes the copy (``async``: ``MqttPort.serve_copies``)."""
     acl = write_acl(tmp_path / "acl.yaml")
-    cluster = Cluster(broker_factory, tmp_path, zk_connect, 3,
+    cluster = Cluster(broker_factory, tmp_path, zk_connect, 3, store={"flush": flush},
                       security={"acl_file": acl, "acl_reload_s": 0.2}).start()
     reader = Paho(cluster[0], "reader-0", user="reader", secret=SECRETS["reader"])
     assert reader.subscribe("#", 1) == [1]

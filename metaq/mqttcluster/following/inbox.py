@@ -37,7 +37,7 @@ from metaq.protocol.properties import (PROP_SYSFLAG, PROPERTY_SEPARATOR, encode_
                                        split_attribute)
 
 __all__ = ["INBOX", "ORIGIN", "NEXT", "CHECK", "EPOCH", "GROUPS", "MARKER_NAME", "partition_of", "copy_of",
-           "copy_parts", "as_is", "marker",
+           "copy_parts", "read_as", "as_is", "marker",
            "origin_of", "place_of", "groups_of", "Positions", "recover"]
 
 log = logging.getLogger(__name__)
@@ -100,6 +100,18 @@ def copy_parts(origin, topic, partition, offset, flag, data, now_ms, topics=DEFA
     props2.update(_own(origin, topic, partition, offset, groups, check, epoch))
     flag3, data3 = encode_payload(payload, encode_attribute(tags, props2))
     return flag3, (data3,)
+
+
+def read_as(topic, flag, data, made):
+    """``(metaq topic, flag, data)`` whose message (``records.message_of``) is that of the copy ``made``
+    (``copy_parts``' answer, or a ``marker``'s as one piece) of the origin record ``(flag, data)`` of ``topic``, read
+    without joining the copy's pieces: an MQTT record kept as it is (``as_is``: ``with_attribute``'s three pieces)
+    reads as its origin record (the properties the copy adds are none of its message's); any other as what it was
+    made into (one piece)."""
+    copy_flag, pieces = made
+    if len(pieces) == 1:
+        return INBOX, copy_flag, pieces[0]
+    return topic, flag, data
 
 
 def as_is(origin, topic, partition, offset, flag, data, now_ms, topics=DEFAULT_MAP, groups=(), check=0,

@@ -59,6 +59,7 @@ from metaq.protocol.replication_mqtt import (EPOCH, MESSAGE, NO_EPOCH, POSITION,
 from metaq.clock import now_ms
 from metaq.serving.connections import share_loop
 from metaq.serving.putpath import AUTHORIZED
+from metaq.store.record import FIXED_OVERHEAD
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ log = logging.getLogger(__name__)
 MEMBERS_S = 2.0
 #: How often the route is computed again without a subscription waking it (unsubscriptions, expired sessions).
 ROUTE_REFRESH_S = 5.0
+#: A copy's record in the log past its data: the record's fixed part and the inbox's name (``store.record``).
+_OVERHEAD = FIXED_OVERHEAD + len(inbox.INBOX)
 
 
 def unfollowed(peers, followers):
@@ -76,19 +79,35 @@ def unfollowed(peers, followers):
     return sorted(b for b in peers if b not in followers)
 
 
+def _served(run, frames, i, count, offset, msg_id, position):
+    """``[(queue offset, key in Decoded, metaq topic, flag, data)]`` of the copies ``run[i:i + count]`` (``_write``'s
+    run and burst frames, a frame's sixth field the copy's length), written one after the other from log
+    ``position``, the first at ``offset`` with message id ``msg_id``: the form ``MqttPort.serve_copies`` takes, each
+    copy's bytes as ``inbox.read_as`` reads them (an MQTT record kept as it is: its origin's, not joined)."""
+    out = []
+    for k in range(count):
+        e, made, _check, _epoch, data = run[i + k]
+        out.append((offset + k, (position, msg_id + k)) + inbox.read_as(e.topic, e.flag, data, made))
+        position += _OVERHEAD + frames[i + k][5]
+    return out
+
+
 class MqttCluster:
     """See the module doc. ``broker_id``: this broker's; ``port``: the broker's MqttPort; ``members``: the cluster's
     ``members.Members``; ``is_master()``; ``membership``: ``"on"``, or why the other masters cannot follow this one
     (``registration.mqtt_membership``); ``secret`` and ``tls``: the replication secret (bytes or None) and the
     client TLS context its links prove and dial with; ``hold_s``: the start hold's bound
-    (``mqtt.cluster_start_hold_s``; None: MQTT_CLUSTER_START_HOLD_S)."""
+    (``mqtt.cluster_start_hold_s``; None: MQTT_CLUSTER_START_HOLD_S); ``serve``: what the MQTT port serves the copies
+    with from the turn that writes them (``MqttPort.serve_copies``, given through the seam; None: their readers are
+    woken only)."""
 
     def __init__(self, broker_id, store, put_path, port, members, is_master, membership="on", secret=None, tls=None,
-                 hold_s=None):
+                 hold_s=None, serve=None):
         self.broker_id = broker_id
         self.store = store
         self.put_path = put_path
         self.port = port
+        self.serve = serve
         self.members = members
         self.is_master = is_master
         self.secret = secret
@@ -424,9 +443,11 @@ class MqttCluster:
         positions). The loop is shared between entries (``share_loop``), each decoded as it is reached
         (``RecordEntries``): a frame of MQTT_CLUSTER_FRAME_BYTES of tiny entries keeps the other clients waiting no
         longer than a turn, read once. The copies of a run of MESSAGE and SHARED entries are written together
-        (``_write``), the positions moved once they are. ``routed``: a list the frame's ROUTED versions are
-        appended to (the link acks them once the frame is applied)."""
+        (``_write``), the positions moved once they are, and made visible together (``_written``: the subscribers
+        waiting on them served from this turn). ``routed``: a list the frame's ROUTED versions are appended to (the
+        link acks them once the frame is applied)."""
         copied, keys, run = 0, set(), []
+        copies = {} if self.serve is not None else None  # what ``_written`` serves (``_write``)
         ran = {}  # (topic, partition) -> the highest offset in ``run``: copied once written, not yet in the positions
         now = now_ms()
         positions = self.positions
@@ -449,7 +470,7 @@ class MqttCluster:
                         made = flag, (data,)
                     else:
                         copied += 1
-                    run.append((e, made, check, epoch))
+                    run.append((e, made, check, epoch, data))
                     continue
                 if e.kind == EPOCH:  # of the records after it (the copies before it in the run have theirs)
                     positions.told(origin, e.topic, e.partition, e.offset, epoch_of(e))
@@ -457,7 +478,7 @@ class MqttCluster:
                 if run:
                     done, run = run, []
                     ran.clear()
-                    self._write(origin, done, now, keys)
+                    copies = self._write(origin, done, now, keys, copies)
                 if e.kind == POSITION:
                     keys.update(self._position(origin, e, now))
                 elif e.kind == RETAINED:
@@ -469,27 +490,42 @@ class MqttCluster:
         finally:  # the copies before a malformed entry are written; what was appended is made visible: readers wake now
             try:
                 if run:
-                    self._write(origin, run, now, keys)
+                    copies = self._write(origin, run, now, keys, copies)
             finally:
                 if keys:
-                    self.put_path.written(keys, now)
+                    self._written(keys, now, copies)
         self.copied += copied
         return copied
 
-    def _write(self, origin, run, now, keys):
-        """Append the copies of ``run`` (``(entry, (flag, pieces), check, epoch)`` each, in the frame's order) to
-        their inbox partitions with the put path's burst writer, and move the positions past each copy written. A
+    def _written(self, keys, now, copies):
+        """The copies appended to the inbox partitions ``keys`` are written: what follows is the put path's
+        (``burst_written`` of now: visible, their readers woken), the subscribers waiting on them served first from
+        this turn with the copies in hand (``serve``) when ``copies`` holds them (``_write``)."""
+        if copies:
+            self.put_path.burst_written(keys, now, None, self.serve, (copies,))
+        else:
+            self.put_path.burst_written(keys, now)
+
+    def _write(self, origin, run, now, keys, copies=None):
+        """Append the copies of ``run`` (``(entry, (flag, pieces), check, epoch, the origin record's data)`` each, in
+        the frame's order) to their inbox partitions with the put path's burst writer, and move the positions past
+        each copy written. A
         copy's last piece (an MQTT record's payload: a view of the RECORDS frame it came in) is written from where it
         is, the frame's tail (``batch.write_run``); only the pieces before it (its attribute block with the copy's
         properties) go through the burst's buffer: the payload is copied once here, into the log. Where the
         burst writer stops (a partition's first append, the next index file, a segment roll) one copy goes through
         ``PutPath.append`` (which refuses what the inbox cannot take) and the burst resumes. ``keys`` gets the
-        ``(topic, partition)`` of the inbox partitions written. Raises the put path's refusal once what it wrote is
-        counted."""
+        ``(topic, partition)`` of the inbox partitions written. ``copies`` (None: none kept) gets each inbox
+        partition's copies written, in log order, as the port serves them (``_served``), and is returned; None is
+        returned when the frame's copies would pass MQTT_CLUSTER_DIRECT_COPIES (a backlog's frame: the subscribers'
+        deliveries read them). Raises the put path's refusal once what it wrote is counted."""
         path, positions = self.put_path, self.positions
+        if copies is not None and \
+                sum(map(len, copies.values())) + len(run) > mqttcluster_limits.MQTT_CLUSTER_DIRECT_COPIES:
+            copies = None
         topic = inbox.INBOX.encode("ascii")
         src, frames = bytearray(), []
-        for e, (flag, pieces), _check, _epoch in run:
+        for e, (flag, pieces), _check, _epoch, _data in run:
             start, crc, tail = len(src), 0, pieces[-1]
             for piece in pieces[:-1]:
                 src += piece
@@ -502,10 +538,13 @@ class MqttCluster:
             path.check_write(inbox.INBOX, AUTHORIZED, internal=True)
             while done < n:
                 taken, written = path.append_burst(frames[done:] if done else frames, src, now)
-                for run_key, count, nbytes, _first_id, first_offset, _first, _end in written:
+                for run_key, count, nbytes, first_id, first_offset, first, end in written:
                     path.counted(inbox.INBOX, count, nbytes)
                     keys.add(run_key)
                     self._inbox_end[run_key[1]] = first_offset + count
+                    if copies is not None:  # a run's records lie one after the other, ending at its log end
+                        copies.setdefault(run_key, []).extend(_served(
+                            run, frames, done + first, count, first_offset, first_id, end - nbytes - count * _OVERHEAD))
                 done += taken
                 if done < n:  # the burst writer stopped: one copy through the general path, then on
                     f = frames[done]
@@ -513,11 +552,15 @@ class MqttCluster:
                     r = path.append(inbox.INBOX, f[1], f[2], body, now, internal=True)
                     keys.add((inbox.INBOX, f[1]))
                     self._inbox_end[f[1]] = r.offset + 1
+                    if copies is not None:
+                        copies.setdefault((inbox.INBOX, f[1]), []).extend(_served(
+                            run, frames, done, 1, r.offset, r.msg_id, r.log_end - _OVERHEAD - len(body)))
                     done += 1
         finally:
-            for e, _made, check, epoch in run[:done]:
+            for e, _made, check, epoch, _data in run[:done]:
                 positions.copied(origin, e.topic, e.partition, e.offset, check, epoch=epoch)
                 positions.keep(origin, e.topic, e.partition)
+        return copies
 
     def _position(self, origin, e, now):
         """A POSITION entry: the copy resumes at ``e.offset`` (its ``ts``: the check of the record before it). A
