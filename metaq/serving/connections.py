@@ -109,6 +109,14 @@ def share_loop(started):
     return time.monotonic()
 
 
+def loop_polls():
+    """How many times the event loop has polled its sockets so far. A loop that sees it change across a wait (a
+    blocking read) gave the loop away there, the other connections ran: its turn starts again
+    (``turn = time.monotonic()``), or it would pause on ``share_loop``'s timer after every item once up
+    ``limits.MAX_TURN_MS``. A read served at once from the socket's buffer does not change it."""
+    return gevent.get_hub().loop.iteration
+
+
 #: What ``Connection.receive`` returns to a connection that parks (``Connection.parks``): its ``serve`` returns at
 #: once without ending the connection; the core serves it again, in a new greenlet, when bytes arrive, when it
 #: closes or when its idle or login deadline passes.
