@@ -1,6 +1,6 @@
-"""A peer link's turn starts again when it waited for a frame (docs/limits.md): a link up longer than
-``MAX_TURN_MS`` pauses for the other connections only after a backlog's frames held the loop that long, not after
-every frame of a stream that arrives one frame at a time (``mqtt_cluster_link_pauses``)."""
+"""A peer link's turn starts again when it waited for a frame (docs/limits.md): a link whose frames come one at a
+time, apart, pauses for the other connections only after a backlog's frames held the loop ``MAX_TURN_MS``, not after
+every frame (``loop_turn_pauses``)."""
 
 import time
 
@@ -12,7 +12,7 @@ N = 200
 
 
 def _pauses(cluster, b):
-    return int(cluster.stats(b)["mqtt_cluster_link_pauses"])
+    return int(cluster.stats(b)["loop_turn_pauses"])
 
 
 def test_a_link_that_waits_for_each_frame_does_not_pause_after_each(broker_factory, tmp_path, zk_connect):
@@ -21,7 +21,7 @@ def test_a_link_that_waits_for_each_frame_does_not_pause_after_each(broker_facto
     assert sub.subscribe("turn/#", 1) == [1]
     pub = Paho(cluster[0], "turn-pub")
     probes = wait_routed(sub, lambda i: pub.publish("turn/probe", b"probe", 1))
-    time.sleep(2 * limits.MAX_TURN_MS / 1000.0)  # the link has been up longer than a turn
+    time.sleep(2 * limits.MAX_TURN_MS / 1000.0)  # the link's turn began longer ago than MAX_TURN_MS
     before = _pauses(cluster, cluster[1])
     for i in range(N):  # one at a time (QoS 1 waits for its PUBACK, QoS 0 for its copy): a frame each, mostly
         pub.publish("turn/t", b"m%d" % i, i % 2)

@@ -19,7 +19,7 @@ from metaq import errors
 from metaq.server.replication import limits as replication_limits
 from metaq.protocol import replication as rp
 from metaq.protocol.replication_mqtt import split_routes
-from metaq.serving.connections import loop_polls, share_loop
+from metaq.serving.connections import loop_polls, turn_after
 from metaq.serving.replication.link import (BACKOFF_MAX_S, BACKOFF_MIN_S, LINK_TIMEOUT_S, authenticate, next_event,
                                            send_event)
 
@@ -45,7 +45,6 @@ class PeerLink:
         self.last_error = None
         self.connects = 0
         self.copied = 0
-        self.pauses = 0  # times a frame's turn was over and the link paused for the other connections
         self._sock = None
         self._greenlet = None
         self._stopping = False
@@ -135,7 +134,7 @@ class PeerLink:
                  len(filters))
         sender = gevent.spawn(self._send_routes, sock)
         try:
-            event, turn = first, time.monotonic()
+            event, turn, polls = first, time.monotonic(), loop_polls()
             while not self._stopping:
                 if isinstance(event, rp.Records):
                     routed = []
@@ -144,21 +143,11 @@ class PeerLink:
                 else:
                     raise errors.RemoteProtocolError("unexpected %s from peer broker %d"
                                                      % (type(event).__name__.upper(), self.broker_id), fatal=True)
-                turn = self._share(turn)
-                polls = loop_polls()
+                # a backlog's frames let the other connections run every MAX_TURN_MS; a wait for a frame let them
+                turn, polls = turn_after(turn, polls)
                 event = next_event(sock, parser)
-                if loop_polls() != polls:
-                    turn = time.monotonic()  # the link waited for this frame: the others ran meanwhile
         finally:
             sender.kill(block=False)
-
-    def _share(self, turn):
-        """``share_loop`` for a backlog's frames: the other connections run every MAX_TURN_MS; the pauses counted
-        (``mqtt_cluster_link_pauses``)."""
-        started = share_loop(turn)
-        if started != turn:
-            self.pauses += 1
-        return started
 
     def _send_routes(self, sock):
         """Send ROUTES again whenever this broker's filters or groups change."""

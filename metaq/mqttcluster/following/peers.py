@@ -596,7 +596,6 @@ class MqttCluster:
                   ("mqtt_cluster_peers_up", sum(1 for _b, link in links if link.connected)),
                   ("mqtt_cluster_filters", len(self._route[1])),
                   ("mqtt_cluster_copied", self.copied),
-                  ("mqtt_cluster_link_pauses", sum(link.pauses for _b, link in links)),
                   ("mqtt_cluster_positions", len(self.positions)),
                   ("mqtt_cluster_groups", len(self.offer.groups)),
                   ("mqtt_cluster_peer_groups", sum(len(g) for _t, g in self.shares.peers.values())),
