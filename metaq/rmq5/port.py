@@ -32,7 +32,7 @@ the HTTP/2 layer; gRPC's layer is ``wire``. Per connection the port announces an
   reconnects gets no fresh budget.
 
 A connection reads ``limits.GRPC_RECV_BYTES`` at a time and lets the other connections run every
-``limits.MAX_TURN_MS`` (``share_loop``), as every port's connections do.
+``limits.MAX_TURN_MS`` (``share_loop``, ``turn_after``), as every port's connections do.
 
 A unary call (and a server-streaming one, ReceiveMessage: one request, the responses the service lists) runs in a
 greenlet of its own once its request is whole (a send waits for its durability), bounded
@@ -68,7 +68,7 @@ from metaq.rmq5.http2 import (ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, 
 from metaq.rmq5.headercache import CachedDecoder, CachedEncoder, CheckedHeaders
 from metaq.rmq5.wire import (OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW, WAITS, GrpcError, MessageReader, Status, frame,
                              frames, is_grpc_content_type, parse_timeout, rpc_name, trailers, trailers_only)
-from metaq.serving.connections import Connection, share_loop
+from metaq.serving.connections import Connection, loop_polls, turn_after
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +314,7 @@ class GrpcConnection(Connection):
         self.http2.initiate()
         try:
             self._flush()
-            turn = time.monotonic()
+            turn, polls = time.monotonic(), loop_polls()
             while not self.closed and not self.ended:
                 data = self.receive(rmq5_limits.GRPC_RECV_BYTES)
                 if not data:
@@ -329,7 +329,8 @@ class GrpcConnection(Connection):
                     self._end_cleanly()
                     self._drain_after_goaway()
                     break
-                turn = share_loop(turn)  # a client that keeps the socket full lets the others run
+                # a client that keeps the socket full lets the others run; a read that waited for it let them
+                turn, polls = turn_after(turn, polls)
         except OSError as exc:
             log.debug("grpc %s: %s", self.peer, exc)
         finally:
@@ -462,12 +463,12 @@ class GrpcConnection(Connection):
         """After a GOAWAY: stop sending and read what the client still sends, at most ``LINGER_S``, so that the
         close does not reset the connection before the client has read the GOAWAY (a close with unread bytes sends
         a TCP reset, which may discard them); a client still flooding lets the other connections run meanwhile
-        (``share_loop``: a receive with bytes waiting never yields). ``most``: the bytes read at most (None: no
+        (``turn_after``: a receive with bytes waiting never yields). ``most``: the bytes read at most (None: no
         bound but the time)."""
         try:
             self.sock.shutdown(socket.SHUT_WR)
             deadline = time.monotonic() + LINGER_S
-            turn = time.monotonic()
+            turn, polls = time.monotonic(), loop_polls()
             left = most
             while time.monotonic() < deadline and (left is None or left > 0):
                 self.sock.settimeout(max(0.001, deadline - time.monotonic()))
@@ -476,7 +477,7 @@ class GrpcConnection(Connection):
                     break
                 if left is not None:
                     left -= len(got)
-                turn = share_loop(turn)
+                turn, polls = turn_after(turn, polls)
         except OSError:
             pass
 

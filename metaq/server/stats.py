@@ -22,6 +22,7 @@ from metaq.errors import Forbidden, MetaqError
 from metaq.groups import lag
 from metaq.protocol import checksum
 from metaq.protocol import stats as codec
+from metaq.serving.connections import turn_pauses
 from metaq.topics import names as topic_names
 
 ITEMS_HELP = (
@@ -315,6 +316,7 @@ class StatsService:
             ("filter_skipped_units", c.filter_skipped_units),
             ("long_poll_waiters", sum(1 for topic, _p in self.waiters.keys() if topic not in INTERNAL)),
             ("parked_gets", self.waiters.parked),
+            ("loop_turn_pauses", turn_pauses()),
             ("zookeeper", node.zookeeper),
         ] + store.idempotence.summary_values() + self.sources["replication"]() + self.sources["delay"]() + \
             self.sources["remoting"]() + self.sources.get("grpc", list)() + self.sources["security"]() + \

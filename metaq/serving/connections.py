@@ -98,15 +98,45 @@ REFUSAL_LOG_INTERVAL_S = 1.0
 TURN_PAUSE_S = 0.0001
 
 
+_pauses = 0  # share_loop's pauses since the process began (``turn_pauses``)
+
+
 def share_loop(started):
     """Let the other connections run once ``limits.MAX_TURN_MS`` have passed since ``started``
     (``time.monotonic()``), so that one connection's pipeline of costly requests does not hold the event loop for
     a whole receive buffer; returns when this turn started (``started`` if it goes on)."""
+    global _pauses
     now = time.monotonic()
     if now - started < limits.MAX_TURN_MS / 1000.0:
         return started
+    _pauses += 1
     gevent.sleep(TURN_PAUSE_S)
     return time.monotonic()
+
+
+def turn_pauses():
+    """How many times ``share_loop`` paused a turn in this process (stat ``loop_turn_pauses``): a loop that waits
+    for each item and still pauses after each one (its turn not started again after the wait) shows here."""
+    return _pauses
+
+
+def turn_after(started, polls):
+    """``share_loop(started)`` for a loop that may wait between two of its calls (a blocking read, a send to a full
+    socket, an Event): when the loop polled since ``polls`` (``loop_polls()`` as the last call returned) this greenlet
+    gave it away and the others ran, so the turn starts again now, without a pause. Returns ``(started, polls)``
+    for the next call."""
+    if loop_polls() != polls:
+        return time.monotonic(), loop_polls()
+    started = share_loop(started)
+    return started, loop_polls()
+
+
+def loop_polls():
+    """How many times the event loop has polled its sockets so far (``turn_after``). A loop that sees it change
+    across a wait (a blocking read) gave the loop away there, the other connections ran: its turn starts again, or
+    it would pause on ``share_loop``'s timer after every item that came more than ``limits.MAX_TURN_MS`` after the
+    last. A read served at once from the socket's buffer does not change it."""
+    return gevent.get_hub().loop.iteration
 
 
 #: What ``Connection.receive`` returns to a connection that parks (``Connection.parks``): its ``serve`` returns at

@@ -19,7 +19,7 @@ from metaq import errors
 from metaq.server.replication import limits as replication_limits
 from metaq.protocol import replication as rp
 from metaq.protocol.replication_mqtt import split_routes
-from metaq.serving.connections import share_loop
+from metaq.serving.connections import loop_polls, turn_after
 from metaq.serving.replication.link import (BACKOFF_MAX_S, BACKOFF_MIN_S, LINK_TIMEOUT_S, authenticate, next_event,
                                            send_event)
 
@@ -134,7 +134,7 @@ class PeerLink:
                  len(filters))
         sender = gevent.spawn(self._send_routes, sock)
         try:
-            event, turn = first, time.monotonic()
+            event, turn, polls = first, time.monotonic(), loop_polls()
             while not self._stopping:
                 if isinstance(event, rp.Records):
                     routed = []
@@ -143,7 +143,8 @@ class PeerLink:
                 else:
                     raise errors.RemoteProtocolError("unexpected %s from peer broker %d"
                                                      % (type(event).__name__.upper(), self.broker_id), fatal=True)
-                turn = share_loop(turn)  # a backlog's frames let the other connections run every MAX_TURN_MS
+                # a backlog's frames let the other connections run every MAX_TURN_MS; a wait for a frame let them
+                turn, polls = turn_after(turn, polls)
                 event = next_event(sock, parser)
         finally:
             sender.kill(block=False)
