@@ -11,6 +11,7 @@ cdef class DirectPath:
     cdef public bint usable, v5, kept_own
 
     cpdef drop(self)
+    cpdef object send(self, object key, list runs, object staged, object client_id)
     cdef object _names(self, object topic, bint own)
 
 

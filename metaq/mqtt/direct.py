@@ -29,7 +29,7 @@ def serve_waiting(waiting, readers, keep_decoded, deliver, most, keys, staged, r
     """A burst just appended to partitions ``keys`` and made visible (``staged`` and ``runs``: ``MqttPort
     .write_burst``'s; published by ``client_id`` at ``now``): the deliveries in ``waiting`` (``{key: {Delivery:
     None}}``, each one's greenlet waiting between passes with nothing of its own to send first) send what it
-    brought, at most ``most`` of them: each one's ``path`` (``DirectPath``: plain QoS 1 runs in one call), and when
+    brought, at most ``most`` of them: each one's ``path`` (``DirectPath.send``: plain QoS 1 runs in one call), and when
     that does not decide, ``deliver`` (``deliver_now``) from the cursor it left, given ``made`` (the partition's
     ``staged_messages``, made once when one needs them). A partition that a waiting delivery was not served or left
     caught up on, or that a fan-out reader reads (``readers``), has its messages kept decoded for them
@@ -58,7 +58,7 @@ def serve_waiting(waiting, readers, keep_decoded, deliver, most, keys, staged, r
             if left <= 0:
                 break
             left -= 1
-            went = d.path(key, kruns, staged, client_id)
+            went = d.path.send(key, kruns, staged, client_id)
             if went is None:
                 went = deliver(d.out, key, kruns, staged, client_id, now, made)
             if went:
@@ -141,7 +141,7 @@ def deliver_now(out, key, runs, staged, client_id, now, made):
 class DirectPath:
     """A waiting subscriber's share of a publisher's burst in one call, the common case of ``deliver_now`` kept per
     subscriber (``Delivery.path``, made once its CONNECT fixed the connection's version, Maximum Packet Size, topic
-    aliases and TLS): ``path(key, runs, staged, client_id)`` sends the plain QoS 1 runs of partition ``key`` from the
+    aliases and TLS): ``send(key, runs, staged, client_id)`` sends the plain QoS 1 runs of partition ``key`` from the
     cursor on in one step each (``direct_publishes``) and answers as ``deliver_now`` does: True (all went, the cursor
     at the partition's end), False (a write took less than all, or the window is full: the greenlet's; what it
     left is handled as ``_short`` handles it). None whenever the general path is to decide, from the cursor as it is
@@ -188,7 +188,7 @@ class DirectPath:
         self.kept_changes = self.session.changes
         return names
 
-    def __call__(self, key, runs, staged, client_id):
+    def send(self, key, runs, staged, client_id):
         conn = self.conn
         if not self.usable or conn.closed:
             return None

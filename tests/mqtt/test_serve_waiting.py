@@ -14,15 +14,17 @@ from tests.mqtt.test_direct_publishes import SOURCE
 
 
 class Delivery:
-    """A waiting delivery as the port lists it: its ``path`` answers as scripted (True: caught up, False: left to its
-    greenlet, None: the general path decides), recorded in ``log``; ``leave`` takes it out of ``waiting`` first."""
+    """A waiting delivery as the port lists it, its own ``path``: ``send`` answers as scripted (True: caught up,
+    False: left to its greenlet, None: the general path decides), recorded in ``log``; ``leave`` takes it out of
+    ``waiting`` first."""
 
     def __init__(self, name, answer, log, waiting=None, leave=()):
         self.name, self.answer, self.log, self.waiting, self.leave = name, answer, log, waiting, leave
         self.out = "out-" + name
         self.event = "event-" + name
+        self.path = self
 
-    def path(self, key, kruns, staged, client_id):
+    def send(self, key, kruns, staged, client_id):
         self.log.append(("path", self.name, key, [r.first_frame for r in kruns], staged, client_id))
         for k in self.leave:
             ds = self.waiting.get(k)
@@ -113,7 +115,7 @@ def test_an_error_in_a_path_reaches_the_publishers_turn(fn):
     key = ("t", 0)
 
     class Broken(Delivery):
-        def path(self, *args):
+        def send(self, *args):
             raise RuntimeError("broken path")
 
     waiting = {key: {Broken("a", True, []): None}}
