@@ -1,6 +1,6 @@
 """Sending from a publisher's turn (docs/mqtt.md "Subscribing"): while a delivery's greenlet waits between passes,
 a publisher's burst, once visible, has it send what the burst brought at once (``deliver_now``, called through
-``MqttPort.deliver_now``): non-blocking writes only, the QoS 1 window respected, each
+``WaitingDeliveries.serve``, the port's): non-blocking writes only, the QoS 1 window respected, each
 message decided and encoded as the greenlet would (``outbound.Outbound``). What it cannot send so is left to the
 greenlet, which the append woke as before. A run of plain QoS 1 messages goes out in one step
 (``direct_publishes``): their packet ids, their place in flight, their PUBLISHes and one write.
@@ -23,6 +23,30 @@ from metaq.store.record import FIXED_OVERHEAD
 #: it takes (``deliver_now`` decides that one by the general path); the write took less than all, or the window in
 #: flight is full at a record it takes (the rest is the greenlet's).
 DONE, DECIDE, SHORT = 0, 1, 2
+
+
+class WaitingDeliveries:
+    """The deliveries waiting on partitions now, served from a publisher's turn (``serve``). ``waiting``: ``{key:
+    {Delivery: None}}``, where each delivery's greenlet lists itself while it waits with nothing of its own to send
+    first (``Delivery._wait``); ``readers`` (the fan-out readers' partitions) and ``keep_decoded`` as
+    ``serve_waiting`` takes them; at most ``most`` deliveries served a burst. The port holds one, and its ``serve`` is
+    what the put path's wake runs first (``burst_written``'s ``deliver``): compiled where built, so no step between
+    the publisher's turn and the subscribers' writes runs in the interpreter."""
+
+    __slots__ = ("waiting", "readers", "keep_decoded", "most")
+
+    def __init__(self, waiting, readers, keep_decoded, most):
+        self.waiting = waiting
+        self.readers = readers
+        self.keep_decoded = keep_decoded
+        self.most = most
+
+    def serve(self, keys, staged, runs, client_id, now):
+        """``serve_waiting`` of the deliveries waiting now, the general path's step ``deliver_now``, for a burst just
+        appended to partitions ``keys`` and made visible (``staged`` and ``runs``: ``MqttPort.write_burst``'s;
+        published by ``client_id`` at ``now``). Returns ``{key: events}``, the waits the append's wake passes over."""
+        return serve_waiting(self.waiting, self.readers, self.keep_decoded, deliver_now, self.most, keys, staged, runs,
+                             client_id, now)
 
 
 def serve_waiting(waiting, readers, keep_decoded, deliver, most, keys, staged, runs, client_id, now):
