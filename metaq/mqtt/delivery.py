@@ -104,7 +104,7 @@ class Delivery:
         #: What its greenlet waits on between passes (the connection's ``room``, made before its delivery and never
         #: replaced): set by ``wake`` and by appends to the partitions it reads.
         self.event = conn.room
-        #: The publisher's turn's one call for this delivery's common case (``direct.DirectPath``; None from it:
+        #: The publisher's turn's one call for this delivery's common case (``direct.DirectPath.send``; None from it:
         #: ``direct.deliver_now`` decides), made once its connection's CONNECT fixed what it keeps.
         self.path = self.out.path = DirectPath(self.out)
         self._retained = []  # (filter, granted QoS) of subscriptions whose retained messages are to be sent

@@ -1,6 +1,6 @@
-# Declarations for Cython's compile of direct.py (metaq.native): the per-subscriber path a C struct, the one step's
-# counts and its run's bounds C integers, the serving of a burst's waiting deliveries a C function with its tables
-# typed. The .py stays the one definition; without Cython it runs as it is.
+# Declarations for Cython's compile of direct.py (metaq.native): the per-subscriber path and the port's waiting
+# deliveries C structs, the one step's counts and its run's bounds C integers, the serving of a burst's waiting
+# deliveries a C function with its tables typed. The .py stays the one definition; without Cython it runs as it is.
 cimport cython
 
 
@@ -11,7 +11,16 @@ cdef class DirectPath:
     cdef public bint usable, v5, kept_own
 
     cpdef drop(self)
+    cpdef object send(self, object key, list runs, object staged, object client_id)
     cdef object _names(self, object topic, bint own)
+
+
+cdef class WaitingDeliveries:
+    cdef public dict waiting
+    cdef public object readers, keep_decoded
+    cdef public Py_ssize_t most
+
+    cpdef dict serve(self, object keys, object staged, list runs, object client_id, object now)
 
 
 @cython.locals(caught_up=dict, found=dict, made=dict, left=Py_ssize_t, served=Py_ssize_t)

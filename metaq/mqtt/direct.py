@@ -1,6 +1,6 @@
 """Sending from a publisher's turn (docs/mqtt.md "Subscribing"): while a delivery's greenlet waits between passes,
 a publisher's burst, once visible, has it send what the burst brought at once (``deliver_now``, called through
-``MqttPort.deliver_now``): non-blocking writes only, the QoS 1 window respected, each
+``WaitingDeliveries.serve``, the port's): non-blocking writes only, the QoS 1 window respected, each
 message decided and encoded as the greenlet would (``outbound.Outbound``). What it cannot send so is left to the
 greenlet, which the append woke as before. An MQTT cluster's copies of its peers' messages are served alike from
 the turn that writes them to the inbox (``serve_copies``, through ``MqttPort.serve_copies``). A run of plain QoS 1
@@ -27,11 +27,35 @@ from metaq.store.record import FIXED_OVERHEAD
 DONE, DECIDE, SHORT = 0, 1, 2
 
 
+class WaitingDeliveries:
+    """The deliveries waiting on partitions now, served from a publisher's turn (``serve``). ``waiting``: ``{key:
+    {Delivery: None}}``, where each delivery's greenlet lists itself while it waits with nothing of its own to send
+    first (``Delivery._wait``); ``readers`` (the fan-out readers' partitions) and ``keep_decoded`` as
+    ``serve_waiting`` takes them; at most ``most`` deliveries served a burst. The port holds one, and its ``serve`` is
+    what the put path's wake runs first (``burst_written``'s ``deliver``): compiled where built, so no step between
+    the publisher's turn and the subscribers' writes runs in the interpreter."""
+
+    __slots__ = ("waiting", "readers", "keep_decoded", "most")
+
+    def __init__(self, waiting, readers, keep_decoded, most):
+        self.waiting = waiting
+        self.readers = readers
+        self.keep_decoded = keep_decoded
+        self.most = most
+
+    def serve(self, keys, staged, runs, client_id, now):
+        """``serve_waiting`` of the deliveries waiting now, the general path's step ``deliver_now``, for a burst just
+        appended to partitions ``keys`` and made visible (``staged`` and ``runs``: ``MqttPort.write_burst``'s;
+        published by ``client_id`` at ``now``). Returns ``{key: events}``, the waits the append's wake passes over."""
+        return serve_waiting(self.waiting, self.readers, self.keep_decoded, deliver_now, self.most, keys, staged, runs,
+                             client_id, now)
+
+
 def serve_waiting(waiting, readers, keep_decoded, deliver, most, keys, staged, runs, client_id, now):
     """A burst just appended to partitions ``keys`` and made visible (``staged`` and ``runs``: ``MqttPort
     .write_burst``'s; published by ``client_id`` at ``now``): the deliveries in ``waiting`` (``{key: {Delivery:
     None}}``, each one's greenlet waiting between passes with nothing of its own to send first) send what it
-    brought, at most ``most`` of them: each one's ``path`` (``DirectPath``: plain QoS 1 runs in one call), and when
+    brought, at most ``most`` of them: each one's ``path`` (``DirectPath.send``: plain QoS 1 runs in one call), and when
     that does not decide, ``deliver`` (``deliver_now``) from the cursor it left, given ``made`` (the partition's
     ``staged_messages``, made once when one needs them). A partition that a waiting delivery was not served or left
     caught up on, or that a fan-out reader reads (``readers``), has its messages kept decoded for them
@@ -60,7 +84,7 @@ def serve_waiting(waiting, readers, keep_decoded, deliver, most, keys, staged, r
             if left <= 0:
                 break
             left -= 1
-            went = d.path(key, kruns, staged, client_id)
+            went = d.path.send(key, kruns, staged, client_id)
             if went is None:
                 went = deliver(d.out, key, kruns, staged, client_id, now, made)
             if went:
@@ -204,7 +228,7 @@ def deliver_copies(out, key, records):
 class DirectPath:
     """A waiting subscriber's share of a publisher's burst in one call, the common case of ``deliver_now`` kept per
     subscriber (``Delivery.path``, made once its CONNECT fixed the connection's version, Maximum Packet Size, topic
-    aliases and TLS): ``path(key, runs, staged, client_id)`` sends the plain QoS 1 runs of partition ``key`` from the
+    aliases and TLS): ``send(key, runs, staged, client_id)`` sends the plain QoS 1 runs of partition ``key`` from the
     cursor on in one step each (``direct_publishes``) and answers as ``deliver_now`` does: True (all went, the cursor
     at the partition's end), False (a write took less than all, or the window is full: the greenlet's; what it
     left is handled as ``_short`` handles it). None whenever the general path is to decide, from the cursor as it is
@@ -251,7 +275,7 @@ class DirectPath:
         self.kept_changes = self.session.changes
         return names
 
-    def __call__(self, key, runs, staged, client_id):
+    def send(self, key, runs, staged, client_id):
         conn = self.conn
         if not self.usable or conn.closed:
             return None

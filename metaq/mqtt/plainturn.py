@@ -78,7 +78,7 @@ def plain_turn(port, path, acks, conn, client_id, most, most_bytes, data, v5, ma
     (``wire.read_publishes``, at most ``most`` of them and ``most_bytes``; ``entries_of``), the QoS 1 ones
     added to ``acks.unacked``; when they are the whole read, their burst frames (``port.frames_of``) appended by the
     put path's burst writer (``path.append_burst``), each run counted (``path.counted``), the put path's
-    ``burst_written`` of now called with the delivery (``port.deliver_now``, given ``client_id``) and the PUBACKs
+    ``burst_written`` of now called with the delivery (``port.serving.serve``, given ``client_id``) and the PUBACKs
     written at once when they may be (the mode ACK_NOW: ``pubacks_now``), else queued (``acks.queue_pubacks``) with
     the wait the mode asks (the store's ``log_cuts`` read before the wake, which may yield): True. None: the read does
     not begin with a plain PUBLISH (nothing taken). Else ``(entries, how many at QoS 1, their records' bytes,
@@ -107,7 +107,7 @@ def plain_turn(port, path, acks, conn, client_id, most, most_bytes, data, v5, ma
     if took < len(entries):
         return entries, qos1, nbytes, pubacks, pos, (frames, src, took, log_end, keys, runs)
     cuts = port.store.log_cuts  # nothing yielded since the writes: the wait, if any, begins after the wake
-    mode = path.burst_written(keys, now, None, port.deliver_now, (keys, entries, runs, client_id, now))
+    mode = path.burst_written(keys, now, None, port.serving.serve, (keys, entries, runs, client_id, now))
     if pubacks:
         if mode == ACK_NOW:
             if not pubacks_now(acks, conn, pubacks):

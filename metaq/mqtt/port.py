@@ -137,6 +137,10 @@ class MqttPort:
         self.decoded = Decoded(self.topics)  # records decoded, QoS 0 PUBLISHes encoded, once for all their subscribers
         self.fanouts = Fanouts(store, waiters, self.decoded, max_transfer)  # one reader per partition for many
         self.waiting = {}  # (topic, partition) -> the Deliveries waiting on it now (``deliver_now``)
+        #: the deliveries of ``waiting`` served from a publisher's turn (``direct.WaitingDeliveries``: its ``serve``
+        #: is what the put path's wake runs first, compiled where built)
+        self.serving = direct.WaitingDeliveries(self.waiting, self.fanouts.readers, self._keep_decoded,
+                                                mqtt_limits.MQTT_DIRECT_DELIVERIES)
         self._clients = {}  # client id -> its Connection
         self._ids = itertools.count(1)
         self._id_salt = os.urandom(4).hex()
@@ -814,12 +818,12 @@ class MqttPort:
 
     def deliver_now(self, keys, staged, runs, client_id, now):
         """A burst just appended to partitions ``keys`` and made visible (``staged`` and ``runs``: ``write_burst``'s)
-        served from the publisher's turn to the deliveries waiting on it (``direct.serve_waiting``, at most
-        ``limits.MQTT_DIRECT_DELIVERIES``): the messages neither read back from the log nor decoded, the subscriber's
-        wake saved; the others are kept decoded for their readers (``_keep_decoded``). Returns ``{key: events}``, the
-        waits the append's wake passes over."""
-        return direct.serve_waiting(self.waiting, self.fanouts.readers, self._keep_decoded, direct.deliver_now,
-                                    mqtt_limits.MQTT_DIRECT_DELIVERIES, keys, staged, runs, client_id, now)
+        served from the publisher's turn to the deliveries waiting on it (``serving.serve``: ``direct.serve_waiting``,
+        at most ``limits.MQTT_DIRECT_DELIVERIES``): the messages neither read back from the log nor decoded, the
+        subscriber's wake saved; the others are kept decoded for their readers (``_keep_decoded``). Returns ``{key:
+        events}``, the waits the append's wake passes over. The publisher's turns hand the put path ``serving.serve``
+        itself."""
+        return self.serving.serve(keys, staged, runs, client_id, now)
 
     def serve_copies(self, copies):
         """The MQTT cluster's copies just written to the inbox and made visible (``copies``: ``direct.serve_copies``'

@@ -300,9 +300,9 @@ class Publishes:
         if stored:
             # how its acknowledgements wait (ACK_NOW, ACK_AFTER_FLUSH or ACK_AFTER_REPLICATION), the same for every
             # put of the burst; visible now (flush async): its subscribers waiting for it get it from here
-            # (``deliver_now``, called with ``args``: no function made per burst). The wake may yield: the write
-            # decision is asked again after (``_decisions``).
-            mode = port.put_path.burst_written(keys, now, None, port.deliver_now,
+            # (``MqttPort.serving.serve``, called with ``args``: no function made per burst). The wake may yield: the
+            # write decision is asked again after (``_decisions``).
+            mode = port.put_path.burst_written(keys, now, None, port.serving.serve,
                                                (keys, burst, runs, self.conn.mqtt.client_id, now))
             if pubacks is None or exc is not None:
                 ids = [e[4].packet_id for e in (burst[:stored] if exc is not None else burst) if e[4].qos]

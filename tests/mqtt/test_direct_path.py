@@ -142,7 +142,7 @@ def _play(make, world, steps):
                 conn.direct_fd = ours.fileno() if fd_free else -1
                 conn.closed = closed
                 session.shared = {"$share/g/one/#": (SimpleNamespace(cursors={}), 1, None)} if shared else {}
-                answer = path(key, runs, staged, client_id)
+                answer = path.send(key, runs, staged, client_id)
                 seen.append((answer, session.cursors.get(key), _drain(theirs) if rng_drain(step) else b""))
             elif kind == "version":
                 put_path.version += 1
@@ -191,6 +191,14 @@ def _steps(rng):
     return steps
 
 
+@pytest.mark.parametrize("cls", [pytest.param(direct.DirectPath, id="module"),
+                                 pytest.param(SOURCE.DirectPath, id="source")])
+def test_the_publishers_turn_calls_the_path_by_its_name(cls):
+    """A path is not a callable: ``serve_waiting`` calls its method ``send`` (a C method where compiled), so the call
+    site names what runs and no call goes through the type's ``tp_call`` with its arguments packed in a tuple."""
+    assert "__call__" not in vars(cls) and callable(cls.send)
+
+
 def test_the_path_compiled_and_its_source_answer_write_and_leave_the_same():
     rng = random.Random(5859)
     for _ in range(400):
@@ -217,7 +225,7 @@ def test_the_plain_names_are_asked_again_when_the_stamp_moves_or_the_outbound_dr
         def burst(offset):
             session.cursors[key] = offset
             staged = [("one", 0, 0, b"", wire.Publish("one/t", b"x", 1, packet_id=1), "one/t")]
-            return path(key, [BurstRun(key, 1, 0, 0, offset, 0, 0)], staged, "pub")
+            return path.send(key, [BurstRun(key, 1, 0, 0, offset, 0, 0)], staged, "pub")
 
         assert burst(0) is True and len(out.asked) == 1
         assert burst(1) is True and len(out.asked) == 1  # kept

@@ -33,6 +33,7 @@ class _World:
         self.unacked = unacked
         self.burst_largest = largest
         self.store = self
+        self.serving = self  # (the port's waiting deliveries: ``serve``)
         self.mode = rng.choice([0, 0, 1, 2])
         self.log_cuts = rng.randrange(5)
         self.fail = rng.random() < 0.05
@@ -60,7 +61,7 @@ class _World:
         self.log.append(("written", sorted(keys), now, quiet, deliver, args))
         return self.mode
 
-    def deliver_now(self, *args):
+    def serve(self, *args):
         raise AssertionError("the put path calls it, not the turn")
 
     def queue_pubacks(self, data, wait=None):
@@ -119,7 +120,7 @@ def _check(world, went, unacked, data, v5, max_packet, plans, decided, room, now
         assert went == (entries, qos1, nbytes, pubacks, pos, (frames, src, took, log_end, keys, runs)) and not rest
         assert world.unacked == unacked + qos1
         return "taken"
-    assert rest[0] == ("written", sorted(keys), now, None, world.deliver_now, (keys, entries, runs, "dev-1", now))
+    assert rest[0] == ("written", sorted(keys), now, None, world.serving.serve, (keys, entries, runs, "dev-1", now))
     acked = rest[1:]
     if not pubacks:
         assert not acked and world.unacked == unacked + qos1

@@ -4,25 +4,29 @@ deliveries are called, in which order, with what; which are left caught up; what
 deliveries a burst serves and past it, and with paths that take their delivery out of ``waiting`` as they run."""
 
 import random
+import types
 
 import pytest
 
 from metaq.mqtt import limits as mqtt_limits
+from metaq import native
 from metaq.mqtt import direct
 from metaq.store.batch import BurstRun
 from tests.mqtt.test_direct_publishes import SOURCE
 
 
 class Delivery:
-    """A waiting delivery as the port lists it: its ``path`` answers as scripted (True: caught up, False: left to its
-    greenlet, None: the general path decides), recorded in ``log``; ``leave`` takes it out of ``waiting`` first."""
+    """A waiting delivery as the port lists it, its own ``path``: ``send`` answers as scripted (True: caught up,
+    False: left to its greenlet, None: the general path decides), recorded in ``log``; ``leave`` takes it out of
+    ``waiting`` first."""
 
     def __init__(self, name, answer, log, waiting=None, leave=()):
         self.name, self.answer, self.log, self.waiting, self.leave = name, answer, log, waiting, leave
         self.out = "out-" + name
         self.event = "event-" + name
+        self.path = self
 
-    def path(self, key, kruns, staged, client_id):
+    def send(self, key, kruns, staged, client_id):
         self.log.append(("path", self.name, key, [r.first_frame for r in kruns], staged, client_id))
         for k in self.leave:
             ds = self.waiting.get(k)
@@ -113,7 +117,7 @@ def test_an_error_in_a_path_reaches_the_publishers_turn(fn):
     key = ("t", 0)
 
     class Broken(Delivery):
-        def path(self, *args):
+        def send(self, *args):
             raise RuntimeError("broken path")
 
     waiting = {key: {Broken("a", True, []): None}}
@@ -125,3 +129,22 @@ def test_nothing_waiting_serves_nothing_and_asks_nothing():
     """No delivery waiting: an empty answer, no path or keep called (the common burst of a topic nobody waits on)."""
     for fn in (direct.serve_waiting, SOURCE.serve_waiting):
         assert fn({}, {("t", 0): "reader"}, None, None, 8, {("t", 0)}, [], [], "pub", 0) == {}
+
+
+@pytest.mark.parametrize("module", [direct, SOURCE], ids=["module", "source"])
+def test_the_ports_waiting_deliveries_are_served_by_one_method_compiled_where_direct_is(module):
+    """``WaitingDeliveries.serve`` (what the publisher's turn hands the put path's wake) serves the deliveries listed in
+    the dict it was given, at most its ``most`` a burst, as ``serve_waiting``; where the module runs compiled it is a
+    C method (no interpreted step between the turn and the subscribers' writes), a Python function where the source
+    runs."""
+    key = ("t", 0)
+    log = []
+    waiting = {}
+    serving = module.WaitingDeliveries(waiting, {}, lambda *a: log.append(("keep", a[0])), 1)
+    for name in ("a", "b"):
+        waiting.setdefault(key, {})[Delivery(name, True, log)] = None
+    runs = [BurstRun(key, 1, 10, 100, 0, 0, 1000)]
+    assert serving.serve({key}, "staged", runs, "pub", 7) == {key: {"event-a"}}
+    assert log == [("path", "a", key, [0], "staged", "pub"), ("keep", key)]  # the limit: b is left to its greenlet
+    compiled = module is direct and "metaq.mqtt.direct" in native.running()
+    assert isinstance(vars(module.WaitingDeliveries)["serve"], types.FunctionType) != compiled
