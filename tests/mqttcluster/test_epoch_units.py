@@ -133,7 +133,7 @@ def test_copies_keep_the_epoch_told_and_a_lie_in_it_loses_nothing_before():
     appended = []
     cluster.put_path = SimpleNamespace(check_write=lambda *a, **k: None, append_burst=lambda frames, src, now: (0, []),
                                        append=lambda *a, **k: appended.append(a[2:4]) or SimpleNamespace(offset=0),
-                                       written=lambda keys, now: None)
+                                       burst_written=lambda keys, now, *_serve: None)
     entries = [epoch_entry("sensors", 1, 40, FIRST), Entry(MESSAGE, "sensors", 1, 41, 1, 1700000000000, data),
                epoch_entry("sensors", 1, 42, SECOND), Entry(MESSAGE, "sensors", 1, 42, 1, 1700000000000, data),
                epoch_entry("sensors", 1, 43, SECOND)._replace(data=b"lie")]

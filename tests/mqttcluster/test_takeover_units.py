@@ -246,7 +246,7 @@ def test_the_records_before_a_malformed_entry_are_made_visible():
     visible, appended = [], []
     cluster.put_path = SimpleNamespace(check_write=lambda *a, **k: None, append_burst=lambda frames, src, now: (0, []),
                                        append=lambda *a, **k: appended.append(a[4]) or SimpleNamespace(offset=0),
-                                       written=lambda keys, now: visible.extend(keys))
+                                       burst_written=lambda keys, now, *_serve: visible.extend(keys))
     with pytest.raises(RemoteProtocolError, match="leaves 1 bytes over"):
         cluster.apply(2, frame.entries)
     assert visible == [(inbox.INBOX, inbox.partition_of(2, "sensors", 1))] and len(appended) == 1
@@ -261,7 +261,7 @@ def test_a_frame_that_names_an_offset_twice_is_copied_once():
     appended = []
     cluster.put_path = SimpleNamespace(check_write=lambda *a, **k: None, append_burst=lambda frames, src, now: (0, []),
                                        append=lambda *a, **k: appended.append(a[4]) or SimpleNamespace(offset=0),
-                                       written=lambda keys, now: None)
+                                       burst_written=lambda keys, now, *_serve: None)
     assert cluster.apply(2, entries) == 3
     assert len(appended) == 3
 

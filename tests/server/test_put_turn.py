@@ -9,16 +9,21 @@ import pytest
 
 from metaq.serving.longpoll import NEW_PARTITION, PartitionWaiters
 from metaq.serving.putpath import ACK_NOW, BrokerWrites
+from metaq.store.positions import LogPositions
 from metaq.store.store import MessageStore
 
 
 def _store(rnd):
+    """A ``MessageStore`` of the fields ``should_flush`` reads, made without opening a log: where the store is
+    compiled its method takes a store and its positions as they are declared, nothing standing in for them."""
     written = rnd.randrange(0, 1000)
-    return SimpleNamespace(_pos=SimpleNamespace(written=written, flushed=rnd.choice((written, rnd.randrange(0, 1000))),
-                                                unflushed_msgs=rnd.randrange(0, 20)),
-                           _async=rnd.random() < 0.8, _last_flush_ms=rnd.randrange(0, 1000),
-                           config=SimpleNamespace(flush_every_messages=rnd.randrange(1, 20),
-                                                  flush_interval_ms=rnd.randrange(1, 300)))
+    pos = LogPositions(async_visible=True)
+    pos.written, pos.flushed = written, rnd.choice((written, rnd.randrange(0, 1000)))
+    pos.unflushed_msgs = rnd.randrange(0, 20)
+    store = MessageStore.__new__(MessageStore)
+    store._pos, store._async, store._last_flush_ms = pos, rnd.random() < 0.8, rnd.randrange(0, 1000)
+    store.config = SimpleNamespace(flush_every_messages=rnd.randrange(1, 20), flush_interval_ms=rnd.randrange(1, 300))
+    return store
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -34,7 +39,7 @@ def test_should_flush_answers_and_moves_the_last_flush_by_the_policy(seed):
         behind = pos.written > pos.flushed
         due = (pos.unflushed_msgs >= cfg.flush_every_messages or now - last >= cfg.flush_interval_ms)
         want = behind and (not store._async or due)
-        assert MessageStore.should_flush(store, now) is want
+        assert store.should_flush(now) is want
         assert store._last_flush_ms == (now if not behind or (store._async and due) else last)
 
 
