@@ -310,16 +310,16 @@ def test_a_takeovers_end_is_short_when_the_copies_the_positions_count_are_not_re
 
 def test_lease_renewals_have_turns_of_their_own_that_other_calls_never_fill():
     """However many registrations wait for a peer, a lease renewal to it goes at once (MQTT_CLUSTER_LEASE_CONNECTIONS);
-    the others share the rest of MQTT_CLUSTER_PEER_CONNECTIONS."""
+    the others share the rest of MQTT_CLUSTER_CALLS_IN_FLIGHT."""
     client, going = PeerClient(0, None), []
 
-    def answer(address, body, deadline):
-        going.append(json.loads(body))
+    def answer(address, request, deadline):
+        going.append(request)
         gevent.sleep(0.2)
         return {}
 
     client._call = answer
-    others = mqttcluster_limits.MQTT_CLUSTER_PEER_CONNECTIONS - mqttcluster_limits.MQTT_CLUSTER_LEASE_CONNECTIONS
+    others = mqttcluster_limits.MQTT_CLUSTER_CALLS_IN_FLIGHT - mqttcluster_limits.MQTT_CLUSTER_LEASE_CONNECTIONS
     storm = [gevent.spawn(client.call, "h:1", {"op": "register"}, 5) for _ in range(3 * others)]
     gevent.sleep(0.01)
     assert len(going) == others  # at their limit; the rest wait

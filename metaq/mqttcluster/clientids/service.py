@@ -69,6 +69,7 @@ from metaq.mqttcluster.clientids import handover
 from metaq.mqttcluster.clientids.calls import PeerUnreachable
 from metaq.mqttcluster.clientids.ids import HomeRegistry, RegistryFull, home_of
 from metaq.mqttcluster.clientids.leases import Leases
+from metaq.mqttcluster.clientids.registrations import Registrations
 from metaq.serving.connections import share_loop
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,8 @@ class ClientIds:
         #: the calls this broker answers as a home or a holder (op -> ``fn(caller, request) -> answer``), served on
         #: the replication port by the cluster's ``serve.PeerServer``
         self.calls = {op: self._heard_by(fn) for op, fn in (
-            ("register", self._register), ("give_up", self._give_up), ("hold", self._hold), ("release", self._release),
+            ("register", self._register), ("registers", self._registers), ("give_up", self._give_up),
+            ("hold", self._hold), ("release", self._release),
             ("drop", self._drop), ("rest", self._rest), ("lease", lambda _caller, _request: {}))}
         self.lease_s = lease_s
         self.leases = Leases(broker_id, lease_s)  # of the homes, held here; the holders', heard here
@@ -132,6 +134,8 @@ class ClientIds:
         self.takeovers = 0  # sessions this broker took from another
         self.refused = 0  # CONNECTs refused: the home unreachable, or its registry full
         self.holds_refused = 0  # ids this home did not register (a CONNECT's, a hold's): full, or the holder's share
+        #: this broker's registrations with each home, batched (``registrations.Registrations``)
+        self.registrations = Registrations(self._send_registers)
         self._greenlets = []
         self._told_all = False  # every id held here was told to its home since this broker became a member
         self._joined_at = None  # when this broker was last seen becoming a member (monotonic), None: it is none
@@ -153,7 +157,7 @@ class ClientIds:
             if home == self.broker_id:
                 answer = self._register(self.broker_id, request)
             else:
-                answer = self._call(home, self.members[home], request)
+                answer = self.registrations.register(home, request, self.client.timeout_s)
         except PeerUnreachable as exc:
             self.refused += 1
             return wire.SERVER_UNAVAILABLE, "the home broker %d of client id %s is unreachable (%s): try again" \
@@ -304,6 +308,48 @@ class ClientIds:
             serial[1] -= 1
             if not serial[1]:
                 del self._serial[client_id]
+
+    def _registers(self, caller, request):
+        """A batch of registrations (``registrations.Registrations``): each entry registered as its own ``register``
+        call would be, all at once (each serialised with its id's others), their answers in the entries' order; an
+        entry ``asks`` refused (``refused``: its reason, or None) answered with the refusal."""
+        refused = request.get("refused") or [None] * len(request["r"])
+        going = [None if why is not None else gevent.spawn(self._register, caller, dict(entry, op="register"))
+                 for entry, why in zip(request["r"], refused, strict=True)]
+        gevent.joinall([g for g in going if g is not None])
+        answers = []
+        for greenlet, why in zip(going, refused, strict=True):
+            if why is not None:
+                answers.append({"error": why, "refused": True})
+            elif greenlet.successful():
+                answers.append(greenlet.value)
+            else:
+                answers.append({"error": "%s: %s" % (type(greenlet.exception).__name__, greenlet.exception)})
+        return {"a": answers}
+
+    def _send_registers(self, home, requests, timeout_s):
+        """One ``registers`` call of ``requests`` to ``home``: an answer per request (or the PeerUnreachable of its
+        own call, to a home of the version before: one call each). Raises PeerUnreachable."""
+        address = self.members.get(home)
+        if address is None:
+            raise PeerUnreachable("broker %s is no member now" % home)
+        answer = self._call(home, address, {"op": "registers", "r": requests}, timeout_s)
+        if "error" in answer and "unknown call" in str(answer["error"]):
+            return self._register_each(home, address, requests, timeout_s)
+        if "error" in answer:
+            return [answer] * len(requests)
+        answers = answer.get("a")
+        if not isinstance(answers, list) or len(answers) != len(requests) or \
+                not all(isinstance(a, dict) for a in answers):
+            raise PeerUnreachable("broker %s answered %d registrations with no answer each" % (home, len(requests)))
+        return answers
+
+    def _register_each(self, home, address, requests, timeout_s):
+        """``requests`` as a ``register`` call each, at once (a home of the version before)."""
+        calls = [gevent.spawn(self._call, home, address, request, timeout_s) for request in requests]
+        gevent.joinall(calls)
+        return [c.value if c.successful() else c.exception if isinstance(c.exception, PeerUnreachable)
+                else PeerUnreachable(str(c.exception)) for c in calls]
 
     def _register_one(self, caller, client_id, request, deadline=None):
         old = self.registry.holder(client_id)
@@ -736,4 +782,7 @@ class ClientIds:
                 ("mqtt_cluster_lease_closed", self.lease_closed),
                 ("mqtt_cluster_handovers_lingering", len(self._lingering)),
                 ("mqtt_cluster_holds_refused", self.holds_refused),
-                ("mqtt_cluster_calls", self.client.calls), ("mqtt_cluster_call_failures", self.client.failures)]
+                ("mqtt_cluster_calls", self.client.calls), ("mqtt_cluster_call_failures", self.client.failures),
+                ("mqtt_cluster_calls_unmatched", self.client.unmatched),
+                ("mqtt_cluster_registration_batches", self.registrations.batches),
+                ("mqtt_cluster_registrations_batched", self.registrations.batched)]
