@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import gevent
 import gevent.server
@@ -15,6 +16,7 @@ from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.mqttcluster.clientids.calls import PeerClient, PeerUnreachable
 from metaq.mqttcluster.clientids.ids import home_of
 from metaq.mqttcluster.clientids.registrations import Registrations
+from metaq.mqttcluster.clientids.service import ClientIds
 from metaq.protocol import replication as rp
 from tests.harness.broker import wait_for
 from tests.harness.mqttcluster import Cluster, PaperMembers, homed
@@ -255,3 +257,41 @@ def test_registrations_to_one_home_go_in_batches_each_with_its_own_answer():
     gevent.joinall(down, timeout=5)
     assert all(isinstance(g.exception, PeerUnreachable) for g in down)
     assert regs.batched == n + 1 + 2 + 3
+
+
+def test_a_client_ids_registrations_go_one_at_a_time_in_the_order_they_came():
+    """Registrations of one id asked at once never share a batch, and one goes only once the one before it is
+    answered (the home decides them in order, each answer here before the next is asked); other ids' go meanwhile.
+    One whose own bound runs out while it waits is told so at its bound; the one after it still goes."""
+    sent = []
+
+    def send(home, requests, timeout_s):
+        sent.append([r["c"] for r in requests])
+        gevent.sleep(0.05)
+        return [{"n": r["n"]} for r in requests]
+
+    regs = Registrations(send, most=1)
+    order = [("x", 5), ("y", 5), ("x", 5), ("x", 0.02), ("x", 5), ("z", 5)]
+    calls = [gevent.spawn(regs.register, "h", {"c": c, "n": n}, bound) for n, (c, bound) in enumerate(order)]
+    gevent.joinall(calls, timeout=5)
+    assert sent == [["x", "y", "z"], ["x"], ["x"]], sent  # the one whose bound ran out while it waited never went
+    assert [g.value for g in calls] == [{"n": 0}, {"n": 1}, {"n": 2}, None, {"n": 4}, {"n": 5}]
+    assert isinstance(calls[3].exception, PeerUnreachable)
+    assert regs._ids == {} and regs._queues == {}
+
+
+def test_a_lone_registration_goes_as_a_register_call_a_batch_of_more_as_registers():
+    """A home of any version answers ``register``: a registration alone goes as one; two go as one ``registers``."""
+    made = []
+
+    def call(broker_id, address, request, timeout_s=None, exclusive=False):
+        made.append(request["op"])
+        return {"gen": 1} if request["op"] == "register" else {"a": [{"gen": 2}, {"gen": 3}]}
+
+    ids = ClientIds(None, None, None, 3, SimpleNamespace(close=lambda: None, timeout_s=5), 100, 0, lambda: True)
+    ids.members = {1: "h:1", 3: "h:3"}
+    ids._call = call
+    assert ids._send_registers(1, [{"op": "register", "c": "a", "clean": False}], 5) == [{"gen": 1}]
+    two = [{"op": "register", "c": c, "clean": False} for c in ("a", "b")]
+    assert ids._send_registers(1, two, 5) == [{"gen": 2}, {"gen": 3}]
+    assert made == ["register", "registers"]

@@ -11,6 +11,12 @@ its own error) out of the batch's, within its own bound; a batch the home does n
 unreachable (``PeerUnreachable``), as one call would, and a CONNECT whose bound runs out first is told so at its
 bound while its batch waits on. A home of the version before (``registers`` unknown to it) is
 asked one call a CONNECT.
+
+**One registration of a client id in flight at a time.** A second CONNECT of an id whose registration is queued or in
+flight waits for that one's answer before it joins a batch: the home decides a broker's registrations of one id in
+the order they came, each answered before the next is asked, so the broker never holds two answers of one id at
+once (two CONNECTs each believing it won), nor one answer held back in a batch behind a later registration of its own
+id (that one waits at the home for the answer this broker has not got yet).
 """
 
 import time
@@ -27,37 +33,52 @@ __all__ = ["Registrations"]
 
 class Registrations:
     """See the module doc. ``send(home, requests, timeout_s) -> [answer, or the PeerUnreachable of it, per request]``
-    makes one ``registers`` call (raises PeerUnreachable)."""
+    makes one call of ``requests`` (raises PeerUnreachable)."""
 
     def __init__(self, send, most=None):
         self._send = send
         self.most = mqttcluster_limits.MQTT_CLUSTER_REGISTER_BATCHES if most is None else most
-        self._queues = {}  # home -> deque of [request, AsyncResult, deadline]
+        self._queues = {}  # home -> deque of (request, AsyncResult, deadline): ready to go in its next batch
         self._going = {}  # home -> batches in flight to it
-        self.batches = 0  # ``registers`` calls made
+        #: (home, client id) -> deque of its registrations waiting for the one queued or in flight (empty: none); one
+        #: a CONNECT under way, so bounded by the port's connections
+        self._ids = {}
+        self.batches = 0  # calls made
         self.batched = 0  # registrations they carried
 
     def register(self, home, request, timeout_s):
         """``request`` (a ``register`` call's) answered by ``home`` within ``timeout_s``: its answer (a dict). Raises
         PeerUnreachable."""
         deadline = time.monotonic() + timeout_s
-        result = AsyncResult()
-        self._queues.setdefault(home, deque()).append((request, result, deadline))
+        entry = (request, AsyncResult(), deadline)
+        waiting = self._ids.get((home, request["c"]))
+        if waiting is not None:
+            waiting.append(entry)  # goes once the one of its id before it is answered
+        else:
+            self._ids[(home, request["c"])] = deque()
+            self._queue(home, entry)
+        try:
+            return entry[1].get(timeout=max(0.0, deadline - time.monotonic()))
+        except gevent.Timeout:  # its batch waits on for the others' answers
+            raise PeerUnreachable("the home broker %s: no answer in time" % home) from None
+
+    def _queue(self, home, entry):
+        """``entry`` in ``home``'s next batch; a batch goes now while fewer than ``most`` are in flight."""
+        self._queues.setdefault(home, deque()).append(entry)
         if self._going.get(home, 0) < self.most:
             self._going[home] = self._going.get(home, 0) + 1
             gevent.spawn(self._flush, home)
-        try:
-            return result.get(timeout=max(0.0, deadline - time.monotonic()))
-        except gevent.Timeout:  # its batch waits on for the others' answers
-            raise PeerUnreachable("the home broker %s: no answer in time" % home) from None
 
     def _flush(self, home):
         """Send what queued for ``home`` as batches, one at a time, until nothing is left."""
         try:
-            queue = self._queues.get(home)
-            while queue:
+            while self._queues.get(home):
+                queue = self._queues[home]
                 batch = [queue.popleft() for _ in range(min(len(queue), mqttcluster_limits.MQTT_CLUSTER_ID_BATCH))]
-                self._send_batch(home, batch)
+                try:
+                    self._send_batch(home, batch)
+                finally:
+                    self._answered(home, batch)
         finally:
             left = self._going.pop(home, 1) - 1
             if left:
@@ -65,8 +86,18 @@ class Registrations:
             if not self._queues.get(home):
                 self._queues.pop(home, None)
 
+    def _answered(self, home, batch):
+        """Each id of ``batch`` (answered, or failed): its next registration waiting goes to the queue."""
+        for request, _result, _deadline in batch:
+            key = (home, request["c"])
+            waiting = self._ids.get(key)
+            if waiting:
+                self._queue(home, waiting.popleft())
+            else:
+                self._ids.pop(key, None)
+
     def _send_batch(self, home, batch):
-        """One ``registers`` call of ``batch``, each entry's answer (or error) set."""
+        """One call of ``batch``, each entry's answer (or error) set."""
         now = time.monotonic()
         live = [entry for entry in batch if entry[2] > now]
         for _request, result, _deadline in batch:

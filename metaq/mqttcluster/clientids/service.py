@@ -105,8 +105,11 @@ class ClientIds:
         self.members = {}  # broker id -> its replication address "host:port"
         self._owners = {}  # broker id -> (address, its node's ZooKeeper session): a restart is a change
         self._serial = {}  # client id -> Semaphore: one registration of an id at a time, on its home
-        self._finishing = {}  # client id -> Event: a CONNECT here registered and not yet claimed
-        self._overtaken = set()  # those Events whose CONNECT a later registration elsewhere passed: refused (``join``)
+        #: client id -> [Event, n]: n CONNECTs here registered and not yet claimed (the Event set when none is left)
+        self._finishing = {}
+        #: client id -> the latest generation given up here while a CONNECT of it was being registered or claimed:
+        #: one answered at it or before is refused (``join``); kept while such a CONNECT is (``_settle_given``)
+        self._given = {}
         self._pending = {}  # client id -> registrations this broker sent to its home and has no answer to yet
         self._answered = {}  # client id -> the generation of the last registration answered here
         self._generations = itertools.count(1)  # the home's: each registration of an id gets the next
@@ -159,20 +162,30 @@ class ClientIds:
             else:
                 answer = self.registrations.register(home, request, self.client.timeout_s)
         except PeerUnreachable as exc:
-            self.refused += 1
-            return wire.SERVER_UNAVAILABLE, "the home broker %d of client id %s is unreachable (%s): try again" \
-                % (home, client_id, exc)
+            answer = {"error": "the home broker %d of client id %s is unreachable (%s): try again" % (
+                home, client_id, exc)}
         finally:
             left = self._pending.pop(client_id) - 1
             if left:
                 self._pending[client_id] = left
         if "error" in answer:
+            self._settle_given(client_id)
             self.refused += 1
             code = wire.QUOTA_EXCEEDED if answer.get("full") else \
                 wire.CLIENT_ID_NOT_VALID if answer.get("refused") else wire.SERVER_UNAVAILABLE
             return code, answer["error"]
         self._answered[client_id] = max(self._answered.get(client_id, 0), answer.get("gen", 0))
-        going = self._finishing[client_id] = Event()
+        claiming = self._finishing.setdefault(client_id, [Event(), 0])
+        claiming[1] += 1
+        try:
+            return self._go_on(client_id, answer, user)
+        except BaseException:
+            self.finished(client_id)
+            raise
+
+    def _go_on(self, client_id, answer, user):
+        """A CONNECT of ``client_id`` the home registered here (``answer``): the session it passed on adopted, unless
+        a give_up here passed this registration meanwhile (``_given``). ``join``'s result."""
         self._released.discard(client_id)
         state = answer.get("session")
         problem = handover.problem(state, client_id) if state is not None else None
@@ -195,14 +208,13 @@ class ClientIds:
             log.info("mqtt client %s: its session came from broker %d (%d messages not acknowledged%s)", client_id,
                      answer.get("from", -1), len(state["inf"]) + len(state["queued"]),
                      ", %d dropped past the bounds" % state["dropped"] if state.get("dropped") else "")
-        if going in self._overtaken:  # a later registration elsewhere took the id while this one took its session
-            self._overtaken.discard(going)
+        if answer.get("gen", 0) <= self._given.get(client_id, -1):  # a later registration elsewhere took the id
             self.finished(client_id)
             if state is not None and not self.port.holds(client_id):
                 self.port.end_session(client_id)  # it went on from what was here before: this copy is not the id's
             self.refused += 1
-            return wire.SERVER_UNAVAILABLE, "client id %s was registered on another broker while this CONNECT took " \
-                "its session over: try again" % client_id
+            return wire.SERVER_UNAVAILABLE, "client id %s was registered on another broker while this CONNECT was " \
+                "registered or took its session over: try again" % client_id
         return None
 
     def _takeover_end(self, client_id, state, answer, key):
@@ -281,11 +293,22 @@ class ClientIds:
         return cursors, upto, short
 
     def finished(self, client_id):
-        """The CONNECT of ``client_id`` here claimed it (or was refused): a later takeover may go on."""
-        event = self._finishing.pop(client_id, None)
-        if event is not None:
-            event.set()
-            self._overtaken.discard(event)
+        """A CONNECT of ``client_id`` here claimed it (or was refused): once no other is between its registration and
+        its claim, a later takeover may go on."""
+        claiming = self._finishing.get(client_id)
+        if claiming is None:
+            return
+        claiming[1] -= 1
+        if claiming[1] <= 0:
+            del self._finishing[client_id]
+            claiming[0].set()
+            self._settle_given(client_id)
+
+    def _settle_given(self, client_id):
+        """Forget the generation given up of ``client_id`` once no CONNECT of it here awaits its answer or its claim:
+        ``_given`` holds only ids with a CONNECT under way (bounded by the connections)."""
+        if not self._pending.get(client_id) and client_id not in self._finishing:
+            self._given.pop(client_id, None)
 
     def released(self, client_id):
         """No connection nor session of ``client_id`` is left here: its home is told (batched)."""
@@ -404,14 +427,13 @@ class ClientIds:
         client_id = request["c"]
         deadline = time.monotonic() + HOLDER_TIMEOUT_S / 2
         self._await_answer(client_id, request.get("gen", 0), deadline)
-        event = self._finishing.get(client_id)
-        if event is not None:
-            event.wait(max(0.0, deadline - time.monotonic()))  # a CONNECT here going live: taken over once it is
-            if not event.is_set():
-                self._overtaken.add(event)  # still taking the session over: it will not go live (``join``)
+        claiming = self._finishing.get(client_id)
+        if claiming is not None:  # the CONNECTs here going live (every one): taken over once they are
+            claiming[0].wait(max(0.0, deadline - time.monotonic()))
         refusal, saved = self.port.give_up(client_id, request["clean"], request.get("u"))
         if refusal is not None:
             return {"error": refusal, "refused": True}
+        self._overtake(client_id, request.get("gen", 0))  # nothing yielded since the give_up
         self._released.discard(client_id)
         if saved is None:
             return {"from": self.broker_id}
@@ -519,6 +541,13 @@ class ClientIds:
                 return False
             gevent.sleep(0.005)
 
+    def _overtake(self, client_id, generation):
+        """A registration elsewhere, later than this broker's of ``generation`` (the home's count), took ``client_id``
+        from here: a CONNECT of it here answered at that generation or before and not live yet (its answer on its
+        way, or taking a session over past the holder's wait) is refused rather than made live (``join``)."""
+        if generation and (self._pending.get(client_id) or client_id in self._finishing):
+            self._given[client_id] = max(self._given.get(client_id, 0), generation)
+
     def _await_answer(self, client_id, generation, deadline):
         """Wait, until ``deadline`` at most, while a CONNECT of ``client_id`` here waits for its home's answer and
         no registration here of ``generation`` or later was answered yet: that CONNECT goes live (or is refused)
@@ -575,6 +604,7 @@ class ClientIds:
             self._await_answer(client_id, generation + 1, deadline)
             if self._answered.get(client_id, 0) > generation:
                 continue
+            self._overtake(client_id, generation)  # a CONNECT here answered before it is not made live either
             if self.port.holds_any(client_id):
                 log.warning("mqtt client %s: registered on another broker while this one did not answer or held a "
                             "copy from before its start; its session here ends", client_id)
