@@ -9,8 +9,8 @@ joins what queued while they were, which goes as one call when one of them is an
 longer than before; a storm's wait for a round trip is shared by a whole batch. Each CONNECT gets its own answer (or
 its own error) out of the batch's, within its own bound; a batch the home does not answer makes each of its CONNECTs
 unreachable (``PeerUnreachable``), as one call would, and a CONNECT whose bound runs out first is told so at its
-bound while its batch waits on. A home of the version before (``registers`` unknown to it) is
-asked one call a CONNECT.
+bound while its batch waits on. How a batch goes is ``send``'s (``ClientIds._send_registers``: a lone registration
+as a plain ``register`` call, more as one ``registers`` call, a call each to a home of the version before).
 
 **One registration of a client id in flight at a time.** A second CONNECT of an id whose registration is queued or in
 flight waits for that one's answer before it joins a batch: the home decides a broker's registrations of one id in

@@ -351,11 +351,15 @@ class ClientIds:
         return {"a": answers}
 
     def _send_registers(self, home, requests, timeout_s):
-        """One ``registers`` call of ``requests`` to ``home``: an answer per request (or the PeerUnreachable of its
-        own call, to a home of the version before: one call each). Raises PeerUnreachable."""
+        """``requests`` to ``home`` in one call: an answer per request. A lone one goes as a plain ``register`` call
+        (what a home of any version answers, no batch of one); more as one ``registers`` call (to a home of the
+        version before: a ``register`` call each, each answer or the PeerUnreachable of its own call). Raises
+        PeerUnreachable."""
         address = self.members.get(home)
         if address is None:
             raise PeerUnreachable("broker %s is no member now" % home)
+        if len(requests) == 1:
+            return [self._call(home, address, requests[0], timeout_s)]
         answer = self._call(home, address, {"op": "registers", "r": requests}, timeout_s)
         if "error" in answer and "unknown call" in str(answer["error"]):
             return self._register_each(home, address, requests, timeout_s)
