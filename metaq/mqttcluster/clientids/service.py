@@ -23,9 +23,11 @@ It then asks the old holder for the rest (``rest``): the holder kept the session
 it up (``MqttCluster.pin``, for MQTT_HANDOVER_LINGER_S at most, MQTT_HANDOVER_MAX_LINGERING
 sessions), waits until its own copies reach those positions, and hands what its log and its inbox got for the
 session past where its handover stopped and before those positions (``handover.rest``): every message once, from
-one side or the other. A CONNECT
-past its registration and not yet claimed is waited for (``finished``) before a later one takes the id from here,
-so two brokers never both go live with one id.
+one side or the other. Every
+CONNECT of the id here past its registration and not yet claimed is waited for (``finished``) before a later one
+takes the id from here; one still not live past that wait, or whose answer comes only after it (held back in a
+batch), is refused (``_overtake``: an answer at or before the generation given up), so two brokers never both go
+live with one id.
 
 **Failures.** The home unreachable (``MQTT_CLUSTER_CALL_TIMEOUT_S``): the CONNECT is refused, MQTT 5 0x88 Server
 unavailable, 3.1.1 0x03, rather than risk two live sessions; the device retries. The holder unreachable: after
