@@ -580,3 +580,27 @@ def test_a_topic_made_while_a_routes_rescan_shares_the_loop_stays_followed_from_
     route.join()
     assert follow.cursors.get(("ping", 0)) == 0  # from its start: it was made after the route came
     assert follow.made == store.partitions_made() and follow.routed == 8
+
+
+def test_a_connect_whose_registration_fails_past_peer_unreachable_keeps_nothing_of_its_id(monkeypatch):
+    """A registration that raises what no call raises (its greenlet killed) while a give_up recorded the generation
+    it took the id at: nothing of the id stays (``_given``, ``_pending``, ``_finishing``: bounded by the CONNECTs under
+    way)."""
+    monkeypatch.setattr(service, "HOLDER_TIMEOUT_S", 0.2)
+    client_id = homed(1, 1, [1, 2, 3], "killed")[0]
+    killed = Event()
+
+    def answers(_i):
+        killed.wait()
+        raise RuntimeError("killed")
+
+    port = ClaimingPort()
+    ids = _claiming(port, answers)
+    first = gevent.spawn(port.connect, 1, client_id)
+    gevent.sleep(0.01)
+    ids._give_up(1, {"c": client_id, "clean": False, "u": None, "to": 1, "gen": 5})
+    assert ids._given == {client_id: 5}
+    killed.set()
+    first.join(5)
+    assert isinstance(first.exception, RuntimeError)
+    assert ids._given == {} and ids._pending == {} and ids._finishing == {} and port.live == set()

@@ -158,6 +158,7 @@ class ClientIds:
         request = {"op": "register", "c": client_id, "clean": bool(clean_start), "u": user}
         home = home_of(client_id, self.members)
         self._pending[client_id] = self._pending.get(client_id, 0) + 1
+        answer = None
         try:
             if home == self.broker_id:
                 answer = self._register(self.broker_id, request)
@@ -170,6 +171,8 @@ class ClientIds:
             left = self._pending.pop(client_id) - 1
             if left:
                 self._pending[client_id] = left
+            if answer is None:  # an error past PeerUnreachable (the greenlet killed): nothing of it is kept
+                self._settle_given(client_id)
         if "error" in answer:
             self._settle_given(client_id)
             self.refused += 1
