@@ -6,6 +6,7 @@
     .venv/bin/python -m bench.bench_cluster --fanout-only --brokers 1 2 4 --subscribers 10000 [--messages 10]
     .venv/bin/python -m bench.bench_cluster --held 100000 [--held-brokers 8] [--held-keep-alive 300]
                                             [--held-seconds 60] [--held-every 30]
+    .venv/bin/python -m bench.bench_cluster --reconnect 100000 --brokers 1 4 [--runs 3]
 
 Each cluster is N broker processes (broker ids 0..N-1, ``flush: async``, the real segment sizes) registered under
 one ZooKeeper (Debian's package, started by ``tests/harness/zookeeper.py`` as ``bench_failover`` does). Rows, each
@@ -36,6 +37,13 @@ of ephemeral ports): the connect rate (a CONNECT registers its client id with it
 call to another broker), the connections each broker saw, its heap before and with them, and the brokers' CPU
 with no client, while every connection sends a PINGREQ every ``--held-every`` s for ``--held-seconds``, and held
 idle after.
+
+``--reconnect`` has that many devices with persistent sessions (Clean Start 0) connect once, spread evenly over the
+brokers (their client ids' homes spread over them by the hash), leave, and come back at once to the same broker, each
+cluster size of ``--brokers`` in turn in every run: the connects a second of the whole wave back (its last CONNACK),
+each wave from ``RECONNECT_PROCS`` generator processes (more for a larger cluster or past ``RECONNECT_PER_PROC`` each),
+and its ratio to the smallest cluster of the run. A broker holds at most its open-files limit's connections: 100,000
+devices need a hard limit past 100,000 for one broker alone, past 25,000 a broker over 4 (``ulimit -Hn``).
 
 The generator runs on the same cores as the brokers: each row also gives the generators' CPU seconds a second, so
 a ratio that a busy generator held down can be told apart. Not a test: nothing here asserts.
@@ -77,7 +85,8 @@ class Cluster:
             cfg = small_config(os.path.join(wd, "data"), broker={"id": i}, store=full_size_store(flush="async"),
                                topics=[{"name": "*", "partitions": 4}],
                                mqtt={"port": free_port()}, replication={"port": free_port()},
-                               zk={"connect": zk_connect, "root": "/metaq-bench-%d-%d" % (n, os.getpid())})
+                               zk={"connect": zk_connect, "root": "/metaq-bench-%d-%d-%s" % (
+                                   n, os.getpid(), os.path.basename(root))})  # a root each: no epoch of the last
             self.brokers.append(BrokerProcess(wd, cfg))
         for b in self.brokers:
             b.start(timeout=120)
@@ -283,6 +292,78 @@ def held(cluster, connections, keep_alive, seconds, every):
             "ping_us": max(0.0, busy - idle) * ping_s / max(1, sent) * 1e6}
 
 
+#: Generator processes of a reconnect wave at least (one per broker past it), alike for every cluster size.
+RECONNECT_PROCS = 4
+#: Connections one generator process opens at most (under a process's open-file cap, as ``--held``'s).
+RECONNECT_PER_PROC = 12_500
+
+
+def reconnect(cluster, devices):
+    """Connects a second of ``devices`` devices with persistent sessions coming back at once (see the module doc): the
+    first wave makes their sessions, the second is timed; ``(rate, seconds)``."""
+    n = len(cluster.brokers)
+    procs = max(RECONNECT_PROCS, n, -(-devices // RECONNECT_PER_PROC))
+
+    def wave():
+        started = time.perf_counter()
+        workers = [load.spawn(load.hold, cluster.mqtt_port(i % n), devices // procs + (i < devices % procs),
+                              "rc%d-" % i, FLEET_KEEP_ALIVE, held_sources(i), False) for i in range(procs)]
+        try:
+            [pipe.recv() for _, pipe in workers]
+            took = time.perf_counter() - started
+            for _, pipe in workers:
+                pipe.send("close")
+        finally:
+            for proc, _ in workers:
+                proc.join(60)
+        return took
+
+    first = wave()
+    deadline = time.monotonic() + 120
+    while not _all_closed(cluster) and time.monotonic() < deadline:
+        time.sleep(0.5)  # every connection seen closed, each session kept on its broker
+    time.sleep(1)
+    took = wave()
+    return devices / took, took, devices / first
+
+
+def _all_closed(cluster):
+    """True once no broker holds a connection (a broker busy closing thousands may not answer ``stats`` in time)."""
+    try:
+        return not any(cluster.connections(i) for i in range(len(cluster.brokers)))
+    except OSError:
+        return False
+
+
+def reconnect_run(root, zk, n, args):
+    """The reconnect wave alone (``--reconnect``) on a cluster of ``n``."""
+    cluster = Cluster(os.path.join(root, "r%d-%d" % (n, time.monotonic_ns())), zk.connect, n)
+    try:
+        time.sleep(2)
+        rate, took, first = reconnect(cluster, args.reconnect)
+    finally:
+        cluster.stop()
+    return {"rate": rate, "took": took, "first": first}
+
+
+def print_reconnect(args, results):
+    base = statistics.median(r["rate"] for r in results[args.brokers[0]])
+    print()
+    print("reconnect: %d devices with persistent sessions (Clean Start 0) come back at once to the broker they left, "
+          "spread evenly over the brokers, their ids' homes spread over them; medians of %d runs; %d cores"
+          % (args.reconnect, args.runs, os.cpu_count()))
+    print()
+    print("| brokers | devices | reconnects/s (range) | seconds for all | vs %d broker(s) | first connects/s |"
+          % args.brokers[0])
+    print("|---:|---:|---:|---:|---:|---:|")
+    for n in args.brokers:
+        rates = [r["rate"] for r in results[n]]
+        rate = statistics.median(rates)
+        print("| %d | %d | %.0f (%.0f-%.0f) | %.1f | %.2fx | %.0f |" % (
+            n, args.reconnect, rate, min(rates), max(rates), statistics.median(r["took"] for r in results[n]),
+            rate / base, statistics.median(r["first"] for r in results[n])))
+
+
 def held_sources(i):
     """Source addresses of broker ``i``'s held connections: eight of its own, so that no address runs out of
     ephemeral ports and none nears a broker's per-address share."""
@@ -353,7 +434,8 @@ def run(args):
             return print_held(args, runs)
         for _ in range(args.runs):
             for n in args.brokers:  # interleaved: a noisy minute hits every size alike
-                kind = fanout_run if args.fanout_only else paths_run if args.paths_only else one_run
+                kind = fanout_run if args.fanout_only else paths_run if args.paths_only else \
+                    reconnect_run if args.reconnect else one_run
                 results[n].append(kind(root, zk, n, args))
                 print("run: %d brokers %r" % (n, results[n][-1]), file=sys.stderr, flush=True)
     finally:
@@ -361,6 +443,8 @@ def run(args):
         shutil.rmtree(root, ignore_errors=True)
     if args.fanout_only:
         return print_fanout(args, results)
+    if args.reconnect:
+        return print_reconnect(args, results)
     if args.paths_only:
         return print_paths(args, results)
     base = statistics.median(r["rate"] for r in results[args.brokers[0]])
@@ -439,6 +523,8 @@ def main(argv=None):
     p.add_argument("--held-keep-alive", type=int, default=300, help="the held connections' Keep Alive (s)")
     p.add_argument("--held-seconds", type=float, default=60.0, help="how long the held connections ping")
     p.add_argument("--held-every", type=float, default=30.0, help="seconds between a held connection's pings")
+    p.add_argument("--reconnect", type=int, default=0, help="only a reconnect wave of this many devices with "
+                   "persistent sessions, over each of --brokers (e.g. --reconnect 100000 --brokers 1 4)")
     p.add_argument("--dir", default=None, help="where the data goes (default: the system temp dir)")
     run(p.parse_args(argv))
 

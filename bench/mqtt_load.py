@@ -98,9 +98,10 @@ def recv_exact(sock, n):
     return data
 
 
-def open_connections(port, n, prefix, keep_alive=60, sources=None, batch=256, host="127.0.0.1"):
-    """``n`` connected sockets, each past its CONNACK (``batch`` CONNECTs in flight at once); spread over the source
-    addresses ``sources`` when given (a broker caps connections per address). Raises on a refused CONNECT."""
+def open_connections(port, n, prefix, keep_alive=60, sources=None, batch=256, host="127.0.0.1", clean=True):
+    """``n`` connected sockets, each past its CONNACK (``batch`` CONNECTs in flight at once; ``clean``: their Clean
+    Session flag); spread over the source addresses ``sources`` when given (a broker caps connections per address).
+    Raises on a refused CONNECT."""
     socks = []
     for start in range(0, n, batch):
         group = []
@@ -110,7 +111,7 @@ def open_connections(port, n, prefix, keep_alive=60, sources=None, batch=256, ho
             if sources:
                 s.bind((sources[i % len(sources)], 0))
             s.connect((host, port))
-            s.sendall(connect_packet("%s-%d" % (prefix, i), keep_alive))
+            s.sendall(connect_packet("%s-%d" % (prefix, i), keep_alive, clean))
             group.append(s)
         for s in group:
             ack = recv_exact(s, CONNACK_LEN)
@@ -155,16 +156,16 @@ def _ready(sel, timeout):
     return out
 
 
-def hold(pipe, port, n, prefix, keep_alive, sources):
+def hold(pipe, port, n, prefix, keep_alive, sources, clean=True):
     """Open ``n`` connections (reply: seconds it took), then on ``("ping", seconds, every)`` send a PINGREQ on each
     every ``every`` seconds for ``seconds`` (reply: pings sent, PINGRESPs received, connections the broker closed),
     on ``("fleet", rate, count, topic, payload_len)`` publish ``count`` QoS 1 messages at ``rate`` a second, each
     from the next connection in turn (``fleet``), on ``("devices", seconds, topic, payload_len)`` have every
     connection publish QoS 1 messages one at a time, the next once the last is acknowledged (``devices``), on
     ``("storm", gap, wait)`` send a PINGREQ's first byte on every one at once and its second ``gap`` seconds later
-    (``storm``: two replies), then on ``"close"`` close them."""
+    (``storm``: two replies), then on ``"close"`` close them. ``clean``: the CONNECTs' Clean Session flag."""
     started = time.perf_counter()
-    socks = open_connections(port, n, prefix, keep_alive, sources)
+    socks = open_connections(port, n, prefix, keep_alive, sources, clean=clean)
     pipe.send(time.perf_counter() - started)
     sel = selectors.DefaultSelector()
     for s in socks:

@@ -124,6 +124,7 @@ FEATURE_ROLES = {
     "calls": "front-end", "routing": "front-end", "sends": "front-end", "receives": "front-end",
     "halves": "front-end", "telemetry": "front-end", "consumers": "front-end", "producers": "front-end",
     "ids": "state",  # which broker is a client id's home, and the home's registry of ids (MQTT cluster)
+    "registrations": "service",  # a CONNECT's registration with its id's home, batched per home (MQTT cluster)
     "asks": "state",  # what a member of a cluster may ask of this broker: who it is, its calls' ids (MQTT cluster)
     "leases": "service",  # the leases of a cluster's homes: held, renewed, counted out (MQTT cluster)
     "members": "service",  # a cluster's members as ZooKeeper names them: one reader, its listeners woken (MQTT)

@@ -35,11 +35,14 @@ sharing/ (shared groups: EMQX's broker dispatch of ``$share``)
 clientids/ (client ids and takeover: EMQX's connection manager)
     ids.py         ``home_of``: a client id's home broker (rendezvous hash over the members); ``HomeRegistry``: the
                    home's client id -> holding broker, bounded by ``mqtt.cluster_max_ids`` (state)
-    calls.py       broker-to-broker calls over the replication port (PEER_CALL / PEER_REPLY), each bounded by
-                   ``MQTT_CLUSTER_CALL_TIMEOUT_S``, and a link's calls answered (front-end)
+    calls.py       broker-to-broker calls over the replication port (PEER_CALL / PEER_REPLY), pipelined on one link
+                   per peer (``MQTT_CLUSTER_CALLS_IN_FLIGHT``), each bounded by ``MQTT_CLUSTER_CALL_TIMEOUT_S``, and a
+                   link's calls answered (front-end)
     handover.py    a session given up by one broker as JSON (its messages not acknowledged as their records) and
                    adopted by another (written to its own sessions' log); the rest that reached the old broker for
                    it after (the takeover's end) (front-end)
+    registrations.py  ``Registrations``: the CONNECTs' registrations with one home, batched (``registers`` calls)
+                   (service)
     leases.py      ``Leases``: the leases of the homes this broker holds (renewed by calls), and when a holder's
                    surely ran out (service)
     service.py     ``ClientIds``: a CONNECT's registration with the id's home, the home's serialisation per id and

@@ -7,7 +7,9 @@ follow of this broker, begun while it was named, is still open (``linked``: a me
 nodes expired, keeps its links and its sessions, docs/mqtt.md "Failures in a cluster"), and each of its calls is held
 to what that member may ask:
 
-* ``register`` (a CONNECT of a client id on the caller) only of an id whose home is this broker;
+* ``register`` (a CONNECT of a client id on the caller) only of an id whose home is this broker; ``registers`` (a
+  batch of them) carries at most ``MQTT_CLUSTER_ID_BATCH``, each entry refused on its own when its id is homed
+  elsewhere;
 * ``give_up`` (end this broker's copy of a client id and hand its session on) only from the id's home;
 * ``drop`` (end copies registered elsewhere) only of ids whose home is the caller (the others are passed over);
 * ``hold`` and ``release`` (the caller holds, or no longer holds, these ids) only of ids whose home is this broker
@@ -40,7 +42,8 @@ class Asks:
         self.linked = linked
         self.refused = 0  # calls and links refused since the start
         #: op -> check(caller, request) -> (refusal, request)
-        self._checks = {"register": self._register, "give_up": self._give_up, "hold": self._homed_here,
+        self._checks = {"register": self._register, "registers": self._registers, "give_up": self._give_up,
+                        "hold": self._homed_here,
                         "release": self._homed_here, "drop": self._homed_by_caller}
 
     def summary_values(self):
@@ -92,6 +95,18 @@ class Asks:
             return ("broker %d asked broker %d to register client id %s, whose home is broker %s: only its home "
                     "registers it" % (caller, self.broker_id, client_id, home)), request
         return None, request
+
+    def _registers(self, caller, request):
+        """A batch of registrations: at most MQTT_CLUSTER_ID_BATCH, each of the shape ``register`` takes (else the
+        call is refused whole); those whose id is homed elsewhere refused one by one (``refused``: the reason of each,
+        or None), the others served."""
+        entries = _batch(request["r"])
+        refused = []
+        for entry in entries:
+            if not isinstance(entry, dict) or not isinstance(entry.get("clean"), bool):
+                raise TypeError("an entry %r is not a registration" % (entry,))
+            refused.append(self._register(caller, entry)[0])
+        return None, dict(request, refused=refused)
 
     def _give_up(self, caller, request):
         client_id = _text(request["c"])

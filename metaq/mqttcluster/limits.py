@@ -49,10 +49,17 @@ MQTT_CLUSTER_MEMBERS_POLL_S = 1.0
 MQTT_CLUSTER_ID_BATCH = 1000
 #: Seconds a broker gathers the ids whose sessions ended before telling their homes (one call per home).
 MQTT_CLUSTER_RELEASE_S = 0.5
-#: Connections one broker opens to another for its calls, and so its calls to it that go at once (each connection
-#: takes one call at a time; more wait their turn, in order, within MQTT_CLUSTER_CALL_TIMEOUT_S).
+#: Call links one broker takes from another at most (a broker opens one to each peer and pipelines its calls on it;
+#: a broker of the version before took one call a link, up to this many links): the replication port's room for them.
 MQTT_CLUSTER_PEER_CONNECTIONS = 4
-#: Of MQTT_CLUSTER_PEER_CONNECTIONS, the calls to one peer kept for the client ids' lease renewals: a storm of
+#: Calls one broker has in flight on its link to another at once, each with an id its answer names (answers come in
+#: any order): past it a caller waits its turn, in order, within MQTT_CLUSTER_CALL_TIMEOUT_S, then is told the
+#: peer is unreachable; a callee answers a call past it on one link at once with an error saying so.
+MQTT_CLUSTER_CALLS_IN_FLIGHT = 16
+#: Batches of CONNECTs' registrations one broker has in flight to one home at once (each a call of at most
+#: MQTT_CLUSTER_ID_BATCH): a CONNECT past them joins the next batch, sent when one of them is answered.
+MQTT_CLUSTER_REGISTER_BATCHES = 4
+#: Of MQTT_CLUSTER_CALLS_IN_FLIGHT, the calls to one peer kept for the client ids' lease renewals: a storm of
 #: registrations and handovers to that peer never starves them (the others take the rest).
 MQTT_CLUSTER_LEASE_CONNECTIONS = 1
 #: Seconds a master of an MQTT cluster that begins keeping sessions (its start, a promotion) holds its CONNACKs and

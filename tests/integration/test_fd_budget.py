@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 
+import gevent.socket
 import pytest
 import yaml
 
@@ -158,8 +159,8 @@ def _peer_link(monkeypatch, broker_id, address, source):
     ``address``, opened and proved by the cluster's own caller (one call answered); the client (its link kept
     open) and the answer, or the client and the PeerUnreachable that refused it."""
     with monkeypatch.context() as m:
-        m.setattr(socket, "create_connection", functools.partial(socket.create_connection,
-                                                                 source_address=(source, 0)))
+        m.setattr(gevent.socket, "create_connection", functools.partial(gevent.socket.create_connection,
+                                                                        source_address=(source, 0)))
         client = PeerClient(broker_id, None, timeout_s=10)
         try:
             return client, client.call(address, {"op": "none"})

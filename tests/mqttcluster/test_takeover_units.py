@@ -9,11 +9,13 @@ from types import SimpleNamespace
 
 import gevent
 import pytest
+from gevent.event import Event
 from pydantic import ValidationError
 
 
 from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.errors import RemoteProtocolError
+from metaq.mqtt import wire
 from metaq.mqtt.port import MqttPort
 from metaq.mqttcluster.clientids import handover, service
 from metaq.mqttcluster.following import inbox
@@ -27,6 +29,7 @@ from metaq.mqttcluster.clientids.service import ClientIds
 from metaq.protocol import replication as rp
 from metaq.server.config import ServerConfig
 from metaq.protocol.replication_mqtt import MESSAGE, POSITION, ROUTED, Entry, decode_routes, join_routes, split_routes
+from tests.harness.mqttcluster import homed
 from tests.mqttcluster.test_units import FakeStore, RecordsStore, _records_frame
 
 
@@ -150,6 +153,111 @@ def _ids(port=None, lease_s=4.0, client=None):
     ids.members = {1: "h:1", 2: "h:2", 3: "h:3"}
     return ids
 
+
+class ClaimingPort:
+    """The port's side of a broker's CONNECTs of one id, in process: a CONNECT whose ``join`` lets it go on claims
+    the id at once (``finished``, as ``claim`` and ``resume`` do); a give_up ends what claimed it. ``steps``: each
+    claim and give_up in order; ``live``: the CONNECTs holding the id now."""
+
+    def __init__(self, adopt_s=0.0):
+        self.adopt_s, self.steps, self.live, self.ids = adopt_s, [], set(), None
+
+    def connect(self, n, client_id):
+        refusal = self.ids.join(client_id, False, None)
+        if refusal is None:
+            self.live.add(n)
+            self.steps.append(("live", n))
+            self.ids.finished(client_id)
+        return refusal
+
+    def adopt(self, _saved):
+        gevent.sleep(self.adopt_s)  # the session's record waited for, as a PUBACK waits
+
+    def give_up(self, _client_id, _clean, _user):
+        self.steps.append(("given up", sorted(self.live)))
+        self.live.clear()
+        return None, None
+
+    def holds(self, _client_id):
+        return bool(self.live)
+
+    def end_session(self, _client_id):
+        pass
+
+
+def _claiming(port, answers, asked=None):
+    """Broker 3 of ``_ids`` on ``port``, no takeover's end, its registrations answered by ``answers(i)`` (the ``i``-th
+    registration: a dict, once it may be answered), the requests in ``asked``."""
+    ids = _ids(port, client=SimpleNamespace(close=lambda: None, timeout_s=5))
+    ids.cluster = None
+    port.ids = ids
+    asked = [] if asked is None else asked
+
+    def register(_home, request, _timeout_s):
+        asked.append(request)
+        return answers(len(asked) - 1)
+
+    ids.registrations = SimpleNamespace(register=register)
+    return ids
+
+
+def _session(client_id):
+    return {"c": client_id, "v": 5, "e": None, "subs": [], "q2": [], "sh": [], "inf": [], "queued": []}
+
+
+def test_a_give_up_waits_for_every_connect_of_the_id_answered_here_together():
+    """Two CONNECTs of one id on a broker answered at once (one batch: generation 5 with the session from another
+    broker, then 6); the second claims the id while the first still writes the session it took. A later
+    registration elsewhere asks this broker to give the id up (at generation 6): the give_up waits for the first
+    too (or it is refused), so nothing of the id is live here after it. (One Event per id: the second's replaced the
+    first's and its claim set it, the give_up ended the second alone, and the first went live after it: two live
+    sessions, one here and the taker's.)"""
+    client_id = homed(1, 1, [1, 2, 3], "twice")[0]
+    together = Event()
+
+    def answers(i):
+        together.wait()
+        return [{"gen": 5, "from": 2, "session": _session(client_id)}, {"gen": 6, "from": 3}][i]
+
+    port = ClaimingPort(adopt_s=0.2)
+    ids = _claiming(port, answers)
+    connects = [gevent.spawn(port.connect, n, client_id) for n in (1, 2)]
+    gevent.sleep(0.01)
+    together.set()
+    gevent.sleep(0.05)
+    assert port.steps == [("live", 2)]  # the first still takes its session over
+    give = gevent.spawn(ids._give_up, 1, {"c": client_id, "clean": False, "u": None, "to": 1, "gen": 6})
+    gevent.joinall(connects + [give], timeout=5)
+    assert give.value == {"from": 3}
+    assert port.live == set(), port.steps  # nothing of the id live here once it is given up
+    assert port.steps[-1][0] == "given up", port.steps
+    assert ids._finishing == {} and ids._given == {}
+
+
+def test_an_answer_that_arrives_after_its_id_was_given_up_is_refused(monkeypatch):
+    """A CONNECT's registration (generation 5) is answered late (its batch held back); meanwhile a later
+    registration elsewhere asked this broker to give the id up at generation 5, and the give_up, past its wait for
+    that answer, gave up what was here. The answer, once it comes, is refused (0x88): the id is the other broker's.
+    A registration answered after (generation 7) goes live."""
+    monkeypatch.setattr(service, "HOLDER_TIMEOUT_S", 0.2)
+    client_id = homed(1, 1, [1, 2, 3], "late")[0]
+    late = Event()
+
+    def answers(i):
+        if i == 0:
+            late.wait()
+        return {"gen": 5 if i == 0 else 7, "from": 3}
+
+    port = ClaimingPort()
+    ids = _claiming(port, answers)
+    first = gevent.spawn(port.connect, 1, client_id)
+    gevent.sleep(0.01)
+    assert ids._give_up(1, {"c": client_id, "clean": False, "u": None, "to": 1, "gen": 5}) == {"from": 3}
+    late.set()
+    first.join(5)
+    assert first.value is not None and first.value[0] == wire.SERVER_UNAVAILABLE, first.value
+    assert port.live == set() and ids._given == {}
+    assert port.connect(2, client_id) is None and port.live == {2}
 
 def test_a_holder_keeps_at_most_max_lingering_handovers_the_oldest_forgotten():
     ids = _ids()
@@ -310,16 +418,16 @@ def test_a_takeovers_end_is_short_when_the_copies_the_positions_count_are_not_re
 
 def test_lease_renewals_have_turns_of_their_own_that_other_calls_never_fill():
     """However many registrations wait for a peer, a lease renewal to it goes at once (MQTT_CLUSTER_LEASE_CONNECTIONS);
-    the others share the rest of MQTT_CLUSTER_PEER_CONNECTIONS."""
+    the others share the rest of MQTT_CLUSTER_CALLS_IN_FLIGHT."""
     client, going = PeerClient(0, None), []
 
-    def answer(address, body, deadline):
-        going.append(json.loads(body))
+    def answer(address, request, deadline):
+        going.append(request)
         gevent.sleep(0.2)
         return {}
 
     client._call = answer
-    others = mqttcluster_limits.MQTT_CLUSTER_PEER_CONNECTIONS - mqttcluster_limits.MQTT_CLUSTER_LEASE_CONNECTIONS
+    others = mqttcluster_limits.MQTT_CLUSTER_CALLS_IN_FLIGHT - mqttcluster_limits.MQTT_CLUSTER_LEASE_CONNECTIONS
     storm = [gevent.spawn(client.call, "h:1", {"op": "register"}, 5) for _ in range(3 * others)]
     gevent.sleep(0.01)
     assert len(going) == others  # at their limit; the rest wait
@@ -472,3 +580,27 @@ def test_a_topic_made_while_a_routes_rescan_shares_the_loop_stays_followed_from_
     route.join()
     assert follow.cursors.get(("ping", 0)) == 0  # from its start: it was made after the route came
     assert follow.made == store.partitions_made() and follow.routed == 8
+
+
+def test_a_connect_whose_registration_fails_past_peer_unreachable_keeps_nothing_of_its_id(monkeypatch):
+    """A registration that raises what no call raises (its greenlet killed) while a give_up recorded the generation
+    it took the id at: nothing of the id stays (``_given``, ``_pending``, ``_finishing``: bounded by the CONNECTs under
+    way)."""
+    monkeypatch.setattr(service, "HOLDER_TIMEOUT_S", 0.2)
+    client_id = homed(1, 1, [1, 2, 3], "killed")[0]
+    killed = Event()
+
+    def answers(_i):
+        killed.wait()
+        raise RuntimeError("killed")
+
+    port = ClaimingPort()
+    ids = _claiming(port, answers)
+    first = gevent.spawn(port.connect, 1, client_id)
+    gevent.sleep(0.01)
+    ids._give_up(1, {"c": client_id, "clean": False, "u": None, "to": 1, "gen": 5})
+    assert ids._given == {client_id: 5}
+    killed.set()
+    first.join(5)
+    assert isinstance(first.exception, RuntimeError)
+    assert ids._given == {} and ids._pending == {} and ids._finishing == {} and port.live == set()

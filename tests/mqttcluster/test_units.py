@@ -728,6 +728,27 @@ def test_asks_hold_each_call_to_its_member():
     assert "this broker" in dropped.stranger(1)
 
 
+def test_asks_hold_a_batch_of_registrations_to_its_bound_each_entry_refused_on_its_own():
+    """``registers``: at most MQTT_CLUSTER_ID_BATCH entries (at the limit served, one past refused whole), each of a
+    ``register``'s shape (else refused whole, as malformed); an entry whose id is homed elsewhere is refused on its own
+    (``refused``), the others served."""
+    members = {1: ("a", 0), 2: ("b", 0), 3: ("c", 0)}
+    asks = Asks(1, lambda: members)
+    ids = [c for c in ("id-%d" % i for i in range(5000)) if home_of(c, members) == 1]
+    elsewhere = next(c for c in ("id-%d" % i for i in range(200)) if home_of(c, members) == 3)
+    entries = [{"c": c, "clean": False} for c in ids[:mqttcluster_limits.MQTT_CLUSTER_ID_BATCH]]
+    refusal, served = asks.admit(2, {"op": "registers", "r": entries})
+    assert refusal is None and served["refused"] == [None] * mqttcluster_limits.MQTT_CLUSTER_ID_BATCH
+    refusal, _ = asks.admit(2, {"op": "registers", "r": entries + [{"c": ids[0], "clean": True}]})
+    assert "MQTT_CLUSTER_ID_BATCH" in refusal
+    refusal, served = asks.admit(2, {"op": "registers", "r": entries[:2] + [{"c": elsewhere, "clean": True}]})
+    assert refusal is None and served["refused"][:2] == [None, None]
+    assert "only its home registers it" in served["refused"][2]
+    for bad in ({"op": "registers", "r": [{"c": ids[0]}]}, {"op": "registers", "r": [7]},
+                {"op": "registers", "r": [{"c": 7, "clean": True}]}, {"op": "registers"}):
+        assert "malformed" in asks.admit(2, bad)[0], bad
+
+
 def test_a_handover_is_checked_whole_before_it_is_adopted():
     """``handover.problem``: ``export``'s shape passes; another client id, a missing field, a bad message, base64
     that is not, and one message past MQTT_HANDOVER_MAX_MESSAGES are each a clear problem, never a KeyError."""

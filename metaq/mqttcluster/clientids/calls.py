@@ -1,29 +1,36 @@
 """Broker-to-broker calls of an MQTT cluster over the peers' replication ports (front-end: the server layer;
 docs/architecture.md "MQTT cluster: client ids").
 
-A call is one PEER_CALL frame (the caller's broker id and a JSON request ``{"op": ..., ...}``) answered by one
-PEER_REPLY (JSON), both declared with the replication stream's frames (``metaq.protocol.replication``). A link
-begins as a slave's does: the callee's CHALLENGE, the caller's PROOF of the shared replication secret (bound to
-its broker id: ``handshake.peer_proof``), then the first call (``OPENING`` first when it is larger than the callee
-reads before the proof: REPLICATION_HANDSHAKE_FRAME_BYTES); the callee answers with its own PROOF before the
-first reply, and the caller acts on nothing it has not proved (``handshake.check_callee``). TLS as a slave's link
-(``security.tls.replication``). Every call is bounded by ``MQTT_CLUSTER_CALL_TIMEOUT_S`` (connection, handshake
-and answer): past it, or on any failure, the peer is unreachable for that call (``PeerUnreachable``). Idle links
-are kept, at most ``MQTT_CLUSTER_PEER_CONNECTIONS`` per peer (on the peer's replication port they pass its
-connection cap within ``MQTT_CLUSTER_PEER_HEADROOM``, clients filling the cap or not, and a proved peer's connections
-count apart: ``MQTT_CLUSTER_PEERS_PER_ADDRESS``, but only once proved), each used by one call at a time, so
-that many calls to one peer go at once (a CONNECT's registration each); more wait their turn within their bound.
-``MQTT_CLUSTER_LEASE_CONNECTIONS`` of those turns are kept for ``lease`` calls (the client ids' lease renewals), so
-that the others, however many wait, never hold a renewal back past its lease.
-Links to one peer are opened one at a time, so a caller holds at most one unproved connection on a peer's port
-(where the brokers of one host share ``HEADROOM_PER_ADDRESS`` until they prove the secret). An ``exclusive`` call
-(the batches of ids held and released, whose order against the registrations matters) waits for every call to the
-peer before it to be answered and goes alone: every call after it waits for its answer, as on one link.
+A call is one PEER_CALL frame (the caller's broker id and a JSON request ``{"op": ..., "id": ..., ...}``) answered by
+one PEER_REPLY (JSON) naming the call's ``id``, ``op`` and client id ``c`` back, both declared with the replication
+stream's frames (``metaq.protocol.replication``). A link begins as a slave's does: the callee's CHALLENGE, the
+caller's PROOF of the shared replication secret (bound to its broker id: ``handshake.peer_proof``), then the first
+call (``OPENING`` first when it is larger than the callee reads before the proof: REPLICATION_HANDSHAKE_FRAME_BYTES);
+the callee answers with its own PROOF before the first reply, and the caller acts on nothing it has not proved
+(``handshake.check_callee``). TLS as a slave's link (``security.tls.replication``).
 
-``serve_calls`` answers a link's calls in order (for the cluster's one ``serve.PeerServer``), each by the handler its
-``op`` names; a handler's error is sent back as ``{"error": text}``.
+**Pipelined.** A broker keeps one link to each peer and sends its calls on it as they come, up to
+``MQTT_CLUSTER_CALLS_IN_FLIGHT`` at once; the callee answers each as soon as it is done, in any order, and the
+caller's one reader of the link hands each answer to the call its id names. An answer to no call in flight (late,
+unknown, twice) or naming another op or client id than the call of its id is dropped and counted
+(``PeerClient.unmatched``): a peer cannot make one call take another's answer. Every call is bounded by its own
+timeout (``MQTT_CLUSTER_CALL_TIMEOUT_S`` by default: connection, handshake and answer): past it, or on any failure,
+the peer is unreachable for that call (``PeerUnreachable``); a call whose answer is withheld costs the others
+nothing, and the link is ended only when nothing at all came on it since that call was sent. A callee of the version
+before answers in order and names no id: its answers go to the oldest call in flight, and a timeout ends the link.
+Past the bound calls wait their turn, in order (a call never passes one that waits), within their bound;
+``MQTT_CLUSTER_LEASE_CONNECTIONS`` of the turns are kept for ``lease`` calls (the client ids' lease renewals), so
+that the others, however many wait, never hold a renewal back past its lease. The link is opened once at a time
+(a caller holds at most one unproved connection on a peer's port, where the brokers of one host share
+``HEADROOM_PER_ADDRESS`` until they prove the secret); one the callee closed (idle ``PEER_IDLE_S``) is opened again.
+An ``exclusive`` call (the batches of ids held and released, whose order against the registrations matters) waits
+for every call to the peer before it to be answered and goes alone: every call after it waits for its answer.
+
+``serve_calls`` answers a link's calls (for the cluster's one ``serve.PeerServer``), each by the handler its ``op``
+names; a handler's error is sent back as ``{"error": text}``.
 """
 
+import itertools
 import json
 import logging
 import re
@@ -32,13 +39,13 @@ import time
 from collections import deque
 
 import gevent
-from gevent.event import Event
+import gevent.socket
+from gevent.event import AsyncResult, Event
 from gevent.lock import Semaphore
 
 from metaq import errors
-
-from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.server.replication import limits as replication_limits
+from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.protocol import replication as rp
 from metaq.protocol.replication_peer import PEER_CALL_HEAD
 from metaq.protocol.stream import CLOSED, NEED_DATA
@@ -166,13 +173,16 @@ def _expect(text, i, chars):
 
 
 def _next(sock, parser, deadline):
-    """The next frame, or RemoteProtocolError / OSError / TimeoutError."""
+    """The next frame, or RemoteProtocolError / OSError / TimeoutError (``deadline`` None: no bound)."""
     while True:
         event = parser.next_event()
         if event is CLOSED:
             raise OSError("the peer closed the link")
         if event is not NEED_DATA:
             return event
+        if deadline is None:
+            parser.receive_data(sock.recv(65536))
+            continue
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("no answer in time")
@@ -224,10 +234,33 @@ class Turns:
 
 
 class _Link:
-    __slots__ = ("sock", "parser")
+    """One call link to a peer: its calls in flight by id (``pending``: id -> ``_Waiter``, oldest first), one writer
+    at a time, its answers read by one reader greenlet (``PeerClient._read``). ``ids``: the callee names its
+    answers' ids (None until its first answer; False: a callee of the version before, which answers in order)."""
+
+    __slots__ = ("sock", "parser", "pending", "writing", "ids", "heard", "dead", "reader")
 
     def __init__(self, sock, parser):
         self.sock, self.parser = sock, parser
+        self.pending = {}
+        self.writing = Semaphore()
+        self.ids = None
+        self.heard = 0.0  # when (monotonic) its last frame came
+        self.dead = None  # why it ended (an exception), None while it serves
+        self.reader = None
+
+    def send(self, event):
+        with self.writing:
+            send_event(self.sock, event)
+
+    def fail(self, why):
+        """End the link: every call in flight on it fails with ``why``."""
+        if self.dead is None:
+            self.dead = why
+        self.close()
+        pending, self.pending = self.pending, {}
+        for waiter in pending.values():
+            waiter.result.set_exception(why)
 
     def close(self):
         try:
@@ -236,20 +269,33 @@ class _Link:
             pass
 
 
+class _Waiter:
+    """A call in flight: its ``op`` and client id ``c`` (its answer must name them back), its ``result``."""
+
+    __slots__ = ("op", "c", "result")
+
+    def __init__(self, request):
+        self.op, self.c = request.get("op"), request.get("c")
+        self.result = AsyncResult()
+
+
 class PeerClient:
     """This master's calls to the others: ``broker_id`` its own, ``secret`` the replication secret (bytes or None),
-    ``tls`` the TLS client context a slave's link uses (None: plain)."""
+    ``tls`` the TLS client context a slave's link uses (None: plain). One link to each peer, its calls pipelined, its
+    answers read by a greenlet of its own (on a gevent socket: cooperative whether or not the process is patched)."""
 
     def __init__(self, broker_id, secret, tls=None, timeout_s=mqttcluster_limits.MQTT_CLUSTER_CALL_TIMEOUT_S):
         self.broker_id = broker_id
         self.secret = secret
         self.tls = tls
         self.timeout_s = timeout_s
-        self._idle = {}  # "host:port" -> [_Link]
-        self._turns = {}  # "host:port" -> Turns: its calls going and waiting
+        self._links = {}  # "host:port" -> _Link
+        self._turns = {}  # ("host:port", lease) -> Turns: its calls going and waiting
         self._opening = {}  # "host:port" -> Semaphore: one link to it opened at a time
+        self._ids = itertools.count(1)  # call ids: never used twice by this client
         self.calls = 0
         self.failures = 0
+        self.unmatched = 0  # answers dropped: an id not in flight (late, unknown, twice), or naming another call
 
     def call(self, address, request, timeout_s=None, exclusive=False, lease=False):
         """``request`` (a dict) answered by the peer at ``address`` ("host:port") within ``timeout_s`` (default: the
@@ -263,53 +309,64 @@ class PeerClient:
         turns = self._turns.get((address, lease))
         if turns is None:
             kept = mqttcluster_limits.MQTT_CLUSTER_LEASE_CONNECTIONS
-            most = kept if lease else mqttcluster_limits.MQTT_CLUSTER_PEER_CONNECTIONS - kept
+            most = kept if lease else mqttcluster_limits.MQTT_CLUSTER_CALLS_IN_FLIGHT - kept
             turns = self._turns[(address, lease)] = Turns(most)
         if not turns.take(exclusive, timeout_s):
             self.failures += 1
-            raise PeerUnreachable("broker at %s: its links stayed busy for %.1f s" % (address, timeout_s))
+            raise PeerUnreachable("broker at %s: %d calls in flight to it stayed unanswered for %.1f s "
+                                  "(MQTT_CLUSTER_CALLS_IN_FLIGHT)" % (address, turns.most, timeout_s))
         try:
-            return self._call(address, _encode(request), deadline)
+            return self._call(address, request, deadline)
         finally:
             turns.give()
 
-    def _call(self, address, body, deadline):
+    def _call(self, address, request, deadline):
+        call_id = next(self._ids)
+        body = _encode(dict(request, id=call_id))
         for attempt in (0, 1):  # a kept link the callee closed meanwhile: once more on a new one
-            pooled = self._idle.get(address)
-            link = pooled.pop() if pooled else None
-            fresh = link is None
+            link = self._links.get(address)
+            fresh = link is None or link.dead is not None
+            waiter = _Waiter(request)
+            sent = time.monotonic()
             try:
                 with gevent.Timeout(max(0.001, deadline - time.monotonic()), TimeoutError):
-                    if link is None:
+                    if fresh:
                         with self._opening.setdefault(address, Semaphore()):
-                            link = self._open(address, deadline, body)
+                            link = self._links.get(address)
+                            if link is None or link.dead is not None:
+                                link = self._open(address, deadline, body, call_id, waiter)
+                            else:
+                                fresh = False
+                                self._send(link, call_id, waiter, body)
                     else:
-                        send_event(link.sock, rp.PeerCall(self.broker_id, body))
-                    reply = _next(link.sock, link.parser, deadline)
-                if isinstance(reply, rp.ErrorFrame):
-                    raise errors.Unavailable("the peer refused the call (%d): %s" % (reply.code, reply.text))
-                if not isinstance(reply, rp.PeerReply):
-                    raise errors.RemoteProtocolError("expected PEER_REPLY, got %s" % type(reply).__name__.upper(),
-                                                     fatal=True)
-                answer = _decode(reply.body)
-            except (OSError, TimeoutError, errors.MetaqError, errors.RemoteProtocolError, ValueError) as exc:
+                        self._send(link, call_id, waiter, body)
+                    return waiter.result.get()
+            except TimeoutError:
                 if link is not None:
-                    link.close()
-                if not fresh and attempt == 0 and time.monotonic() < deadline:
+                    link.pending.pop(call_id, None)
+                    if link.ids is not True or link.heard < sent:  # answered in order, or nothing heard since
+                        link.fail(OSError("no answer in time"))
+                self.failures += 1
+                raise PeerUnreachable("broker at %s: no answer in time" % address) from None
+            except (OSError, errors.MetaqError, errors.RemoteProtocolError, ValueError) as exc:
+                if link is not None:
+                    link.pending.pop(call_id, None)
+                    link.fail(exc if isinstance(exc, OSError) else OSError(str(exc)))
+                if not fresh and attempt == 0 and time.monotonic() < deadline and link.heard < sent:
                     continue
                 self.failures += 1
                 raise PeerUnreachable("broker at %s: %s" % (address, exc)) from None
-            kept = self._idle.setdefault(address, [])
-            if len(kept) < mqttcluster_limits.MQTT_CLUSTER_PEER_CONNECTIONS:
-                kept.append(link)
-            else:
-                link.close()
-            return answer
         raise PeerUnreachable("broker at %s: no answer" % address)  # not reached: the loop returns or raises
 
-    def _open(self, address, deadline, body):
+    def _send(self, link, call_id, waiter, body):
+        if link.dead is not None:
+            raise OSError("the link ended: %s" % link.dead)
+        link.pending[call_id] = waiter
+        link.send(rp.PeerCall(self.broker_id, body))
+
+    def _open(self, address, deadline, body, call_id, waiter):
         host, _, port = address.rpartition(":")
-        sock = socket.create_connection((host, int(port)), timeout=max(0.001, deadline - time.monotonic()))
+        sock = gevent.socket.create_connection((host, int(port)), timeout=max(0.001, deadline - time.monotonic()))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.tls is not None:
             sock = self.tls.wrap_socket(sock, server_hostname=host)
@@ -325,6 +382,7 @@ class PeerClient:
                 raise errors.Unauthenticated(refusal)
             send_event(sock, ours)
             small = PEER_CALL_HEAD.size + len(body) <= replication_limits.REPLICATION_HANDSHAKE_FRAME_BYTES
+            link.pending[call_id] = waiter
             send_event(sock, rp.PeerCall(self.broker_id, body if small else OPENING))
             theirs = _next(sock, parser, deadline)
             if isinstance(theirs, rp.ErrorFrame):
@@ -338,34 +396,119 @@ class PeerClient:
                 _next(sock, parser, deadline)
                 send_event(sock, rp.PeerCall(self.broker_id, body))
         except BaseException:
+            link.pending.pop(call_id, None)
             link.close()
             raise
+        link.heard = time.monotonic()
+        sock.settimeout(None)
+        self._links[address] = link
+        link.reader = gevent.spawn(self._read, address, link)
         return link
 
+    def _read(self, address, link):
+        """The answers of ``link``, each to the call its id names (a callee of the version before: the oldest in
+        flight), until the link ends; an answer to no call in flight, or naming another op or client id than the
+        call of its id, is dropped and counted (``unmatched``): the call waits on, within its own bound."""
+        try:
+            while link.dead is None:
+                event = _next(link.sock, link.parser, None)
+                link.heard = time.monotonic()
+                if isinstance(event, rp.ErrorFrame):
+                    raise errors.Unavailable("the peer refused the call (%d): %s" % (event.code, event.text))
+                if not isinstance(event, rp.PeerReply):
+                    raise errors.RemoteProtocolError("expected PEER_REPLY, got %s" % type(event).__name__.upper(),
+                                                     fatal=True)
+                self._match(link, _decode(event.body))
+        except (OSError, TimeoutError, errors.MetaqError, errors.RemoteProtocolError, ValueError) as exc:
+            link.fail(exc if isinstance(exc, OSError) else OSError(str(exc)))
+        finally:
+            if self._links.get(address) is link:
+                del self._links[address]
+
+    def _match(self, link, answer):
+        """Hand ``answer`` to the call in flight on ``link`` it answers (see ``_read``)."""
+        if link.ids is None:
+            link.ids = "id" in answer
+        if not link.ids:
+            if not link.pending:
+                self.unmatched += 1
+                return
+            link.pending.pop(next(iter(link.pending))).result.set(answer)
+            return
+        call_id = answer.pop("id", None)
+        op, c = answer.pop("op", None), answer.pop("c", None)
+        waiter = link.pending.get(call_id) if isinstance(call_id, int) else None
+        if waiter is None or op != waiter.op or c != waiter.c:
+            self.unmatched += 1
+            log.warning("mqtt cluster: an answer of a peer to no call in flight (id %r, op %r, client id %r): dropped",
+                        call_id, op, c)
+            return
+        del link.pending[call_id]
+        waiter.result.set(answer)
+
+    def in_flight(self, address):
+        """Calls to ``address`` sent and not answered yet."""
+        link = self._links.get(address)
+        return len(link.pending) if link is not None else 0
+
     def kept(self, address):
-        """How many links to ``address`` are open and idle now (at most MQTT_CLUSTER_PEER_CONNECTIONS)."""
-        return len(self._idle.get(address, ()))
+        """How many links to ``address`` are open now (one at most: its calls are pipelined)."""
+        link = self._links.get(address)
+        return int(link is not None and link.dead is None)
 
     def close(self):
-        for links in self._idle.values():
-            for link in links:
-                link.close()
-        self._idle.clear()
+        links, self._links = self._links, {}
+        for link in links.values():
+            link.fail(OSError("the client closed"))
 
 
 def serve_calls(sock, parser, call, peer, handlers, admit=None):
-    """One link's calls, answered in order: its first call ``call`` (a PeerCall whose caller proved the secret), then
-    each next one, until the caller closes it or leaves it idle PEER_IDLE_S. ``handlers``: op -> ``fn(caller broker
-    id, request) -> answer dict``; ``admit(caller, request) -> (refusal or None, request)``: what the caller may ask
-    (``asks.Asks.admit``; None: all). Every call of the link is the proved broker's: one naming another ends it."""
+    """One link's calls, from its first call ``call`` (a PeerCall whose caller proved the secret), until the caller
+    closes it or leaves it idle PEER_IDLE_S (no call in flight). A call naming an ``id`` is answered by a greenlet of
+    its own, its answer naming the id and the call's ``op`` and client id ``c`` back (answers go in any order), at
+    most MQTT_CLUSTER_CALLS_IN_FLIGHT at once (one past is answered at once with an error saying so); a call with
+    none (a caller of the version before) is answered before the next is read. ``handlers``: op -> ``fn(caller
+    broker id, request) -> answer dict``; ``admit(caller, request) -> (refusal or None, request)``: what the caller
+    may ask (``asks.Asks.admit``; None: all). Every call of the link is the proved broker's: one naming another ends
+    it."""
     proved = call.broker_id
+    writing = Semaphore()
+    going = set()
+
+    def reply(answer):
+        with writing:
+            send_event(sock, rp.PeerReply(_encode(answer)))
+
+    def serve_one(request, call):
+        try:
+            reply(_echo(request, _answer(handlers, call, admit, request)))
+        except OSError as exc:
+            log.debug("mqtt cluster: an answer to %s was not sent: %s", peer, exc)
+        finally:
+            going.discard(gevent.getcurrent())
+
     try:
         while True:
-            send_event(sock, rp.PeerReply(_encode(_answer(handlers, call, admit))))
             try:
-                call = _next(sock, parser, time.monotonic() + PEER_IDLE_S)
-            except TimeoutError:
-                return
+                request = _decode(call.body)
+            except errors.RemoteProtocolError as exc:
+                request = exc
+            if isinstance(request, dict) and "id" in request:
+                if len(going) >= mqttcluster_limits.MQTT_CLUSTER_CALLS_IN_FLIGHT:
+                    most = mqttcluster_limits.MQTT_CLUSTER_CALLS_IN_FLIGHT
+                    reply(_echo(request, {"error": "broker %d has %d calls in flight on one link: at most %d "
+                                                   "(MQTT_CLUSTER_CALLS_IN_FLIGHT)" % (proved, len(going), most)}))
+                else:
+                    going.add(gevent.spawn(serve_one, request, call))
+            else:
+                reply(_answer(handlers, call, admit, request))
+            while True:
+                try:
+                    call = _next(sock, parser, time.monotonic() + PEER_IDLE_S)
+                    break
+                except TimeoutError:
+                    if not going:
+                        return
             if not isinstance(call, rp.PeerCall):
                 raise errors.RemoteProtocolError("expected PEER_CALL, got %s" % type(call).__name__.upper(),
                                                  fatal=True)
@@ -375,13 +518,26 @@ def serve_calls(sock, parser, call, peer, handlers, admit=None):
                 return
     except (OSError, errors.RemoteProtocolError) as exc:
         log.debug("mqtt cluster: the link from %s ended: %s", peer, exc)
+    # the calls still being answered finish (a registration half made is never left): their answers go nowhere
 
 
-def _answer(handlers, call, admit=None):
-    """The answer to ``call`` by the handler its ``op`` names, once ``admit`` let it; a handler's error, or the
-    refusal, as ``{"error": text}``."""
+def _echo(request, answer):
+    """``answer`` naming the call it answers: the request's ``id``, ``op`` and client id ``c`` first."""
+    head = {"id": request.get("id"), "op": request.get("op")}
+    if "c" in request:
+        head["c"] = request["c"]
+    head.update((k, v) for k, v in answer.items() if k not in head)
+    return head
+
+
+def _answer(handlers, call, admit=None, request=None):
+    """The answer to ``call`` (``request``: its body decoded, or the error decoding it) by the handler its ``op``
+    names, once ``admit`` let it; a handler's error, or the refusal, as ``{"error": text}``."""
     try:
-        request = _decode(call.body)
+        if request is None:
+            request = _decode(call.body)
+        if isinstance(request, errors.RemoteProtocolError):
+            raise request
         handler = handlers.get(request.get("op"))
         if handler is None:
             return {"error": "unknown call %r" % request.get("op")}

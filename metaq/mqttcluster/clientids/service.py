@@ -23,9 +23,11 @@ It then asks the old holder for the rest (``rest``): the holder kept the session
 it up (``MqttCluster.pin``, for MQTT_HANDOVER_LINGER_S at most, MQTT_HANDOVER_MAX_LINGERING
 sessions), waits until its own copies reach those positions, and hands what its log and its inbox got for the
 session past where its handover stopped and before those positions (``handover.rest``): every message once, from
-one side or the other. A CONNECT
-past its registration and not yet claimed is waited for (``finished``) before a later one takes the id from here,
-so two brokers never both go live with one id.
+one side or the other. Every
+CONNECT of the id here past its registration and not yet claimed is waited for (``finished``) before a later one
+takes the id from here; one still not live past that wait, or whose answer comes only after it (held back in a
+batch), is refused (``_overtake``: an answer at or before the generation given up), so two brokers never both go
+live with one id.
 
 **Failures.** The home unreachable (``MQTT_CLUSTER_CALL_TIMEOUT_S``): the CONNECT is refused, MQTT 5 0x88 Server
 unavailable, 3.1.1 0x03, rather than risk two live sessions; the device retries. The holder unreachable: after
@@ -69,6 +71,7 @@ from metaq.mqttcluster.clientids import handover
 from metaq.mqttcluster.clientids.calls import PeerUnreachable
 from metaq.mqttcluster.clientids.ids import HomeRegistry, RegistryFull, home_of
 from metaq.mqttcluster.clientids.leases import Leases
+from metaq.mqttcluster.clientids.registrations import Registrations
 from metaq.serving.connections import share_loop
 
 log = logging.getLogger(__name__)
@@ -104,8 +107,11 @@ class ClientIds:
         self.members = {}  # broker id -> its replication address "host:port"
         self._owners = {}  # broker id -> (address, its node's ZooKeeper session): a restart is a change
         self._serial = {}  # client id -> Semaphore: one registration of an id at a time, on its home
-        self._finishing = {}  # client id -> Event: a CONNECT here registered and not yet claimed
-        self._overtaken = set()  # those Events whose CONNECT a later registration elsewhere passed: refused (``join``)
+        #: client id -> [Event, n]: n CONNECTs here registered and not yet claimed (the Event set when none is left)
+        self._finishing = {}
+        #: client id -> the latest generation given up here while a CONNECT of it was being registered or claimed:
+        #: one answered at it or before is refused (``join``); kept while such a CONNECT is (``_settle_given``)
+        self._given = {}
         self._pending = {}  # client id -> registrations this broker sent to its home and has no answer to yet
         self._answered = {}  # client id -> the generation of the last registration answered here
         self._generations = itertools.count(1)  # the home's: each registration of an id gets the next
@@ -116,7 +122,8 @@ class ClientIds:
         #: the calls this broker answers as a home or a holder (op -> ``fn(caller, request) -> answer``), served on
         #: the replication port by the cluster's ``serve.PeerServer``
         self.calls = {op: self._heard_by(fn) for op, fn in (
-            ("register", self._register), ("give_up", self._give_up), ("hold", self._hold), ("release", self._release),
+            ("register", self._register), ("registers", self._registers), ("give_up", self._give_up),
+            ("hold", self._hold), ("release", self._release),
             ("drop", self._drop), ("rest", self._rest), ("lease", lambda _caller, _request: {}))}
         self.lease_s = lease_s
         self.leases = Leases(broker_id, lease_s)  # of the homes, held here; the holders', heard here
@@ -132,6 +139,8 @@ class ClientIds:
         self.takeovers = 0  # sessions this broker took from another
         self.refused = 0  # CONNECTs refused: the home unreachable, or its registry full
         self.holds_refused = 0  # ids this home did not register (a CONNECT's, a hold's): full, or the holder's share
+        #: this broker's registrations with each home, batched (``registrations.Registrations``)
+        self.registrations = Registrations(self._send_registers)
         self._greenlets = []
         self._told_all = False  # every id held here was told to its home since this broker became a member
         self._joined_at = None  # when this broker was last seen becoming a member (monotonic), None: it is none
@@ -149,26 +158,39 @@ class ClientIds:
         request = {"op": "register", "c": client_id, "clean": bool(clean_start), "u": user}
         home = home_of(client_id, self.members)
         self._pending[client_id] = self._pending.get(client_id, 0) + 1
+        answer = None
         try:
             if home == self.broker_id:
                 answer = self._register(self.broker_id, request)
             else:
-                answer = self._call(home, self.members[home], request)
+                answer = self.registrations.register(home, request, self.client.timeout_s)
         except PeerUnreachable as exc:
-            self.refused += 1
-            return wire.SERVER_UNAVAILABLE, "the home broker %d of client id %s is unreachable (%s): try again" \
-                % (home, client_id, exc)
+            answer = {"error": "the home broker %d of client id %s is unreachable (%s): try again" % (
+                home, client_id, exc)}
         finally:
             left = self._pending.pop(client_id) - 1
             if left:
                 self._pending[client_id] = left
+            if answer is None:  # an error past PeerUnreachable (the greenlet killed): nothing of it is kept
+                self._settle_given(client_id)
         if "error" in answer:
+            self._settle_given(client_id)
             self.refused += 1
             code = wire.QUOTA_EXCEEDED if answer.get("full") else \
                 wire.CLIENT_ID_NOT_VALID if answer.get("refused") else wire.SERVER_UNAVAILABLE
             return code, answer["error"]
         self._answered[client_id] = max(self._answered.get(client_id, 0), answer.get("gen", 0))
-        going = self._finishing[client_id] = Event()
+        claiming = self._finishing.setdefault(client_id, [Event(), 0])
+        claiming[1] += 1
+        try:
+            return self._go_on(client_id, answer, user)
+        except BaseException:
+            self.finished(client_id)
+            raise
+
+    def _go_on(self, client_id, answer, user):
+        """A CONNECT of ``client_id`` the home registered here (``answer``): the session it passed on adopted, unless
+        a give_up here passed this registration meanwhile (``_given``). ``join``'s result."""
         self._released.discard(client_id)
         state = answer.get("session")
         problem = handover.problem(state, client_id) if state is not None else None
@@ -191,14 +213,13 @@ class ClientIds:
             log.info("mqtt client %s: its session came from broker %d (%d messages not acknowledged%s)", client_id,
                      answer.get("from", -1), len(state["inf"]) + len(state["queued"]),
                      ", %d dropped past the bounds" % state["dropped"] if state.get("dropped") else "")
-        if going in self._overtaken:  # a later registration elsewhere took the id while this one took its session
-            self._overtaken.discard(going)
+        if answer.get("gen", 0) <= self._given.get(client_id, -1):  # a later registration elsewhere took the id
             self.finished(client_id)
             if state is not None and not self.port.holds(client_id):
                 self.port.end_session(client_id)  # it went on from what was here before: this copy is not the id's
             self.refused += 1
-            return wire.SERVER_UNAVAILABLE, "client id %s was registered on another broker while this CONNECT took " \
-                "its session over: try again" % client_id
+            return wire.SERVER_UNAVAILABLE, "client id %s was registered on another broker while this CONNECT was " \
+                "registered or took its session over: try again" % client_id
         return None
 
     def _takeover_end(self, client_id, state, answer, key):
@@ -277,11 +298,22 @@ class ClientIds:
         return cursors, upto, short
 
     def finished(self, client_id):
-        """The CONNECT of ``client_id`` here claimed it (or was refused): a later takeover may go on."""
-        event = self._finishing.pop(client_id, None)
-        if event is not None:
-            event.set()
-            self._overtaken.discard(event)
+        """A CONNECT of ``client_id`` here claimed it (or was refused): once no other is between its registration and
+        its claim, a later takeover may go on."""
+        claiming = self._finishing.get(client_id)
+        if claiming is None:
+            return
+        claiming[1] -= 1
+        if claiming[1] <= 0:
+            del self._finishing[client_id]
+            claiming[0].set()
+            self._settle_given(client_id)
+
+    def _settle_given(self, client_id):
+        """Forget the generation given up of ``client_id`` once no CONNECT of it here awaits its answer or its claim:
+        ``_given`` holds only ids with a CONNECT under way (bounded by the connections)."""
+        if not self._pending.get(client_id) and client_id not in self._finishing:
+            self._given.pop(client_id, None)
 
     def released(self, client_id):
         """No connection nor session of ``client_id`` is left here: its home is told (batched)."""
@@ -304,6 +336,52 @@ class ClientIds:
             serial[1] -= 1
             if not serial[1]:
                 del self._serial[client_id]
+
+    def _registers(self, caller, request):
+        """A batch of registrations (``registrations.Registrations``): each entry registered as its own ``register``
+        call would be, all at once (each serialised with its id's others), their answers in the entries' order; an
+        entry ``asks`` refused (``refused``: its reason, or None) answered with the refusal."""
+        refused = request.get("refused") or [None] * len(request["r"])
+        going = [None if why is not None else gevent.spawn(self._register, caller, dict(entry, op="register"))
+                 for entry, why in zip(request["r"], refused, strict=True)]
+        gevent.joinall([g for g in going if g is not None])
+        answers = []
+        for greenlet, why in zip(going, refused, strict=True):
+            if why is not None:
+                answers.append({"error": why, "refused": True})
+            elif greenlet.successful():
+                answers.append(greenlet.value)
+            else:
+                answers.append({"error": "%s: %s" % (type(greenlet.exception).__name__, greenlet.exception)})
+        return {"a": answers}
+
+    def _send_registers(self, home, requests, timeout_s):
+        """``requests`` to ``home`` in one call: an answer per request. A lone one goes as a plain ``register`` call
+        (what a home of any version answers, no batch of one); more as one ``registers`` call (to a home of the
+        version before: a ``register`` call each, each answer or the PeerUnreachable of its own call). Raises
+        PeerUnreachable."""
+        address = self.members.get(home)
+        if address is None:
+            raise PeerUnreachable("broker %s is no member now" % home)
+        if len(requests) == 1:
+            return [self._call(home, address, requests[0], timeout_s)]
+        answer = self._call(home, address, {"op": "registers", "r": requests}, timeout_s)
+        if "error" in answer and "unknown call" in str(answer["error"]):
+            return self._register_each(home, address, requests, timeout_s)
+        if "error" in answer:
+            return [answer] * len(requests)
+        answers = answer.get("a")
+        if not isinstance(answers, list) or len(answers) != len(requests) or \
+                not all(isinstance(a, dict) for a in answers):
+            raise PeerUnreachable("broker %s answered %d registrations with no answer each" % (home, len(requests)))
+        return answers
+
+    def _register_each(self, home, address, requests, timeout_s):
+        """``requests`` as a ``register`` call each, at once (a home of the version before)."""
+        calls = [gevent.spawn(self._call, home, address, request, timeout_s) for request in requests]
+        gevent.joinall(calls)
+        return [c.value if c.successful() else c.exception if isinstance(c.exception, PeerUnreachable)
+                else PeerUnreachable(str(c.exception)) for c in calls]
 
     def _register_one(self, caller, client_id, request, deadline=None):
         old = self.registry.holder(client_id)
@@ -358,14 +436,13 @@ class ClientIds:
         client_id = request["c"]
         deadline = time.monotonic() + HOLDER_TIMEOUT_S / 2
         self._await_answer(client_id, request.get("gen", 0), deadline)
-        event = self._finishing.get(client_id)
-        if event is not None:
-            event.wait(max(0.0, deadline - time.monotonic()))  # a CONNECT here going live: taken over once it is
-            if not event.is_set():
-                self._overtaken.add(event)  # still taking the session over: it will not go live (``join``)
+        claiming = self._finishing.get(client_id)
+        if claiming is not None:  # the CONNECTs here going live (every one): taken over once they are
+            claiming[0].wait(max(0.0, deadline - time.monotonic()))
         refusal, saved = self.port.give_up(client_id, request["clean"], request.get("u"))
         if refusal is not None:
             return {"error": refusal, "refused": True}
+        self._overtake(client_id, request.get("gen", 0))  # nothing yielded since the give_up
         self._released.discard(client_id)
         if saved is None:
             return {"from": self.broker_id}
@@ -473,6 +550,13 @@ class ClientIds:
                 return False
             gevent.sleep(0.005)
 
+    def _overtake(self, client_id, generation):
+        """A registration elsewhere, later than this broker's of ``generation`` (the home's count), took ``client_id``
+        from here: a CONNECT of it here answered at that generation or before and not live yet (its answer on its
+        way, or taking a session over past the holder's wait) is refused rather than made live (``join``)."""
+        if generation and (self._pending.get(client_id) or client_id in self._finishing):
+            self._given[client_id] = max(self._given.get(client_id, 0), generation)
+
     def _await_answer(self, client_id, generation, deadline):
         """Wait, until ``deadline`` at most, while a CONNECT of ``client_id`` here waits for its home's answer and
         no registration here of ``generation`` or later was answered yet: that CONNECT goes live (or is refused)
@@ -529,6 +613,7 @@ class ClientIds:
             self._await_answer(client_id, generation + 1, deadline)
             if self._answered.get(client_id, 0) > generation:
                 continue
+            self._overtake(client_id, generation)  # a CONNECT here answered before it is not made live either
             if self.port.holds_any(client_id):
                 log.warning("mqtt client %s: registered on another broker while this one did not answer or held a "
                             "copy from before its start; its session here ends", client_id)
@@ -736,4 +821,7 @@ class ClientIds:
                 ("mqtt_cluster_lease_closed", self.lease_closed),
                 ("mqtt_cluster_handovers_lingering", len(self._lingering)),
                 ("mqtt_cluster_holds_refused", self.holds_refused),
-                ("mqtt_cluster_calls", self.client.calls), ("mqtt_cluster_call_failures", self.client.failures)]
+                ("mqtt_cluster_calls", self.client.calls), ("mqtt_cluster_call_failures", self.client.failures),
+                ("mqtt_cluster_calls_unmatched", self.client.unmatched),
+                ("mqtt_cluster_registration_batches", self.registrations.batches),
+                ("mqtt_cluster_registrations_batched", self.registrations.batched)]

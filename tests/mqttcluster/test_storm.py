@@ -1,0 +1,297 @@
+"""Reconnect storms: the calls between two brokers pipelined on one link (``calls.PeerClient``, ``serve_calls``), the
+CONNECTs' registrations batched per home (``registrations.Registrations``)."""
+
+import json
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import gevent
+import gevent.server
+import pytest
+
+from bench.mqtt_load import open_connections
+from metaq.mqttcluster import limits as mqttcluster_limits
+from metaq.mqttcluster.clientids.calls import PeerClient, PeerUnreachable
+from metaq.mqttcluster.clientids.ids import home_of
+from metaq.mqttcluster.clientids.registrations import Registrations
+from metaq.mqttcluster.clientids.service import ClientIds
+from metaq.protocol import replication as rp
+from tests.harness.broker import wait_for
+from tests.harness.mqttcluster import Cluster, PaperMembers, homed
+from tests.harness.replication import stats
+
+
+def test_concurrent_connects_homed_on_another_broker_share_their_calls(broker_factory, tmp_path, zk_connect):
+    """200 CONNECTs at once on broker 0, about half of their ids homed on broker 1: each is registered (every CONNACK
+    0), in a few ``registers`` calls to broker 1, not one call each."""
+    cluster = Cluster(broker_factory, tmp_path, zk_connect, 2).start()
+    b0 = cluster[0]
+    for b in cluster.brokers:
+        wait_for(lambda b=b: stats(b).get("mqtt_cluster_members") == "2", 30, "the members")
+    n, prefix = 200, "storm"
+    remote = sum(home_of("%s-%d" % (prefix, i), [0, 1]) == 1 for i in range(n))
+    assert remote > n // 4
+    before = stats(b0)
+    socks = open_connections(b0.config["mqtt"]["port"], n, prefix, clean=False)
+    after = stats(b0)
+    try:
+        calls = int(after["mqtt_cluster_calls"]) - int(before["mqtt_cluster_calls"])
+        assert calls <= 20, "%d calls for %d registrations with broker 1" % (calls, remote)
+        batched = int(after["mqtt_cluster_registrations_batched"]) - int(before["mqtt_cluster_registrations_batched"])
+        assert batched == remote, after
+        assert int(after["mqtt_cluster_registration_batches"]) <= calls
+    finally:
+        for s in socks:
+            s.close()
+
+
+#: Members 7, 8 and 9 of a cluster of one real broker (broker 0), in a process of their own (gevent): 7 holds ids
+#: homed on broker 0 and never answers a call (its address a listener that reads nothing), 8 and 9 register them.
+#: Prints what each step saw.
+WITHHELD = """
+import json, sys, time
+from gevent import monkey
+monkey.patch_all()
+import gevent, gevent.server
+from metaq.mqttcluster import limits as mqttcluster_limits
+from metaq.mqttcluster.clientids.calls import PeerClient, PeerUnreachable
+
+address, silent, held, fresh = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), json.loads(sys.argv[4])
+server = gevent.server.StreamServer(("127.0.0.1", silent), lambda sock, _a: gevent.sleep(60))
+server.start()
+out = {}
+as7 = PeerClient(7, None, timeout_s=10)
+for c in held:
+    assert "error" not in as7.call(address, {"op": "register", "c": c, "clean": False, "u": None})
+
+
+def register(client, c, timeout_s=10):
+    started = time.monotonic()
+    try:
+        answer = client.call(address, {"op": "register", "c": c, "clean": False, "u": None}, timeout_s)
+    except PeerUnreachable as exc:
+        answer = {"unreachable": str(exc)}
+    return dict(answer, took=time.monotonic() - started)
+
+
+most = mqttcluster_limits.MQTT_CLUSTER_CALLS_IN_FLIGHT - mqttcluster_limits.MQTT_CLUSTER_LEASE_CONNECTIONS
+as8 = PeerClient(8, None, timeout_s=10)
+stuck = [gevent.spawn(register, as8, c) for c in held[:3]]  # 7 is asked to give these up: no answer for 2.5 s
+gevent.sleep(0.2)
+out["others"] = [register(as8, c) for c in fresh[:5]]  # on the same link meanwhile
+stuck += [gevent.spawn(register, as8, c) for c in held[3:most]]  # the link's calls in flight at their bound
+gevent.sleep(0.2)
+out["in_flight"] = getattr(as8, "in_flight", lambda _a: None)(address)
+out["past"] = register(as8, fresh[5], 0.5)  # one past: waits its bound, then the clear error
+started = time.monotonic()
+as8.call(address, {"op": "lease"}, 2, lease=True)
+out["lease"] = time.monotonic() - started
+mqttcluster_limits.MQTT_CLUSTER_CALLS_IN_FLIGHT += 2  # a caller that does not keep the bound: the callee keeps it
+as9 = PeerClient(9, None, timeout_s=10)
+over = [gevent.spawn(register, as9, c) for c in held[most:most + mqttcluster_limits.MQTT_CLUSTER_CALLS_IN_FLIGHT - 1]]
+gevent.joinall(over, timeout=20)
+out["over"] = [g.value for g in over]
+gevent.joinall(stuck, timeout=20)
+out["stuck"] = [g.value for g in stuck]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_a_withheld_answer_holds_back_no_other_call_on_the_link_and_the_bound_holds(broker_factory, tmp_path,
+                                                                                    zk_connect):
+    """Member 8's registrations of ids member 7 holds wait for 7, which never answers (2.5 s, HOLDER_TIMEOUT_S):
+    meanwhile 8's other calls on the same link are answered at once; at MQTT_CLUSTER_CALLS_IN_FLIGHT calls in flight
+    one more waits its own bound and is told why (a lease renewal still goes, in its own turn); a caller sending past
+    the bound gets the callee's clear error for the one past, at once. The withheld calls each cost only their own
+    wait."""
+    (b,) = Cluster(broker_factory, tmp_path, zk_connect, 1).start().brokers
+    address = "127.0.0.1:%d" % b.config["replication"]["port"]
+    most = mqttcluster_limits.MQTT_CLUSTER_CALLS_IN_FLIGHT - mqttcluster_limits.MQTT_CLUSTER_LEASE_CONNECTIONS
+    silent = gevent.server.StreamServer(("127.0.0.1", 0), lambda s, a: None)  # a free port, closed at once
+    silent.start()
+    port = silent.server_port
+    silent.close()
+    members = PaperMembers(zk_connect, {7: "127.0.0.1:%d" % port, 8: "127.0.0.1:1", 9: "127.0.0.1:1"})
+    wait_for(lambda: stats(b).get("mqtt_cluster_members") == "4", 10, "7, 8 and 9 members")
+    ids = homed(most + mqttcluster_limits.MQTT_CLUSTER_CALLS_IN_FLIGHT + 1 + 6, 0, [0, 7, 8, 9], "w")
+    held, fresh = ids[:-6], ids[-6:]
+    try:
+        out = subprocess.run([sys.executable, "-c", WITHHELD, address, str(port), json.dumps(held), json.dumps(fresh)],
+                             capture_output=True, text=True, timeout=90)
+    finally:
+        members.close()
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout)
+    assert all("gen" in a and a["took"] < 1.0 for a in got["others"]), got["others"]
+    assert got["in_flight"] == most, got
+    past = got["past"]
+    assert "MQTT_CLUSTER_CALLS_IN_FLIGHT" in past.get("unreachable", "") and 0.4 < past["took"] < 1.5, past
+    assert got["lease"] < 1.0, got
+    over = got["over"]
+    refused = [a for a in over if "MQTT_CLUSTER_CALLS_IN_FLIGHT" in a.get("error", "")]
+    assert len(refused) == 1 and refused[0]["took"] < 1.0, over
+    assert all(a["took"] > 2.0 for a in over if a not in refused), over  # the others waited for 7 (withheld)
+    assert all(2.0 < a["took"] < 6.0 and "error" in a for a in got["stuck"]), got["stuck"]
+
+
+class LyingCallee:
+    """A callee of calls that proves no secret and answers each call its ``answer(request) -> [answer dicts]`` says
+    (any id, any order, none at all)."""
+
+    def __init__(self, answer):
+        self.answer = answer
+        self.server = gevent.server.StreamServer(("127.0.0.1", 0), self._serve)
+        self.server.start()
+        self.address = "127.0.0.1:%d" % self.server.server_port
+
+    def _serve(self, sock, _addr):
+        parser = rp.ReplicationParser()
+        sock.sendall(rp.serialize(rp.Challenge(False, "ab" * 16)))
+        proved = False
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return
+            parser.receive_data(data)
+            while (event := parser.next_event()) is not rp.NEED_DATA:
+                if isinstance(event, rp.PeerCall):
+                    if not proved:
+                        sock.sendall(rp.serialize(rp.Proof("", "")))
+                        proved = True
+                    for reply in self.answer(json.loads(event.body)):
+                        sock.sendall(rp.serialize(rp.PeerReply(json.dumps(reply).encode())))
+
+    def close(self):
+        self.server.close()
+
+
+@pytest.mark.integration  # a callee of its own on loopback
+def test_an_answer_naming_no_call_in_flight_or_another_call_is_dropped_and_counted():
+    """A callee that answers a call with another call's id, with its id but another op or client id, with an id no
+    call has, or twice: each such answer is dropped and counted (``unmatched``), never taken by a call; the call it
+    lied about takes its own answer, or times out on its own bound."""
+    seen = []
+
+    def answer(request):
+        seen.append(request)
+        i, op = request["id"], request["op"]
+        if request.get("c") == "liar":  # answered as another op, then as another id, then as itself twice
+            return [{"id": i, "op": "lease"}, {"id": i + 1000, "op": op, "c": "liar"},
+                    {"id": i, "op": op, "c": "liar", "gen": 1}, {"id": i, "op": op, "c": "liar", "gen": 2}]
+        if request.get("c") == "mute":
+            return [{"id": i, "op": op, "c": "other", "gen": 9}]  # its id, another client id: never its answer
+        return [{"id": i, "op": op, "c": request.get("c"), "gen": 5}]
+
+    callee = LyingCallee(answer)
+    client = PeerClient(3, None, timeout_s=2)
+    try:
+        first = client.call(callee.address, {"op": "register", "c": "a"})
+        assert first == {"gen": 5}
+        assert client.call(callee.address, {"op": "register", "c": "liar"}) == {"gen": 1}
+        started = time.monotonic()
+        with pytest.raises(PeerUnreachable):
+            client.call(callee.address, {"op": "register", "c": "mute"}, 0.3)
+        assert time.monotonic() - started < 1.0
+        assert client.call(callee.address, {"op": "register", "c": "b"}) == {"gen": 5}  # the link goes on
+        gevent.sleep(0.05)
+        assert client.unmatched == 4  # the liar's three and the mute's one
+        assert client.kept(callee.address) == 1
+    finally:
+        client.close()
+        callee.close()
+
+
+@pytest.mark.integration  # a callee of its own on loopback
+def test_answers_in_any_order_each_go_to_the_call_their_id_names():
+    """Calls in flight on one link answered last first: each call gets its own answer."""
+    held = []
+
+    def answer(request):
+        held.append(request)
+        if len(held) < 5:
+            return []
+        out = [{"id": r["id"], "op": r["op"], "c": r["c"], "n": r["c"]} for r in reversed(held)]
+        del held[:]
+        return out
+
+    callee = LyingCallee(answer)
+    client = PeerClient(3, None, timeout_s=5)
+    try:
+        calls = [gevent.spawn(client.call, callee.address, {"op": "register", "c": "c%d" % i}) for i in range(5)]
+        gevent.joinall(calls, timeout=5)
+        assert [g.value for g in calls] == [{"n": "c%d" % i} for i in range(5)]
+        assert client.unmatched == 0
+    finally:
+        client.close()
+        callee.close()
+
+
+def test_registrations_to_one_home_go_in_batches_each_with_its_own_answer():
+    """Registrations asked at once go in batches (at most MQTT_CLUSTER_REGISTER_BATCHES in flight, each of what
+    queued meanwhile, at most MQTT_CLUSTER_ID_BATCH); each gets its own answer or its own error, in its own bound."""
+    sent = []
+
+    def send(home, requests, timeout_s):
+        sent.append(len(requests))
+        gevent.sleep(0.05)
+        if home == "down":
+            raise PeerUnreachable("no home")
+        return [{"c": r["c"]} if r["c"] != "bad" else PeerUnreachable("its own") for r in requests]
+
+    regs = Registrations(send, most=2)
+    n = mqttcluster_limits.MQTT_CLUSTER_ID_BATCH + 500
+    names = ["d%d" % i for i in range(n)] + ["bad"]
+    calls = [gevent.spawn(regs.register, "h", {"c": c}, 5) for c in names]
+    gevent.joinall(calls, timeout=10)
+    assert [g.value for g in calls[:-1]] == [{"c": c} for c in names[:-1]]
+    assert isinstance(calls[-1].exception, PeerUnreachable) and "its own" in str(calls[-1].exception)
+    assert max(sent) == mqttcluster_limits.MQTT_CLUSTER_ID_BATCH and sum(sent) == n + 1 and len(sent) <= 5, sent
+    short = gevent.spawn(regs.register, "h", {"c": "short"}, 0.02)
+    long = gevent.spawn(regs.register, "h", {"c": "l"}, 5)
+    gevent.joinall([short, long], timeout=5)  # in one batch: the short one told at its bound, the other answered
+    assert isinstance(short.exception, PeerUnreachable) and long.value == {"c": "l"}
+    down = [gevent.spawn(regs.register, "down", {"c": "x%d" % i}, 5) for i in range(3)]
+    gevent.joinall(down, timeout=5)
+    assert all(isinstance(g.exception, PeerUnreachable) for g in down)
+    assert regs.batched == n + 1 + 2 + 3
+
+
+def test_a_client_ids_registrations_go_one_at_a_time_in_the_order_they_came():
+    """Registrations of one id asked at once never share a batch, and one goes only once the one before it is
+    answered (the home decides them in order, each answer here before the next is asked); other ids' go meanwhile.
+    One whose own bound runs out while it waits is told so at its bound; the one after it still goes."""
+    sent = []
+
+    def send(home, requests, timeout_s):
+        sent.append([r["c"] for r in requests])
+        gevent.sleep(0.05)
+        return [{"n": r["n"]} for r in requests]
+
+    regs = Registrations(send, most=1)
+    order = [("x", 5), ("y", 5), ("x", 5), ("x", 0.02), ("x", 5), ("z", 5)]
+    calls = [gevent.spawn(regs.register, "h", {"c": c, "n": n}, bound) for n, (c, bound) in enumerate(order)]
+    gevent.joinall(calls, timeout=5)
+    assert sent == [["x", "y", "z"], ["x"], ["x"]], sent  # the one whose bound ran out while it waited never went
+    assert [g.value for g in calls] == [{"n": 0}, {"n": 1}, {"n": 2}, None, {"n": 4}, {"n": 5}]
+    assert isinstance(calls[3].exception, PeerUnreachable)
+    assert regs._ids == {} and regs._queues == {}
+
+
+def test_a_lone_registration_goes_as_a_register_call_a_batch_of_more_as_registers():
+    """A home of any version answers ``register``: a registration alone goes as one; two go as one ``registers``."""
+    made = []
+
+    def call(broker_id, address, request, timeout_s=None, exclusive=False):
+        made.append(request["op"])
+        return {"gen": 1} if request["op"] == "register" else {"a": [{"gen": 2}, {"gen": 3}]}
+
+    ids = ClientIds(None, None, None, 3, SimpleNamespace(close=lambda: None, timeout_s=5), 100, 0, lambda: True)
+    ids.members = {1: "h:1", 3: "h:3"}
+    ids._call = call
+    assert ids._send_registers(1, [{"op": "register", "c": "a", "clean": False}], 5) == [{"gen": 1}]
+    two = [{"op": "register", "c": c, "clean": False} for c in ("a", "b")]
+    assert ids._send_registers(1, two, 5) == [{"gen": 2}, {"gen": 3}]
+    assert made == ["register", "registers"]
