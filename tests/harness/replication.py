@@ -1,11 +1,12 @@
 """Master/slave test helpers: a master's config, a ``sync`` master with its slave, stats, waiting for a slave to
-catch up, identical logs, a mixed load."""
+catch up, identical logs, a mixed load; the frames a stand-in peer on the replication port reads."""
 
 import os
 import random
 
 from metaq.client.local import free_port, small_config
 from metaq.protocol import events as ev
+from metaq.protocol import replication as rp
 from metaq.protocol import stats as stats_codec
 from tests.harness.broker import consume_all, wait_for
 
@@ -94,3 +95,15 @@ def mixed_load(master, n=300, seed=1):
             body = (b"%d-" % i) * (size // 4 + 1)
             acked.append((topic,) + c.put_ok(topic, body[:size], attribute="a%d" % i if i % 3 == 0 else None))
     return acked
+
+
+def frames_of(sock, parser):
+    """Each replication-stream event ``parser`` makes of what ``sock`` receives, until the other side closes: the
+    read loop of a stand-in member or home on the replication port."""
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            return
+        parser.receive_data(data)
+        while (event := parser.next_event()) is not rp.NEED_DATA:
+            yield event

@@ -84,3 +84,24 @@ def files_of(root):
             with open(os.path.join(d, name), "rb") as f:
                 out[os.path.relpath(os.path.join(d, name), root)] = f.read()
     return out
+
+
+def inprocess_put_path(data_dir, now, flush="async"):
+    """``(store, put_path)``: a broker's put path over a real store of one partition a topic in ``data_dir``, with its
+    flusher, waiters and roles, in this process: for tests that drive a write step (the cluster's copies) without
+    a broker process around it."""
+    from gevent.lock import Semaphore
+
+    from metaq.server.flusher import Flusher
+    from metaq.server.replication.roles import Roles
+    from metaq.server.stats import BrokerStats
+    from metaq.serving.connections import ConnectionCore, ConnectionLimits
+    from metaq.serving.longpoll import PartitionWaiters
+    from metaq.serving.putpath import PutPath, WriteGate
+
+    cfg = server_config(data_dir, flush=flush, partitions=1)
+    store = storestate.open_store(cfg.store_config(), now)
+    waiters = PartitionWaiters()
+    flusher = Flusher(store, store.config, waiters.notify, lambda: None)
+    roles = Roles(cfg, store, ConnectionCore(10, ConnectionLimits(60, 60)), flusher, waiters, Semaphore())
+    return store, PutPath(store, BrokerStats(), flusher, waiters, roles, WriteGate())

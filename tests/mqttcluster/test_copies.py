@@ -12,7 +12,6 @@ import socket
 from types import SimpleNamespace
 
 import pytest
-from gevent.lock import Semaphore
 
 from metaq.clock import now_ms
 from metaq.mqtt.records import message_of, name_of, record_data
@@ -24,19 +23,12 @@ from metaq.protocol import replication as rp
 from metaq.protocol.message import encode_payload
 from metaq.protocol.properties import encode_attribute
 from metaq.protocol.replication_mqtt import MESSAGE, POSITION, Entry
-from metaq.server.flusher import Flusher
-from metaq.server.replication.roles import Roles
-from metaq.server.stats import BrokerStats
-from metaq.serving.connections import ConnectionCore, ConnectionLimits
-from metaq.serving.longpoll import PartitionWaiters
-from metaq.serving.putpath import PutPath, WriteGate
 from metaq.store import batch
-from metaq.storestate import open_store
 from tests.harness.broker import wait_for
 from tests.harness.codeccount import counting, read_counts
 from tests.harness.mqtt import Paho
 from tests.harness.mqttcluster import Cluster, wait_routed
-from tests.harness.store import server_config
+from tests.harness.store import inprocess_put_path
 
 MARK = "payload-walk-7f3a"
 N = 20
@@ -84,12 +76,7 @@ def test_a_records_frame_reaches_the_inbox_log_with_each_payload_copied_once(tmp
     whole, are handed over by the parser (not copied out of its buffer), each MESSAGE entry's data is a view of them,
     and a copy's payload reaches the log writer as that view (the burst's buffer holds only its attribute block):
     from the socket's bytes to the inbox log each payload is copied once, by the log writer."""
-    cfg = server_config(tmp_path, flush="async", partitions=1)
-    store = open_store(cfg.store_config(), now_ms())
-    waiters, gate = PartitionWaiters(), WriteGate()
-    flusher = Flusher(store, store.config, waiters.notify, lambda: None)
-    roles = Roles(cfg, store, ConnectionCore(10, ConnectionLimits(60, 60)), flusher, waiters, Semaphore())
-    path = PutPath(store, BrokerStats(), flusher, waiters, roles, gate)
+    store, path = inprocess_put_path(tmp_path, now_ms())
     cluster = MqttCluster(1, store, path, SimpleNamespace(topics=DEFAULT_MAP), None, lambda: True)
     payloads = [b"%s-%d-" % (MARK.encode(), i) * 500 for i in range(N)]
     made = [record_data("walk/t", p, 1, "dev", None) for p in payloads]

@@ -9,7 +9,6 @@ import socket
 import time
 from types import SimpleNamespace
 
-from gevent.lock import Semaphore
 
 from metaq.clock import now_ms
 from metaq.mqtt import wire
@@ -19,16 +18,9 @@ from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.mqttcluster.following import inbox
 from metaq.mqttcluster.following.peers import MqttCluster
 from metaq.protocol.replication_mqtt import MESSAGE, Entry
-from metaq.server.flusher import Flusher
-from metaq.server.replication.roles import Roles
-from metaq.server.stats import BrokerStats
-from metaq.serving.connections import ConnectionCore, ConnectionLimits
-from metaq.serving.longpoll import PartitionWaiters
-from metaq.serving.putpath import PutPath, WriteGate
-from metaq.storestate import open_store
 from tests.harness.mqtt import Paho, Raw, mqtt_port, next_publish
 from tests.harness.mqttcluster import Cluster, wait_routed
-from tests.harness.store import server_config
+from tests.harness.store import inprocess_put_path
 
 N = 20
 #: A write visible at once (a copy too): the turn that writes it serves it; with ``sync`` flush, after its flush, its
@@ -134,12 +126,7 @@ def test_a_frame_of_the_bound_is_served_from_its_turn_and_one_past_it_is_not(tmp
     """In process over a real store and put path: a frame of MQTT_CLUSTER_DIRECT_COPIES copies is handed to the
     port's ``serve`` with each copy's place in the log (its offset and its key in ``Decoded``) and bytes that read as
     the copy the log holds; one of a copy more is not (its readers are woken, as before)."""
-    cfg = server_config(tmp_path, flush="async", partitions=1)
-    store = open_store(cfg.store_config(), now_ms())
-    waiters, gate = PartitionWaiters(), WriteGate()
-    flusher = Flusher(store, store.config, waiters.notify, lambda: None)
-    roles = Roles(cfg, store, ConnectionCore(10, ConnectionLimits(60, 60)), flusher, waiters, Semaphore())
-    path = PutPath(store, BrokerStats(), flusher, waiters, roles, gate)
+    store, path = inprocess_put_path(tmp_path, now_ms())
     served = []
     cluster = MqttCluster(1, store, path, SimpleNamespace(topics=DEFAULT_MAP), None, lambda: True,
                           serve=lambda copies: served.append(copies) or {})

@@ -20,7 +20,7 @@ from metaq.mqttcluster.clientids.service import ClientIds
 from metaq.protocol import replication as rp
 from tests.harness.broker import wait_for
 from tests.harness.mqttcluster import Cluster, PaperMembers, homed
-from tests.harness.replication import stats
+from tests.harness.replication import frames_of, stats
 
 
 def test_concurrent_connects_homed_on_another_broker_share_their_calls(broker_factory, tmp_path, zk_connect):
@@ -151,18 +151,13 @@ class LyingCallee:
         parser = rp.ReplicationParser()
         sock.sendall(rp.serialize(rp.Challenge(False, "ab" * 16)))
         proved = False
-        while True:
-            data = sock.recv(65536)
-            if not data:
-                return
-            parser.receive_data(data)
-            while (event := parser.next_event()) is not rp.NEED_DATA:
-                if isinstance(event, rp.PeerCall):
-                    if not proved:
-                        sock.sendall(rp.serialize(rp.Proof("", "")))
-                        proved = True
-                    for reply in self.answer(json.loads(event.body)):
-                        sock.sendall(rp.serialize(rp.PeerReply(json.dumps(reply).encode())))
+        for event in frames_of(sock, parser):
+            if isinstance(event, rp.PeerCall):
+                if not proved:
+                    sock.sendall(rp.serialize(rp.Proof("", "")))
+                    proved = True
+                for reply in self.answer(json.loads(event.body)):
+                    sock.sendall(rp.serialize(rp.PeerReply(json.dumps(reply).encode())))
 
     def close(self):
         self.server.close()

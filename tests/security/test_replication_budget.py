@@ -30,7 +30,7 @@ from tests.harness.broker import wait_for
 from tests.harness.faults import PauseProcess
 from tests.harness.mqtt import Raw, mqtt_config
 from tests.harness.mqttcluster import PaperMembers, homed
-from tests.harness.replication import master_config, stats
+from tests.harness.replication import frames_of, master_config, stats
 
 pytestmark = pytest.mark.integration
 
@@ -433,21 +433,16 @@ class PaperHome:
         sock.sendall(rp.serialize(challenge))
         proof = None
         try:
-            while True:
-                data = sock.recv(65536)
-                if not data:
-                    return
-                parser.receive_data(data)
-                while (event := parser.next_event()) is not rp.NEED_DATA:
-                    if isinstance(event, rp.Proof):
-                        proof = event
-                    elif isinstance(event, rp.PeerCall):
-                        self.calls.append(json.loads(event.body))
-                        if proof is not None:
-                            sock.sendall(rp.serialize(handshake.callee_proof(SECRET.encode(), challenge.nonce,
-                                                                             proof.nonce, event.broker_id)))
-                            proof = None
-                        sock.sendall(rp.serialize(rp.PeerReply(json.dumps(self.answer).encode())))
+            for event in frames_of(sock, parser):
+                if isinstance(event, rp.Proof):
+                    proof = event
+                elif isinstance(event, rp.PeerCall):
+                    self.calls.append(json.loads(event.body))
+                    if proof is not None:
+                        sock.sendall(rp.serialize(handshake.callee_proof(SECRET.encode(), challenge.nonce,
+                                                                         proof.nonce, event.broker_id)))
+                        proof = None
+                    sock.sendall(rp.serialize(rp.PeerReply(json.dumps(self.answer).encode())))
         except OSError:
             return
 
