@@ -262,13 +262,40 @@ class BrokerConnection:
         """Write ``event`` without waiting for (or keeping) its reply; raises ``ConnectionLost`` when down."""
         self._submit(event, None, self.request_timeout)
 
-    def close(self):
-        """Close the socket and fail every pending request with ``ConnectionLost``; later requests fail too."""
+    def close(self, drain_s=client_limits.CLIENT_CLOSE_DRAIN_S):
+        """Close as TCP does, within ``drain_s`` seconds: what was queued before (a one-way send, pipelined requests
+        the writer thread has not written yet) is written, then this side's end is shut and the broker's answers to
+        what is still unanswered are read until it closes its own: a broker stores every put it read before it sees
+        the end, while one whose answer meets a closed socket stops reading the rest. Then the socket closes and
+        every pending request fails with ``ConnectionLost``; later requests fail too. On the reader thread (a
+        reply's callback) it does not wait: the broker may be waiting for its replies to be read."""
+        deadline = time.monotonic() + drain_s
         self._closed = True
         _TICKER.discard(self)
         with self._lock:
+            if threading.get_ident() != self._reader_ident:
+                while (self._out or self._writing) and self._sock is not None and self._wait_until(deadline):
+                    pass
+                sock = self._sock
+                if sock is not None and self._pending and not (self._out or self._writing):
+                    try:
+                        sock.shutdown(socket.SHUT_WR)
+                    except OSError:
+                        sock = None
+                    while sock is not None and self._sock is sock and self._wait_until(deadline):
+                        pass
+        with self._lock:
             gen = self._gen
         self._drop(gen, ConnectionLost("connection to %s closed by the client" % self.url))
+
+    def _wait_until(self, deadline):
+        """Wait (``_lock`` held) for the writer or the reader to move, a hundredth of a second at most; False once
+        ``deadline`` passed."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        self._writable.wait(min(left, 0.01))
+        return True
 
     def __enter__(self):
         return self

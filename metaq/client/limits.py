@@ -14,6 +14,10 @@ MAX_AUTH_REPLY_BYTES = 4096
 #: them), before it offers them again; requests made meanwhile fail at once with the same ``Unauthenticated``.
 CLIENT_AUTH_RETRY_S = 10.0
 
+#: Longest a client connection's ``close`` waits for what was queued before it (a one-way send, pipelined requests
+#: its writer thread had not written yet) to be written before the socket closes: past it what is left is dropped.
+CLIENT_CLOSE_DRAIN_S = 5.0
+
 #: Plaintext a client encrypts at a time before sending it (a TLS connection's write buffer is at most about this).
 CLIENT_TLS_WRITE_BYTES = 256 * 1024
 

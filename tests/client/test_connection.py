@@ -14,6 +14,7 @@ from metaq.protocol.message import iter_records
 from metaq.protocol.stream import CLOSED
 from metaq.client.local import free_port, small_config
 from tests.harness.broker import url_of, wait_for
+from tests.harness.faults import PauseProcess
 
 
 def put_event(topic, body, partition=0):
@@ -322,3 +323,35 @@ def test_unanswered_heartbeat_drops_the_connection():
         conn.close()
     finally:
         fake.close()
+
+
+@pytest.mark.integration
+def test_close_writes_the_one_way_sends_queued_before_it(broker):
+    """One-way puts queued faster than a paused broker reads them: ``close`` writes every one before the socket
+    closes (CLIENT_CLOSE_DRAIN_S), so the broker stores them all once it runs again; none is dropped with the
+    queue."""
+    body = b"q" * 16384
+    n = 1000  # 16 MB: more than the loopback socket's buffers hold while the broker is stopped
+    pause = PauseProcess(broker)
+    conn = BrokerConnection(url_of(broker), max_buffered=64 << 20)
+    assert conn.call(ev.Version(0)).body.startswith(b"0.")
+    pause.inject(1.0)
+    try:
+        for _ in range(n):
+            conn.send_oneway(put_event("tclose", body))
+        conn.close()
+    finally:
+        pause.heal()
+    with BrokerConnection(url_of(broker)) as check:
+
+        def stored():
+            count = 0
+            while True:
+                reply = check.call(ev.Get("tclose", "g", 0, count, 1 << 20, 0))
+                got = [] if isinstance(reply, ev.Result) else list(iter_records(reply.body))
+                if not got:
+                    return count
+                count += len(got)
+
+        wait_for(lambda: stored() == n, 5)
+        assert stored() == n
