@@ -263,17 +263,19 @@ class BrokerConnection:
         self._submit(event, None, self.request_timeout)
 
     def close(self, drain_s=client_limits.CLIENT_CLOSE_DRAIN_S):
-        """Close as TCP does, within ``drain_s`` seconds: what was queued before (a one-way send, pipelined requests
-        the writer thread has not written yet) is written, then this side's end is shut and the broker's answers to
-        what is still unanswered are read until it closes its own: a broker stores every put it read before it sees
-        the end, while one whose answer meets a closed socket stops reading the rest. Then the socket closes and
-        every pending request fails with ``ConnectionLost``; later requests fail too. On the reader thread (a
-        reply's callback) it does not wait: the broker may be waiting for its replies to be read."""
+        """With one-way sends not answered yet, close as TCP does, within ``drain_s`` seconds: what was queued
+        before (those sends, pipelined requests the writer thread has not written yet) is written, then this side's
+        end is shut and the broker's answers to what is still unanswered are read until it closes its own: a broker
+        stores every put it read before it sees the end, while one whose answer meets a closed socket stops reading
+        the rest. Then the socket closes and every pending request fails with ``ConnectionLost``; later requests
+        fail too. On the reader thread (a reply's callback) it does not wait: the broker may be waiting for its
+        replies to be read."""
         deadline = time.monotonic() + drain_s
         self._closed = True
         _TICKER.discard(self)
         with self._lock:
-            if threading.get_ident() != self._reader_ident:
+            # only for one-way sends: a request with a waiter is told it failed, nothing of it is lost unseen
+            if threading.get_ident() != self._reader_ident and None in self._pending.values():
                 while (self._out or self._writing) and self._sock is not None and self._wait_until(deadline):
                     pass
                 sock = self._sock
