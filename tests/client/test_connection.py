@@ -355,3 +355,24 @@ def test_close_writes_the_one_way_sends_queued_before_it(broker):
 
         wait_for(lambda: stored() == n, 5)
         assert stored() == n
+
+
+@pytest.mark.integration
+def test_close_waits_for_a_stopped_broker_no_longer_than_its_bound(broker):
+    """A broker stopped past the close's bound (``drain_s``, CLIENT_CLOSE_DRAIN_S by default): ``close`` returns at
+    the bound, not when the broker runs again, and the connection is closed."""
+    pause = PauseProcess(broker)
+    conn = BrokerConnection(url_of(broker))
+    assert conn.call(ev.Version(0)).body.startswith(b"0.")
+    pause.inject(3.0)
+    try:
+        conn.send_oneway(put_event("tbound", b"x"))
+        started = time.monotonic()
+        conn.close(drain_s=0.5)
+        took = time.monotonic() - started
+    finally:
+        pause.heal()
+    assert 0.4 <= took < 2.5, took
+    assert conn.in_flight == 0
+    with pytest.raises(ConnectionLost):
+        conn.send_oneway(put_event("tbound", b"y"))
