@@ -44,6 +44,8 @@ No sockets, gevent or clock (times are passed in).
 """
 
 import base64
+import heapq
+import itertools
 import json
 import logging
 
@@ -366,10 +368,17 @@ def _sub_id(rest):
 
 
 class SessionTable:
-    """The sessions the log holds: client id -> ``SavedSession`` (the last record of each)."""
+    """The sessions the log holds: client id -> ``SavedSession`` (the last record of each).
+
+    The offline ones are also kept apart, with a heap of them by when they went offline, so that a session going
+    offline asks in O(log n) which are past ``mqtt.max_offline_sessions`` (``offline_past``): a storm of
+    disconnects of n persistent sessions costs n log n, not n sorts of n."""
 
     def __init__(self):
         self.sessions = {}
+        self._offline = {}  # client id -> its SavedSession, for those not connected
+        self._by_age = []  # heap of (at_ms, seq, client id, SavedSession); stale once _offline holds another
+        self._seq = itertools.count()
         self.retained = {}  # MQTT topic name -> Retained
         self.retained_bytes = 0  # the payload bytes of the retained messages' records
         self.groups = {}  # (share name, filter) -> SavedGroup
@@ -420,9 +429,21 @@ class SessionTable:
             return
         if saved is None:
             self.sessions.pop(client_id, None)
+            self._offline.pop(client_id, None)
         else:
             saved.position = position
             self.sessions[client_id] = saved
+            if saved.connected:
+                self._offline.pop(client_id, None)
+            else:
+                self._went_offline(client_id, saved)
+
+    def _went_offline(self, client_id, saved):
+        self._offline[client_id] = saved
+        heapq.heappush(self._by_age, (saved.at_ms, next(self._seq), client_id, saved))
+        if len(self._by_age) > 2 * len(self._offline) + 64:  # mostly stale (sessions back online, ended): rebuilt
+            self._by_age = [e for e in self._by_age if self._offline.get(e[2]) is e[3]]
+            heapq.heapify(self._by_age)
 
     def _keyed(self, head):
         """``(the table's dict, the decoder)`` of a record kind whose last record of a key is that key's state (a
@@ -435,13 +456,36 @@ class SessionTable:
             return self.shares, decode_share_history
         return None
 
+    def connections_ended(self, live=()):
+        """A start or a promotion: each session's connection ended with the broker that wrote it, but those of the
+        client ids of ``live`` (connected here)."""
+        self._offline.clear()
+        for client_id, saved in self.sessions.items():
+            saved.connected = client_id in live
+            if not saved.connected:
+                self._offline[client_id] = saved
+        self._by_age = [(s.at_ms, next(self._seq), cid, s) for cid, s in self._offline.items()]
+        heapq.heapify(self._by_age)
+
     def offline(self):
         """The sessions whose client is not connected, offline longest first."""
-        return sorted((s for s in self.sessions.values() if not s.connected), key=lambda s: s.at_ms)
+        return sorted(self._offline.values(), key=lambda s: s.at_ms)
 
     def offline_count(self):
-        """How many sessions' clients are not connected (``stats``: counted, not sorted)."""
-        return sum(1 for s in self.sessions.values() if not s.connected)
+        """How many sessions' clients are not connected."""
+        return len(self._offline)
+
+    def offline_past(self, most):
+        """The client ids of the offline sessions past the ``most`` kept, offline longest first (they stay in the
+        table until their end is applied)."""
+        heap, offline, taken = self._by_age, self._offline, []
+        while heap and len(taken) < len(offline) - most:
+            entry = heapq.heappop(heap)
+            if offline.get(entry[2]) is entry[3]:
+                taken.append(entry)
+        for entry in taken:
+            heapq.heappush(heap, entry)
+        return [entry[2] for entry in taken]
 
     def floor(self):
         """The lowest log position a live session's last record is at (None: no session)."""

@@ -46,6 +46,7 @@ import time
 import zlib
 
 import gevent
+from gevent.lock import Semaphore
 
 from metaq import errors
 from metaq.mqtt import limits as mqtt_limits
@@ -142,6 +143,7 @@ class MqttPort:
         self.serving = direct.WaitingDeliveries(self.waiting, self.fanouts.readers, self._keep_decoded,
                                                 mqtt_limits.MQTT_DIRECT_DELIVERIES)
         self._clients = {}  # client id -> its Connection
+        self.connects = Semaphore(mqtt_limits.MQTT_CONNECTS_AT_ONCE)  # the CONNECTs worked on at once
         self._ids = itertools.count(1)
         self._id_salt = os.urandom(4).hex()
         self.is_master = is_master
@@ -152,8 +154,7 @@ class MqttPort:
         self.unconfirmable = unconfirmable
         self._fenced = None  # True: keeps no session or will now (session_refusal); None: not looked yet
         self.table = replay(store)  # the persistent sessions the log holds
-        for saved in self.table.sessions.values():
-            saved.connected = False  # their connections ended with the broker that wrote them
+        self.table.connections_ended()
         #: client ids whose sessions this broker did not get from a CONNECT to itself since it began serving as
         #: master (``recovered``): those loaded from the log at the start, made again at a promotion from the table
         #: the slave learned (``role_changed``); a CONNECT claiming one removes it. Only shrinks between the two, so
@@ -435,11 +436,10 @@ class MqttPort:
         if self._live.get(session.client_id) is session:
             del self._live[session.client_id]
         self.save(session, connected=False)
-        offline = self.table.offline()
-        for saved in offline[:max(0, len(offline) - self.settings.max_offline_sessions)]:
+        for client_id in self.table.offline_past(self.settings.max_offline_sessions):
             log.info("mqtt client %s: its session ends: %d sessions offline is the limit (mqtt.max_offline_sessions)",
-                     saved.client_id, self.settings.max_offline_sessions)
-            self.end_session(saved.client_id)
+                     client_id, self.settings.max_offline_sessions)
+            self.end_session(client_id)
 
     def taken_over(self, session):
         """A persistent session's connection was taken over: written as ``went_offline`` writes it, and handed in
@@ -659,8 +659,7 @@ class MqttPort:
             if self.follow.replicating:
                 self.store.follow_now(self.follow)
                 self.follow.replicating = False
-                for saved in self.table.sessions.values():
-                    saved.connected = saved.client_id in self._live  # the old master's connections ended with it
+                self.table.connections_ended(self._live)
                 self._recovered = set(self.table.sessions)
                 self._began_clean.intersection_update(self._clients)
             return

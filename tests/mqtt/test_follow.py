@@ -81,3 +81,36 @@ def test_a_will_record_round_trips_and_its_end_drops_it():
     assert t.floor() == 5  # retention keeps a pending will's record
     t.apply(20, encode_will_end("c1"))
     assert t.wills == {} and t.floor() == 10
+
+
+def test_the_offline_sessions_past_a_bound_are_the_longest_offline_and_leave_once_back_or_ended():
+    t = SessionTable()
+    for i, at in enumerate([50, 10, 40, 20, 30]):
+        t.apply(i, encode(_saved("c%d" % i, at_ms=at)))
+    t.apply(9, encode(_saved("on", at_ms=1, connected=True)))  # connected: never counted offline
+    assert t.offline_count() == 5 and [s.client_id for s in t.offline()] == ["c1", "c3", "c4", "c2", "c0"]
+    assert t.offline_past(5) == [] and t.offline_past(3) == ["c1", "c3"] and t.offline_past(3) == ["c1", "c3"]
+    t.apply(10, encode(_saved("c1", at_ms=60, connected=True)))  # back online
+    t.apply(11, encode_end("c3"))  # ended
+    assert t.offline_count() == 3 and t.offline_past(1) == ["c4", "c2"]
+    t.apply(12, encode(_saved("c1", at_ms=70)))  # offline again: now the newest
+    assert t.offline_past(0) == ["c4", "c2", "c0", "c1"] and t.offline_past(-5) == ["c4", "c2", "c0", "c1"]
+
+
+def test_many_sessions_going_offline_and_back_keep_the_bound_exact():
+    t = SessionTable()
+    for i in range(3000):
+        t.apply(i, encode(_saved("c%d" % (i % 500), at_ms=i, connected=bool(i % 3))))
+    offline = sorted((s for s in t.sessions.values() if not s.connected), key=lambda s: s.at_ms)
+    assert t.offline_count() == len(offline)
+    assert t.offline_past(100) == [s.client_id for s in offline[:len(offline) - 100]]
+
+
+def test_a_start_counts_every_session_offline_but_the_connected_ids_named():
+    t = SessionTable()
+    t.apply(1, encode(_saved("a", at_ms=5, connected=True)))
+    t.apply(2, encode(_saved("b", at_ms=3, connected=True)))
+    t.apply(3, encode(_saved("c", at_ms=4)))
+    t.connections_ended(live={"b"})
+    assert [s.client_id for s in t.offline()] == ["c", "a"] and t.offline_past(1) == ["c"]
+    assert t.sessions["b"].connected and not t.sessions["a"].connected
