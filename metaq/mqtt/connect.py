@@ -36,7 +36,13 @@ CONNACK_311 = {wire.CLIENT_ID_NOT_VALID: 0x02, wire.BAD_USER_NAME_OR_PASSWORD: 0
 
 def connect(conn, port, p):
     """Answer the CONNECT ``p`` on ``conn`` (its first packet), through ``port`` (the guard, the topic map, the
-    sessions, the client ids, the cluster): False when it was refused (answered; the connection closes)."""
+    sessions, the client ids, the cluster): False when it was refused (answered; the connection closes). Worked on
+    once one of the port's MQTT_CONNECTS_AT_ONCE turns is free (``port.connects``), in the order they came."""
+    with port.connects:
+        return _connect(conn, port, p)
+
+
+def _connect(conn, port, p):
     conn.version = p.version
     v5 = p.version == MQTT_5
     client_id = _client_id(conn, port, p)

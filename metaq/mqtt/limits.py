@@ -132,6 +132,11 @@ MQTT_UNCONFIRMABLE_GRACE_S = 10.0
 #: Sessions kept for clients that are not connected (``mqtt.max_offline_sessions``): when one more goes offline, the
 #: one offline longest is ended (its client's next CONNECT gets Session Present 0).
 MQTT_MAX_OFFLINE_SESSIONS = 10_000
+#: CONNECTs a broker works on at once (their login, session, the cluster's client id, the takeover, the CONNACK):
+#: past them a CONNECT waits its turn, read but not yet worked on. A storm of thousands of devices coming back at
+#: once then leaves the loop's turns short, so that what else it serves (PINGREQs, publishes, another broker's
+#: calls that keep the cluster's client-id leases) is not held behind the whole storm.
+MQTT_CONNECTS_AT_ONCE = 64
 #: Longest a session is kept for a client that is not connected (``mqtt.offline_session_max_age_s``, seconds): an
 #: MQTT 3.1.1 persistent session (which has no expiry of its own) and an MQTT 5 one with a longer expiry interval
 #: end then.
