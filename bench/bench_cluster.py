@@ -42,7 +42,9 @@ idle after.
 brokers (their client ids' homes spread over them by the hash), leave, and come back at once to the same broker, each
 cluster size of ``--brokers`` in turn in every run: the connects a second of the whole wave back (its last CONNACK),
 each wave from ``RECONNECT_PROCS`` generator processes (more for a larger cluster or past ``RECONNECT_PER_PROC`` each),
-and its ratio to the smallest cluster of the run. A broker holds at most its open-files limit's connections: 100,000
+and its ratio to the smallest cluster of the run; how many of the wave's CONNACKs said Session Present (each
+device's session kept: ``mqtt.max_offline_sessions`` is raised to the devices), and how many connections a broker
+closed in the ``RECONNECT_HELD_S`` after the wave (a client id's home not reached in time closes them). A broker holds at most its open-files limit's connections: 100,000
 devices need a hard limit past 100,000 for one broker alone, past 25,000 a broker over 4 (``ulimit -Hn``).
 
 The generator runs on the same cores as the brokers: each row also gives the generators' CPU seconds a second, so
@@ -52,7 +54,9 @@ a ratio that a busy generator held down can be told apart. Not a test: nothing h
 import argparse
 import os
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -67,6 +71,8 @@ from metaq.client.local import BrokerProcess, free_port, small_config  # noqa: E
 from tests.harness.zookeeper import ZooKeeperProcess  # noqa: E402
 
 PAYLOAD = 64
+#: Seconds a broker is given to stop (SIGTERM) before it is killed.
+STOP_S = 120
 FLEET_KEEP_ALIVE = 60
 SOURCES = ["127.0.0.%d" % i for i in range(2, 10)]
 #: Subscriber processes of a fan-out at least (one per broker past it), so that the generator's share of the cores
@@ -77,14 +83,14 @@ FANOUT_PROCS = 4
 class Cluster:
     """``n`` brokers of one ZooKeeper root, each with its MQTT and replication ports."""
 
-    def __init__(self, root, zk_connect, n):
+    def __init__(self, root, zk_connect, n, mqtt=None):
         self.brokers = []
         for i in range(n):
             wd = os.path.join(root, "b%d" % i)
             os.makedirs(wd, exist_ok=True)
             cfg = small_config(os.path.join(wd, "data"), broker={"id": i}, store=full_size_store(flush="async"),
                                topics=[{"name": "*", "partitions": 4}],
-                               mqtt={"port": free_port()}, replication={"port": free_port()},
+                               mqtt={"port": free_port(), **(mqtt or {})}, replication={"port": free_port()},
                                zk={"connect": zk_connect, "root": "/metaq-bench-%d-%d-%s" % (
                                    n, os.getpid(), os.path.basename(root))})  # a root each: no epoch of the last
             self.brokers.append(BrokerProcess(wd, cfg))
@@ -105,9 +111,28 @@ class Cluster:
                 total += int(c.stats_dict()["total_messages"])
         return total
 
+    def stats(self, i, keys):
+        """``{key: int}`` of broker ``i``'s ``stats`` (a broker busy past the client's timeout: tried again)."""
+        for _ in range(10):
+            try:
+                with self.brokers[i].client() as c:
+                    s = c.stats_dict()
+                return {k: int(s.get(k, 0)) for k in keys}
+            except OSError:
+                time.sleep(1)
+        raise TimeoutError("broker %d did not answer stats" % i)
+
     def stop(self):
+        """Every broker told to stop at once, each waited for (killed, said so, past STOP_S)."""
         for b in self.brokers:
-            b.stop(timeout=60)
+            if b.proc.poll() is None:
+                b.proc.send_signal(signal.SIGTERM)
+        for i, b in enumerate(self.brokers):
+            try:
+                b.proc.wait(STOP_S)
+            except subprocess.TimeoutExpired:
+                print("broker %d did not stop within %d s: killed" % (i, STOP_S), file=sys.stderr)
+                b.kill()
 
 
 def device_publishes(cluster, devices, seconds):
@@ -298,9 +323,15 @@ RECONNECT_PROCS = 4
 RECONNECT_PER_PROC = 12_500
 
 
+#: Seconds the devices of a reconnect wave stay connected after its last CONNACK, counting those a broker closes.
+RECONNECT_HELD_S = 10
+
+
 def reconnect(cluster, devices):
     """Connects a second of ``devices`` devices with persistent sessions coming back at once (see the module doc): the
-    first wave makes their sessions, the second is timed; ``(rate, seconds)``."""
+    first wave makes their sessions, the second is timed; ``(rate, seconds, first wave's rate, CONNACKs of the second
+    with Session Present, connections a broker closed within RECONNECT_HELD_S after it, connections the brokers
+    closed for a client id's home not reached)``."""
     n = len(cluster.brokers)
     procs = max(RECONNECT_PROCS, n, -(-devices // RECONNECT_PER_PROC))
 
@@ -309,22 +340,26 @@ def reconnect(cluster, devices):
         workers = [load.spawn(load.hold, cluster.mqtt_port(i % n), devices // procs + (i < devices % procs),
                               "rc%d-" % i, FLEET_KEEP_ALIVE, held_sources(i), False) for i in range(procs)]
         try:
-            [pipe.recv() for _, pipe in workers]
+            present = sum([pipe.recv()[1] for _, pipe in workers])
             took = time.perf_counter() - started
+            for _, pipe in workers:
+                pipe.send(("closed", RECONNECT_HELD_S))
+            closed = sum([pipe.recv() for _, pipe in workers])
             for _, pipe in workers:
                 pipe.send("close")
         finally:
             for proc, _ in workers:
                 proc.join(60)
-        return took
+        return took, present, closed
 
-    first = wave()
+    first, _, _ = wave()
     deadline = time.monotonic() + 120
     while not _all_closed(cluster) and time.monotonic() < deadline:
         time.sleep(0.5)  # every connection seen closed, each session kept on its broker
     time.sleep(1)
-    took = wave()
-    return devices / took, took, devices / first
+    took, present, closed = wave()
+    lease_closed = sum(cluster.stats(i, ["mqtt_cluster_lease_closed"])["mqtt_cluster_lease_closed"] for i in range(n))
+    return devices / took, took, devices / first, present, closed, lease_closed
 
 
 def _all_closed(cluster):
@@ -337,13 +372,15 @@ def _all_closed(cluster):
 
 def reconnect_run(root, zk, n, args):
     """The reconnect wave alone (``--reconnect``) on a cluster of ``n``."""
-    cluster = Cluster(os.path.join(root, "r%d-%d" % (n, time.monotonic_ns())), zk.connect, n)
+    cluster = Cluster(os.path.join(root, "r%d-%d" % (n, time.monotonic_ns())), zk.connect, n,
+                      mqtt={"max_offline_sessions": args.reconnect})  # every device's session kept while it is away
     try:
         time.sleep(2)
-        rate, took, first = reconnect(cluster, args.reconnect)
+        rate, took, first, present, closed, lease_closed = reconnect(cluster, args.reconnect)
     finally:
         cluster.stop()
-    return {"rate": rate, "took": took, "first": first}
+    return {"rate": rate, "took": took, "first": first, "present": present, "closed": closed,
+            "lease_closed": lease_closed}
 
 
 def print_reconnect(args, results):
@@ -353,15 +390,16 @@ def print_reconnect(args, results):
           "spread evenly over the brokers, their ids' homes spread over them; medians of %d runs; %d cores"
           % (args.reconnect, args.runs, os.cpu_count()))
     print()
-    print("| brokers | devices | reconnects/s (range) | seconds for all | vs %d broker(s) | first connects/s |"
-          % args.brokers[0])
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("| brokers | devices | reconnects/s (range) | seconds for all | vs %d broker(s) | first connects/s | "
+          "with their session | closed by a broker within %d s |" % (args.brokers[0], RECONNECT_HELD_S))
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in args.brokers:
         rates = [r["rate"] for r in results[n]]
         rate = statistics.median(rates)
-        print("| %d | %d | %.0f (%.0f-%.0f) | %.1f | %.2fx | %.0f |" % (
+        print("| %d | %d | %.0f (%.0f-%.0f) | %.1f | %.2fx | %.0f | %s | %s |" % (
             n, args.reconnect, rate, min(rates), max(rates), statistics.median(r["took"] for r in results[n]),
-            rate / base, statistics.median(r["first"] for r in results[n])))
+            rate / base, statistics.median(r["first"] for r in results[n]),
+            " / ".join(str(r["present"]) for r in results[n]), " / ".join(str(r["closed"]) for r in results[n])))
 
 
 def held_sources(i):

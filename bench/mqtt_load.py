@@ -98,10 +98,11 @@ def recv_exact(sock, n):
     return data
 
 
-def open_connections(port, n, prefix, keep_alive=60, sources=None, batch=256, host="127.0.0.1", clean=True):
+def open_connections(port, n, prefix, keep_alive=60, sources=None, batch=256, host="127.0.0.1", clean=True,
+                     present=None):
     """``n`` connected sockets, each past its CONNACK (``batch`` CONNECTs in flight at once; ``clean``: their Clean
     Session flag); spread over the source addresses ``sources`` when given (a broker caps connections per address).
-    Raises on a refused CONNECT."""
+    ``present``: a list each CONNACK's Session Present flag is appended to. Raises on a refused CONNECT."""
     socks = []
     for start in range(0, n, batch):
         group = []
@@ -117,6 +118,8 @@ def open_connections(port, n, prefix, keep_alive=60, sources=None, batch=256, ho
             ack = recv_exact(s, CONNACK_LEN)
             if ack[0] != 0x20 or ack[3] != 0:
                 raise ConnectionError("CONNACK refused: %r" % ack)
+            if present is not None:
+                present.append(ack[2] & 1)
         socks.extend(group)
     return socks
 
@@ -163,10 +166,14 @@ def hold(pipe, port, n, prefix, keep_alive, sources, clean=True):
     from the next connection in turn (``fleet``), on ``("devices", seconds, topic, payload_len)`` have every
     connection publish QoS 1 messages one at a time, the next once the last is acknowledged (``devices``), on
     ``("storm", gap, wait)`` send a PINGREQ's first byte on every one at once and its second ``gap`` seconds later
-    (``storm``: two replies), then on ``"close"`` close them. ``clean``: the CONNECTs' Clean Session flag."""
+    (``storm``: two replies), then on ``("closed", seconds)`` how many the broker closed within ``seconds``
+    (reply), then on ``"close"`` close them. ``clean``: the CONNECTs' Clean Session flag; without it the first reply
+    is ``(seconds, how many CONNACKs said Session Present)``."""
     started = time.perf_counter()
-    socks = open_connections(port, n, prefix, keep_alive, sources, clean=clean)
-    pipe.send(time.perf_counter() - started)
+    present = []
+    socks = open_connections(port, n, prefix, keep_alive, sources, clean=clean, present=present)
+    took = time.perf_counter() - started
+    pipe.send(took if clean else (took, sum(present)))
     sel = selectors.DefaultSelector()
     for s in socks:
         s.setblocking(False)
@@ -183,6 +190,12 @@ def hold(pipe, port, n, prefix, keep_alive, sources, clean=True):
             continue
         if cmd[0] == "storm":
             pipe.send(storm(socks, sel, pipe, *cmd[1:]))
+            continue
+        if cmd[0] == "closed":
+            closed, end = 0, time.monotonic() + cmd[1]
+            while time.monotonic() < end:
+                closed += sum(1 for _s, data in _ready(sel, 0.05) if not data)
+            pipe.send(closed)
             continue
         _, seconds, every = cmd
         sent = answered = closed = 0
