@@ -44,8 +44,9 @@ cluster size of ``--brokers`` in turn in every run: the connects a second of the
 each wave from ``RECONNECT_PROCS`` generator processes (more for a larger cluster or past ``RECONNECT_PER_PROC`` each),
 and its ratio to the smallest cluster of the run; how many of the wave's CONNACKs said Session Present (each
 device's session kept: ``mqtt.max_offline_sessions`` is raised to the devices), and how many connections a broker
-closed in the ``RECONNECT_HELD_S`` after the wave (a client id's home not reached in time closes them). A broker holds at most its open-files limit's connections: 100,000
-devices need a hard limit past 100,000 for one broker alone, past 25,000 a broker over 4 (``ulimit -Hn``).
+closed in the ``RECONNECT_HELD_S`` after the wave (a client id's home not reached in time closes them). A broker
+holds at most its open-files limit's connections: 100,000 devices need a hard limit past 100,000 for one broker
+alone, past 25,000 a broker over 4 (``ulimit -Hn``).
 
 The generator runs on the same cores as the brokers: each row also gives the generators' CPU seconds a second, so
 a ratio that a busy generator held down can be told apart. Not a test: nothing here asserts.
