@@ -62,7 +62,7 @@ def test_connects_past_those_worked_on_at_once_wait_their_turn_and_are_answered(
     try:
         done = [gevent.spawn(connect, conn, port, wire.Connect(wire.MQTT_5, "meter-%d" % i))
                 for i, (conn, _other) in enumerate(pairs)]
-        _wait(lambda: len(joined) == 2, 5, "two CONNECTs worked on")
+        _wait(lambda: len(joined) >= 2, 5, "two CONNECTs worked on")
         gevent.sleep(0.2)
         assert joined == ["meter-0", "meter-1"]  # the third waits its turn
         home_answers.set()
