@@ -634,9 +634,9 @@ def _start(entry):
 
 
 def send_records(sock, event):
-    """Send a RECORDS frame in one write: its parts joined (a frame is at most MQTT_CLUSTER_FRAME_BYTES), so that a
-    link with TCP_NODELAY sends a few segments of it, not one per entry's part."""
-    sock.sendall(b"".join(rp.frame_parts(event)))
+    """Send a RECORDS frame in one write: its parts joined (a frame is at most MQTT_CLUSTER_FRAME_BYTES,
+    ``rp.joined``), so that a link with TCP_NODELAY sends a few segments of it, not one per entry's part."""
+    sock.sendall(rp.joined(event))
 
 
 def _close(sock):

@@ -45,6 +45,7 @@ def test_frames_round_trip_whole_and_byte_by_byte(event):
         slow.receive_data(data[i:i + 1])
         got = slow.next_event()
     assert got == event
+    assert rp.joined(event) == data  # as a sender writes it in one buffer: the same bytes
 
 
 def _records_frame(payload):
