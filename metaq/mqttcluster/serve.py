@@ -11,8 +11,10 @@ broker before (since its start) is resumed without a gap where it has no positio
 ``PeerFollow.start_of``): a partition an earlier follow started is started there again, one of a topic made here
 after the earlier follows last looked (made during a cut, or while the peer was down) from its start. A
 record goes in a RECORDS frame, its bytes as stored, when its MQTT topic name (``records.name_of``: as local delivery
-sees it, read from its attribute without copying its payload) matches a filter; a POSITION entry says how far each
-partition was read. With a retained offset the ``R``/``U`` records of the ``%MQTT%`` journal go too. At most
+sees it, read from its attribute without copying its payload) matches a filter; a POSITION entry says how far a
+partition was read when the last record read there went as no entry (a record sent says it itself: the peer's copy
+moves past each record it copies, so a lone message's frame holds it alone). With a retained offset the ``R``/``U``
+records of the ``%MQTT%`` journal go too. At most
 MQTT_CLUSTER_BATCH_BYTES of records per frame, sent in one write (``send_records``); an empty RECORDS each
 HEARTBEAT_S when idle. ROUTES again from the peer replace its filters (its partitions already followed keep their
 read positions); a route in parts (``split_routes``) is acted on once its last part came, the first route too. A
@@ -245,7 +247,9 @@ class PeerFollow:
 
     def batch(self, confirmed=None):
         """The next RECORDS entries (empty: nothing new), at most MQTT_CLUSTER_BATCH_BYTES of data, none of a record
-        ending past log position ``confirmed`` (None: no bound); ``held`` says whether one waits for it."""
+        ending past log position ``confirmed`` (None: no bound); ``held`` says whether one waits for it. A partition
+        read gets a POSITION only when its last record read went as no entry: the peer's copy of a record moves its
+        position past it, with its check."""
         if self.tells and self.history != self.store.epochs.entries[-1]:
             self.told.clear()
             self.history = self.store.epochs.entries[-1]
@@ -273,7 +277,7 @@ class PeerFollow:
             except errors.MetaqError:
                 self.unfollow(key)
                 continue
-            last = None
+            last = None  # the last record read that went as no entry (its POSITION says how far the peer is)
             for rec in records:
                 if confirmed is not None and rec.position + rec.total_size > confirmed:
                     self.held = True
@@ -284,11 +288,13 @@ class PeerFollow:
                 if entry is not None:
                     entries.append(entry)
                     budget -= len(rec.data)
+                    last = None
+                else:
+                    last = rec
                 self.cursors[key] = rec.queue_offset + 1
-                last = rec
-            if self.cursors[key] > offset:
-                check = record_check(last.store_ts_ms, last.data) if last is not None else 0
-                entries.append(Entry(POSITION, topic, partition, self.cursors[key], 0, check))
+            if last is not None:
+                entries.append(Entry(POSITION, topic, partition, self.cursors[key], 0,
+                                     record_check(last.store_ts_ms, last.data)))
         if self.retained >= 0 and budget > 0:
             entries.extend(self._retained(budget, confirmed))
         return entries
@@ -628,9 +634,9 @@ def _start(entry):
 
 
 def send_records(sock, event):
-    """Send a RECORDS frame in one write: its parts joined (a frame is at most MQTT_CLUSTER_FRAME_BYTES), so that a
-    link with TCP_NODELAY sends a few segments of it, not one per entry's part."""
-    sock.sendall(b"".join(rp.frame_parts(event)))
+    """Send a RECORDS frame in one write: its parts joined (a frame is at most MQTT_CLUSTER_FRAME_BYTES,
+    ``rp.joined``), so that a link with TCP_NODELAY sends a few segments of it, not one per entry's part."""
+    sock.sendall(rp.joined(event))
 
 
 def _close(sock):

@@ -103,7 +103,7 @@ from metaq.protocol.stream import CLOSED, NEED_DATA
 
 __all__ = ["Hello", "Epochs", "Data", "Ack", "Heartbeat", "ErrorFrame", "Challenge", "Proof", "Offsets", "Topics",
            "Routes", "Records", "PeerCall", "PeerReply", "ReplicationParser",
-           "serialize",
+           "serialize", "joined",
            "frame_parts", "history_problem", "MAGIC", "VERSION"]
 
 MAGIC = b"MQRS"
@@ -113,6 +113,8 @@ VERSION = 4
 FRAME_HEADER = struct.Struct(">4sBBHII")
 assert FRAME_HEADER.size == 16
 _CRC_COVERS = 12  # header bytes covered by the crc (everything before it)
+_CRC = struct.Struct(">I")  # the crc, after them
+_NO_HEADER = bytes(FRAME_HEADER.size)  # where ``joined`` writes the header once the payload is in place
 
 #: slave_id, broker_id, segment_size, start_position, count of epoch entries.
 HELLO = struct.Struct(">iiqqI")
@@ -315,6 +317,19 @@ def frame_parts(event, max_data=replication_limits.MAX_REPLICATION_DATA_BYTES,
 def serialize(event, **kw):
     """The frame as one bytes object."""
     return b"".join(bytes(p) for p in frame_parts(event, **kw))
+
+
+def joined(event):
+    """The frame of ``event``, one of the frames a codec encodes (``_CODEC_TYPES``: a RECORDS), as ``serialize``
+    gives it, in one buffer written once: its parts joined behind room for the header, the CRC taken over the
+    payload whole (two CRC steps however many entries it holds), for a sender that writes it in one call."""
+    ftype = _CODEC_TYPES[type(event)]
+    buf = bytearray().join([_NO_HEADER] + _CODECS[ftype][0](event))
+    view = memoryview(buf)
+    FRAME_HEADER.pack_into(buf, 0, MAGIC, VERSION, ftype, 0, len(buf) - FRAME_HEADER.size, 0)
+    _CRC.pack_into(buf, _CRC_COVERS, crc32(view[FRAME_HEADER.size:], crc32(view[:_CRC_COVERS])))
+    view.release()
+    return buf
 
 
 def _check_position(value, exc=RemoteProtocolError):

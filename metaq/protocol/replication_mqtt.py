@@ -55,6 +55,8 @@ RECORDS (master to peer), ``>I`` count then count entries, at most MQTT_CLUSTER_
                        time field holds the ``record_check`` of the record before ``offset`` (0: none), its flag
                        RESUMED (1) when the master resumes the peer's copy here, before the position the peer sent
                        (the peer's copies from here on are not of this master's records: it copies these again)
+                       A partition's last record read that goes as a MESSAGE or SHARED needs none: the peer's position
+                       moves past each record it copies (with the record's own check)
       kind 3 RETAINED  a retained message's record (``R``/``U``) of the master's ``%MQTT%`` journal at ``offset``
       kind 4 SHARED    a MESSAGE the master assigned to the peer's ``$share`` groups
                        (``metaq.mqttcluster.sharing.share``): its data is ``>H`` length, the groups as UTF-8 JSON
