@@ -80,10 +80,12 @@ def unfollowed(peers, followers):
 
 
 def _served(run, frames, i, count, offset, msg_id, position):
-    """``[(queue offset, key in Decoded, metaq topic, flag, data)]`` of the copies ``run[i:i + count]`` (``_write``'s
-    run and burst frames, a frame's sixth field the copy's length), written one after the other from log
+    """``[(queue offset, key in Decoded, metaq topic, flag, data, message or None)]`` of the copies
+    ``run[i:i + count]`` (``_write``'s run and burst frames, a frame's sixth field the copy's length), written one
+    after the other from log
     ``position``, the first at ``offset`` with message id ``msg_id``: the form ``MqttPort.serve_copies`` takes, each
-    copy's bytes as ``inbox.read_as`` reads them (an MQTT record kept as it is: its origin's, not joined)."""
+    copy's bytes as ``inbox.read_as`` reads them (an MQTT record kept as it is: its origin's, not joined, its message
+    made from the attribute its copy read: not decoded again)."""
     out = []
     for k in range(count):
         e, made, _check, _epoch, data = run[i + k]
@@ -467,7 +469,7 @@ class MqttCluster:
                                             self.port.topics, groups, check, epoch)
                     if made is None:  # not kept (expired): a marker holds the position instead
                         flag, data = inbox.marker(origin, e.topic, e.partition, e.offset + 1, now, check, epoch)
-                        made = flag, (data,)
+                        made = flag, (data,), None
                     else:
                         copied += 1
                     run.append((e, made, check, epoch, data))
@@ -525,7 +527,7 @@ class MqttCluster:
             copies = None
         topic = inbox.INBOX.encode("ascii")
         src, frames = bytearray(), []
-        for e, (flag, pieces), _check, _epoch, _data in run:
+        for e, (flag, pieces, _read), _check, _epoch, _data in run:
             start, crc, tail = len(src), 0, pieces[-1]
             for piece in pieces[:-1]:
                 src += piece
