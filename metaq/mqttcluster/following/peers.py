@@ -568,8 +568,12 @@ class MqttCluster:
         """A POSITION entry: the copy resumes at ``e.offset`` (its ``ts``: the check of the record before it). A
         marker holds it when nothing of the partition was copied yet, and when the origin resumed the copy there,
         before where it was (RESUMED: what was copied past it is not the origin's any more, and its records there
-        are copied now); ``{(inbox, partition)}`` of the marker."""
+        are copied now); ``{(inbox, partition)}`` of the marker. Where the position is there already and a record
+        holds it (the frame's copy before it), nothing moves: nothing is looked at further."""
         positions, rewound = self.positions, bool(e.flag & RESUMED)
+        if not rewound and positions.get(origin, e.topic, e.partition) == e.offset and \
+                positions.kept(origin, e.topic, e.partition):
+            return ()
         if rewound:
             log.warning("mqtt cluster: peer broker %d resumed %s-%d at %d, before where this broker's copy was (%s): "
                         "its records from there are copied", origin, e.topic, e.partition, e.offset,
