@@ -137,7 +137,7 @@ class PeerLink:
         log.info("mqtt cluster: following peer broker %d (%s): %d filters", self.broker_id, self.address,
                  len(filters))
         sender = gevent.spawn(self._send_routes, sock)
-        watch = gevent.spawn(self._watch, sock, LINK_TIMEOUT_S)
+        watch = gevent.spawn(self._watch, sock, parser, LINK_TIMEOUT_S)
         try:
             event, turn, polls = first, time.monotonic(), loop_polls()
             while not self._stopping:
@@ -162,16 +162,22 @@ class PeerLink:
             sender.kill(block=False)
             watch.kill(block=False)
 
-    def _watch(self, sock, timeout_s):
-        """Close ``sock`` once no frame came on it for ``timeout_s`` (``_heard``): the read waiting on it fails and the
-        link ends as a silent one (``_silent``). The link's reads wait without a timeout of their own."""
+    def _watch(self, sock, parser, timeout_s):
+        """Close ``sock`` once nothing came on it for ``timeout_s``, neither a frame (``_heard``) nor bytes of one
+        (``parser.buffered`` moved: a large frame on a slow link), looked at every quarter of it: the read waiting on
+        it fails and the link ends as a silent one (``_silent``). The link's reads wait without a timeout of their
+        own."""
+        seen, moved = parser.buffered, time.monotonic()
         while True:
-            left = self._heard + timeout_s - time.monotonic()
-            if left <= 0:
+            now, buffered = time.monotonic(), parser.buffered
+            if buffered != seen:
+                seen, moved = buffered, now
+            last = max(moved, self._heard)
+            if now - last >= timeout_s:
                 self._silent = True
                 sock.close()
                 return
-            gevent.sleep(left)
+            gevent.sleep(min(timeout_s / 4, last + timeout_s - now))
 
     def _send_routes(self, sock):
         """Send ROUTES again whenever this broker's filters or groups change."""
