@@ -27,11 +27,12 @@ class Decoded:
         self._messages = _Kept(count, nbytes)  # (position, msg id) -> MqttMessage
         self._packets = _Kept(count, nbytes)  # (position, msg id, retain, version) -> encoded QoS 0 PUBLISH
 
-    def message(self, key, topic, flag, data):
-        """The ``MqttMessage`` of the record ``key`` (``(position, msg id)``) of metaq topic ``topic``."""
+    def message(self, key, topic, flag, data, made=None):
+        """The ``MqttMessage`` of the record ``key`` (``(position, msg id)``) of metaq topic ``topic``; ``made``: that
+        message when the caller has it already (kept, not decoded)."""
         m = self._messages.get(key)
         if m is None:
-            m = message_of(topic, flag, data, self.topics)
+            m = message_of(topic, flag, data, self.topics) if made is None else made
             self._messages.put(key, m, len(m.payload))
         return m
 

@@ -167,8 +167,9 @@ def deliver_now(out, key, runs, staged, client_id, now, made):
 def serve_copies(waiting, decoded, most, copies):
     """The MQTT cluster's copies of its peers' messages just appended to the inbox and made visible, from the turn
     that wrote them (``MqttPort.serve_copies``): ``copies`` ``{inbox partition: [(queue offset, key in Decoded,
-    metaq topic, flag, data), ...]}`` in log order, each ``(topic, flag, data)`` a record whose message
-    (``records.message_of``) is the copy's. The deliveries of ``waiting`` on those partitions (``MqttPort.waiting``),
+    metaq topic, flag, data, message), ...]}`` in log order, each ``(topic, flag, data)`` a record whose message
+    (``records.message_of``) is the copy's, ``message`` that message when the cluster made it already (None: decoded
+    here). The deliveries of ``waiting`` on those partitions (``MqttPort.waiting``),
     at most ``most`` of them, send what the copies bring from their cursors (``deliver_copies``). The copies of a
     partition some delivery waits on are decoded once, into ``decoded`` (``Decoded.message``), where a delivery that
     reads them back from the log after finds them. Returns ``({key: events}, copies served)``: the waits of the
@@ -184,7 +185,7 @@ def serve_copies(waiting, decoded, most, copies):
         ds = waiting.get(key)
         if not ds:
             continue
-        records = [(offset, dkey, message(dkey, topic, flag, data)) for offset, dkey, topic, flag, data in found]
+        records = [(offset, dkey, message(dkey, topic, flag, data, m)) for offset, dkey, topic, flag, data, m in found]
         for d in list(ds):
             if left <= 0:
                 return caught_up, served

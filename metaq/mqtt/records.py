@@ -247,6 +247,12 @@ def message_of(metaq_topic, flag, data, topics=DEFAULT_MAP):
     if name is None:
         user = tuple((k, v) for k, v in props.items() if not k.startswith("@") and k not in _OURS)
         return MqttMessage(metaq_topic, PLAIN_QOS, None, payload, {"user_property": user} if user else {})
+    return named_message(name, props, payload)
+
+
+def named_message(name, props, payload):
+    """The ``MqttMessage`` of topic name ``name`` (``named``'s answer, not None) of a record with properties ``props``
+    and ``payload`` (as stored): ``message_of``'s, for a caller that read the record's attribute already."""
     out = {}
     if CONTENT_TYPE in props:
         out["content_type"] = props[CONTENT_TYPE]

@@ -28,7 +28,7 @@ import zlib
 
 from metaq import errors
 from metaq.mqttcluster import limits as mqttcluster_limits
-from metaq.mqtt.records import EXPIRES_AT, message_of, named, record_data
+from metaq.mqtt.records import EXPIRES_AT, message_of, named, named_message, record_data
 from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.protocol.journaltopic import MQTT_INBOX_TOPIC
 from metaq.protocol.message import ATTRIBUTE_FLAG, decode_attribute, decode_payload, encode_payload, with_attribute
@@ -79,7 +79,9 @@ def copy_parts(origin, topic, partition, offset, flag, data, now_ms, topics=DEFA
                epoch=NO_EPOCH):
     """``copy_of``'s answer with its data as pieces to join (``(flag, pieces)``). An MQTT record (one ``as_is``
     keeps) keeps its bytes: its attribute block with the copy's properties added, then its payload, neither decoded
-    nor copied; any other record is made again as the MQTT message ``message_of`` reads in it."""
+    nor copied; any other record is made again as the MQTT message ``message_of`` reads in it. A third item,
+    ``read``, is what ``as_is`` read of a record kept as it is (``read_as`` makes the copy's message from it without
+    decoding the record again), None for a copy made again."""
     kept = as_is(origin, topic, partition, offset, flag, data, now_ms, topics, groups, check, epoch)
     if kept is not None:
         return kept or None
@@ -99,41 +101,47 @@ def copy_parts(origin, topic, partition, offset, flag, data, now_ms, topics=DEFA
     tags, props2, _remoting = split_attribute(attribute)
     props2.update(_own(origin, topic, partition, offset, groups, check, epoch))
     flag3, data3 = encode_payload(payload, encode_attribute(tags, props2))
-    return flag3, (data3,)
+    return flag3, (data3,), None
 
 
 def read_as(topic, flag, data, made):
-    """``(metaq topic, flag, data)`` whose message (``records.message_of``) is that of the copy ``made``
-    (``copy_parts``' answer, or a ``marker``'s as one piece) of the origin record ``(flag, data)`` of ``topic``, read
-    without joining the copy's pieces: an MQTT record kept as it is (``as_is``: ``with_attribute``'s three pieces)
-    reads as its origin record (the properties the copy adds are none of its message's); any other as what it was
-    made into (one piece)."""
-    copy_flag, pieces = made
-    if len(pieces) == 1:
-        return INBOX, copy_flag, pieces[0]
-    return topic, flag, data
+    """``(metaq topic, flag, data, message)``: a record whose message (``records.message_of``) is that of the copy
+    ``made`` (``copy_parts``' answer, or a ``marker``'s as one piece and None) of the origin record ``(flag, data)`` of
+    ``topic``, read without joining the copy's pieces, and that message when it is known without decoding (else None):
+    an MQTT record kept as it is (``as_is``) reads as its origin record (the properties the copy adds are none of its
+    message's), its message made from what ``as_is`` read of it; any other as what it was made into (one piece)."""
+    copy_flag, pieces, read = made
+    if read is None:
+        return INBOX, copy_flag, pieces[0], None
+    name, props, end = read
+    return topic, flag, data, named_message(name, props, bytes(data[end:]))
 
 
 def as_is(origin, topic, partition, offset, flag, data, now_ms, topics=DEFAULT_MAP, groups=(), check=0,
           epoch=NO_EPOCH):
-    """``(flag, pieces)`` of the copy of an MQTT record kept as it is (its attribute read, its payload a view of
-    ``data``), ``()`` when it expired (MQTT 5 Message Expiry: the time its record keeps); None when the record is
-    not one to keep as it is: a record without the MQTT name the topic map puts in ``topic`` (``records.named``), with
-    tags, with a property of the inbox's own (forged) or an old record's compression (``@SYSFLAG``)."""
+    """``(flag, pieces, read)`` of the copy of an MQTT record kept as it is (its attribute read, its payload a view of
+    ``data``; ``read``: its MQTT topic name, its properties and where its payload starts in ``data``, which
+    ``read_as`` makes its message of), ``()`` when it expired (MQTT 5 Message Expiry: the time its record keeps);
+    None when the record is not one to keep as it is: a record without the MQTT name the topic map puts in ``topic``
+    (``records.named``), with tags, with a property of the inbox's own (forged) or an old record's compression
+    (``@SYSFLAG``)."""
     try:
         attribute, end = decode_attribute(flag, data)
     except errors.RemoteProtocolError:
         return None
     tags, props, with_properties = split_attribute(attribute)
-    if not with_properties or tags or PROP_SYSFLAG in props or not _OWN.isdisjoint(props) or \
-            named(topic, props, topics) is None:
+    if not with_properties or tags or PROP_SYSFLAG in props or not _OWN.isdisjoint(props):
+        return None
+    name = named(topic, props, topics)
+    if name is None:
         return None
     expires = props.get(EXPIRES_AT)
     if expires and expires.isdigit() and int(expires) <= now_ms:
         return ()
     head = attribute if attribute.endswith(PROPERTY_SEPARATOR) else attribute + PROPERTY_SEPARATOR
     own = encode_properties(_own(origin, topic, partition, offset, groups, check, epoch))
-    return ATTRIBUTE_FLAG, with_attribute(data, end, (head + own).encode("utf-8"))  # the flag every copy has
+    # the flag every copy has
+    return ATTRIBUTE_FLAG, with_attribute(data, end, (head + own).encode("utf-8")), (name, props, end)
 
 
 def _own(origin, topic, partition, offset, groups, check, epoch=NO_EPOCH):

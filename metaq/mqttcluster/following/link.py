@@ -5,8 +5,9 @@ fit one frame: ``split_routes``, the first in the handshake, the others once the
 first part the peer would not read before the proof, REPLICATION_HANDSHAKE_FRAME_BYTES, goes after an empty one), then
 hand each RECORDS frame to the cluster (``MqttCluster.apply``) and send ROUTES again when the filters or the groups
 change. Each ROUTES names its route's version, which the peer acks (ROUTED): ``acked``, the latest version the peer
-acts on, for the takeover's end (``MqttCluster.routed``). A link that fails is retried with backoff (BACKOFF_MIN_S
-.. BACKOFF_MAX_S) and says why in stats.
+acts on, for the takeover's end (``MqttCluster.routed``). A link that hears no frame for LINK_TIMEOUT_S (the peer
+sends one at least every HEARTBEAT_S) ends: one watch a link (``_watch``), not a timer armed and cancelled on every
+read. A link that fails is retried with backoff (BACKOFF_MIN_S .. BACKOFF_MAX_S) and says why in stats.
 """
 
 import logging
@@ -48,6 +49,8 @@ class PeerLink:
         self._sock = None
         self._greenlet = None
         self._stopping = False
+        self._heard = 0.0  # when the link's last frame came (time.monotonic(): ``_watch``)
+        self._silent = False  # the link ended for hearing nothing for LINK_TIMEOUT_S
         self._sent_version = None
         #: the latest version of this broker's route the peer acked (ROUTED): it copies by it (or a later one) from
         #: the positions this broker held when the ack came; kept across reconnections (a route sent again on a new
@@ -125,7 +128,8 @@ class PeerLink:
         for part in parts[1:]:  # the peer starts its follow once the last part came
             send_event(sock, part)
         self._sent_version = version
-        sock.settimeout(LINK_TIMEOUT_S)
+        sock.settimeout(None)  # a frame within LINK_TIMEOUT_S: ``_watch``
+        self._heard, self._silent = time.monotonic(), False
         self.connected = True
         self.asked_at = time.monotonic() if version else None
         self.connects += 1
@@ -133,6 +137,7 @@ class PeerLink:
         log.info("mqtt cluster: following peer broker %d (%s): %d filters", self.broker_id, self.address,
                  len(filters))
         sender = gevent.spawn(self._send_routes, sock)
+        watch = gevent.spawn(self._watch, sock, parser, LINK_TIMEOUT_S)
         try:
             event, turn, polls = first, time.monotonic(), loop_polls()
             while not self._stopping:
@@ -145,9 +150,34 @@ class PeerLink:
                                                      % (type(event).__name__.upper(), self.broker_id), fatal=True)
                 # a backlog's frames let the other connections run every MAX_TURN_MS; a wait for a frame let them
                 turn, polls = turn_after(turn, polls)
-                event = next_event(sock, parser)
+                try:
+                    event = next_event(sock, parser)
+                except OSError:
+                    if self._silent:
+                        raise TimeoutError("peer broker %d sent no frame for %.0f s (LINK_TIMEOUT_S)"
+                                           % (self.broker_id, LINK_TIMEOUT_S)) from None
+                    raise
+                self._heard = time.monotonic()
         finally:
             sender.kill(block=False)
+            watch.kill(block=False)
+
+    def _watch(self, sock, parser, timeout_s):
+        """Close ``sock`` once nothing came on it for ``timeout_s``, neither a frame (``_heard``) nor bytes of one
+        (``parser.buffered`` moved: a large frame on a slow link), looked at every quarter of it: the read waiting on
+        it fails and the link ends as a silent one (``_silent``). The link's reads wait without a timeout of their
+        own."""
+        seen, moved = parser.buffered, time.monotonic()
+        while True:
+            now, buffered = time.monotonic(), parser.buffered
+            if buffered != seen:
+                seen, moved = buffered, now
+            last = max(moved, self._heard)
+            if now - last >= timeout_s:
+                self._silent = True
+                sock.close()
+                return
+            gevent.sleep(min(timeout_s / 4, last + timeout_s - now))
 
     def _send_routes(self, sock):
         """Send ROUTES again whenever this broker's filters or groups change."""

@@ -80,10 +80,12 @@ def unfollowed(peers, followers):
 
 
 def _served(run, frames, i, count, offset, msg_id, position):
-    """``[(queue offset, key in Decoded, metaq topic, flag, data)]`` of the copies ``run[i:i + count]`` (``_write``'s
-    run and burst frames, a frame's sixth field the copy's length), written one after the other from log
+    """``[(queue offset, key in Decoded, metaq topic, flag, data, message or None)]`` of the copies
+    ``run[i:i + count]`` (``_write``'s run and burst frames, a frame's sixth field the copy's length), written one
+    after the other from log
     ``position``, the first at ``offset`` with message id ``msg_id``: the form ``MqttPort.serve_copies`` takes, each
-    copy's bytes as ``inbox.read_as`` reads them (an MQTT record kept as it is: its origin's, not joined)."""
+    copy's bytes as ``inbox.read_as`` reads them (an MQTT record kept as it is: its origin's, not joined, its message
+    made from the attribute its copy read: not decoded again)."""
     out = []
     for k in range(count):
         e, made, _check, _epoch, data = run[i + k]
@@ -467,7 +469,7 @@ class MqttCluster:
                                             self.port.topics, groups, check, epoch)
                     if made is None:  # not kept (expired): a marker holds the position instead
                         flag, data = inbox.marker(origin, e.topic, e.partition, e.offset + 1, now, check, epoch)
-                        made = flag, (data,)
+                        made = flag, (data,), None
                     else:
                         copied += 1
                     run.append((e, made, check, epoch, data))
@@ -525,7 +527,7 @@ class MqttCluster:
             copies = None
         topic = inbox.INBOX.encode("ascii")
         src, frames = bytearray(), []
-        for e, (flag, pieces), _check, _epoch, _data in run:
+        for e, (flag, pieces, _read), _check, _epoch, _data in run:
             start, crc, tail = len(src), 0, pieces[-1]
             for piece in pieces[:-1]:
                 src += piece
@@ -566,8 +568,12 @@ class MqttCluster:
         """A POSITION entry: the copy resumes at ``e.offset`` (its ``ts``: the check of the record before it). A
         marker holds it when nothing of the partition was copied yet, and when the origin resumed the copy there,
         before where it was (RESUMED: what was copied past it is not the origin's any more, and its records there
-        are copied now); ``{(inbox, partition)}`` of the marker."""
+        are copied now); ``{(inbox, partition)}`` of the marker. Where the position is there already and a record
+        holds it (the frame's copy before it), nothing moves: nothing is looked at further."""
         positions, rewound = self.positions, bool(e.flag & RESUMED)
+        if not rewound and positions.get(origin, e.topic, e.partition) == e.offset and \
+                positions.kept(origin, e.topic, e.partition):
+            return ()
         if rewound:
             log.warning("mqtt cluster: peer broker %d resumed %s-%d at %d, before where this broker's copy was (%s): "
                         "its records from there are copied", origin, e.topic, e.partition, e.offset,
