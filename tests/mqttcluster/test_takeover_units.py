@@ -241,17 +241,18 @@ def test_an_answer_that_arrives_after_its_id_was_given_up_is_refused(monkeypatch
     A registration answered after (generation 7) goes live."""
     monkeypatch.setattr(service, "HOLDER_TIMEOUT_S", 0.2)
     client_id = homed(1, 1, [1, 2, 3], "late")[0]
-    late = Event()
+    late, asked = Event(), Event()
 
     def answers(i):
         if i == 0:
+            asked.set()
             late.wait()
         return {"gen": 5 if i == 0 else 7, "from": 3}
 
     port = ClaimingPort()
     ids = _claiming(port, answers)
     first = gevent.spawn(port.connect, 1, client_id)
-    gevent.sleep(0.01)
+    assert asked.wait(5)  # its registration is in flight
     assert ids._give_up(1, {"c": client_id, "clean": False, "u": None, "to": 1, "gen": 5}) == {"from": 3}
     late.set()
     first.join(5)
