@@ -23,7 +23,7 @@ cdef class WaitingDeliveries:
     cpdef dict serve(self, object keys, object staged, list runs, object client_id, object now)
 
 
-@cython.locals(caught_up=dict, found=dict, made=dict, left=Py_ssize_t, served=Py_ssize_t)
+@cython.locals(caught_up=dict, found=dict, made=dict, left=Py_ssize_t, served=Py_ssize_t, path=DirectPath)
 cpdef dict serve_waiting(dict waiting, object readers, object keep_decoded, object deliver, Py_ssize_t most,
                          object keys, object staged, list runs, object client_id, object now)
 

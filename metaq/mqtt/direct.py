@@ -84,7 +84,8 @@ def serve_waiting(waiting, readers, keep_decoded, deliver, most, keys, staged, r
             if left <= 0:
                 break
             left -= 1
-            went = d.path.send(key, kruns, staged, client_id)
+            path = d.path
+            went = path.send(key, kruns, staged, client_id)
             if went is None:
                 went = deliver(d.out, key, kruns, staged, client_id, now, made)
             if went:

@@ -98,10 +98,9 @@ def plain_turn(port, path, acks, conn, client_id, most, most_bytes, data, v5, ma
         return entries, qos1, nbytes, pubacks, pos, None
     took, runs = path.append_burst(frames, src, now)
     keys = set()
-    counted = path.counted
     for run in runs:
         key = run.key
-        counted(key[0], run.count, run.body_bytes)
+        path.counted(key[0], run.count, run.body_bytes)
         keys.add(key)
     log_end = runs[-1].log_end if runs else 0
     if took < len(entries):

@@ -1,16 +1,20 @@
 # Declarations for Cython's compile of putpath.py (metaq.native): the broker's own writes a C struct, so the one wake
 # every publisher's burst runs (``visible``) reads its store, waiters and flusher as fields, not by name, and is a C
-# method (cpdef). The put path a C struct too: the fields every put reads (its store typed, so the burst's append is
-# a C call of the store's), and the steps of a put (its refusal, the append, the count, the wake, the wait) C methods
-# called from each other without a Python call; its other attributes stay ones by name (``__dict__``). The .py stays
-# the one definition; without Cython it runs as it is.
+# method (cpdef); its store and waiters typed, so their flush policy and wake are C calls too. The put path a C struct
+# too: the fields every put reads (its store typed, so the burst's append is a C call of the store's), and the steps of
+# a put (its refusal, the append, the count, the wake, the wait) C methods called from each other without a Python call;
+# its other attributes stay ones by name (``__dict__``). The .py stays the one definition; without Cython it runs as it
+# is.
 cimport cython
 
+from metaq.serving.longpoll cimport PartitionWaiters
 from metaq.store.store cimport MessageStore
 
 
 cdef class BrokerWrites:
-    cdef public object store, waiters, flusher
+    cdef public MessageStore store
+    cdef public PartitionWaiters waiters
+    cdef public object flusher
     cdef public bint sync_flush
 
     cpdef visible(self, object keys, object now, object quiet=*, object deliver=*, tuple args=*)

@@ -16,7 +16,7 @@ from metaq.mqtt import port, wire
 from metaq.mqtt.plainturn import entries_of, plain_turn
 from metaq.mqtt.records import partition_for
 from metaq.mqtt.wire import Publish
-from metaq.serving.putpath import ACK_NOW
+from metaq.serving.putpath import ACK_NOW, PutPath
 from metaq.store.results import BurstRun
 from tests.harness.broker import url_of
 from tests.harness.mqtt import Raw, mqtt_config
@@ -24,8 +24,8 @@ from tests.mqtt.test_plain_publishes import NAMES, PARTITIONS, _plans, _random_p
 
 
 class _World:
-    """The objects a turn is given (the port and its store, the put path, the acknowledgements, the connection),
-    recording every call made of them in one log."""
+    """The objects a turn is given (the port and its store, the acknowledgements, the connection; the put path is a
+    ``_Path`` of it), recording every call made of them in one log."""
 
     def __init__(self, rng, unacked, largest):
         self.log = []
@@ -44,23 +44,6 @@ class _World:
 
     frames_of = staticmethod(port.burst_frames)
 
-    # the burst writer: takes a random number of the frames, one run a frame
-    def append_burst(self, frames, src, now):
-        self.log.append(("append", list(frames), bytes(src), now))
-        if self.fail:
-            raise OSError("the disk went away")
-        took = self.rng.randrange(len(frames) + 1) if self.rng.random() < 0.3 else len(frames)
-        runs = [BurstRun((f[0].decode(), f[1]), 1, f[5], 1000 + k, 50 + k, k, 4096 + 100 * k)
-                for k, f in enumerate(frames[:took])]
-        return took, runs
-
-    def counted(self, topic, count, nbytes):
-        self.log.append(("counted", topic, count, nbytes))
-
-    def burst_written(self, keys, now, quiet, deliver, args):
-        self.log.append(("written", sorted(keys), now, quiet, deliver, args))
-        return self.mode
-
     def serve(self, *args):
         raise AssertionError("the put path calls it, not the turn")
 
@@ -75,6 +58,33 @@ class _World:
         return self.takes if self.takes is None else min(self.takes, len(data))
 
 
+class _Path(PutPath):
+    """The put path a turn is given: a real ``PutPath`` (the type the compiled turn calls its methods on) whose burst
+    writer, counts and wake are the world's, recorded in its log."""
+
+    def __init__(self, world):
+        self.world = world
+        self.rng = world.rng
+        self.log = world.log
+
+    def burst_written(self, keys, now, quiet, deliver, args):
+        self.log.append(("written", sorted(keys), now, quiet, deliver, args))
+        return self.world.mode
+
+    # the burst writer: takes a random number of the frames, one run a frame
+    def append_burst(self, frames, src, now):
+        self.log.append(("append", list(frames), bytes(src), now))
+        if self.world.fail:
+            raise OSError("the disk went away")
+        took = self.rng.randrange(len(frames) + 1) if self.rng.random() < 0.3 else len(frames)
+        runs = [BurstRun((f[0].decode(), f[1]), 1, f[5], 1000 + k, 50 + k, k, 4096 + 100 * k)
+                for k, f in enumerate(frames[:took])]
+        return took, runs
+
+    def counted(self, topic, count, nbytes):
+        self.log.append(("counted", topic, count, nbytes))
+
+
 class _Event:
     def __init__(self, log):
         self.log = log
@@ -85,8 +95,8 @@ class _Event:
 
 def _turn(world, data, v5, max_packet, plans, decided, room, now):
     try:
-        return plain_turn(world, world, world, world, "dev-1", MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES, data, v5,
-                          max_packet, plans, decided, room, now)
+        return plain_turn(world, _Path(world), world, world, "dev-1", MQTT_PUBLISH_BURST, MQTT_PUBLISH_BURST_BYTES,
+                          data, v5, max_packet, plans, decided, room, now)
     except OSError as exc:
         return ("raised", str(exc))
 

@@ -15,16 +15,27 @@ from metaq.store.batch import BurstRun
 from tests.mqtt.test_direct_publishes import SOURCE
 
 
+class Path(direct.DirectPath):
+    """A delivery's path of the type ``serve_waiting`` declares (``DirectPath``): ``send`` answers as its delivery
+    scripts it."""
+
+    def __init__(self, delivery):
+        self.delivery = delivery
+
+    def send(self, key, kruns, staged, client_id):
+        return self.delivery.send(key, kruns, staged, client_id)
+
+
 class Delivery:
-    """A waiting delivery as the port lists it, its own ``path``: ``send`` answers as scripted (True: caught up,
-    False: left to its greenlet, None: the general path decides), recorded in ``log``; ``leave`` takes it out of
-    ``waiting`` first."""
+    """A waiting delivery as the port lists it, its own ``path`` (a ``Path``): ``send`` answers as scripted (True:
+    caught up, False: left to its greenlet, None: the general path decides), recorded in ``log``; ``leave`` takes it
+    out of ``waiting`` first."""
 
     def __init__(self, name, answer, log, waiting=None, leave=()):
         self.name, self.answer, self.log, self.waiting, self.leave = name, answer, log, waiting, leave
         self.out = "out-" + name
         self.event = "event-" + name
-        self.path = self
+        self.path = Path(self)
 
     def send(self, key, kruns, staged, client_id):
         self.log.append(("path", self.name, key, [r.first_frame for r in kruns], staged, client_id))

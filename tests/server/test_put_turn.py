@@ -43,14 +43,30 @@ def test_should_flush_answers_and_moves_the_last_flush_by_the_policy(seed):
         assert store._last_flush_ms == (now if not behind or (store._async and due) else last)
 
 
+class _Store(MessageStore):
+    """A ``MessageStore`` (the type ``BrokerWrites`` declares) whose flush policy answers at random, recorded."""
+
+    def __init__(self, rnd, calls):
+        self.rnd, self.calls = rnd, calls
+
+    def should_flush(self, now):
+        self.calls.append(("should_flush", now))
+        return self.rnd.random() < 0.5
+
+
+class _Waiters(PartitionWaiters):
+    """A ``PartitionWaiters`` (the type ``BrokerWrites`` declares) whose wake is recorded."""
+
+    def __init__(self, calls):
+        super().__init__()
+        self.calls = calls
+
+    def notify(self, keys, quiet=None, settle=False):
+        self.calls.append(("notify", keys, quiet, settle))
+        return False
+
+
 def _writes(rnd, calls, fail):
-    def notify(keys, quiet, settle):
-        calls.append(("notify", keys, quiet, settle))
-
-    def should_flush(now):
-        calls.append(("should_flush", now))
-        return rnd.random() < 0.5
-
     def wake():
         calls.append(("wake",))
 
@@ -60,8 +76,7 @@ def _writes(rnd, calls, fail):
             raise OSError("the delivery failed")
         return {"k": {"ev"}}
 
-    writes = BrokerWrites(SimpleNamespace(should_flush=should_flush), SimpleNamespace(notify=notify),
-                          SimpleNamespace(wake=wake))
+    writes = BrokerWrites(_Store(rnd, calls), _Waiters(calls), SimpleNamespace(wake=wake))
     return writes, deliver
 
 
