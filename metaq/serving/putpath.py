@@ -93,6 +93,8 @@ class BrokerWrites:
         acknowledged now unless a slave must have it (``PutPath.written``, which knows)."""
         if deliver is not None:
             quiet = deliver(*args)
+        if self.waiters is None:  # a journal's writes alone (a slave's): compiled, a typed None would not raise
+            raise TypeError("BrokerWrites.visible: made without waiters, it wakes no reader")
         self.waiters.notify(keys, quiet, True)
         if self.store.should_flush(now):
             self.flusher.wake()

@@ -170,3 +170,13 @@ def test_notify_wakes_all_but_the_quiet_and_keeps_only_those_waiting(seed, monke
         assert slept == ([0] if want_woken and settle else [])
         assert {k: set(v) for k, v in w._waits.items()} == want_left
         assert w._made is (made and not before)
+
+
+def test_visible_of_writes_made_without_waiters_raises_a_clear_error_and_wakes_nothing():
+    """A journal's writes alone (a slave's ``BrokerWrites(store)``) have no readers to wake: ``visible`` there is a
+    programming error, raised as a TypeError (compiled, a typed None would otherwise crash the process)."""
+    calls = []
+    writes = BrokerWrites(_Store(random.Random(0), calls))
+    with pytest.raises(TypeError, match="without waiters"):
+        writes.visible({("t", 0)}, 0)
+    assert calls == []
