@@ -455,6 +455,14 @@ def test_a_lease_lost_closes_its_connections_sharing_the_loop():
     assert len(closed) == 30 and ran and ran[0] < 30
 
 
+def test_the_connected_ids_a_lease_lapse_closes_leave_out_those_already_closing():
+    """A lapse looked at again while its connections close (a loop busy with thousands) closes and counts each
+    once: a closing connection is not one of the connected ids."""
+    port = SimpleNamespace(_clients={"a": SimpleNamespace(closed=False), "b": SimpleNamespace(closed=True),
+                                     "c": SimpleNamespace(closed=False)})
+    assert MqttPort.connected_ids(port) == ["a", "c"]
+
+
 class Copies:
     """A broker's copies of its peers' partitions: each at ``at``, a look costing ``cost`` seconds (no yield)."""
 
