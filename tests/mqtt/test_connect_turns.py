@@ -2,8 +2,6 @@
 the port's ``connects``): the real port over a real store and put path, real connections over socket pairs; no
 network."""
 
-import socket
-import time
 
 import gevent
 import gevent.event
@@ -12,9 +10,7 @@ import pytest
 from metaq.mqtt import limits as mqtt_limits
 from metaq.mqtt import wire
 from metaq.mqtt.connect import connect
-from metaq.mqtt.connection import Connection
-from metaq.mqtt.port import MqttPort
-from metaq.server.guard import Guard
+from tests.harness.mqttport import inprocess_port, paired_connection, wait_until
 from tests.server.test_inprocess import Parts, config
 
 
@@ -25,31 +21,12 @@ def parts(tmp_path):
     p.close()
 
 
-def _port(p):
-    return MqttPort(p.core, p.config.mqtt, p.store, p.path, Guard(p.config.security), p.waiters,
-                    p.config.store.max_transfer_size)
-
-
-def _connection(port):
-    ours, theirs = socket.socketpair()
-    conn = Connection(ours, ("127.0.0.1", 1), 1, port)
-    conn.session = port.guard.acting_for(None, "127.0.0.1")  # what the core gives an accepted connection
-    return conn, theirs
-
-
-def _wait(check, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "not within %.1f s: %s" % (timeout, what)
-        gevent.sleep(0.05)
-
-
 def test_connects_past_those_worked_on_at_once_wait_their_turn_and_are_answered(parts, monkeypatch):
     """``limits.MQTT_CONNECTS_AT_ONCE`` CONNECTs are worked on at once (here 2, each waiting in the cluster's id as
     a CONNECT of an id homed on another broker does); one more waits, read but not worked on, until one of them is
     answered; then it is answered too, CONNACK 0 each, in the order they came."""
     monkeypatch.setattr(mqtt_limits, "MQTT_CONNECTS_AT_ONCE", 2)
-    port = _port(parts)
+    port = inprocess_port(parts)
     real_join, home_answers, joined = port.join_cluster, gevent.event.Event(), []
 
     def join_waiting_for_the_home(client_id, clean_start, user):
@@ -58,11 +35,11 @@ def test_connects_past_those_worked_on_at_once_wait_their_turn_and_are_answered(
         return real_join(client_id, clean_start, user)
 
     port.join_cluster = join_waiting_for_the_home
-    pairs = [_connection(port) for _ in range(3)]
+    pairs = [paired_connection(port) for _ in range(3)]
     try:
         done = [gevent.spawn(connect, conn, port, wire.Connect(wire.MQTT_5, "meter-%d" % i))
                 for i, (conn, _other) in enumerate(pairs)]
-        _wait(lambda: len(joined) >= 2, 5, "two CONNECTs worked on")
+        wait_until(lambda: len(joined) >= 2, 5, "two CONNECTs worked on")
         gevent.sleep(0.2)
         assert joined == ["meter-0", "meter-1"]  # the third waits its turn
         home_answers.set()

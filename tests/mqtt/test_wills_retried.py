@@ -5,8 +5,6 @@ reconnect, record a newer will, end that one with a normal DISCONNECT. A refusal
 cannot be recorded refuses its CONNECT (``record_will`` says why). The real port and its keeper over a real store
 and put path, a real connection over a socket pair; no network."""
 
-import socket
-import time
 
 import gevent
 import pytest
@@ -14,10 +12,8 @@ import pytest
 from metaq.mqtt import limits as mqtt_limits
 from metaq.mqtt import wire
 from metaq.mqtt.connect import connect
-from metaq.mqtt.connection import Connection
-from metaq.mqtt.port import MqttPort
 from metaq.mqtt.wire import Will
-from metaq.server.guard import Guard
+from tests.harness.mqttport import inprocess_port, paired_connection, wait_until
 from tests.server.test_inprocess import Parts, config
 
 
@@ -29,22 +25,9 @@ def parts(tmp_path):
     p.close()
 
 
-def _port(p):
-    return MqttPort(p.core, p.config.mqtt, p.store, p.path, Guard(p.config.security), p.waiters,
-                    p.config.store.max_transfer_size)
-
-
-def _wait(check, timeout, what):
-    """Until ``check()``, yielding to the port's greenlets; AssertionError naming ``what`` past ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "not within %.1f s: %s" % (timeout, what)
-        gevent.sleep(0.05)
-
-
 def test_a_will_refused_for_a_passing_reason_is_published_once_writes_come_back(parts, caplog):
     """Each retry pass logs one line for all the wills it tried, none per will."""
-    port = _port(parts)
+    port = inprocess_port(parts)
     keeper = gevent.spawn(port._keep)  # what ``listen`` starts: the role checks, the wills' passes
     try:
         security = port.guard.acting_for(None, "127.0.0.1")
@@ -60,7 +43,7 @@ def test_a_will_refused_for_a_passing_reason_is_published_once_writes_come_back(
         assert len([m for m in lines if "meter-1" in m]) == 1, lines  # its first refusal only
         assert len([m for m in lines if "1 wills tried again: 0 published, 1 still refused" in m]) >= 2, lines
         parts.gate.refresh()  # space again
-        _wait(lambda: "meter-1" not in port.table.wills, mqtt_limits.MQTT_WILL_RETRY_S + 2.0, "the will published")
+        wait_until(lambda: "meter-1" not in port.table.wills, mqtt_limits.MQTT_WILL_RETRY_S + 2.0, "the will published")
         gevent.sleep(mqtt_limits.MQTT_WILL_RETRY_S + 0.3)
         assert port.wills.published_count == 1  # once
     finally:
@@ -68,7 +51,7 @@ def test_a_will_refused_for_a_passing_reason_is_published_once_writes_come_back(
 
 
 def test_a_will_refused_for_good_is_dropped(parts):
-    port = _port(parts)
+    port = inprocess_port(parts)
     security = port.guard.acting_for(None, "127.0.0.1")
     will = Will("status/meter-2", b"x" * (parts.store.config.segment_size + 1), 1, False, {})  # no segment holds it
     origin, _ = port.wills.record_will("meter-2", Will("status/meter-2", b"gone", 1, False, {}), security, 0)
@@ -77,18 +60,11 @@ def test_a_will_refused_for_good_is_dropped(parts):
     assert not port.wills._pending
 
 
-def _connection(port):
-    ours, theirs = socket.socketpair()
-    conn = Connection(ours, ("127.0.0.1", 1), 1, port)
-    conn.session = port.guard.acting_for(None, "127.0.0.1")  # what the core gives an accepted connection
-    return conn, theirs
-
-
 def test_a_pending_will_is_published_when_its_client_id_connects_again_meanwhile(parts):
     """Review of issue 66: the client id reconnecting (Clean Start 1) while its will waited dropped it for good."""
-    port = _port(parts)
+    port = inprocess_port(parts)
     keeper = gevent.spawn(port._keep)
-    conn, other = _connection(port)
+    conn, other = paired_connection(port)
     try:
         security = port.guard.acting_for(None, "127.0.0.1")
         will = Will("status/meter-3", b"gone", 1, False, {})
@@ -99,7 +75,7 @@ def test_a_pending_will_is_published_when_its_client_id_connects_again_meanwhile
         gevent.sleep(mqtt_limits.MQTT_WILL_RETRY_S * 2 + 0.3)  # retry passes while the client id is connected
         assert port.wills.published_count == 0
         parts.gate.refresh()
-        _wait(lambda: port.wills.published_count == 1, mqtt_limits.MQTT_WILL_RETRY_S + 2.0, "the will published")
+        wait_until(lambda: port.wills.published_count == 1, mqtt_limits.MQTT_WILL_RETRY_S + 2.0, "the will published")
         assert "meter-3" not in port.table.wills
         gevent.sleep(mqtt_limits.MQTT_WILL_RETRY_S + 0.3)
         assert port.wills.published_count == 1
@@ -113,7 +89,7 @@ def test_a_pending_will_outlives_a_newer_will_of_its_client_id_and_that_ones_nor
     """A retained will refused past ``mqtt.max_retained`` (passing: room comes back) waits; its client id records a
     newer will and ends it with a normal DISCONNECT: the older one is still published once there is room, the
     newer one never."""
-    port = _port(parts)
+    port = inprocess_port(parts)
     port.settings.max_retained = 0
     keeper = gevent.spawn(port._keep)
     try:
@@ -129,7 +105,8 @@ def test_a_pending_will_outlives_a_newer_will_of_its_client_id_and_that_ones_nor
         gevent.sleep(mqtt_limits.MQTT_WILL_RETRY_S + 0.3)
         assert port.wills.published_count == 0  # still no room
         port.settings.max_retained = 10
-        _wait(lambda: port.wills.published_count == 1, mqtt_limits.MQTT_WILL_RETRY_S + 2.0, "the first will published")
+        wait_until(lambda: port.wills.published_count == 1, mqtt_limits.MQTT_WILL_RETRY_S + 2.0,
+                   "the first will published")
         assert port.table.retained["status/meter-4"].data.endswith(b"gone-1")
         gevent.sleep(mqtt_limits.MQTT_WILL_RETRY_S + 0.3)
         assert port.wills.published_count == 1
@@ -140,7 +117,7 @@ def test_a_pending_will_outlives_a_newer_will_of_its_client_id_and_that_ones_nor
 def test_a_will_published_meanwhile_is_not_published_again_nor_ends_the_next_one(parts):
     """A publish of a will that resumes after a wait (an MQTT cluster's ``wait_followed``) once the will was published
     by another path and its client id recorded a newer will: neither published again nor ending the newer one."""
-    port = _port(parts)
+    port = inprocess_port(parts)
     security = port.guard.acting_for(None, "127.0.0.1")
     will = Will("status/meter-5", b"gone", 1, False, {})
     origin1, _ = port.wills.record_will("meter-5", will, security, 0)
@@ -154,7 +131,7 @@ def test_a_will_published_meanwhile_is_not_published_again_nor_ends_the_next_one
 
 def test_a_will_that_cannot_be_recorded_says_why(parts):
     """``record_will`` on a full disk: not written, and why, so that the CONNECT is refused (Server unavailable)."""
-    port = _port(parts)
+    port = inprocess_port(parts)
     security = port.guard.acting_for(None, "127.0.0.1")
     parts.gate.disk_full("the disk is full (a test)")
     origin, why = port.wills.record_will("meter-6", Will("status/meter-6", b"gone", 1, False, {}), security, 0)
@@ -165,9 +142,8 @@ def test_a_connect_is_refused_when_the_broker_stops_confirming_while_it_waits(pa
     """The CONNECT's refusals are asked again after its waits (the cluster's id, a takeover): a master that became
     unable to confirm a write meanwhile answers Server unavailable, not CONNACK 0 with a will it did not record."""
     down = []
-    port = MqttPort(parts.core, parts.config.mqtt, parts.store, parts.path, Guard(parts.config.security),
-                    parts.waiters, parts.config.store.max_transfer_size,
-                    master_refusal=lambda: down[0] if down else None, unconfirmable=lambda: down[0] if down else None)
+    port = inprocess_port(parts, master_refusal=lambda: down[0] if down else None,
+                          unconfirmable=lambda: down[0] if down else None)
     real_join = port.join_cluster
 
     def join_while_the_slave_goes(client_id, clean_start, user):
@@ -175,7 +151,7 @@ def test_a_connect_is_refused_when_the_broker_stops_confirming_while_it_waits(pa
         return real_join(client_id, clean_start, user)
 
     port.join_cluster = join_while_the_slave_goes
-    conn, other = _connection(port)
+    conn, other = paired_connection(port)
     try:
         p = wire.Connect(wire.MQTT_5, "meter-7", will=Will("status/meter-7", b"gone", 1, False, {}))
         assert connect(conn, port, p) is False
@@ -194,7 +170,7 @@ def test_waiting_wills_the_log_no_longer_holds_are_bounded(parts, monkeypatch, c
     """``limits.MQTT_MAX_DETACHED_WILLS`` waiting wills whose client id recorded a newer will are kept; one more
     drops the oldest of them, logged."""
     monkeypatch.setattr(mqtt_limits, "MQTT_MAX_DETACHED_WILLS", 2)
-    port = _port(parts)
+    port = inprocess_port(parts)
     port.settings.max_retained = 0  # every retained will waits for room
     security = port.guard.acting_for(None, "127.0.0.1")
     for n in range(3):
