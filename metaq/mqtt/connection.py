@@ -90,7 +90,7 @@ class Connection(core.Connection):
     def busy(self):
         """A packet being handled or acknowledgements waiting for their put's durability (a shutdown lets them
         finish)."""
-        return self._handling or self.acks.pending > 0
+        return self._handling or (self.acks is not None and self.acks.pending > 0)
 
     def await_login(self, host, arrived):
         """Until its CONNECT logs it in, a packet may be only ``limits.MAX_PRELOGIN_BODY_BYTES``."""
@@ -463,7 +463,14 @@ class Connection(core.Connection):
 
     def _end(self):
         """The connection ends: its acknowledgements finish, its will is published (not after a normal DISCONNECT),
-        its client id is free again."""
+        its client id is free again; then it lets go of its operation groups (``_let_go``)."""
+        try:
+            self._ended()
+        finally:
+            self._let_go()
+
+    def _ended(self):
+        """``_end``'s steps, up to letting go."""
         self.acks.finish(self.request_timeout)
         if self.subscriptions.delivery is not None:
             self.subscriptions.delivery.stop()
@@ -486,10 +493,19 @@ class Connection(core.Connection):
                 self.port.wills.connection_lost(self.mqtt.client_id, will, self.session, self.will_delay(will),
                                           self.will_origin)
 
+    def _let_go(self):
+        """The end's last step: the connection lets go of its operation groups. Each of them, and the delivery's
+        parts, keeps the connection: a reference cycle that only the cyclic collector's full pass would free, a pass
+        that walks every object of the broker. Let go, the groups are freed at once (a greenlet of theirs still
+        running, an acknowledgement writer's, keeps what it uses), and the connection with all it holds when its
+        last holder lets go. Nothing asks an ended connection for its groups; ``close`` and ``busy`` look first."""
+        self.acks = self.publishes = self.subscriptions = None
+
     def close(self):
         self.direct_fd = -1
         super().close()
-        self.subscriptions.wake()  # the delivery sees it at once
+        if self.subscriptions is not None:  # (None: it ended, ``_let_go``)
+            self.subscriptions.wake()  # the delivery sees it at once
 
 
 _now = time.monotonic

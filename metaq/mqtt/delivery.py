@@ -149,11 +149,13 @@ class Delivery:
             self._greenlet = None if self.conn.closed else gevent.spawn(self.run)
 
     def stop(self):
-        """The connection ended: its greenlet is ended and the fan-out readers let it go."""
+        """The connection ended: its greenlet is ended and the fan-out readers let it go; its way out no longer
+        keeps its path (which keeps it: a cycle only the collector's full pass would free)."""
         g, self._greenlet = self._greenlet, None
         if g is not None and g is not _STARTING:
             g.kill(block=False)
-        self.fan.leave_all()
+        self.fan.end()
+        self.out.path = None
 
     def run(self):
         """The greenlet: a resumed session's messages first (``_resend_first``), then passes over its partitions
@@ -166,6 +168,7 @@ class Delivery:
         finally:
             if self._greenlet is me:
                 self._greenlet = None
+            me = None  # a kill's traceback keeps this frame: it must not keep its greenlet (a cycle)
 
     def _resend_first(self):
         """Its messages in flight again, once (``resend.resend``), then those carried from another broker

@@ -54,6 +54,13 @@ class FanMember:
         for f in (handed or {}).values():
             f.members.discard(self)
 
+    def end(self):
+        """The delivery stopped: it leaves every reader, and its ``wake`` (the delivery's, which keeps this member: a
+        cycle) becomes a no-op, as a wake of a closed connection's delivery was: a reader in the middle of a pass
+        that still says ``left`` wakes nothing."""
+        self.leave_all()
+        self.wake = _nothing
+
     def left(self, key):
         """A fan-out reader let partition ``key`` go: this delivery reads it alone from its cursor."""
         if self.handed is not None:
@@ -170,3 +177,7 @@ class FanMember:
         self._unwritten(marks, len(packets))
         self.out.cursor_to(key, end)
         return not stop
+
+
+def _nothing():
+    """The wake of a member whose delivery stopped (``FanMember.end``)."""

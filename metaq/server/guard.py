@@ -209,8 +209,9 @@ class Guard:
         session.user = name
         if not session.logged_in:
             session.logged_in = True
-            if session.on_login is not None:
-                session.on_login()
+            hook, session.on_login = session.on_login, None  # once: and the session no longer keeps its connection
+            if hook is not None:
+                hook()
 
     def connection_closed(self, session):
         """The connection of ``session`` ended (the connection core's close hook), or logs in as another user:
