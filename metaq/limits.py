@@ -54,6 +54,13 @@ FD_RESERVE = FD_STORE_RESERVE + REPLICATION_HEADROOM
 #: MQTT cluster count here only until they prove the secret (then MQTT_CLUSTER_PEERS_PER_ADDRESS).
 HEADROOM_PER_ADDRESS = 16
 
+#: Passes of the cyclic collector's middle generation between two of its full passes (Python's default: 10). A full
+#: pass walks every object the broker holds, and with the default a broker that grows fast (a fleet connecting) walks
+#: them every 70,000 objects it keeps. What the broker lets go is freed by reference counting (an ended connection
+#: keeps no cycle) and short-lived cycles die in the young passes, so full passes find little: they run a tenth as
+#: often, and a cycle that outlives the young passes waits longer for them.
+GC_MIDDLE_PASSES_PER_FULL = 100
+
 #: Seconds a connection may sit with no complete request before it is closed.
 IDLE_TIMEOUT_S = 600.0
 

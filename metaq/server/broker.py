@@ -15,7 +15,7 @@ import gevent
 from gevent.event import Event
 from gevent.lock import Semaphore
 
-from metaq import errors, speedups
+from metaq import errors, limits, speedups
 from metaq.transactions import limits as transactions_limits
 from metaq.trace.service import Tracer
 from metaq.admin.service import AdminOps, TextGroupMembers
@@ -454,6 +454,7 @@ class Broker:
         link, replication = self.roles.slave_link, self.roles.replication
         self.ready = True  # from here a SIGTERM stops it cleanly (server/__main__.py)
         gc.freeze()  # what start-up made lives as long as the process: out of every later full collection's walk
+        gc.set_threshold(*gc.get_threshold()[:2], limits.GC_MIDDLE_PASSES_PER_FULL)
         log.info("metaq broker %d ready on %s:%d (flush=%s, data=%s, max_connections=%d%s%s, epoch %d)",
                  cfg.id, cfg.host, self.port, self.config.store.flush,
                  self.store.config.data_dir, self.max_connections,

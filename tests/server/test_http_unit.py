@@ -218,8 +218,9 @@ def test_the_collector_reads_the_figures_at_scrape_time():
     assert "_created" not in text
     topics[0]["puts_total"] = 13  # read again at the next scrape
     assert 'metaq_topic_puts_total{topic="orders"} 13.0' in generate_latest(metrics.registry).decode()
+    assert 'python_gc_collections_total{generation="2"}' in text  # the collector's full passes
     for name in re.findall(r"^# TYPE (\S+) ", text, re.M):
-        assert name.startswith("metaq_")
+        assert name.startswith("metaq_") or name.startswith("python_gc_")
 
 
 def _group_collector(rows):

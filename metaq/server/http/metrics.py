@@ -10,7 +10,7 @@ in the "Metrics" table of docs/operating.md. The registry is this port's own (ne
 import heapq
 import time
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, GCCollector, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 try:  # prometheus_client >= 0.18
@@ -196,6 +196,7 @@ class Metrics:
         self.registry.register(collector)
         self.flush_seconds = Histogram("metaq_flush_duration_seconds", "Time of each flush round's fsync of the "
                                        "commit log.", buckets=FLUSH_BUCKETS, registry=self.registry)
+        GCCollector(registry=self.registry)  # the cyclic collector's passes, full ones above all (limits.py)
         self.guard = guard
         self.filtered = filtered
         self._last = (None, b"")  # (monotonic time it may be reused until, the unfiltered answer)
