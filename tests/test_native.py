@@ -85,6 +85,45 @@ def test_an_extension_older_than_its_source_is_not_loaded_and_says_so(tmp_path):
     assert finder.loaded() == []
 
 
+def _two_modules(tmp_path):
+    """A fake metaq tree: ``metaq.pkg.b`` cimports ``metaq.pkg.a`` (its ``.pxd`` says so), both built after their
+    files; returns ``(finder, path of a file by name)``."""
+    (tmp_path / "pkg").mkdir(parents=True)
+    files = {"a.py": "X = 1\n", "a.pxd": "cdef class A:\n    pass\n", "b.py": "Y = 1\n",
+             "b.pxd": "cimport cython\nfrom metaq.pkg.a cimport A\n"}
+    then = time.time() - 60
+    for file, text in files.items():
+        (tmp_path / "pkg" / file).write_text(text)
+        os.utime(tmp_path / "pkg" / file, (then, then))
+    for name in ("metaq.pkg.a", "metaq.pkg.b"):
+        built = pathlib.Path(native.extension_path(name, str(tmp_path)))
+        built.parent.mkdir(parents=True, exist_ok=True)
+        built.write_bytes(b"")
+        os.utime(built, (then + 10, then + 10))
+    return native.CompiledFinder(["metaq.pkg.a", "metaq.pkg.b"], str(tmp_path)), lambda f: tmp_path / "pkg" / f
+
+
+def test_a_module_runs_compiled_only_while_what_it_cimports_does_and_is_older_than_it(tmp_path):
+    """A module's extension built against another's declarations: current, both run compiled; those declarations
+    edited since (not rebuilt) or the other running as Python (its source edited), it runs as Python too, and the
+    warning says why (else its import would fail on the changed class)."""
+    finder, path = _two_modules(tmp_path)
+    assert finder.find_spec("metaq.pkg.b") is not None and finder.find_spec("metaq.pkg.a") is not None
+    assert finder.loaded() == ["metaq.pkg.a", "metaq.pkg.b"]
+    finder, path = _two_modules(tmp_path / "declared")
+    os.utime(path("a.pxd"))
+    with pytest.warns(RuntimeWarning, match=r"cimports metaq\.pkg\.a, .*older than .*a\.pxd"):
+        assert finder.find_spec("metaq.pkg.b") is None
+    assert finder.loaded() == []
+    finder, path = _two_modules(tmp_path / "source")
+    os.utime(path("a.py"))
+    with pytest.warns(RuntimeWarning, match=r"cimports metaq\.pkg\.a, .*older than .*a\.py"):
+        assert finder.find_spec("metaq.pkg.b") is None
+    with pytest.warns(RuntimeWarning, match=r"older than .*a\.py"):
+        assert finder.find_spec("metaq.pkg.a") is None
+    assert finder.loaded() == []
+
+
 def test_a_module_never_built_runs_its_source(tmp_path):
     assert native.CompiledFinder(["metaq.pkg.mod"], str(tmp_path)).find_spec("metaq.pkg.mod") is None
 

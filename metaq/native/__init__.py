@@ -5,7 +5,8 @@ bytes are parsed or built.
 does. ``setup.py`` compiles it with Cython (a ``.pxd`` beside the ``.py`` may declare typed fields and methods) into
 an extension of the same module name, kept under ``metaq/native/<package>/`` rather than beside its source; the
 finder ``install`` puts first on ``sys.meta_path`` loads that extension when the module is imported. Where it was
-not built (no compiler or Cython), where it is older than its source (a warning says to rebuild), or with
+not built (no compiler or Cython), where it is older than its source or than the declarations it cimports (a
+warning says to rebuild), or with
 ``METAQ_PURE_PYTHON=1``, the ``.py`` runs as it is: the same code, slower. The test suite runs both ways.
 
 **C for bytes**: the extension ``metaq.native._bytes`` (optional; ``metaq.speedups.load`` gives each function or its
@@ -40,6 +41,7 @@ writer and a burst's run), ``mqtt.plainturn``, ``mqtt.direct`` (the MQTT reader'
 import importlib.machinery
 import importlib.util
 import os
+import re
 import sys
 import sysconfig
 import warnings
@@ -77,39 +79,80 @@ def source_path(name, root=_ROOT):
 
 
 class CompiledFinder:
-    """Finds a module of ``COMPILED`` as its compiled extension, when one is built and not older than its source
-    or declarations; every other name (and those, otherwise) is left to the next finder."""
+    """Finds a module of ``COMPILED`` as its compiled extension, when one is built and current: not older than its
+    source or declarations, nor than the declarations of a module it cimports (read from ``from ... cimport`` lines
+    of its ``.pxd``), and each module it cimports found compiled too (an extension built against a class that now
+    runs as Python would fail at import). Every other name (and those, otherwise) is left to the next finder."""
 
     def __init__(self, names=COMPILED, root=_ROOT):
         self._names = frozenset(names)
         self._root = root  # the metaq package's directory
         self._loaded = set()
+        self._why = {}  # module name -> why it runs as Python ("": it is current)
 
     def find_spec(self, name, path=None, target=None):
         if name not in self._names:
             return None
+        why = self.stale(name)
+        if why:
+            if why != _NOT_BUILT:
+                warnings.warn("%s: running the Python source (rebuild: `pip install -e .`, or `make setup`)" % why,
+                              RuntimeWarning, stacklevel=2)
+            return None
+        self._loaded.add(name)
+        built = extension_path(name, self._root)
+        return importlib.util.spec_from_file_location(name, built,
+                                                      loader=importlib.machinery.ExtensionFileLoader(name, built))
+
+    def stale(self, name):
+        """Why module ``name`` of ``COMPILED`` cannot run compiled here ("" when it can): its extension not built,
+        older than a file it was built from, or a module it cimports not current."""
+        if name in self._why:
+            return self._why[name]
+        self._why[name] = _NOT_BUILT  # (a cimport cycle cannot be built either)
         built = extension_path(name, self._root)
         try:
             built_at = os.stat(built).st_mtime
         except OSError:
-            return None
+            return _NOT_BUILT
         source = source_path(name, self._root)
-        for part in (source, source[:-3] + ".pxd"):
+        declarations = source[:-3] + ".pxd"
+        why = ""
+        for part in (source, declarations):
             try:
-                newer = os.stat(part).st_mtime > built_at
+                if os.stat(part).st_mtime > built_at:
+                    why = "%s is older than %s" % (built, part)
+                    break
             except OSError:
                 continue
-            if newer:
-                warnings.warn("%s is older than %s: running the Python source (rebuild: `pip install -e .`, "
-                              "or `make setup`)" % (built, part), RuntimeWarning, stacklevel=2)
-                return None
-        self._loaded.add(name)
-        return importlib.util.spec_from_file_location(name, built,
-                                                      loader=importlib.machinery.ExtensionFileLoader(name, built))
+        if not why:
+            for other in _cimported(declarations):
+                if other in self._names:
+                    other_why = self.stale(other)
+                    if other_why or os.stat(source_path(other, self._root)[:-3] + ".pxd").st_mtime > built_at:
+                        why = "%s cimports %s, %s" % (built, other, other_why or "whose declarations are newer")
+                        break
+        self._why[name] = why
+        return why
 
     def loaded(self):
         """The names this finder gave as compiled extensions (a new sorted list)."""
         return sorted(self._loaded)
+
+
+#: ``CompiledFinder.stale``'s answer for a module whose extension is not built (no warning: nothing to rebuild).
+_NOT_BUILT = "not built"
+
+_CIMPORT = re.compile(r"^from\s+(metaq(?:\.\w+)+)\s+cimport\b", re.M)
+
+
+def _cimported(declarations):
+    """The metaq modules a ``.pxd`` cimports (none when it does not exist)."""
+    try:
+        with open(declarations, encoding="utf-8") as f:
+            return _CIMPORT.findall(f.read())
+    except OSError:
+        return []
 
 
 _finder = CompiledFinder()
