@@ -160,6 +160,7 @@ class PeerFollow:
         self.refused_logged = False
         self.held = False  # the last batch stopped at a record past the confirmed end
         self.unsent = b""  # what a writing turn's frame left unwritten: the follow writes it before anything else
+        self.routing = 0  # routes being acted on now (``set_filters``, whose rescan may share the loop)
         self.rewound = set()  # partitions resumed before the peer's position (``proved``), said at their announce
         self.made = None  # the store's ``partitions_made()`` at the last rescan
         self.started = {}  # (topic, partition) -> where it was started without a position of the peer
@@ -179,6 +180,13 @@ class PeerFollow:
         its members on the peer (``weights``, one per group; empty: each 1); ``version``: the
         route's, acked (ROUTED) in the first batch after its rescan (0: none asked): the ack follows the POSITIONs
         of the partitions this route reads, and a newer route that came during the rescan acks for itself."""
+        self.routing += 1  # (its rescan shares the loop: no writing turn sends meanwhile, ``turn_entries``)
+        try:
+            self._set_filters(filters, groups, version, weights)
+        finally:
+            self.routing -= 1
+
+    def _set_filters(self, filters, groups, version, weights):
         self.filters = FilterSet(filters, self.topicmap)
         self.groups = tuple(groups) if self.shares is not None else ()
         self._read_set = FilterSet(tuple(filters) + tuple(g[1] for g in self.groups),
@@ -342,11 +350,10 @@ class PeerFollow:
         key = run.key
         store = self.store
         if (self.cursors.get(key) != run.first_offset or self.announce or self.routed or self.unsent or self.held
-                or run.count > READ_RECORDS or (confirmed is not None and run.log_end > confirmed)
+                or self.routing or run.count > READ_RECORDS or (confirmed is not None and run.log_end > confirmed)
                 or run.body_bytes + run.count * (FIXED_OVERHEAD + len(key[0]))
                 > mqttcluster_limits.MQTT_CLUSTER_BATCH_BYTES
-                or self.made != store.partitions_made()
-                or (self.retained >= 0 and self.retained < store.max_offset(MQTT_SESSIONS_TOPIC, 0))):
+                or self.made != store.partitions_made() or not self._retained_sent()):
             return None
         if self.tells:
             told = self.told.get(key)
@@ -374,6 +381,15 @@ class PeerFollow:
         if last is not None:
             entries.append(Entry(POSITION, topic, partition, offset, 0, record_check(now, last)))
         return entries
+
+    def _retained_sent(self):
+        """True when no retained record waits for the peer (none followed, or the follow is at the journal's end)."""
+        if self.retained < 0:
+            return True
+        try:
+            return self.retained >= self.store.max_offset(MQTT_SESSIONS_TOPIC, 0)
+        except errors.MetaqError:
+            return False
 
     def advance(self, key, offset):
         """Partition ``key`` was sent up to ``offset`` (from the writing turn: ``TurnFollows``)."""

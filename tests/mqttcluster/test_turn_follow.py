@@ -85,6 +85,7 @@ def test_a_follow_with_anything_of_its_own_first_is_left_to_its_greenlet(tmp_pat
     cases = {
         "woken already": lambda f, wake, turn: wake.set(),
         "a route to ack": lambda f, wake, turn: setattr(f, "routed", 3),
+        "a route being acted on": lambda f, wake, turn: setattr(f, "routing", 1),
         "a partition to announce": lambda f, wake, turn: f.announce.append(("lat", 0)),
         "a frame's rest unsent": lambda f, wake, turn: setattr(f, "unsent", b"rest"),
         "sync: past the confirmed end": lambda f, wake, turn: setattr(turn, "confirmed_end", lambda: 0),
