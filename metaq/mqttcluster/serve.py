@@ -16,11 +16,12 @@ partition was read when the last record read there went as no entry (a record se
 moves past each record it copies, so a lone message's frame holds it alone). With a retained offset the ``R``/``U``
 records of the ``%MQTT%`` journal go too. At most
 MQTT_CLUSTER_BATCH_BYTES of records per frame, sent in one write (``send_records``); an empty RECORDS each
-HEARTBEAT_S when idle. ROUTES again from the peer replace its filters (its partitions already followed keep their
-read positions); a route in parts (``split_routes``) is acted on once its last part came, the first route too. A
-route that names a version is acked with a ROUTED entry in the next batch, after the POSITION of each partition it
-made followed and before any record it chose: the peer knows from which of its positions the route holds
-(``MqttCluster.routed``, a takeover's end).
+HEARTBEAT_S when idle. While the follow waits caught up, a publisher's turn sends it what the turn writes
+(``direct.TurnFollows``, the frame ``turn_entries`` makes from the bytes in hand: the same ``batch`` would send).
+ROUTES again from the peer replace its filters (its partitions already followed keep their read positions); a route in
+parts (``split_routes``) is acted on once its last part came, the first route too. A route that names a version is acked
+with a ROUTED entry in the next batch, after the POSITION of each partition it made followed and before any record it
+chose: the peer knows from which of its positions the route holds (``MqttCluster.routed``, a takeover's end).
 
 The peer's ``$share`` groups (``share.Shares``) are followed too: a record whose name a group's filter matches goes as
 a SHARED entry naming the groups this broker assigns it to at the peer (its own filters aside), and not at all when
@@ -343,7 +344,7 @@ class PeerFollow:
     def turn_entries(self, run, staged, now, confirmed):
         """The entries ``batch`` would send of ``run`` (a ``BurstRun`` just written at ``now`` ms over ``staged``, its
         writer's entries ``(topic, partition, flag, record data, ...)``), made from those bytes rather than read back,
-        for a follow waiting caught up (``serve.TurnFollows``); None, when in doubt, for ``batch`` to send instead:
+        for a follow waiting caught up (``direct.TurnFollows``); None, when in doubt, for ``batch`` to send instead:
         the partition not at the run's first record, something to announce, ack or finish sending first, a rescan
         owed, a record past ``confirmed`` (``batch``'s bound) or of an epoch the peer was not told, a share group
         that may take a name, more than one read's records."""
