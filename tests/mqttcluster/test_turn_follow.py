@@ -12,7 +12,7 @@ from metaq.mqtt.port import burst_frames
 from metaq.mqtt.records import record_data
 from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.mqttcluster.serve import FilterSet, PeerFollow
-from metaq.mqttcluster.direct import TurnFollows
+from metaq.mqttcluster.direct import TurnFollows, send_now
 from metaq.protocol import replication as rp
 from metaq.protocol.replication_mqtt import MESSAGE, POSITION, Records
 from tests.harness.mqtt import Paho
@@ -156,6 +156,18 @@ def _read_all(sock, n):
     while len(out) < n:
         out += sock.recv(1 << 20)
     return out
+
+
+def test_a_link_not_written_by_descriptor_gets_nothing_from_a_turn():
+    """TLS (a socket wrapping the descriptor's bytes) or anything but a plain socket: the follow sends."""
+    class Wrapped(gsocket.socket):
+        pass
+
+    a, b = gsocket.socketpair()
+    wrapped = Wrapped(fileno=a.detach())
+    assert send_now(wrapped, b"frame") == 0 and _received(b) == b""
+    wrapped.close()
+    assert send_now(a, b"frame") == 0  # closed: nothing written, the follow's own send ends the link
 
 
 def test_a_filter_sets_matches_are_kept_up_to_their_limit(monkeypatch):
