@@ -17,7 +17,7 @@ cdef class DirectPath:
 
 cdef class WaitingDeliveries:
     cdef public dict waiting
-    cdef public object readers, keep_decoded
+    cdef public object readers, keep_decoded, follows
     cdef public Py_ssize_t most
 
     cpdef dict serve(self, object keys, object staged, list runs, object client_id, object now)

@@ -33,22 +33,30 @@ class WaitingDeliveries:
     first (``Delivery._wait``); ``readers`` (the fan-out readers' partitions) and ``keep_decoded`` as
     ``serve_waiting`` takes them; at most ``most`` deliveries served a burst. The port holds one, and its ``serve`` is
     what the put path's wake runs first (``burst_written``'s ``deliver``): compiled where built, so no step between
-    the publisher's turn and the subscribers' writes runs in the interpreter."""
+    the publisher's turn and the subscribers' writes runs in the interpreter. ``follows``: what then serves the
+    cluster's peers following this broker from the same turn (the seam's ``serve_follows``), set once the port has
+    its seam; None: nothing."""
 
-    __slots__ = ("waiting", "readers", "keep_decoded", "most")
+    __slots__ = ("waiting", "readers", "keep_decoded", "most", "follows")
 
     def __init__(self, waiting, readers, keep_decoded, most):
         self.waiting = waiting
         self.readers = readers
         self.keep_decoded = keep_decoded
         self.most = most
+        self.follows = None
 
     def serve(self, keys, staged, runs, client_id, now):
         """``serve_waiting`` of the deliveries waiting now, the general path's step ``deliver_now``, for a burst just
         appended to partitions ``keys`` and made visible (``staged`` and ``runs``: ``MqttPort.write_burst``'s;
-        published by ``client_id`` at ``now``). Returns ``{key: events}``, the waits the append's wake passes over."""
-        return serve_waiting(self.waiting, self.readers, self.keep_decoded, deliver_now, self.most, keys, staged, runs,
-                             client_id, now)
+        published by ``client_id`` at ``now``), then ``follows`` (the peers' follows waiting on it). Returns ``{key:
+        events}``, the waits the append's wake passes over."""
+        caught_up = serve_waiting(self.waiting, self.readers, self.keep_decoded, deliver_now, self.most, keys, staged,
+                                  runs, client_id, now)
+        follows = self.follows
+        if follows is not None:
+            follows(keys, staged, runs, now, caught_up)
+        return caught_up
 
 
 def serve_waiting(waiting, readers, keep_decoded, deliver, most, keys, staged, runs, client_id, now):

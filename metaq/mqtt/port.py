@@ -187,6 +187,7 @@ class MqttPort:
         #: cluster's copies with (``serve_copies``), by ``cluster`` (a member's: ``metaq.mqttcluster.seam``), else a
         #: broker alone's
         self.cluster = Alone() if cluster is None else cluster(self, self.serve_copies)
+        self.serving.follows = self.cluster.serve_follows  # the peers following this broker, from a publisher's turn
         self.cluster_topics = self.cluster.topics  # what every subscription reads besides its own (the inbox)
 
     @property

@@ -71,3 +71,8 @@ class Alone:
     def summary_values(self):
         """The ``stats`` summary's pairs of the cluster (none alone)."""
         return []
+
+    def serve_follows(self, keys, staged, runs, now, quiet):
+        """A publisher's burst just made visible (``direct.WaitingDeliveries.serve``: ``runs`` over ``staged``,
+        written at ``now`` ms): in a cluster, each peer's follow waiting caught up on it is sent it from this turn, its
+        wait added to ``quiet`` (``{key: events}``, the waits the append's wake passes over); alone, nothing."""

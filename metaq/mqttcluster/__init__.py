@@ -18,6 +18,8 @@ shared by the concerns
     asks.py        ``Asks``: what a member may ask of this broker: who it is, its calls' ids (state)
     serve.py       ``PeerServer``: the one server of the other masters on the replication port, by their first frame:
                    a peer's follow (ROUTES in, RECORDS out) or its calls (service)
+    direct.py      ``TurnFollows``: a peer's follow waiting caught up sent a record from the publisher's turn that
+                   wrote it, the frame made from the bytes in hand (front-end)
     seam.py        ``ClusterSeam``: the MQTT port's seam (``metaq.mqtt.seam``) as a member answers it, each ask sent
                    to the concern below that answers it (front-end)
 following/ (following and routes: EMQX's router)

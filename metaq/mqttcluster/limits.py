@@ -82,6 +82,10 @@ MQTT_CLUSTER_ROUTES_BYTES = 4 * 1024 * 1024
 MQTT_CLUSTER_BATCH_BYTES = 1024 * 1024
 #: Bytes of one RECORDS frame at most (checked from its header before it is buffered).
 MQTT_CLUSTER_FRAME_BYTES = 16 * 1024 * 1024
+#: Characters of the topic names whose match against a peer's filters its follow keeps (``serve.FilterSet.match``:
+#: a name matched once, not per record), counted over the names kept; one more name past it drops the kept answers,
+#: which are kept again as names come. A follow's memory for them stays about a megabyte however many names pass.
+MQTT_CLUSTER_MATCHES_KEPT_CHARS = 1024 * 1024
 #: (topic, partition) pairs a peer's link follows at most; past it the topics that do not fit are not followed (the
 #: serving broker logs it). Also the partitions a serving broker remembers of a peer's ended follow (where it started
 #: those the peer sent no position for: ``serve.PeerServer.since``).

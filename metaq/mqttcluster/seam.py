@@ -20,10 +20,11 @@ class ClusterSeam:
     #: the inbox: the peers' copies, read by every subscription and shared group here
     topics = (inbox.INBOX,)
 
-    def __init__(self, following, client_ids, asks):
+    def __init__(self, following, client_ids, asks, follows=None):
         self.following = following
         self.client_ids = client_ids
         self.asks = asks
+        self.follows = follows  # the peers' follows of this broker served from a writing turn (``TurnFollows``)
 
     def start(self):
         self.client_ids.start()
@@ -71,5 +72,12 @@ class ClusterSeam:
         return self.following.shares.takes(key, topic, partition, rec.position)
 
     def summary_values(self):
-        """The client ids', the following's and the asks' pairs, in that order."""
-        return self.client_ids.summary_values() + self.following.summary_values() + self.asks.summary_values()
+        """The client ids', the following's and the asks' pairs, in that order, then the frames sent to the peers'
+        follows from a writing turn."""
+        turn = [] if self.follows is None else [("mqtt_cluster_sent_from_turn", self.follows.frames)]
+        return (self.client_ids.summary_values() + self.following.summary_values() + self.asks.summary_values()
+                + turn)
+
+    def serve_follows(self, keys, staged, runs, now, quiet):
+        if self.follows is not None:
+            self.follows.serve(keys, staged, runs, now, quiet)

@@ -16,11 +16,12 @@ partition was read when the last record read there went as no entry (a record se
 moves past each record it copies, so a lone message's frame holds it alone). With a retained offset the ``R``/``U``
 records of the ``%MQTT%`` journal go too. At most
 MQTT_CLUSTER_BATCH_BYTES of records per frame, sent in one write (``send_records``); an empty RECORDS each
-HEARTBEAT_S when idle. ROUTES again from the peer replace its filters (its partitions already followed keep their
-read positions); a route in parts (``split_routes``) is acted on once its last part came, the first route too. A
-route that names a version is acked with a ROUTED entry in the next batch, after the POSITION of each partition it
-made followed and before any record it chose: the peer knows from which of its positions the route holds
-(``MqttCluster.routed``, a takeover's end).
+HEARTBEAT_S when idle. While the follow waits caught up, a publisher's turn sends it what the turn writes
+(``direct.TurnFollows``, the frame ``turn_entries`` makes from the bytes in hand: the same ``batch`` would send).
+ROUTES again from the peer replace its filters (its partitions already followed keep their read positions); a route in
+parts (``split_routes``) is acted on once its last part came, the first route too. A route that names a version is acked
+with a ROUTED entry in the next batch, after the POSITION of each partition it made followed and before any record it
+chose: the peer knows from which of its positions the route holds (``MqttCluster.routed``, a takeover's end).
 
 The peer's ``$share`` groups (``share.Shares``) are followed too: a record whose name a group's filter matches goes as
 a SHARED entry naming the groups this broker assigns it to at the peer (its own filters aside), and not at all when
@@ -59,6 +60,8 @@ from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.serving.connections import share_loop
 from metaq.serving.longpoll import NEW_PARTITION
 from metaq.serving.replication.link import ERR_REFUSED, HEARTBEAT_S, LINK_TIMEOUT_S, send_event
+from metaq.mqttcluster.direct import TurnFollows
+from metaq.store.record import FIXED_OVERHEAD
 from metaq.topics.names import is_internal
 
 log = logging.getLogger(__name__)
@@ -78,6 +81,8 @@ class FilterSet:
         self.topicmap = topics  # this broker's ``TopicMap``: which of its topics a filter reads
         self._by_first = {}
         self._wild = []
+        self._matched = {}  # topic name -> whether a filter matches it (``match``)
+        self._kept = 0  # the characters of the names in ``_matched``
         for f in self.filters:
             first = f.split("/", 1)[0]
             if first in ("+", "#"):
@@ -86,6 +91,22 @@ class FilterSet:
                 self._by_first.setdefault(first, []).append(f)
 
     def match(self, name):
+        """Whether a filter matches topic name ``name``: the answer kept per name (new filters: a new FilterSet), the
+        names kept at most MQTT_CLUSTER_MATCHES_KEPT_CHARS (one past it drops them all: they are kept again as they
+        come)."""
+        known = self._matched.get(name)
+        if known is not None:
+            return known
+        found = self._match(name)
+        kept = self._kept + len(name)
+        if kept > mqttcluster_limits.MQTT_CLUSTER_MATCHES_KEPT_CHARS:
+            self._matched.clear()
+            kept = len(name)
+        self._matched[name] = found
+        self._kept = kept
+        return found
+
+    def _match(self, name):
         for f in self._by_first.get(name.split("/", 1)[0], ()):
             if matches(f, name):
                 return True
@@ -139,6 +160,8 @@ class PeerFollow:
         self.announce = []  # partitions followed since the last batch: their start goes to the peer first
         self.refused_logged = False
         self.held = False  # the last batch stopped at a record past the confirmed end
+        self.unsent = b""  # what a writing turn's frame left unwritten: the follow writes it before anything else
+        self.routing = 0  # routes being acted on now (``set_filters``, whose rescan may share the loop)
         self.rewound = set()  # partitions resumed before the peer's position (``proved``), said at their announce
         self.made = None  # the store's ``partitions_made()`` at the last rescan
         self.started = {}  # (topic, partition) -> where it was started without a position of the peer
@@ -158,6 +181,13 @@ class PeerFollow:
         its members on the peer (``weights``, one per group; empty: each 1); ``version``: the
         route's, acked (ROUTED) in the first batch after its rescan (0: none asked): the ack follows the POSITIONs
         of the partitions this route reads, and a newer route that came during the rescan acks for itself."""
+        self.routing += 1  # (its rescan shares the loop: no writing turn sends meanwhile, ``turn_entries``)
+        try:
+            self._set_filters(filters, groups, version, weights)
+        finally:
+            self.routing -= 1
+
+    def _set_filters(self, filters, groups, version, weights):
         self.filters = FilterSet(filters, self.topicmap)
         self.groups = tuple(groups) if self.shares is not None else ()
         self._read_set = FilterSet(tuple(filters) + tuple(g[1] for g in self.groups),
@@ -298,6 +328,74 @@ class PeerFollow:
         if self.retained >= 0 and budget > 0:
             entries.extend(self._retained(budget, confirmed))
         return entries
+
+    def lone_run(self, runs):
+        """The one run of ``runs`` (a burst's ``BurstRun``s) on a partition this follow reads; None when none is, or
+        more than one (``batch`` sends those, all partitions in one frame)."""
+        found = None
+        cursors = self.cursors
+        for run in runs:
+            if run.key in cursors:
+                if found is not None:
+                    return None
+                found = run
+        return found
+
+    def turn_entries(self, run, staged, now, confirmed):
+        """The entries ``batch`` would send of ``run`` (a ``BurstRun`` just written at ``now`` ms over ``staged``, its
+        writer's entries ``(topic, partition, flag, record data, ...)``), made from those bytes rather than read back,
+        for a follow waiting caught up (``direct.TurnFollows``); None, when in doubt, for ``batch`` to send instead:
+        the partition not at the run's first record, something to announce, ack or finish sending first, a rescan
+        owed, a record past ``confirmed`` (``batch``'s bound) or of an epoch the peer was not told, a share group
+        that may take a name, more than one read's records."""
+        key = run.key
+        store = self.store
+        if (self.cursors.get(key) != run.first_offset or self.announce or self.routed or self.unsent or self.held
+                or self.routing or run.count > READ_RECORDS or (confirmed is not None and run.log_end > confirmed)
+                or run.body_bytes + run.count * (FIXED_OVERHEAD + len(key[0]))
+                > mqttcluster_limits.MQTT_CLUSTER_BATCH_BYTES
+                or self.made != store.partitions_made() or not self._retained_sent()):
+            return None
+        if self.tells:
+            told = self.told.get(key)
+            if told is None or run.log_end > told[1] or self.history != store.epochs.entries[-1]:
+                return None
+        topic, partition = key
+        groups, filters, topicmap = self.groups, self.filters, self.topicmap
+        entries = []
+        last = None  # the data of the last record that goes as no entry (its POSITION says how far the peer is)
+        offset = run.first_offset
+        for k in range(run.first_frame, run.first_frame + run.count):
+            entry = staged[k]
+            flag, data = entry[2], entry[3]
+            if entry[0] != topic:
+                return None
+            name = name_of(topic, flag, data, topicmap)
+            if groups and any(matches(g[1], name) for g in groups):
+                return None
+            if filters.match(name):
+                entries.append(Entry(MESSAGE, topic, partition, offset, flag, now, bytes(data)))
+                last = None
+            else:
+                last = data
+            offset += 1
+        if last is not None:
+            entries.append(Entry(POSITION, topic, partition, offset, 0, record_check(now, last)))
+        return entries
+
+    def _retained_sent(self):
+        """True when no retained record waits for the peer (none followed, or the follow is at the journal's end)."""
+        if self.retained < 0:
+            return True
+        try:
+            return self.retained >= self.store.max_offset(MQTT_SESSIONS_TOPIC, 0)
+        except errors.MetaqError:
+            return False
+
+    def advance(self, key, offset):
+        """Partition ``key`` was sent up to ``offset`` (from the writing turn: ``TurnFollows``)."""
+        if key in self.cursors:
+            self.cursors[key] = offset
 
     def _announced(self):
         """A batch's first entries: the POSITION where each partition newly followed starts (the peer learns it before
@@ -486,7 +584,14 @@ class PeerServer:
         self.wait_confirmed = wait_confirmed
         self.follows = {}  # id(PeerFollow) -> PeerFollow
         self.ended = {}  # peer broker id -> (``scanned_at``, ``started``) of its follows, once they ended (``since``)
-        self.sent_records = 0
+        #: the follows waiting caught up, served from a publisher's turn (its ``serve``: ``ClusterSeam.serve_follows``)
+        self.turn = TurnFollows(confirmed_end)
+        self._sent_records = 0
+
+    @property
+    def sent_records(self):
+        """The records (not POSITIONs) sent to the peers, by their follows and from the writing turns."""
+        return self._sent_records + self.turn.sent_records
 
     def serve(self, sock, parser, hello, peer):
         """One link of another master, by its first frame ``hello`` (its proof checked): ROUTES or PEER_CALL; refused
@@ -532,13 +637,17 @@ class PeerServer:
         try:
             rescanned = sent = turn = time.monotonic()
             while not reader.dead:
+                if follow.unsent:  # the rest of a frame a writing turn began: whole before anything else
+                    rest, follow.unsent = follow.unsent, b""
+                    sock.sendall(rest)
+                    sent = time.monotonic()
                 if follow.made != self.store.partitions_made() or time.monotonic() - rescanned > RESCAN_S:
                     follow.rescan()
                     rescanned = time.monotonic()
                 entries = follow.batch(self.confirmed_end())
                 if entries:
                     send_records(sock, Records(tuple(entries)))
-                    self.sent_records += sum(1 for e in entries if e.kind != POSITION)
+                    self._sent_records += sum(1 for e in entries if e.kind != POSITION)
                     sent = time.monotonic()
                     turn = share_loop(turn)  # a backlog's batches let the other connections run every MAX_TURN_MS
                     continue
@@ -550,13 +659,18 @@ class PeerServer:
                     turn = time.monotonic()
                     continue
                 wake.clear()
-                if not self.waiters.wait_any(follow.keys() + [NEW_PARTITION], HEARTBEAT_S, wake):
-                    if not reader.dead:
-                        send_event(sock, Records(()))
+                self.turn.waiting(follow, sock, wake)  # caught up: a writing turn may send it what it writes
+                try:
+                    woken = self.waiters.wait_any(follow.keys() + [NEW_PARTITION], HEARTBEAT_S, wake)
+                finally:
+                    self.turn.busy(follow)
+                if not woken and not reader.dead and not follow.unsent:
+                    send_event(sock, Records(()))
                 turn = time.monotonic()
         except (OSError, errors.MetaqError) as exc:
             log.info("mqtt cluster: peer broker %d (%s) link ended: %s", routes.broker_id, peer, exc)
         finally:
+            self.turn.busy(follow)
             reader.kill(block=False)
             if self._links.get(routes.broker_id) is sock:
                 del self._links[routes.broker_id]

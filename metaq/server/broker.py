@@ -665,10 +665,10 @@ def mqtt_cluster(config, store, put_path, members, waiters, replication):
                                config.mqtt.cluster_id_lease_s, config.mqtt.cluster_holder_share_percent,
                                cluster=following)  # its route and positions: the takeover's end
         asks = Asks(broker_id, lambda: members.current, following.follows_here)
-        replication.serve_peers(PeerServer(store, waiters, port.topics, following.shares, replication.confirmed_end,
-                                           replication.wait_confirmed, client_ids.calls, following.followed,
-                                           asks).serve)
-        return ClusterSeam(following, client_ids, asks)
+        peers = PeerServer(store, waiters, port.topics, following.shares, replication.confirmed_end,
+                           replication.wait_confirmed, client_ids.calls, following.followed, asks)
+        replication.serve_peers(peers.serve)
+        return ClusterSeam(following, client_ids, asks, peers.turn)
     return make
 
 
