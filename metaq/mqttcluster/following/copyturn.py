@@ -91,9 +91,10 @@ def kept_copy(origin, topic, partition, offset, flag, data, now_ms, topics, chec
         return None
     if not attribute.endswith("\x02"):
         attribute += "\x02"
-    if epoch[0] or epoch[1]:
+    e0, e1 = epoch
+    if e0 or e1:
         attribute += "MQTT_ORIGIN\x01%d:%d:%d:%s\x02MQTT_CHECK\x01%d\x02MQTT_EPOCH\x01%d:%d\x02" % (
-            origin, partition, offset, topic, check, epoch[0], epoch[1])
+            origin, partition, offset, topic, check, e0, e1)
     else:
         attribute += "MQTT_ORIGIN\x01%d:%d:%d:%s\x02MQTT_CHECK\x01%d\x02" % (origin, partition, offset, topic, check)
     block = attribute.encode("utf-8")
