@@ -104,6 +104,7 @@ FEATURE_ROLES = {
     # an MQTT connection's operation groups (connection.py dispatches to them)
     "connect": "front-end", "publishes": "front-end", "subscriptions": "front-end", "acks": "front-end",
     "plainturn": "front-end",  # a device's read of plain PUBLISHes stored and acknowledged in one step (MQTT's)
+    "copyturn": "service",  # a peer's frame of plain copies taken into the inbox in one step (MQTT cluster)
     # the MQTT delivery's operation groups (delivery.py's loop calls them) and the port's shared decodes
     "subscribing": "front-end", "outbound": "front-end", "resend": "front-end", "direct": "front-end",
     "fanplan": "front-end", "fanout": "front-end", "decoded": "state",

@@ -35,7 +35,8 @@ Python twin): buffers in, plain values out, each function the exact twin of a Py
 **Compiled modules** (``COMPILED``), each under ``<package>/`` here: ``store.store``, ``store.batch`` (the log's
 writer and a burst's run), ``mqtt.plainturn``, ``mqtt.direct`` (the MQTT reader's turn and direct delivery),
 ``serving.putpath``, ``serving.longpoll`` (the put path and long-polled reads), ``store.msgid``, ``store.positions``
-(the ids a run takes and the log positions it advances), ``server.stats`` (the counters every run of puts adds to).
+(the ids a run takes and the log positions it advances), ``server.stats`` (the counters every run of puts adds to),
+``mqttcluster.following.copyturn`` (a peer's frame of plain copies taken in one step).
 """
 
 import importlib.machinery
@@ -57,6 +58,7 @@ COMPILED = (
     "metaq.store.msgid",
     "metaq.store.positions",
     "metaq.server.stats",
+    "metaq.mqttcluster.following.copyturn",
 )
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

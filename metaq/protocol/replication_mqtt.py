@@ -424,6 +424,11 @@ class RecordEntries:
     def __len__(self):
         return self._count
 
+    @property
+    def payload(self):
+        """The frame's payload (its count, then its entries' bytes), as the parser handed it over: read, not changed."""
+        return self._payload
+
     def __eq__(self, other):
         if isinstance(other, (tuple, RecordEntries)):
             return tuple(self) == tuple(other)

@@ -1,9 +1,10 @@
 """A peer's message reaches a subscriber waiting on this broker from the turn that copies it into the inbox
-(docs/mqtt.md "A cluster"; ``MqttCluster.apply`` serves it through ``MqttPort.serve_copies``): neither read back
-from the inbox nor woken for, as ``stats`` counts (``mqtt_copies_served_direct`` against ``mqtt_copies_read_back``).
-Where that turn stops (the window in flight full, the socket full) the subscriber's own delivery goes on from its
-cursor, in order, within its window. At most MQTT_CLUSTER_DIRECT_COPIES copies of a frame are served so: a larger
-frame (a backlog crossing) is its deliveries', which share the loop."""
+(docs/mqtt.md "A cluster"; ``MqttCluster.apply`` serves it through ``MqttPort.serve_copies``): neither read back from
+the inbox nor woken for, as ``stats`` counts (``mqtt_copies_served_direct`` against ``mqtt_copies_read_back``), each
+lone message's frame taken in one step (``mqtt_cluster_frames_one_step``). Where that turn stops (the window in
+flight full, the socket full) the subscriber's own delivery goes on from its cursor, in order, within its window. At
+most MQTT_CLUSTER_DIRECT_COPIES copies of a frame are served so: a larger frame (a backlog crossing) is its
+deliveries', which share the loop."""
 
 import socket
 import time
@@ -43,12 +44,15 @@ def test_a_waiting_subscriber_gets_a_peers_messages_from_the_turn_that_copies_th
     pub = Paho(cluster[0], "direct-pub")
     wait_routed(sub, lambda i: pub.publish("across/probe", b"probe", 1))
     before = _counts(cluster, cluster[1])
+    one_step = int(cluster.stats(cluster[1])["mqtt_cluster_frames_one_step"])
     for i in range(N):  # one at a time: the subscriber's delivery waits caught up when each copy is written
         pub.publish("across/t", b"m%d" % i, 1)
         assert len(sub.wait_messages(i + 1, 10)) == i + 1, i
     assert [m.payload for m in sub.messages] == [b"m%d" % i for i in range(N)]
     served, read = _counts(cluster, cluster[1], before)
     assert served >= N - 2 and read <= 2, (served, read)  # (slack for a wake the subscriber's PUBACK began)
+    # each lone message's frame taken in one step (slack: a frame that also carried an EPOCH or a POSITION)
+    assert int(cluster.stats(cluster[1])["mqtt_cluster_frames_one_step"]) - one_step >= N - 2
 
 
 def _slow_subscriber(b, window):

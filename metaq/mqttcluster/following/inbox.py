@@ -264,6 +264,16 @@ class Positions:
             return told[1]
         return self._epochs.get(key, NO_EPOCH) if self._next.get(key) == offset + 1 else NO_EPOCH
 
+    def plain(self, origin, topic, partition, offset):
+        """The epoch of the origin's record ``offset`` (``epoch_at``'s) when copying it is all there is to do: an inbox
+        record holds its partition's position, at or before ``offset`` (nothing of it copied yet, nothing to mark);
+        None otherwise (``MqttCluster.apply``'s general path decides)."""
+        key = (origin, topic, partition)
+        nxt = self._next.get(key)
+        if nxt is None or offset < nxt or key not in self._kept:
+            return None
+        return self.epoch_at(origin, topic, partition, offset)
+
     def copied(self, origin, topic, partition, offset, check=0, rewound=False, epoch=None):
         """The record at ``offset`` was copied (or read and not wanted; -1: none yet, the copy starts at 0), its
         ``record_check`` ``check`` (0: none), its ``epoch`` (None: as ``epoch_at`` says): the copy resumes past it.

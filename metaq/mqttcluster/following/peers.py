@@ -47,7 +47,7 @@ from gevent.event import Event
 
 
 from metaq.mqttcluster import limits as mqttcluster_limits
-from metaq.mqttcluster.following import inbox
+from metaq.mqttcluster.following import inbox, copyturn
 from metaq.mqttcluster.following.link import PeerLink
 from metaq.mqttcluster.following.retained import PeerRetained
 from metaq.mqttcluster.following.routes import aggregate
@@ -55,7 +55,7 @@ from metaq.mqttcluster.sharing.offer import GroupOffer
 from metaq.mqttcluster.sharing.share import Shares
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
 from metaq.protocol.replication_mqtt import (EPOCH, MESSAGE, NO_EPOCH, POSITION, RESUMED, RETAINED, ROUTED, SHARED,
-                                             epoch_of, record_check, split_shared)
+                                             RecordEntries, epoch_of, record_check, split_shared)
 from metaq.clock import now_ms
 from metaq.serving.connections import share_loop
 from metaq.serving.putpath import AUTHORIZED
@@ -144,6 +144,7 @@ class MqttCluster:
         self._hold_wake = Event()
         self._holding = None  # the greenlet that ends the hold (``_hold``)
         self.copied = 0
+        self.taken_whole = 0  # frames ``_take`` copied in one step
         self.recovered = 0
         self.peers_refused = 0
         self.membership = membership
@@ -442,12 +443,41 @@ class MqttCluster:
     def apply(self, origin, entries, routed=None):
         """Copy a RECORDS frame's entries from peer ``origin``; returns how many messages were copied. Raises the put
         path's refusal, or a malformed entry's ``RemoteProtocolError`` (the link ends and resumes from the
-        positions). The loop is shared between entries (``share_loop``), each decoded as it is reached
-        (``RecordEntries``): a frame of MQTT_CLUSTER_FRAME_BYTES of tiny entries keeps the other clients waiting no
-        longer than a turn, read once. The copies of a run of MESSAGE and SHARED entries are written together
-        (``_write``), the positions moved once they are, and made visible together (``_written``: the subscribers
-        waiting on them served from this turn). ``routed``: a list the frame's ROUTED versions are appended to (the
-        link acks them once the frame is applied)."""
+        positions). A received frame (``RecordEntries``) of at most MQTT_CLUSTER_DIRECT_COPIES plain copies, the
+        common case, is taken in one step (``_take``); any other goes entry by entry (``_copy``)."""
+        taken = self._take(origin, entries) if type(entries) is RecordEntries else None
+        if taken is None:
+            return self._copy(origin, entries, routed)
+        copied, whole = taken
+        return copied if whole else copied + self._copy(origin, entries, routed)
+
+    def _take(self, origin, entries):
+        """``copyturn.take`` of a frame of at most MQTT_CLUSTER_DIRECT_COPIES entries (its turn does not share the
+        loop, as the direct serve of as many does not): ``(copied, whole)``, the copies made visible and served
+        (``_written``); None when the frame is the general path's, nothing done. Not whole: the burst writer stopped,
+        the rest is the general path's (which passes over the copies taken: the positions hold them)."""
+        most = mqttcluster_limits.MQTT_CLUSTER_DIRECT_COPIES
+        if len(entries) > most:
+            return None
+        now = now_ms()
+        taken = copyturn.take(origin, entries.payload, now, self.positions, self.put_path, self.port.topics,
+                             most if self.serve is not None else -1)
+        if taken is None:
+            return None
+        copied, whole, keys, ends, copies = taken
+        self._inbox_end.update(ends)
+        self.copied += copied
+        self.taken_whole += 1 if whole else 0
+        self._written(keys, now, copies)
+        return copied, whole
+
+    def _copy(self, origin, entries, routed=None):
+        """``apply``'s general path, entry by entry. The loop is shared between entries (``share_loop``), each decoded
+        as it is reached (``RecordEntries``): a frame of MQTT_CLUSTER_FRAME_BYTES of tiny entries keeps the other
+        clients waiting no longer than a turn, read once. The copies of a run of MESSAGE and SHARED entries are
+        written together (``_write``), the positions moved once they are, and made visible together (``_written``:
+        the subscribers waiting on them served from this turn). ``routed``: a list the frame's ROUTED versions are
+        appended to (the link acks them once the frame is applied)."""
         copied, keys, run = 0, set(), []
         copies = {} if self.serve is not None else None  # what ``_written`` serves (``_write``)
         ran = {}  # (topic, partition) -> the highest offset in ``run``: copied once written, not yet in the positions
@@ -602,6 +632,7 @@ class MqttCluster:
                   ("mqtt_cluster_peers_up", sum(1 for _b, link in links if link.connected)),
                   ("mqtt_cluster_filters", len(self._route[1])),
                   ("mqtt_cluster_copied", self.copied),
+                  ("mqtt_cluster_frames_one_step", self.taken_whole),
                   ("mqtt_cluster_positions", len(self.positions)),
                   ("mqtt_cluster_groups", len(self.offer.groups)),
                   ("mqtt_cluster_peer_groups", sum(len(g) for _t, g in self.shares.peers.values())),

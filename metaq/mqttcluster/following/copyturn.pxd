@@ -1,0 +1,24 @@
+# Declarations for Cython's compile of copyturn.py (metaq.native): the frame's walk and a copy's attribute block with
+# their lengths, offsets and places C integers (formatted without a Python int's format call), the steps called from
+# each other as C functions (cpdef). The .py stays the one definition; without Cython it runs as it is.
+cimport cython
+
+
+@cython.locals(end=Py_ssize_t, count=Py_ssize_t, at=Py_ssize_t, _n=Py_ssize_t, kind=int, tlen=Py_ssize_t,
+               dlen=Py_ssize_t, partition=cython.longlong, flag=cython.longlong, offset=cython.longlong,
+               ts=cython.longlong, out=list)
+cpdef list messages_of(object payload)
+
+
+@cython.locals(attr_len=Py_ssize_t, end=Py_ssize_t, e0=cython.longlong, e1=cython.longlong, props=dict,
+               attribute=unicode)
+cpdef tuple kept_copy(cython.longlong origin, object topic, cython.longlong partition, cython.longlong offset,
+                      cython.longlong flag, object data, object now_ms, object topics, cython.longlong check,
+                      object epoch)
+
+
+@cython.locals(src=bytearray, frames=list, made=list, last=dict, keys=set, ends=list, moved=dict, served=list,
+               taken=Py_ssize_t, i=Py_ssize_t, k=Py_ssize_t, count=Py_ssize_t, start=Py_ssize_t,
+               position=cython.longlong)
+cpdef tuple take(object origin, object payload, object now, object positions, object path, object topics,
+                 Py_ssize_t most_served)

@@ -1,0 +1,161 @@
+"""A RECORDS frame of plain copies taken in one step (``MqttCluster.apply``'s common case, docs/architecture.md "MQTT
+across the cluster"): compiled with Cython where it is built (``metaq.native``), this source itself elsewhere.
+
+A frame is plain when each of its entries is a MESSAGE of an MQTT record ``inbox.as_is`` keeps as it is (named by
+the topic map, not expired), of a partition whose position an inbox record holds, at or past that position and past
+the frame's entry before it of that partition: then ``take`` walks the frame's bytes once, writes the copies with
+the put path's burst writer in one append, moves each partition's position once (to its last copy) and hands back
+what the cluster makes visible and serves. Any other frame (an EPOCH, a POSITION, SHARED, RETAINED or ROUTED entry,
+a copy to make again, a frame that is not well formed) is left whole to the general path, which reads it entry by
+entry and says what is wrong with it. A copy's bytes are those ``inbox.copy_parts`` makes (tests compare them).
+"""
+
+from zlib import crc32
+
+from metaq.mqtt.records import EXPIRES_AT, named, named_message
+from metaq.mqttcluster.following.inbox import INBOX, partition_of
+from metaq.protocol.message import ATTRIBUTE_FLAG
+from metaq.protocol.properties import PROP_SYSFLAG
+from metaq.protocol.replication_mqtt import COUNT, ENTRY, MESSAGE, record_check
+from metaq.serving.putpath import AUTHORIZED
+from metaq.store.record import FIXED_OVERHEAD
+
+#: A copy's record in the log past its data: the record's fixed part and the inbox's name (``store.record``).
+_OVERHEAD = FIXED_OVERHEAD + len(INBOX)
+_INBOX_TOPIC = INBOX.encode("ascii")
+#: The properties only the inbox writes (``inbox._OWN``): a record holding one is made again, by the general path.
+_OWN = ("MQTT_ORIGIN", "MQTT_GROUPS", "MQTT_NEXT", "MQTT_CHECK", "MQTT_EPOCH")
+
+
+def messages_of(payload):
+    """``[(topic, partition, offset, flag, store time, data)]`` of a RECORDS frame's payload whose entries are all
+    MESSAGEs and fill it exactly (``RecordEntries``' checks: the topic UTF-8, the partition and offset not negative;
+    the data a view of ``payload``); None for any other frame (the general path's, which reads it and raises for a
+    frame that is not well formed)."""
+    view = memoryview(payload)
+    end = len(view)
+    if end < 4:
+        return None
+    (count,) = COUNT.unpack_from(view, 0)
+    at = 4
+    out = []
+    for _n in range(count):
+        if at + 31 > end:
+            return None
+        kind, tlen, partition, flag, offset, ts, dlen = ENTRY.unpack_from(view, at)
+        at += 31
+        if kind != MESSAGE or partition < 0 or offset < 0 or at + tlen + dlen > end:
+            return None
+        try:
+            topic = str(view[at:at + tlen], "utf-8")
+        except UnicodeDecodeError:
+            return None
+        at += tlen
+        out.append((topic, partition, offset, flag, ts, view[at:at + dlen]))
+        at += dlen
+    if at != end:
+        return None
+    return out
+
+
+def kept_copy(origin, topic, partition, offset, flag, data, now_ms, topics, check, epoch):
+    """``(attribute block, MQTT topic name, properties, where the payload starts in data)`` of the copy of an MQTT
+    record ``inbox.as_is`` keeps as it is, with no ``$share`` groups: the block (its length, then the record's
+    attribute with the copy's own properties) is what goes before the record's payload; None when ``as_is`` would not
+    keep it so (or it expired, or its topic cannot be a property's value): the general path copies it."""
+    if not flag & ATTRIBUTE_FLAG or len(data) < 4 or "\x01" in topic or "\x02" in topic:
+        return None
+    attr_len = (data[0] << 24) | (data[1] << 16) | (data[2] << 8) | data[3]
+    end = 4 + attr_len
+    if data[0] & 0x80 or end > len(data):
+        return None
+    attribute = str(data[4:end], "utf-8", "replace")
+    tags, sep, rest = attribute.partition("\x02")
+    if not sep or tags:
+        return None
+    props = {}
+    for item in rest.split("\x02"):
+        key, sep, value = item.partition("\x01")
+        if sep and key and value:
+            props[key] = value
+    if PROP_SYSFLAG in props:
+        return None
+    for own in _OWN:
+        if own in props:
+            return None
+    name = named(topic, props, topics)
+    if name is None:
+        return None
+    expires = props.get(EXPIRES_AT)
+    if expires and expires.isdigit() and int(expires) <= now_ms:
+        return None
+    if not attribute.endswith("\x02"):
+        attribute += "\x02"
+    e0, e1 = epoch
+    if e0 or e1:
+        attribute += "MQTT_ORIGIN\x01%d:%d:%d:%s\x02MQTT_CHECK\x01%d\x02MQTT_EPOCH\x01%d:%d\x02" % (
+            origin, partition, offset, topic, check, e0, e1)
+    else:
+        attribute += "MQTT_ORIGIN\x01%d:%d:%d:%s\x02MQTT_CHECK\x01%d\x02" % (origin, partition, offset, topic, check)
+    block = attribute.encode("utf-8")
+    return len(block).to_bytes(4, "big") + block, name, props, end
+
+
+def take(origin, payload, now, positions, path, topics, most_served):
+    """Take the RECORDS frame ``payload`` of peer ``origin`` in one step when it is plain (the module doc): its copies
+    appended to the inbox with ``path``'s burst writer (``PutPath.append_burst``, its refusal asked first: raised as
+    the general path raises it), counted, and the positions (``inbox.Positions``) moved once per partition past the
+    last copy the burst took. Returns None when the frame is not plain or the burst writer took none of it (nothing
+    done: the general path's), else ``(copied, whole, keys, ends, copies)``: how many were copied, whether that is the
+    whole frame (if not, the burst writer stopped: the general path copies the rest, passing over the copies taken,
+    which the positions hold), the ``(topic, partition)`` of the inbox partitions written, ``[(inbox partition, the
+    offset after its last copy)]``, and ``{key: copies}`` as ``MqttPort.serve_copies`` takes them when the frame holds
+    at most ``most_served`` copies (None otherwise: their readers are woken)."""
+    entries = messages_of(payload)
+    if not entries:
+        return None
+    src, frames, made, last = bytearray(), [], [], {}
+    for topic, partition, offset, flag, ts, data in entries:
+        place = (topic, partition)
+        if offset <= last.get(place, -1):
+            return None
+        epoch = positions.plain(origin, topic, partition, offset)
+        if epoch is None:
+            return None
+        check = record_check(ts, data)
+        kept = kept_copy(origin, topic, partition, offset, flag, data, now, topics, check, epoch)
+        if kept is None:
+            return None
+        block, name, props, end = kept
+        last[place] = offset
+        tail = data[end:]
+        start = len(src)
+        src += block
+        frames.append((_INBOX_TOPIC, partition_of(origin, topic, partition), ATTRIBUTE_FLAG, 0, start,
+                       len(block) + len(tail), crc32(tail, crc32(block)), 0, tail))
+        made.append((topic, partition, offset, flag, data, name, props, end, check, epoch))
+    path.check_write(INBOX, AUTHORIZED, True)
+    taken, written = path.append_burst(frames, src, now)
+    if not taken:
+        return None
+    keys, ends = set(), []
+    copies = {} if len(frames) <= most_served else None
+    for run_key, count, nbytes, first_id, first_offset, first, log_end in written:
+        path.counted(INBOX, count, nbytes)
+        keys.add(run_key)
+        ends.append((run_key[1], first_offset + count))
+        if copies is not None:  # a run's records lie one after the other, ending at its log end
+            served = copies.setdefault(run_key, [])
+            position = log_end - nbytes - count * _OVERHEAD
+            for k in range(count):
+                topic, _partition, _offset, flag, data, name, props, end, _check, _epoch = made[first + k]
+                served.append((first_offset + k, (position, first_id + k), topic, flag, data,
+                               named_message(name, props, bytes(data[end:]))))
+                position += _OVERHEAD + frames[first + k][5]
+    moved = {}
+    for i in range(taken):
+        moved[(made[i][0], made[i][1])] = i
+    for i in moved.values():
+        topic, partition, offset, _flag, _data, _name, _props, _end, check, epoch = made[i]
+        positions.copied(origin, topic, partition, offset, check, False, epoch)
+    return taken, taken == len(frames), keys, ends, copies
