@@ -24,6 +24,8 @@ shared by the concerns
                    to the concern below that answers it (front-end)
 following/ (following and routes: EMQX's router)
     inbox.py       the copies of other brokers' messages in ``%MQTTIN%``, and the resume positions they record (state)
+    records.py     the inbox's records: which peer's MQTT record a copy keeps as it is, the properties an inbox record
+                   adds (codec, compiled where built)
     routes.py      a broker's filters, aggregated: what its subscriptions want of its peers (logic, pure)
     link.py        the follower's side of one peer: connect, prove, send ROUTES, copy each RECORDS frame (service)
     retained.py    ``PeerRetained``: the peers' retained messages as this broker knows them, merged with its own

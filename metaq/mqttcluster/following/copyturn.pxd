@@ -3,6 +3,8 @@
 # each other as C functions (cpdef). The .py stays the one definition; without Cython it runs as it is.
 cimport cython
 
+from metaq.mqttcluster.following.records cimport kept_attribute, place_properties
+
 
 @cython.locals(end=Py_ssize_t, count=Py_ssize_t, at=Py_ssize_t, _n=Py_ssize_t, kind=int, tlen=Py_ssize_t,
                dlen=Py_ssize_t, partition=cython.longlong, flag=cython.longlong, offset=cython.longlong,
@@ -10,8 +12,7 @@ cimport cython
 cpdef list messages_of(object payload)
 
 
-@cython.locals(attr_len=Py_ssize_t, end=Py_ssize_t, e0=cython.longlong, e1=cython.longlong, props=dict,
-               attribute=unicode)
+@cython.locals(end=Py_ssize_t, props=dict, attribute=unicode, own=unicode, block=bytes)
 cpdef tuple kept_copy(cython.longlong origin, object topic, cython.longlong partition, cython.longlong offset,
                       cython.longlong flag, object data, object now_ms, object topics, cython.longlong check,
                       object epoch)

@@ -7,15 +7,16 @@ the frame's entry before it of that partition: then ``take`` walks the frame's b
 the put path's burst writer in one append, moves each partition's position once (to its last copy) and hands back
 what the cluster makes visible and serves. Any other frame (an EPOCH, a POSITION, SHARED, RETAINED or ROUTED entry,
 a copy to make again, a frame that is not well formed) is left whole to the general path, which reads it entry by
-entry and says what is wrong with it. A copy's bytes are those ``inbox.copy_parts`` makes (tests compare them).
+entry and says what is wrong with it. A copy's bytes are those ``inbox.copy_parts`` makes: both read the record and
+write the copy's own properties with ``records.py``'s functions (tests compare them).
 """
 
 from zlib import crc32
 
-from metaq.mqtt.records import EXPIRES_AT, named, named_message
+from metaq.mqtt.records import named_message
 from metaq.mqttcluster.following.inbox import INBOX, partition_of
+from metaq.mqttcluster.following.records import ORIGIN, kept_attribute, place_properties
 from metaq.protocol.message import ATTRIBUTE_FLAG
-from metaq.protocol.properties import PROP_SYSFLAG
 from metaq.protocol.replication_mqtt import COUNT, ENTRY, MESSAGE, record_check
 from metaq.serving.putpath import AUTHORIZED
 from metaq.store.record import FIXED_OVERHEAD
@@ -23,8 +24,6 @@ from metaq.store.record import FIXED_OVERHEAD
 #: A copy's record in the log past its data: the record's fixed part and the inbox's name (``store.record``).
 _OVERHEAD = FIXED_OVERHEAD + len(INBOX)
 _INBOX_TOPIC = INBOX.encode("ascii")
-#: The properties only the inbox writes (``inbox._OWN``): a record holding one is made again, by the general path.
-_OWN = ("MQTT_ORIGIN", "MQTT_GROUPS", "MQTT_NEXT", "MQTT_CHECK", "MQTT_EPOCH")
 
 
 def messages_of(payload):
@@ -61,43 +60,18 @@ def messages_of(payload):
 def kept_copy(origin, topic, partition, offset, flag, data, now_ms, topics, check, epoch):
     """``(attribute block, MQTT topic name, properties, where the payload starts in data)`` of the copy of an MQTT
     record ``inbox.as_is`` keeps as it is, with no ``$share`` groups: the block (its length, then the record's
-    attribute with the copy's own properties) is what goes before the record's payload; None when ``as_is`` would not
-    keep it so (or it expired, or its topic cannot be a property's value): the general path copies it."""
-    if not flag & ATTRIBUTE_FLAG or len(data) < 4 or "\x01" in topic or "\x02" in topic:
+    attribute with the copy's own properties: ``records.kept_attribute``, ``records.place_properties``, as ``as_is``
+    makes it) is what goes before the record's payload; None when ``as_is`` would not keep it so (or it expired, or
+    its topic cannot be a property's value): the general path copies it."""
+    kept = kept_attribute(topic, flag, data, now_ms, topics)
+    if not kept:
         return None
-    attr_len = (data[0] << 24) | (data[1] << 16) | (data[2] << 8) | data[3]
-    end = 4 + attr_len
-    if data[0] & 0x80 or end > len(data):
+    attribute, name, props, end = kept
+    try:
+        own = place_properties(ORIGIN, origin, topic, partition, offset, check, epoch)
+    except ValueError:  # the general path raises it
         return None
-    attribute = str(data[4:end], "utf-8", "replace")
-    tags, sep, rest = attribute.partition("\x02")
-    if not sep or tags:
-        return None
-    props = {}
-    for item in rest.split("\x02"):
-        key, sep, value = item.partition("\x01")
-        if sep and key and value:
-            props[key] = value
-    if PROP_SYSFLAG in props:
-        return None
-    for own in _OWN:
-        if own in props:
-            return None
-    name = named(topic, props, topics)
-    if name is None:
-        return None
-    expires = props.get(EXPIRES_AT)
-    if expires and expires.isdigit() and int(expires) <= now_ms:
-        return None
-    if not attribute.endswith("\x02"):
-        attribute += "\x02"
-    e0, e1 = epoch
-    if e0 or e1:
-        attribute += "MQTT_ORIGIN\x01%d:%d:%d:%s\x02MQTT_CHECK\x01%d\x02MQTT_EPOCH\x01%d:%d\x02" % (
-            origin, partition, offset, topic, check, e0, e1)
-    else:
-        attribute += "MQTT_ORIGIN\x01%d:%d:%d:%s\x02MQTT_CHECK\x01%d\x02" % (origin, partition, offset, topic, check)
-    block = attribute.encode("utf-8")
+    block = (attribute + own).encode("utf-8")
     return len(block).to_bytes(4, "big") + block, name, props, end
 
 

@@ -28,13 +28,14 @@ import zlib
 
 from metaq import errors
 from metaq.mqttcluster import limits as mqttcluster_limits
-from metaq.mqtt.records import EXPIRES_AT, message_of, named, named_message, record_data
+from metaq.mqttcluster.following.records import (CHECK, EPOCH, GROUPS, NEXT, ORIGIN, kept_attribute,
+                                                 place_properties)
+from metaq.mqtt.records import message_of, named_message, record_data
 from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.protocol.journaltopic import MQTT_INBOX_TOPIC
-from metaq.protocol.message import ATTRIBUTE_FLAG, decode_attribute, decode_payload, encode_payload, with_attribute
+from metaq.protocol.message import ATTRIBUTE_FLAG, decode_payload, encode_payload, with_attribute
 from metaq.protocol.replication_mqtt import NO_EPOCH
-from metaq.protocol.properties import (PROP_SYSFLAG, PROPERTY_SEPARATOR, encode_attribute, encode_properties,
-                                       split_attribute)
+from metaq.protocol.properties import encode_attribute, encode_properties, split_attribute
 
 __all__ = ["INBOX", "ORIGIN", "NEXT", "CHECK", "EPOCH", "GROUPS", "MARKER_NAME", "partition_of", "copy_of",
            "copy_parts", "read_as", "as_is", "marker",
@@ -43,20 +44,9 @@ __all__ = ["INBOX", "ORIGIN", "NEXT", "CHECK", "EPOCH", "GROUPS", "MARKER_NAME",
 log = logging.getLogger(__name__)
 
 INBOX = MQTT_INBOX_TOPIC
-ORIGIN = "MQTT_ORIGIN"
-#: A copy's property: the ``$share`` groups of this broker the origin assigned it to (JSON).
-GROUPS = "MQTT_GROUPS"
-#: A marker's property: ``<broker id>:<partition>:<next offset>:<topic>``.
-NEXT = "MQTT_NEXT"
-#: A copy's or a marker's property: the ``record_check`` of the origin record at (for a marker: before) its place.
-CHECK = "MQTT_CHECK"
-#: A copy's or a marker's property: ``<number>:<origin>`` of the epoch of the origin record at (before) its place.
-EPOCH = "MQTT_EPOCH"
 #: The MQTT name of a marker record: a ``$`` name (the broker's: no client publishes it, MQTT delivery of the inbox
 #: sends none).
 MARKER_NAME = "$metaq/cluster/position"
-#: The properties only the inbox writes: a peer's record holding one is made again (``copy_parts``), not kept.
-_OWN = frozenset({"MQTT_ORIGIN", "MQTT_GROUPS", "MQTT_NEXT", "MQTT_CHECK", "MQTT_EPOCH"})
 #: Records one step of ``recover`` reads.
 RECOVER_BATCH = 1024
 
@@ -99,8 +89,8 @@ def copy_parts(origin, topic, partition, offset, flag, data, now_ms, topics=DEFA
         return None
     attribute, payload = decode_payload(flag2, data2)
     tags, props2, _remoting = split_attribute(attribute)
-    props2.update(_own(origin, topic, partition, offset, groups, check, epoch))
-    flag3, data3 = encode_payload(payload, encode_attribute(tags, props2))
+    own = place_properties(ORIGIN, origin, topic, partition, offset, check, epoch) + _groups(groups)
+    flag3, data3 = encode_payload(payload, encode_attribute(tags, props2) + own)
     return flag3, (data3,), None
 
 
@@ -121,39 +111,23 @@ def as_is(origin, topic, partition, offset, flag, data, now_ms, topics=DEFAULT_M
           epoch=NO_EPOCH):
     """``(flag, pieces, read)`` of the copy of an MQTT record kept as it is (its attribute read, its payload a view of
     ``data``; ``read``: its MQTT topic name, its properties and where its payload starts in ``data``, which
-    ``read_as`` makes its message of), ``()`` when it expired (MQTT 5 Message Expiry: the time its record keeps);
-    None when the record is not one to keep as it is: a record without the MQTT name the topic map puts in ``topic``
-    (``records.named``), with tags, with a property of the inbox's own (forged) or an old record's compression
-    (``@SYSFLAG``)."""
-    try:
-        attribute, end = decode_attribute(flag, data)
-    except errors.RemoteProtocolError:
-        return None
-    tags, props, with_properties = split_attribute(attribute)
-    if not with_properties or tags or PROP_SYSFLAG in props or not _OWN.isdisjoint(props):
-        return None
-    name = named(topic, props, topics)
-    if name is None:
-        return None
-    expires = props.get(EXPIRES_AT)
-    if expires and expires.isdigit() and int(expires) <= now_ms:
-        return ()
-    head = attribute if attribute.endswith(PROPERTY_SEPARATOR) else attribute + PROPERTY_SEPARATOR
-    own = encode_properties(_own(origin, topic, partition, offset, groups, check, epoch))
+    ``read_as`` makes its message of), ``()`` when it expired; None when the record is not one to keep as it is
+    (``records.kept_attribute`` says which are). Its attribute is the record's, then the copy's place, check and epoch
+    (``records.place_properties``, as the one-step copy writes them), then its ``groups``."""
+    kept = kept_attribute(topic, flag, data, now_ms, topics)
+    if not kept:
+        return kept
+    attribute, name, props, end = kept
+    own = place_properties(ORIGIN, origin, topic, partition, offset, check, epoch) + _groups(groups)
     # the flag every copy has
-    return ATTRIBUTE_FLAG, with_attribute(data, end, (head + own).encode("utf-8")), (name, props, end)
+    return ATTRIBUTE_FLAG, with_attribute(data, end, (attribute + own).encode("utf-8")), (name, props, end)
 
 
-def _own(origin, topic, partition, offset, groups, check, epoch=NO_EPOCH):
-    """The inbox's properties of a copy: its origin, its check, its epoch and its groups."""
-    props = {ORIGIN: "%d:%d:%d:%s" % (origin, partition, offset, topic)}
-    if check:
-        props[CHECK] = str(check)
-    if tuple(epoch) != NO_EPOCH:
-        props[EPOCH] = "%d:%d" % tuple(epoch)
-    if groups:
-        props[GROUPS] = json.dumps([list(g) for g in groups], separators=(",", ":"))
-    return props
+def _groups(groups):
+    """The copy's ``GROUPS`` property, encoded ("" for none): the ``$share`` groups it was copied for."""
+    if not groups:
+        return ""
+    return encode_properties({GROUPS: json.dumps([list(g) for g in groups], separators=(",", ":"))})
 
 
 def marker(origin, topic, partition, next_offset, now_ms, check=0, epoch=NO_EPOCH):
@@ -162,12 +136,8 @@ def marker(origin, topic, partition, next_offset, now_ms, check=0, epoch=NO_EPOC
     flag, data = record_data(MARKER_NAME, b"", 0, None, None, False, now_ms)
     attribute, payload = decode_payload(flag, data)
     tags, props, _remoting = split_attribute(attribute)
-    props[NEXT] = "%d:%d:%d:%s" % (origin, partition, next_offset, topic)
-    if check:
-        props[CHECK] = str(check)
-    if tuple(epoch) != NO_EPOCH:
-        props[EPOCH] = "%d:%d" % tuple(epoch)
-    return encode_payload(payload, encode_attribute(tags, props))
+    own = place_properties(NEXT, origin, topic, partition, next_offset, check, epoch)
+    return encode_payload(payload, encode_attribute(tags, props) + own)
 
 
 def origin_of(flag, data):
