@@ -167,18 +167,22 @@ def test_a_topic_no_property_can_hold_is_refused_by_the_general_path(sides):
 @pytest.mark.parametrize("topic,flag,data", RECORDS)
 def test_a_kept_copy_is_the_bytes_inbox_makes(topic, flag, data):
     """``kept_copy``'s block and payload joined are ``inbox.copy_of``'s data for each record it keeps (None for the
-    others: ``inbox.as_is`` keeps them not, or not so)."""
-    now, check = now_ms(), record_check(5, data)
-    for epoch in (NO_EPOCH, (4, 2)):
+    others: ``inbox.as_is`` keeps them not, or not so), a check of 0 too: then neither names one, and the copy reads
+    as of check 0."""
+    now = now_ms()
+    for check, epoch in ((record_check(5, data), NO_EPOCH), (record_check(5, data), (4, 2)), (0, NO_EPOCH),
+                         (0, (4, 2))):
         made = inbox.as_is(2, topic, 3, 17, flag, data, now, DEFAULT_MAP, (), check, epoch)
         kept = kept_copy(2, topic, 3, 17, flag, memoryview(data), now, DEFAULT_MAP, check, epoch)
         if not made:
             assert kept is None
             continue
         block, name, props, end = kept
-        assert (made[0], block + data[end:]) == inbox.copy_of(2, topic, 3, 17, flag, data, now, DEFAULT_MAP, (),
-                                                              check, epoch)
+        copy = inbox.copy_of(2, topic, 3, 17, flag, data, now, DEFAULT_MAP, (), check, epoch)
+        assert (made[0], block + data[end:]) == copy
         assert (name, props, end) == made[2]
+        assert (inbox.CHECK.encode() in block) == (check != 0)
+        assert inbox.place_of(*copy) == ((2, topic, 3, 17), check, False, epoch)
 
 
 def test_a_frame_read_by_its_bytes_is_the_entries_the_general_path_reads():
