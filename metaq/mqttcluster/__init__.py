@@ -26,6 +26,9 @@ following/ (following and routes: EMQX's router)
     inbox.py       the copies of other brokers' messages in ``%MQTTIN%``, and the resume positions they record (state)
     records.py     the inbox's records: which peer's MQTT record a copy keeps as it is, the properties an inbox record
                    adds (codec, compiled where built)
+    copyturn.py    a peer's RECORDS frame of plain copies taken in one step: walked once, one append, positions moved
+                   once a partition, served from that turn; any other frame the general path's (service, compiled
+                   where built)
     routes.py      a broker's filters, aggregated: what its subscriptions want of its peers (logic, pure)
     link.py        the follower's side of one peer: connect, prove, send ROUTES, copy each RECORDS frame (service)
     retained.py    ``PeerRetained``: the peers' retained messages as this broker knows them, merged with its own
