@@ -4,7 +4,7 @@ burst just made visible is sent to that peer from the publisher's turn itself, a
 broker is sent it (``direct.WaitingDeliveries``): the record's RECORDS frame made from the bytes the turn holds
 (``PeerFollow.turn_entries``: the same entries ``PeerFollow.batch`` would read back from the log), written without
 waiting, the cursor moved; the follow's greenlet is then not woken. Anything it does not take (a frame written in
-part aside, which the greenlet finishes) is left to the greenlet, which the append's wake wakes as before.
+part aside, which the greenlet finishes) is left to the greenlet, which the append's wake wakes.
 """
 
 import os
@@ -38,7 +38,7 @@ class TurnFollows:
         """A burst just appended and made visible (``runs``: its ``BurstRun``s over ``staged``, the port's entries,
         written at ``now`` ms): each follow waiting caught up on the one run of it that it follows is sent that run's
         frame now (``send_now``), its cursor moved past it; when the frame went whole its wait is added to ``quiet``
-        (``{key: events}``, the waits the append's wake passes over). A follow it does not serve is woken as before."""
+        (``{key: events}``, the waits the append's wake passes over). A follow it does not serve is woken by the append's wake."""
         if not self._idle:
             return
         confirmed = self.confirmed_end()
@@ -54,7 +54,7 @@ class TurnFollows:
             frame = rp.joined(Records(tuple(entries)))
             n = send_now(sock, frame)
             if n <= 0:
-                continue  # nothing went: the greenlet sends it, read back as before
+                continue  # nothing went: the greenlet sends it, read back from the log
             self.frames += 1
             self.sent_records += sum(1 for e in entries if e.kind != POSITION)
             follow.advance(run.key, run.first_offset + run.count)
