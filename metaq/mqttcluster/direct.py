@@ -38,7 +38,8 @@ class TurnFollows:
         """A burst just appended and made visible (``runs``: its ``BurstRun``s over ``staged``, the port's entries,
         written at ``now`` ms): each follow waiting caught up on the one run of it that it follows is sent that run's
         frame now (``send_now``), its cursor moved past it; when the frame went whole its wait is added to ``quiet``
-        (``{key: events}``, the waits the append's wake passes over). A follow it does not serve is woken by the append's wake."""
+        (``{key: events}``, the waits the append's wake passes over). A follow it does not serve is woken by the
+        append's wake."""
         if not self._idle:
             return
         confirmed = self.confirmed_end()
