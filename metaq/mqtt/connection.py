@@ -134,12 +134,19 @@ class Connection(core.Connection):
                 self.direct_fd = self._fd if self._unsent is None and not self.closed else -1
 
     def _write_all(self, data):
-        """``send_bytes``'s write, the write lock held."""
+        """``send_bytes``'s write, the write lock held. On a plain socket what it takes now goes by one non-blocking
+        send (a small packet whole); only a rest waits in gevent's ``sendall``, which asks the kernel for the socket's
+        buffer size at each call."""
         try:
             rest = self._unsent
             if rest is not None:
                 self._unsent = None
                 self.sock.sendall(rest)
+            if self.raw_sock is not None:
+                n = self._send_now(data)
+                if n == len(data):
+                    return True
+                data = memoryview(data)[n:]
             self.sock.sendall(data)
         except OSError as exc:
             log.info("mqtt %s: send failed (%s); closing", self.peer, exc)
