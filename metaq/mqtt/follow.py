@@ -46,12 +46,11 @@ No sockets, gevent or clock (times are passed in).
 import base64
 import heapq
 import itertools
-import json
 import logging
 
 from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
-from metaq.store.journals import JournalTopic, read_journal
+from metaq.store.journals import JournalTopic, decode_record, encode_record, read_journal
 
 log = logging.getLogger(__name__)
 
@@ -107,18 +106,17 @@ class SavedSession:
 
 def encode(saved):
     """A session's record (bytes)."""
-    return json.dumps({"k": "s", "c": saved.client_id, "u": saved.user, "v": saved.version, "e": saved.expiry_s,
-                       "at": saved.at_ms, "on": saved.connected,
-                       "subs": [list(s) for s in saved.subscriptions],
-                       "cur": [[t, p, o] for (t, p), o in saved.cursors.items()],
-                       "q2": list(saved.qos2), "inf": [list(i) for i in saved.inflight],
-                       "sh": [list(x) for x in saved.shared], "cq": [list(x) for x in saved.carried]},
-                      separators=(",", ":")).encode("utf-8")
+    return encode_record({"k": "s", "c": saved.client_id, "u": saved.user, "v": saved.version, "e": saved.expiry_s,
+                  "at": saved.at_ms, "on": saved.connected,
+                  "subs": [list(s) for s in saved.subscriptions],
+                  "cur": [[t, p, o] for (t, p), o in saved.cursors.items()],
+                  "q2": list(saved.qos2), "inf": [list(i) for i in saved.inflight],
+                  "sh": [list(x) for x in saved.shared], "cq": [list(x) for x in saved.carried]})
 
 
 def encode_end(client_id):
     """The record that ends ``client_id``'s session."""
-    return json.dumps({"k": "d", "c": client_id}, separators=(",", ":")).encode("utf-8")
+    return encode_record({"k": "d", "c": client_id})
 
 
 class SavedGroup:
@@ -138,19 +136,19 @@ class SavedGroup:
 
 def encode_group(g):
     """A shared group's record (bytes)."""
-    return json.dumps({"k": "g", "n": g.name, "f": g.topic_filter, "t": sorted(g.topics), "at": g.at_ms,
-                       "cur": [[t, p, o] for (t, p), o in g.cursors.items()]}, separators=(",", ":")).encode("utf-8")
+    return encode_record({"k": "g", "n": g.name, "f": g.topic_filter, "t": sorted(g.topics), "at": g.at_ms,
+                  "cur": [[t, p, o] for (t, p), o in g.cursors.items()]})
 
 
 def encode_group_end(name, topic_filter):
     """The record that ends a shared group's kept positions."""
-    return json.dumps({"k": "gd", "n": name, "f": topic_filter}, separators=(",", ":")).encode("utf-8")
+    return encode_record({"k": "gd", "n": name, "f": topic_filter})
 
 
 def decode_group(data):
     """``((name, filter), SavedGroup or None)`` of a group's record (None: ended). Raises RecordError."""
     try:
-        d = json.loads(bytes(data).decode("utf-8"))
+        d = decode_record(data)
         key = (d["n"], d["f"])
         if d["k"] == "gd":
             return key, None
@@ -183,18 +181,18 @@ def encode_share_history(key, changes):
     d = {"k": "b", "n": key[0], "f": key[1], "h": [[since, [b for b, _w in brokers]] for since, brokers in changes]}
     if any(w != 1 for _since, brokers in changes for _b, w in brokers):
         d["w"] = [[w for _b, w in brokers] for _since, brokers in changes]
-    return json.dumps(d, separators=(",", ":")).encode("utf-8")
+    return encode_record(d)
 
 
 def encode_share_history_end(key):
     """The record that ends a group's assignment history (no member anywhere)."""
-    return json.dumps({"k": "bd", "n": key[0], "f": key[1]}, separators=(",", ":")).encode("utf-8")
+    return encode_record({"k": "bd", "n": key[0], "f": key[1]})
 
 
 def decode_share_history(data):
     """``((name, filter), ShareHistory or None)`` of a history's record (None: ended). Raises RecordError."""
     try:
-        d = json.loads(bytes(data).decode("utf-8"))
+        d = decode_record(data)
         key = (d["n"], d["f"])
         if d["k"] == "bd":
             return key, None
@@ -266,18 +264,18 @@ def encode_will(w):
          "pr": {k: _plain(v) for k, v in w.properties.items()}, "d": w.delay_s}
     if w.origin is not None:
         d["o"] = w.origin
-    return json.dumps(d, separators=(",", ":")).encode("utf-8")
+    return encode_record(d)
 
 
 def encode_will_end(client_id):
     """The record that says ``client_id``'s will was published or dropped."""
-    return json.dumps({"k": "wd", "c": client_id}, separators=(",", ":")).encode("utf-8")
+    return encode_record({"k": "wd", "c": client_id})
 
 
 def decode_will(data):
     """``(client id, SavedWill or None)`` of a will's record (None: published or dropped). Raises RecordError."""
     try:
-        d = json.loads(bytes(data).decode("utf-8"))
+        d = decode_record(data)
         if d["k"] == "wd":
             return d["c"], None
         props = {k: _unplain(v) for k, v in d["pr"].items()}
@@ -301,12 +299,12 @@ class Retained:
 
 
 def encode_retained(r):
-    head = json.dumps({"t": r.name, "mt": r.metaq_topic, "f": r.flag, "at": r.at_ms}, separators=(",", ":"))
-    return b"R" + head.encode("utf-8") + b"\n" + bytes(r.data)
+    head = encode_record({"t": r.name, "mt": r.metaq_topic, "f": r.flag, "at": r.at_ms})
+    return b"R" + head + b"\n" + bytes(r.data)
 
 
 def encode_unretained(name):
-    return b"U" + json.dumps({"t": name}, separators=(",", ":")).encode("utf-8")
+    return b"U" + encode_record({"t": name})
 
 
 def decode_retained(data):
@@ -314,9 +312,9 @@ def decode_retained(data):
     data = bytes(data)
     try:
         if data[:1] == b"U":
-            return json.loads(data[1:].decode("utf-8"))["t"], None
+            return decode_record(data[1:])["t"], None
         end = data.index(b"\n")
-        d = json.loads(data[1:end].decode("utf-8"))
+        d = decode_record(data[1:end])
         return d["t"], Retained(d["t"], d["mt"], d["f"], data[end + 1:], d["at"])
     except (ValueError, KeyError, TypeError) as exc:
         raise RecordError("a retained message's record that does not decode: %s" % exc) from exc
@@ -324,8 +322,8 @@ def decode_retained(data):
 
 def encode_carried(metaq_topic, flag, data):
     """The record of a message a session carried from another broker: its metaq topic, flag and stored data."""
-    head = json.dumps({"mt": metaq_topic, "f": flag}, separators=(",", ":"))
-    return b"Q" + head.encode("utf-8") + b"\n" + bytes(data)
+    head = encode_record({"mt": metaq_topic, "f": flag})
+    return b"Q" + head + b"\n" + bytes(data)
 
 
 def decode_carried(data):
@@ -335,7 +333,7 @@ def decode_carried(data):
         if data[:1] != b"Q":
             raise RecordError("not a carried message's record")
         end = data.index(b"\n")
-        d = json.loads(data[1:end].decode("utf-8"))
+        d = decode_record(data[1:end])
         return d["mt"], d["f"], data[end + 1:]
     except (ValueError, KeyError, TypeError) as exc:
         raise RecordError("a carried message's record that does not decode: %s" % exc) from exc
@@ -344,7 +342,7 @@ def decode_carried(data):
 def decode(data):
     """``(client id, SavedSession or None)`` of one record (None: the session ended). Raises RecordError."""
     try:
-        d = json.loads(bytes(data).decode("utf-8"))
+        d = decode_record(data)
         if d["k"] == "d":
             return d["c"], None
         if d["k"] != "s":

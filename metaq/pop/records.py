@@ -28,10 +28,9 @@ and expires at the renewed one). Opaque to clients.
 import json
 import re
 
-import orjson
-
 from metaq import speedups
 from metaq.errors import ClientError
+from metaq.store.journals import encode_record
 
 __all__ = ["RecordError", "encode", "decode", "handle", "parse_handle", "parse_handles", "MAX_RECORD_BYTES"]
 
@@ -52,23 +51,14 @@ class InvalidHandle(ClientError):
     """A receipt handle that names no message in flight now (malformed, expired, or of an older delivery)."""
 
 
-#: The encoder of what orjson will not write (a string with a lone surrogate, an int past 64 bits); a record is
-#: plain lists and dicts built here, never a cycle, so it is not checked for one.
-_ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
-
-
 def encode(rec):
-    """``rec`` (a dict with ``k``) as the bytes of one journal message: compact JSON, as orjson writes it (UTF-8, not
-    ``\\u`` escapes: never longer than the json module's), else as the json module does; ``decode`` reads both."""
-    try:
-        return orjson.dumps(rec)
-    except TypeError:  # orjson's JSONEncodeError: a lone surrogate (a message group's text), an int past 64 bits
-        return _ENCODER.encode(rec).encode("utf-8")
+    """``rec`` (a dict with ``k``) as the bytes of one journal message (``journals.encode_record``)."""
+    return encode_record(rec)
 
 
 def decode(data):
     try:
-        rec = json.loads(bytes(data).decode("utf-8"))
+        rec = json.loads(bytes(data).decode("utf-8"))  # (an int past 64 bits stays one: not orjson)
     except (UnicodeDecodeError, ValueError) as exc:
         raise RecordError("not a POP journal record: %s" % exc) from None
     if not isinstance(rec, dict) or rec.get("k") not in KINDS:

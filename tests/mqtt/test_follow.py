@@ -22,6 +22,19 @@ def test_a_session_record_round_trips():
     assert (back.subscriptions, back.shared) == ([("a/#", 1, False, ["a"], False, None)], [("$share/g/a/#", 1, None)])
 
 
+def test_a_record_of_non_ascii_names_round_trips_and_one_written_with_escapes_still_reads():
+    saved = _saved("capteur-é", connected=True)
+    saved.subscriptions = [("maison/séjour/#", 1, False, ["maison"], False, None)]
+    data = encode(saved)
+    assert "capteur-é".encode("utf-8") in data  # UTF-8 as it is: no longer than an escaped record
+    client_id, back = decode(data)
+    assert (client_id, back.subscriptions) == ("capteur-é", [("maison/séjour/#", 1, False, ["maison"], False, None)])
+    escaped = (b'{"k":"s","c":"capteur-\\u00e9","u":null,"v":4,"e":null,"at":1,"on":false,"subs":[],"cur":[],'
+               b'"q2":[],"inf":[],"sh":[],"cq":[]}')  # as the json module wrote records
+    assert decode(escaped)[0] == "capteur-é"
+    assert decode(encode_end("capteur-é")) == ("capteur-é", None)
+
+
 def test_the_last_record_of_a_client_is_its_session_and_an_end_drops_it():
     t = SessionTable()
     t.apply(10, encode(_saved(at_ms=1)))
