@@ -118,7 +118,7 @@ setup(
         "lz4>=4.3",  # RocketMQ 5 producers' LZ4 frame bodies, likewise
         "prometheus_client>=0.17",  # the HTTP port's /metrics (metaq/server/http/metrics.py)
         "hpack>=4.0,<5",  # HPACK for the gRPC port's own HTTP/2 layer (metaq/rmq5/http2.py, headercache.py)
-        "orjson>=3.9",  # the journals' records: POP's, MQTT sessions' (metaq/store/journals.py)
+        "orjson>=3.9",  # the journals' records: POP's, MQTT sessions' (metaq/protocol/journalrecord.py)
         "wsproto>=1.2,<2",  # MQTT over WebSocket: RFC 6455's handshake and framing, sans-IO (metaq/serving/wsio.py)
         "protobuf>=6.31",  # RocketMQ 5's messages (metaq/rmq5/messages_pb2.py, generated at setup by tools/protos.py)
     ],

@@ -49,8 +49,9 @@ import itertools
 import logging
 
 from metaq.mqttcluster import limits as mqttcluster_limits
+from metaq.protocol.journalrecord import decode_record, encode_record
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
-from metaq.store.journals import JournalTopic, decode_record, encode_record, read_journal
+from metaq.store.journals import JournalTopic, read_journal
 
 log = logging.getLogger(__name__)
 

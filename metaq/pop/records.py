@@ -30,7 +30,7 @@ import re
 
 from metaq import speedups
 from metaq.errors import ClientError
-from metaq.store.journals import encode_record
+from metaq.protocol.journalrecord import encode_record
 
 __all__ = ["RecordError", "encode", "decode", "handle", "parse_handle", "parse_handles", "MAX_RECORD_BYTES"]
 

@@ -1,4 +1,4 @@
-"""A journal record's JSON (``metaq.store.journals.encode_record`` / ``decode_record``): compact UTF-8 as orjson
+"""A journal record's JSON (``metaq.protocol.journalrecord.encode_record`` / ``decode_record``): compact UTF-8 as orjson
 writes it, what orjson will not write (a lone surrogate, an int past 64 bits) as the json module does, and both read
 back. Pure, no broker."""
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from metaq.store.journals import decode_record, encode_record
+from metaq.protocol.journalrecord import decode_record, encode_record
 
 
 def test_a_record_is_compact_utf8_and_reads_back():
