@@ -108,11 +108,11 @@ class SavedSession:
 def encode(saved):
     """A session's record (bytes)."""
     return encode_record({"k": "s", "c": saved.client_id, "u": saved.user, "v": saved.version, "e": saved.expiry_s,
-                  "at": saved.at_ms, "on": saved.connected,
-                  "subs": [list(s) for s in saved.subscriptions],
-                  "cur": [[t, p, o] for (t, p), o in saved.cursors.items()],
-                  "q2": list(saved.qos2), "inf": [list(i) for i in saved.inflight],
-                  "sh": [list(x) for x in saved.shared], "cq": [list(x) for x in saved.carried]})
+                          "at": saved.at_ms, "on": saved.connected,
+                          "subs": [list(s) for s in saved.subscriptions],
+                          "cur": [[t, p, o] for (t, p), o in saved.cursors.items()],
+                          "q2": list(saved.qos2), "inf": [list(i) for i in saved.inflight],
+                          "sh": [list(x) for x in saved.shared], "cq": [list(x) for x in saved.carried]})
 
 
 def encode_end(client_id):
@@ -138,7 +138,7 @@ class SavedGroup:
 def encode_group(g):
     """A shared group's record (bytes)."""
     return encode_record({"k": "g", "n": g.name, "f": g.topic_filter, "t": sorted(g.topics), "at": g.at_ms,
-                  "cur": [[t, p, o] for (t, p), o in g.cursors.items()]})
+                          "cur": [[t, p, o] for (t, p), o in g.cursors.items()]})
 
 
 def encode_group_end(name, topic_filter):
