@@ -24,6 +24,7 @@ from metaq.store.record import FIXED_OVERHEAD
 #: A copy's record in the log past its data: the record's fixed part and the inbox's name (``store.record``).
 _OVERHEAD = FIXED_OVERHEAD + len(INBOX)
 _INBOX_TOPIC = INBOX.encode("ascii")
+_ENTRY_BYTES = ENTRY.size  # an entry's fixed part (replication_mqtt.ENTRY)
 
 
 def messages_of(payload):
@@ -39,10 +40,10 @@ def messages_of(payload):
     at = 4
     out = []
     for _n in range(count):
-        if at + 31 > end:
+        if at + _ENTRY_BYTES > end:
             return None
         kind, tlen, partition, flag, offset, ts, dlen = ENTRY.unpack_from(view, at)
-        at += 31
+        at += _ENTRY_BYTES
         if kind != MESSAGE or partition < 0 or offset < 0 or at + tlen + dlen > end:
             return None
         try:

@@ -4,7 +4,7 @@
 cimport cython
 
 
-@cython.locals(attr_len=Py_ssize_t, end=Py_ssize_t, props=dict, attribute=unicode)
+@cython.locals(end=Py_ssize_t, props=dict)
 cpdef tuple kept_attribute(object topic, cython.longlong flag, object data, object now_ms, object topics)
 
 

@@ -5,9 +5,10 @@ its check, its epoch, in that order), which the one-step copy (``copyturn.py``) 
 built (``metaq.native``: the one-step copy calls these as C functions), this source itself elsewhere.
 """
 
+from metaq.errors import RemoteProtocolError
 from metaq.mqtt.records import EXPIRES_AT, named
-from metaq.protocol.message import ATTRIBUTE_FLAG
-from metaq.protocol.properties import PROP_SYSFLAG
+from metaq.protocol.message import decode_attribute
+from metaq.protocol.properties import PROP_SYSFLAG, split_attribute
 
 #: A copy's property: ``<broker id>:<partition>:<offset>:<topic>`` of its origin record.
 ORIGIN = "MQTT_ORIGIN"
@@ -31,21 +32,13 @@ def kept_attribute(topic, flag, data, now_ms, topics):
     follow. ``()`` when it expired (MQTT 5 Message Expiry: the time its record keeps); None when the record is not one
     to keep as it is: no attribute or one not well formed, no MQTT name the topic map ``topics`` puts in ``topic``
     (``records.named``), tags, a property of the inbox's own (forged) or an old record's compression (``@SYSFLAG``)."""
-    if not flag & ATTRIBUTE_FLAG or len(data) < 4:
+    try:
+        attribute, end = decode_attribute(flag, data)
+    except RemoteProtocolError:
         return None
-    attr_len = (data[0] << 24) | (data[1] << 16) | (data[2] << 8) | data[3]
-    end = 4 + attr_len
-    if data[0] & 0x80 or end > len(data):
+    tags, props, with_properties = split_attribute(attribute)
+    if not with_properties or tags:
         return None
-    attribute = str(data[4:end], "utf-8", "replace")  # as Java's new String(bytes, "utf-8") reads it
-    tags, sep, rest = attribute.partition("\x02")
-    if not sep or tags:
-        return None
-    props = {}
-    for item in rest.split("\x02"):  # properties.decode_properties' reading
-        key, sep, value = item.partition("\x01")
-        if sep and key and value:
-            props[key] = value
     if PROP_SYSFLAG in props:
         return None
     for own in OWN:
