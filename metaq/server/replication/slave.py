@@ -53,7 +53,7 @@ class SlaveLink:
         self.master_end = None  # the master's replicable end, last heard
         self.master_written = None  # its written end, last heard (what "caught up" means)
         self.master_count = None  # messages in its log up to that end
-        self.heard_at = None  # monotonic time the master last said anything (DATA, HEARTBEAT)
+        self.heard_at = None  # monotonic time the master last said anything (EPOCHS, DATA, HEARTBEAT)
         self.lost_at = None  # monotonic time the link last went down
         self.last_error = None
         self.connects = 0
@@ -211,6 +211,7 @@ class SlaveLink:
         self._check_units()
         self.pending_epochs = self._pool.apply(store.epochs.adopt, (event.epochs, agreed))
         self.master_written = max(self.master_written or 0, event.master_end)
+        self.heard_at = time.monotonic()  # the master said its end (a master killed before its first heartbeat)
         self.handshakes += 1
         if self.on_handshake is not None and self.on_handshake():
             log.info("replication: epoch handshake with master %s done (log end %d, epoch %d): serving reads",
