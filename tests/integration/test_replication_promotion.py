@@ -284,3 +284,47 @@ def test_with_zookeeper_a_master_publishes_its_advertised_replication_address(br
     finally:
         zk.stop()
         zk.close()
+
+
+def test_a_slave_whose_master_died_right_after_the_handshake_is_caught_up(broker_factory, tmp_path, capsys):
+    """The handshake's EPOCHS tells the slave its master's end: a master gone before its first heartbeat leaves a
+    slave that holds that end promotable without --force (a raw master port: handshake, then the link and the port
+    closed, no DATA or HEARTBEAT ever sent)."""
+    import socket
+    import threading
+
+    from metaq.auth import proofs
+    from metaq.protocol import replication as rp
+    from metaq.protocol.stream import NEED_DATA
+
+    server = socket.create_server(("127.0.0.1", 0))
+    handshaken = threading.Event()
+
+    def serve_once():
+        sock, _ = server.accept()
+        server.close()
+        with sock:
+            sock.settimeout(10)
+            parser = rp.ReplicationParser()
+            sock.sendall(rp.serialize(rp.Challenge(False, proofs.new_nonce())))
+            got = []
+            while len(got) < 2:  # the slave's PROOF and HELLO
+                event = parser.next_event()
+                if event is NEED_DATA:
+                    parser.receive_data(sock.recv(65536))
+                else:
+                    got.append(event)
+            sock.sendall(rp.serialize(rp.Proof("", "")) + rp.serialize(rp.Epochs(0, 0, ((0, 0, 0),))))
+            handshaken.set()
+
+    threading.Thread(target=serve_once, daemon=True).start()
+    s = broker_factory(small_config(os.path.join(str(tmp_path / "s"), "data")), workdir=tmp_path / "s",
+                       extra_args=slave_args(server.getsockname()[1], 1))
+    assert handshaken.wait(15), s.log_text()
+    wait_for(lambda: stats(s)["replication_link"] == "down", 10, "the slave sees its master gone")
+    st = stats(s)
+    assert (st["replication_lag_bytes"], st["replication_caught_up"]) == ("0", "true"), st
+    code, out, err = promote(capsys, s)
+    assert code == admin.EXIT_OK and "FORCED" not in out, (out, err)
+    with s.client() as c:
+        c.put_ok("t-a", b"on the promoted slave")
