@@ -3,11 +3,16 @@ divergent tail that the epoch handshake cuts (F8), without and with ZooKeeper.""
 
 import os
 import re
+import socket
+import threading
 
 import pytest
 
 from metaq import admincli as admin
+from metaq.auth import proofs
 from metaq.client.local import free_port, small_config
+from metaq.protocol import replication as rp
+from metaq.protocol.stream import NEED_DATA
 from tests.harness.broker import wait_for
 from tests.harness.replication import assert_identical, caught_up, master_config, mixed_load, stats
 
@@ -290,13 +295,6 @@ def test_a_slave_whose_master_died_right_after_the_handshake_is_caught_up(broker
     """The handshake's EPOCHS tells the slave its master's end: a master gone before its first heartbeat leaves a
     slave that holds that end promotable without --force (a raw master port: handshake, then the link and the port
     closed, no DATA or HEARTBEAT ever sent)."""
-    import socket
-    import threading
-
-    from metaq.auth import proofs
-    from metaq.protocol import replication as rp
-    from metaq.protocol.stream import NEED_DATA
-
     server = socket.create_server(("127.0.0.1", 0))
     handshaken = threading.Event()
 
