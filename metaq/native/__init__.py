@@ -36,7 +36,8 @@ Python twin): buffers in, plain values out, each function the exact twin of a Py
 writer and a burst's run), ``mqtt.plainturn``, ``mqtt.direct`` (the MQTT reader's turn and direct delivery),
 ``serving.putpath``, ``serving.longpoll`` (the put path and long-polled reads), ``store.msgid``, ``store.positions``
 (the ids a run takes and the log positions it advances), ``server.stats`` (the counters every run of puts adds to),
-``mqttcluster.following.records`` (an inbox record's kept attribute read, its own properties written),
+``protocol.recordwalk`` (a peer's RECORDS frame's entries read), ``mqttcluster.following.records`` (an inbox
+record's kept attribute read, its own properties written),
 ``mqttcluster.following.copyturn`` (a peer's frame of plain copies taken in one step).
 """
 
@@ -59,6 +60,7 @@ COMPILED = (
     "metaq.store.msgid",
     "metaq.store.positions",
     "metaq.server.stats",
+    "metaq.protocol.recordwalk",
     "metaq.mqttcluster.following.records",
     "metaq.mqttcluster.following.copyturn",
 )

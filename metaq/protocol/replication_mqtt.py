@@ -90,6 +90,7 @@ from typing import NamedTuple
 from metaq import limits
 from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.errors import RemoteProtocolError
+from metaq.protocol.recordwalk import COUNT, ENTRY, EPOCH, MESSAGE, POSITION, RETAINED, ROUTED, SHARED, walk
 
 __all__ = ["Routes", "Records", "Entry", "MESSAGE", "POSITION", "RETAINED", "SHARED", "ROUTED", "EPOCH", "RESUMED",
            "NO_EPOCH", "epoch_entry", "epoch_of",
@@ -97,7 +98,6 @@ __all__ = ["Routes", "Records", "Entry", "MESSAGE", "POSITION", "RETAINED", "SHA
            "records_parts", "check_routes_length", "check_records_length", "decode_routes", "decode_records",
            "RecordEntries"]
 
-MESSAGE, POSITION, RETAINED, SHARED, ROUTED, EPOCH = 1, 2, 3, 4, 5, 6
 #: ``(epoch, origin)`` of no known epoch.
 NO_EPOCH = (0, 0)
 #: The largest epoch number and origin (``store.epochs``: a signed 64-bit field on the wire).
@@ -106,10 +106,10 @@ ORIGIN = struct.Struct(">q")
 #: A POSITION entry's flag: the master resumes the peer's copy here, before the position the peer sent.
 RESUMED = 1
 STORED_AT = struct.Struct(">q")
-COUNT = struct.Struct(">I")
 GROUPS_LENGTH = struct.Struct(">H")
-ENTRY = struct.Struct(">BHiiqqI")
 assert ENTRY.size == 31
+#: Entries a RECORDS frame's reader walks in one step (``recordwalk.walk``) before it hands the first on.
+WALK_RUN = 64
 
 
 class Routes(NamedTuple):
@@ -409,11 +409,11 @@ def decode_records(payload):
 
 
 class RecordEntries:
-    """A RECORDS frame's entries, each decoded (and checked) as iteration reaches it: one that does not fit the
-    frame, of an unknown kind or with a topic that is not UTF-8, or bytes left over after the last, raise a fatal
-    ``RemoteProtocolError`` there (the entries before it stand: each was whole). A MESSAGE's or SHARED's data is a
-    view of the frame (its record is copied once, where it is written), any other entry's bytes. Equal to the tuple
-    of its entries."""
+    """A RECORDS frame's entries, decoded (and checked) as iteration reaches them, WALK_RUN at a time by the one
+    walk of a frame's bytes (``recordwalk.walk``): one that does not fit the frame, of an unknown kind or with a
+    topic that is not UTF-8, or bytes left over after the last, raise a fatal ``RemoteProtocolError`` there (the
+    entries before it stand: each was whole). A MESSAGE's or SHARED's data is a view of the frame (its record is
+    copied once, where it is written), any other entry's bytes. Equal to the tuple of its entries."""
 
     __slots__ = ("_payload", "_count")
 
@@ -441,24 +441,13 @@ class RecordEntries:
 
     def __iter__(self):
         payload, count = self._payload, self._count
-        view = payload if isinstance(payload, memoryview) else memoryview(payload)
-        at, end = COUNT.size, len(payload)
-        for n in range(count):
-            if at + ENTRY.size > end:
-                raise _fail("RECORDS entry %d runs past the frame" % n)
-            kind, tlen, partition, flag, offset, ts, dlen = ENTRY.unpack_from(payload, at)
-            at += ENTRY.size
-            if kind not in (MESSAGE, POSITION, RETAINED, SHARED, ROUTED, EPOCH) or partition < 0 or offset < 0:
-                raise _fail("RECORDS entry of kind %d, partition %d, offset %d" % (kind, partition, offset))
-            if at + tlen + dlen > end:
-                raise _fail("RECORDS entry %d runs past the frame" % n)
-            try:
-                topic = str(view[at:at + tlen], "utf-8")
-            except UnicodeDecodeError:
-                raise _fail("a RECORDS topic is not UTF-8") from None
-            at += tlen
-            data = view[at:at + dlen] if kind in (MESSAGE, SHARED) else bytes(view[at:at + dlen])
-            at += dlen
-            yield Entry(kind, topic, partition, offset, flag, ts, data)
-        if at != end:
-            raise _fail("RECORDS of %d entries leaves %d bytes over" % (count, end - at))
+        n, at = 0, COUNT.size
+        while True:  # (a frame of no entries too: bytes after its count are over)
+            entries, at, problem = walk(payload, count, n, at, WALK_RUN)
+            for entry in entries:
+                yield Entry._make(entry)
+            if problem is not None:
+                raise _fail(problem)
+            n += len(entries)
+            if n >= count:
+                return

@@ -188,7 +188,7 @@ def test_a_kept_copy_is_the_bytes_inbox_makes(topic, flag, data):
 def test_a_frame_read_by_its_bytes_is_the_entries_the_general_path_reads():
     entries = [msg("walk", 0, 3), Entry(MESSAGE, "pump", 2, 9, 1, 5, b"x")]
     frame = received(entries)
-    assert [Entry(MESSAGE, t, p, o, f, ts, bytes(d)) for t, p, o, f, ts, d in messages_of(frame.payload)] == \
+    assert [Entry(k, t, p, o, f, ts, bytes(d)) for k, t, p, o, f, ts, d in messages_of(frame.payload)] == \
         [e._replace(data=bytes(e.data)) for e in frame]
     assert messages_of(received(entries + [Entry(POSITION, "walk", 0, 4)]).payload) is None
     assert messages_of(frame.payload[:-1]) is None  # one byte short: the general path raises for it

@@ -1,14 +1,13 @@
-# Declarations for Cython's compile of copyturn.py (metaq.native): the frame's walk and a copy's attribute block with
-# their lengths, offsets and places C integers (formatted without a Python int's format call), the steps called from
-# each other as C functions (cpdef). The .py stays the one definition; without Cython it runs as it is.
+# Declarations for Cython's compile of copyturn.py (metaq.native): a copy's attribute block with its lengths, offsets
+# and places C integers (formatted without a Python int's format call), the steps called from each other and the
+# frame's walk (recordwalk's) as C functions (cpdef). The .py stays the one definition; without Cython it runs as it is.
 cimport cython
 
 from metaq.mqttcluster.following.records cimport kept_attribute, place_properties
+from metaq.protocol.recordwalk cimport walk
 
 
-@cython.locals(end=Py_ssize_t, count=Py_ssize_t, at=Py_ssize_t, _n=Py_ssize_t, kind=int, tlen=Py_ssize_t,
-               dlen=Py_ssize_t, partition=cython.longlong, flag=cython.longlong, offset=cython.longlong,
-               ts=cython.longlong, out=list)
+@cython.locals(count=Py_ssize_t, entries=list, entry=tuple)
 cpdef list messages_of(object payload)
 
 

@@ -17,45 +17,31 @@ from metaq.mqtt.records import named_message
 from metaq.mqttcluster.following.inbox import INBOX, partition_of
 from metaq.mqttcluster.following.records import ORIGIN, kept_attribute, place_properties
 from metaq.protocol.message import ATTRIBUTE_FLAG
-from metaq.protocol.replication_mqtt import COUNT, ENTRY, MESSAGE, record_check
+from metaq.protocol.recordwalk import COUNT, MESSAGE, walk
+from metaq.protocol.replication_mqtt import record_check
 from metaq.serving.putpath import AUTHORIZED
 from metaq.store.record import FIXED_OVERHEAD
 
 #: A copy's record in the log past its data: the record's fixed part and the inbox's name (``store.record``).
 _OVERHEAD = FIXED_OVERHEAD + len(INBOX)
 _INBOX_TOPIC = INBOX.encode("ascii")
-_ENTRY_BYTES = ENTRY.size  # an entry's fixed part (replication_mqtt.ENTRY)
 
 
 def messages_of(payload):
-    """``[(topic, partition, offset, flag, store time, data)]`` of a RECORDS frame's payload whose entries are all
-    MESSAGEs and fill it exactly (``RecordEntries``' checks: the topic UTF-8, the partition and offset not negative;
-    the data a view of ``payload``); None for any other frame (the general path's, which reads it and raises for a
-    frame that is not well formed)."""
-    view = memoryview(payload)
-    end = len(view)
-    if end < 4:
+    """The entries ``(kind, topic, partition, offset, flag, store time, data)`` of a RECORDS frame's payload whose
+    entries are all MESSAGEs and well formed (``recordwalk.walk``: the data a view of ``payload``); None for any
+    other frame (the general path's, which reads it and raises for a frame that is not well formed)."""
+    if len(payload) < COUNT.size:
         return None
-    (count,) = COUNT.unpack_from(view, 0)
-    at = 4
-    out = []
-    for _n in range(count):
-        if at + _ENTRY_BYTES > end:
-            return None
-        kind, tlen, partition, flag, offset, ts, dlen = ENTRY.unpack_from(view, at)
-        at += _ENTRY_BYTES
-        if kind != MESSAGE or partition < 0 or offset < 0 or at + tlen + dlen > end:
-            return None
-        try:
-            topic = str(view[at:at + tlen], "utf-8")
-        except UnicodeDecodeError:
-            return None
-        at += tlen
-        out.append((topic, partition, offset, flag, ts, view[at:at + dlen]))
-        at += dlen
-    if at != end:
+    (count,) = COUNT.unpack_from(payload, 0)
+    entries, _at, problem = walk(payload, count, 0, COUNT.size, count)
+    if problem is not None:
         return None
-    return out
+    message = MESSAGE
+    for entry in entries:
+        if entry[0] != message:
+            return None
+    return entries
 
 
 def kept_copy(origin, topic, partition, offset, flag, data, now_ms, topics, check, epoch):
@@ -90,7 +76,7 @@ def take(origin, payload, now, positions, path, topics, most_served):
     if not entries:
         return None
     src, frames, made, last = bytearray(), [], [], {}
-    for topic, partition, offset, flag, ts, data in entries:
+    for _kind, topic, partition, offset, flag, ts, data in entries:
         place = (topic, partition)
         if offset <= last.get(place, -1):
             return None
