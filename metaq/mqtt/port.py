@@ -187,7 +187,8 @@ class MqttPort:
         #: cluster's copies with (``serve_copies``), by ``cluster`` (a member's: ``metaq.mqttcluster.seam``), else a
         #: broker alone's
         self.cluster = Alone() if cluster is None else cluster(self, self.serve_copies)
-        self.serving.follows = self.cluster.serve_follows  # the peers following this broker, from a publisher's turn
+        #: the peers following this broker, served from a publisher's turn (alone: none, nothing called)
+        self.serving.follows = None if cluster is None else self.cluster.serve_follows
         self.cluster_topics = self.cluster.topics  # what every subscription reads besides its own (the inbox)
 
     @property
