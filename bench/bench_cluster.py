@@ -332,17 +332,20 @@ def reconnect(cluster, devices):
     """Connects a second of ``devices`` devices with persistent sessions coming back at once (see the module doc): the
     first wave makes their sessions, the second is timed; ``(rate, seconds, first wave's rate, CONNACKs of the second
     with Session Present, connections a broker closed within RECONNECT_HELD_S after it, connections the brokers
-    closed for a client id's home not reached)``."""
+    closed for a client id's home not reached, the brokers' CPU seconds per device of the second wave)``."""
     n = len(cluster.brokers)
     procs = max(RECONNECT_PROCS, n, -(-devices // RECONNECT_PER_PROC))
 
+    pids = [b.proc.pid for b in cluster.brokers]
+
     def wave():
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), sum(cpu_seconds(pid) for pid in pids)
         workers = [load.spawn(load.hold, cluster.mqtt_port(i % n), devices // procs + (i < devices % procs),
                               "rc%d-" % i, FLEET_KEEP_ALIVE, held_sources(i), False) for i in range(procs)]
         try:
             present = sum([pipe.recv()[1] for _, pipe in workers])
             took = time.perf_counter() - started
+            cpu = sum(cpu_seconds(pid) for pid in pids) - cpu
             for _, pipe in workers:
                 pipe.send(("closed", RECONNECT_HELD_S))
             closed = sum([pipe.recv() for _, pipe in workers])
@@ -351,16 +354,16 @@ def reconnect(cluster, devices):
         finally:
             for proc, _ in workers:
                 proc.join(60)
-        return took, present, closed
+        return took, present, closed, cpu
 
-    first, _, _ = wave()
+    first, _, _, _ = wave()
     deadline = time.monotonic() + 120
     while not _all_closed(cluster) and time.monotonic() < deadline:
         time.sleep(0.5)  # every connection seen closed, each session kept on its broker
     time.sleep(1)
-    took, present, closed = wave()
+    took, present, closed, cpu = wave()
     lease_closed = sum(cluster.stats(i, ["mqtt_cluster_lease_closed"])["mqtt_cluster_lease_closed"] for i in range(n))
-    return devices / took, took, devices / first, present, closed, lease_closed
+    return devices / took, took, devices / first, present, closed, lease_closed, cpu / devices
 
 
 def _all_closed(cluster):
@@ -377,11 +380,11 @@ def reconnect_run(root, zk, n, args):
                       mqtt={"max_offline_sessions": args.reconnect})  # every device's session kept while it is away
     try:
         time.sleep(2)
-        rate, took, first, present, closed, lease_closed = reconnect(cluster, args.reconnect)
+        rate, took, first, present, closed, lease_closed, cpu = reconnect(cluster, args.reconnect)
     finally:
         cluster.stop()
     return {"rate": rate, "took": took, "first": first, "present": present, "closed": closed,
-            "lease_closed": lease_closed}
+            "lease_closed": lease_closed, "cpu": cpu}
 
 
 def print_reconnect(args, results):
@@ -392,14 +395,16 @@ def print_reconnect(args, results):
           % (args.reconnect, args.runs, os.cpu_count()))
     print()
     print("| brokers | devices | reconnects/s (range) | seconds for all | vs %d broker(s) | first connects/s | "
-          "with their session | closed by a broker within %d s |" % (args.brokers[0], RECONNECT_HELD_S))
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "brokers' CPU per reconnect | with their session | closed by a broker within %d s |"
+          % (args.brokers[0], RECONNECT_HELD_S))
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in args.brokers:
         rates = [r["rate"] for r in results[n]]
         rate = statistics.median(rates)
-        print("| %d | %d | %.0f (%.0f-%.0f) | %.1f | %.2fx | %.0f | %s | %s |" % (
+        print("| %d | %d | %.0f (%.0f-%.0f) | %.1f | %.2fx | %.0f | %.0f µs | %s | %s |" % (
             n, args.reconnect, rate, min(rates), max(rates), statistics.median(r["took"] for r in results[n]),
             rate / base, statistics.median(r["first"] for r in results[n]),
+            statistics.median(r["cpu"] for r in results[n]) * 1e6,
             " / ".join(str(r["present"]) for r in results[n]), " / ".join(str(r["closed"]) for r in results[n])))
 
 
