@@ -25,6 +25,15 @@ def test_the_home_is_the_same_everywhere_and_moves_little():
     assert home_of("x", []) is None
 
 
+@pytest.mark.parametrize("client_id, of_eight, of_three", [
+    ("dev-0", 2, 2), ("dev-1", 2, 2), ("meter-42", 4, 1), ("rc3-12345", 7, 1), ("\u00e9\u20ac-7", 6, 1), ("x", 4, 2)])
+def test_the_home_is_the_one_every_version_computes(client_id, of_eight, of_three):
+    """Brokers of two versions in one cluster (a rolling upgrade) must agree on each id's home: the weights are the
+    8-byte BLAKE2b of "<member>\\0<client id>", these homes computed so."""
+    assert home_of(client_id, range(8)) == of_eight
+    assert home_of(client_id, {3: "c", 1: "a", 2: "b"}) == of_three
+
+
 def test_the_registry_at_its_limit_and_past_it():
     r = HomeRegistry(2)
     assert r.register("a", 1, 7) is None and r.register("b", 2) is None

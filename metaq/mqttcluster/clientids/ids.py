@@ -26,24 +26,31 @@ pending will dropped after a Clean Start 0 (MQTT 5.0 3.1.3.2.2: a new Network Co
 Will Delay Interval), published otherwise (``ClientIds._drop``).
 """
 
+import functools
 import hashlib
 
+from metaq import limits
 from metaq.mqttcluster import limits as mqttcluster_limits
 
 __all__ = ["home_of", "holder_share", "HomeRegistry", "RegistryFull"]
 
 
-def _weight(member, client_id):
-    digest = hashlib.blake2b(("%d\x00%s" % (member, client_id)).encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "big")
+@functools.lru_cache(maxsize=limits.MAX_BROKER_ID + 1)  # one a broker id
+def _member_hash(member):
+    """The hash of a member's part of its weights' input (its id and a zero byte), which each weight continues."""
+    return hashlib.blake2b(b"%d\x00" % member, digest_size=8)
 
 
 def home_of(client_id, members):
     """The home of ``client_id`` among ``members`` (broker ids): the highest rendezvous weight (ties: the lowest id);
-    None when there is no member."""
+    None when there is no member. A weight is the 8-byte BLAKE2b digest of ``"<member>\\0<client id>"`` in UTF-8,
+    read big-endian: every broker of every version computes the same home."""
+    key = client_id.encode("utf-8")
     best, best_weight = None, -1
     for member in sorted(members):
-        w = _weight(member, client_id)
+        h = _member_hash(member).copy()
+        h.update(key)
+        w = int.from_bytes(h.digest(), "big")
         if w > best_weight:
             best, best_weight = member, w
     return best
