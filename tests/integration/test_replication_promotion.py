@@ -319,7 +319,12 @@ def test_a_slave_whose_master_died_right_after_the_handshake_is_caught_up(broker
     s = broker_factory(small_config(os.path.join(str(tmp_path / "s"), "data")), workdir=tmp_path / "s",
                        extra_args=slave_args(server.getsockname()[1], 1))
     assert handshaken.wait(15), s.log_text()
-    wait_for(lambda: stats(s)["replication_link"] == "down", 10, "the slave sees its master gone")
+
+    def handshake_taken_and_link_down():  # the master's end taken (lag known), and the link seen gone
+        st = stats(s)
+        return st["replication_lag_bytes"] != "-1" and st["replication_link"] == "down"
+    wait_for(handshake_taken_and_link_down, 15, lambda: "the slave takes the handshake, then sees its master gone: "
+             "%s" % stats(s))
     st = stats(s)
     assert (st["replication_lag_bytes"], st["replication_caught_up"]) == ("0", "true"), st
     code, out, err = promote(capsys, s)

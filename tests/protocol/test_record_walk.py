@@ -89,3 +89,27 @@ def test_a_frame_of_other_kinds_is_the_general_paths_and_a_short_payload_is_no_f
     assert messages_of(b"\x00\x00\x00") is None
     assert messages_of(payload_of([])) == []
 
+
+
+@pytest.mark.parametrize("good", [WALK_RUN - 1, WALK_RUN, WALK_RUN + 1, 2 * WALK_RUN])
+def test_a_bad_entry_or_bytes_over_past_the_first_run_stand_the_entries_before_them(good):
+    """The general path walks WALK_RUN entries a step: an error in a later step, or bytes left over after a frame of
+    exactly a step's entries, raise there, every entry before handed on."""
+    entries = b"".join(raw_entry(MESSAGE, "t", 0, i, b"d") for i in range(good))
+    for tail, count, error in [(raw_entry(9, "t", 0, 0), good + 1, "RECORDS entry of kind 9"),
+                               (b"xy", good, "RECORDS of %d entries leaves 2 bytes over" % good)]:
+        payload = COUNT.pack(count) + entries + tail
+        seen = []
+        with pytest.raises(RemoteProtocolError, match=error):
+            for e in RecordEntries(payload):
+                seen.append(e.offset)
+        assert seen == list(range(good))
+
+
+def test_a_count_the_frame_cannot_hold_is_refused_at_the_first_missing_entry_without_walking_it():
+    payload = COUNT.pack(2**32 - 1) + raw_entry(MESSAGE, "t", 0, 0, b"d")
+    entries, _at, problem = walk(payload, 2**32 - 1, 0, COUNT.size, 2**32 - 1)
+    assert len(entries) == 1 and problem == "RECORDS entry 1 runs past the frame"
+    with pytest.raises(RemoteProtocolError, match="RECORDS entry 1 runs past the frame"):
+        list(iter(RecordEntries(payload)))
+    assert messages_of(payload) is None

@@ -472,12 +472,12 @@ class MqttCluster:
         return copied, whole
 
     def _copy(self, origin, entries, routed=None):
-        """``apply``'s general path, entry by entry. The loop is shared between entries (``share_loop``), each decoded
-        as it is reached (``RecordEntries``): a frame of MQTT_CLUSTER_FRAME_BYTES of tiny entries keeps the other
-        clients waiting no longer than a turn, read once. The copies of a run of MESSAGE and SHARED entries are
-        written together (``_write``), the positions moved once they are, and made visible together (``_written``:
-        the subscribers waiting on them served from this turn). ``routed``: a list the frame's ROUTED versions are
-        appended to (the link acks them once the frame is applied)."""
+        """``apply``'s general path, entry by entry. The loop is shared between entries (``share_loop``), decoded a few
+        dozen at a time as they are reached (``RecordEntries``): a frame of MQTT_CLUSTER_FRAME_BYTES of tiny entries
+        keeps the other clients waiting no longer than a turn, read once. The copies of a run of MESSAGE and SHARED
+        entries are written together (``_write``), the positions moved once they are, and made visible together
+        (``_written``: the subscribers waiting on them served from this turn). ``routed``: a list the frame's ROUTED
+        versions are appended to (the link acks them once the frame is applied)."""
         copied, keys, run = 0, set(), []
         copies = {} if self.serve is not None else None  # what ``_written`` serves (``_write``)
         ran = {}  # (topic, partition) -> the highest offset in ``run``: copied once written, not yet in the positions
