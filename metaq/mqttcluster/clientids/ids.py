@@ -37,7 +37,8 @@ __all__ = ["home_of", "holder_share", "HomeRegistry", "RegistryFull"]
 
 @functools.lru_cache(maxsize=limits.MAX_BROKER_ID + 1)  # one a broker id
 def _member_hash(member):
-    """The hash of a member's part of its weights' input (its id and a zero byte), which each weight continues."""
+    """The hash of a member's part of its weights' input (its id and a zero byte), shared: each weight continues a
+    copy of it, never it."""
     return hashlib.blake2b(b"%d\x00" % member, digest_size=8)
 
 
