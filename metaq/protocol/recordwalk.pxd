@@ -5,6 +5,6 @@ cimport cython
 
 
 @cython.locals(end=Py_ssize_t, last=Py_ssize_t, head=Py_ssize_t, kind=int, message=int, shared=int, epoch=int,
-               tlen=Py_ssize_t, dlen=Py_ssize_t, partition=cython.longlong, flag=cython.longlong, offset=cython.longlong, ts=cython.longlong,
-               entries=list)
+               tlen=Py_ssize_t, dlen=Py_ssize_t, partition=cython.longlong, flag=cython.longlong,
+               offset=cython.longlong, ts=cython.longlong, entries=list)
 cpdef tuple walk(object payload, Py_ssize_t count, Py_ssize_t n, Py_ssize_t at, Py_ssize_t most)

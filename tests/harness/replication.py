@@ -1,13 +1,16 @@
 """Master/slave test helpers: a master's config, a ``sync`` master with its slave, stats, waiting for a slave to
-catch up, identical logs, a mixed load; the frames a stand-in peer on the replication port reads."""
+catch up, identical logs, a mixed load; the frames a stand-in peer on the replication port reads; a stand-in master's
+handshake."""
 
 import os
 import random
 
+from metaq.auth import proofs
 from metaq.client.local import free_port, small_config
 from metaq.protocol import events as ev
 from metaq.protocol import replication as rp
 from metaq.protocol import stats as stats_codec
+from metaq.protocol.stream import NEED_DATA
 from tests.harness.broker import consume_all, wait_for
 
 
@@ -107,3 +110,20 @@ def frames_of(sock, parser):
         parser.receive_data(data)
         while (event := parser.next_event()) is not rp.NEED_DATA:
             yield event
+
+
+def empty_master_handshake(sock):
+    """A stand-in master's side of the handshake on accepted ``sock``, with no secret: its CHALLENGE, the slave's
+    PROOF and HELLO read, then its PROOF and the EPOCHS of an empty log ("our logs agree at 0", its end 0)."""
+    sock.settimeout(10)
+    parser = rp.ReplicationParser()
+    sock.sendall(rp.serialize(rp.Challenge(False, proofs.new_nonce())))
+    got = []
+    while len(got) < 2:  # the slave's PROOF and HELLO
+        event = parser.next_event()
+        if event is NEED_DATA:
+            parser.receive_data(sock.recv(65536))
+        else:
+            got.append(event)
+    assert [type(e) for e in got] == [rp.Proof, rp.Hello], got
+    sock.sendall(rp.serialize(rp.Proof("", "")) + rp.serialize(rp.Epochs(0, 0, ((0, 0, 0),))))

@@ -15,18 +15,16 @@ import threading
 import pytest
 
 from metaq import admincli as admin
-from metaq.auth import proofs
 from metaq.client.local import free_port, ns_of, small_config
 from metaq.offsets.limits import MAX_CONSUMER_OFFSETS
 from metaq.protocol import events as ev
 from metaq.protocol import replication as rp
 from metaq.protocol.checksum import crc32
 from metaq.protocol.replication_offsets import frames
-from metaq.protocol.stream import NEED_DATA
 from metaq.serving.replication.link import OFFSETS_SYNC_S
 from tests.harness.broker import wait_for
 from tests.harness.ha import SESSION_MS, Group, put_until_ok
-from tests.harness.replication import caught_up, master_config, stats
+from tests.harness.replication import caught_up, empty_master_handshake, master_config, stats
 from tests.harness.rocketmq import committed
 
 #: How long a commit on the master may take to reach a slave: one sync interval, with room for a loaded machine.
@@ -272,18 +270,8 @@ class FakeMaster:
                     pass
 
     def _serve(self, sock):
-        sock.settimeout(10)
-        parser = rp.ReplicationParser()
-        sock.sendall(rp.serialize(rp.Challenge(False, proofs.new_nonce())))
-        got = []
-        while len(got) < 2:  # the slave's PROOF and HELLO
-            event = parser.next_event()
-            if event is NEED_DATA:
-                parser.receive_data(sock.recv(65536))
-            else:
-                got.append(event)
-        assert [type(e) for e in got] == [rp.Proof, rp.Hello], got
-        sock.sendall(rp.serialize(rp.Proof("", "")) + rp.serialize(rp.Epochs(0, 0, ((0, 0, 0),))) + self.wire)
+        empty_master_handshake(sock)
+        sock.sendall(self.wire)
         while sock.recv(65536):  # its ACKs, until it closes the link
             pass
 

@@ -9,12 +9,10 @@ import threading
 import pytest
 
 from metaq import admincli as admin
-from metaq.auth import proofs
 from metaq.client.local import free_port, small_config
-from metaq.protocol import replication as rp
-from metaq.protocol.stream import NEED_DATA
 from tests.harness.broker import wait_for
-from tests.harness.replication import assert_identical, caught_up, master_config, mixed_load, stats
+from tests.harness.replication import (assert_identical, caught_up, empty_master_handshake, master_config, mixed_load,
+                                       stats)
 
 pytestmark = pytest.mark.fault
 
@@ -302,17 +300,7 @@ def test_a_slave_whose_master_died_right_after_the_handshake_is_caught_up(broker
         sock, _ = server.accept()
         server.close()
         with sock:
-            sock.settimeout(10)
-            parser = rp.ReplicationParser()
-            sock.sendall(rp.serialize(rp.Challenge(False, proofs.new_nonce())))
-            got = []
-            while len(got) < 2:  # the slave's PROOF and HELLO
-                event = parser.next_event()
-                if event is NEED_DATA:
-                    parser.receive_data(sock.recv(65536))
-                else:
-                    got.append(event)
-            sock.sendall(rp.serialize(rp.Proof("", "")) + rp.serialize(rp.Epochs(0, 0, ((0, 0, 0),))))
+            empty_master_handshake(sock)
             handshaken.set()
 
     threading.Thread(target=serve_once, daemon=True).start()
