@@ -539,6 +539,29 @@ def test_a_handovers_json_is_built_and_parsed_in_turns_of_the_loop():
     assert encoding > 0 and parsing > 0
 
 
+def test_a_call_at_the_one_step_decode_bound_and_one_past_it_reads_the_same():
+    """A call of at most DECODE_WHOLE_BYTES is decoded in one step, a longer one in turns: the same value either way,
+    and what is not a JSON object refused as a protocol error on both sides of the bound."""
+    for size in (calls.DECODE_WHOLE_BYTES, calls.DECODE_WHOLE_BYTES + 1):
+        request = {"op": "registers", "id": 3, "r": [{"c": "d1", "clean": False}], "pad": ""}
+        request["pad"] = "p" * (size - len(calls._encode(request)))
+        body = calls._encode(request)
+        assert len(body) == size and calls._decode(body) == request == json.loads(body)
+        for bad in (b"[" + body[1:-1] + b"]", body[:-1], b"{" + b" " * (size - 2) + b"}x"):
+            with pytest.raises(RemoteProtocolError):
+                calls._decode(bad)
+
+
+def test_a_call_holding_what_orjson_will_not_write_is_sent_as_the_json_module_writes_it():
+    """A lone surrogate in a client id, an int key in a nested dict, a non-ASCII name: encoded (the json module's
+    way where orjson refuses) and read back."""
+    request = {"op": "register", "id": 1, "r": [{"c": "dev-\ud800", "k": {1: "x"}, "n": "capteur-é"}]}
+    body = calls._encode(request)
+    assert json.loads(body) == {"op": "register", "id": 1, "r": [{"c": "dev-\ud800", "k": {"1": "x"},
+                                                                  "n": "capteur-é"}]}
+    assert calls._decode(body) == json.loads(body)
+
+
 def test_a_handover_is_adopted_in_turns_of_the_loop():
     """Each message a session brings is written on its own turn: the loop's other greenlets run between them."""
     written = []

@@ -47,6 +47,7 @@ from metaq import errors
 from metaq.server.replication import limits as replication_limits
 from metaq.mqttcluster import limits as mqttcluster_limits
 from metaq.protocol import replication as rp
+from metaq.protocol.journalrecord import decode_record, encode_record
 from metaq.protocol.replication_peer import PEER_CALL_HEAD
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.serving.connections import share_loop
@@ -68,43 +69,52 @@ class PeerUnreachable(Exception):
     """A call got no answer (no connection, a refused or failed handshake, no reply in time)."""
 
 
+#: A call or an answer of at most this many bytes is decoded in one step (orjson's, well under a millisecond); a
+#: larger one (a session's handover) an item of its top-level lists at a time, the loop shared between them.
+DECODE_WHOLE_BYTES = 64 * 1024
+
+
 def _encode(value):
-    """``value`` (a dict) as compact JSON (``json.dumps``'s bytes), built in steps with the loop shared between them
-    (``share_loop``): its dicts a key at a time, its lists an item at a time (each item whole). A large answer (a
-    session's handover, up to MQTT_HANDOVER_MAX_BYTES) so stalls the other clients no longer than one item (one
-    message) does."""
+    """``value`` (a dict) as compact JSON, built in steps with the loop shared between them (``share_loop``): its
+    dicts a key at a time, its lists an item at a time, each item whole by ``encode_record`` (orjson, the json module
+    for what orjson will not write). A large answer (a session's handover, up to MQTT_HANDOVER_MAX_BYTES) so stalls
+    the other clients no longer than one item (one message) does."""
     parts = []
     _encode_into(parts, value, [time.monotonic()])
-    return "".join(parts).encode("utf-8")
+    return b"".join(parts)
 
 
 def _encode_into(parts, value, turn):
     if isinstance(value, dict):
-        parts.append("{")
+        parts.append(b"{")
         for i, (key, item) in enumerate(value.items()):
-            parts.append("%s%s:" % ("," if i else "", _dumps(key)))
+            if i:
+                parts.append(b",")
+            parts.append(encode_record(key))
+            parts.append(b":")
             _encode_into(parts, item, turn)
-        parts.append("}")
+        parts.append(b"}")
     elif isinstance(value, list):
-        parts.append("[")
+        parts.append(b"[")
         for i, item in enumerate(value):
-            parts.append("," if i else "")
-            parts.append(_dumps(item))
+            if i:
+                parts.append(b",")
+            parts.append(encode_record(item))
             turn[0] = share_loop(turn[0])
-        parts.append("]")
+        parts.append(b"]")
     else:
-        parts.append(_dumps(value))
-
-
-def _dumps(value):
-    return json.dumps(value, separators=(",", ":"))
+        parts.append(encode_record(value))
 
 
 def _decode(body):
-    """A call's or an answer's JSON object (``_encode``'s, or any JSON object), its top-level lists parsed an item at
-    a time with the loop shared between them, as ``_encode`` builds them."""
+    """A call's or an answer's JSON object (``_encode``'s, or any JSON object): up to DECODE_WHOLE_BYTES in one
+    step, past it its top-level lists parsed an item at a time with the loop shared between them, as ``_encode``
+    builds them."""
     try:
-        value = _parse_in_turns(bytes(body).decode("utf-8"))
+        if len(body) <= DECODE_WHOLE_BYTES:
+            value = decode_record(body)
+        else:
+            value = _parse_in_turns(bytes(body).decode("utf-8"))
     except (ValueError, RecursionError) as exc:
         raise errors.RemoteProtocolError("a peer call that is not JSON: %s" % exc, fatal=True) from None
     if not isinstance(value, dict):
