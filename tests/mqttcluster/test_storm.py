@@ -290,3 +290,41 @@ def test_a_lone_registration_goes_as_a_register_call_a_batch_of_more_as_register
     two = [{"op": "register", "c": c, "clean": False} for c in ("a", "b")]
     assert ids._send_registers(1, two, 5) == [{"gen": 2}, {"gen": 3}]
     assert made == ["register", "registers"]
+
+
+def test_a_home_answers_a_batchs_registrations_that_wait_for_nothing_in_its_turn_and_the_others_in_order():
+    """A ``registers`` batch at the home: an id new or held by the caller (a reconnect where it was) is answered in the
+    call's own turn; one held by another broker waits for its takeover, and a later entry of that id waits for it
+    (the home decides one id's registrations in order); a malformed entry is answered with its error while the
+    others are registered."""
+    asked = []
+
+    def call(broker_id, address, request, timeout_s=None, exclusive=False):
+        asked.append((broker_id, request["op"], request["c"]))
+        gevent.sleep(0.02)  # the holder's answer takes a round trip
+        return {}
+
+    home = ClientIds(None, None, None, 3, SimpleNamespace(close=lambda: None, timeout_s=5), 100, 0, lambda: True)
+    home.members = {1: "h:1", 2: "h:2", 3: "h:3"}
+    home._call = call
+    home.registry.register("was-here", 1, 1, clean=False, checked=True)
+    home.registry.register("elsewhere", 2, 2, clean=False, checked=True)
+    batch = {"op": "registers", "r": [{"c": "elsewhere", "clean": False}, {"c": "new", "clean": True},
+                                      {"c": "elsewhere", "clean": False}, {"clean": True},
+                                      {"c": "was-here", "clean": False}]}
+    register, inside = home._register, []
+
+    def registering(caller, request):
+        inside.append((request.get("c"), gevent.getcurrent() is serving))
+        return register(caller, request)
+
+    home._register, serving = registering, gevent.getcurrent()
+    answers = home._registers(1, batch)["a"]
+    assert sorted(inside, key=str) == sorted([("new", True), ("was-here", True), ("elsewhere", False),
+                                              ("elsewhere", False)], key=str)
+    gens = [a.get("gen") for a in answers]
+    assert gens[1] < gens[4] < gens[0] < gens[2], answers  # the two at once first; the takeover's id in its order
+    assert "KeyError" in answers[3]["error"], answers
+    assert asked == [(2, "give_up", "elsewhere")]  # the second entry of the id found it held by the caller
+    assert [home.registry.holder(c) for c in ("new", "was-here", "elsewhere")] == [1, 1, 1]
+    assert home._serial == {}

@@ -88,6 +88,11 @@ def _bound_of_register():
     return time.monotonic() + mqttcluster_limits.MQTT_CLUSTER_CALL_TIMEOUT_S - HOLDER_TIMEOUT_S / 5
 
 
+def _failed(exc):
+    """The answer of a registration that failed with ``exc`` (its caller's CONNECT is refused, the link goes on)."""
+    return {"error": "%s: %s" % (type(exc).__name__, exc)}
+
+
 class ClientIds:
     """See the module doc. ``port``: the MQTT port; ``members``: the cluster's ``members.Members``; ``client``: a
     ``calls.PeerClient``; ``is_member``: True while this broker is a master with a replication port; ``cluster``:
@@ -339,21 +344,37 @@ class ClientIds:
 
     def _registers(self, caller, request):
         """A batch of registrations (``registrations.Registrations``): each entry registered as its own ``register``
-        call would be, all at once (each serialised with its id's others), their answers in the entries' order; an
-        entry ``asks`` refused (``refused``: its reason, or None) answered with the refusal."""
-        refused = request.get("refused") or [None] * len(request["r"])
-        going = [None if why is not None else gevent.spawn(self._register, caller, dict(entry, op="register"))
-                 for entry, why in zip(request["r"], refused, strict=True)]
-        gevent.joinall([g for g in going if g is not None])
-        answers = []
-        for greenlet, why in zip(going, refused, strict=True):
+        call would be, each serialised with its id's others, their answers in the entries' order; an entry ``asks``
+        refused (``refused``: its reason, or None) answered with the refusal. An entry that asks nothing of another
+        broker (``_answered_at_once``) is answered in this turn; one that may wait (a takeover, its id's registration
+        under way here, an earlier entry of its id waiting) in a greenlet of its own, all of those at once."""
+        entries = request["r"]
+        refused = request.get("refused") or [None] * len(entries)
+        answers = [None] * len(entries)
+        going, waiting_ids = {}, set()
+        for i, (entry, why) in enumerate(zip(entries, refused, strict=True)):
             if why is not None:
-                answers.append({"error": why, "refused": True})
-            elif greenlet.successful():
-                answers.append(greenlet.value)
-            else:
-                answers.append({"error": "%s: %s" % (type(greenlet.exception).__name__, greenlet.exception)})
+                answers[i] = {"error": why, "refused": True}
+                continue
+            try:
+                call = dict(entry, op="register")
+                if call["c"] in waiting_ids or not self._answered_at_once(caller, call["c"]):
+                    waiting_ids.add(call["c"])
+                    going[i] = gevent.spawn(self._register, caller, call)
+                else:
+                    answers[i] = self._register(caller, call)
+            except Exception as exc:  # noqa: BLE001 - that entry's caller is told, as a greenlet's failure is
+                answers[i] = _failed(exc)
+        gevent.joinall(list(going.values()))
+        for i, greenlet in going.items():
+            answers[i] = greenlet.value if greenlet.successful() else _failed(greenlet.exception)
         return {"a": answers}
+
+    def _answered_at_once(self, caller, client_id):
+        """True when registering ``client_id`` for ``caller`` asks nothing of any broker and waits for nothing: no
+        registration of it under way here and no holder but the caller (a reconnect where it was, a first
+        connect)."""
+        return client_id not in self._serial and self.registry.holder(client_id) in (None, caller)
 
     def _send_registers(self, home, requests, timeout_s):
         """``requests`` to ``home`` in one call: an answer per request. A lone one goes as a plain ``register`` call
