@@ -1,6 +1,7 @@
-"""A journal record's JSON (the POP journal's, the MQTT sessions' log's): compact bytes, one way of writing them.
-orjson for its speed (a record is written at every POP receive and ack and every persistent MQTT session's connect
-and end, and the master decodes each it writes again); the json module for what orjson will not write. Pure."""
+"""A journal record's JSON (the POP journal's, the MQTT sessions' log's; also the MQTT cluster's calls between
+brokers): compact bytes, one way of writing them. orjson for its speed (a record is written at every POP receive and
+ack and every persistent MQTT session's connect and end, and the master decodes each it writes again; a reconnect
+storm's registrations cross brokers by the batch); the json module for what orjson will not write. Pure."""
 
 import json
 
