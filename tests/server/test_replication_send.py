@@ -6,8 +6,14 @@ from metaq.serving.replication.link import SEND_JOINED_BYTES, send_event
 
 
 class Writes:
-    def __init__(self):
-        self.writes = []
+    """A socket that takes at most ``most`` bytes a ``send`` (its buffer full past them), all of a ``sendall``."""
+
+    def __init__(self, most=1 << 30):
+        self.writes, self.most = [], most
+
+    def send(self, data):
+        self.writes.append(bytes(data[:self.most]))
+        return len(self.writes[-1])
 
     def sendall(self, data):
         self.writes.append(bytes(data))
@@ -35,3 +41,10 @@ def test_small_frames_of_every_kind_a_peer_link_sends_go_in_one_write():
         sock = Writes()
         send_event(sock, event)
         assert sock.writes == [rp.serialize(event)]
+
+
+def test_a_frame_the_socket_takes_in_part_is_written_whole():
+    event = rp.PeerReply(b'{"a":[' + b'{"gen":1},' * 300 + b'{"gen":2}]}')
+    sock = Writes(most=1000)
+    send_event(sock, event)
+    assert len(sock.writes) == 2 and b"".join(sock.writes) == rp.serialize(event)

@@ -40,8 +40,11 @@ SEND_JOINED_BYTES = 64 * 1024
 def send_event(sock, event):
     """Write ``event``'s frame to ``sock`` whole (``sendall``): in one write up to SEND_JOINED_BYTES."""
     parts = rp.frame_parts(event)
-    if len(parts) > 1 and sum(map(len, parts)) <= SEND_JOINED_BYTES:
-        sock.sendall(b"".join(parts))
+    if sum(map(len, parts)) <= SEND_JOINED_BYTES:
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        sent = sock.send(data)  # one call: gevent's sendall asks the socket's buffer size first when it has a timeout
+        if sent < len(data):
+            sock.sendall(memoryview(data)[sent:])
         return
     for part in parts:
         sock.sendall(part)
