@@ -89,23 +89,29 @@ class Asks:
         return set(self.members()) | {self.broker_id, caller}
 
     def _register(self, caller, request):
+        return self._not_homed_here(caller, request, self._with(caller)), request
+
+    def _not_homed_here(self, caller, request, members):
+        """Why this broker may not register ``request``'s client id for ``caller`` (None: it may), ``members`` being
+        the ids its home is chosen among (``_with``)."""
         client_id = _text(request["c"])
-        home = home_of(client_id, self._with(caller))
+        home = home_of(client_id, members)
         if home != self.broker_id:
             return ("broker %d asked broker %d to register client id %s, whose home is broker %s: only its home "
-                    "registers it" % (caller, self.broker_id, client_id, home)), request
-        return None, request
+                    "registers it" % (caller, self.broker_id, client_id, home))
+        return None
 
     def _registers(self, caller, request):
         """A batch of registrations: at most MQTT_CLUSTER_ID_BATCH, each of the shape ``register`` takes (else the
         call is refused whole); those whose id is homed elsewhere refused one by one (``refused``: the reason of each,
         or None), the others served."""
         entries = _batch(request["r"])
+        members = self._with(caller)
         refused = []
         for entry in entries:
             if not isinstance(entry, dict) or not isinstance(entry.get("clean"), bool):
                 raise TypeError("an entry %r is not a registration" % (entry,))
-            refused.append(self._register(caller, entry)[0])
+            refused.append(self._not_homed_here(caller, entry, members))
         return None, dict(request, refused=refused)
 
     def _give_up(self, caller, request):
