@@ -59,9 +59,9 @@ log = logging.getLogger(__name__)
 MQTT_LEARN_BATCH = 1024
 
 __all__ = ["SavedSession", "SavedGroup", "SavedWill", "Retained", "SessionTable", "MQTT_JOURNAL", "MQTT_LEARN_BATCH",
-           "encode", "decode", "encode_retained", "encode_unretained", "encode_group", "encode_group_end",
-           "encode_will", "encode_will_end", "encode_carried", "decode_carried", "RecordError", "ShareHistory",
-           "encode_share_history", "encode_share_history_end"]
+           "encode", "decode", "encode_retained", "encode_unretained", "is_retained_record", "RetainedMark",
+           "encode_group", "encode_group_end", "encode_will", "encode_will_end", "encode_carried", "decode_carried",
+           "RecordError", "ShareHistory", "encode_share_history", "encode_share_history_end"]
 
 
 class RecordError(ValueError):
@@ -308,6 +308,41 @@ def encode_unretained(name):
     return b"U" + encode_record({"t": name})
 
 
+def is_retained_record(data):
+    """True when ``%MQTT%`` record data ``data`` is a retained message's (``R``) or its clear (``U``)."""
+    return bytes(data[:1]) in (b"R", b"U")
+
+
+class RetainedMark:
+    """How far into ``%MQTT%`` a retained message's record (``R``/``U``) may lie: the offset past the last that may
+    be one, so that the peers' follows (``metaq.mqttcluster.serve.PeerFollow``) pass over the sessions' records from
+    there on without reading them. Kept by the journal's one writer, the master's port: ``began`` when it begins
+    writing the journal (its start, a promotion, a cut: any record before may be one), ``written`` for each retained
+    record it appends, ``replicating`` while the journal grows by another master's records (a slave: any may be)."""
+
+    __slots__ = ("_end",)
+
+    def __init__(self):
+        self._end = None  # the offset past the last record that may be a retained one; None: any may
+
+    def began(self, end):
+        """This broker writes the journal from ``end`` on (its written end: records not visible yet included)."""
+        self._end = end
+
+    def replicating(self):
+        """The journal grows by another master's records now."""
+        self._end = None
+
+    def written(self, offset):
+        """A retained record was appended at ``offset``."""
+        if self._end is not None and offset >= self._end:
+            self._end = offset + 1
+
+    def end(self):
+        """The offset from which on no record is a retained one (None: any may be)."""
+        return self._end
+
+
 def decode_retained(data):
     """``(name, Retained or None)`` of a retained message's record (None: cleared). Raises RecordError."""
     data = bytes(data)
@@ -407,7 +442,7 @@ class SessionTable:
             return
         if bytes(data[:1]) == b"Q":
             return  # a carried message: named by the session that carries it, no state of its own
-        if bytes(data[:1]) in (b"R", b"U"):
+        if is_retained_record(data):
             try:
                 name, r = decode_retained(data)
             except RecordError as exc:

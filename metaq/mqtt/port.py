@@ -57,7 +57,8 @@ from metaq.mqtt.decoded import Decoded
 from metaq.mqtt.fanout import Fanouts
 from metaq.mqtt.follow import (MQTT_JOURNAL, MQTT_LEARN_BATCH, MQTT_SESSIONS_TOPIC, Retained, SavedGroup, encode,
                                encode_carried, encode_end, encode_group, encode_group_end, encode_retained,
-                               encode_share_history, encode_share_history_end, encode_unretained, encode_will, replay)
+                               encode_share_history, encode_share_history_end, encode_unretained, encode_will,
+                               is_retained_record, replay, RetainedMark)
 from metaq.mqtt.records import partition_for, placement, record_data
 from metaq.mqtt.seam import Alone
 from metaq.mqtt.session import SharedGroup
@@ -170,6 +171,9 @@ class MqttPort:
         self.follow = JournalFollow(store, MQTT_JOURNAL, lambda position, _flag, data: self.table.apply(position, data),
                                     self._relearn, self.floor, MQTT_LEARN_BATCH)
         self.follow.replicating = not is_master()
+        #: how far into the sessions' log a retained record may lie (what the cluster's follows need not read past)
+        self.retained_mark = RetainedMark()
+        self._mark_began()
         store.follower.add(self.follow, store.written_position)
         self._keeper = None
         #: the wills (``wills.Wills``): published, held for their delay, kept in the sessions' log, tried again
@@ -186,7 +190,7 @@ class MqttPort:
         #: the seam with the MQTT cluster (``seam.Alone``'s methods): made last, from the port and what it serves the
         #: cluster's copies with (``serve_copies``), by ``cluster`` (a member's: ``metaq.mqttcluster.seam``), else a
         #: broker alone's
-        self.cluster = Alone() if cluster is None else cluster(self, self.serve_copies)
+        self.cluster = Alone() if cluster is None else cluster(self, self.serve_copies, self.retained_mark.end)
         #: the peers following this broker, served from a publisher's turn (alone: none, nothing called)
         self.serving.follows = None if cluster is None else self.cluster.serve_follows
         self.cluster_topics = self.cluster.topics  # what every subscription reads besides its own (the inbox)
@@ -422,6 +426,8 @@ class MqttPort:
             log.warning("mqtt client %s: its session was not saved: %s", client_id, exc)
             return None
         self.records_written += 1
+        if is_retained_record(data):  # before anything yields: no follow reads past it unread
+            self.retained_mark.written(r.offset)
         self.table.apply(r.log_end - 1, data)  # a position inside the record: retention keeps its segment
         if session is not None:
             session.dirty = False
@@ -651,6 +657,15 @@ class MqttPort:
         self.table = replay(self.store, upto)
         self.floor.reset()
         self.follow.replicating = not self.is_master()
+        self._mark_began()
+
+    def _mark_began(self):
+        """``retained_mark`` as this broker begins writing the sessions' log now (a master: what it holds already may
+        hold retained records) or begins following another's (a slave)."""
+        if self.follow.replicating:
+            self.retained_mark.replicating()
+        else:
+            self.retained_mark.began(self.store.written_offset(MQTT_SESSIONS_TOPIC, 0))
 
     def role_changed(self, slave_id):
         """A slave made master takes the sessions it learned as its own (every record it holds learned first), each
@@ -662,6 +677,7 @@ class MqttPort:
             if self.follow.replicating:
                 self.store.follow_now(self.follow)
                 self.follow.replicating = False
+                self._mark_began()
                 self.table.connections_ended(self._live)
                 self._recovered = set(self.table.sessions)
                 self._began_clean.intersection_update(self._clients)
@@ -670,6 +686,7 @@ class MqttPort:
             self.table = replay(self.store)
             self.follow.position = self.store.written_position
             self.follow.replicating = True
+            self._mark_began()
 
     # -- puts ------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """The MQTT port's seam with a cluster of brokers: everything the port asks of the cluster, as one interface.
 
-The port is given its seam when it is made (``MqttPort(cluster=...)``: a function of the port and of what the port
-serves the cluster's copies with, ``MqttPort.serve_copies``) and calls it unconditionally; ``Alone`` is
+The port is given its seam when it is made (``MqttPort(cluster=...)``: a function of the port, of what the port
+serves the cluster's copies with, ``MqttPort.serve_copies``, and of where a retained record may lie in its sessions'
+log, ``RetainedMark.end``) and calls it unconditionally; ``Alone`` is
 the seam of a broker that is no member of an MQTT cluster (no ZooKeeper, no replication port): it does nothing and
 answers as a broker alone would. The cluster's own (``metaq.mqttcluster.seam.ClusterSeam``) has the same methods
 (``tests/mqttcluster/test_seam.py`` holds them to it), so the port names no cluster module and has no branch on

@@ -5,7 +5,8 @@ the start hold, the route; its ``following.retained.PeerRetained``: the peers' r
 (its ``sharing.offer.GroupOffer`` and ``sharing.share.Shares``, and the groups an inbox copy was made for), client
 ids and takeover (``clientids.service.ClientIds``). The seam holds the three and nothing else; the broker makes it
 from the port (``MqttPort(cluster=...)``, given what the port serves the copies with: ``MqttPort.serve_copies``, which
-the following calls from the turn that writes them) with every part it needs passed in.
+the following calls from the turn that writes them; and where a retained record may lie in the port's sessions' log,
+``RetainedMark.end``, which the peers' follows read the log by) with every part it needs passed in.
 """
 
 from metaq.mqttcluster.following import inbox

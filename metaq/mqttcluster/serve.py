@@ -48,6 +48,7 @@ from gevent.event import Event
 from metaq import errors
 
 from metaq.mqttcluster import limits as mqttcluster_limits
+from metaq.mqtt.follow import is_retained_record
 from metaq.mqtt.records import name_of
 from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.mqtt.topics import matches
@@ -131,10 +132,13 @@ class FilterSet:
 class PeerFollow:
     """What one peer follows here: its filters, the read position of each followed partition, its retained offset."""
 
-    def __init__(self, store, routes, topics=DEFAULT_MAP, shares=None, since=None):
+    def __init__(self, store, routes, topics=DEFAULT_MAP, shares=None, since=None, retained_end=None):
         """``since``: what this broker's earlier follows of the same peer left (``PeerServer.since``:
-        ``(log position, {(topic, partition): start offset})``), None: none (``start_of``)."""
+        ``(log position, {(topic, partition): start offset})``), None: none (``start_of``). ``retained_end()``: the
+        ``%MQTT%`` offset from which on no record is a retained one, None when any may be (the port's
+        ``RetainedMark.end``); not given: every record is read."""
         self.store = store
+        self.retained_end = retained_end
         self.topicmap = topics
         self.shares = shares
         self.broker_id = routes.broker_id
@@ -384,13 +388,17 @@ class PeerFollow:
         return entries
 
     def _retained_sent(self):
-        """True when no retained record waits for the peer (none followed, or the follow is at the journal's end)."""
+        """True when no retained record waits for the peer (none followed, the follow at the journal's end, or none
+        past its offset: ``retained_end``, the sessions' records left unread do not keep a turn from sending)."""
         if self.retained < 0:
             return True
         try:
-            return self.retained >= self.store.max_offset(MQTT_SESSIONS_TOPIC, 0)
+            if self.retained >= self.store.max_offset(MQTT_SESSIONS_TOPIC, 0):
+                return True
         except errors.MetaqError:
             return False
+        end = self.retained_end() if self.retained_end is not None else None
+        return end is not None and self.retained >= end
 
     def advance(self, key, offset):
         """Partition ``key`` was sent up to ``offset`` (from the writing turn: ``TurnFollows``)."""
@@ -529,11 +537,22 @@ class PeerFollow:
             self.shares.drop_peer(self.broker_id, id(self))
 
     def _retained(self, budget, confirmed):
+        """The RETAINED entries of the ``%MQTT%`` records from ``retained`` on (the EPOCH entries before them). Only up
+        to where a retained record may lie (``retained_end``): from there it moves to the journal's visible end
+        without reading, those records send nothing (in any mode), and the peer is told the EPOCH of its next
+        retained record with it. The visible end is read before ``end``: a retained record below it was appended
+        before ``end`` was asked, so lies below ``end``; one appended after lies at or past it."""
         store, out = self.store, []
         try:
-            if self.retained >= store.max_offset(MQTT_SESSIONS_TOPIC, 0):
+            visible = store.max_offset(MQTT_SESSIONS_TOPIC, 0)
+            if self.retained >= visible:
                 return out
-            records, _nxt = store.read_records(MQTT_SESSIONS_TOPIC, 0, self.retained, READ_RECORDS, budget)
+            end = self.retained_end() if self.retained_end is not None else None
+            if end is not None and self.retained >= end:
+                self.retained = visible
+                return out
+            most = READ_RECORDS if end is None else min(READ_RECORDS, end - self.retained)
+            records, _nxt = store.read_records(MQTT_SESSIONS_TOPIC, 0, self.retained, most, budget)
         except errors.Moved as moved:
             self.retained = moved.offset
             return out
@@ -545,13 +564,15 @@ class PeerFollow:
         for rec in records:
             if confirmed is not None and rec.position + rec.total_size > confirmed:
                 self.held = True
-                break
+                return out
             if self.tells:
                 self._tell((MQTT_SESSIONS_TOPIC, 0), rec, out)
-            if bytes(rec.data[:1]) in (b"R", b"U"):
+            if is_retained_record(rec.data):
                 out.append(Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, rec.queue_offset, rec.flag, rec.store_ts_ms,
                                  bytes(rec.data)))
             self.retained = rec.queue_offset + 1
+        if end is not None and self.retained >= end:
+            self.retained = max(self.retained, visible)  # the rest up to it holds none
         return out
 
     def keys(self):
@@ -566,12 +587,16 @@ class PeerServer:
     broker and their calls; counts for stats."""
 
     def __init__(self, store, waiters, topics=DEFAULT_MAP, shares=None, confirmed_end=lambda: None,
-                 wait_confirmed=None, calls=None, followed=lambda _broker_id, _live: None, asks=None):
+                 wait_confirmed=None, calls=None, followed=lambda _broker_id, _live: None, asks=None,
+                 retained_end=None):
         """``shares``: the cluster's ``share.Shares``; ``confirmed_end()``/``wait_confirmed(timeout)``: ``Roles``'
         (what may leave this broker, and a wait for more of it); ``calls``: op -> handler of the calls answered
         (``ClientIds.calls``; None: none, a call is answered as unknown); ``followed(broker_id, live)``: told when a
         peer's follow begins (its route in, its partitions' cursors set) and ends (``MqttCluster.followed``);
-        ``asks``: who may be served and what it may ask (``asks.Asks``; None: any peer that proved the secret)."""
+        ``asks``: who may be served and what it may ask (``asks.Asks``; None: any peer that proved the secret);
+        ``retained_end``: the follows' (``PeerFollow``): from where no record of the sessions' journal is a retained
+        one."""
+        self.retained_end = retained_end
         self.followed = followed
         self.asks = asks
         self._links = {}  # peer broker id -> the socket of its follow now (one per member: a newer one ends it)
@@ -627,7 +652,8 @@ class PeerServer:
             log.info("mqtt cluster: peer broker %d follows this broker again: its older link ends", routes.broker_id)
             _close(older)
         self._links[routes.broker_id] = sock
-        follow = PeerFollow(self.store, routes, self.topicmap, self.shares, self.since(routes.broker_id))
+        follow = PeerFollow(self.store, routes, self.topicmap, self.shares, self.since(routes.broker_id),
+                            self.retained_end)
         self.follows[id(follow)] = follow
         self.followed(routes.broker_id, True)
         wake = Event()

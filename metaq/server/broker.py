@@ -636,7 +636,8 @@ class PeersReplication(NamedTuple):
 
 
 def mqtt_cluster(config, store, put_path, members, waiters, replication):
-    """The function of the MQTT port (and what the port serves the cluster's copies with, ``MqttPort.serve_copies``)
+    """The function of the MQTT port (and what the port serves the cluster's copies with, ``MqttPort.serve_copies``,
+    and where a retained record may lie in its sessions' log, ``RetainedMark.end``)
     that makes its seam with the MQTT cluster (``mqttcluster.seam``): the cluster's following (its links to the
     peers, which serve the subscribers waiting here with what they copy), its client ids (calls to the other masters
     over their replication ports, with the replication secret and the TLS a slave's link uses), and the one server
@@ -654,7 +655,7 @@ def mqtt_cluster(config, store, put_path, members, waiters, replication):
     context = client_context(tls) if tls.mode != "off" and tls.replication else None
     broker_id = config.broker.id
 
-    def make(port, serve):
+    def make(port, serve, retained_end):
         following = MqttCluster(broker_id, store, put_path, port, members, replication.is_master,
                                 membership=registration.mqtt_membership(config.mqtt.port, config.zk.connect,
                                                            config.replication.port),
@@ -666,7 +667,7 @@ def mqtt_cluster(config, store, put_path, members, waiters, replication):
                                cluster=following)  # its route and positions: the takeover's end
         asks = Asks(broker_id, lambda: members.current, following.follows_here)
         peers = PeerServer(store, waiters, port.topics, following.shares, replication.confirmed_end,
-                           replication.wait_confirmed, client_ids.calls, following.followed, asks)
+                           replication.wait_confirmed, client_ids.calls, following.followed, asks, retained_end)
         replication.serve_peers(peers.serve)
         return ClusterSeam(following, client_ids, asks, peers.turn)
     return make

@@ -489,6 +489,14 @@ class MessageStore:
             return p.visible
         return getattr(self._reader(topic, partition), "visible", 0)
 
+    def written_offset(self, topic, partition):
+        """The written maximum: the offset the next message appended gets (``max_offset`` and beyond it the records
+        written and not visible yet: ``sync`` flush, or a slave's copies not flushed)."""
+        p = self._parts.get((topic, partition))
+        if p is not None:
+            return p.max
+        return getattr(self._reader(topic, partition), "max", 0)
+
     def nearest_offset(self, topic, partition, offset):
         p = self._reader(topic, partition)
         return 0 if p is None else max(p.min, min(offset, p.visible))
