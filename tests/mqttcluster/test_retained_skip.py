@@ -161,6 +161,19 @@ def test_a_slave_may_hold_a_retained_record_anywhere(parts):
     assert master.retained_mark.end() is None
 
 
+def test_a_cut_of_the_log_makes_every_record_it_kept_one_a_follow_reads(parts):
+    """The log cut (``_relearn``: a deposed master's tail dropped): whatever the journal holds now may be a retained
+    record, so a follow from its start reads every record up to the end, not up to the mark from before the cut."""
+    port = port_of(parts)
+    retain(port, "r/a", b"on")
+    sessions(port, 10)
+    assert port.retained_mark.end() == 1
+    port._relearn(parts.store.written_position)
+    assert port.retained_mark.end() == journal_end(parts) == 11
+    store = CountingStore(parts.store)
+    assert retained_sent(follow_of(store, port)) == [b"R:r/a"] and store.journal_reads == 11
+
+
 def test_unread_sessions_records_keep_no_publish_off_the_turns_direct_path(parts):
     """A follow waiting caught up while sessions' records are written (a reconnect storm) is still sent a publish
     from the turn that writes it: the records it has not read can hold no retained message."""

@@ -553,12 +553,13 @@ def test_a_call_at_the_one_step_decode_bound_and_one_past_it_reads_the_same():
 
 
 def test_a_call_holding_what_orjson_will_not_write_is_sent_as_the_json_module_writes_it():
-    """A lone surrogate in a client id, an int key in a nested dict, a non-ASCII name: encoded (the json module's
-    way where orjson refuses) and read back."""
-    request = {"op": "register", "id": 1, "r": [{"c": "dev-\ud800", "k": {1: "x"}, "n": "capteur-é"}]}
+    """A lone surrogate in a client id, an int key in a dict (in a list's item or not), a non-ASCII name: encoded
+    (the json module's way where orjson refuses) and read back."""
+    request = {"op": "register", "id": 1, "r": [{"c": "dev-\ud800", "k": {1: "x"}, "n": "capteur-é"}],
+               "stop": {2: {"a": 1}}}
     body = calls._encode(request)
     assert json.loads(body) == {"op": "register", "id": 1, "r": [{"c": "dev-\ud800", "k": {"1": "x"},
-                                                                  "n": "capteur-é"}]}
+                                                                  "n": "capteur-é"}], "stop": {"2": {"a": 1}}}
     assert calls._decode(body) == json.loads(body)
 
 

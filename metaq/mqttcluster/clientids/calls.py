@@ -85,7 +85,7 @@ def _encode(value):
 
 
 def _encode_into(parts, value, turn):
-    if isinstance(value, dict):
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
         parts.append(b"{")
         for i, (key, item) in enumerate(value.items()):
             if i:
@@ -102,14 +102,15 @@ def _encode_into(parts, value, turn):
             parts.append(encode_record(item))
             turn[0] = share_loop(turn[0])
         parts.append(b"]")
-    else:
+    else:  # a dict with a key that is no string too: whole, its keys written as the json module writes them
         parts.append(encode_record(value))
 
 
 def _decode(body):
     """A call's or an answer's JSON object (``_encode``'s, or any JSON object): up to DECODE_WHOLE_BYTES in one
     step, past it its top-level lists parsed an item at a time with the loop shared between them, as ``_encode``
-    builds them."""
+    builds them. The calls' numbers fit 64 bits (ids, offsets, generations): one past them is read as a float in one
+    step (``decode_record``), as an int in turns."""
     try:
         if len(body) <= DECODE_WHOLE_BYTES:
             value = decode_record(body)

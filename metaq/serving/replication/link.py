@@ -31,14 +31,15 @@ RECV_BYTES = 1 << 20
 ERR_REFUSED = 409
 
 
-#: A frame of at most this many bytes is joined and written in one send (its header, its fields, a DATA's log bytes):
-#: one system call and, on a TCP_NODELAY link, one segment instead of one a part; a larger one goes part by part,
-#: its log bytes not copied.
+#: A frame of at most this many bytes is joined and written by one send (its header, its fields, a DATA's log bytes):
+#: one system call, and on a TCP_NODELAY link no segment of a part alone, where each part took its own; a larger one
+#: goes part by part, its log bytes not copied.
 SEND_JOINED_BYTES = 64 * 1024
 
 
 def send_event(sock, event):
-    """Write ``event``'s frame to ``sock`` whole (``sendall``): in one write up to SEND_JOINED_BYTES."""
+    """Write ``event``'s frame to ``sock`` whole: up to SEND_JOINED_BYTES by one ``send`` (and ``sendall`` of what
+    the socket did not take), past it part by part."""
     parts = rp.frame_parts(event)
     if sum(map(len, parts)) <= SEND_JOINED_BYTES:
         data = parts[0] if len(parts) == 1 else b"".join(parts)
