@@ -129,6 +129,11 @@ class FilterSet:
         return out
 
 
+def _any_retained():
+    """A follow given no ``retained_end``: any record of the sessions' journal may be a retained one (all read)."""
+    return None
+
+
 class PeerFollow:
     """What one peer follows here: its filters, the read position of each followed partition, its retained offset."""
 
@@ -138,7 +143,7 @@ class PeerFollow:
         ``%MQTT%`` offset from which on no record is a retained one, None when any may be (the port's
         ``RetainedMark.end``); not given: every record is read."""
         self.store = store
-        self.retained_end = retained_end
+        self.retained_end = _any_retained if retained_end is None else retained_end
         self.topicmap = topics
         self.shares = shares
         self.broker_id = routes.broker_id
@@ -397,7 +402,7 @@ class PeerFollow:
                 return True
         except errors.MetaqError:
             return False
-        end = self.retained_end() if self.retained_end is not None else None
+        end = self.retained_end()
         return end is not None and self.retained >= end
 
     def advance(self, key, offset):
@@ -547,7 +552,7 @@ class PeerFollow:
             visible = store.max_offset(MQTT_SESSIONS_TOPIC, 0)
             if self.retained >= visible:
                 return out
-            end = self.retained_end() if self.retained_end is not None else None
+            end = self.retained_end()
             if end is not None and self.retained >= end:
                 self.retained = visible
                 return out
