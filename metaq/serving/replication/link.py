@@ -32,8 +32,8 @@ ERR_REFUSED = 409
 
 
 #: A frame of at most this many bytes is joined and written by one send (its header, its fields, a DATA's log bytes):
-#: one system call, and on a TCP_NODELAY link no segment of a part alone, where each part took its own; a larger one
-#: goes part by part, its log bytes not copied.
+#: one system call, and on a TCP_NODELAY link no segment holding one part alone; a larger one goes part by part, its
+#: log bytes not copied.
 SEND_JOINED_BYTES = 64 * 1024
 
 
