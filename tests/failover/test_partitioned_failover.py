@@ -79,6 +79,11 @@ def skip_unless_netns():
         pytest.skip("network namespaces unavailable: " + why)
 
 
+def picked(slaves, pick):
+    """The slave a round's ``pick`` (a fraction drawn in [0, 1], rounded to 3 places so 1.0 can occur) names."""
+    return slaves[min(len(slaves) - 1, int(pick * len(slaves)))]
+
+
 class Choice(NamedTuple):
     """A round's own draws (from the plan's seed): which slave, the flap's half period and peer (ZooKeeper or a
     slave), the one-way cut's direction, netem's loss and delay."""
@@ -157,7 +162,7 @@ class NetRun(GroupRun):
         """The injector of ``kind`` in this round, and the detail the history records with it."""
         m = "m%d" % master
         slaves = ["m%d" % i for i in range(self.n) if i != master]
-        slave = slaves[int(choice.pick * len(slaves))]
+        slave = picked(slaves, choice.pick)
         if kind == "isolate_master":
             # an async master acknowledges until it has heard from nobody for max_isolation_ms
             window = MAX_ISOLATION_S + REPLY_SLACK_S if self.mode == "async" else ACK_SLACK_S
@@ -385,3 +390,9 @@ def test_the_checker_catches_an_isolated_async_master_without_the_bound(broker_f
     lost_after = sorted(a.t - cut for a in verdict.lost.values())
     assert lost_after[-1] > MAX_ISOLATION_S + REPLY_SLACK_S, lost_after[-5:]
     assert len(late) == len([t for t in lost_after if t > MAX_ISOLATION_S + REPLY_SLACK_S]), verdict.summary()
+
+
+def test_a_pick_drawn_as_1_0_names_the_last_slave_not_one_past_it():
+    slaves = ["m1", "m2"]
+    assert [picked(slaves, p) for p in (0.0, 0.499, 0.5, 0.999, 1.0)] == ["m1", "m1", "m2", "m2", "m2"]
+    assert picked(["m0"], 1.0) == "m0"
