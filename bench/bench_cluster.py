@@ -39,9 +39,10 @@ with no client, while every connection sends a PINGREQ every ``--held-every`` s 
 idle after.
 
 ``--reconnect`` has that many devices with persistent sessions (Clean Start 0) connect once, spread evenly over the
-brokers (their client ids' homes spread over them by the hash), leave, and come back at once to the same broker, each
-cluster size of ``--brokers`` in turn in every run: the connects a second of the whole wave back (its last CONNACK),
-each wave from ``RECONNECT_PROCS`` generator processes (more for a larger cluster or past ``RECONNECT_PER_PROC`` each),
+brokers (their client ids' homes spread over them by the hash), leave, and come back at once to the same broker,
+each cluster size of ``--brokers`` in turn in every run: the connects a second of the whole wave back (its last
+CONNACK), each wave from ``RECONNECT_PROCS`` generator processes (more for a larger cluster or past
+``RECONNECT_PER_PROC`` each, a multiple of the brokers), the connections each broker held once the wave was back,
 and its ratio to the smallest cluster of the run; how many of the wave's CONNACKs said Session Present (each
 device's session kept: ``mqtt.max_offline_sessions`` is raised to the devices), and how many connections a broker
 closed in the ``RECONNECT_HELD_S`` after the wave (a client id's home not reached in time closes them). A broker
@@ -254,7 +255,7 @@ def fanout(cluster, subscribers, messages):
     spread over every broker, over all of them, and over those on broker 0 and on the others apart ((None, None)
     when none)."""
     n = len(cluster.brokers)
-    procs = max(n, FANOUT_PROCS)  # as many subscriber processes whatever the cluster's size
+    procs = -(-FANOUT_PROCS // n) * n  # as many subscriber processes whatever the cluster's size, a multiple of it
     size = load.delivered_size("fan/out", PAYLOAD, 0)
     subs = []
     for j in range(procs):  # one process's CONNECTs at a time: the setup is no reconnect storm
@@ -335,6 +336,7 @@ def reconnect(cluster, devices):
     closed for a client id's home not reached, the brokers' CPU seconds per device of the second wave)``."""
     n = len(cluster.brokers)
     procs = max(RECONNECT_PROCS, n, -(-devices // RECONNECT_PER_PROC))
+    procs = -(-procs // n) * n  # process i connects to broker i % n: a multiple of n gives each broker its share
 
     pids = [b.proc.pid for b in cluster.brokers]
 
@@ -346,6 +348,7 @@ def reconnect(cluster, devices):
             present = sum([pipe.recv()[1] for _, pipe in workers])
             took = time.perf_counter() - started
             cpu = sum(cpu_seconds(pid) for pid in pids) - cpu
+            held = [cluster.connections(i) for i in range(n)]
             for _, pipe in workers:
                 pipe.send(("closed", RECONNECT_HELD_S))
             closed = sum([pipe.recv() for _, pipe in workers])
@@ -354,16 +357,16 @@ def reconnect(cluster, devices):
         finally:
             for proc, _ in workers:
                 proc.join(60)
-        return took, present, closed, cpu
+        return took, present, closed, cpu, held
 
-    first, _, _, _ = wave()
+    first, _, _, _, _ = wave()
     deadline = time.monotonic() + 120
     while not _all_closed(cluster) and time.monotonic() < deadline:
         time.sleep(0.5)  # every connection seen closed, each session kept on its broker
     time.sleep(1)
-    took, present, closed, cpu = wave()
+    took, present, closed, cpu, held = wave()
     lease_closed = sum(cluster.stats(i, ["mqtt_cluster_lease_closed"])["mqtt_cluster_lease_closed"] for i in range(n))
-    return devices / took, took, devices / first, present, closed, lease_closed, cpu / devices
+    return devices / took, took, devices / first, present, closed, lease_closed, cpu / devices, held
 
 
 def _all_closed(cluster):
@@ -380,11 +383,11 @@ def reconnect_run(root, zk, n, args):
                       mqtt={"max_offline_sessions": args.reconnect})  # every device's session kept while it is away
     try:
         time.sleep(2)
-        rate, took, first, present, closed, lease_closed, cpu = reconnect(cluster, args.reconnect)
+        rate, took, first, present, closed, lease_closed, cpu, held = reconnect(cluster, args.reconnect)
     finally:
         cluster.stop()
     return {"rate": rate, "took": took, "first": first, "present": present, "closed": closed,
-            "lease_closed": lease_closed, "cpu": cpu}
+            "lease_closed": lease_closed, "cpu": cpu, "held": held}
 
 
 def print_reconnect(args, results):
@@ -394,15 +397,17 @@ def print_reconnect(args, results):
           "spread evenly over the brokers, their ids' homes spread over them; medians of %d runs; %d cores"
           % (args.reconnect, args.runs, os.cpu_count()))
     print()
-    print("| brokers | devices | reconnects/s (range) | seconds for all | vs %d broker(s) | first connects/s | "
-          "brokers' CPU per reconnect | with their session | closed by a broker within %d s |"
-          % (args.brokers[0], RECONNECT_HELD_S))
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| brokers | devices | held per broker, fewest-most | reconnects/s (range) | seconds for all | "
+          "vs %d broker(s) | first connects/s | brokers' CPU per reconnect | with their session | "
+          "closed by a broker within %d s |" % (args.brokers[0], RECONNECT_HELD_S))
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in args.brokers:
         rates = [r["rate"] for r in results[n]]
         rate = statistics.median(rates)
-        print("| %d | %d | %.0f (%.0f-%.0f) | %.1f | %.2fx | %.0f | %.0f µs | %s | %s |" % (
-            n, args.reconnect, rate, min(rates), max(rates), statistics.median(r["took"] for r in results[n]),
+        held = [h for r in results[n] for h in r["held"]]
+        print("| %d | %d | %d-%d | %.0f (%.0f-%.0f) | %.1f | %.2fx | %.0f | %.0f µs | %s | %s |" % (
+            n, args.reconnect, min(held), max(held), rate, min(rates), max(rates),
+            statistics.median(r["took"] for r in results[n]),
             rate / base, statistics.median(r["first"] for r in results[n]),
             statistics.median(r["cpu"] for r in results[n]) * 1e6,
             " / ".join(str(r["present"]) for r in results[n]), " / ".join(str(r["closed"]) for r in results[n])))

@@ -47,3 +47,12 @@ def test_the_cluster_holds_connections_over_its_brokers_and_fans_out_to_every_su
                         "--messages", "2"])
     rows = [x for x in capsys.readouterr().out.splitlines() if re.match(r"\| [12] \| 40 \|", x)]
     assert len(rows) == 2 and all("| 1.000 |" in x for x in rows)
+
+
+def test_a_reconnect_wave_spreads_its_devices_evenly_and_each_comes_back_with_its_session(capsys, monkeypatch):
+    monkeypatch.setattr(bench_cluster, "RECONNECT_HELD_S", 1)
+    bench_cluster.main(["--runs", "1", "--reconnect", "60", "--brokers", "3"])
+    row = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| 3 | 60 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "20-20"  # 4 generator processes at least: 6 of them, two to each broker
+    assert cells[8] == "60" and cells[9] == "0"
