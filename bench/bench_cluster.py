@@ -49,6 +49,12 @@ closed in the ``RECONNECT_HELD_S`` after the wave (a client id's home not reache
 holds at most its open-files limit's connections: 100,000 devices need a hard limit past 100,000 for one broker
 alone, past 25,000 a broker over 4 (``ulimit -Hn``).
 
+``--leave`` has that many devices with persistent sessions connect, spread evenly over the brokers, and half of each
+broker's leave at once while the other half stays ``RECONNECT_HELD_S``: how many of those that stayed a broker
+closed, and the closes for a client id's home not reached (``mqtt_cluster_lease_closed``): a broker whose loop the
+leaving devices held up past its lease's slack closes the connections of the ids homed elsewhere. ``--lease`` sets
+the brokers' ``mqtt.cluster_id_lease_s``.
+
 The generator runs on the same cores as the brokers: each row also gives the generators' CPU seconds a second, so
 a ratio that a busy generator held down can be told apart. Not a test: nothing here asserts.
 """
@@ -390,6 +396,67 @@ def reconnect_run(root, zk, n, args):
             "lease_closed": lease_closed, "cpu": cpu, "held": held}
 
 
+def leave(cluster, devices):
+    """``devices`` devices with persistent sessions, spread evenly over the brokers, and half of each broker's leave
+    at once (every broker's half together) while the other half stays: ``(devices that stayed, of them those a
+    broker closed within RECONNECT_HELD_S, the brokers' closes for a client id's home not reached meanwhile)``."""
+    n = len(cluster.brokers)
+    procs = 2 * n * max(1, -(-devices // (2 * n * RECONNECT_PER_PROC)))  # processes i and i + procs / 2: one broker
+    sizes = [devices // procs + (i < devices % procs) for i in range(procs)]
+    workers = [load.spawn(load.hold, cluster.mqtt_port(i % n), sizes[i], "lv%d-" % i, FLEET_KEEP_ALIVE, held_sources(i),
+                          False) for i in range(procs)]
+    stay, go = workers[:procs // 2], workers[procs // 2:]
+    try:
+        [pipe.recv() for _, pipe in workers]  # every device connected
+        stayed = sum(sizes[:procs // 2])
+        time.sleep(2)
+        before = _lease_closed(cluster)
+        for _, pipe in stay:
+            pipe.send(("closed", RECONNECT_HELD_S))
+        for _, pipe in go:
+            pipe.send("close")
+        closed = sum([pipe.recv() for _, pipe in stay])
+        for _, pipe in stay:
+            pipe.send("close")
+    finally:
+        for proc, _ in workers:
+            proc.join(60)
+    return stayed, closed, _lease_closed(cluster) - before
+
+
+def _lease_closed(cluster):
+    return sum(cluster.stats(i, ["mqtt_cluster_lease_closed"])["mqtt_cluster_lease_closed"]
+               for i in range(len(cluster.brokers)))
+
+
+def leave_run(root, zk, n, args):
+    """Half the devices leaving at once (``--leave``) on a cluster of ``n``."""
+    mqtt = {"max_offline_sessions": args.leave}
+    if args.lease:
+        mqtt["cluster_id_lease_s"] = args.lease
+    cluster = Cluster(os.path.join(root, "l%d-%d" % (n, time.monotonic_ns())), zk.connect, n, mqtt=mqtt)
+    try:
+        time.sleep(2)
+        stayed, closed, lease_closed = leave(cluster, args.leave)
+    finally:
+        cluster.stop()
+    return {"stayed": stayed, "closed": closed, "lease_closed": lease_closed}
+
+
+def print_leave(args, results):
+    print()
+    print("leave: %d devices with persistent sessions spread evenly over the brokers, half of each broker's leave "
+          "at once, the others stay %d s; mqtt.cluster_id_lease_s %s; %d runs; %d cores"
+          % (args.leave, RECONNECT_HELD_S, args.lease or "default", args.runs, os.cpu_count()))
+    print()
+    print("| brokers | devices | stayed | of them closed by a broker, each run | closes for a home not reached |")
+    print("|---:|---:|---:|---:|---:|")
+    for n in args.brokers:
+        print("| %d | %d | %d | %s | %s |" % (
+            n, args.leave, results[n][0]["stayed"], " / ".join(str(r["closed"]) for r in results[n]),
+            " / ".join(str(r["lease_closed"]) for r in results[n])))
+
+
 def print_reconnect(args, results):
     base = statistics.median(r["rate"] for r in results[args.brokers[0]])
     print()
@@ -484,7 +551,7 @@ def run(args):
         for _ in range(args.runs):
             for n in args.brokers:  # interleaved: a noisy minute hits every size alike
                 kind = fanout_run if args.fanout_only else paths_run if args.paths_only else \
-                    reconnect_run if args.reconnect else one_run
+                    reconnect_run if args.reconnect else leave_run if args.leave else one_run
                 results[n].append(kind(root, zk, n, args))
                 print("run: %d brokers %r" % (n, results[n][-1]), file=sys.stderr, flush=True)
     finally:
@@ -494,6 +561,8 @@ def run(args):
         return print_fanout(args, results)
     if args.reconnect:
         return print_reconnect(args, results)
+    if args.leave:
+        return print_leave(args, results)
     if args.paths_only:
         return print_paths(args, results)
     base = statistics.median(r["rate"] for r in results[args.brokers[0]])
@@ -574,6 +643,9 @@ def main(argv=None):
     p.add_argument("--held-every", type=float, default=30.0, help="seconds between a held connection's pings")
     p.add_argument("--reconnect", type=int, default=0, help="only a reconnect wave of this many devices with "
                    "persistent sessions, over each of --brokers (e.g. --reconnect 100000 --brokers 1 4)")
+    p.add_argument("--leave", type=int, default=0, help="only this many devices with persistent sessions, half of "
+                   "each broker's leaving at once while the others stay, over each of --brokers")
+    p.add_argument("--lease", type=float, default=None, help="with --leave: the brokers' mqtt.cluster_id_lease_s")
     p.add_argument("--dir", default=None, help="where the data goes (default: the system temp dir)")
     run(p.parse_args(argv))
 

@@ -56,3 +56,9 @@ def test_a_reconnect_wave_spreads_its_devices_evenly_and_each_comes_back_with_it
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2] == "20-20"  # 4 generator processes at least: 6 of them, two to each broker
     assert cells[8] == "60" and cells[9] == "0"
+
+
+def test_half_the_devices_leaving_at_once_closes_none_of_those_that_stay_on_an_unloaded_cluster(capsys, monkeypatch):
+    monkeypatch.setattr(bench_cluster, "RECONNECT_HELD_S", 1)
+    bench_cluster.main(["--runs", "1", "--leave", "60", "--brokers", "3"])
+    assert "| 3 | 60 | 30 | 0 | 0 |" in capsys.readouterr().out
