@@ -9,12 +9,14 @@ from types import SimpleNamespace
 
 import gevent
 import gevent.server
+import gevent.socket
 import pytest
 
 from bench.mqtt_load import open_connections
 from metaq.mqttcluster import limits as mqttcluster_limits
-from metaq.mqttcluster.clientids.calls import PeerClient, PeerUnreachable
+from metaq.mqttcluster.clientids.calls import PeerClient, PeerUnreachable, serve_calls
 from metaq.mqttcluster.clientids.ids import home_of
+from metaq.mqttcluster.clientids.leases import Leases
 from metaq.mqttcluster.clientids.registrations import Registrations
 from metaq.mqttcluster.clientids.service import ClientIds
 from metaq.protocol import replication as rp
@@ -328,3 +330,134 @@ def test_a_home_answers_a_batchs_registrations_that_wait_for_nothing_in_its_turn
     assert asked == [(2, "give_up", "elsewhere")]  # the second entry of the id found it held by the caller
     assert [home.registry.holder(c) for c in ("new", "was-here", "elsewhere")] == [1, 1, 1]
     assert home._serial == {}
+
+
+class RealCallee(LyingCallee):
+    """A callee answering by ``serve_calls`` (``answer``: its handlers), past a handshake without a secret."""
+
+    def _serve(self, sock, addr):
+        parser = rp.ReplicationParser()
+        sock.sendall(rp.serialize(rp.Challenge(False, "ab" * 16)))
+        frames = frames_of(sock, parser)
+        _proof, first = next(frames), next(frames)
+        sock.sendall(rp.serialize(rp.Proof("cd" * 16, "")))
+        serve_calls(sock, parser, first, addr, self.answer)
+
+
+@pytest.mark.integration  # a callee of its own on loopback
+def test_a_lease_renewal_waits_behind_no_greenlet_of_a_busy_loop():
+    """Two seconds of other greenlets' turns queued in the loop (a broker ending thousands of connections): a lease
+    renewal still goes, is answered and renews the lease within a fraction of it, on both sides, and the other
+    calls' answers wait their turn."""
+    heard = []
+    callee = RealCallee({"lease": lambda caller, _request: heard.append(time.monotonic()) or {},
+                         "register": lambda caller, request: {"n": request["c"]}})
+    client = PeerClient(3, None, timeout_s=5)
+    leases = Leases(3, 4.0)
+    members = {0: callee.address, 3: "self"}
+    ran, renewed = [], []
+    leases.renewed = lambda home, sent: renewed.append(time.monotonic()) or Leases.renewed(leases, home, sent)
+
+    def turn():  # a connection's end: a millisecond of CPU, and the loop not given away
+        time.sleep(0.001)
+        ran.append(time.monotonic())
+
+    try:
+        assert client.call(callee.address, {"op": "register", "c": "a"}) == {"n": "a"}  # the link is open
+        busy = [gevent.spawn(turn) for _ in range(2000)]
+        posted = time.monotonic()
+        register = gevent.spawn(client.call, callee.address, {"op": "register", "c": "b"})
+        leases.renew(members, call=None, post=client.post)
+        gevent.joinall(busy + [register], timeout=30)
+        assert len(ran) == 2000 and register.value == {"n": "b"}
+        assert ran[-1] - posted > 1.5  # the loop was held that long
+        assert heard and heard[0] - posted < 0.5  # answered by the callee at once
+        assert renewed and renewed[0] - posted < 0.5  # and its answer taken at once
+        assert leases.until[0] == pytest.approx(posted + 4.0, abs=0.1)  # from when it was sent
+        assert not leases._renewing  # no greenlet of its own
+    finally:
+        client.close()
+        callee.close()
+
+
+def test_a_lease_renewal_goes_by_a_renewer_greenlet_when_no_link_is_open_and_once_at_a_time():
+    """No link open: the renewal is a call of its own (which opens one); one posted unanswered within half the lease
+    is not posted again; a home no longer a member is forgotten."""
+    leases = Leases(3, 4.0)
+    calls, posts = [], []
+
+    def call(home, address, request, timeout_s):
+        calls.append((home, request["op"], timeout_s))
+        return {}
+
+    leases.renew({0: "a:1"}, call, lambda address, request, then, timeout_s: False)
+    gevent.sleep(0)
+    assert calls == [(0, "lease", 2.0)]
+
+    def post(address, request, then, timeout_s):
+        posts.append((address, then))
+        return True
+
+    leases.renew({0: "a:1", 1: "b:1"}, call, post)
+    leases.renew({0: "a:1", 1: "b:1"}, call, post)  # both in flight: not again
+    assert [a for a, _ in posts] == ["a:1", "b:1"]
+    posts[0][1]({})  # home 0 answered
+    assert leases.until[0] > time.monotonic() + 3
+    leases.renew({0: "a:1", 1: "b:1"}, call, post)
+    assert [a for a, _ in posts] == ["a:1", "b:1", "a:1"]
+    leases.renew({1: "b:1"}, call, post)
+    assert 0 not in leases.until and 0 not in leases._posted
+
+
+@pytest.mark.integration  # a callee of its own on loopback
+def test_a_posted_call_unanswered_is_dropped_at_its_bound_and_its_link_ended():
+    """A posted call the callee never answers: at its bound it is no longer in flight, and the link, silent since it
+    was sent, is ended (the next call opens another)."""
+    answered = []
+    callee = LyingCallee(lambda request: [] if request["op"] == "lease" else [
+        {"id": request["id"], "op": request["op"], "c": request.get("c")}])
+    client = PeerClient(3, None, timeout_s=2)
+    try:
+        assert client.call(callee.address, {"op": "register", "c": "a"}) == {}
+        assert not client.post("127.0.0.1:1", {"op": "lease"}, answered.append, 0.2)  # no link to it
+        assert client.post(callee.address, {"op": "lease"}, answered.append, 0.2)
+        assert client.in_flight(callee.address) == 1
+        gevent.sleep(0.4)
+        assert client.in_flight(callee.address) == 0 and client.kept(callee.address) == 0 and answered == []
+        assert client.call(callee.address, {"op": "register", "c": "b"}) == {}
+    finally:
+        client.close()
+        callee.close()
+
+
+@pytest.mark.integration  # a callee of its own on loopback
+def test_a_flood_of_lease_calls_on_one_link_shares_the_loop():
+    """A peer that sends thousands of lease calls in one go: each is answered, and the callee's other greenlets run
+    while they are (MAX_TURN_MS), not only once the last one is."""
+    heard, ran = [], []
+
+    def lease(_caller, _request):
+        if not heard:  # another greenlet wants the loop from the first call on
+            gevent.spawn(lambda: ran.append(len(heard)))
+        heard.append(1)
+        time.sleep(0.0001)  # a call's cost, on a slow machine
+        return {}
+
+    callee = RealCallee({"lease": lease})
+    host, port = callee.address.split(":")
+    sock = gevent.socket.create_connection((host, int(port)))
+    parser = rp.ReplicationParser()
+    try:
+        frames = frames_of(sock, parser)
+        next(frames)  # the challenge
+        sock.sendall(rp.serialize(rp.Proof("ef" * 16, "")))
+        n = 2000
+        sock.sendall(b"".join(rp.serialize(rp.PeerCall(7, json.dumps({"op": "lease", "id": i}).encode()))
+                              for i in range(n)))
+        answers = [next(frames) for _ in range(n + 1)]  # its proof, then an answer to each
+        assert isinstance(answers[0], rp.Proof) and len(heard) == n
+        assert sorted(json.loads(a.body)["id"] for a in answers[1:]) == list(range(n))
+        assert ran and ran[0] < n
+    finally:
+        sock.close()
+        callee.close()

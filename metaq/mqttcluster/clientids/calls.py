@@ -26,6 +26,12 @@ that the others, however many wait, never hold a renewal back past its lease. Th
 An ``exclusive`` call (the batches of ids held and released, whose order against the registrations matters) waits
 for every call to the peer before it to be answered and goes alone: every call after it waits for its answer.
 
+**Lease renewals never queue.** A broker busy with thousands of connections' turns runs its greenlets woken by
+another (a spawn, an answer handed over) in order behind them, while a greenlet woken by its own socket or timer
+runs at once. So a ``lease`` renewal is ``post``-ed: sent by the caller's lease loop (woken by
+its timer) on the open link, its answer handed to its ``then`` by the link's reader as it reads it; the callee answers
+it in the link's reading greenlet (``ANSWERED_AT_ONCE``). No hop of it waits behind the other greenlets.
+
 ``serve_calls`` answers a link's calls (for the cluster's one ``serve.PeerServer``), each by the handler its ``op``
 names; a handler's error is sent back as ``{"error": text}``.
 """
@@ -50,7 +56,7 @@ from metaq.protocol import replication as rp
 from metaq.protocol.journalrecord import decode_record, encode_record
 from metaq.protocol.replication_peer import PEER_CALL_HEAD
 from metaq.protocol.stream import CLOSED, NEED_DATA
-from metaq.serving.connections import share_loop
+from metaq.serving.connections import loop_polls, share_loop, turn_after
 from metaq.serving.replication import handshake
 from metaq.serving.replication.link import send_event
 
@@ -68,6 +74,10 @@ OPENING = b'{"op":"open"}'
 class PeerUnreachable(Exception):
     """A call got no answer (no connection, a refused or failed handshake, no reply in time)."""
 
+
+#: The ops a callee answers in the link's reading greenlet before it reads on (their answer takes no work, and must
+#: not wait behind the loop's other greenlets: the module doc, "Lease renewals never queue").
+ANSWERED_AT_ONCE = frozenset({"lease"})
 
 #: A call or an answer of at most this many bytes is decoded in one step (orjson's, well under a millisecond); a
 #: larger one (a session's handover) an item of its top-level lists at a time, the loop shared between them.
@@ -281,13 +291,23 @@ class _Link:
 
 
 class _Waiter:
-    """A call in flight: its ``op`` and client id ``c`` (its answer must name them back), its ``result``."""
+    """A call in flight: its ``op`` and client id ``c`` (its answer must name them back), its ``result``; ``then``: a
+    posted call's (``PeerClient.post``), called with the answer by the link's reader."""
 
-    __slots__ = ("op", "c", "result")
+    __slots__ = ("op", "c", "result", "then")
 
-    def __init__(self, request):
+    def __init__(self, request, then=None):
         self.op, self.c = request.get("op"), request.get("c")
         self.result = AsyncResult()
+        self.then = then
+
+    def answered(self, answer):
+        self.result.set(answer)
+        if self.then is not None:
+            try:
+                self.then(answer)
+            except Exception:  # noqa: BLE001 - the link's reader goes on
+                log.exception("mqtt cluster: handling an answer of a peer failed")
 
 
 class PeerClient:
@@ -330,6 +350,39 @@ class PeerClient:
             return self._call(address, request, deadline)
         finally:
             turns.give()
+
+    def post(self, address, request, then, timeout_s=None):
+        """Send ``request`` to the peer at ``address`` now, on the link open to it, without waiting: ``then(answer)``
+        is called by the link's reader as the answer comes, within ``timeout_s`` (default: the client's; past it the
+        call is dropped, and the link ended when nothing came on it since). False, nothing sent, when no link is open
+        or another greenlet is writing on it (``call`` opens one and waits its turn). For the lease renewals (the
+        module doc): no greenlet is made or woken on the way."""
+        link = self._links.get(address)
+        if link is None or link.dead is not None or link.writing.locked():
+            return False
+        self.calls += 1
+        call_id = next(self._ids)
+        waiter = _Waiter(request, then)
+        sent = time.monotonic()
+        try:
+            self._send(link, call_id, waiter, _encode(dict(request, id=call_id)))
+        except OSError as exc:
+            link.pending.pop(call_id, None)
+            link.fail(exc)
+            self.failures += 1
+            return True  # sent and failed: the caller's lease is not renewed by it
+        timer = gevent.get_hub().loop.timer(self.timeout_s if timeout_s is None else timeout_s)
+        timer.start(self._posted_unanswered, link, call_id, sent, timer)
+        return True
+
+    def _posted_unanswered(self, link, call_id, sent, timer):
+        """A posted call's time ran out (in the loop's timer callback: nothing here waits); nothing when answered."""
+        timer.close()
+        if link.pending.pop(call_id, None) is None:
+            return
+        self.failures += 1
+        if link.ids is not True or link.heard < sent:  # answered in order, or nothing heard since: as ``_call``
+            link.fail(OSError("no answer in time"))
 
     def _call(self, address, request, deadline):
         call_id = next(self._ids)
@@ -444,7 +497,7 @@ class PeerClient:
             if not link.pending:
                 self.unmatched += 1
                 return
-            link.pending.pop(next(iter(link.pending))).result.set(answer)
+            link.pending.pop(next(iter(link.pending))).answered(answer)
             return
         call_id = answer.pop("id", None)
         op, c = answer.pop("op", None), answer.pop("c", None)
@@ -455,7 +508,7 @@ class PeerClient:
                         call_id, op, c)
             return
         del link.pending[call_id]
-        waiter.result.set(answer)
+        waiter.answered(answer)
 
     def in_flight(self, address):
         """Calls to ``address`` sent and not answered yet."""
@@ -481,7 +534,8 @@ def serve_calls(sock, parser, call, peer, handlers, admit=None):
     none (a caller of the version before) is answered before the next is read. ``handlers``: op -> ``fn(caller
     broker id, request) -> answer dict``; ``admit(caller, request) -> (refusal or None, request)``: what the caller
     may ask (``asks.Asks.admit``; None: all). Every call of the link is the proved broker's: one naming another ends
-    it."""
+    it. A ``lease`` call is answered before the next is read (``ANSWERED_AT_ONCE``); the calls of a pipeline read in
+    one go share the loop (``turn_after``)."""
     proved = call.broker_id
     writing = Semaphore()
     going = set()
@@ -498,13 +552,16 @@ def serve_calls(sock, parser, call, peer, handlers, admit=None):
         finally:
             going.discard(gevent.getcurrent())
 
+    turn, polls = time.monotonic(), loop_polls()
     try:
         while True:
             try:
                 request = _decode(call.body)
             except errors.RemoteProtocolError as exc:
                 request = exc
-            if isinstance(request, dict) and "id" in request:
+            if isinstance(request, dict) and "id" in request and request.get("op") in ANSWERED_AT_ONCE:
+                reply(_echo(request, _answer(handlers, call, admit, request)))
+            elif isinstance(request, dict) and "id" in request:
                 if len(going) >= mqttcluster_limits.MQTT_CLUSTER_CALLS_IN_FLIGHT:
                     most = mqttcluster_limits.MQTT_CLUSTER_CALLS_IN_FLIGHT
                     reply(_echo(request, {"error": "broker %d has %d calls in flight on one link: at most %d "
@@ -513,6 +570,7 @@ def serve_calls(sock, parser, call, peer, handlers, admit=None):
                     going.add(gevent.spawn(serve_one, request, call))
             else:
                 reply(_answer(handlers, call, admit, request))
+            turn, polls = turn_after(turn, polls)  # a caller's pipeline of calls answered here shares the loop
             while True:
                 try:
                     call = _next(sock, parser, time.monotonic() + PEER_IDLE_S)

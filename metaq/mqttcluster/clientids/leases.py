@@ -1,13 +1,15 @@
-"""The leases of a client id's homes (service: its renewers are greenlets; ``clientids.service`` module doc,
-"Leases"; docs/architecture.md "MQTT cluster: client ids").
+"""The leases of a client id's homes (service: its renewals are posted on the link open to each home, else sent by a
+renewer greenlet; ``clientids.service`` module doc, "Leases"; docs/architecture.md "MQTT cluster: client ids").
 
 A broker keeps a connection of an id whose home is another broker only while it holds a lease of that home: a call
 to it answered, valid for the lease from when the call was sent (``renewed``); a ``lease`` call goes to each home
-every quarter of ``mqtt.cluster_id_lease_s`` (``renew``). A lease counts as out one look (a quarter of it) and
+every quarter of ``mqtt.cluster_id_lease_s`` (``renew``), posted so that no greenlet waits its turn on the way
+(``calls`` module doc, "Lease renewals never queue"). A lease counts as out one look (a quarter of it) and
 LEASE_MARGIN_S before its end (``lapsed``). As a home, a broker counts a holder's lease as surely run out (``gone``)
 a lease and a quarter after the last call heard from it (``heard``), and a margin.
 """
 
+import functools
 import time
 
 import gevent
@@ -31,6 +33,7 @@ class Leases:
         #: broker id -> when (monotonic) a call from it last came: its lease of this home began by then
         self.heard_at = {}
         self._renewing = {}  # broker id -> the greenlet renewing this broker's lease of it
+        self._posted = {}  # broker id -> when the renewal posted to it, unanswered yet, was sent
         self.started = time.monotonic()
 
     def heard(self, caller):
@@ -48,16 +51,34 @@ class Leases:
         heard = self.heard_at.get(holder, self.started)
         return heard + self.lease_s * 1.25 + LEASE_MARGIN_S
 
-    def renew(self, members, call):
-        """A renewer for each home of ``members`` ({broker id: address}) none runs for: ``call(home, address,
-        request, timeout_s)`` sends it a ``lease``; those of homes gone stop, their leases forgotten."""
+    def renew(self, members, call, post=None):
+        """A ``lease`` call to each home of ``members`` ({broker id: address}) none is in flight to: posted
+        (``post(address, request, then, timeout_s)``, ``PeerClient.post``) when it can be, else sent by a renewer
+        greenlet (``call(home, address, request, timeout_s)``, which opens the link); those of homes gone stop, their
+        leases forgotten."""
+        now = time.monotonic()
         for home, address in members.items():
             running = self._renewing.get(home)
-            if home != self.broker_id and (running is None or running.dead):
+            if home == self.broker_id or (running is not None and not running.dead):
+                continue
+            if self._posted.get(home, now - self.lease_s) > now - self.lease_s / 2:
+                continue  # the one posted is in flight still
+            if post is not None and post(address, {"op": "lease"}, functools.partial(self._answered, home, now),
+                                         self.lease_s / 2):
+                self._posted[home] = now
+            else:
                 self._renewing[home] = gevent.spawn(self._renew, call, home, address)
         for home in [h for h in self._renewing if h not in members]:
             self._renewing.pop(home).kill(block=False)
             self.until.pop(home, None)
+        for home in [h for h in self._posted if h not in members]:
+            del self._posted[home]
+            self.until.pop(home, None)
+
+    def _answered(self, home, sent, _answer):
+        if self._posted.get(home) == sent:
+            del self._posted[home]
+        self.renewed(home, sent)
 
     def _renew(self, call, home, address):
         try:
@@ -75,6 +96,7 @@ class Leases:
     def clear(self):
         """Not a member now: once it is again, each home gets a lease's time."""
         self.until.clear()
+        self._posted.clear()
 
     def stop(self):
         for g in list(self._renewing.values()):

@@ -43,13 +43,13 @@ broker (``_drop``): after a Clean Start 0 one its pending will is dropped, else 
 
 **Leases** (``_lease_loop``, kept by ``leases.Leases``): a broker keeps a connection of an id whose home is another
 broker only while it holds a lease of that home: a call to it answered (``lease``, every quarter of
-``mqtt.cluster_id_lease_s``, in turns of its own, or any other: ``_call``), valid for the lease from when the call
-was sent, less a quarter of it and a margin (``_end_unleased``). Past it (the home cut off, or down and not yet gone
-from ZooKeeper) the connections of the ids homed there are closed (MQTT 5: DISCONNECT 0x9C Use another server; the
-will as for a network failure), as a deposed master closes its sessions. A home that cannot reach the holder of an
-id registers another broker only once the holder's lease surely ran out since the home last heard from it (any call
-from it: ``Leases.heard``), within the registration's bound (else the CONNECT is refused, 0x88, and retried): two
-live connections of one id do not overlap, however the brokers are cut.
+``mqtt.cluster_id_lease_s``, posted on the open link so that it waits behind no greenlet, or any other: ``_call``),
+valid for the lease from when the call was sent, less a quarter of it and a margin (``_end_unleased``). Past it (the
+home cut off, or down and not yet gone from ZooKeeper) the connections of the ids homed there are closed (MQTT 5:
+DISCONNECT 0x9C Use another server; the will as for a network failure), as a deposed master closes its sessions. A
+home that cannot reach the holder of an id registers another broker only once the holder's lease surely ran out since
+the home last heard from it (any call from it: ``Leases.heard``), within the registration's bound (else the CONNECT
+is refused, 0x88, and retried): two live connections of one id do not overlap, however the brokers are cut.
 
 **No ZooKeeper write per device**: registries live in memory on the homes; when the members change each broker
 tells the homes of the ids it holds (those whose home changed or restarted), ``MQTT_CLUSTER_ID_BATCH`` a call, and
@@ -702,7 +702,7 @@ class ClientIds:
             gevent.sleep(self.lease_s / 4)
             try:
                 if self.active():
-                    self.leases.renew(self.members, self._call)
+                    self.leases.renew(self.members, self._call, self.client.post)
                     self._end_unleased()
                 else:
                     self.leases.clear()  # a member again: each home gets a lease's time (``_end_unleased``)
