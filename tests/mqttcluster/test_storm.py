@@ -10,11 +10,12 @@ from types import SimpleNamespace
 import gevent
 import gevent.server
 import gevent.socket
+import gevent.ssl as ssl
 import pytest
 
 from bench.mqtt_load import open_connections
 from metaq.mqttcluster import limits as mqttcluster_limits
-from metaq.mqttcluster.clientids.calls import PeerClient, PeerUnreachable, serve_calls
+from metaq.mqttcluster.clientids.calls import PeerClient, PeerUnreachable, _send_without_waiting, serve_calls
 from metaq.mqttcluster.clientids.ids import home_of
 from metaq.mqttcluster.clientids.leases import Leases
 from metaq.mqttcluster.clientids.registrations import Registrations
@@ -22,6 +23,7 @@ from metaq.mqttcluster.clientids.service import ClientIds
 from metaq.protocol import replication as rp
 from tests.harness.broker import wait_for
 from tests.harness.mqttcluster import Cluster, PaperMembers, homed
+from tests.harness.pki import Pki
 from tests.harness.replication import frames_of, stats
 
 
@@ -336,12 +338,18 @@ class RealCallee(LyingCallee):
     """A callee answering by ``serve_calls`` (``answer``: its handlers), past a handshake without a secret."""
 
     def _serve(self, sock, addr):
-        parser = rp.ReplicationParser()
-        sock.sendall(rp.serialize(rp.Challenge(False, "ab" * 16)))
-        frames = frames_of(sock, parser)
-        _proof, first = next(frames), next(frames)
+        parser, first = _challenged(sock)
         sock.sendall(rp.serialize(rp.Proof("cd" * 16, "")))
         serve_calls(sock, parser, first, addr, self.answer)
+
+
+def _challenged(sock):
+    """A callee's side of a link's start without a secret, up to the caller's first call: ``(parser, that call)``."""
+    parser = rp.ReplicationParser()
+    sock.sendall(rp.serialize(rp.Challenge(False, "ab" * 16)))
+    frames = frames_of(sock, parser)
+    _proof, first = next(frames), next(frames)
+    return parser, first
 
 
 @pytest.mark.integration  # a callee of its own on loopback
@@ -423,7 +431,7 @@ def test_a_posted_call_unanswered_is_dropped_at_its_bound_and_its_link_ended():
         assert client.post(callee.address, {"op": "lease"}, answered.append, 0.2)
         assert client.in_flight(callee.address) == 1
         gevent.sleep(0.4)
-        assert client.in_flight(callee.address) == 0 and client.kept(callee.address) == 0 and answered == []
+        assert client.in_flight(callee.address) == 0 and client.kept(callee.address) == 0 and answered == [None]
         assert client.call(callee.address, {"op": "register", "c": "b"}) == {}
     finally:
         client.close()
@@ -461,3 +469,120 @@ def test_a_flood_of_lease_calls_on_one_link_shares_the_loop():
     finally:
         sock.close()
         callee.close()
+
+
+class DeafCallee(LyingCallee):
+    """A callee that answers the first call of a link, then reads nothing more (its buffers fill)."""
+
+    def _serve(self, sock, _addr):
+        _parser, first = _challenged(sock)
+        request = json.loads(first.body)
+        sock.sendall(rp.serialize(rp.Proof("cd" * 16, "")) + rp.serialize(rp.PeerReply(json.dumps(
+            {"id": request["id"], "op": request["op"], "c": request.get("c")}).encode())))
+        gevent.sleep(30)
+
+
+@pytest.mark.integration  # a callee of its own on loopback
+def test_a_post_to_a_peer_that_reads_nothing_never_waits_and_fails_at_its_bound():
+    """A posted call larger than the socket takes goes as far as it does at once, its rest by a greenlet (another
+    post meanwhile is not taken: the writer is busy); the call is told it failed at its bound, and a link that died
+    with a renewal posted lets the next one go at once."""
+    callee = DeafCallee(None)
+    client = PeerClient(3, None, timeout_s=5)
+    told = []
+    try:
+        assert client.call(callee.address, {"op": "register", "c": "a"}) == {}
+        started = time.monotonic()
+        assert client.post(callee.address, {"op": "lease", "pad": "x" * 16_000_000}, told.append, 0.5)
+        assert time.monotonic() - started < 0.2  # the caller's greenlet never waited for room
+        assert not client.post(callee.address, {"op": "lease"}, told.append, 0.5)  # the rest is being written
+        gevent.sleep(0.8)
+        assert told == [None] and client.kept(callee.address) == 0
+        leases = Leases(3, 4.0)
+        renewers = []
+        leases.renew({0: callee.address}, lambda *a: renewers.append(a), client.post)
+        gevent.sleep(0)
+        assert renewers  # no link open: a renewer greenlet opens one at once
+    finally:
+        client.close()
+        callee.close()
+
+
+def test_a_renewal_whose_link_died_is_posted_again_at_the_next_look():
+    """A posted renewal told it failed (its link ended) no longer counts as in flight: the next look sends another,
+    and an answer to a renewal forgotten since (the home left the members) renews nothing."""
+    leases = Leases(3, 4.0)
+    posts = []
+
+    def post(address, request, then, timeout_s):
+        posts.append(then)
+        return True
+
+    leases.renew({0: "a:1"}, None, post)
+    posts[0](None)  # its link ended
+    leases.renew({0: "a:1"}, None, post)
+    assert len(posts) == 2
+    leases.renew({}, None, post)  # the home left
+    posts[1]({})
+    assert 0 not in leases.until
+
+
+@pytest.mark.integration  # a callee of its own on loopback
+def test_a_posted_call_after_a_long_turn_of_the_loop_keeps_its_whole_bound():
+    """A post made after half a second of work in one turn of the loop (its clock not moved since) is answered
+    0.2 s later within a bound of 0.4 s: the bound runs from the post, not from the loop's last look at the clock."""
+    def answer(request):
+        gevent.sleep(0.2)
+        return [{"id": request["id"], "op": request["op"], "c": request.get("c")}]
+
+    callee = LyingCallee(answer)
+    client = PeerClient(3, None, timeout_s=5)
+    told = []
+    try:
+        assert client.call(callee.address, {"op": "register", "c": "a"}) == {}
+        time.sleep(0.5)  # a long turn: the loop's clock stays where it was
+        assert client.post(callee.address, {"op": "lease"}, told.append, 0.4)
+        gevent.sleep(0.6)
+        assert told == [{}]
+    finally:
+        client.close()
+        callee.close()
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_a_write_without_waiting_takes_what_the_socket_takes_and_the_rest_goes_after_it(tmp_path, tls):
+    """To a peer that reads nothing, a write without waiting returns at once with what went (0 once the buffers
+    are full); the rest sent after it from where it stopped (TLS: the same frame again, from its start) reaches the
+    peer as one stream, byte for byte."""
+    a, b = gevent.socket.socketpair()
+    if tls:
+        pki = Pki(tmp_path / "pki")
+        server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        server.load_cert_chain(pki.server_cert, pki.server_key)
+        client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        client.check_hostname, client.verify_mode = False, ssl.CERT_NONE
+        shake = gevent.spawn(server.wrap_socket, b, server_side=True)
+        a = client.wrap_socket(a)
+        b = shake.get(timeout=10)
+    a.settimeout(None)
+    sent, frames = [], [bytes([i % 251]) * 300_000 for i in range(40)]
+    try:
+        for frame in frames:
+            started = time.monotonic()
+            went = _send_without_waiting(a, frame)
+            assert time.monotonic() - started < 0.5 and 0 <= went <= len(frame)
+            sent.append(frame)
+            if went < len(frame):
+                rest = gevent.spawn(a.sendall, frame if tls and went == 0 else frame[went:])
+                break
+        else:
+            pytest.fail("the buffers never filled")
+        got = bytearray()
+        want = sum(len(f) for f in sent)
+        while len(got) < want:
+            got += b.recv(1 << 20)
+        rest.get(timeout=10)
+        assert bytes(got) == b"".join(sent) and a.gettimeout() is None
+    finally:
+        a.close()
+        b.close()

@@ -193,6 +193,18 @@ def _expect(text, i, chars):
     return _skip(text, i + 1), c
 
 
+def _send_without_waiting(sock, frame):
+    """How many bytes of ``frame`` went to ``sock`` (a gevent socket, plain or TLS) without waiting for room: 0 to
+    all of it. A TLS socket that took none may hold part of it: the rest is sent from the same frame, from 0."""
+    sock.settimeout(0.0)  # (no other greenlet runs before it is set back)
+    try:
+        return sock.send(frame)
+    except BlockingIOError:
+        return 0
+    finally:
+        sock.settimeout(None)
+
+
 def _next(sock, parser, deadline):
     """The next frame, or RemoteProtocolError / OSError / TimeoutError (``deadline`` None: no bound)."""
     while True:
@@ -270,8 +282,11 @@ class _Link:
         self.dead = None  # why it ended (an exception), None while it serves
         self.reader = None
 
-    def send(self, event):
+    def send(self, event, call_id, waiter):
+        """Send the call ``event``, in flight from then as ``call_id`` (in the order the calls go on the wire: a
+        callee of the version before answers in it)."""
         with self.writing:
+            self.pending[call_id] = waiter
             send_event(self.sock, event)
 
     def fail(self, why):
@@ -281,7 +296,7 @@ class _Link:
         self.close()
         pending, self.pending = self.pending, {}
         for waiter in pending.values():
-            waiter.result.set_exception(why)
+            waiter.failed(why)
 
     def close(self):
         try:
@@ -294,18 +309,31 @@ class _Waiter:
     """A call in flight: its ``op`` and client id ``c`` (its answer must name them back), its ``result``; ``then``: a
     posted call's (``PeerClient.post``), called with the answer by the link's reader."""
 
-    __slots__ = ("op", "c", "result", "then")
+    __slots__ = ("op", "c", "result", "then", "timer")
 
     def __init__(self, request, then=None):
         self.op, self.c = request.get("op"), request.get("c")
         self.result = AsyncResult()
         self.then = then
+        self.timer = None  # a posted call's bound
 
     def answered(self, answer):
         self.result.set(answer)
+        self._then(answer)
+
+    def failed(self, why):
+        """No answer will come (the link ended, the bound passed): a posted call's ``then`` is told None."""
+        self.result.set_exception(why)
+        self._then(None)
+
+    def _then(self, answer):
+        if self.timer is not None:
+            self.timer.close()
+            self.timer = None
         if self.then is not None:
+            then, self.then = self.then, None
             try:
-                self.then(answer)
+                then(answer)
             except Exception:  # noqa: BLE001 - the link's reader goes on
                 log.exception("mqtt cluster: handling an answer of a peer failed")
 
@@ -352,35 +380,55 @@ class PeerClient:
             turns.give()
 
     def post(self, address, request, then, timeout_s=None):
-        """Send ``request`` to the peer at ``address`` now, on the link open to it, without waiting: ``then(answer)``
-        is called by the link's reader as the answer comes, within ``timeout_s`` (default: the client's; past it the
-        call is dropped, and the link ended when nothing came on it since). False, nothing sent, when no link is open
-        or another greenlet is writing on it (``call`` opens one and waits its turn). For the lease renewals (the
-        module doc): no greenlet is made or woken on the way."""
+        """Send ``request`` to the peer at ``address`` on the link open to it, without waiting: ``then(answer)`` is
+        called by the link's reader as the answer comes, ``then(None)`` when none will (the link ended, or
+        ``timeout_s`` passed, default the client's: the link is then ended when nothing came on it since). The
+        frame goes now as far as the socket takes it, its rest by a greenlet of its own (the peer reads slowly).
+        False, nothing sent, when no link is open, another greenlet is writing on it or the write failed (``call``
+        opens one and waits its turn). For the lease renewals (the module doc): no greenlet is made or woken on the
+        way."""
         link = self._links.get(address)
         if link is None or link.dead is not None or link.writing.locked():
             return False
         self.calls += 1
         call_id = next(self._ids)
         waiter = _Waiter(request, then)
+        frame = rp.serialize(rp.PeerCall(self.broker_id, _encode(dict(request, id=call_id))))
         sent = time.monotonic()
+        link.writing.acquire()  # free (looked at above, nothing yielded since): the frame goes whole before another
+        link.pending[call_id] = waiter
         try:
-            self._send(link, call_id, waiter, _encode(dict(request, id=call_id)))
+            went = _send_without_waiting(link.sock, frame)
         except OSError as exc:
-            link.pending.pop(call_id, None)
+            del link.pending[call_id]
+            link.writing.release()
             link.fail(exc)
-            self.failures += 1
-            return True  # sent and failed: the caller's lease is not renewed by it
-        timer = gevent.get_hub().loop.timer(self.timeout_s if timeout_s is None else timeout_s)
-        timer.start(self._posted_unanswered, link, call_id, sent, timer)
+            return False  # nothing sent: ``call`` opens another link
+        if went < len(frame):
+            gevent.spawn(self._send_rest, link, frame, went)
+        else:
+            link.writing.release()
+        waiter.timer = gevent.get_hub().loop.timer(self.timeout_s if timeout_s is None else timeout_s)
+        waiter.timer.start(self._posted_unanswered, link, call_id, sent, update=True)
         return True
 
-    def _posted_unanswered(self, link, call_id, sent, timer):
-        """A posted call's time ran out (in the loop's timer callback: nothing here waits); nothing when answered."""
-        timer.close()
-        if link.pending.pop(call_id, None) is None:
+    @staticmethod
+    def _send_rest(link, frame, went):
+        """The rest of a posted call's frame past ``went`` bytes, ``link``'s writer held until it is whole."""
+        try:
+            link.sock.sendall(frame[went:])
+        except OSError as exc:
+            link.fail(exc)
+        finally:
+            link.writing.release()
+
+    def _posted_unanswered(self, link, call_id, sent):
+        """A posted call's time ran out (in the loop's timer callback: nothing here waits)."""
+        waiter = link.pending.pop(call_id, None)
+        if waiter is None:
             return
         self.failures += 1
+        waiter.failed(TimeoutError("no answer in time"))
         if link.ids is not True or link.heard < sent:  # answered in order, or nothing heard since: as ``_call``
             link.fail(OSError("no answer in time"))
 
@@ -425,8 +473,7 @@ class PeerClient:
     def _send(self, link, call_id, waiter, body):
         if link.dead is not None:
             raise OSError("the link ended: %s" % link.dead)
-        link.pending[call_id] = waiter
-        link.send(rp.PeerCall(self.broker_id, body))
+        link.send(rp.PeerCall(self.broker_id, body), call_id, waiter)
 
     def _open(self, address, deadline, body, call_id, waiter):
         host, _, port = address.rpartition(":")

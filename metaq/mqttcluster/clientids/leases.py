@@ -63,10 +63,10 @@ class Leases:
                 continue
             if self._posted.get(home, now - self.lease_s) > now - self.lease_s / 2:
                 continue  # the one posted is in flight still
-            if post is not None and post(address, {"op": "lease"}, functools.partial(self._answered, home, now),
-                                         self.lease_s / 2):
-                self._posted[home] = now
-            else:
+            self._posted[home] = now
+            if post is None or not post(address, {"op": "lease"}, functools.partial(self._answered, home, now),
+                                        self.lease_s / 2):
+                del self._posted[home]
                 self._renewing[home] = gevent.spawn(self._renew, call, home, address)
         for home in [h for h in self._renewing if h not in members]:
             self._renewing.pop(home).kill(block=False)
@@ -75,10 +75,14 @@ class Leases:
             del self._posted[home]
             self.until.pop(home, None)
 
-    def _answered(self, home, sent, _answer):
-        if self._posted.get(home) == sent:
-            del self._posted[home]
-        self.renewed(home, sent)
+    def _answered(self, home, sent, answer):
+        """The renewal posted to ``home`` at ``sent`` answered (``answer``), or failed (None: the next look posts
+        another). Nothing when it was forgotten since (the home left the members, or this broker did)."""
+        if self._posted.get(home) != sent:
+            return
+        del self._posted[home]
+        if answer is not None:
+            self.renewed(home, sent)
 
     def _renew(self, call, home, address):
         try:
