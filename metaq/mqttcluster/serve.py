@@ -15,9 +15,11 @@ sees it, read from its attribute without copying its payload) matches a filter; 
 partition was read when the last record read there went as no entry (a record sent says it itself: the peer's copy
 moves past each record it copies, so a lone message's frame holds it alone). With a retained offset the ``R``/``U``
 records of the ``%MQTT%`` journal go too. At most
-MQTT_CLUSTER_BATCH_BYTES of records per frame, sent in one write (``send_records``); an empty RECORDS each
-HEARTBEAT_S when idle. While the follow waits caught up, a publisher's turn sends it what the turn writes
-(``direct.TurnFollows``, the frame ``turn_entries`` makes from the bytes in hand: the same ``batch`` would send).
+MQTT_CLUSTER_BATCH_BYTES of records per frame, sent in one write (``send_records``); an empty RECORDS when
+HEARTBEAT_S passed without a frame, whatever woke the follow meanwhile (the ``%MQTT%`` journal's sessions records,
+written at every CONNECT and end of a persistent session, wake it and send nothing). While the follow waits caught
+up, a publisher's turn sends it what the turn writes (``direct.TurnFollows``, the frame ``turn_entries`` makes from
+the bytes in hand: the same ``batch`` would send).
 ROUTES again from the peer replace its filters (its partitions already followed keep their read positions); a route in
 parts (``split_routes``) is acted on once its last part came, the first route too. A route that names a version is acked
 with a ROUTED entry in the next batch, after the POSITION of each partition it made followed and before any record it
@@ -692,11 +694,12 @@ class PeerServer:
                 wake.clear()
                 self.turn.waiting(follow, sock, wake)  # caught up: a writing turn may send it what it writes
                 try:
-                    woken = self.waiters.wait_any(follow.keys() + [NEW_PARTITION], HEARTBEAT_S, wake)
+                    self.waiters.wait_any(follow.keys() + [NEW_PARTITION], HEARTBEAT_S, wake)
                 finally:
                     self.turn.busy(follow)
-                if not woken and not reader.dead and not follow.unsent:
-                    send_event(sock, Records(()))
+                if not reader.dead and not follow.unsent and time.monotonic() - sent >= HEARTBEAT_S:
+                    send_event(sock, Records(()))  # idle, or woken only by what it sends the peer nothing of
+                    sent = time.monotonic()
                 turn = time.monotonic()
         except (OSError, errors.MetaqError) as exc:
             log.info("mqtt cluster: peer broker %d (%s) link ended: %s", routes.broker_id, peer, exc)

@@ -3,12 +3,15 @@ that holds them: a peer's follow reads that log only where a retained record may
 port's ``RetainedMark``), and what the broker's log held when it began writing it (a restart, a promotion) is read in
 full."""
 
+import time
+
 import pytest
 
 from metaq.mqtt import wire
+from metaq.serving.replication.link import LINK_TIMEOUT_S
 from tests.harness.broker import wait_for
 from tests.harness.mqtt import Paho, Raw, mosquitto_pub
-from tests.harness.mqttcluster import FollowedGroup
+from tests.harness.mqttcluster import Cluster, FollowedGroup
 from tests.harness.replication import caught_up, stats
 
 pytestmark = pytest.mark.slow
@@ -83,3 +86,20 @@ def test_a_retained_message_the_old_master_wrote_reaches_a_peer_from_the_promote
     assert mosquitto_pub(s1, "sensors/new", "s1", 1, "mqttv5", "-r").returncode == 0
     sessions(s1, 20, "s-after")
     wait_for(lambda: retained_count(b0) == 2, 20, "the new master's retained message reached 0")
+
+
+def test_a_peers_link_stays_up_while_sessions_records_keep_waking_its_follow(broker_factory, tmp_path, zk_connect):
+    """Persistent sessions connecting and leaving a broker twenty times a second for longer than a link's timeout:
+    each wakes the peer's follow of the sessions' log and sends it nothing, yet the peer hears a frame every
+    HEARTBEAT_S and its link stays up (``mqtt_cluster_links_lost`` 0 on both)."""
+    cluster = Cluster(broker_factory, tmp_path, zk_connect, 2).start()
+    a, b = cluster[0], cluster[1]
+    wait_for(lambda: stats(b).get("mqtt_cluster_peers_up") == "1", 30, "b follows a")
+    until, i = time.monotonic() + LINK_TIMEOUT_S * 1.3, 0
+    while time.monotonic() < until:
+        sessions(a, 1, "churn-%d" % i)
+        i += 1
+        time.sleep(0.05)
+    assert i > LINK_TIMEOUT_S * 10
+    assert stats(b).get("mqtt_cluster_links_lost") == "0" and stats(b).get("mqtt_cluster_peers_up") == "1"
+    assert stats(a).get("mqtt_cluster_links_lost") == "0"

@@ -45,6 +45,7 @@ class PeerLink:
         self.connected = False
         self.last_error = None
         self.connects = 0
+        self.lost = 0  # times the link ended once up (stat ``mqtt_cluster_links_lost``)
         self.copied = 0
         self._sock = None
         self._greenlet = None
@@ -89,6 +90,7 @@ class PeerLink:
             except (OSError, errors.MetaqError) as exc:
                 self.last_error = str(exc) or type(exc).__name__
                 if self.connected:
+                    self.lost += 1
                     log.warning("mqtt cluster: link to peer broker %d (%s) lost: %s; reconnecting", self.broker_id,
                                 self.address, exc)
                 else:

@@ -630,6 +630,7 @@ class MqttCluster:
         values = [("mqtt_cluster", self.membership),
                   ("mqtt_cluster_peers", len(links)),
                   ("mqtt_cluster_peers_up", sum(1 for _b, link in links if link.connected)),
+                  ("mqtt_cluster_links_lost", sum(link.lost for _b, link in links)),
                   ("mqtt_cluster_filters", len(self._route[1])),
                   ("mqtt_cluster_copied", self.copied),
                   ("mqtt_cluster_frames_one_step", self.taken_whole),
