@@ -694,7 +694,8 @@ class PeerServer:
                 wake.clear()
                 self.turn.waiting(follow, sock, wake)  # caught up: a writing turn may send it what it writes
                 try:
-                    self.waiters.wait_any(follow.keys() + [NEW_PARTITION], HEARTBEAT_S, wake)
+                    self.waiters.wait_any(follow.keys() + [NEW_PARTITION],
+                                          max(0.0, sent + HEARTBEAT_S - time.monotonic()), wake)
                 finally:
                     self.turn.busy(follow)
                 if not reader.dead and not follow.unsent and time.monotonic() - sent >= HEARTBEAT_S:

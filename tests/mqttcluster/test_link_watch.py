@@ -2,12 +2,14 @@
 without a timer of their own); one that keeps hearing frames, or the bytes of a frame slow to come, stays up."""
 
 import time
+from types import SimpleNamespace
 
 import gevent
 import pytest
 from gevent import socket
 
 from metaq.mqttcluster.following.link import PeerLink
+from metaq.mqttcluster.following.peers import MqttCluster
 from metaq.protocol.replication import ReplicationParser
 
 TIMEOUT_S = 0.3
@@ -80,3 +82,23 @@ def test_a_link_receiving_a_frame_slowly_stays_up(pair):
     finally:
         watch.kill()
         reader.kill()
+
+
+def test_the_links_lost_count_keeps_those_of_peers_no_longer_followed():
+    """``mqtt_cluster_links_lost`` only grows: a peer that left the members takes its link's ends with it into the
+    count, and a link stopped here (the peer left) is not counted as lost."""
+    port = SimpleNamespace(subscribed_filters=lambda: iter(()),
+                           topics=SimpleNamespace(topics_for=lambda f: ((), False)))
+    cluster = MqttCluster(0, None, None, port, None, lambda: True)
+    stopped = []
+    cluster.links[1] = SimpleNamespace(address="127.0.0.1:1", lost=2, connected=False, state=lambda: "down",
+                                       stop=lambda: stopped.append(1))
+    cluster.links[2] = SimpleNamespace(address="127.0.0.1:2", lost=1, connected=True, state=lambda: "up")
+    assert dict(cluster.summary_values())["mqtt_cluster_links_lost"] == 3
+    cluster._set_links({2: "127.0.0.1:2"})  # broker 1 left
+    assert stopped == [1] and dict(cluster.summary_values())["mqtt_cluster_links_lost"] == 3
+    link = PeerLink(cluster, 3, "127.0.0.1:1")
+    link.connected = True
+    link._session = lambda: (link.stop(), (_ for _ in ()).throw(OSError("closed here")))
+    link._run()
+    assert link.lost == 0

@@ -100,6 +100,6 @@ def test_a_peers_link_stays_up_while_sessions_records_keep_waking_its_follow(bro
         sessions(a, 1, "churn-%d" % i)
         i += 1
         time.sleep(0.05)
-    assert i > LINK_TIMEOUT_S * 10
+    assert i > LINK_TIMEOUT_S * 2  # more than one wake a second, every second
     assert stats(b).get("mqtt_cluster_links_lost") == "0" and stats(b).get("mqtt_cluster_peers_up") == "1"
     assert stats(a).get("mqtt_cluster_links_lost") == "0"

@@ -196,13 +196,14 @@ def _expect(text, i, chars):
 def _send_without_waiting(sock, frame):
     """How many bytes of ``frame`` went to ``sock`` (a gevent socket, plain or TLS) without waiting for room: 0 to
     all of it. A TLS socket that took none may hold part of it: the rest is sent from the same frame, from 0."""
+    timeout = sock.gettimeout()
     sock.settimeout(0.0)  # (no other greenlet runs before it is set back)
     try:
         return sock.send(frame)
     except BlockingIOError:
         return 0
     finally:
-        sock.settimeout(None)
+        sock.settimeout(timeout)
 
 
 def _next(sock, parser, deadline):

@@ -89,7 +89,9 @@ class PeerLink:
                 self._session()
             except (OSError, errors.MetaqError) as exc:
                 self.last_error = str(exc) or type(exc).__name__
-                if self.connected:
+                if self._stopping:
+                    pass  # stopped here (the peer left the members, this broker stops): not lost
+                elif self.connected:
                     self.lost += 1
                     log.warning("mqtt cluster: link to peer broker %d (%s) lost: %s; reconnecting", self.broker_id,
                                 self.address, exc)

@@ -123,6 +123,7 @@ class MqttCluster:
         #: this broker's groups with members and their weights, as its route carries them (``sharing.offer``)
         self.offer = GroupOffer(self.shares, self._groups_applied)
         self.links = {}  # broker id -> PeerLink
+        self._links_lost = 0  # ends of the links to peers no longer followed (``PeerLink.lost``)
         #: the peers' retained messages as this broker knows them (``retained.PeerRetained``)
         self.retained = PeerRetained(broker_id, lambda topic, name: port.topics.holds(topic, name),
                                      lambda name: port.table.retained.get(name))
@@ -368,6 +369,7 @@ class MqttCluster:
             link = self.links[bid]
             if peers.get(bid) != link.address:
                 link.stop()
+                self._links_lost += link.lost  # (a stopped link counts no more: ``PeerLink._run``)
                 del self.links[bid]
         for bid, address in peers.items():
             if bid not in self.links:
@@ -630,7 +632,7 @@ class MqttCluster:
         values = [("mqtt_cluster", self.membership),
                   ("mqtt_cluster_peers", len(links)),
                   ("mqtt_cluster_peers_up", sum(1 for _b, link in links if link.connected)),
-                  ("mqtt_cluster_links_lost", sum(link.lost for _b, link in links)),
+                  ("mqtt_cluster_links_lost", self._links_lost + sum(link.lost for _b, link in links)),
                   ("mqtt_cluster_filters", len(self._route[1])),
                   ("mqtt_cluster_copied", self.copied),
                   ("mqtt_cluster_frames_one_step", self.taken_whole),
