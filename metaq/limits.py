@@ -154,6 +154,12 @@ MAX_PINNED_SEND_S = 2.0
 #: backlogged levels) would otherwise stall every other client for the whole buffer; it stalls them about this long.
 MAX_TURN_MS = 20
 
+#: Seconds between two probes of how late the event loop runs the work queued in it (``serving.looplag``, stat
+#: ``loop_lag_ms``): often enough that a stall of a fraction of a second shows, rarely enough to cost nothing.
+LOOP_LAG_PROBE_S = 0.25
+#: Seconds of probes the stat ``loop_lag_ms`` is the worst of: a scrape every 15-60 s sees every stall between two.
+LOOP_LAG_WINDOW_S = 60.0
+
 #: Bursts of replies one text connection may have waiting for their flush (``sync`` mode) before it stops
 #: reading more requests (bounds memory per pipelining producer).
 MAX_PENDING_BURSTS = 8

@@ -25,6 +25,7 @@ from metaq.protocol import checksum, registration
 from metaq.priorities.wire import with_owner_keys
 from metaq.clock import now_ms
 from metaq.server.config import advertised_ip, is_loopback
+from metaq.serving import looplag
 from metaq.serving.proxies import TrustedProxies
 from metaq.serving.connections import ConnectionCore, ConnectionLimits, Strangers
 from metaq.timers.scheduler import DelayScheduler
@@ -454,6 +455,7 @@ class Broker:
         link, replication = self.roles.slave_link, self.roles.replication
         self.ready = True  # from here a SIGTERM stops it cleanly (server/__main__.py)
         gc.freeze()  # what start-up made lives as long as the process: out of every later full collection's walk
+        looplag.PROBE.start()
         gc.set_threshold(*gc.get_threshold()[:2], limits.GC_MIDDLE_PASSES_PER_FULL)
         log.info("metaq broker %d ready on %s:%d (flush=%s, data=%s, max_connections=%d%s%s, epoch %d)",
                  cfg.id, cfg.host, self.port, self.config.store.flush,

@@ -22,6 +22,7 @@ from metaq.errors import Forbidden, MetaqError
 from metaq.groups import lag
 from metaq.protocol import checksum
 from metaq.protocol import stats as codec
+from metaq.serving import looplag
 from metaq.serving.connections import turn_pauses
 from metaq.topics import names as topic_names
 
@@ -317,6 +318,7 @@ class StatsService:
             ("long_poll_waiters", sum(1 for topic, _p in self.waiters.keys() if topic not in INTERNAL)),
             ("parked_gets", self.waiters.parked),
             ("loop_turn_pauses", turn_pauses()),
+            ("loop_lag_ms", looplag.PROBE.worst_ms()),
             ("zookeeper", node.zookeeper),
         ] + store.idempotence.summary_values() + self.sources["replication"]() + self.sources["delay"]() + \
             self.sources["remoting"]() + self.sources.get("grpc", list)() + self.sources["security"]() + \

@@ -27,7 +27,7 @@ def value(broker, name):
     return v
 
 
-def test_put_failures_corrupt_reads_parked_gets_uptime_and_info(broker_factory, tmp_path):
+def test_put_failures_corrupt_reads_parked_gets_uptime_info_and_loop_lag(broker_factory, tmp_path):
     from tests.integration.test_corrupt_records import flip_payload_byte
 
     wd = tmp_path / "b"
@@ -76,6 +76,12 @@ def test_put_failures_corrupt_reads_parked_gets_uptime_and_info(broker_factory, 
     wait_for(lambda: value(b, "metaq_uptime_seconds") > uptime, what="the uptime to grow")
     [(labels, one)] = scrape(b)["metaq_info"]
     assert one == 1 and labels == {"version": version, "broker_id": "7"}
+
+    # an idle broker runs what is queued in its loop at once: its worst lateness of the last minute is small
+    with b.client() as c:
+        lag_ms = float(c.stats_dict()["loop_lag_ms"])
+    assert 0.0 <= lag_ms < 1000.0
+    assert 0.0 <= value(b, "metaq_loop_lag_seconds") < 1.0
 
 
 def test_replication_slaves_and_lag(broker_factory, tmp_path):
