@@ -52,7 +52,8 @@ alone, past 25,000 a broker over 4 (``ulimit -Hn``).
 ``--leave`` has that many devices with persistent sessions connect, spread evenly over the brokers, and half of each
 broker's leave at once while the other half stays ``RECONNECT_HELD_S``: how many of those that stayed a broker
 closed, and the closes for a client id's home not reached (``mqtt_cluster_lease_closed``): a broker whose loop the
-leaving devices held up past its lease's slack closes the connections of the ids homed elsewhere. ``--lease`` sets
+leaving devices held up past its lease's slack closes the connections of the ids homed elsewhere; and the worst
+``loop_lag_ms`` of the brokers at the end (how late a loop ran queued work, over the last minute). ``--lease`` sets
 the brokers' ``mqtt.cluster_id_lease_s``.
 
 The generator runs on the same cores as the brokers: each row also gives the generators' CPU seconds a second, so
@@ -125,7 +126,7 @@ class Cluster:
             try:
                 with self.brokers[i].client() as c:
                     s = c.stats_dict()
-                return {k: int(s.get(k, 0)) for k in keys}
+                return {k: int(float(s.get(k, 0))) for k in keys}
             except OSError:
                 time.sleep(1)
         raise TimeoutError("broker %d did not answer stats" % i)
@@ -399,7 +400,8 @@ def reconnect_run(root, zk, n, args):
 def leave(cluster, devices):
     """``devices`` devices with persistent sessions, spread evenly over the brokers, and half of each broker's leave
     at once (every broker's half together) while the other half stays: ``(devices that stayed, of them those a
-    broker closed within RECONNECT_HELD_S, the brokers' closes for a client id's home not reached meanwhile)``."""
+    broker closed within RECONNECT_HELD_S, the brokers' closes for a client id's home not reached meanwhile, the
+    worst of the brokers' ``loop_lag_ms`` at the end)``."""
     n = len(cluster.brokers)
     procs = 2 * n * max(1, -(-devices // (2 * n * RECONNECT_PER_PROC)))  # processes i and i + procs / 2: one broker
     sizes = [devices // procs + (i < devices % procs) for i in range(procs)]
@@ -421,7 +423,8 @@ def leave(cluster, devices):
     finally:
         for proc, _ in workers:
             proc.join(60)
-    return stayed, closed, _lease_closed(cluster) - before
+    lag = max(cluster.stats(i, ["loop_lag_ms"])["loop_lag_ms"] for i in range(len(cluster.brokers)))
+    return stayed, closed, _lease_closed(cluster) - before, lag
 
 
 def _lease_closed(cluster):
@@ -438,10 +441,10 @@ def leave_run(root, zk, n, args):
     cluster = Cluster(os.path.join(root, "l%d-%d" % (n, time.monotonic_ns())), zk.connect, n, mqtt=mqtt)
     try:
         time.sleep(2)
-        stayed, closed, lease_closed = leave(cluster, args.leave)
+        stayed, closed, lease_closed, lag = leave(cluster, args.leave)
     finally:
         cluster.stop()
-    return {"stayed": stayed, "closed": closed, "lease_closed": lease_closed}
+    return {"stayed": stayed, "closed": closed, "lease_closed": lease_closed, "lag": lag}
 
 
 def print_leave(args, results):
@@ -450,12 +453,13 @@ def print_leave(args, results):
           "at once, the others stay %d s; mqtt.cluster_id_lease_s %s; %d runs; %d cores"
           % (args.leave, RECONNECT_HELD_S, args.lease or "default", args.runs, os.cpu_count()))
     print()
-    print("| brokers | devices | stayed | of them closed by a broker, each run | closes for a home not reached |")
-    print("|---:|---:|---:|---:|---:|")
+    print("| brokers | devices | stayed | of them closed by a broker, each run | closes for a home not reached | "
+          "worst loop lag, ms |")
+    print("|---:|---:|---:|---:|---:|---:|")
     for n in args.brokers:
-        print("| %d | %d | %d | %s | %s |" % (
+        print("| %d | %d | %d | %s | %s | %s |" % (
             n, args.leave, results[n][0]["stayed"], " / ".join(str(r["closed"]) for r in results[n]),
-            " / ".join(str(r["lease_closed"]) for r in results[n])))
+            " / ".join(str(r["lease_closed"]) for r in results[n]), " / ".join(str(r["lag"]) for r in results[n])))
 
 
 def print_reconnect(args, results):

@@ -61,4 +61,6 @@ def test_a_reconnect_wave_spreads_its_devices_evenly_and_each_comes_back_with_it
 def test_half_the_devices_leaving_at_once_closes_none_of_those_that_stay_on_an_unloaded_cluster(capsys, monkeypatch):
     monkeypatch.setattr(bench_cluster, "RECONNECT_HELD_S", 1)
     bench_cluster.main(["--runs", "1", "--leave", "60", "--brokers", "3"])
-    assert "| 3 | 60 | 30 | 0 | 0 |" in capsys.readouterr().out
+    row = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| 3 | 60 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2:5] == ["30", "0", "0"] and 0 <= int(cells[5]) < 1000  # and the brokers' loops kept up
