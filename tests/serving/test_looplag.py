@@ -1,5 +1,5 @@
-"""The loop-lag probe (``serving.looplag``, stat ``loop_lag_ms``): how late the loop runs work queued in it, the worst
-over a window, bounded in what it keeps."""
+"""The loop-lag probe (``serving.looplag``, stat ``loop_lag_ms``): how late the loop runs work queued in it, or any
+work at all while something holds it, the worst over a window, bounded in what it keeps."""
 
 import time
 
@@ -34,6 +34,20 @@ def test_a_queue_of_a_second_shows_and_leaves_the_window_after_it():
         assert probe.worst_ms() >= 800
         gevent.sleep(1.3)  # past the window: only the quiet probes since count
         assert probe.worst_ms() < 250
+    finally:
+        probe.stop()
+
+
+def test_one_turn_that_holds_the_loop_half_a_second_shows():
+    """A stall of another kind: one piece of work that does not yield (a long turn, a collector's full pass, the
+    process without CPU) holds the probe's own timer too; the probe counts from when that timer was due."""
+    probe = LoopLag(probe_s=0.02, window_s=5)
+    probe.start()
+    try:
+        gevent.sleep(0.1)
+        gevent.spawn(time.sleep, 0.5).join()
+        gevent.sleep(0.1)
+        assert probe.worst_ms() >= 400
     finally:
         probe.stop()
 

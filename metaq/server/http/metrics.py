@@ -138,8 +138,8 @@ class BrokerCollector:
         yield info
         for family, name, text, key in SUMMARY_METRICS:
             yield family(name, text, value=_number(s.get(key)))
-        yield GaugeMetricFamily("metaq_loop_lag_seconds", "The longest the event loop ran queued work late over the "
-                                "last minute (stats loop_lag_ms).", value=_number(s.get("loop_lag_ms")) / 1000.0)
+        yield GaugeMetricFamily("metaq_loop_lag_seconds", "The longest the event loop ran work late over the last "
+                                "minute (stats loop_lag_ms).", value=_number(s.get("loop_lag_ms")) / 1000.0)
         conns = GaugeMetricFamily("metaq_connections", "Open connections, by listener.", labels=["listener"])
         for name, n in sorted(self.connections().items()):
             conns.add_metric([name], n)
