@@ -252,6 +252,14 @@ def _aborted_in_its_own_shutdown(code, err, lines):
     return code == -6 and "boost::thread_interrupted" in err and bool(lines) and lines[-1].get("done") is True
 
 
+#: ``produce``'s arguments for a producer that sends again what failed, as an application does, for a test that checks
+#: where messages go rather than the first send's fate: the C++ core (built with GCC 4.8, whose
+#: ``timed_mutex::try_lock_for`` returns at once when contended) fails a send with 'No route info of this topic' when
+#: its heartbeat thread is opening a broker's connection at that instant (rocketmq-client-cpp issues 224 and 456),
+#: most often with several brokers to open at start.
+APP_RETRIES = ("--retry-for", 20, "--retry-pause", 0.2)
+
+
 def run_peer(home, *args, timeout=90.0):
     return finish_peer(start_peer(home, *args), timeout)
 

@@ -101,13 +101,14 @@ def test_grpc_query_route_lists_both_brokers_with_their_endpoints(two):
 
 def test_the_official_producer_spreads_its_sends_over_both_brokers(two, tmp_path):
     """The RocketMQ 4 client, given broker 1 alone as its name server, sends round-robin over the route's
-    eight queues: both brokers take messages."""
+    eight queues: both brokers take messages. It sends again what failed, as an application does (``APP_RETRIES``:
+    the client's own defect at start)."""
     require_official_client()
-    from bench.rocketmq_peer import run_peer
+    from bench.rocketmq_peer import APP_RETRIES, run_peer
     one, other = two
     wait_for(lambda: all(len(route(rport(b))) == 2 for b in two), 10, "both brokers registered")
     before = [int(stats(b)["log_end_position"]) for b in two]
-    lines = run_peer(tmp_path / "producer", "produce", "--ns", raddr(one), "--topic", "tC", "--count", 16)
+    lines = run_peer(tmp_path / "producer", "produce", "--ns", raddr(one), "--topic", "tC", "--count", 16, *APP_RETRIES)
     assert sum(1 for line in lines if "msg_id" in line) == 16
     after = [int(stats(b)["log_end_position"]) for b in two]
     assert after[0] > before[0] and after[1] > before[1], (before, after)
