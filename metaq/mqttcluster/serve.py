@@ -152,9 +152,10 @@ class PeerFollow:
         self.groups = ()
         checks = routes.checks or (0,) * len(routes.positions)
         epochs = routes.epochs or (NO_EPOCH,) * len(routes.positions)
+        froms = routes.epoch_from or tuple(o for _t, _p, o in routes.positions)
         #: where the peer's copies resume, at most MQTT_CLUSTER_MAX_FOLLOWED (the partitions it may follow here)
-        self.resume = {(t, p): (o, c, e) for (t, p, o), c, e in itertools.islice(
-            zip(routes.positions, checks, epochs, strict=True), mqttcluster_limits.MQTT_CLUSTER_MAX_FOLLOWED)}
+        self.resume = {(t, p): (o, c, e, f) for (t, p, o), c, e, f in itertools.islice(
+            zip(routes.positions, checks, epochs, froms, strict=True), mqttcluster_limits.MQTT_CLUSTER_MAX_FOLLOWED)}
         #: the peer takes EPOCH entries: ``told`` is, per followed partition, the log span ``[start, end)`` of the
         #: epoch it was last told (at most MQTT_CLUSTER_MAX_FOLLOWED, as the cursors), ``history`` the latest entry
         #: of this broker's epochs they were told by (a new epoch here tells them again)
@@ -184,7 +185,8 @@ class PeerFollow:
         self.since = None
         if routes.retained > 0:  # proved as a position is: an async failover cut what it saw
             self.retained = self.proved((MQTT_SESSIONS_TOPIC, 0), routes.retained, routes.retained_check,
-                                        routes.retained_epoch)
+                                        routes.retained_epoch,
+                                        routes.retained_epoch_from if routes.retained_epoch_from >= 0 else None)
             self.rewound.discard((MQTT_SESSIONS_TOPIC, 0))  # no POSITION of it goes to the peer
 
     def set_filters(self, filters, groups=(), version=0, weights=()):
@@ -452,28 +454,33 @@ class PeerFollow:
         return epoch_entry(key[0], key[1], offset, (entries[i][0], entries[i][2]))
 
     def epoch_end(self, key, epoch):
-        """Where ``epoch`` ``(number, origin)`` ended in partition ``key`` by this broker's history (KIP-101's
-        OffsetForLeaderEpoch): the first offset this broker holds of a later epoch, its end when the epoch is its
-        latest; an epoch it does not hold (a deposed master's that none of this log's writers took part in) ends
-        where the latest earlier one held here does; None when none is (the check alone decides). Index reads, and
-        a binary search of the history (its entries strictly increase in number: ``store.epochs``), so that a route of
-        MQTT_CLUSTER_MAX_FOLLOWED positions is proved in as many steps of log MAX_REPLICATION_EPOCHS."""
+        """``(end, held)``: where ``epoch`` ``(number, origin)`` ended in partition ``key`` by this broker's history
+        (KIP-101's OffsetForLeaderEpoch): the first offset this broker holds of a later epoch, its end when the epoch
+        is its latest; an epoch it does not hold (``held`` False: a deposed master's that none of this log's writers
+        took part in) ends where the latest earlier one held here does; end None when none is (the check alone
+        decides). Index reads, and a binary search of the history (its entries strictly increase in number:
+        ``store.epochs``), so that a route of MQTT_CLUSTER_MAX_FOLLOWED positions is proved in as many steps of log
+        MAX_REPLICATION_EPOCHS."""
         entries = self.store.epochs.entries
         i = bisect.bisect_left(entries, epoch[0], key=_number)
-        held = i if i < len(entries) and (entries[i][0], entries[i][2]) == tuple(epoch) else i - 1
+        found = i < len(entries) and (entries[i][0], entries[i][2]) == tuple(epoch[:2])
+        held = i if found else i - 1
         if held < 0:
-            return None
+            return None, found
         if held + 1 >= len(entries):
-            return self.store.max_offset(*key)
+            return self.store.max_offset(*key), found
         spans = self.store.record_spans(key[0], key[1], entries[held + 1][1], 2**63 - 1, 1)
-        return spans[0][0] if spans else self.store.max_offset(*key)
+        return (spans[0][0] if spans else self.store.max_offset(*key)), found
 
-    def proved(self, key, offset, check, epoch=NO_EPOCH):
+    def proved(self, key, offset, check, epoch=NO_EPOCH, epoch_from=None):
         """Where the peer's copy of partition ``key`` resumes, given its position ``offset``, the ``check`` of the
         record before it as the peer copied it and that record's ``epoch`` (``(number, origin)``; NO_EPOCH: an older
-        peer, or none known). With an epoch: no further than where that epoch ended here (``epoch_end``): a peer
-        away through two failovers in a row resumes where its last copy's master stopped being this log's writer,
-        before what the middle master wrote. Then by the check: ``offset`` when this broker's record there is that
+        peer, or none known), its copies of that epoch beginning at ``epoch_from`` (None: ``offset``). With an
+        epoch: no further than where that epoch ended here (``epoch_end``): a peer away through two failovers in a
+        row resumes where its last copy's master stopped being this log's writer, before what the middle master
+        wrote. An epoch this log does not hold: no further than ``epoch_from`` either (that master may have begun it
+        before the end of the earlier epoch here, having lagged as a slave: its records from there are not this
+        log's). Then by the check: ``offset`` when this broker's record there is that
         one (or no check was sent: an older peer, or nothing before it); else the first record of the epoch of this
         broker's record there (the latest epoch when it has none), where this log took its own way (an ``async``
         master's failover cut what the peer copied and gave those offsets to other messages). The peer is told it
@@ -482,7 +489,9 @@ class PeerFollow:
         if offset <= 0 or offset - 1 < self.store.min_offset(*key):
             return offset  # nothing before it to prove (retention took it: what is before is old, not a cut tail)
         if tuple(epoch) != NO_EPOCH:
-            end = self.epoch_end(key, epoch)
+            end, held = self.epoch_end(key, epoch)
+            if end is not None and not held and epoch_from is not None:
+                end = min(end, max(epoch_from, self.store.min_offset(*key)))
             if end is not None and end < offset:
                 log.warning("mqtt cluster: peer %d's copy of %s-%d stops at %d, past where its epoch %d ended in this "
                             "broker's history (failovers since it copied there); it resumes at %d", self.broker_id,

@@ -16,14 +16,15 @@ from metaq.protocol.replication_mqtt import (EPOCH, MESSAGE, NO_EPOCH, POSITION,
                                              decode_routes, epoch_entry, epoch_of, join_routes, record_check,
                                              routes_parts, split_routes)
 from tests.mqttcluster.test_takeover_units import _cluster
-from tests.mqttcluster.test_units import ForkedStore
+from tests.mqttcluster.test_units import ForkedStore, InboxStore
 
 FIRST, SECOND = (1, 11), (2, 22)  # ForkedStore's history: epoch 1 from log position 0, epoch 2 from 300 (offset 3)
 
 
-def follow(offset, epoch, check=0):
+def follow(offset, epoch, check=0, epoch_from=None):
     return PeerFollow(ForkedStore({"t": 1}), rp.Routes(1, ("t",), (("t", 0, offset),), checks=(check,),
-                                                         epochs=(epoch,)))
+                                                         epochs=(epoch,), epoch_from=() if epoch_from is None
+                                                         else (epoch_from,)))
 
 
 def test_a_position_past_where_its_epoch_ended_resumes_there_else_as_its_check_says():
@@ -161,7 +162,7 @@ def test_a_retained_offset_keeps_its_epoch_and_resumes_no_further_than_where_it_
     cluster = _cluster()
     cluster.apply(2, [epoch_entry(MQTT_SESSIONS_TOPIC, 0, 6, SECOND),
                       Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, 7, 0, 1, b"U{}")])
-    assert cluster.retained_from(2) == (8, record_check(1, b"U{}"), SECOND)
+    assert cluster.retained_from(2) == (8, record_check(1, b"U{}"), SECOND, 7)
 
 
 class ChurnStore(ForkedStore):
@@ -232,3 +233,70 @@ def test_a_position_is_proved_in_a_few_reads_of_the_longest_epoch_history():
         Counted.reads = 0
         PeerFollow(store, rp.Routes(1, ("t",), (("t", 0, 9),), checks=(check,), epochs=(epoch,)))
         assert Counted.reads <= 40, (epoch, check)
+
+
+def test_an_epoch_this_log_does_not_hold_resumes_no_further_than_where_the_peers_copies_of_it_began():
+    """Two failovers in a row where the middle master had lagged as a slave: it began its epoch at offset 1, before
+    where the earlier epoch ended here (3), and the peer copied its records from there. This log does not hold that
+    epoch, so its records from 1 on are not this log's: the peer resumes at 1 and gets this log's 1 and 2, which it
+    never copied (KIP-279's second question, answered by what the peer says of its copies)."""
+    middle = (2, 77)  # epoch 2 of another master than this history's epoch 2
+    assert follow(4, middle).cursors[("t", 0)] == 3  # where epoch 1 ended here: all an older peer can be told
+    assert follow(4, middle, epoch_from=1).cursors[("t", 0)] == 1
+    assert follow(4, middle, epoch_from=1).rewound == {("t", 0)}
+    assert follow(4, middle, epoch_from=3).cursors[("t", 0)] == 3  # began at the end: the end
+    assert follow(4, (9, 99), epoch_from=2).cursors[("t", 0)] == 2  # a later epoch this log never saw: where it began
+    ours = record_check(1, b"m3")
+    assert follow(4, SECOND, ours, epoch_from=1).cursors[("t", 0)] == 4  # an epoch held here: KIP-101's end suffices
+    assert follow(2, FIRST, epoch_from=0).cursors[("t", 0)] == 2  # held, before its end: where it was
+
+
+def test_a_position_keeps_where_the_copies_of_its_epoch_began_through_rewinds_and_restarts():
+    pos = inbox.Positions()
+    for offset in (5, 6, 7):
+        pos.copied(1, "t", 0, offset, epoch=FIRST)
+    assert pos.epochs_from(1, pos.of(1)) == (5,)
+    pos.copied(1, "t", 0, 8, epoch=SECOND)  # another epoch: its copies begin here
+    pos.copied(1, "t", 0, 9, epoch=SECOND)
+    assert pos.epochs_from(1, pos.of(1)) == (8,)
+    pos.copied(1, "t", 0, 6, epoch=SECOND, rewound=True)  # resumed before it, the record there of the same epoch
+    assert pos.of(1) == (("t", 0, 7),) and pos.epochs_from(1, pos.of(1)) == (6,)
+    pos.copied(1, "t", 0, 9, epoch=NO_EPOCH)  # none known: the position's own offset
+    assert pos.epochs_from(1, pos.of(1)) == (10,)
+    copies = [inbox.copy_of(1, "t", 0, n, 0, b"x", 1_000, epoch=FIRST if n < 4 else SECOND) for n in range(2, 6)]
+    recovered = inbox.Positions()
+    assert inbox.recover(InboxStore(copies), recovered) == 4
+    assert recovered.of(1) == (("t", 0, 6),) and recovered.epochs_from(1, recovered.of(1)) == (4,)
+    cluster = _cluster()
+    cluster.apply(2, [epoch_entry(MQTT_SESSIONS_TOPIC, 0, 6, SECOND), Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, 7, 0, 1,
+                                                                            b"U{}"),
+                      Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, 9, 0, 1, b"U{}")])
+    assert cluster.retained_from(2)[2:] == (SECOND, 7)  # the retained copies of epoch 2 began at 7
+
+
+def test_routes_carry_where_each_positions_epoch_began_in_parts_too_and_an_older_peer_sends_none():
+    routes = rp.Routes(3, ("a/#",), (("a", 0, 4), ("b", 1, 9)), 5, checks=(5, 6), epochs=(FIRST, SECOND),
+                       epoch_from=(1, 7), retained_epoch=FIRST, retained_epoch_from=2)
+    p = rp.ReplicationParser()
+    p.receive_data(rp.serialize(routes))
+    assert p.next_event() == routes
+    parts = split_routes(routes, most=130)
+    assert len(parts) > 1
+    joined = None
+    for part in parts:
+        joined = join_routes(joined, decode_routes(routes_parts(part)[0]))
+    assert joined.epoch_from == (1, 7) and joined.retained_epoch_from == 2
+    older = decode_routes(json.dumps({"broker": 3, "filters": [], "positions": [["a", 0, 4]],
+                                      "epochs": [[1, 11]]}).encode())
+    assert older.epoch_from == () and older.retained_epoch_from == -1
+    assert PeerFollow(ForkedStore({"t": 1}), rp.Routes(1, (), (), 4, retained_epoch=(2, 77),
+                                                       retained_epoch_from=1)).retained == 1
+
+
+@pytest.mark.parametrize("bad", [{"epoch_from": [1]}, {"epoch_from": [1, -1]}, {"epoch_from": [1, "2"]},
+                                 {"epoch_from": 3}, {"epoch_from": [1, 2**63]}, {"retained_epoch_from": -2},
+                                 {"retained_epoch_from": True}])
+def test_a_lie_in_where_an_epoch_began_is_a_clear_error(bad):
+    with pytest.raises(RemoteProtocolError, match="epoch_from"):
+        decode_routes(json.dumps({"broker": 3, "filters": [], "positions": [["a", 0, 4], ["b", 0, 1]],
+                                  **bad}).encode())

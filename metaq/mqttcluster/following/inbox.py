@@ -18,8 +18,10 @@ so the positions hold across its failover too; each position keeps the check of 
 marker sets its partition's position where it says, back too (``rewound``). Each copy and marker keeps the epoch of
 the origin record at (before) its place too (``MQTT_EPOCH`` = ``<number>:<origin>``, as the origin's EPOCH entries
 said): the position's epoch, which the origin answers with where that epoch ended in its history (a peer away through
-two failovers in a row resumes before what the middle master wrote). Pure but for ``recover``, which reads the store
-(a worker thread's call: cold pages).
+two failovers in a row resumes before what the middle master wrote), and where the copies of that epoch began
+(``epoch_from``: the first offset copied of it as the inbox holds it), which the origin answers no further than when
+its history does not hold that epoch. Pure but for ``recover``, which reads the store (a worker thread's call: cold
+pages).
 """
 
 import json
@@ -185,14 +187,16 @@ def groups_of(flag, data):
 class Positions:
     """Where each origin partition's copy resumes: ``{(origin, topic, partition): next offset}``, at most
     ``most`` of them (past it the new one is not kept: its copy then resumes where the peer decides, its end, and
-    it is logged once); with each the check and the epoch of the origin record before it, and the epoch the origin
-    last told of its records from an offset on (``told``: one per position, the same bound)."""
+    it is logged once); with each the check and the epoch of the origin record before it and where the copies of
+    that epoch began, and the epoch the origin last told of its records from an offset on (``told``: one per
+    position, the same bound)."""
 
     def __init__(self, most=mqttcluster_limits.MQTT_CLUSTER_MAX_POSITIONS):
         self.most = most
         self._next = {}
         self._checks = {}  # key -> the check of the origin record before its next offset (absent: none)
         self._epochs = {}  # key -> (number, origin) of the epoch of that record (absent: none known)
+        self._from = {}  # key -> the first offset copied (or passed) of that epoch, with it
         self._told = {}  # key -> (offset, (number, origin)): the origin's records from that offset on are of it
         self._kept = set()  # the keys an inbox record (a copy or a marker) holds the position of
         self.refused = 0
@@ -266,9 +270,14 @@ class Positions:
             else:
                 self._checks.pop(key, None)
             if tuple(epoch) != NO_EPOCH:
-                self._epochs[key] = tuple(epoch)
+                epoch = tuple(epoch)
+                since = self._from.get(key)
+                self._from[key] = max(offset, 0) if since is None or self._epochs.get(key) != epoch else \
+                    min(since, max(offset, 0))
+                self._epochs[key] = epoch
             else:
                 self._epochs.pop(key, None)
+                self._from.pop(key, None)
         return True
 
     def is_copied(self, origin, topic, partition, offset):
@@ -287,6 +296,11 @@ class Positions:
     def epochs(self, origin, positions):
         """The epoch ``(number, origin)`` of each of ``positions`` (``of(origin)``'s answer), NO_EPOCH for none."""
         return tuple(self._epochs.get((origin, t, p), NO_EPOCH) for t, p, _o in positions)
+
+    def epochs_from(self, origin, positions):
+        """Where the copies of each of ``positions``' epoch began (``of(origin)``'s answer): the first offset copied
+        of it, the position's own offset when none is known."""
+        return tuple(self._from.get((origin, t, p), o) for t, p, o in positions)
 
 
 def recover(store, positions):

@@ -128,7 +128,7 @@ class MqttCluster:
         self.retained = PeerRetained(broker_id, lambda topic, name: port.topics.holds(topic, name),
                                      lambda name: port.table.retained.get(name))
         self.retained_next = {}  # broker id -> (next offset of its %MQTT% journal read, the check and the epoch of
-        # the record before it) (this process's)
+        # the record before it, where the copies of that epoch began: -1 none) (this process's)
         self.route_changed = Event()
         self._acked = Event()  # replaced at each ROUTED a link gets (``acked``), as ``route_changed`` is
         self._pinned = {}  # key -> filters the route keeps whatever the sessions hold (``pin``)
@@ -436,11 +436,12 @@ class MqttCluster:
     # -- copies --------------------------------------------------------------------
 
     def retained_from(self, origin):
-        """``(offset, check, epoch)``: the ``%MQTT%`` offset of ``origin``'s journal a new link asks retained records
-        from, and the ``record_check`` and the epoch of the retained record before it as copied here (0, NO_EPOCH:
-        none), which ``origin`` proves (``PeerFollow.proved``: after async failovers there, one or more in a row, the
-        retained records its new masters wrote at offsets this broker saw other records at are sent too)."""
-        return self.retained_next.get(origin, (0, 0, NO_EPOCH))
+        """``(offset, check, epoch, epoch_from)``: the ``%MQTT%`` offset of ``origin``'s journal a new link asks
+        retained records from, and the ``record_check`` and the epoch of the retained record before it as copied here
+        (0, NO_EPOCH: none) and where the copies of that epoch began (-1: none known), which ``origin`` proves
+        (``PeerFollow.proved``: after async failovers there, one or more in a row, the retained records its new
+        masters wrote at offsets this broker saw other records at are sent too)."""
+        return self.retained_next.get(origin, (0, 0, NO_EPOCH, -1))
 
     def apply(self, origin, entries, routed=None):
         """Copy a RECORDS frame's entries from peer ``origin``; returns how many messages were copied. Raises the put
@@ -516,8 +517,10 @@ class MqttCluster:
                 if e.kind == POSITION:
                     keys.update(self._position(origin, e, now))
                 elif e.kind == RETAINED:
-                    self.retained_next[origin] = (e.offset + 1, record_check(e.ts, e.data),
-                                                  positions.epoch_at(origin, MQTT_SESSIONS_TOPIC, 0, e.offset))
+                    epoch = positions.epoch_at(origin, MQTT_SESSIONS_TOPIC, 0, e.offset)
+                    _o, _c, was, since = self.retained_from(origin)
+                    since = -1 if epoch == NO_EPOCH else e.offset if was != epoch or since < 0 else min(since, e.offset)
+                    self.retained_next[origin] = (e.offset + 1, record_check(e.ts, e.data), epoch, since)
                     self.retained.apply(origin, e)
                 elif e.kind == ROUTED and routed is not None:
                     routed.append(e.offset)
