@@ -237,6 +237,8 @@ def split_routes(routes, most=None):
                    retained_check=routes.retained_check, epochs=() if routes.epochs is not None else None,
                    retained_epoch=routes.retained_epoch, retained_epoch_from=routes.retained_epoch_from)
     room = most - len(_routes_json(empty))  # what a part holds beside its items (each counted with a comma)
+    if routes.epoch_from:  # each part with positions carries the key, which the empty part's JSON lacks
+        room -= len(b',"epoch_from":[]')
     checks = routes.checks or (0,) * len(routes.positions)
     epochs = routes.epochs or (NO_EPOCH,) * len(routes.positions)
     froms = routes.epoch_from or tuple(p[2] for p in routes.positions)

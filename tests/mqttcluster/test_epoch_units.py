@@ -263,6 +263,8 @@ def test_a_position_keeps_where_the_copies_of_its_epoch_began_through_rewinds_an
     assert pos.of(1) == (("t", 0, 7),) and pos.epochs_from(1, pos.of(1)) == (6,)
     pos.copied(1, "t", 0, 9, epoch=NO_EPOCH)  # none known: the position's own offset
     assert pos.epochs_from(1, pos.of(1)) == (10,)
+    pos.copied(1, "t", 0, 14, epoch=FIRST)  # 10..13 passed unread (none of the peer's filters): they count too
+    assert pos.epochs_from(1, pos.of(1)) == (10,)
     copies = [inbox.copy_of(1, "t", 0, n, 0, b"x", 1_000, epoch=FIRST if n < 4 else SECOND) for n in range(2, 6)]
     recovered = inbox.Positions()
     assert inbox.recover(InboxStore(copies), recovered) == 4
@@ -272,6 +274,26 @@ def test_a_position_keeps_where_the_copies_of_its_epoch_began_through_rewinds_an
                                                                             b"U{}"),
                       Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, 9, 0, 1, b"U{}")])
     assert cluster.retained_from(2)[2:] == (SECOND, 7)  # the retained copies of epoch 2 began at 7
+    cluster = _cluster()
+    cluster.apply(2, [epoch_entry(MQTT_SESSIONS_TOPIC, 0, 3, FIRST), Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, 3, 0, 1,
+                                                                           b"U{}"),
+                      epoch_entry(MQTT_SESSIONS_TOPIC, 0, 5, SECOND), Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, 8, 0, 1,
+                                                                            b"U{}")])
+    assert cluster.retained_from(2) == (9, record_check(1, b"U{}"), SECOND, 4)  # sessions' records 4..7 passed
+
+
+def test_a_route_in_parts_keeps_each_part_within_its_bound_with_where_the_epochs_began():
+    positions = tuple(("t%d" % (i % 97), i % 5, 10 ** (i % 12)) for i in range(400))
+    routes = rp.Routes(3, ("a/#",), positions, 5, checks=tuple(1 + i for i in range(400)),
+                       epochs=tuple((i, 10 ** (i % 9)) for i in range(400)),
+                       epoch_from=tuple(p[2] // 2 for p in positions))
+    for most in range(300, 1400, 37):
+        parts = split_routes(routes, most=most)
+        assert all(len(routes_parts(part)[0]) <= most for part in parts), most
+        joined = None
+        for part in parts:
+            joined = join_routes(joined, decode_routes(routes_parts(part)[0]))
+        assert joined.epoch_from == routes.epoch_from and joined.positions == positions
 
 
 def test_routes_carry_where_each_positions_epoch_began_in_parts_too_and_an_older_peer_sends_none():

@@ -19,9 +19,9 @@ marker sets its partition's position where it says, back too (``rewound``). Each
 the origin record at (before) its place too (``MQTT_EPOCH`` = ``<number>:<origin>``, as the origin's EPOCH entries
 said): the position's epoch, which the origin answers with where that epoch ended in its history (a peer away through
 two failovers in a row resumes before what the middle master wrote), and where the copies of that epoch began
-(``epoch_from``: the first offset copied of it as the inbox holds it), which the origin answers no further than when
-its history does not hold that epoch. Pure but for ``recover``, which reads the store (a worker thread's call: cold
-pages).
+(``epoch_from``: the position the copy entered it at, as the inbox holds it), which the origin answers no further
+than when its history does not hold that epoch. Pure but for ``recover``, which reads the store (a worker thread's
+call: cold pages).
 """
 
 import json
@@ -271,9 +271,10 @@ class Positions:
                 self._checks.pop(key, None)
             if tuple(epoch) != NO_EPOCH:
                 epoch = tuple(epoch)
-                since = self._from.get(key)
-                self._from[key] = max(offset, 0) if since is None or self._epochs.get(key) != epoch else \
-                    min(since, max(offset, 0))
+                since, here = self._from.get(key), max(offset, 0)
+                if since is None or self._epochs.get(key) != epoch:  # from the position it entered the epoch at
+                    since = here if old is None else min(old, here)  # (what it passed of it unread counts too)
+                self._from[key] = min(since, here)
                 self._epochs[key] = epoch
             else:
                 self._epochs.pop(key, None)
@@ -298,8 +299,8 @@ class Positions:
         return tuple(self._epochs.get((origin, t, p), NO_EPOCH) for t, p, _o in positions)
 
     def epochs_from(self, origin, positions):
-        """Where the copies of each of ``positions``' epoch began (``of(origin)``'s answer): the first offset copied
-        of it, the position's own offset when none is known."""
+        """Where the copies of each of ``positions``' epoch began (``of(origin)``'s answer): the position the copy
+        entered it at (what it passed unread of it counts), the position's own offset when none is known."""
         return tuple(self._from.get((origin, t, p), o) for t, p, o in positions)
 
 

@@ -518,8 +518,13 @@ class MqttCluster:
                     keys.update(self._position(origin, e, now))
                 elif e.kind == RETAINED:
                     epoch = positions.epoch_at(origin, MQTT_SESSIONS_TOPIC, 0, e.offset)
-                    _o, _c, was, since = self.retained_from(origin)
-                    since = -1 if epoch == NO_EPOCH else e.offset if was != epoch or since < 0 else min(since, e.offset)
+                    at, _c, was, since = self.retained_from(origin)
+                    if epoch == NO_EPOCH:
+                        since = -1
+                    elif was != epoch or since < 0:  # from where its offset entered the epoch (records passed count)
+                        since = min(at, e.offset) if origin in self.retained_next else e.offset
+                    else:
+                        since = min(since, e.offset)
                     self.retained_next[origin] = (e.offset + 1, record_check(e.ts, e.data), epoch, since)
                     self.retained.apply(origin, e)
                 elif e.kind == ROUTED and routed is not None:
