@@ -116,6 +116,11 @@ MQTT_CLUSTER_INBOX_PARTITIONS = 8
 MQTT_CLUSTER_DIRECT_COPIES = 128
 #: (origin broker, topic, partition) resume positions a broker keeps at most (recovered from its inbox).
 MQTT_CLUSTER_MAX_POSITIONS = 262_144
+#: Epochs of one origin partition a broker keeps at most with its position: those its copy went through, where it
+#: entered each, the latest last (sent with ROUTES, ``epoch_paths``). The origin resumes a copy no further than where
+#: it entered the oldest of the latest ones its own history does not hold: a chain of more deposed masters in a row
+#: than this, each of whose epochs the copy went through and the new master never held, is known by its latest ones.
+MQTT_CLUSTER_EPOCHS_KEPT = 3
 #: Retained messages of peers a broker keeps at most (with their clears), beside its own ``mqtt.max_retained``.
 MQTT_CLUSTER_MAX_RETAINED = 100_000
 #: ``$share`` groups (share name, filter) one broker's route carries at most; past it the others are not sent (their

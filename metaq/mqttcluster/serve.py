@@ -152,10 +152,10 @@ class PeerFollow:
         self.groups = ()
         checks = routes.checks or (0,) * len(routes.positions)
         epochs = routes.epochs or (NO_EPOCH,) * len(routes.positions)
-        froms = routes.epoch_from or tuple(o for _t, _p, o in routes.positions)
+        paths = routes.epoch_paths or ((),) * len(routes.positions)
         #: where the peer's copies resume, at most MQTT_CLUSTER_MAX_FOLLOWED (the partitions it may follow here)
         self.resume = {(t, p): (o, c, e, f) for (t, p, o), c, e, f in itertools.islice(
-            zip(routes.positions, checks, epochs, froms, strict=True), mqttcluster_limits.MQTT_CLUSTER_MAX_FOLLOWED)}
+            zip(routes.positions, checks, epochs, paths, strict=True), mqttcluster_limits.MQTT_CLUSTER_MAX_FOLLOWED)}
         #: the peer takes EPOCH entries: ``told`` is, per followed partition, the log span ``[start, end)`` of the
         #: epoch it was last told (at most MQTT_CLUSTER_MAX_FOLLOWED, as the cursors), ``history`` the latest entry
         #: of this broker's epochs they were told by (a new epoch here tells them again)
@@ -185,8 +185,7 @@ class PeerFollow:
         self.since = None
         if routes.retained > 0:  # proved as a position is: an async failover cut what it saw
             self.retained = self.proved((MQTT_SESSIONS_TOPIC, 0), routes.retained, routes.retained_check,
-                                        routes.retained_epoch,
-                                        routes.retained_epoch_from if routes.retained_epoch_from >= 0 else None)
+                                        routes.retained_epoch, routes.retained_epoch_path)
             self.rewound.discard((MQTT_SESSIONS_TOPIC, 0))  # no POSITION of it goes to the peer
 
     def set_filters(self, filters, groups=(), version=0, weights=()):
@@ -472,29 +471,26 @@ class PeerFollow:
         spans = self.store.record_spans(key[0], key[1], entries[held + 1][1], 2**63 - 1, 1)
         return (spans[0][0] if spans else self.store.max_offset(*key)), found
 
-    def proved(self, key, offset, check, epoch=NO_EPOCH, epoch_from=None):
+    def proved(self, key, offset, check, epoch=NO_EPOCH, path=()):
         """Where the peer's copy of partition ``key`` resumes, given its position ``offset``, the ``check`` of the
         record before it as the peer copied it and that record's ``epoch`` (``(number, origin)``; NO_EPOCH: an older
-        peer, or none known), its copies of that epoch beginning at ``epoch_from`` (None: ``offset``). With an
-        epoch: no further than where that epoch ended here (``epoch_end``): a peer away through two failovers in a
-        row resumes where its last copy's master stopped being this log's writer, before what the middle master
-        wrote. An epoch this log does not hold: no further than ``epoch_from`` either (that master may have begun it
-        before the end of the earlier epoch here, having lagged as a slave: its records from there are not this
-        log's). Then by the check: ``offset`` when this broker's record there is that
-        one (or no check was sent: an older peer, or nothing before it); else the first record of the epoch of this
-        broker's record there (the latest epoch when it has none), where this log took its own way (an ``async``
-        master's failover cut what the peer copied and gave those offsets to other messages). The peer is told it
-        was rewound. It then copies every record of this log from there: nothing it skipped (its copies of the cut
-        messages stay). Index reads and one record read (as ``batch``'s)."""
+        peer, or none known), and the epochs its copy went through (``path``: ``inbox.entered``'s; () none known).
+        With an epoch: no further than ``resume_bound`` says (where that epoch ended here, or where the copy entered
+        the epochs this log never held): a peer away through two failovers in a row resumes where its last copy's
+        master stopped being this log's writer, before what the middle master wrote. Then by the check: ``offset``
+        when this broker's record there is that one (or no check was sent: an older peer, or nothing before it);
+        else the first record of the epoch of this broker's record there (the latest epoch when it has none), where
+        this log took its own way (an ``async`` master's failover cut what the peer copied and gave those offsets to
+        other messages). The peer is told it was rewound. It then copies every record of this log from there:
+        nothing it skipped (its copies of the cut messages stay). Index reads and one record read (as ``batch``'s)."""
         if offset <= 0 or offset - 1 < self.store.min_offset(*key):
             return offset  # nothing before it to prove (retention took it: what is before is old, not a cut tail)
         if tuple(epoch) != NO_EPOCH:
-            end, held = self.epoch_end(key, epoch)
-            if end is not None and not held and epoch_from is not None:
-                end = min(end, max(epoch_from, self.store.min_offset(*key)))
+            end = self.resume_bound(key, offset, epoch, path)
             if end is not None and end < offset:
                 log.warning("mqtt cluster: peer %d's copy of %s-%d stops at %d, past where its epoch %d ended in this "
-                            "broker's history (failovers since it copied there); it resumes at %d", self.broker_id,
+                            "broker's history or where it entered one this broker never held (failovers since it "
+                            "copied there); it resumes at %d", self.broker_id,
                             key[0], key[1], offset, epoch[0], end)
                 self.rewound.add(key)
                 return end
@@ -517,6 +513,26 @@ class PeerFollow:
                     self.broker_id, topic, partition, offset, start, resumed)
         self.rewound.add(key)
         return resumed
+
+    def resume_bound(self, key, offset, epoch, path=()):
+        """How far a peer's copy of partition ``key`` at position ``offset`` may resume (KIP-279's question, asked
+        here epoch by epoch down the peer's ``path``, its last entry ``epoch``'s; none: ``epoch`` entered at
+        ``offset``): the end here of the latest epoch of the path this log holds, and no further than where the copy
+        entered any later one (those it never held: a master deposed mid-epoch, that had lagged as a slave, may have
+        begun its epoch before that end). None of the path held: the end of the latest epoch held before its oldest,
+        and no further than where the copy entered that oldest. None when no epoch here is that old (the check
+        decides)."""
+        if not path or path[-1][:2] != tuple(epoch[:2]):
+            path = ((epoch[0], epoch[1], offset),)
+        bound, end = offset, None
+        for number, origin, start in reversed(path):
+            end, held = self.epoch_end(key, (number, origin))
+            if held:
+                return min(end, bound)
+            if end is None:
+                return bound if bound < offset else None
+            bound = min(bound, max(start, self.store.min_offset(*key)))
+        return min(end, bound)
 
     def check_at(self, key, offset):
         """The ``record_check`` of this broker's record ``offset`` of partition ``key``; 0 when it has none."""

@@ -16,8 +16,8 @@ ROUTES (peer to master): UTF-8 JSON, 2..MQTT_CLUSTER_ROUTES_BYTES bytes::
      "retained_check": check,                        (optional, 0: none) the ``record_check`` of the retained record
                                                      before that offset as the peer copied it, proved as a position's
      "retained_epoch": [epoch, origin],              (optional, [0, 0]: none) that record's epoch, as a position's
-     "retained_epoch_from": offset,                  (optional) where the peer's retained copies of that epoch
-                                                     began, as a position's "epoch_from"
+     "retained_epoch_path": [[epoch, origin, from], ...],  (optional) the epochs the retained copies went
+                                                     through, as a position's "epoch_paths" entry
      "groups": [[share name, filter], ...],          its ``$share`` groups with members, at most MQTT_CLUSTER_MAX_GROUPS
                                                      (optional)
      "weights": [members, ...],                      one per group, each 0..MQTT_CLUSTER_SHARE_WEIGHT_MAX (optional;
@@ -29,10 +29,12 @@ ROUTES (peer to master): UTF-8 JSON, 2..MQTT_CLUSTER_ROUTES_BYTES bytes::
                                                      (``store.epochs``: its number and origin) of the record before
                                                      it as the peer copied it; present (an empty list too) when the
                                                      peer takes EPOCH entries
-     "epoch_from": [offset, ...],                    one per position (optional; absent: each the position's own
-                                                     offset): where the peer's copies of that epoch began, the
-                                                     first offset it copied of it (its copy may differ from this
-                                                     log's from there on when this log does not hold that epoch)
+     "epoch_paths": [[[epoch, origin, from], ...], ...],  one per position (optional; [] for a position: none
+                                                     known): the epochs the peer's copy went through, oldest first,
+                                                     the last the position's own, at most MQTT_CLUSTER_EPOCHS_KEPT,
+                                                     each with the position its copy entered it at (its copies from
+                                                     there on may differ from this log's when this log does not hold
+                                                     that epoch)
      "version": n,                                   (optional, 0: none) the route's version: the master acks it
      "more": true}                                   (optional) more of this route follows in the next ROUTES
 
@@ -50,8 +52,9 @@ record belongs to, and says so with a POSITION entry flagged RESUMED. With the p
 OffsetForLeaderEpoch) it first finds where that epoch ended in its own history: a position past that end resumes
 there, the first offset the master's log holds of a later epoch (after two failovers in a row too: what a middle
 master wrote that the peer never copied is sent); an epoch it does not hold ends where its latest earlier one does,
-and no later than where the peer's copies of it began ("epoch_from": a master deposed mid-epoch may have begun its
-epoch before the end of the earlier one here, when it lagged as a slave; KIP-279 asks again for the same reason).
+and no later than where the peer's copy entered it ("epoch_paths": a master deposed mid-epoch may have begun its
+epoch before the end of the earlier one here, when it lagged as a slave), and so on back through the peer's path to
+the latest epoch it holds (KIP-279 asks again, epoch by epoch, for the same reason).
 
 RECORDS (master to peer), ``>I`` count then count entries, at most MQTT_CLUSTER_FRAME_BYTES::
 
@@ -129,8 +132,9 @@ class Routes(NamedTuple):
     retained record before ``retained`` as the peer copied it (0: none), proved as a position's check is;
     ``epochs``: one ``(epoch, origin)`` per position (``NO_EPOCH``: none known; empty: none known of any), None from
     a peer that takes no EPOCH entry; ``retained_epoch``: the epoch of the retained record before ``retained``;
-    ``epoch_from``: one offset per position, where the peer's copies of that position's epoch began (empty: each the
-    position's own), ``retained_epoch_from`` the same of the retained epoch (-1: ``retained``)."""
+    ``epoch_paths``: one per position (empty: none of any), the epochs its copy went through, ``((number, origin,
+    from), ...)`` oldest first, the last the position's own, each with where the copy entered it (``()``: none
+    known); ``retained_epoch_path`` the same of the retained offset."""
 
     broker_id: int
     filters: tuple
@@ -144,8 +148,8 @@ class Routes(NamedTuple):
     retained_check: int = 0
     epochs: tuple | None = None
     retained_epoch: tuple = NO_EPOCH
-    epoch_from: tuple = ()
-    retained_epoch_from: int = -1
+    epoch_paths: tuple = ()
+    retained_epoch_path: tuple = ()
 
 
 def epoch_entry(topic, partition, offset, epoch):
@@ -235,16 +239,17 @@ def split_routes(routes, most=None):
         return [routes._replace(more=False)]
     empty = Routes(routes.broker_id, (), (), routes.retained, (), (), True, routes.version,
                    retained_check=routes.retained_check, epochs=() if routes.epochs is not None else None,
-                   retained_epoch=routes.retained_epoch, retained_epoch_from=routes.retained_epoch_from)
+                   retained_epoch=routes.retained_epoch, retained_epoch_path=routes.retained_epoch_path)
     room = most - len(_routes_json(empty))  # what a part holds beside its items (each counted with a comma)
-    if routes.epoch_from:  # each part with positions carries the key, which the empty part's JSON lacks
-        room -= len(b',"epoch_from":[]')
+    if routes.epoch_paths:  # each part with positions carries the key, which the empty part's JSON lacks
+        room -= len(b',"epoch_paths":[]')
     checks = routes.checks or (0,) * len(routes.positions)
     epochs = routes.epochs or (NO_EPOCH,) * len(routes.positions)
-    froms = routes.epoch_from or tuple(p[2] for p in routes.positions)
+    paths = routes.epoch_paths or ((),) * len(routes.positions)
     items = [("filters", f, len(_json(f)) + 1) for f in routes.filters]
-    items += [("positions", (p, c, e, f), len(_json(list(p))) + len(_json(c)) + len(_json(list(e))) + len(_json(f))
-               + 4) for p, c, e, f in zip(routes.positions, checks, epochs, froms, strict=True)]
+    items += [("positions", (p, c, e, f), len(_json(list(p))) + len(_json(c)) + len(_json(list(e)))
+               + len(_json([list(x) for x in f])) + 4)
+              for p, c, e, f in zip(routes.positions, checks, epochs, paths, strict=True)]
     weights = routes.weights or (1,) * len(routes.groups)
     items += [("groups", (g, w), len(_json(list(g))) + len(_json(w)) + 2)
               for g, w in zip(routes.groups, weights, strict=True)]
@@ -259,7 +264,7 @@ def split_routes(routes, most=None):
     out = [empty._replace(filters=tuple(p["filters"]), positions=tuple(x[0] for x in p["positions"]),
                           checks=tuple(x[1] for x in p["positions"]) if routes.checks else (),
                           epochs=tuple(x[2] for x in p["positions"]) if routes.epochs else empty.epochs,
-                          epoch_from=tuple(x[3] for x in p["positions"]) if routes.epoch_from else (),
+                          epoch_paths=tuple(x[3] for x in p["positions"]) if routes.epoch_paths else (),
                           groups=tuple(x[0] for x in p["groups"]),
                           weights=tuple(x[1] for x in p["groups"]) if routes.weights else ()) for p in parts]
     out[-1] = out[-1]._replace(more=False)
@@ -287,10 +292,10 @@ def join_routes(so_far, part):
                      + (part.epochs or (NO_EPOCH,) * len(part.positions))
                      if so_far.epochs or part.epochs else ()),
                     so_far.retained_epoch,
-                    ((so_far.epoch_from or tuple(p[2] for p in so_far.positions))
-                     + (part.epoch_from or tuple(p[2] for p in part.positions))
-                     if so_far.epoch_from or part.epoch_from else ()),
-                    so_far.retained_epoch_from)
+                    ((so_far.epoch_paths or ((),) * len(so_far.positions))
+                     + (part.epoch_paths or ((),) * len(part.positions))
+                     if so_far.epoch_paths or part.epoch_paths else ()),
+                    so_far.retained_epoch_path)
     for what, count, most, name in (("filters", len(joined.filters), mqttcluster_limits.MQTT_CLUSTER_MAX_FILTERS,
                                      "MQTT_CLUSTER_MAX_FILTERS"),
                                     ("positions", len(joined.positions), mqttcluster_limits.MQTT_CLUSTER_MAX_POSITIONS,
@@ -317,10 +322,10 @@ def _routes_json(event):
         obj["epochs"] = [list(e) for e in event.epochs]
     if tuple(event.retained_epoch) != NO_EPOCH:
         obj["retained_epoch"] = list(event.retained_epoch)
-    if event.epoch_from:
-        obj["epoch_from"] = list(event.epoch_from)
-    if event.retained_epoch_from >= 0:
-        obj["retained_epoch_from"] = event.retained_epoch_from
+    if event.epoch_paths:
+        obj["epoch_paths"] = [[list(x) for x in path] for path in event.epoch_paths]
+    if event.retained_epoch_path:
+        obj["retained_epoch_path"] = [list(x) for x in event.retained_epoch_path]
     return _json(obj)
 
 
@@ -405,14 +410,26 @@ def decode_routes(payload):
                              "group weight (MQTT_CLUSTER_SHARE_WEIGHT_MAX)")
                     for w in weights)
     retained_check = _bounded(obj.get("retained_check", 0), 0, 2**33 - 1, "retained check")
-    froms = obj.get("epoch_from", [])
-    if not isinstance(froms, list) or len(froms) not in (0, len(out)):
-        raise _fail("ROUTES epoch_from must be a list of one offset per position")
+    paths = obj.get("epoch_paths", [])
+    if not isinstance(paths, list) or len(paths) not in (0, len(out)):
+        raise _fail("ROUTES epoch_paths must be a list of one epoch path per position")
     return Routes(broker, tuple(filters), tuple(out), retained, groups, checks, more, version, weights,
                   retained_check, _epochs(obj.get("epochs"), len(out)),
                   _epochs([obj["retained_epoch"]], 1)[0] if "retained_epoch" in obj else NO_EPOCH,
-                  tuple(_bounded(f, 0, 2**63 - 1, "epoch_from offset") for f in froms),
-                  _bounded(obj.get("retained_epoch_from", -1), -1, 2**63 - 1, "retained_epoch_from offset"))
+                  tuple(_epoch_path(p, "epoch_paths") for p in paths),
+                  _epoch_path(obj.get("retained_epoch_path", []), "retained_epoch_path"))
+
+
+def _epoch_path(path, what):
+    """One epoch path of a ROUTES (``Routes.epoch_paths``' item): at most MQTT_CLUSTER_EPOCHS_KEPT ``[epoch, origin,
+    from]``; a fatal RemoteProtocolError for anything else."""
+    if not isinstance(path, list) or len(path) > mqttcluster_limits.MQTT_CLUSTER_EPOCHS_KEPT or \
+            not all(isinstance(x, list) and len(x) == 3 for x in path):
+        raise _fail("ROUTES %s: an epoch path is a list of at most %d [epoch, origin, from] (MQTT_CLUSTER_EPOCHS_KEPT)"
+                    % (what, mqttcluster_limits.MQTT_CLUSTER_EPOCHS_KEPT))
+    return tuple((_bounded(x[0], 0, MAX_EPOCH_FIELD, what + " epoch"), _bounded(x[1], 0, MAX_EPOCH_FIELD,
+                                                                                 what + " origin"),
+                  _bounded(x[2], 0, 2**63 - 1, what + " offset")) for x in path)
 
 
 def _epochs(epochs, positions):

@@ -21,10 +21,10 @@ from tests.mqttcluster.test_units import ForkedStore, InboxStore
 FIRST, SECOND = (1, 11), (2, 22)  # ForkedStore's history: epoch 1 from log position 0, epoch 2 from 300 (offset 3)
 
 
-def follow(offset, epoch, check=0, epoch_from=None):
+def follow(offset, epoch, check=0, path=None):
     return PeerFollow(ForkedStore({"t": 1}), rp.Routes(1, ("t",), (("t", 0, offset),), checks=(check,),
-                                                         epochs=(epoch,), epoch_from=() if epoch_from is None
-                                                         else (epoch_from,)))
+                                                         epochs=(epoch,), epoch_paths=() if path is None
+                                                         else (path,)))
 
 
 def test_a_position_past_where_its_epoch_ended_resumes_there_else_as_its_check_says():
@@ -162,7 +162,7 @@ def test_a_retained_offset_keeps_its_epoch_and_resumes_no_further_than_where_it_
     cluster = _cluster()
     cluster.apply(2, [epoch_entry(MQTT_SESSIONS_TOPIC, 0, 6, SECOND),
                       Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, 7, 0, 1, b"U{}")])
-    assert cluster.retained_from(2) == (8, record_check(1, b"U{}"), SECOND, 7)
+    assert cluster.retained_from(2) == (8, record_check(1, b"U{}"), SECOND, ((2, 22, 7),))
 
 
 class ChurnStore(ForkedStore):
@@ -235,90 +235,99 @@ def test_a_position_is_proved_in_a_few_reads_of_the_longest_epoch_history():
         assert Counted.reads <= 40, (epoch, check)
 
 
-def test_an_epoch_this_log_does_not_hold_resumes_no_further_than_where_the_peers_copies_of_it_began():
+def test_an_epoch_this_log_does_not_hold_resumes_no_further_than_where_the_peers_copy_entered_it():
     """Two failovers in a row where the middle master had lagged as a slave: it began its epoch at offset 1, before
     where the earlier epoch ended here (3), and the peer copied its records from there. This log does not hold that
     epoch, so its records from 1 on are not this log's: the peer resumes at 1 and gets this log's 1 and 2, which it
-    never copied (KIP-279's second question, answered by what the peer says of its copies)."""
+    never copied (KIP-279's second question, answered from the peer's epoch path)."""
     middle = (2, 77)  # epoch 2 of another master than this history's epoch 2
     assert follow(4, middle).cursors[("t", 0)] == 3  # where epoch 1 ended here: all an older peer can be told
-    assert follow(4, middle, epoch_from=1).cursors[("t", 0)] == 1
-    assert follow(4, middle, epoch_from=1).rewound == {("t", 0)}
-    assert follow(4, middle, epoch_from=3).cursors[("t", 0)] == 3  # began at the end: the end
-    assert follow(4, (9, 99), epoch_from=2).cursors[("t", 0)] == 2  # a later epoch this log never saw: where it began
+    assert follow(4, middle, path=((2, 77, 1),)).cursors[("t", 0)] == 1
+    assert follow(4, middle, path=((2, 77, 1),)).rewound == {("t", 0)}
+    assert follow(4, middle, path=((2, 77, 3),)).cursors[("t", 0)] == 3  # entered at the end: the end
+    assert follow(4, (9, 99), path=((9, 99, 2),)).cursors[("t", 0)] == 2  # a later epoch never seen here: its entry
     ours = record_check(1, b"m3")
-    assert follow(4, SECOND, ours, epoch_from=1).cursors[("t", 0)] == 4  # an epoch held here: KIP-101's end suffices
-    assert follow(2, FIRST, epoch_from=0).cursors[("t", 0)] == 2  # held, before its end: where it was
+    assert follow(4, SECOND, ours, ((1, 11, 0), (2, 22, 1))).cursors[("t", 0)] == 4  # held here: KIP-101's end
+    assert follow(2, FIRST, path=((1, 11, 0),)).cursors[("t", 0)] == 2  # held, before its end: where it was
+    assert follow(4, middle, path=((1, 11, 0),)).cursors[("t", 0)] == 3  # a path not the position's: as none
 
 
-def test_a_position_keeps_where_the_copies_of_its_epoch_began_through_rewinds_and_restarts():
+def test_a_chain_of_epochs_this_log_never_held_resumes_where_the_copy_entered_the_oldest_of_them():
+    """The peer copied from two deposed masters in a row (epochs (2, 77) then (3, 88)), neither held here: it resumes
+    where it entered the first of them, not only the last; a held epoch before them bounds it by its end here too."""
+    chain = ((2, 77, 1), (3, 88, 2))
+    assert follow(4, (3, 88), path=chain).cursors[("t", 0)] == 1
+    assert follow(4, (3, 88), path=chain[1:]).cursors[("t", 0)] == 2  # knowing the last only: where it entered that
+    assert follow(4, (2, 77), path=((1, 11, 0), (2, 77, 2))).cursors[("t", 0)] == 2
+    assert follow(4, (2, 77), path=((1, 11, 0), (2, 77, 3))).cursors[("t", 0)] == 3  # epoch 1's end here
+
+
+def test_a_position_keeps_the_epochs_its_copy_went_through_with_where_it_entered_each():
     pos = inbox.Positions()
     for offset in (5, 6, 7):
         pos.copied(1, "t", 0, offset, epoch=FIRST)
-    assert pos.epochs_from(1, pos.of(1)) == (5,)
-    pos.copied(1, "t", 0, 8, epoch=SECOND)  # another epoch: its copies begin here
-    pos.copied(1, "t", 0, 9, epoch=SECOND)
-    assert pos.epochs_from(1, pos.of(1)) == (8,)
-    pos.copied(1, "t", 0, 6, epoch=SECOND, rewound=True)  # resumed before it, the record there of the same epoch
-    assert pos.of(1) == (("t", 0, 7),) and pos.epochs_from(1, pos.of(1)) == (6,)
-    pos.copied(1, "t", 0, 9, epoch=NO_EPOCH)  # none known: the position's own offset
-    assert pos.epochs_from(1, pos.of(1)) == (10,)
-    pos.copied(1, "t", 0, 14, epoch=FIRST)  # 10..13 passed unread (none of the peer's filters): they count too
-    assert pos.epochs_from(1, pos.of(1)) == (10,)
+    assert pos.epoch_paths(1, pos.of(1)) == (((1, 11, 5),),)
+    pos.copied(1, "t", 0, 12, epoch=SECOND)  # another epoch, 8..11 passed unread: entered at 8
+    pos.copied(1, "t", 0, 13, epoch=SECOND)
+    assert pos.epoch_paths(1, pos.of(1)) == (((1, 11, 5), (2, 22, 8)),)
+    pos.copied(1, "t", 0, 20, epoch=(3, 33))
+    pos.copied(1, "t", 0, 9, epoch=SECOND, rewound=True)  # resumed back into epoch 2: epoch 3's entry goes
+    assert pos.of(1) == (("t", 0, 10),) and pos.epoch_paths(1, pos.of(1)) == (((1, 11, 5), (2, 22, 8)),)
+    pos.copied(1, "t", 0, 6, epoch=FIRST, rewound=True)  # back into epoch 1
+    assert pos.epoch_paths(1, pos.of(1)) == (((1, 11, 5),),)
+    for n, offset in enumerate((30, 40, 50, 60), 4):
+        pos.copied(1, "t", 0, offset, epoch=(n, 1))
+    assert pos.epoch_paths(1, pos.of(1)) == (((5, 1, 31), (6, 1, 41), (7, 1, 51)),)  # MQTT_CLUSTER_EPOCHS_KEPT
+    pos.copied(1, "t", 0, 61, epoch=NO_EPOCH)  # none known
+    assert pos.epoch_paths(1, pos.of(1)) == ((),)
     copies = [inbox.copy_of(1, "t", 0, n, 0, b"x", 1_000, epoch=FIRST if n < 4 else SECOND) for n in range(2, 6)]
     recovered = inbox.Positions()
-    assert inbox.recover(InboxStore(copies), recovered) == 4
-    assert recovered.of(1) == (("t", 0, 6),) and recovered.epochs_from(1, recovered.of(1)) == (4,)
-    cluster = _cluster()
-    cluster.apply(2, [epoch_entry(MQTT_SESSIONS_TOPIC, 0, 6, SECOND), Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, 7, 0, 1,
-                                                                            b"U{}"),
-                      Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, 9, 0, 1, b"U{}")])
-    assert cluster.retained_from(2)[2:] == (SECOND, 7)  # the retained copies of epoch 2 began at 7
+    assert inbox.recover(InboxStore(copies), recovered) == 4  # rebuilt from the inbox at start
+    assert recovered.of(1) == (("t", 0, 6),) and recovered.epoch_paths(1, recovered.of(1)) == (((1, 11, 2),
+                                                                                                 (2, 22, 4)),)
     cluster = _cluster()
     cluster.apply(2, [epoch_entry(MQTT_SESSIONS_TOPIC, 0, 3, FIRST), Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, 3, 0, 1,
                                                                            b"U{}"),
                       epoch_entry(MQTT_SESSIONS_TOPIC, 0, 5, SECOND), Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, 8, 0, 1,
                                                                             b"U{}")])
-    assert cluster.retained_from(2) == (9, record_check(1, b"U{}"), SECOND, 4)  # sessions' records 4..7 passed
+    assert cluster.retained_from(2) == (9, record_check(1, b"U{}"), SECOND, ((1, 11, 3), (2, 22, 4)))
 
 
-def test_a_route_in_parts_keeps_each_part_within_its_bound_with_where_the_epochs_began():
+def test_a_route_in_parts_keeps_each_part_within_its_bound_with_the_epoch_paths():
     positions = tuple(("t%d" % (i % 97), i % 5, 10 ** (i % 12)) for i in range(400))
     routes = rp.Routes(3, ("a/#",), positions, 5, checks=tuple(1 + i for i in range(400)),
                        epochs=tuple((i, 10 ** (i % 9)) for i in range(400)),
-                       epoch_from=tuple(p[2] // 2 for p in positions))
+                       epoch_paths=tuple(((i, 7, p[2] // 3), (i + 1, 10 ** (i % 9), p[2] // 2))[:1 + i % 2]
+                                         for i, p in enumerate(positions)))
     for most in range(300, 1400, 37):
         parts = split_routes(routes, most=most)
         assert all(len(routes_parts(part)[0]) <= most for part in parts), most
         joined = None
         for part in parts:
             joined = join_routes(joined, decode_routes(routes_parts(part)[0]))
-        assert joined.epoch_from == routes.epoch_from and joined.positions == positions
+        assert joined.epoch_paths == routes.epoch_paths and joined.positions == positions
 
 
-def test_routes_carry_where_each_positions_epoch_began_in_parts_too_and_an_older_peer_sends_none():
+def test_routes_carry_the_epoch_paths_and_an_older_peer_sends_none():
     routes = rp.Routes(3, ("a/#",), (("a", 0, 4), ("b", 1, 9)), 5, checks=(5, 6), epochs=(FIRST, SECOND),
-                       epoch_from=(1, 7), retained_epoch=FIRST, retained_epoch_from=2)
+                       epoch_paths=(((1, 11, 1),), ((1, 11, 0), (2, 22, 7))), retained_epoch=FIRST,
+                       retained_epoch_path=((1, 11, 2),))
     p = rp.ReplicationParser()
     p.receive_data(rp.serialize(routes))
     assert p.next_event() == routes
-    parts = split_routes(routes, most=130)
-    assert len(parts) > 1
-    joined = None
-    for part in parts:
-        joined = join_routes(joined, decode_routes(routes_parts(part)[0]))
-    assert joined.epoch_from == (1, 7) and joined.retained_epoch_from == 2
     older = decode_routes(json.dumps({"broker": 3, "filters": [], "positions": [["a", 0, 4]],
                                       "epochs": [[1, 11]]}).encode())
-    assert older.epoch_from == () and older.retained_epoch_from == -1
+    assert older.epoch_paths == () and older.retained_epoch_path == ()
     assert PeerFollow(ForkedStore({"t": 1}), rp.Routes(1, (), (), 4, retained_epoch=(2, 77),
-                                                       retained_epoch_from=1)).retained == 1
+                                                       retained_epoch_path=((2, 77, 1),))).retained == 1
 
 
-@pytest.mark.parametrize("bad", [{"epoch_from": [1]}, {"epoch_from": [1, -1]}, {"epoch_from": [1, "2"]},
-                                 {"epoch_from": 3}, {"epoch_from": [1, 2**63]}, {"retained_epoch_from": -2},
-                                 {"retained_epoch_from": True}])
-def test_a_lie_in_where_an_epoch_began_is_a_clear_error(bad):
-    with pytest.raises(RemoteProtocolError, match="epoch_from"):
+@pytest.mark.parametrize("bad", [{"epoch_paths": [[]]}, {"epoch_paths": [[], [[1, 2, -1]]]},
+                                 {"epoch_paths": [[], [[1, 2]]]}, {"epoch_paths": [[], [[1, 2, "3"]]]},
+                                 {"epoch_paths": 3}, {"epoch_paths": [[], [[1, 2, 2**63]]]},
+                                 {"epoch_paths": [[], [[1, 1, 1]] * 4]}, {"retained_epoch_path": [[1, 2, True]]},
+                                 {"retained_epoch_path": [1, 2, 3]}])
+def test_a_lie_in_an_epoch_path_is_a_clear_error(bad):
+    with pytest.raises(RemoteProtocolError, match="epoch_path"):
         decode_routes(json.dumps({"broker": 3, "filters": [], "positions": [["a", 0, 4], ["b", 0, 1]],
                                   **bad}).encode())

@@ -18,10 +18,10 @@ so the positions hold across its failover too; each position keeps the check of 
 marker sets its partition's position where it says, back too (``rewound``). Each copy and marker keeps the epoch of
 the origin record at (before) its place too (``MQTT_EPOCH`` = ``<number>:<origin>``, as the origin's EPOCH entries
 said): the position's epoch, which the origin answers with where that epoch ended in its history (a peer away through
-two failovers in a row resumes before what the middle master wrote), and where the copies of that epoch began
-(``epoch_from``: the position the copy entered it at, as the inbox holds it), which the origin answers no further
-than when its history does not hold that epoch. Pure but for ``recover``, which reads the store (a worker thread's
-call: cold pages).
+two failovers in a row resumes before what the middle master wrote), and the epochs the copy went through with the
+position it entered each at (``entered``: its epoch path, as the inbox holds it), which the origin answers no
+further than where it entered the oldest of the latest ones its history does not hold. Pure but for ``recover``,
+which reads the store (a worker thread's call: cold pages).
 """
 
 import json
@@ -39,7 +39,7 @@ from metaq.protocol.message import ATTRIBUTE_FLAG, decode_payload, encode_payloa
 from metaq.protocol.replication_mqtt import NO_EPOCH
 from metaq.protocol.properties import encode_attribute, encode_properties, split_attribute
 
-__all__ = ["INBOX", "ORIGIN", "NEXT", "CHECK", "EPOCH", "GROUPS", "MARKER_NAME", "partition_of", "copy_of",
+__all__ = ["INBOX", "ORIGIN", "NEXT", "CHECK", "EPOCH", "GROUPS", "MARKER_NAME", "entered", "partition_of", "copy_of",
            "copy_parts", "read_as", "as_is", "marker",
            "origin_of", "place_of", "groups_of", "Positions", "recover"]
 
@@ -184,19 +184,36 @@ def groups_of(flag, data):
         return ()
 
 
+def entered(path, epoch, before, offset, rewound=False, most=mqttcluster_limits.MQTT_CLUSTER_EPOCHS_KEPT):
+    """A copy's epoch path, ``((number, origin, from), ...)`` oldest first, the last its position's, once the origin
+    record at ``offset`` of ``epoch`` was copied or passed (``before``: the position then, None: none; ``rewound``:
+    the position went back to it). An epoch is entered at the position the copy had then (what it passed unread of
+    it counts); a rewind drops the epochs entered past its record; at most ``most`` kept, the oldest dropped; () for
+    NO_EPOCH."""
+    if tuple(epoch) == NO_EPOCH:
+        return ()
+    here = max(offset, 0)
+    if rewound:
+        path = tuple(x for x in path if x[2] <= here)
+    if path and path[-1][:2] == tuple(epoch):
+        return path
+    start = here if before is None else min(before, here)
+    return (path + ((epoch[0], epoch[1], start),))[-most:]
+
+
 class Positions:
     """Where each origin partition's copy resumes: ``{(origin, topic, partition): next offset}``, at most
     ``most`` of them (past it the new one is not kept: its copy then resumes where the peer decides, its end, and
-    it is logged once); with each the check and the epoch of the origin record before it and where the copies of
-    that epoch began, and the epoch the origin last told of its records from an offset on (``told``: one per
-    position, the same bound)."""
+    it is logged once); with each the check and the epoch of the origin record before it and its epoch path
+    (``entered``), and the epoch the origin last told of its records from an offset on (``told``: one per position,
+    the same bound)."""
 
     def __init__(self, most=mqttcluster_limits.MQTT_CLUSTER_MAX_POSITIONS):
         self.most = most
         self._next = {}
         self._checks = {}  # key -> the check of the origin record before its next offset (absent: none)
         self._epochs = {}  # key -> (number, origin) of the epoch of that record (absent: none known)
-        self._from = {}  # key -> the first offset copied (or passed) of that epoch, with it
+        self._paths = {}  # key -> its epoch path (``entered``), the last entry that epoch's
         self._told = {}  # key -> (offset, (number, origin)): the origin's records from that offset on are of it
         self._kept = set()  # the keys an inbox record (a copy or a marker) holds the position of
         self.refused = 0
@@ -271,14 +288,11 @@ class Positions:
                 self._checks.pop(key, None)
             if tuple(epoch) != NO_EPOCH:
                 epoch = tuple(epoch)
-                since, here = self._from.get(key), max(offset, 0)
-                if since is None or self._epochs.get(key) != epoch:  # from the position it entered the epoch at
-                    since = here if old is None else min(old, here)  # (what it passed of it unread counts too)
-                self._from[key] = min(since, here)
+                self._paths[key] = entered(self._paths.get(key, ()), epoch, old, offset, rewound)
                 self._epochs[key] = epoch
             else:
                 self._epochs.pop(key, None)
-                self._from.pop(key, None)
+                self._paths.pop(key, None)
         return True
 
     def is_copied(self, origin, topic, partition, offset):
@@ -298,10 +312,9 @@ class Positions:
         """The epoch ``(number, origin)`` of each of ``positions`` (``of(origin)``'s answer), NO_EPOCH for none."""
         return tuple(self._epochs.get((origin, t, p), NO_EPOCH) for t, p, _o in positions)
 
-    def epochs_from(self, origin, positions):
-        """Where the copies of each of ``positions``' epoch began (``of(origin)``'s answer): the position the copy
-        entered it at (what it passed unread of it counts), the position's own offset when none is known."""
-        return tuple(self._from.get((origin, t, p), o) for t, p, o in positions)
+    def epoch_paths(self, origin, positions):
+        """The epoch path (``entered``) of each of ``positions`` (``of(origin)``'s answer), () for none."""
+        return tuple(self._paths.get((origin, t, p), ()) for t, p, _o in positions)
 
 
 def recover(store, positions):

@@ -118,18 +118,18 @@ class PeerLink:
         version, filters = cluster.route()
         cluster.positions.untold(self.broker_id)  # this link's peer tells the epochs of what it sends again
         positions = cluster.positions.of(self.broker_id)
-        retained, retained_check, retained_epoch, retained_from = cluster.retained_from(self.broker_id)
+        retained, retained_check, retained_epoch, retained_path = cluster.retained_from(self.broker_id)
         routes = rp.Routes(cluster.broker_id, filters, positions, retained,
                            cluster.groups(), cluster.positions.checks(self.broker_id, positions), version=version,
                            weights=cluster.weights(), retained_check=retained_check,
                            epochs=cluster.positions.epochs(self.broker_id, positions), retained_epoch=retained_epoch,
-                           epoch_from=cluster.positions.epochs_from(self.broker_id, positions),
-                           retained_epoch_from=retained_from)
+                           epoch_paths=cluster.positions.epoch_paths(self.broker_id, positions),
+                           retained_epoch_path=retained_path)
         parts = self._parts(routes)
         if len(rp.serialize(parts[0])) - rp.FRAME_HEADER.size > replication_limits.REPLICATION_HANDSHAKE_FRAME_BYTES:
             # the peer reads no larger frame before the proof: a first part with none of the route, the route after
             parts.insert(0, routes._replace(filters=(), positions=(), groups=(), checks=(), more=True, weights=(),
-                                            epochs=(), epoch_from=()))
+                                            epochs=(), epoch_paths=()))
         first = authenticate(sock, parser, cluster.secret, cluster.broker_id, parts[0], next_event, "RECORDS")
         for part in parts[1:]:  # the peer starts its follow once the last part came
             send_event(sock, part)

@@ -128,7 +128,7 @@ class MqttCluster:
         self.retained = PeerRetained(broker_id, lambda topic, name: port.topics.holds(topic, name),
                                      lambda name: port.table.retained.get(name))
         self.retained_next = {}  # broker id -> (next offset of its %MQTT% journal read, the check and the epoch of
-        # the record before it, where the copies of that epoch began: -1 none) (this process's)
+        # the record before it, its epoch path: ``inbox.entered``) (this process's)
         self.route_changed = Event()
         self._acked = Event()  # replaced at each ROUTED a link gets (``acked``), as ``route_changed`` is
         self._pinned = {}  # key -> filters the route keeps whatever the sessions hold (``pin``)
@@ -436,12 +436,12 @@ class MqttCluster:
     # -- copies --------------------------------------------------------------------
 
     def retained_from(self, origin):
-        """``(offset, check, epoch, epoch_from)``: the ``%MQTT%`` offset of ``origin``'s journal a new link asks
-        retained records from, and the ``record_check`` and the epoch of the retained record before it as copied here
-        (0, NO_EPOCH: none) and where the copies of that epoch began (-1: none known), which ``origin`` proves
+        """``(offset, check, epoch, path)``: the ``%MQTT%`` offset of ``origin``'s journal a new link asks retained
+        records from, and the ``record_check``, the epoch and the epoch path (``inbox.entered``) of the retained record
+        before it as copied here (0, NO_EPOCH, (): none), which ``origin`` proves
         (``PeerFollow.proved``: after async failovers there, one or more in a row, the retained records its new
         masters wrote at offsets this broker saw other records at are sent too)."""
-        return self.retained_next.get(origin, (0, 0, NO_EPOCH, -1))
+        return self.retained_next.get(origin, (0, 0, NO_EPOCH, ()))
 
     def apply(self, origin, entries, routed=None):
         """Copy a RECORDS frame's entries from peer ``origin``; returns how many messages were copied. Raises the put
@@ -518,14 +518,9 @@ class MqttCluster:
                     keys.update(self._position(origin, e, now))
                 elif e.kind == RETAINED:
                     epoch = positions.epoch_at(origin, MQTT_SESSIONS_TOPIC, 0, e.offset)
-                    at, _c, was, since = self.retained_from(origin)
-                    if epoch == NO_EPOCH:
-                        since = -1
-                    elif was != epoch or since < 0:  # from where its offset entered the epoch (records passed count)
-                        since = min(at, e.offset) if origin in self.retained_next else e.offset
-                    else:
-                        since = min(since, e.offset)
-                    self.retained_next[origin] = (e.offset + 1, record_check(e.ts, e.data), epoch, since)
+                    at, _c, _e, path = self.retained_from(origin)
+                    path = inbox.entered(path, epoch, at if origin in self.retained_next else None, e.offset)
+                    self.retained_next[origin] = (e.offset + 1, record_check(e.ts, e.data), epoch, path)
                     self.retained.apply(origin, e)
                 elif e.kind == ROUTED and routed is not None:
                     routed.append(e.offset)
