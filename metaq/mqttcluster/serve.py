@@ -520,8 +520,8 @@ class PeerFollow:
         ``offset``): the end here of the latest epoch of the path this log holds, and no further than where the copy
         entered any later one (those it never held: a master deposed mid-epoch, that had lagged as a slave, may have
         begun its epoch before that end). None of the path held: the end of the latest epoch held before its oldest,
-        and no further than where the copy entered that oldest. None when no epoch here is that old (the check
-        decides)."""
+        and no further than where the copy entered that oldest; no epoch here that old: where it entered it (no
+        further than this log's end), None when that is ``offset`` itself (the check decides)."""
         if not path or path[-1][:2] != tuple(epoch[:2]):
             path = ((epoch[0], epoch[1], offset),)
         bound, end = offset, None
@@ -529,9 +529,11 @@ class PeerFollow:
             end, held = self.epoch_end(key, (number, origin))
             if held:
                 return min(end, bound)
-            if end is None:
-                return bound if bound < offset else None
             bound = min(bound, max(start, self.store.min_offset(*key)))
+            if end is None:  # none held here as old as it, nor as any before it
+                break
+        if end is None:
+            return None if bound >= offset else min(bound, self.store.max_offset(*key))
         return min(end, bound)
 
     def check_at(self, key, offset):

@@ -331,3 +331,55 @@ def test_a_lie_in_an_epoch_path_is_a_clear_error(bad):
     with pytest.raises(RemoteProtocolError, match="epoch_path"):
         decode_routes(json.dumps({"broker": 3, "filters": [], "positions": [["a", 0, 4], ["b", 0, 1]],
                                   **bad}).encode())
+
+
+class ReturningStore(ForkedStore):
+    """The history of a master that lagged and comes back: its epoch 2 from offset 0, its epoch 4 from offset 2."""
+
+    epochs = SimpleNamespace(entries=[(2, 0, 33), (4, 200, 33)])
+
+
+def test_a_path_older_than_every_epoch_held_here_resumes_where_the_copy_entered_its_oldest():
+    """The peer copied master 11's epoch 1 from 0, then master 44's epoch 3 from 5; the master now (33) holds
+    neither, nor anything as old as epoch 1: none of the peer's copies are its records, so it resumes at 0 (where the
+    path began), not at 5, nor by its check alone at its own epoch's start."""
+    follow = PeerFollow(ReturningStore({"t": 1}), rp.Routes(1, ("t",), (("t", 0, 6),), epochs=((3, 44),),
+                                                            epoch_paths=(((1, 11, 0), (3, 44, 5)),)))
+    assert follow.cursors[("t", 0)] == 0 and follow.rewound == {("t", 0)}
+    only_last = PeerFollow(ReturningStore({"t": 1}), rp.Routes(1, ("t",), (("t", 0, 6),), epochs=((3, 44),),
+                                                               epoch_paths=(((3, 44, 5),),)))
+    assert only_last.cursors[("t", 0)] == 2  # knowing the last only: epoch 2's end here
+    lost = PeerFollow(ReturningStore({"t": 1}), rp.Routes(1, ("t",), (("t", 0, 9),), epochs=((1, 11),),
+                                                          epoch_paths=(((1, 11, 7),),)))
+    assert lost.cursors[("t", 0)] == 5  # entered past this log's end: its end, nothing skipped
+
+
+class TrimmedInbox(InboxStore):
+    """An inbox whose first record retention removed."""
+
+    def min_offset(self, topic, partition):
+        return 1
+
+
+def test_a_recovered_path_says_where_the_copy_entered_each_epoch_and_0_when_retention_took_the_first():
+    copies = [inbox.copy_of(1, "t", 0, n, 0, b"x", 1_000, epoch=FIRST if n < 4 else SECOND) for n in range(2, 6)]
+    resumed = inbox.marker(1, "t", 0, 3, 1_000, 0, FIRST)  # the origin resumed the copy at 3 (record 2 of epoch 1)
+    recovered = inbox.Positions()
+    assert inbox.recover(InboxStore(copies + [resumed]), recovered) == 5
+    assert recovered.of(1) == (("t", 0, 3),) and recovered.epoch_paths(1, recovered.of(1)) == (((1, 11, 2),),)
+    trimmed = inbox.Positions()
+    assert inbox.recover(TrimmedInbox([copies[0]] + copies[2:]), trimmed) == 2  # 4, 5 (epoch 2): 2's copy gone
+    assert trimmed.epoch_paths(1, trimmed.of(1)) == (((2, 22, 0),),)  # where it entered epoch 2 is not known
+
+
+def test_a_retained_offset_sent_back_keeps_the_epochs_entered_before_it():
+    cluster = _cluster()
+    cluster.apply(2, [epoch_entry(MQTT_SESSIONS_TOPIC, 0, 6, SECOND),
+                      Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, 7, 0, 1, b"U{}"),
+                      Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, 9, 0, 1, b"U{}")])
+    assert cluster.retained_from(2)[3] == ((2, 22, 7),)
+    cluster.apply(2, [epoch_entry(MQTT_SESSIONS_TOPIC, 0, 3, FIRST),  # a new link, resumed back at 4
+                      Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, 4, 0, 1, b"U{}"),
+                      epoch_entry(MQTT_SESSIONS_TOPIC, 0, 5, SECOND),
+                      Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, 6, 0, 1, b"U{}")])
+    assert cluster.retained_from(2)[3] == ((1, 11, 4), (2, 22, 5))

@@ -265,11 +265,12 @@ class Positions:
             return None
         return self.epoch_at(origin, topic, partition, offset)
 
-    def copied(self, origin, topic, partition, offset, check=0, rewound=False, epoch=None):
+    def copied(self, origin, topic, partition, offset, check=0, rewound=False, epoch=None, trimmed=False):
         """The record at ``offset`` was copied (or read and not wanted; -1: none yet, the copy starts at 0), its
         ``record_check`` ``check`` (0: none), its ``epoch`` (None: as ``epoch_at`` says): the copy resumes past it.
         ``rewound``: there even when it had gone further (the origin resumed it there: what it had copied past it is
-        not the origin's now)."""
+        not the origin's now). ``trimmed``: copies before it may have been removed (a recovery from an inbox that
+        retention trimmed): where the copy entered its first epoch is not known, and is said to be 0."""
         key = (origin, topic, partition)
         old = self._next.get(key)
         if old is None and len(self._next) >= self.most:
@@ -288,7 +289,8 @@ class Positions:
                 self._checks.pop(key, None)
             if tuple(epoch) != NO_EPOCH:
                 epoch = tuple(epoch)
-                self._paths[key] = entered(self._paths.get(key, ()), epoch, old, offset, rewound)
+                self._paths[key] = entered(self._paths.get(key, ()), epoch, 0 if old is None and trimmed else old,
+                                           offset, rewound)
                 self._epochs[key] = epoch
             else:
                 self._epochs.pop(key, None)
@@ -323,6 +325,7 @@ def recover(store, positions):
     read = 0
     for partition in range(store.partitions_of(INBOX)):
         offset = store.min_offset(INBOX, partition)
+        trimmed = offset > 0  # retention removed copies: the first one left of an origin partition may not be its first
         end = store.max_offset(INBOX, partition)
         while offset < end:
             try:
@@ -342,7 +345,8 @@ def recover(store, positions):
                 place = place_of(rec.flag, rec.data)
                 if place is not None:
                     origin, check, is_marker, epoch = place
-                    positions.copied(*origin, check=check, rewound=is_marker, epoch=epoch)  # in order: a marker says
+                    positions.copied(*origin, check=check, rewound=is_marker, epoch=epoch,  # in order: a marker says
+                                     trimmed=trimmed)
                     positions.keep(*origin[:3])
                 read += 1
             offset = records[-1].queue_offset + 1

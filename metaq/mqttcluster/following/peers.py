@@ -519,7 +519,8 @@ class MqttCluster:
                 elif e.kind == RETAINED:
                     epoch = positions.epoch_at(origin, MQTT_SESSIONS_TOPIC, 0, e.offset)
                     at, _c, _e, path = self.retained_from(origin)
-                    path = inbox.entered(path, epoch, at if origin in self.retained_next else None, e.offset)
+                    before = at if origin in self.retained_next else None
+                    path = inbox.entered(path, epoch, before, e.offset, before is not None and e.offset < at)
                     self.retained_next[origin] = (e.offset + 1, record_check(e.ts, e.data), epoch, path)
                     self.retained.apply(origin, e)
                 elif e.kind == ROUTED and routed is not None:
