@@ -11,7 +11,7 @@ from tests.harness.broker import wait_for
 from tests.harness.mqtt import V311, Paho
 from tests.harness.mqttcluster import FollowedGroup
 from tests.harness.replication import caught_up, stats
-from tests.mqttcluster.test_two_failovers import ONE_PARTITION, bodies, promote, put
+from tests.mqttcluster.test_two_failovers import ONE_PARTITION, back_with, bodies, promote, put
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
@@ -47,9 +47,5 @@ def test_a_peer_resumes_where_its_copy_entered_an_epoch_the_new_master_never_hel
     promote(m1, capsys)
     for i in range(3):
         put(m1, b"new-%d" % i)
-    b0.start()
-    again = Paho(b0, client_id="keeper", version=V311, clean=False)
-    again.wait_messages(13, 30)
-    again.settle()
-    got = bodies(again, 13, 1.0)
+    got = back_with(b0, 13)
     assert got == [b"old-%d" % i for i in range(3, 13)] + [b"new-%d" % i for i in range(3)], got
