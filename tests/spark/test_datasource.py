@@ -20,8 +20,9 @@ N = 10_000
 
 @pytest.fixture(scope="module")
 def two_brokers(tmp_path_factory):
-    """Brokers 7 and 8 holding N messages of TOPIC spread over their 8 partitions; what was sent, by
-    (partition, offset)."""
+    """Brokers 7 and 8 holding N messages of TOPIC spread over their 8 partitions, each once; what was sent, by
+    (partition, offset). A put may take its whole minute: on a slow machine 10,000 puts
+    queued at once outlast the default send timeout, and the at-least-once producer's retry stores one again."""
     from metaq.client.local import BrokerProcess
 
     started = []
@@ -33,7 +34,7 @@ def two_brokers(tmp_path_factory):
             started.append(BrokerProcess(wd, cfg).start())
         urls = [url_of(b) for b in started]
         t0 = time.time()
-        with Producer(brokers=urls) as producer:
+        with Producer(brokers=urls, send_timeout=60) as producer:
             messages = [Message(TOPIC, os.urandom(8) + b"payload %05d" % i,
                                 attribute="k%d" % (i % 5) if i % 4 else None,
                                 properties={"KEYS": "key%d" % i, "region": "eu"} if i % 3 == 0 else None)
