@@ -51,7 +51,7 @@ def two_brokers(tmp_path_factory):
             started.append(BrokerProcess(wd, cfg).start())
         urls = [url_of(b) for b in started]
         t0 = int(time.time() * 1000)
-        with Producer(brokers=urls) as producer:
+        with Producer(brokers=urls, send_timeout=60) as producer:  # each stored once on a slow machine too
             messages = [Message(TOPIC, os.urandom(i % 300) + b"body %05d" % i,
                                 attribute="tag%d" % (i % 3) if i % 5 == 1 else None,
                                 properties={"KEYS": "key%d" % i, "region": "eu"} if i % 4 == 0 else None)
