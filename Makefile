@@ -16,7 +16,7 @@ DEVDATA ?= devdata
 ZK_PORT ?= 2181
 PG_PORT ?= 5432
 
-.PHONY: all setup sysdeps builddeps run test test-unit test-fast bench bench-scale clean docs \
+.PHONY: all setup sysdeps builddeps bytecode run test test-unit test-fast bench bench-scale clean docs \
 	zookeeper stop-zookeeper postgres stop-postgres cluster stop-cluster sanitize fuzz
 
 all: test
@@ -100,9 +100,15 @@ $(JS_CACHE)/.installed: Makefile
 	test -f $(JS_CACHE)/node_modules/mqtt/dist/mqtt.min.js
 	touch $@
 
-setup: sysdeps $(VENV)/.installed $(VENV_RMQ5)/.installed $(JS_CACHE)/.installed
+setup: sysdeps $(VENV)/.installed $(VENV_RMQ5)/.installed $(JS_CACHE)/.installed bytecode
 
-run: $(VENV)/.core
+# The checkout's modules byte-compiled into __pycache__ (only those changed since): a broker, a client or a tool
+# started from the checkout then reads its modules' bytecode instead of compiling every source at each start, even
+# where PYTHONDONTWRITEBYTECODE keeps Python from writing it on import.
+bytecode: $(VENV)/.core
+	@$(PY) -m compileall -q metaq tools bench tests
+
+run: $(VENV)/.core bytecode
 	$(VENV)/bin/metaq-server -c $(CONFIG) $(ARGS)
 
 # ZooKeeper and PostgreSQL for the README's examples, as plain processes on 127.0.0.1
@@ -154,7 +160,7 @@ docs: $(VENV)/.docs
 # The unit tier: no test that starts a server, spawns a process or opens a network socket
 # (tests/conftest.py marks those `integration` and fails a unit test that binds or connects one).
 # Two workers (pytest-xdist): the tier is many small CPU-bound tests.
-test-unit: $(VENV)/.installed
+test-unit: $(VENV)/.installed bytecode
 	$(VENV)/bin/pytest -m "not integration" -n 2 $(PYTEST_ARGS)
 
 # The fast tier: no slow or fault tests.
@@ -247,3 +253,4 @@ bench-scale: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) $(VENV_RMQ5) $(JS_CACHE) .pytest_cache build site *.egg-info metaq/*.so metaq/native/*.so
+	find metaq tools bench tests -name __pycache__ -prune -exec rm -rf {} +
