@@ -139,13 +139,17 @@ cluster: $(VENV)/.core
 stop-cluster:
 	$(PY) -m metaq.client.devcluster stop --dir $(CLUSTER_DIR)
 
+# The test runs write bytecode whatever PYTHONDONTWRITEBYTECODE says: pytest keeps each test module as rewritten for
+# its asserts in __pycache__, and each worker of each tier would rewrite all of them again.
+TESTENV := PYTHONDONTWRITEBYTECODE=
+
 # The whole suite, then the unit tier again with the C helper's pure-Python twins (METAQ_PURE_PYTHON=1), so
 # that a machine without a compiler runs what the tests hold equal. The 40 slowest tests are listed at the end:
 # where the suite's time goes. Two workers, one test file each at a time (--dist loadfile): a file's fixtures
 # (brokers, ZooKeeper, Spark) stay in one process, and the suite's servers bind free ports so two files never meet.
 test: setup
-	METAQ_RMQ5_PYTHON=$(abspath $(VENV_RMQ5))/bin/python $(VENV)/bin/pytest -n 2 --dist loadfile --durations=40 $(PYTEST_ARGS)
-	METAQ_PURE_PYTHON=1 $(VENV)/bin/pytest -q -m "not integration" -n 2 -p no:cacheprovider $(PYTEST_ARGS)
+	$(TESTENV) METAQ_RMQ5_PYTHON=$(abspath $(VENV_RMQ5))/bin/python $(VENV)/bin/pytest -n 2 --dist loadfile --durations=40 $(PYTEST_ARGS)
+	$(TESTENV) METAQ_PURE_PYTHON=1 $(VENV)/bin/pytest -q -m "not integration" -n 2 -p no:cacheprovider $(PYTEST_ARGS)
 
 # The documentation site (mkdocs.yml, docs/) into ./site; --strict fails on any broken link or anchor.
 # make test checks the same (tests/test_docs.py). It needs the docs extra (mkdocs) on top of the broker's own
@@ -161,11 +165,11 @@ docs: $(VENV)/.docs
 # (tests/conftest.py marks those `integration` and fails a unit test that binds or connects one).
 # Two workers (pytest-xdist): the tier is many small CPU-bound tests.
 test-unit: $(VENV)/.installed bytecode
-	$(VENV)/bin/pytest -m "not integration" -n 2 $(PYTEST_ARGS)
+	$(TESTENV) $(VENV)/bin/pytest -m "not integration" -n 2 $(PYTEST_ARGS)
 
 # The fast tier: no slow or fault tests.
 test-fast: setup
-	METAQ_RMQ5_PYTHON=$(abspath $(VENV_RMQ5))/bin/python $(VENV)/bin/pytest -m "not slow and not fault" $(PYTEST_ARGS)
+	$(TESTENV) METAQ_RMQ5_PYTHON=$(abspath $(VENV_RMQ5))/bin/python $(VENV)/bin/pytest -m "not slow and not fault" $(PYTEST_ARGS)
 
 # `make sanitize`: the C helper's memory and undefined-behaviour check. The helper is built again with
 # AddressSanitizer and UndefinedBehaviorSanitizer (gcc) into build/sanitize/lib, beside a copy of the package,
