@@ -26,7 +26,7 @@ def test_the_comparison_fills_every_row(capsys):
 
 def test_the_scale_run_keeps_every_connection_and_delivers_to_every_subscriber(capsys):
     bench_mqtt_scale.main(["--runs", "1", "--connections", "40", "--subscribers", "20", "--keep-alive", "2",
-                           "--fanout-messages", "1"])
+                           "--fanout-messages", "1", "--fleet-seconds", "2", "--storm-gap", "2"])
     out = capsys.readouterr().out
     assert "| connections open at once (seen by the broker) | 40 |" in out
     sent, answered = re.search(r"over 4 s \| (\d+) / (\d+) \|", out).groups()
