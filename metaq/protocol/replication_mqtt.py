@@ -228,6 +228,23 @@ def _json(value):
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
+def _json_size(value, names):
+    """``len(_json(value))`` for the ints, strings and tuples of them a route holds, without writing it: an int's
+    digits, a string's JSON once per distinct string (``names``: string -> its length), so that a route of
+    MQTT_CLUSTER_MAX_POSITIONS positions is measured for its parts without a JSON encoder's call per field."""
+    kind = type(value)
+    if kind is int:
+        return len(str(value))
+    if kind is str:
+        size = names.get(value)
+        if size is None:
+            size = names[value] = len(_json(value))
+        return size
+    if kind is tuple or kind is list:
+        return 1 + len(value) + sum([_json_size(v, names) for v in value]) if value else 2
+    return len(_json(value))
+
+
 def split_routes(routes, most=None):
     """``routes`` as the ROUTES frames that carry it: ``[routes]`` when it fits ``most`` bytes (None:
     MQTT_CLUSTER_ROUTES_BYTES), else parts of at most ``most`` bytes each (filters, then positions with their
@@ -246,12 +263,13 @@ def split_routes(routes, most=None):
     checks = routes.checks or (0,) * len(routes.positions)
     epochs = routes.epochs or (NO_EPOCH,) * len(routes.positions)
     paths = routes.epoch_paths or ((),) * len(routes.positions)
-    items = [("filters", f, len(_json(f)) + 1) for f in routes.filters]
-    items += [("positions", (p, c, e, f), len(_json(list(p))) + len(_json(c)) + len(_json(list(e)))
-               + len(_json([list(x) for x in f])) + 4)
+    names = {}
+    items = [("filters", f, _json_size(f, names) + 1) for f in routes.filters]
+    items += [("positions", (p, c, e, f), _json_size(p, names) + _json_size(c, names) + _json_size(e, names)
+               + _json_size(f, names) + 4)
               for p, c, e, f in zip(routes.positions, checks, epochs, paths, strict=True)]
     weights = routes.weights or (1,) * len(routes.groups)
-    items += [("groups", (g, w), len(_json(list(g))) + len(_json(w)) + 2)
+    items += [("groups", (g, w), _json_size(g, names) + _json_size(w, names) + 2)
               for g, w in zip(routes.groups, weights, strict=True)]
     parts, part, used = [], {"filters": [], "positions": [], "groups": []}, 0
     for kind, item, size in items:

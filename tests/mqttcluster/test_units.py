@@ -7,6 +7,8 @@ from types import SimpleNamespace
 
 import gevent
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from metaq import limits
 from metaq.mqttcluster import limits as mqttcluster_limits
@@ -22,8 +24,8 @@ from metaq.mqttcluster.following.peers import MqttCluster
 from metaq.mqttcluster.members import Members
 from metaq.mqttcluster.serve import FilterSet, PeerFollow, PeerServer
 from metaq.protocol import replication as rp
-from metaq.protocol.replication_mqtt import (MESSAGE, POSITION, RESUMED, RETAINED, Entry, decode_routes, join_routes,
-                                             record_check, split_routes)
+from metaq.protocol.replication_mqtt import (MESSAGE, POSITION, RESUMED, RETAINED, Entry, _json, _json_size,
+                                             decode_routes, join_routes, record_check, split_routes)
 from metaq.protocol.stream import NEED_DATA
 from metaq.store.config import TopicSpec
 from tests.harness.store import NOW, open_store
@@ -113,15 +115,25 @@ def test_a_route_at_every_limit_goes_in_parts_that_join_to_it():
     assert split_routes(small) == [small] and _joined([small]) == small
 
 
+@settings(max_examples=300)
+@given(st.recursive(st.integers(-2**63, 2**63 - 1) | st.text() | st.booleans() | st.none(),
+                    lambda inner: st.lists(inner, max_size=4).map(tuple) | st.lists(inner, max_size=4), max_leaves=12))
+def test_a_routes_field_is_measured_as_long_as_its_json(value):
+    """``split_routes`` measures each item without writing it (``_json_size``): the length is the JSON's, for any
+    ints, strings (escapes and UTF-8 of any code point), and tuples or lists of them."""
+    assert _json_size(value, {}) == len(_json(value))
+
+
 def test_a_route_in_parts_past_a_limit_is_refused():
     """Parts that join to more than a route may hold (one position past MQTT_CLUSTER_MAX_POSITIONS, one filter past
     MQTT_CLUSTER_MAX_FILTERS) are a fatal protocol error, as one frame holding as many is; so is a part of another
     broker."""
     n = mqttcluster_limits.MQTT_CLUSTER_MAX_POSITIONS
-    positions = tuple(("t", 0, i) for i in range(n))
-    assert len(_joined(split_routes(rp.Routes(1, (), positions), most=1 << 20)).positions) == n
+    parts = split_routes(rp.Routes(1, (), tuple(("t", 0, i) for i in range(n))), most=1 << 20)
+    assert len(_joined(parts).positions) == n
+    one_more = parts[:-1] + [parts[-1]._replace(more=True), rp.Routes(1, (), (("t", 1, 0),))]
     with pytest.raises(RemoteProtocolError, match="MQTT_CLUSTER_MAX_POSITIONS"):
-        _joined(split_routes(rp.Routes(1, (), positions + (("t", 1, 0),)), most=1 << 20))
+        _joined(one_more)
     filters = tuple("f%d" % i for i in range(mqttcluster_limits.MQTT_CLUSTER_MAX_FILTERS + 1))
     with pytest.raises(RemoteProtocolError, match="MQTT_CLUSTER_MAX_FILTERS"):
         _joined(split_routes(rp.Routes(1, filters), most=20_000))
