@@ -21,9 +21,9 @@ def stored(broker, topic, partitions=4):
 
 @pytest.fixture
 def producer(broker):
-    """A producer whose puts may take 30 s each: the tests count what is stored, and on a slow machine a put
-    queued behind thousands outlasts the default send timeout and its retry stores it again."""
-    p = Producer(brokers=[url_of(broker)], send_timeout=30)
+    """A producer whose puts may take 30 s each (its attempt and its send): the tests count what is stored, and on a
+    slow machine a put queued behind thousands outlasts the default send timeout and its retry stores it again."""
+    p = Producer(brokers=[url_of(broker)], send_timeout=30, retry_deadline=30)
     yield p
     p.close()
 
