@@ -257,4 +257,4 @@ bench-scale: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) $(VENV_RMQ5) $(JS_CACHE) .pytest_cache build site *.egg-info metaq/*.so metaq/native/*.so
-	find metaq tools bench tests -name __pycache__ -prune -exec rm -rf {} +
+	find metaq tools bench tests examples -name __pycache__ -prune -exec rm -rf {} + ; rm -rf __pycache__
