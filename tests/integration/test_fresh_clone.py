@@ -28,6 +28,7 @@ def test_make_run_in_a_fresh_clone_answers_version_with_only_the_core_packages(t
     clone = tmp_path / "metaq"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=120)  # HEAD: commit first
     env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # the broker writes none itself: what is there, make run compiled
     log = tmp_path / "make-run.log"
     with open(log, "wb") as out:
         make = subprocess.Popen(["make", "run", "ARGS=--port 0 --http-port 0 --mqtt-port 0 --data-dir %s"
@@ -57,6 +58,7 @@ def test_make_run_in_a_fresh_clone_answers_version_with_only_the_core_packages(t
     assert {"metaq", "gevent", "kazoo", "pydantic"} <= names, names
     assert not names & {"pyspark", "pytest", "pandas", "pyarrow", "fabric", "psycopg", "rocketmq"}, names
     assert "C helper loaded" in log.read_text()  # built by the core install
+    assert list((clone / "metaq" / "server" / "__pycache__").glob("broker.*.pyc"))  # docs/development.md
 
 
 def stats(port):
